@@ -1,0 +1,62 @@
+"""Settings of one peer's transport. Timeouts derive from one another, so a single ``timeout``
+is usually all a user sets."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+from collectives.security import ClusterKey
+
+__all__ = ["TransportConfig"]
+
+
+@dataclass(frozen=True)
+class TransportConfig:
+    # Seconds any blocking wait (receive, send backpressure, operation) may take before raising.
+    timeout: float = 60.0
+    # Silence after which a connection is dropped and its peer declared lost. Default: half the
+    # timeout (at most 15 s), so a silent peer is PeerLost, not a timeout, within `timeout`.
+    heartbeat_timeout: float | None = None
+    # Period of ZMTP heartbeats (PING/PONG answered by libzmq's own thread, so a peer busy in
+    # Python still answers). Default: a quarter of heartbeat_timeout, at most 1 s.
+    heartbeat_interval: float | None = None
+    # Arrays travel in chunks of this many bytes: the receiver's allocator recycles chunk
+    # buffers instead of mapping fresh pages for one huge message, and chunks pipeline.
+    chunk_bytes: int = 1 << 20
+    # Largest array a header may announce; bigger ones are refused before any allocation.
+    max_message_bytes: int = 16 << 30
+    # libzmq queue bounds per peer pipe, in messages (chunks). With 1 MiB chunks, 64 messages
+    # bound what a slow receiver can make a sender queue inside libzmq to about 64 MiB.
+    send_hwm: int = 64
+    recv_hwm: int = 64
+    # "auto": ipc (unix sockets) between peers on the same host, tcp otherwise; or force one.
+    transport: str = "auto"
+    # Address the data socket binds; loopback unless the run spans machines.
+    bind_host: str = "127.0.0.1"
+    # Address other peers use to reach this one; default: bind_host, or this host's address
+    # on the route to the rendezvous when bind_host is 0.0.0.0.
+    advertise_host: str | None = None
+    # Cluster key: when set, every socket uses CURVE and admits only key holders.
+    key: ClusterKey | None = field(default=None, repr=False)
+
+    def __post_init__(self) -> None:
+        if not self.timeout > 0:
+            raise ValueError(f"timeout must be > 0 seconds, got {self.timeout!r}")
+        if self.transport not in ("auto", "tcp", "ipc"):
+            raise ValueError(f"transport must be 'auto', 'tcp' or 'ipc', got {self.transport!r}")
+        if self.chunk_bytes < 4096:
+            raise ValueError(f"chunk_bytes must be at least 4096, got {self.chunk_bytes}")
+
+    @property
+    def effective_heartbeat_timeout(self) -> float:
+        if self.heartbeat_timeout is not None:
+            return self.heartbeat_timeout
+        return max(0.5, min(15.0, self.timeout / 2))
+
+    @property
+    def effective_heartbeat_interval(self) -> float:
+        if self.heartbeat_interval is not None:
+            return self.heartbeat_interval
+        return max(0.1, min(1.0, self.effective_heartbeat_timeout / 4))
+
+    def with_(self, **changes) -> "TransportConfig":
+        return replace(self, **changes)

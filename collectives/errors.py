@@ -1,0 +1,61 @@
+"""The error tree of the runtime. One base, GossipError; every message names the rank, the
+address and the operation it concerns, so a log line from one of 64 peers is enough to act on.
+
+collectives/ is the lowest layer that raises runtime errors, so the tree is rooted here and
+re-exported by gossip (gossip.GossipError is this class).
+"""
+from __future__ import annotations
+
+__all__ = [
+    "GossipError",
+    "PeerLost",
+    "OperationTimeout",
+    "RendezvousError",
+    "ProtocolError",
+    "AuthenticationError",
+]
+
+
+class GossipError(Exception):
+    """Base of every error the runtime raises."""
+
+
+class PeerLost(GossipError):
+    """A peer died, closed, or went silent (no heartbeat) past the timeout.
+
+    Attributes: ``rank`` (the lost peer), ``address`` (its endpoint, if known), ``operation``.
+    """
+
+    def __init__(self, message: str, *, rank: int | None = None, address: str | None = None,
+                 operation: str | None = None) -> None:
+        super().__init__(message)
+        self.rank = rank
+        self.address = address
+        self.operation = operation
+
+
+class OperationTimeout(GossipError, TimeoutError):
+    """A peer is alive (its heartbeats arrive) but did not deliver what an operation waited
+    for within the timeout: usually a peer that is still computing, or that never made the
+    matching call. Also a TimeoutError, so generic timeout handling catches it."""
+
+    def __init__(self, message: str, *, rank: int | None = None, address: str | None = None,
+                 operation: str | None = None) -> None:
+        super().__init__(message)
+        self.rank = rank
+        self.address = address
+        self.operation = operation
+
+
+class RendezvousError(GossipError):
+    """Peers could not find each other: a rank never came, a duplicate rank, a world size that
+    disagrees, or the rendezvous address could not be bound or reached."""
+
+
+class ProtocolError(GossipError):
+    """A malformed or foreign message, or peers that made different calls (operation, shape,
+    dtype, root) in the same sequence slot."""
+
+
+class AuthenticationError(GossipError):
+    """A cluster key is missing, unreadable or malformed, or a peer failed the CURVE handshake."""

@@ -1,0 +1,160 @@
+"""The inbox: where the I/O thread leaves validated messages and where operations wait for them.
+
+Messages are matched by slot ``(src, channel, seq)``; within a slot they keep the order in which
+the source sent them (one ZeroMQ pipe per source preserves order), so a chunked array arrives
+chunk by chunk. A slot is retired when its operation ends; anything that later arrives for a
+retired slot is a duplicate or a replay and is dropped.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["Inbox", "Lost", "SlotError"]
+
+Key = tuple[int, int, int]  # (src, channel, seq)
+
+
+@dataclass
+class Lost:
+    """Why a source cannot deliver any more: it died, closed, or failed authentication."""
+    reason: str
+    kind: str = "lost"  # "lost" | "closed" | "auth"
+
+
+@dataclass
+class SlotError:
+    """An error posted to one slot: a malformed message or an ABORT from the source."""
+    message: str
+
+
+@dataclass
+class _Slot:
+    cond: threading.Condition
+    items: deque = field(default_factory=deque)
+    error: SlotError | None = None
+
+
+class _Retired:
+    """Retired sequence numbers of one (src, channel): a watermark plus the retired ones above
+    it, so memory stays bounded while operations retire out of order."""
+
+    __slots__ = ("low", "above")
+
+    def __init__(self) -> None:
+        self.low = 0
+        self.above: set[int] = set()
+
+    def add(self, seq: int) -> None:
+        if seq < self.low:
+            return
+        self.above.add(seq)
+        while self.low in self.above:
+            self.above.discard(self.low)
+            self.low += 1
+
+    def __contains__(self, seq: int) -> bool:
+        return seq < self.low or seq in self.above
+
+
+class Inbox:
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._slots: dict[Key, _Slot] = {}
+        self._retired: dict[tuple[int, int], _Retired] = {}
+        self._lost: dict[int, Lost] = {}
+        self._closed = False
+
+    # -- producer side (the I/O thread) ------------------------------------------------------
+    def put(self, key: Key, item: Any) -> bool:
+        """Deliver one message; False (and nothing kept) if its slot was already retired."""
+        with self._lock:
+            retired = self._retired.get(key[:2])
+            if retired is not None and key[2] in retired:
+                return False
+            slot = self._slot(key)
+            slot.items.append(item)
+            slot.cond.notify()
+            return True
+
+    def post_error(self, key: Key, error: SlotError) -> None:
+        with self._lock:
+            retired = self._retired.get(key[:2])
+            if retired is not None and key[2] in retired:
+                return
+            slot = self._slot(key)
+            if slot.error is None:
+                slot.error = error
+            slot.cond.notify_all()
+
+    def mark_lost(self, src: int, lost: Lost) -> None:
+        with self._lock:
+            if src in self._lost:
+                return
+            self._lost[src] = lost
+            for (s, _, _), slot in self._slots.items():
+                if s == src:
+                    slot.cond.notify_all()
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            for slot in self._slots.values():
+                slot.cond.notify_all()
+
+    # -- consumer side (operations) ----------------------------------------------------------
+    def get(self, key: Key, deadline: float) -> Any:
+        """Next message of a slot. Returns the item, or raises nothing itself: returns one of
+        ``Lost``/``SlotError``/``None`` (deadline passed) so the caller can word the error with
+        what it knows (operation, address)."""
+        with self._lock:
+            slot = self._slot(key)
+            while True:
+                if slot.items:
+                    return slot.items.popleft()
+                if slot.error is not None:
+                    return slot.error
+                lost = self._lost.get(key[0])
+                if lost is not None:
+                    return lost
+                if self._closed:
+                    return Lost("this peer was closed", kind="closed")
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return None
+                slot.cond.wait(remaining)
+
+    def poll(self, key: Key) -> bool:
+        """True when get() would return at once."""
+        with self._lock:
+            slot = self._slots.get(key)
+            return bool(slot and (slot.items or slot.error)) or key[0] in self._lost
+
+    def retire(self, key: Key) -> int:
+        """End a slot: drop what is left in it and refuse anything that arrives for it later.
+        Returns how many undelivered messages were dropped."""
+        with self._lock:
+            slot = self._slots.pop(key, None)
+            self._retired.setdefault(key[:2], _Retired()).add(key[2])
+            return len(slot.items) if slot else 0
+
+    def lost(self, src: int) -> Lost | None:
+        with self._lock:
+            return self._lost.get(src)
+
+    def lost_ranks(self) -> dict[int, Lost]:
+        with self._lock:
+            return dict(self._lost)
+
+    def pending(self) -> int:
+        with self._lock:
+            return sum(len(s.items) for s in self._slots.values())
+
+    def _slot(self, key: Key) -> _Slot:
+        slot = self._slots.get(key)
+        if slot is None:
+            slot = self._slots[key] = _Slot(threading.Condition(self._lock))
+        return slot

@@ -1,0 +1,99 @@
+"""Chunked array messages over a Transport: the two primitives every algorithm is written with.
+
+``post_range`` queues elements ``[start, stop)`` of a flat array to one peer as chunks (zero-copy);
+``recv_range`` walks the chunks of the same range arriving from one peer, checking each header
+against what this peer's own call expects, so peers that made different calls get a
+ProtocolError naming both calls instead of silent garbage.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Iterator
+
+from collectives.arrays import ArrayAdapter
+from collectives.errors import ProtocolError
+from collectives.transport import SendTicket, Transport
+from collectives.wire import DATA, Header, dtype_itemsize, encode_header
+
+__all__ = ["Call", "post_range", "recv_range", "chunk_elements"]
+
+
+class Call:
+    """What one peer's operation expects of every message in its slot: the same signature,
+    dtype and shape on every peer, or the peers made different calls."""
+
+    __slots__ = ("transport", "channel", "seq", "signature", "dtype", "shape", "nbytes",
+                 "itemsize", "deadline", "chunk")
+
+    def __init__(self, transport: Transport, channel: int, seq: int, signature: str,
+                 dtype: str, shape: tuple[int, ...], deadline: float) -> None:
+        self.transport = transport
+        self.channel = channel
+        self.seq = seq
+        self.signature = signature
+        self.dtype = dtype
+        self.shape = tuple(shape)
+        self.itemsize = dtype_itemsize(dtype)
+        self.nbytes = math.prod(self.shape) * self.itemsize
+        self.deadline = deadline
+        self.chunk = chunk_elements(transport.config.chunk_bytes, self.itemsize)
+
+    def describe(self) -> str:
+        return f"{self.signature} {self.dtype} {self.shape} at sequence {self.seq}"
+
+    def mismatch(self, src: int, header: Header, what: str) -> ProtocolError:
+        theirs = f"{header.op} {header.dtype} {header.shape} at sequence {header.seq}"
+        return ProtocolError(f"rank {self.transport.rank}: called {self.describe()}, but rank "
+                             f"{src} sent {what} for {theirs}: the peers made different calls")
+
+
+def chunk_elements(chunk_bytes: int, itemsize: int) -> int:
+    return max(1, chunk_bytes // itemsize)
+
+
+def post_range(call: Call, dst: int, adapter: ArrayAdapter, flat: Any, start: int, stop: int,
+               *, track: bool = False) -> SendTicket | None:
+    """Queue elements [start, stop) of ``flat`` to ``dst``. With ``track``, returns a ticket that
+    says when the buffer may be reused (the last chunk is tracked: one pipe keeps order)."""
+    t = call.transport
+    step = call.chunk
+    ticket = None
+    if stop <= start:
+        # An empty range still sends one empty chunk, so the receiver's walk stays in step.
+        ticket = SendTicket() if track else None
+        t.send(dst, encode_header(DATA, t.rank, call.channel, call.seq, call.signature,
+                                  call.dtype, call.shape, call.nbytes, start * call.itemsize),
+               b"", ticket=ticket)
+        return ticket
+    for lo in range(start, stop, step):
+        hi = min(lo + step, stop)
+        if track and hi == stop:
+            ticket = SendTicket()
+        t.send(dst, encode_header(DATA, t.rank, call.channel, call.seq, call.signature,
+                                  call.dtype, call.shape, call.nbytes, lo * call.itemsize),
+               adapter.send_buffer(flat, lo, hi), ticket=ticket)
+    return ticket
+
+
+def recv_range(call: Call, src: int, adapter: ArrayAdapter, start: int,
+               stop: int) -> Iterator[tuple[int, int, Any]]:
+    """Yield ``(lo, hi, chunk)`` for the chunks of elements [start, stop) from ``src``, in order,
+    each a zero-copy array over the received frame, valid until the next iteration."""
+    t = call.transport
+    step = call.chunk
+    lo = start
+    while True:
+        header, frame = t.recv(src, call.channel, call.seq, deadline=call.deadline,
+                               operation=call.describe())
+        if (header.op != call.signature or header.dtype != call.dtype
+                or header.shape != call.shape):
+            raise call.mismatch(src, header, "a chunk")
+        count = len(frame) // call.itemsize
+        expected = 0 if stop <= start else min(step, stop - lo)
+        if header.offset != lo * call.itemsize or count != expected:
+            raise call.mismatch(src, header, f"elements at byte offset {header.offset} "
+                                             f"(expected {lo * call.itemsize})")
+        yield lo, lo + count, adapter.from_frame(frame, call.dtype, count)
+        lo += count
+        if lo >= stop:
+            return

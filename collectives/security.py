@@ -1,0 +1,136 @@
+"""CURVE encryption and authentication with libzmq's own mechanism, and the cluster key.
+
+A *cluster key* is one CURVE key pair shared by every peer of a cluster (``gossip keygen``
+writes it). Every server socket uses it as its server key and every client socket as its client
+key; a ZAP handler admits only clients whose public key is the cluster's. Holding the public key
+alone is not enough: the CURVE handshake makes the client prove it has the secret key, so a
+process without the key file can neither connect, read nor inject.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import stat
+from dataclasses import dataclass
+from pathlib import Path
+
+import zmq
+
+from collectives.errors import AuthenticationError
+
+__all__ = ["ClusterKey", "write_cluster_key", "load_cluster_key", "ZapHandler", "ZAP_ENDPOINT"]
+
+log = logging.getLogger("collectives")
+
+ZAP_ENDPOINT = "inproc://zeromq.zap.01"
+_HEADER = "# gossip cluster key: every peer of the cluster needs this file; keep it secret.\n"
+
+
+@dataclass(frozen=True)
+class ClusterKey:
+    public: bytes  # z85, 40 bytes
+    secret: bytes  # z85, 40 bytes
+    path: str = ""
+
+    def __repr__(self) -> str:  # never print the secret
+        return f"ClusterKey(public={self.public.decode()!r}, path={self.path!r})"
+
+    def apply_server(self, sock: zmq.Socket) -> None:
+        sock.curve_secretkey = self.secret
+        sock.curve_publickey = self.public
+        sock.curve_server = True
+
+    def apply_client(self, sock: zmq.Socket) -> None:
+        sock.curve_serverkey = self.public
+        sock.curve_publickey = self.public
+        sock.curve_secretkey = self.secret
+
+
+def _require_curve() -> None:
+    if not zmq.has("curve"):
+        raise AuthenticationError("this libzmq was built without CURVE support; install pyzmq "
+                                  "from its wheels (they bundle libsodium) to use a cluster key")
+
+
+def write_cluster_key(path: str | os.PathLike, *, overwrite: bool = False) -> ClusterKey:
+    """Write a fresh cluster key to ``path`` (mode 0600) and return it."""
+    _require_curve()
+    path = Path(path)
+    if path.exists() and not overwrite:
+        raise FileExistsError(f"{path} exists; refusing to overwrite a cluster key "
+                              "(peers holding the old key could no longer connect)")
+    public, secret = zmq.curve_keypair()
+    text = f"{_HEADER}public = {public.decode()}\nsecret = {secret.decode()}\n"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+    os.chmod(path, 0o600)
+    return ClusterKey(public, secret, str(path))
+
+
+def load_cluster_key(path: str | os.PathLike) -> ClusterKey:
+    """Read a cluster key written by write_cluster_key / ``gossip keygen``."""
+    _require_curve()
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise AuthenticationError(f"cannot read cluster key {path}: {exc.strerror}") from None
+    fields = {}
+    for line in text.splitlines():
+        line = line.strip()
+        if line and not line.startswith("#") and "=" in line:
+            name, _, value = line.partition("=")
+            fields[name.strip()] = value.strip().encode()
+    public, secret = fields.get("public", b""), fields.get("secret", b"")
+    if len(public) != 40 or len(secret) != 40:
+        raise AuthenticationError(f"{path} is not a gossip cluster key (expected 'public = ...' "
+                                  "and 'secret = ...' lines of 40 z85 characters; make one "
+                                  "with `gossip keygen PATH`)")
+    try:
+        derived = zmq.curve_public(secret)
+    except zmq.ZMQError:
+        derived = b""
+    if derived != public:
+        raise AuthenticationError(f"{path}: the public key does not belong to the secret key")
+    mode = path.stat().st_mode
+    if mode & (stat.S_IRGRP | stat.S_IROTH):
+        log.warning("cluster key %s is readable by other users; chmod 600 it", path)
+    return ClusterKey(public, secret, str(path))
+
+
+class ZapHandler:
+    """A ZAP (RFC 27) handler that admits CURVE clients holding the cluster key, and nobody
+    else. It owns a REP socket bound at the context's ZAP endpoint; whoever owns the context's
+    I/O loop polls ``socket`` and calls ``handle()``."""
+
+    def __init__(self, context: zmq.Context, key: ClusterKey) -> None:
+        self._allowed = zmq.utils.z85.decode(key.public)
+        self.socket = context.socket(zmq.REP)
+        self.socket.linger = 0
+        self.socket.bind(ZAP_ENDPOINT)
+        self.denied = 0
+        self.admitted = 0
+
+    def handle(self) -> None:
+        while True:
+            try:
+                request = self.socket.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            version, request_id, _domain, address, _identity, mechanism = request[:6]
+            credentials = request[6:]
+            ok = (mechanism == b"CURVE" and len(credentials) == 1
+                  and credentials[0] == self._allowed)
+            if ok:
+                self.admitted += 1
+                reply = [version, request_id, b"200", b"OK", b"cluster", b""]
+            else:
+                self.denied += 1
+                log.warning("refused a %s connection from %s: it does not hold the cluster key",
+                            mechanism.decode(errors="replace"), address.decode(errors="replace"))
+                reply = [version, request_id, b"400", b"not a cluster member", b"", b""]
+            self.socket.send_multipart(reply)
+
+    def close(self) -> None:
+        self.socket.close(linger=0)

@@ -1,0 +1,95 @@
+"""The torch adapter: CPU tensors reduced with torch ops (so bfloat16 works, which numpy lacks),
+sent zero-copy through a numpy view of the same memory. Imported only when a torch tensor is
+passed to a collective."""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+from collectives.arrays import ArrayAdapter, _contiguous_error
+
+__all__ = ["TorchCPUAdapter", "torch_adapter_for", "TORCH_DTYPES"]
+
+TORCH_DTYPES: dict[str, torch.dtype] = {
+    "bool": torch.bool, "int8": torch.int8, "uint8": torch.uint8, "int16": torch.int16,
+    "int32": torch.int32, "int64": torch.int64, "float16": torch.float16,
+    "bfloat16": torch.bfloat16, "float32": torch.float32, "float64": torch.float64,
+    "complex64": torch.complex64, "complex128": torch.complex128,
+    "uint16": getattr(torch, "uint16", None), "uint32": getattr(torch, "uint32", None),
+    "uint64": getattr(torch, "uint64", None),
+}
+_NAMES = {v: k for k, v in TORCH_DTYPES.items() if v is not None}
+
+# bfloat16 has no numpy twin: its bytes travel through an int16 view of the same memory.
+_BYTE_VIEW = {torch.bfloat16: torch.int16}
+
+
+class TorchCPUAdapter(ArrayAdapter):
+    kind = "torch"
+
+    _reduce = {"sum": torch.add, "mean": torch.add, "max": torch.maximum,
+               "min": torch.minimum, "prod": torch.mul}
+
+    def flat(self, x: torch.Tensor) -> torch.Tensor:
+        if not x.is_contiguous():
+            raise _contiguous_error(x)
+        if x.requires_grad and x.is_leaf:
+            # In-place communication on a leaf that autograd tracks is what optimizers do
+            # under no_grad; do the same instead of failing.
+            x = x.detach()
+        return x.view(-1)
+
+    def dtype_name(self, flat: torch.Tensor) -> str:
+        try:
+            return _NAMES[flat.dtype]
+        except KeyError:
+            raise TypeError(f"tensors of dtype {flat.dtype} cannot travel on the wire") from None
+
+    def size(self, flat: torch.Tensor) -> int:
+        return flat.numel()
+
+    def send_buffer(self, flat: torch.Tensor, start: int, stop: int) -> memoryview:
+        part = flat[start:stop]
+        view = _BYTE_VIEW.get(part.dtype)
+        arr = (part.view(view) if view is not None else part).numpy()
+        return memoryview(arr.view(np.uint8))
+
+    def from_frame(self, frame: Any, dtype_name: str, count: int) -> torch.Tensor:
+        if count == 0:
+            return torch.empty(0, dtype=TORCH_DTYPES[dtype_name])
+        return torch.frombuffer(frame, dtype=TORCH_DTYPES[dtype_name], count=count)
+
+    def reduce(self, op: str, dst: torch.Tensor, src: torch.Tensor) -> None:
+        with torch.no_grad():
+            if dst.dtype == torch.bool and op in ("sum", "mean"):
+                torch.logical_or(dst, src, out=dst)
+            else:
+                self._reduce[op](dst, src, out=dst)
+
+    def copy(self, dst: torch.Tensor, src: torch.Tensor) -> None:
+        with torch.no_grad():
+            dst.copy_(src)
+
+    def divide(self, flat: torch.Tensor, n: int) -> None:
+        with torch.no_grad():
+            if flat.dtype.is_floating_point or flat.dtype.is_complex:
+                flat.div_(n)
+            else:
+                torch.floor_divide(flat, n, out=flat)
+
+    def empty(self, count: int, dtype_name: str, like: Any = None) -> torch.Tensor:
+        return torch.empty(count, dtype=TORCH_DTYPES[dtype_name])
+
+
+_CPU = TorchCPUAdapter()
+
+
+def torch_adapter_for(x: torch.Tensor) -> ArrayAdapter:
+    if x.device.type == "cpu":
+        return _CPU
+    if x.device.type == "cuda":
+        from collectives.gpu_arrays import TorchCUDAAdapter
+        return TorchCUDAAdapter(x.device)
+    raise TypeError(f"tensors on device {x.device} are not supported; use CPU or CUDA tensors")

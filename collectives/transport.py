@@ -1,0 +1,539 @@
+"""One peer's ZeroMQ transport: a bound ROUTER for everything inbound, one DEALER per peer it
+talks to, and one background I/O thread that owns every socket.
+
+Data always flows DEALER(src) -> ROUTER(dst). A DEALER's routing id is ``gossip:<rank>``, so the
+ROUTER knows which peer a message came from; the header's ``src`` must agree or the message is
+dropped as foreign. Liveness comes from the DEALERs: libzmq's ZMTP heartbeats (answered by the
+remote libzmq thread, so a peer busy in Python still answers) drop a silent connection after
+``heartbeat_timeout``, a dead process drops it at once, and a socket monitor turns the drop into
+``PeerLost`` for every operation waiting on that peer. A receive from a peer therefore first
+connects to it, even when this peer never sends to it.
+
+Threads other than the I/O thread never touch a socket: they queue commands (a lock-free deque)
+and wake the I/O thread through a pipe only when it is asleep.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import socket as pysocket
+import tempfile
+import threading
+import time
+import uuid
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+import zmq
+from zmq.utils.monitor import recv_monitor_message
+
+from collectives.config import TransportConfig
+from collectives.errors import (AuthenticationError, OperationTimeout, PeerLost, ProtocolError,
+                                RendezvousError)
+from collectives.inbox import Inbox, Lost, SlotError
+from collectives.security import ZapHandler
+from collectives.wire import ABORT, BYE, DATA, HELLO, Header, WireError, decode_header, encode_header
+
+__all__ = ["Transport", "PeerCounters", "SendTicket", "host_id"]
+
+log = logging.getLogger("collectives")
+
+_MONITOR_EVENTS = (zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED | zmq.EVENT_HANDSHAKE_SUCCEEDED
+                   | zmq.EVENT_HANDSHAKE_FAILED_AUTH | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
+                   | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL)
+_IDENTITY_PREFIX = b"gossip:"
+_MAX_LOGGED_DROPS = 20  # per transport; a fuzzer must not flood the log
+
+
+def host_id() -> str:
+    """Identifies a host *and* network namespace: ipc sockets only work between peers that
+    share both (network-namespace test hosts share the hostname and boot id)."""
+    try:
+        boot = open("/proc/sys/kernel/random/boot_id").read().strip()
+    except OSError:
+        boot = ""
+    try:
+        netns = str(os.stat("/proc/self/ns/net").st_ino)
+    except OSError:
+        netns = ""
+    return f"{pysocket.gethostname()}/{boot}/{netns}"
+
+
+@dataclass
+class PeerCounters:
+    """Traffic with one peer, as counted by this peer's I/O thread."""
+    bytes_sent: int = 0
+    messages_sent: int = 0
+    bytes_received: int = 0
+    messages_received: int = 0
+
+
+@dataclass
+class SendTicket:
+    """Completion of one queued send: ``queued`` is set once libzmq has the message; then
+    ``tracker`` (if tracking was asked for) says when libzmq no longer reads the buffer."""
+    queued: threading.Event = field(default_factory=threading.Event)
+    tracker: Any = None
+    error: Exception | None = None
+
+    def wait(self, deadline: float) -> bool:
+        """True when the buffer may be reused; False at the deadline. Raises the send's error."""
+        if not self.queued.wait(max(0.0, deadline - time.monotonic())):
+            return False
+        if self.error is not None:
+            raise self.error
+        if self.tracker is None:
+            return True
+        try:
+            self.tracker.wait(max(1e-3, deadline - time.monotonic()))
+        except zmq.NotDone:
+            return False
+        return True
+
+
+class Transport:
+    """Point-to-point messaging for one peer. ``send`` is asynchronous (queued to the I/O
+    thread, zero-copy); ``recv`` waits on the inbox slot ``(src, channel, seq)`` with a
+    deadline. Higher layers (collectives, rendezvous) build on these two calls."""
+
+    def __init__(self, rank: int, world_size: int, config: TransportConfig | None = None) -> None:
+        if not 0 <= rank < world_size:
+            raise ValueError(f"rank {rank} is outside world size {world_size}")
+        self.rank = rank
+        self.world_size = world_size
+        self.config = config or TransportConfig()
+        self.inbox = Inbox()
+        self.counters = [PeerCounters() for _ in range(world_size)]
+        self.dropped = 0
+        self.dropped_by_reason: dict[str, int] = {}
+        self._closed = False
+        self._close_lock = threading.Lock()
+        self._table: dict[int, dict] = {}
+        self._addresses: dict[int, str] = {}
+        self._connect_requested: set[int] = set()
+        self._connected: set[int] = set()
+        self._cmds: deque = deque()
+        self._asleep = False
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_r, False)
+        os.set_blocking(self._wake_w, False)
+
+        self.context = zmq.Context()
+        self._zap = ZapHandler(self.context, self.config.key) if self.config.key else None
+        self._router = self._socket(zmq.ROUTER, server=True)
+        self._router.rcvhwm = self.config.recv_hwm
+        self._ipc_path: str | None = None
+        self.endpoints = self._bind()
+        # Owned by the I/O thread from here on.
+        self._dealers: dict[int, zmq.Socket] = {}
+        self._dealer_rank: dict[zmq.Socket, int] = {}
+        self._waiting_pollout: set[int] = set()
+        self._monitors: dict[zmq.Socket, int] = {}
+        self._backlog: dict[int, deque] = {}
+        self._thread = threading.Thread(target=self._run, name=f"gossip-io-r{rank}", daemon=True)
+        self._thread.start()
+
+    # ------------------------------------------------------------------ set-up
+    def _socket(self, kind: int, *, server: bool = False) -> zmq.Socket:
+        sock = self.context.socket(kind)
+        sock.linger = 0
+        hb = self.config
+        sock.setsockopt(zmq.HEARTBEAT_IVL, int(hb.effective_heartbeat_interval * 1000))
+        sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, int(hb.effective_heartbeat_timeout * 1000))
+        sock.setsockopt(zmq.HEARTBEAT_TTL, int(hb.effective_heartbeat_timeout * 1000))
+        if self.config.key is not None:
+            if server:
+                self.config.key.apply_server(sock)
+            else:
+                self.config.key.apply_client(sock)
+        return sock
+
+    def _bind(self) -> dict:
+        cfg = self.config
+        try:
+            port = self._router.bind_to_random_port(f"tcp://{cfg.bind_host}", min_port=20000,
+                                                    max_port=65000, max_tries=200)
+        except zmq.ZMQError as exc:
+            raise RendezvousError(f"rank {self.rank}: cannot bind a data socket on "
+                                  f"{cfg.bind_host}: {exc}") from None
+        advertise = cfg.advertise_host or cfg.bind_host
+        endpoints = {"tcp": f"tcp://{advertise}:{port}", "ipc": None, "host": host_id()}
+        if cfg.transport in ("auto", "ipc"):
+            path = os.path.join(tempfile.gettempdir(),
+                                f"gossip-{os.getpid()}-r{self.rank}-{uuid.uuid4().hex[:8]}.sock")
+            try:
+                self._router.bind(f"ipc://{path}")
+                self._ipc_path = path
+                endpoints["ipc"] = f"ipc://{path}"
+            except zmq.ZMQError as exc:
+                if cfg.transport == "ipc":
+                    raise RendezvousError(f"rank {self.rank}: cannot bind ipc://{path}: {exc}")
+                log.info("rank %d: no ipc endpoint (%s); using tcp only", self.rank, exc)
+        return endpoints
+
+    def set_peers(self, table: dict[int, dict]) -> None:
+        """Install the endpoint table from the rendezvous: rank -> {tcp, ipc, host}."""
+        me = self.endpoints["host"]
+        for rank, entry in table.items():
+            use_ipc = (entry.get("ipc") and self.config.transport != "tcp"
+                       and (self.config.transport == "ipc" or entry.get("host") == me))
+            self._addresses[rank] = entry["ipc"] if use_ipc else entry["tcp"]
+        self._table = dict(table)
+
+    def address(self, rank: int) -> str:
+        return self._addresses.get(rank, "<unknown address>")
+
+    # ------------------------------------------------------------------ user-thread API
+    def connect(self, rank: int) -> None:
+        """Open (once) the connection to ``rank`` that carries sends and liveness."""
+        if rank in self._connect_requested:
+            return
+        if rank not in self._addresses:
+            raise ValueError(f"rank {self.rank}: no address for rank {rank}; the rendezvous "
+                             f"table has ranks {sorted(self._addresses)}")
+        self._connect_requested.add(rank)
+        self._command(("connect", rank))
+
+    def send(self, dst: int, header: bytes, payload: Any = None, *,
+             ticket: SendTicket | None = None) -> None:
+        """Queue one message for ``dst``. The payload buffer is sent without a copy, so it
+        must not change until ``ticket`` (if given, created with tracking) says so."""
+        if self._closed:
+            raise PeerLost(f"rank {self.rank}: send to rank {dst} after close()", rank=dst)
+        self.connect(dst)
+        frames = (header,) if payload is None else (header, payload)
+        self._command(("send", dst, frames, ticket))
+
+    def recv(self, src: int, channel: int, seq: int, *, deadline: float,
+             operation: str) -> tuple[Header, zmq.Frame | None]:
+        """The next message in slot ``(src, channel, seq)``, or PeerLost / ProtocolError /
+        OperationTimeout naming this rank, ``src``, its address and ``operation``."""
+        self.connect(src)
+        item = self.inbox.get((src, channel, seq), deadline)
+        if type(item) is tuple:
+            return item
+        raise self._wait_error(item, src, operation)
+
+    def abort(self, dsts, channel: int, seq: int, reason: str) -> None:
+        """Tell peers that operation ``(channel, seq)`` is abandoned, so they raise instead of
+        waiting out their timeout."""
+        header = encode_header(ABORT, self.rank, channel, seq, reason[:250])
+        for dst in dsts:
+            if dst != self.rank and self.inbox.lost(dst) is None:
+                try:
+                    self.send(dst, header)
+                except PeerLost:
+                    pass
+
+    def retire(self, channel: int, seq: int, srcs) -> None:
+        for src in srcs:
+            self.inbox.retire((src, channel, seq))
+
+    def is_lost(self, rank: int) -> bool:
+        return self.inbox.lost(rank) is not None
+
+    def lost_ranks(self) -> dict[int, str]:
+        return {r: lost.reason for r, lost in self.inbox.lost_ranks().items()}
+
+    def stats(self) -> dict:
+        return {
+            "rank": self.rank,
+            "endpoints": dict(self.endpoints),
+            "peers": {r: vars(c).copy() for r, c in enumerate(self.counters)
+                      if c.messages_sent or c.messages_received},
+            "bytes_sent": sum(c.bytes_sent for c in self.counters),
+            "bytes_received": sum(c.bytes_received for c in self.counters),
+            "messages_sent": sum(c.messages_sent for c in self.counters),
+            "messages_received": sum(c.messages_received for c in self.counters),
+            "dropped": self.dropped,
+            "dropped_by_reason": dict(self.dropped_by_reason),
+            "lost": self.lost_ranks(),
+            "authentication_denied": self._zap.denied if self._zap else 0,
+        }
+
+    def close(self, timeout: float = 1.0) -> None:
+        """Say goodbye to connected peers, stop the I/O thread, close every socket with
+        linger 0 and remove the ipc socket file. Idempotent; returns within about ``timeout``
+        even with traffic in flight."""
+        with self._close_lock:
+            if self._closed:
+                return
+            self._closed = True
+        self._command(("close",))
+        self._thread.join(timeout)
+        if self._thread.is_alive():
+            log.warning("rank %d: I/O thread did not stop within %.1fs", self.rank, timeout)
+        self.inbox.close()
+        try:
+            self.context.destroy(linger=0)
+        except zmq.ZMQError:
+            pass
+        for fd in (self._wake_r, self._wake_w):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        if self._ipc_path:
+            try:
+                os.unlink(self._ipc_path)
+            except FileNotFoundError:
+                pass
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    # ------------------------------------------------------------------ errors
+    def _wait_error(self, item, src: int, operation: str) -> Exception:
+        where = f"rank {self.rank}: {operation}: rank {src} at {self.address(src)}"
+        if isinstance(item, SlotError):
+            return ProtocolError(f"{where}: {item.message}")
+        if isinstance(item, Lost):
+            if item.kind == "auth":
+                return AuthenticationError(f"{where}: {item.reason}")
+            return PeerLost(f"{where}: {item.reason}", rank=src, address=self.address(src),
+                            operation=operation)
+        # Deadline passed: a peer we never reached is lost; one that answers heartbeats is
+        # merely late (still computing, or it never made the matching call).
+        if src not in self._connected:
+            return PeerLost(f"{where}: never reachable within the timeout", rank=src,
+                            address=self.address(src), operation=operation)
+        return OperationTimeout(f"{where}: alive but sent nothing for this operation within "
+                                f"the timeout (is it still computing, or did it make a "
+                                f"different call?)", rank=src, address=self.address(src),
+                                operation=operation)
+
+    # ------------------------------------------------------------------ I/O thread
+    def _command(self, cmd: tuple) -> None:
+        self._cmds.append(cmd)
+        # The I/O thread sets _asleep before its last look at the queue, so either it sees
+        # this command or we see _asleep and wake it: no lost wake-up.
+        if self._asleep:
+            try:
+                os.write(self._wake_w, b"x")
+            except (BlockingIOError, OSError):
+                pass  # pipe full (a wake-up is pending anyway) or already closed
+
+    def _run(self) -> None:
+        poller = zmq.Poller()
+        poller.register(self._router, zmq.POLLIN)
+        poller.register(self._wake_r, zmq.POLLIN)
+        if self._zap:
+            poller.register(self._zap.socket, zmq.POLLIN)
+        self._poller = poller
+        try:
+            while True:
+                if not self._drain_commands():
+                    break
+                self._asleep = True
+                if self._cmds:
+                    self._asleep = False
+                    continue
+                events = dict(poller.poll(100))
+                self._asleep = False
+                if self._wake_r in events:
+                    try:
+                        os.read(self._wake_r, 4096)
+                    except BlockingIOError:
+                        pass
+                if self._router in events:
+                    self._receive()
+                if self._zap and self._zap.socket in events:
+                    self._zap.handle()
+                for sock, ev in events.items():
+                    rank = self._monitors.get(sock)
+                    if rank is not None:
+                        self._monitor_event(sock, rank)
+                    elif ev & zmq.POLLOUT:
+                        rank = self._dealer_rank.get(sock)
+                        if rank is not None:
+                            self._flush(rank)
+        except Exception:  # the I/O thread must never die silently
+            log.exception("rank %d: I/O thread failed", self.rank)
+            for r in range(self.world_size):
+                self.inbox.mark_lost(r, Lost("this peer's I/O thread failed (see log)"))
+        finally:
+            self._shutdown_sockets()
+
+    def _drain_commands(self) -> bool:
+        cmds = self._cmds
+        touched = set()
+        while cmds:
+            cmd = cmds.popleft()
+            kind = cmd[0]
+            if kind == "send":
+                _, dst, frames, ticket = cmd
+                if dst not in self._dealers:
+                    self._open_dealer(dst)
+                self._backlog[dst].append((frames, ticket))
+                touched.add(dst)
+            elif kind == "connect":
+                if cmd[1] not in self._dealers:
+                    self._open_dealer(cmd[1])
+            elif kind == "close":
+                self._say_goodbye()
+                return False
+        for dst in touched:
+            self._flush(dst)
+        return True
+
+    def _open_dealer(self, rank: int) -> None:
+        dealer = self._socket(zmq.DEALER)
+        dealer.routing_id = _IDENTITY_PREFIX + str(self.rank).encode()
+        dealer.sndhwm = self.config.send_hwm
+        # A peer restarted at the same address must not receive our old queue.
+        dealer.setsockopt(zmq.RECONNECT_IVL, 200)
+        monitor = dealer.get_monitor_socket(_MONITOR_EVENTS)
+        self._poller.register(monitor, zmq.POLLIN)
+        self._monitors[monitor] = rank
+        dealer.connect(self.address(rank))
+        self._dealers[rank] = dealer
+        self._dealer_rank[dealer] = rank
+        self._backlog[rank] = deque()
+
+    def _flush(self, dst: int) -> None:
+        queue = self._backlog[dst]
+        dealer = self._dealers[dst]
+        counters = self.counters[dst]
+        lost = self.inbox.lost(dst)
+        while queue:
+            frames, ticket = queue[0]
+            if lost is not None:
+                queue.popleft()
+                if ticket is not None:
+                    ticket.error = PeerLost(f"rank {self.rank}: send to rank {dst} at "
+                                            f"{self.address(dst)}: {lost.reason}", rank=dst)
+                    ticket.queued.set()
+                continue
+            try:
+                tracker = dealer.send_multipart(frames, zmq.NOBLOCK, copy=False,
+                                                track=ticket is not None)
+            except zmq.Again:
+                # Queue full (high-water mark): wait for POLLOUT instead of spinning.
+                if dst not in self._waiting_pollout:
+                    self._poller.register(dealer, zmq.POLLOUT)
+                    self._waiting_pollout.add(dst)
+                return
+            queue.popleft()
+            counters.messages_sent += 1
+            counters.bytes_sent += len(frames[1]) if len(frames) > 1 else 0
+            if ticket is not None:
+                ticket.tracker = tracker
+                ticket.queued.set()
+        if dst in self._waiting_pollout:
+            self._poller.unregister(dealer)
+            self._waiting_pollout.discard(dst)
+
+    def _receive(self) -> None:
+        router = self._router
+        for _ in range(1024):  # bounded, so commands and monitors are not starved
+            try:
+                frames = router.recv_multipart(zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                return
+            self._handle(frames)
+
+    def _drop(self, reason: str, detail: str) -> None:
+        self.dropped += 1
+        self.dropped_by_reason[reason] = self.dropped_by_reason.get(reason, 0) + 1
+        if self.dropped <= _MAX_LOGGED_DROPS:
+            log.warning("rank %d: dropped a message (%s): %s%s", self.rank, reason, detail,
+                        "; further drops are only counted" if self.dropped == _MAX_LOGGED_DROPS
+                        else "")
+
+    def _handle(self, frames: list) -> None:
+        identity = frames[0].bytes
+        src = _rank_of_identity(identity, self.world_size)
+        if src is None:
+            self._drop("foreign", f"unknown sender identity {identity[:40]!r}")
+            return
+        if len(frames) not in (2, 3):
+            self._drop("malformed", f"{len(frames) - 1} frames from rank {src}")
+            return
+        payload = frames[2] if len(frames) == 3 else None
+        payload_len = len(payload) if payload is not None else 0
+        try:
+            header = decode_header(frames[1].buffer, world_size=self.world_size,
+                                   max_bytes=self.config.max_message_bytes,
+                                   payload_len=payload_len)
+        except WireError as exc:
+            self._drop("malformed", f"from rank {src}: {exc}")
+            return
+        if header.src != src:
+            self._drop("foreign", f"header claims rank {header.src} on rank {src}'s connection")
+            return
+        counters = self.counters[src]
+        counters.messages_received += 1
+        counters.bytes_received += payload_len
+        kind = header.kind
+        key = (src, header.channel, header.seq)
+        if kind == DATA:
+            if not self.inbox.put(key, (header, payload)):
+                self._drop("stale", f"rank {src} sent to finished operation "
+                                    f"(channel {header.channel}, seq {header.seq})")
+        elif kind == ABORT:
+            self.inbox.post_error(key, SlotError(f"rank {src} abandoned the operation: "
+                                                 f"{header.op}"))
+        elif kind == BYE:
+            self.inbox.mark_lost(src, Lost("it closed its peer (left the group)", kind="closed"))
+        elif kind == HELLO:
+            pass
+
+    def _monitor_event(self, monitor, rank: int) -> None:
+        while True:
+            try:
+                event = recv_monitor_message(monitor, zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            kind = event["event"]
+            if kind in (zmq.EVENT_CONNECTED, zmq.EVENT_HANDSHAKE_SUCCEEDED):
+                if kind == zmq.EVENT_HANDSHAKE_SUCCEEDED or self.config.key is None:
+                    self._connected.add(rank)
+            elif kind == zmq.EVENT_DISCONNECTED:
+                if rank in self._connected:
+                    self.inbox.mark_lost(rank, Lost(
+                        "connection dropped (the peer died, closed, or missed heartbeats for "
+                        f"{self.config.effective_heartbeat_timeout:g}s)"))
+            elif kind == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
+                self.inbox.mark_lost(rank, Lost("the peer refused our cluster key (CURVE "
+                                                "authentication failed)", kind="auth"))
+            elif kind in (zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL,
+                          zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL):
+                self.inbox.mark_lost(rank, Lost("security handshake failed (does every peer use "
+                                                "the same cluster key, or none?)", kind="auth"))
+
+    def _say_goodbye(self) -> None:
+        bye = encode_header(BYE, self.rank, 0, 0)
+        for dealer in self._dealers.values():
+            try:
+                dealer.send(bye, zmq.NOBLOCK)
+            except zmq.ZMQError:
+                pass
+        for rank, queue in self._backlog.items():
+            for _, ticket in queue:
+                if ticket is not None:
+                    ticket.error = PeerLost(f"rank {self.rank}: closed with a send to rank "
+                                            f"{rank} still queued", rank=rank)
+                    ticket.queued.set()
+            queue.clear()
+
+    def _shutdown_sockets(self) -> None:
+        for monitor in list(self._monitors):
+            monitor.close(linger=0)
+        for dealer in self._dealers.values():
+            # A short linger lets the goodbye out; a dead peer cannot hold us longer.
+            dealer.close(linger=50)
+        self._router.close(linger=0)
+        if self._zap:
+            self._zap.close()
+
+
+def _rank_of_identity(identity: bytes, world_size: int) -> int | None:
+    if not identity.startswith(_IDENTITY_PREFIX):
+        return None
+    digits = identity[len(_IDENTITY_PREFIX):]
+    if not digits.isdigit() or len(digits) > 9:
+        return None
+    rank = int(digits)
+    return rank if rank < world_size else None

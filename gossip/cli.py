@@ -1,0 +1,49 @@
+"""The `gossip` command line: one subcommand per module in gossip/commands/."""
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+__all__ = ["main", "build_parser"]
+
+# name -> module under gossip.commands; each module defines register(subparsers).
+# Modules are imported only when the parser is built, so `gossip --help` stays cheap.
+SUBCOMMANDS = ("topology", "keygen", "run", "bench", "demo")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="gossip",
+        description="Decentralized gossip and allreduce runtime for data-parallel training.",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name in SUBCOMMANDS:
+        try:
+            module = importlib.import_module(f"gossip.commands.{name}")
+        except ModuleNotFoundError as exc:
+            if exc.name != f"gossip.commands.{name}":
+                raise
+            continue  # not built yet
+        module.register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 2
+    try:
+        return int(args.func(args) or 0)
+    except KeyboardInterrupt:
+        return 130
+    except (ValueError, OSError) as exc:
+        # User errors (bad spec, missing file, ...) get one line, not a traceback.
+        print(f"gossip {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,2 @@
+"""Subcommands of the `gossip` command line, one per module; each defines register(subparsers)."""
+__all__: list[str] = []

@@ -1,0 +1,40 @@
+"""Packaging for gossip: a decentralized gossip / allreduce runtime for data-parallel training."""
+from pathlib import Path
+
+from setuptools import setup
+
+HERE = Path(__file__).parent
+
+setup(
+    name="gossip",
+    version="0.1.0",
+    description="Decentralized gossip and allreduce runtime for distributed deep learning over ZeroMQ",
+    long_description=(HERE / "README.md").read_text(encoding="utf-8"),
+    long_description_content_type="text/markdown",
+    python_requires=">=3.10",
+    packages=["gossip", "gossip.commands", "gossip.policies", "collectives", "topologies"],
+    install_requires=[
+        "numpy>=1.23",
+        "pyzmq>=25",
+        "msgpack>=1.0",
+        # Any torch works; CI and development pin the CPU build in requirements-dev.txt.
+        "torch>=2.0",
+    ],
+    extras_require={
+        "cuda": ["cupy-cuda12x>=13"],
+        "demo": ["scikit-learn>=1.2", "matplotlib>=3.6", "tqdm>=4.60"],
+        "test": [
+            "pytest>=7",
+            "pytest-timeout>=2.1",
+            "hypothesis>=6.70",
+            "networkx>=3",
+            "psutil>=5.9",
+        ],
+    },
+    entry_points={"console_scripts": ["gossip=gossip.cli:main"]},
+    classifiers=[
+        "Programming Language :: Python :: 3",
+        "Topic :: Scientific/Engineering :: Artificial Intelligence",
+        "Topic :: System :: Distributed Computing",
+    ],
+)
