@@ -42,6 +42,9 @@ class ArrayAdapter:
     def reduce(self, op: str, dst: Any, src: Any) -> None: ...
     def copy(self, dst: Any, src: Any) -> None: ...
     def divide(self, flat: Any, n: int) -> None: ...
+    def scale(self, flat: Any, weight: float) -> None: ...
+    def axpy(self, dst: Any, weight: float, src: Any) -> None:
+        """dst += weight * src, in place."""
     def empty(self, count: int, dtype_name: str, like: Any) -> Any: ...
     def slice(self, flat: Any, start: int, stop: int) -> Any:
         return flat[start:stop]
@@ -97,6 +100,15 @@ class NumpyAdapter(ArrayAdapter):
             np.floor_divide(flat, n, out=flat)  # integer mean: floor of the exact mean
         else:
             np.divide(flat, n, out=flat)
+
+    def scale(self, flat: np.ndarray, weight: float) -> None:
+        np.multiply(flat, weight, out=flat)
+
+    def axpy(self, dst: np.ndarray, weight: float, src: np.ndarray) -> None:
+        if weight == 1.0:
+            np.add(dst, src, out=dst)
+        else:
+            dst += src * weight  # one chunk-sized temporary
 
     def empty(self, count: int, dtype_name: str, like: Any = None) -> np.ndarray:
         return np.empty(count, dtype=dtype_name)

@@ -27,8 +27,11 @@ class Lost:
 
 @dataclass
 class SlotError:
-    """An error posted to one slot: a malformed message or an ABORT from the source."""
+    """An error posted to one slot: a malformed message or an ABORT from the source.
+    ``lost_rank`` is set when the source abandoned the operation because that rank was lost,
+    so the error can travel on as PeerLost naming the dead peer."""
     message: str
+    lost_rank: int | None = None
 
 
 @dataclass
@@ -126,6 +129,11 @@ class Inbox:
                 if remaining <= 0:
                     return None
                 slot.cond.wait(remaining)
+
+    def unget(self, key: Key, item: Any) -> None:
+        """Put a message back at the front of its slot (a receiver that peeked at it)."""
+        with self._lock:
+            self._slot(key).items.appendleft(item)
 
     def poll(self, key: Key) -> bool:
         """True when get() would return at once."""

@@ -79,6 +79,14 @@ class TorchCPUAdapter(ArrayAdapter):
             else:
                 torch.floor_divide(flat, n, out=flat)
 
+    def scale(self, flat: torch.Tensor, weight: float) -> None:
+        with torch.no_grad():
+            flat.mul_(weight)
+
+    def axpy(self, dst: torch.Tensor, weight: float, src: torch.Tensor) -> None:
+        with torch.no_grad():
+            dst.add_(src, alpha=weight)
+
     def empty(self, count: int, dtype_name: str, like: Any = None) -> torch.Tensor:
         return torch.empty(count, dtype=TORCH_DTYPES[dtype_name])
 

@@ -44,6 +44,7 @@ _MONITOR_EVENTS = (zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED | zmq.EVENT_HAND
                    | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL)
 _IDENTITY_PREFIX = b"gossip:"
 _MAX_LOGGED_DROPS = 20  # per transport; a fuzzer must not flood the log
+_DISCONNECT_GRACE = 0.25  # seconds between a dropped connection and declaring its peer lost
 
 
 def host_id() -> str:
@@ -131,6 +132,7 @@ class Transport:
         self._waiting_pollout: set[int] = set()
         self._monitors: dict[zmq.Socket, int] = {}
         self._backlog: dict[int, deque] = {}
+        self._suspects: dict[int, float] = {}  # rank -> when its dropped connection counts
         self._thread = threading.Thread(target=self._run, name=f"gossip-io-r{rank}", daemon=True)
         self._thread.start()
 
@@ -215,9 +217,12 @@ class Transport:
             return item
         raise self._wait_error(item, src, operation)
 
-    def abort(self, dsts, channel: int, seq: int, reason: str) -> None:
+    def abort(self, dsts, channel: int, seq: int, reason: str,
+              lost_rank: int | None = None) -> None:
         """Tell peers that operation ``(channel, seq)`` is abandoned, so they raise instead of
-        waiting out their timeout."""
+        waiting out their timeout; with ``lost_rank`` they raise PeerLost naming that rank."""
+        if lost_rank is not None:
+            reason = f"lost:{lost_rank}|{reason}"
         header = encode_header(ABORT, self.rank, channel, seq, reason[:250])
         for dst in dsts:
             if dst != self.rank and self.inbox.lost(dst) is None:
@@ -288,6 +293,9 @@ class Transport:
     def _wait_error(self, item, src: int, operation: str) -> Exception:
         where = f"rank {self.rank}: {operation}: rank {src} at {self.address(src)}"
         if isinstance(item, SlotError):
+            if item.lost_rank is not None:
+                return PeerLost(f"{where}: {item.message}", rank=item.lost_rank,
+                                address=self.address(item.lost_rank), operation=operation)
             return ProtocolError(f"{where}: {item.message}")
         if isinstance(item, Lost):
             if item.kind == "auth":
@@ -330,8 +338,10 @@ class Transport:
                 if self._cmds:
                     self._asleep = False
                     continue
-                events = dict(poller.poll(100))
+                events = dict(poller.poll(50 if self._suspects else 100))
                 self._asleep = False
+                if self._suspects:
+                    self._declare_lost()
                 if self._wake_r in events:
                     try:
                         os.read(self._wake_r, 4096)
@@ -372,6 +382,8 @@ class Transport:
                 if cmd[1] not in self._dealers:
                     self._open_dealer(cmd[1])
             elif kind == "close":
+                for dst in touched:  # what was queued before close() still goes out
+                    self._flush(dst)
                 self._say_goodbye()
                 return False
         for dst in touched:
@@ -473,8 +485,12 @@ class Transport:
                 self._drop("stale", f"rank {src} sent to finished operation "
                                     f"(channel {header.channel}, seq {header.seq})")
         elif kind == ABORT:
-            self.inbox.post_error(key, SlotError(f"rank {src} abandoned the operation: "
-                                                 f"{header.op}"))
+            reason, lost_rank = header.op, None
+            if reason.startswith("lost:"):
+                rank_text, _, reason = reason[5:].partition("|")
+                lost_rank = int(rank_text) if rank_text.isdigit() else None
+            self.inbox.post_error(key, SlotError(f"rank {src} abandoned the operation: {reason}",
+                                                 lost_rank))
         elif kind == BYE:
             self.inbox.mark_lost(src, Lost("it closed its peer (left the group)", kind="closed"))
         elif kind == HELLO:
@@ -491,10 +507,11 @@ class Transport:
                 if kind == zmq.EVENT_HANDSHAKE_SUCCEEDED or self.config.key is None:
                     self._connected.add(rank)
             elif kind == zmq.EVENT_DISCONNECTED:
-                if rank in self._connected:
-                    self.inbox.mark_lost(rank, Lost(
-                        "connection dropped (the peer died, closed, or missed heartbeats for "
-                        f"{self.config.effective_heartbeat_timeout:g}s)"))
+                if rank in self._connected and rank not in self._suspects:
+                    # What the peer sent before it went travels on its own connection to our
+                    # ROUTER and may be read after this event: give it a moment to land, so
+                    # the last messages of a peer that finished and left are not lost.
+                    self._suspects[rank] = time.monotonic() + _DISCONNECT_GRACE
             elif kind == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
                 self.inbox.mark_lost(rank, Lost("the peer refused our cluster key (CURVE "
                                                 "authentication failed)", kind="auth"))
@@ -502,6 +519,15 @@ class Transport:
                           zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL):
                 self.inbox.mark_lost(rank, Lost("security handshake failed (does every peer use "
                                                 "the same cluster key, or none?)", kind="auth"))
+
+    def _declare_lost(self) -> None:
+        now = time.monotonic()
+        for rank, when in list(self._suspects.items()):
+            if now >= when:
+                del self._suspects[rank]
+                self.inbox.mark_lost(rank, Lost(
+                    "connection dropped (the peer died, closed, or missed heartbeats for "
+                    f"{self.config.effective_heartbeat_timeout:g}s)"))
 
     def _say_goodbye(self) -> None:
         bye = encode_header(BYE, self.rank, 0, 0)

@@ -1,0 +1,22 @@
+"""gossip: a decentralized gossip / allreduce runtime for data-parallel training.
+
+    import gossip
+    with gossip.init() as peer:            # rank, world size, rendezvous from the launcher
+        peer.allreduce(x, op="mean")
+        peer.neighbor_average(params, step=t)
+
+torch is imported only where torch objects are handled, so ``import gossip`` stays light.
+"""
+from gossip.errors import (AuthenticationError, GossipError, OperationTimeout, PeerLost,
+                           ProtocolError, RendezvousError, TopologyError)
+from gossip.peer import Peer
+from gossip.runtime import init
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "init", "Peer",
+    "GossipError", "PeerLost", "OperationTimeout", "RendezvousError", "ProtocolError",
+    "AuthenticationError", "TopologyError",
+    "__version__",
+]

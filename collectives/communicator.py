@@ -1,0 +1,317 @@
+"""The communicator: every collective and point-to-point call of one peer, sequenced so that
+peers' calls meet in the same slot, with blocking and non-blocking twins.
+
+Each collective call takes the next sequence number *in the calling thread*, so peers that call
+the same operations in the same order agree on slots even when the operations run
+concurrently. ``wait=False`` queues the operation on the communicator's worker thread and
+returns a Work handle; a blocking call runs in the caller's thread. A barrier first waits for
+this peer's earlier operations, so it implies they finished everywhere.
+
+When an operation fails on one peer (a lost peer, a mismatched call), that peer tells the others
+in the operation (ABORT), so they raise at once instead of waiting out their timeout.
+"""
+from __future__ import annotations
+
+import itertools
+import logging
+import threading
+import time
+from typing import Any, Callable
+
+import numpy as np
+
+from collectives.allgather import exchange_counts, ring_allgather_into
+from collectives.arrays import ArrayAdapter, adapter_for, check_reduce_op
+from collectives.barrier import dissemination_barrier
+from collectives.broadcast import pipelined_broadcast
+from collectives.errors import GossipError, PeerLost, ProtocolError
+from collectives.neighbor import neighbor_exchange
+from collectives.p2p import Call, post_range, recv_range
+from collectives.ring import ring_allreduce, ring_reduce_scatter, segments, wait_sent
+from collectives.small import recursive_doubling_allreduce
+from collectives.transport import Transport
+from collectives.wire import dtype_itemsize
+from collectives.work import Executor, Work
+
+__all__ = ["Communicator", "COLLECTIVE_CHANNEL", "P2P_CHANNEL", "DEFAULT_SMALL_BYTES"]
+
+log = logging.getLogger("collectives")
+
+COLLECTIVE_CHANNEL = 0
+P2P_CHANNEL = 1
+# Below this many bytes allreduce uses recursive doubling (latency-bound); above, the ring
+# (bandwidth-bound). Chosen by measurement: see benchmarks/allreduce_threshold.py.
+DEFAULT_SMALL_BYTES = 64 * 1024
+
+
+class Communicator:
+    def __init__(self, transport: Transport, *, channel: int = COLLECTIVE_CHANNEL,
+                 small_bytes: int = DEFAULT_SMALL_BYTES) -> None:
+        self.transport = transport
+        self.rank = transport.rank
+        self.world_size = transport.world_size
+        self.channel = channel
+        self.small_bytes = small_bytes
+        self._seq = itertools.count()
+        self._seq_lock = threading.Lock()
+        self._p2p_send_seq = [0] * self.world_size
+        self._p2p_recv_seq = [0] * self.world_size
+        self._executor = Executor(f"gossip-ops-r{self.rank}")
+
+    @property
+    def timeout(self) -> float:
+        return self.transport.config.timeout
+
+    # ------------------------------------------------------------------ plumbing
+    def _next_seq(self) -> int:
+        with self._seq_lock:
+            return next(self._seq)
+
+    def _flat(self, x: Any) -> tuple[ArrayAdapter, Any, str]:
+        adapter = adapter_for(x)
+        flat = adapter.flat(x)
+        return adapter, flat, adapter.dtype_name(flat)
+
+    def _launch(self, description: str, body: Callable[[], Any], wait: bool) -> Any:
+        if wait:
+            return body()
+        return self._executor.submit(body, Work(f"rank {self.rank}: {description}"))
+
+    def _execute(self, seq: int, signature: str, dtype: str, shape: tuple, timeout: float | None,
+                 peers, body: Callable[[Call], Any]) -> Any:
+        deadline = time.monotonic() + (self.timeout if timeout is None else timeout)
+        call = Call(self.transport, self.channel, seq, signature, dtype, shape, deadline)
+        try:
+            return body(call)
+        except GossipError as exc:
+            lost = exc.rank if isinstance(exc, PeerLost) else None
+            self.transport.abort(peers, self.channel, seq, str(exc), lost_rank=lost)
+            raise
+        finally:
+            self.transport.retire(self.channel, seq, peers)
+
+    def _all_peers(self) -> list[int]:
+        return [r for r in range(self.world_size) if r != self.rank]
+
+    # ------------------------------------------------------------------ collectives
+    def allreduce(self, x: Any, op: str = "sum", *, wait: bool = True,
+                  timeout: float | None = None, algorithm: str = "auto") -> Any:
+        """Reduce ``x`` across all peers in place and return it (or a Work handle).
+
+        ``algorithm``: "auto" (recursive doubling below ``small_bytes``, ring above), "ring"
+        or "recursive-doubling". Every peer must pass the same shape, dtype and op.
+        """
+        adapter, flat, dtype = self._flat(x)
+        check_reduce_op(op, dtype)
+        nbytes = adapter.size(flat) * dtype_itemsize(dtype)
+        if algorithm == "auto":
+            algorithm = "recursive-doubling" if nbytes <= self.small_bytes else "ring"
+        if algorithm not in ("ring", "recursive-doubling"):
+            raise ValueError(f"unknown allreduce algorithm {algorithm!r}; use 'auto', 'ring' "
+                             "or 'recursive-doubling'")
+        algo = ring_allreduce if algorithm == "ring" else recursive_doubling_allreduce
+        seq = self._next_seq()
+        signature = f"allreduce({op},{algorithm})"
+
+        def body() -> Any:
+            if self.world_size > 1:
+                self._execute(seq, signature, dtype, tuple(x.shape), timeout, self._all_peers(),
+                              lambda call: algo(call, adapter, flat, op))
+            adapter.synchronize()
+            return x
+        return self._launch(f"{signature} seq {seq}", body, wait)
+
+    def reduce_scatter(self, x: Any, op: str = "sum", *, wait: bool = True,
+                       timeout: float | None = None) -> Any:
+        """Reduce ``x`` across peers; this peer gets its segment (rank r: elements
+        [N*r//n, N*(r+1)//n) of the flattened array), returned as a view into ``x``."""
+        adapter, flat, dtype = self._flat(x)
+        check_reduce_op(op, dtype)
+        seq = self._next_seq()
+        n, r = self.world_size, self.rank
+        segs = segments(adapter.size(flat), n)
+        # The ring leaves peer r with segment r+1; rotate the assignment by one so that
+        # peer r ends with segment r.
+        shifted = segs[1:] + segs[:1]
+        signature = f"reduce_scatter({op})"
+
+        def body() -> Any:
+            if n > 1:
+                def run(call: Call) -> None:
+                    ticket = ring_reduce_scatter(call, adapter, flat, "sum" if op == "mean"
+                                                 else op, segs=shifted,
+                                                 divide_by=n if op == "mean" else 0)
+                    wait_sent(call, ticket)
+                self._execute(seq, signature, dtype, tuple(x.shape), timeout,
+                              self._all_peers(), run)
+            lo, hi = segs[r]
+            adapter.synchronize()
+            return adapter.slice(flat, lo, hi)
+        return self._launch(f"{signature} seq {seq}", body, wait)
+
+    def allgather(self, x: Any, *, out: Any = None, variable: bool = False, wait: bool = True,
+                  timeout: float | None = None) -> Any:
+        """Gather every peer's ``x``. Equal sizes: an array of shape (n, *x.shape) (into
+        ``out`` if given). ``variable=True``: sizes may differ; returns a list of n flat
+        arrays (views into one buffer)."""
+        adapter, flat, dtype = self._flat(x)
+        seq = self._next_seq()
+        n = self.world_size
+        count = adapter.size(flat)
+        if not variable:
+            if out is None:
+                out = adapter.empty(n * count, dtype, flat)
+                out = out.reshape((n,) + tuple(x.shape))
+            out_flat = adapter.flat(out)
+            if adapter.size(out_flat) != n * count:
+                raise ValueError(f"out has {adapter.size(out_flat)} elements; allgather of "
+                                 f"{count} elements from {n} peers needs {n * count}")
+        signature = "allgather(variable)" if variable else "allgather"
+        shape = (count,) if variable else tuple(x.shape)
+
+        def body() -> Any:
+            def run(call: Call) -> Any:
+                if variable:
+                    counts = exchange_counts(call, count)
+                    bounds = np.concatenate([[0], np.cumsum(counts)]).tolist()
+                    segs = [(bounds[i], bounds[i + 1]) for i in range(n)]
+                    buf = adapter.empty(bounds[-1], dtype, flat)
+                    # The data phase's chunks are checked against the whole gathered buffer.
+                    data_call = Call(call.transport, call.channel, call.seq, signature, dtype,
+                                     (bounds[-1],), call.deadline)
+                    ring_allgather_into(data_call, adapter, flat, buf, segs)
+                    return [adapter.slice(buf, lo, hi) for lo, hi in segs]
+                ring_allgather_into(call, adapter, flat, out_flat, segments(n * count, n))
+                return out
+            if n == 1:
+                result = run(Call(self.transport, self.channel, seq, signature, dtype, shape,
+                                  time.monotonic() + self.timeout))
+            else:
+                call_shape = (n * count,) if not variable else shape
+                result = self._execute(seq, signature, dtype, call_shape, timeout,
+                                       self._all_peers(), run)
+            adapter.synchronize()
+            return result
+        return self._launch(f"{signature} seq {seq}", body, wait)
+
+    def broadcast(self, x: Any, root: int = 0, *, wait: bool = True,
+                  timeout: float | None = None) -> Any:
+        """Copy root's ``x`` into every peer's ``x`` (in place) and return it."""
+        if not 0 <= root < self.world_size:
+            raise ValueError(f"root {root} is outside world size {self.world_size}")
+        adapter, flat, dtype = self._flat(x)
+        seq = self._next_seq()
+        signature = f"broadcast(root={root})"
+
+        def body() -> Any:
+            if self.world_size > 1:
+                self._execute(seq, signature, dtype, tuple(x.shape), timeout, self._all_peers(),
+                              lambda call: pipelined_broadcast(call, adapter, flat, root))
+            adapter.synchronize()
+            return x
+        return self._launch(f"{signature} seq {seq}", body, wait)
+
+    def barrier(self, timeout: float | None = None) -> None:
+        """Return once every peer has entered the barrier, and this peer's earlier
+        non-blocking operations have finished."""
+        last = self._executor.last()
+        if last is not None:
+            last.wait(self.timeout if timeout is None else timeout)
+        seq = self._next_seq()
+        if self.world_size > 1:
+            self._execute(seq, "barrier", "uint8", (0,), timeout, self._all_peers(),
+                          dissemination_barrier)
+
+    def neighbor_allreduce(self, x: Any, self_weight: float, src_weights: dict[int, float],
+                           dst_ranks, *, dst_weights: dict[int, float] | None = None,
+                           scratch: Any = None, wait: bool = True,
+                           timeout: float | None = None) -> Any:
+        """x <- self_weight * x + sum_j src_weights[j] * x_j, sending x to ``dst_ranks``
+        (each scaled by ``dst_weights[dst]`` if given). In place; returns x.
+
+        Only the peers named take part, so a pattern may be directed or change every round;
+        peers must agree on it (j in my src_weights iff I am in j's dst_ranks).
+        """
+        adapter, flat, dtype = self._flat(x)
+        if not (dtype.startswith("float") or dtype.startswith("complex") or dtype == "bfloat16"):
+            raise TypeError(f"neighbor_allreduce averages with real weights; {dtype} arrays "
+                            "cannot hold the result (use a floating-point array)")
+        dst_ranks = sorted(set(int(d) for d in dst_ranks))
+        src_weights = {int(k): float(v) for k, v in src_weights.items()}
+        for r in list(dst_ranks) + list(src_weights):
+            if not 0 <= r < self.world_size or r == self.rank:
+                raise ValueError(f"rank {self.rank}: neighbour {r} is not another peer of the "
+                                 f"{self.world_size}")
+        if dst_weights is not None and set(dst_weights) != set(dst_ranks):
+            raise ValueError("dst_weights must have exactly one weight per destination rank")
+        if scratch is None:
+            scratch = adapter.empty(adapter.size(flat), dtype, flat)
+        else:
+            scratch = adapter.flat(scratch)
+        seq = self._next_seq()
+        peers = sorted(set(dst_ranks) | set(src_weights))
+
+        def body() -> Any:
+            self._execute(seq, "neighbor_allreduce", dtype, tuple(x.shape), timeout, peers,
+                          lambda call: neighbor_exchange(call, adapter, flat, float(self_weight),
+                                                         src_weights, dst_ranks, dst_weights,
+                                                         scratch))
+            adapter.synchronize()
+            return x
+        return self._launch(f"neighbor_allreduce seq {seq}", body, wait)
+
+    # ------------------------------------------------------------------ point to point
+    def send(self, dst: int, x: Any, *, timeout: float | None = None) -> None:
+        """Send ``x`` to ``dst``; returns when ``x`` may be modified again. Messages between
+        two peers arrive in the order they were sent."""
+        if not 0 <= dst < self.world_size or dst == self.rank:
+            raise ValueError(f"rank {self.rank}: cannot send to rank {dst} (world size "
+                             f"{self.world_size})")
+        adapter, flat, dtype = self._flat(x)
+        seq = self._p2p_send_seq[dst]
+        self._p2p_send_seq[dst] += 1
+        deadline = time.monotonic() + (self.timeout if timeout is None else timeout)
+        call = Call(self.transport, P2P_CHANNEL, seq, "send", dtype, tuple(x.shape), deadline)
+        wait_sent(call, post_range(call, dst, adapter, flat, 0, adapter.size(flat), track=True))
+
+    def recv(self, src: int, out: Any = None, *, timeout: float | None = None) -> Any:
+        """Receive the next array ``src`` sent. Into ``out`` if given (its dtype and size must
+        match), else a new numpy array (a single-chunk message is returned without a copy)."""
+        if not 0 <= src < self.world_size or src == self.rank:
+            raise ValueError(f"rank {self.rank}: cannot receive from rank {src} (world size "
+                             f"{self.world_size})")
+        seq = self._p2p_recv_seq[src]
+        self._p2p_recv_seq[src] += 1
+        t = self.transport
+        deadline = time.monotonic() + (self.timeout if timeout is None else timeout)
+        key = (src, P2P_CHANNEL, seq)
+        try:
+            header, frame = t.recv(src, P2P_CHANNEL, seq, deadline=deadline,
+                                   operation=f"recv from rank {src}")
+            call = Call(t, P2P_CHANNEL, seq, "send", header.dtype, header.shape, deadline)
+            if out is None:
+                if header.offset == 0 and len(frame) == header.nbytes and header.dtype != "bfloat16":
+                    return np.frombuffer(frame, dtype=header.dtype).reshape(header.shape)
+                out = _empty_for(header.dtype, header.shape)
+            adapter, flat, dtype = self._flat(out)
+            if dtype != header.dtype or adapter.size(flat) * call.itemsize != header.nbytes:
+                raise ProtocolError(f"rank {self.rank}: recv from rank {src}: it sent "
+                                    f"{header.dtype} {header.shape} but out is {dtype} "
+                                    f"{tuple(out.shape)}")
+            t.inbox.unget(key, (header, frame))
+            for lo, hi, chunk in recv_range(call, src, adapter, 0, adapter.size(flat)):
+                adapter.copy(adapter.slice(flat, lo, hi), chunk)
+            adapter.synchronize()
+            return out
+        finally:
+            t.retire(P2P_CHANNEL, seq, [src])
+
+    def close(self, timeout: float = 1.0) -> None:
+        self._executor.close(timeout)
+
+
+def _empty_for(dtype: str, shape: tuple) -> Any:
+    if dtype == "bfloat16":
+        import torch
+        return torch.empty(shape, dtype=torch.bfloat16)
+    return np.empty(shape, dtype=dtype)

@@ -1,0 +1,45 @@
+"""The neighbour exchange that gossip needs: send x to the out-neighbours, combine what the
+in-neighbours sent: x <- self_weight * x + sum_j w_j * x_j. Works for any directed or
+time-varying pattern, since the caller passes this round's ranks and weights explicitly.
+
+With ``dst_weights`` each out-neighbour receives its own scaled copy (push-sum sends
+w_ij * x_j); without, every out-neighbour gets x itself, zero-copy.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from collectives.arrays import ArrayAdapter
+from collectives.p2p import Call, post_range, recv_range
+from collectives.ring import wait_sent
+
+__all__ = ["neighbor_exchange"]
+
+
+def neighbor_exchange(call: Call, adapter: ArrayAdapter, flat: Any, self_weight: float,
+                      src_weights: dict[int, float], dst_ranks: list[int],
+                      dst_weights: dict[int, float] | None, scratch: Any) -> None:
+    """Combine in place into ``flat``; ``scratch`` is a caller-owned buffer of the same size
+    (reused across rounds, so a round allocates nothing of the array's size)."""
+    size = adapter.size(flat)
+    dtype = adapter.dtype_name(flat)
+    tickets = []
+    copies = []
+    for dst in dst_ranks:
+        if dst_weights is None:
+            tickets.append(post_range(call, dst, adapter, flat, 0, size, track=True))
+        else:
+            scaled = adapter.empty(size, dtype, flat)
+            adapter.copy(scaled, flat)
+            adapter.scale(scaled, dst_weights[dst])
+            copies.append(scaled)  # keep alive until sent
+            tickets.append(post_range(call, dst, adapter, scaled, 0, size, track=True))
+    adapter.copy(scratch, flat)
+    adapter.scale(scratch, self_weight)
+    for src in sorted(src_weights):
+        weight = src_weights[src]
+        for a, b, chunk in recv_range(call, src, adapter, 0, size):
+            adapter.axpy(adapter.slice(scratch, a, b), weight, chunk)
+    for ticket in tickets:
+        wait_sent(call, ticket)
+    adapter.copy(flat, scratch)

@@ -1,0 +1,201 @@
+"""The address exchange: rank 0 hosts a short-lived table at the rendezvous address; every peer
+registers its endpoints and gets the whole table back. After it, no peer is special.
+
+Messages are msgpack maps over a ROUTER (rank 0) / DEALER (others) pair created in the peer's
+own ZeroMQ context, so a cluster key secures the rendezvous exactly like the data sockets.
+Every failure is a RendezvousError that says what went wrong and who was involved: ranks that
+never came (named), a duplicate rank, a world size or configuration that disagrees, a port
+already in use.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import time
+from typing import Any
+
+import msgpack
+import zmq
+
+from collectives.errors import RendezvousError
+from collectives.transport import Transport
+
+__all__ = ["rendezvous", "RENDEZVOUS_VERSION"]
+
+log = logging.getLogger("collectives")
+
+RENDEZVOUS_VERSION = 1
+_MAX_MESSAGE = 64 * 1024
+# Clients wait this much longer than rank 0, so rank 0's verdict (which ranks are missing)
+# reaches them before their own deadline.
+_CLIENT_GRACE = 3.0
+
+
+def _pack(obj: dict) -> bytes:
+    return msgpack.packb(obj, use_bin_type=True)
+
+
+def _unpack(raw: bytes) -> dict | None:
+    if len(raw) > _MAX_MESSAGE:
+        return None
+    try:
+        obj = msgpack.unpackb(raw, raw=False, strict_map_key=True, max_bin_len=_MAX_MESSAGE,
+                              max_str_len=_MAX_MESSAGE)
+    except Exception:
+        return None
+    return obj if isinstance(obj, dict) else None
+
+
+def rendezvous(transport: Transport, address: str, *, timeout: float,
+               info: dict[str, Any] | None = None) -> dict[int, dict]:
+    """Exchange endpoints with every peer through ``address`` (``tcp://host:port``).
+
+    ``info`` is compared across peers: any key whose value differs (a topology spec, a
+    protocol setting) fails the rendezvous on every peer, naming the ranks that disagree.
+    Returns rank -> {"tcp", "ipc", "host", "pid"} and installs it in the transport.
+    """
+    entry = dict(transport.endpoints, pid=os.getpid())
+    me = {"v": RENDEZVOUS_VERSION, "rank": transport.rank, "world_size": transport.world_size,
+          "entry": entry, "info": info or {}}
+    if transport.world_size == 1:
+        table = {0: entry}
+    elif transport.rank == 0:
+        table = _serve(transport, address, timeout, me)
+    else:
+        table = _register(transport, address, timeout, me)
+    transport.set_peers(table)
+    return table
+
+
+def _bind_address(address: str) -> str:
+    host, _, port = address[len("tcp://"):].rpartition(":")
+    if host in ("localhost", "127.0.0.1", "::1", "[::1]") or host.startswith("127."):
+        return f"tcp://{'127.0.0.1' if host == 'localhost' else host}:{port}"
+    return f"tcp://*:{port}"  # rank 0 may know itself under another name than MASTER_ADDR
+
+
+def _serve(transport: Transport, address: str, timeout: float, me: dict) -> dict[int, dict]:
+    n = transport.world_size
+    sock = transport.context.socket(zmq.ROUTER)
+    sock.linger = 0
+    if transport.config.key is not None:
+        transport.config.key.apply_server(sock)
+    bind = _bind_address(address)
+    try:
+        sock.bind(bind)
+    except zmq.ZMQError as exc:
+        sock.close()
+        hint = ("another job or a previous run still holds it; choose another port with "
+                "--master-port / MASTER_PORT / GOSSIP_MASTER_PORT"
+                if exc.errno == zmq.EADDRINUSE else "is the address one of this host's?")
+        raise RendezvousError(f"rank 0: cannot bind the rendezvous at {bind} ({address}): "
+                              f"{exc.strerror}; {hint}") from None
+    try:
+        return _collect(sock, transport, address, timeout, me, n)
+    finally:
+        sock.close(linger=0)
+
+
+def _collect(sock, transport, address, timeout, me, n) -> dict[int, dict]:
+    deadline = time.monotonic() + timeout
+    registered: dict[int, dict] = {0: me}
+    identities: dict[int, bytes] = {}
+    everyone: list[bytes] = []  # every client heard from, so a failure reaches them all
+
+    def fail(reason: str) -> RendezvousError:
+        for ident in everyone:
+            sock.send_multipart([ident, _pack({"error": reason})], zmq.NOBLOCK)
+        return RendezvousError(f"rank 0 (rendezvous {address}): {reason}")
+
+    while len(registered) < n:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            missing = sorted(set(range(n)) - set(registered))
+            raise fail(f"ranks {_ranges(missing)} never came within {timeout:g}s "
+                       f"({len(registered)} of {n} registered); check that every peer was "
+                       f"started with the same world size and rendezvous address")
+        if not sock.poll(min(remaining, 0.5) * 1000):
+            continue
+        frames = sock.recv_multipart()
+        if len(frames) != 2:
+            continue
+        ident, msg = frames[0], _unpack(frames[1])
+        everyone.append(ident)
+        if msg is None or msg.get("v") != RENDEZVOUS_VERSION:
+            log.warning("rendezvous: ignored a malformed registration")
+            continue
+        rank, size = msg.get("rank"), msg.get("world_size")
+        if type(rank) is not int or type(size) is not int:
+            continue
+        if size != n:
+            raise fail(f"rank {rank} says world size {size}, rank 0 says {n}")
+        if not 0 <= rank < n:
+            raise fail(f"a peer registered rank {rank}, outside world size {n}")
+        if rank in registered:
+            first = registered[rank]["entry"]
+            other = msg.get("entry", {})
+            raise fail(f"rank {rank} registered twice (pid {first.get('pid')} on "
+                       f"{first.get('tcp')} and pid {other.get('pid')} on {other.get('tcp')}); "
+                       f"every peer needs its own rank")
+        for name, value in me["info"].items():
+            theirs = msg.get("info", {}).get(name)
+            if theirs != value:
+                raise fail(f"rank {rank} has {name}={theirs!r} but rank 0 has {value!r}; "
+                           "every peer must use the same setting")
+        registered[rank] = msg
+        identities[rank] = ident
+
+    table = {r: registered[r]["entry"] for r in range(n)}
+    packed = _pack({"table": {str(r): e for r, e in table.items()}})
+    for ident in identities.values():
+        sock.send_multipart([ident, packed])
+    # Wait for every acknowledgement, so closing the socket cannot drop a table in flight.
+    pending = set(identities.values())
+    while pending and time.monotonic() < deadline + _CLIENT_GRACE:
+        if sock.poll(200):
+            frames = sock.recv_multipart()
+            pending.discard(frames[0])
+    return table
+
+
+def _register(transport, address, timeout, me) -> dict[int, dict]:
+    sock = transport.context.socket(zmq.DEALER)
+    sock.linger = 0
+    if transport.config.key is not None:
+        transport.config.key.apply_client(sock)
+    try:
+        sock.connect(address)
+        sock.send(_pack(me))
+        deadline = time.monotonic() + timeout + _CLIENT_GRACE
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0 or not sock.poll(remaining * 1000):
+                raise RendezvousError(
+                    f"rank {transport.rank}: no answer from the rendezvous at {address} within "
+                    f"{timeout + _CLIENT_GRACE:g}s; is rank 0 running and reachable there"
+                    f"{', and do all peers hold the same cluster key' if transport.config.key else ''}?")
+            msg = _unpack(sock.recv())
+            if msg is None:
+                continue
+            if "error" in msg:
+                raise RendezvousError(f"rank {transport.rank}: rendezvous at {address} failed: "
+                                      f"{msg['error']}")
+            if "table" in msg:
+                sock.send(b"ack")
+                # Let the acknowledgement leave before the socket closes.
+                sock.linger = 500
+                return {int(r): e for r, e in msg["table"].items()}
+    finally:
+        sock.close()
+
+
+def _ranges(ranks: list[int]) -> str:
+    """[0, 1, 2, 5] -> '0-2, 5' so a report on 1000 peers stays readable."""
+    out, i = [], 0
+    while i < len(ranks):
+        j = i
+        while j + 1 < len(ranks) and ranks[j + 1] == ranks[j] + 1:
+            j += 1
+        out.append(str(ranks[i]) if i == j else f"{ranks[i]}-{ranks[j]}")
+        i = j + 1
+    return ", ".join(out)

@@ -1,0 +1,93 @@
+"""Bandwidth-optimal ring algorithms: reduce-scatter, allgather, and allreduce as the two back
+to back. Each peer sends 2(n-1)/n of the array in an allreduce, the lower bound.
+
+Everything is pipelined chunk by chunk: a chunk is forwarded to the right neighbour the moment
+it has been reduced (or copied), so sending, receiving and reducing overlap across steps and
+across the two phases. Every element of the result is reduced by exactly one peer and copied to
+the others, so all peers end with bitwise-identical arrays.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from collectives.arrays import ArrayAdapter
+from collectives.errors import PeerLost
+from collectives.p2p import Call, post_range, recv_range
+
+__all__ = ["segments", "ring_reduce_scatter", "ring_allgather", "ring_allreduce",
+           "wait_sent"]
+
+
+def segments(count: int, n: int) -> list[tuple[int, int]]:
+    """Split ``count`` elements into ``n`` balanced contiguous segments (some may be empty)."""
+    bounds = [count * i // n for i in range(n + 1)]
+    return [(bounds[i], bounds[i + 1]) for i in range(n)]
+
+
+def wait_sent(call: Call, ticket) -> None:
+    """Block until the zero-copy buffers of this operation are no longer read by libzmq, so the
+    caller may modify the array as soon as the operation returns."""
+    if ticket is not None and not ticket.wait(call.deadline):
+        raise PeerLost(f"rank {call.transport.rank}: {call.describe()}: the last chunk was not "
+                       "taken by the network within the timeout (is the receiver alive?)")
+
+
+def ring_reduce_scatter(call: Call, adapter: ArrayAdapter, flat: Any, op: str, *,
+                        segs: list[tuple[int, int]], divide_by: int = 0,
+                        forward_final: bool = False):
+    """Reduce-scatter in place: afterwards peer r holds the reduced segment (r + 1) % n.
+
+    With ``divide_by``, the owned segment is divided (op "mean"). With ``forward_final``, each
+    finished chunk goes straight on to the right neighbour as the first allgather step.
+    Returns the ticket of the last send (to wait on before the buffer may change).
+    """
+    t = call.transport
+    n, r = t.world_size, t.rank
+    right, left = (r + 1) % n, (r - 1) % n
+    lo, hi = segs[r]
+    ticket = post_range(call, right, adapter, flat, lo, hi)
+    for s in range(n - 1):
+        lo, hi = segs[(r - s - 1) % n]
+        last = s == n - 2
+        for a, b, chunk in recv_range(call, left, adapter, lo, hi):
+            part = adapter.slice(flat, a, b)
+            adapter.reduce(op, part, chunk)
+            if last and divide_by:
+                adapter.divide(part, divide_by)
+            if not last or forward_final:
+                ticket = post_range(call, right, adapter, flat, a, b, track=True)
+    return ticket
+
+
+def ring_allgather(call: Call, adapter: ArrayAdapter, flat: Any, *,
+                   segs: list[tuple[int, int]], first_sent: bool = False, owned_shift: int = 1):
+    """Allgather in place: peer r starts owning segment (r + owned_shift) % n and ends with
+    all of them. ``first_sent``: the owned segment was already forwarded (by a pipelined
+    reduce-scatter). Returns the ticket of the last send."""
+    t = call.transport
+    n, r = t.world_size, t.rank
+    right, left = (r + 1) % n, (r - 1) % n
+    ticket = None
+    if not first_sent:
+        lo, hi = segs[(r + owned_shift) % n]
+        ticket = post_range(call, right, adapter, flat, lo, hi, track=True)
+    for s in range(n - 1):
+        lo, hi = segs[(r + owned_shift - s - 1) % n]
+        forward = s < n - 2
+        for a, b, chunk in recv_range(call, left, adapter, lo, hi):
+            adapter.copy(adapter.slice(flat, a, b), chunk)
+            if forward:
+                ticket = post_range(call, right, adapter, flat, a, b, track=True)
+    return ticket
+
+
+def ring_allreduce(call: Call, adapter: ArrayAdapter, flat: Any, op: str) -> None:
+    """Ring allreduce in place (reduce-scatter then allgather, pipelined across the phases)."""
+    n = call.transport.world_size
+    segs = segments(adapter.size(flat), n)
+    divide_by = n if op == "mean" else 0
+    reduce_op = "sum" if op == "mean" else op
+    ticket = ring_reduce_scatter(call, adapter, flat, reduce_op, segs=segs, divide_by=divide_by,
+                                 forward_final=True)
+    ticket = ring_allgather(call, adapter, flat, segs=segs, first_sent=True) or ticket
+    wait_sent(call, ticket)

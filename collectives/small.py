@@ -1,0 +1,54 @@
+"""Latency-optimal allreduce for small arrays: recursive doubling, log2(n) exchanges of the
+whole array instead of the ring's 2(n-1) steps.
+
+For a world size that is not a power of two, the ranks above the largest power of two p first
+fold their array into rank (r - p), sit out the doubling, and get the result back at the end.
+Partners at each level compute the same pair (IEEE addition, multiplication, max and min are
+commutative bit for bit), so all peers end with identical bytes.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from collectives.arrays import ArrayAdapter
+from collectives.p2p import Call, post_range, recv_range
+from collectives.ring import wait_sent
+
+__all__ = ["recursive_doubling_allreduce"]
+
+
+def _exchange(call: Call, adapter: ArrayAdapter, flat: Any, partner: int, op: str,
+              size: int, scratch: Any) -> None:
+    # The send reads `flat` without a copy while the partner's data arrives, so reduce into a
+    # scratch copy first and write back only once our own send is off the buffer.
+    ticket = post_range(call, partner, adapter, flat, 0, size, track=True)
+    adapter.copy(scratch, flat)
+    for a, b, chunk in recv_range(call, partner, adapter, 0, size):
+        adapter.reduce(op, adapter.slice(scratch, a, b), chunk)
+    wait_sent(call, ticket)
+    adapter.copy(flat, scratch)
+
+
+def recursive_doubling_allreduce(call: Call, adapter: ArrayAdapter, flat: Any, op: str) -> None:
+    t = call.transport
+    n, r = t.world_size, t.rank
+    size = adapter.size(flat)
+    reduce_op = "sum" if op == "mean" else op
+    p = 1 << (n.bit_length() - 1)  # largest power of two <= n
+    scratch = adapter.empty(size, adapter.dtype_name(flat), flat)
+    if r >= p:  # fold in, wait for the result
+        wait_sent(call, post_range(call, r - p, adapter, flat, 0, size, track=True))
+        for a, b, chunk in recv_range(call, r - p, adapter, 0, size):
+            adapter.copy(adapter.slice(flat, a, b), chunk)
+        return
+    if r + p < n:
+        for a, b, chunk in recv_range(call, r + p, adapter, 0, size):
+            adapter.reduce(reduce_op, adapter.slice(flat, a, b), chunk)
+    mask = 1
+    while mask < p:
+        _exchange(call, adapter, flat, r ^ mask, reduce_op, size, scratch)
+        mask <<= 1
+    if op == "mean":
+        adapter.divide(flat, n)
+    if r + p < n:
+        wait_sent(call, post_range(call, r + p, adapter, flat, 0, size, track=True))

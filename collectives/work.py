@@ -1,0 +1,104 @@
+"""Handles for non-blocking operations and the executor that runs them in order.
+
+A non-blocking call returns a Work handle at once; the operation runs on the communicator's
+worker thread, one after another in call order (every peer assigned sequence numbers in the
+same order, so the slots match). ``wait(timeout)`` and ``done()`` are the blocking/non-blocking
+twins of the call.
+"""
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+from typing import Any, Callable
+
+from collectives.errors import OperationTimeout
+
+__all__ = ["Work", "Executor"]
+
+log = logging.getLogger("collectives")
+
+
+class Work:
+    """The handle of one operation in flight."""
+
+    __slots__ = ("description", "_event", "_result", "_error")
+
+    def __init__(self, description: str) -> None:
+        self.description = description
+        self._event = threading.Event()
+        self._result: Any = None
+        self._error: BaseException | None = None
+
+    def done(self) -> bool:
+        """True once the operation finished (successfully or not); never blocks."""
+        return self._event.is_set()
+
+    def wait(self, timeout: float | None = None) -> Any:
+        """Block until the operation finished and return its result (the array, in place), or
+        raise its error. ``timeout`` bounds this wait only; the operation's own deadline (the
+        peer's timeout) still applies inside it."""
+        if not self._event.wait(timeout):
+            raise OperationTimeout(f"{self.description} did not finish within {timeout:g}s "
+                                   "(it is still running; wait again or raise the timeout)")
+        if self._error is not None:
+            raise self._error
+        return self._result
+
+    def _finish(self, result: Any = None, error: BaseException | None = None) -> None:
+        self._result, self._error = result, error
+        self._event.set()
+
+    def __repr__(self) -> str:
+        state = "done" if self.done() else "pending"
+        return f"<Work {self.description} {state}>"
+
+
+class Executor:
+    """One worker thread that runs submitted operations in submission order."""
+
+    def __init__(self, name: str) -> None:
+        self._name = name
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+        self._closed = False
+        self._last: Work | None = None
+
+    def submit(self, fn: Callable[[], Any], work: Work) -> Work:
+        with self._lock:
+            if self._closed:
+                raise RuntimeError(f"{self._name}: submit after close()")
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
+                self._thread.start()
+            self._last = work
+            self._queue.put((fn, work))
+        return work
+
+    def last(self) -> Work | None:
+        """The most recently submitted operation (it finishes after all earlier ones)."""
+        return self._last
+
+    def _run(self) -> None:
+        while True:
+            item = self._queue.get()
+            if item is None:
+                return
+            fn, work = item
+            try:
+                work._finish(fn())
+            except BaseException as exc:  # handed to whoever waits on the handle
+                work._finish(error=exc)
+
+    def close(self, timeout: float = 1.0) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            thread = self._thread
+        if thread is not None:
+            self._queue.put(None)
+            thread.join(timeout)
+            if thread.is_alive():
+                log.warning("%s: an operation was still running at close()", self._name)

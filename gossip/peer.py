@@ -1,0 +1,147 @@
+"""Peer: one process's place in the group. It owns the transport (sockets and I/O thread), the
+communicator (sequenced collectives) and the topology, and is what ``gossip.init()`` returns."""
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from collectives.communicator import Communicator
+from collectives.transport import Transport
+from gossip.settings import LaunchSettings
+
+__all__ = ["Peer"]
+
+log = logging.getLogger("gossip")
+
+
+class Peer:
+    """A member of the group. Every blocking call takes ``timeout`` (default: the peer's) and
+    raises PeerLost / OperationTimeout / ProtocolError naming the rank, address and operation
+    instead of hanging. Use as a context manager, or call close()."""
+
+    def __init__(self, transport: Transport, topology: Any, settings: LaunchSettings) -> None:
+        self._transport = transport
+        self._comm = Communicator(transport)
+        self.topology = topology
+        self.settings = settings
+        self._closed = False
+
+    # -- identity ---------------------------------------------------------------------------
+    @property
+    def rank(self) -> int:
+        return self._transport.rank
+
+    @property
+    def world_size(self) -> int:
+        return self._transport.world_size
+
+    @property
+    def local_rank(self) -> int:
+        return self.settings.local_rank
+
+    @property
+    def timeout(self) -> float:
+        return self._transport.config.timeout
+
+    @property
+    def transport(self) -> Transport:
+        return self._transport
+
+    @property
+    def communicator(self) -> Communicator:
+        return self._comm
+
+    def __repr__(self) -> str:
+        return (f"Peer(rank={self.rank}, world_size={self.world_size}, "
+                f"topology={self.topology!r}, endpoint={self._transport.endpoints['tcp']!r})")
+
+    # -- point to point ---------------------------------------------------------------------
+    def send(self, dst: int, array: Any, *, timeout: float | None = None) -> None:
+        """Send ``array`` to rank ``dst``; returns once the array may be modified again."""
+        self._comm.send(dst, array, timeout=timeout)
+
+    def recv(self, src: int, out: Any = None, *, timeout: float | None = None) -> Any:
+        """The next array rank ``src`` sent (into ``out`` if given)."""
+        return self._comm.recv(src, out, timeout=timeout)
+
+    # -- collectives ------------------------------------------------------------------------
+    def allreduce(self, x: Any, op: str = "sum", *, wait: bool = True,
+                  timeout: float | None = None, algorithm: str = "auto") -> Any:
+        """Reduce ``x`` over all peers in place (ops: sum, mean, max, min, prod); returns ``x``,
+        or a Work handle with ``wait=False``."""
+        return self._comm.allreduce(x, op, wait=wait, timeout=timeout, algorithm=algorithm)
+
+    def reduce_scatter(self, x: Any, op: str = "sum", *, wait: bool = True,
+                       timeout: float | None = None) -> Any:
+        return self._comm.reduce_scatter(x, op, wait=wait, timeout=timeout)
+
+    def allgather(self, x: Any, *, out: Any = None, variable: bool = False, wait: bool = True,
+                  timeout: float | None = None) -> Any:
+        return self._comm.allgather(x, out=out, variable=variable, wait=wait, timeout=timeout)
+
+    def broadcast(self, x: Any, root: int = 0, *, wait: bool = True,
+                  timeout: float | None = None) -> Any:
+        return self._comm.broadcast(x, root, wait=wait, timeout=timeout)
+
+    def barrier(self, timeout: float | None = None) -> None:
+        self._comm.barrier(timeout)
+
+    def neighbor_allreduce(self, x: Any, self_weight: float, src_weights: dict[int, float],
+                           dst_ranks, *, dst_weights: dict[int, float] | None = None,
+                           scratch: Any = None, wait: bool = True,
+                           timeout: float | None = None) -> Any:
+        return self._comm.neighbor_allreduce(x, self_weight, src_weights, dst_ranks,
+                                             dst_weights=dst_weights, scratch=scratch,
+                                             wait=wait, timeout=timeout)
+
+    def neighbor_average(self, x: Any, step: int = 0, *, scratch: Any = None, wait: bool = True,
+                         timeout: float | None = None) -> Any:
+        """One gossip round with the topology's mixing weights: x <- sum_j W[rank, j] * x_j
+        (D-PSGD). Neighbours already lost are left out and their weight stays with this peer,
+        so the row still sums to one and training goes on around a dead peer."""
+        self_weight, src_weights = self.topology.weights(self.rank, step)
+        dst_ranks = self.topology.out_neighbors(self.rank, step)
+        lost = self._transport.lost_ranks()
+        if lost:
+            self_weight += sum(w for j, w in src_weights.items() if j in lost)
+            src_weights = {j: w for j, w in src_weights.items() if j not in lost}
+            dst_ranks = [j for j in dst_ranks if j not in lost]
+        return self._comm.neighbor_allreduce(x, self_weight, src_weights, dst_ranks,
+                                             scratch=scratch, wait=wait, timeout=timeout)
+
+    # -- observability and lifetime ------------------------------------------------------
+    def lost_peers(self) -> dict[int, str]:
+        """Ranks this peer has found dead or departed, with the reason."""
+        return self._transport.lost_ranks()
+
+    def stats(self) -> dict:
+        """Traffic counters (bytes and messages per peer, dropped bad messages, lost peers)."""
+        return self._transport.stats()
+
+    def close(self) -> None:
+        """Stop the worker and I/O threads and close every socket (linger 0). Prompt (about a
+        second at most, even with traffic in flight) and idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        # Transport first: closing it wakes every operation waiting in the inbox, so the
+        # worker thread then stops at once.
+        self._transport.close(timeout=0.5)
+        self._comm.close(timeout=0.5)
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def __enter__(self) -> "Peer":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        try:
+            if not self._closed:
+                self.close()
+        except Exception:
+            pass

@@ -1,0 +1,101 @@
+"""gossip.init(): from launcher variables (or arguments) to a connected Peer."""
+from __future__ import annotations
+
+import logging
+import os
+import socket
+from typing import Any
+
+from collectives.config import TransportConfig
+from collectives.rendezvous import rendezvous as exchange_addresses
+from collectives.security import ClusterKey, load_cluster_key
+from collectives.transport import Transport
+from gossip.errors import TopologyError
+from gossip.logs import configure_logging
+from gossip.peer import Peer
+from gossip.settings import resolve_settings
+
+__all__ = ["init", "resolve_topology", "DEFAULT_TIMEOUT"]
+
+log = logging.getLogger("gossip")
+
+DEFAULT_TIMEOUT = 60.0
+
+
+def resolve_topology(topology: Any, world_size: int) -> Any:
+    """A Topology from an object, a spec string, GOSSIP_TOPOLOGY, or the default ring."""
+    import topologies
+    from topologies.errors import TopologyError as PureTopologyError
+
+    if topology is None:
+        topology = os.environ.get("GOSSIP_TOPOLOGY") or "ring"
+    try:
+        if isinstance(topology, str):
+            return topologies.parse(topology, world_size)
+    except PureTopologyError as exc:
+        raise TopologyError(str(exc)) from None
+    if getattr(topology, "size", None) != world_size:
+        raise TopologyError(f"topology {topology!r} has {getattr(topology, 'size', '?')} peers "
+                            f"but the world size is {world_size}")
+    return topology
+
+
+def _route_address(master_addr: str, port: int) -> str:
+    """This host's address on the route to the rendezvous (no packet is sent: a UDP connect
+    only asks the kernel which interface it would use)."""
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+            probe.connect((master_addr, port))
+            return probe.getsockname()[0]
+    except OSError:
+        return socket.gethostbyname(socket.gethostname())
+
+
+def init(*, rank: int | None = None, world_size: int | None = None,
+         rendezvous: str | None = None, topology: Any = None, timeout: float | None = None,
+         key: str | os.PathLike | ClusterKey | None = None, transport: str | None = None,
+         config: TransportConfig | None = None) -> Peer:
+    """Join the group and return this process's Peer.
+
+    Every argument defaults from the environment (see gossip.settings for the order of
+    launcher conventions): ``rendezvous`` is ``tcp://HOST:PORT`` of rank 0, ``topology`` a
+    Topology or spec string (GOSSIP_TOPOLOGY, default "ring"), ``timeout`` the deadline of
+    every blocking call (GOSSIP_TIMEOUT, default 60 s), ``key`` a cluster key file that turns
+    on CURVE encryption and authentication for every socket (GOSSIP_KEY), ``transport``
+    "auto" | "tcp" | "ipc" (GOSSIP_TRANSPORT).
+    """
+    configure_logging()
+    settings = resolve_settings(rank=rank, world_size=world_size, rendezvous=rendezvous)
+    topo = resolve_topology(topology, settings.world_size)
+    if timeout is None:
+        timeout = float(os.environ.get("GOSSIP_TIMEOUT") or DEFAULT_TIMEOUT)
+    key = key if key is not None else (os.environ.get("GOSSIP_KEY") or None)
+    if key is not None and not isinstance(key, ClusterKey):
+        key = load_cluster_key(key)
+    transport = transport or os.environ.get("GOSSIP_TRANSPORT") or None
+    changes: dict[str, Any] = {"timeout": timeout}
+    if key is not None:
+        changes["key"] = key
+    if transport:
+        changes["transport"] = transport
+    if settings.world_size > 1 and not settings.is_local:
+        # A run across machines: listen everywhere, advertise the address others can reach.
+        changes["bind_host"] = os.environ.get("GOSSIP_BIND_HOST", "0.0.0.0")
+        changes["advertise_host"] = (os.environ.get("GOSSIP_HOST")
+                                     or _route_address(settings.master_addr,
+                                                       settings.master_port))
+    cfg = (config or TransportConfig()).with_(**changes)
+
+    tr = Transport(settings.rank, settings.world_size, cfg)
+    try:
+        exchange_addresses(tr, settings.rendezvous, timeout=timeout, info={
+            "topology": getattr(topo, "spec", repr(topo)),
+            "encrypted": key is not None,
+            "chunk_bytes": cfg.chunk_bytes,
+        })
+    except BaseException:
+        tr.close()
+        raise
+    log.info("rank %d/%d joined via %s (%s), topology %r", settings.rank,
+             settings.world_size, settings.rendezvous, settings.source, topo)
+    return Peer(tr, topo, settings)

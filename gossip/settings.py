@@ -1,0 +1,127 @@
+"""Where a peer learns its rank, the world size and the rendezvous address.
+
+Each setting comes from the first source that has it, in this order: explicit arguments,
+``GOSSIP_*`` variables, torchrun's (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT),
+SLURM's (SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID; the master is the job's first node),
+OpenMPI's (OMPI_COMM_WORLD_RANK, _SIZE, _LOCAL_RANK). With none of them, a process is a world of
+one, so a script runs unchanged without a launcher.
+"""
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+from typing import Mapping
+
+from collectives.errors import RendezvousError
+
+__all__ = ["LaunchSettings", "resolve_settings", "first_slurm_host", "DEFAULT_PORT"]
+
+DEFAULT_PORT = 29500
+
+_RANK = (("GOSSIP_RANK", "GOSSIP_*"), ("RANK", "torchrun"), ("SLURM_PROCID", "SLURM"),
+         ("OMPI_COMM_WORLD_RANK", "OpenMPI"))
+_SIZE = (("GOSSIP_WORLD_SIZE", "GOSSIP_*"), ("WORLD_SIZE", "torchrun"),
+         ("SLURM_NTASKS", "SLURM"), ("OMPI_COMM_WORLD_SIZE", "OpenMPI"))
+_LOCAL = (("GOSSIP_LOCAL_RANK", "GOSSIP_*"), ("LOCAL_RANK", "torchrun"),
+          ("SLURM_LOCALID", "SLURM"), ("OMPI_COMM_WORLD_LOCAL_RANK", "OpenMPI"))
+
+
+@dataclass(frozen=True)
+class LaunchSettings:
+    rank: int
+    world_size: int
+    local_rank: int
+    master_addr: str
+    master_port: int
+    source: str  # which convention gave the rank, for logs and error messages
+
+    @property
+    def rendezvous(self) -> str:
+        host = f"[{self.master_addr}]" if ":" in self.master_addr else self.master_addr
+        return f"tcp://{host}:{self.master_port}"
+
+    @property
+    def is_local(self) -> bool:
+        """True when the rendezvous is on loopback: a single-machine run, bound to loopback."""
+        return self.master_addr in ("localhost", "::1") or self.master_addr.startswith("127.")
+
+
+def _int_from(env: Mapping[str, str], name: str) -> int:
+    value = env[name]
+    try:
+        return int(value)
+    except ValueError:
+        raise RendezvousError(f"environment variable {name}={value!r} is not an integer") from None
+
+
+def _first(env: Mapping[str, str], names) -> tuple[int, str] | None:
+    for name, source in names:
+        if env.get(name, "") != "":
+            return _int_from(env, name), source
+    return None
+
+
+def first_slurm_host(nodelist: str) -> str:
+    """The first host of a SLURM node list: 'gpu[03-05,9],cpu1' -> 'gpu03'."""
+    match = re.match(r"([^,\[]+)(?:\[([^\]]+)\])?", nodelist.strip())
+    if not match:
+        raise RendezvousError(f"cannot read SLURM node list {nodelist!r}; set MASTER_ADDR")
+    prefix, ranges = match.group(1), match.group(2)
+    if not ranges:
+        return prefix
+    first = ranges.split(",")[0].split("-")[0]
+    return prefix + first
+
+
+def resolve_settings(*, rank: int | None = None, world_size: int | None = None,
+                     local_rank: int | None = None, rendezvous: str | None = None,
+                     env: Mapping[str, str] | None = None) -> LaunchSettings:
+    env = os.environ if env is None else env
+    source = "arguments"
+    if rank is None:
+        found = _first(env, _RANK)
+        rank, source = found if found else (0, "default (no launcher variables: a world of one)")
+    if world_size is None:
+        found = _first(env, _SIZE)
+        world_size = found[0] if found else 1
+    if local_rank is None:
+        found = _first(env, _LOCAL)
+        local_rank = found[0] if found else 0
+    if type(world_size) is not int or world_size < 1:
+        raise RendezvousError(f"world size must be a positive integer, got {world_size!r}")
+    if type(rank) is not int or not 0 <= rank < world_size:
+        raise RendezvousError(f"rank {rank!r} (from {source}) is outside world size {world_size}")
+
+    addr, port = _master(env, rendezvous)
+    return LaunchSettings(rank, world_size, local_rank, addr, port, source)
+
+
+def _master(env: Mapping[str, str], rendezvous: str | None) -> tuple[str, int]:
+    explicit = rendezvous or env.get("GOSSIP_RENDEZVOUS") or ""
+    if explicit:
+        match = re.fullmatch(r"(?:tcp://)?\[?([^\[\]]+?)\]?:(\d+)", explicit.strip())
+        if not match:
+            raise RendezvousError(f"rendezvous address {explicit!r} is not tcp://HOST:PORT")
+        return match.group(1), int(match.group(2))
+    addr = env.get("GOSSIP_MASTER_ADDR") or env.get("MASTER_ADDR")
+    if not addr and env.get("SLURM_JOB_NODELIST") or not addr and env.get("SLURM_NODELIST"):
+        addr = first_slurm_host(env.get("SLURM_JOB_NODELIST") or env["SLURM_NODELIST"])
+    if not addr and env.get("OMPI_COMM_WORLD_SIZE"):
+        if env.get("OMPI_COMM_WORLD_LOCAL_SIZE", env["OMPI_COMM_WORLD_SIZE"]) != \
+                env["OMPI_COMM_WORLD_SIZE"]:
+            raise RendezvousError("mpirun across several hosts: set MASTER_ADDR (the host of "
+                                  "rank 0) and MASTER_PORT, e.g. mpirun -x MASTER_ADDR=node1 ...")
+    addr = addr or "127.0.0.1"
+    if env.get("GOSSIP_MASTER_PORT"):
+        port = _int_from(env, "GOSSIP_MASTER_PORT")
+    elif env.get("MASTER_PORT"):
+        port = _int_from(env, "MASTER_PORT")
+    elif env.get("SLURM_JOB_ID", "").isdigit():
+        # Two jobs sharing a node must not collide on one default port.
+        port = 20000 + int(env["SLURM_JOB_ID"]) % 20000
+    else:
+        port = DEFAULT_PORT
+    if not 0 < port < 65536:
+        raise RendezvousError(f"rendezvous port {port} is not a valid TCP port")
+    return addr, port
