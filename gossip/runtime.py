@@ -89,7 +89,9 @@ def init(*, rank: int | None = None, world_size: int | None = None,
     tr = Transport(settings.rank, settings.world_size, cfg)
     try:
         exchange_addresses(tr, settings.rendezvous, timeout=timeout, info={
-            "topology": getattr(topo, "spec", repr(topo)),
+            # A digest of the actual neighbour lists and weights: equal on every peer that
+            # built the same graph, whatever way it was described.
+            "topology": f"{topo!r} [{topo.fingerprint}]",
             "encrypted": key is not None,
             "chunk_bytes": cfg.chunk_bytes,
         })

@@ -78,6 +78,7 @@ class _Job:
     deadline_s: float
     env: dict = field(default_factory=dict)
     init_kwargs: dict = field(default_factory=dict)
+    tolerate: frozenset = frozenset()
 
 
 def _watch_parent(parent: int) -> None:
@@ -139,19 +140,21 @@ def _tail(path: str, limit: int = 6000) -> str:
 
 def spawn(fn: Callable, n: int = 4, *, timeout: float = 60.0, topology: Any = None,
           args: tuple = (), kwargs: dict | None = None, peer_timeout: float | None = None,
-          env: dict[str, str] | None = None, **init_kwargs) -> list[Any]:
+          env: dict[str, str] | None = None, tolerate=(), **init_kwargs) -> list[Any]:
     """Run ``fn(peer, *args, **kwargs)`` in ``n`` peer processes; return each rank's result.
 
     ``timeout`` is the global deadline for the whole run; ``peer_timeout`` is each peer's
     own operation timeout (default: a third of ``timeout``, so peers report PeerLost before
     the harness has to kill them). ``fn`` and its arguments must be picklable (a module-level
     function). Extra keyword arguments go to gossip.init (key=, transport=, config=).
+    ``tolerate``: ranks expected to die or fail (fault-injection tests); the others go on, and
+    those ranks' results are None.
     """
     if n < 1:
         raise ValueError(f"n must be at least 1, got {n}")
     job = _Job(fn, n, free_port(), topology, tuple(args), dict(kwargs or {}),
                peer_timeout if peer_timeout is not None else max(5.0, timeout / 3), timeout,
-               dict(env or {}), init_kwargs)
+               dict(env or {}), init_kwargs, frozenset(tolerate))
     ctx = mp.get_context("spawn")
     logdir = tempfile.mkdtemp(prefix="gossip-spawn-")
     outcomes = [PeerOutcome(rank) for rank in range(n)]
@@ -166,7 +169,7 @@ def spawn(fn: Callable, n: int = 4, *, timeout: float = 60.0, topology: Any = No
             send_end.close()
             procs.append((p, path))
             conns[recv_end] = rank
-        _supervise(procs, conns, outcomes, timeout)
+        _supervise(procs, conns, outcomes, timeout, job.tolerate)
     finally:
         for p, _ in procs:
             if p.is_alive():
@@ -185,10 +188,10 @@ def spawn(fn: Callable, n: int = 4, *, timeout: float = 60.0, topology: Any = No
             os.rmdir(logdir)
         except OSError:
             pass
-    return _verdict(outcomes, timeout)
+    return _verdict(outcomes, timeout, job.tolerate)
 
 
-def _supervise(procs, conns, outcomes, timeout: float) -> None:
+def _supervise(procs, conns, outcomes, timeout: float, tolerate: frozenset) -> None:
     deadline = time.monotonic() + timeout
     sentinels = {p.sentinel: rank for rank, (p, _) in enumerate(procs)}
     open_conns = dict(conns)
@@ -219,7 +222,7 @@ def _supervise(procs, conns, outcomes, timeout: float) -> None:
                     take_report(rank)
                 if outcomes[rank].status == "running":
                     outcomes[rank].status = "died"
-        if any(o.status in ("error", "died") for o in outcomes):
+        if any(o.status in ("error", "died") and o.rank not in tolerate for o in outcomes):
             _stop_all(procs, outcomes, "killed")
             return
 
@@ -245,9 +248,10 @@ def _stop_all(procs, outcomes, status: str) -> None:
             p.kill()
 
 
-def _verdict(outcomes: list[PeerOutcome], timeout: float) -> list[Any]:
-    if all(o.status == "ok" for o in outcomes):
-        return [o.result for o in outcomes]
+def _verdict(outcomes: list[PeerOutcome], timeout: float, tolerate: frozenset) -> list[Any]:
+    if all(o.status == "ok" or o.rank in tolerate and o.status in ("error", "died")
+           for o in outcomes):
+        return [o.result if o.status == "ok" else None for o in outcomes]
     skips = [o for o in outcomes if o.status == "skip"]
     if skips and all(o.status in ("ok", "skip") for o in outcomes):
         import pytest

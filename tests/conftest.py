@@ -1,0 +1,27 @@
+"""Shared fixtures: leak checks for threads and ipc socket files."""
+from __future__ import annotations
+
+import glob
+import os
+import tempfile
+import threading
+import time
+
+import pytest
+
+
+def gossip_threads() -> list[str]:
+    return [t.name for t in threading.enumerate() if t.name.startswith("gossip-")]
+
+
+@pytest.fixture
+def no_leaks():
+    """Fail the test if it leaves a gossip thread or an ipc socket file of this process."""
+    before = set(glob.glob(os.path.join(tempfile.gettempdir(), f"gossip-{os.getpid()}-*.sock")))
+    yield
+    deadline = time.monotonic() + 2.0
+    while gossip_threads() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert gossip_threads() == []
+    after = set(glob.glob(os.path.join(tempfile.gettempdir(), f"gossip-{os.getpid()}-*.sock")))
+    assert after - before == set()

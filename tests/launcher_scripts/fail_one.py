@@ -1,0 +1,29 @@
+"""usage: fail_one.py DIR FAIL_RANK exit|sigkill
+
+Every peer writes DIR/pid.RANK. FAIL_RANK waits until all peers have written theirs (so the
+test knows every PID), then exits with code 3 or kills itself with SIGKILL; the others wait
+forever, until the launcher stops them.
+"""
+import os
+import signal
+import sys
+import time
+
+folder, fail_rank, mode = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+with open(os.path.join(folder, f"pid.{rank}.tmp"), "w") as f:
+    f.write(str(os.getpid()))
+os.rename(os.path.join(folder, f"pid.{rank}.tmp"), os.path.join(folder, f"pid.{rank}"))
+
+if rank == fail_rank:
+    deadline = time.monotonic() + 30
+    while (sum(os.path.exists(os.path.join(folder, f"pid.{r}")) for r in range(world)) < world
+           and time.monotonic() < deadline):
+        time.sleep(0.02)
+    print(f"rank {rank} failing on purpose ({mode})", flush=True)
+    if mode == "sigkill":
+        os.kill(os.getpid(), signal.SIGKILL)
+    sys.exit(3)
+
+while True:
+    time.sleep(0.1)

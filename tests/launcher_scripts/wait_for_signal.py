@@ -1,0 +1,35 @@
+"""usage: wait_for_signal.py DIR
+
+Writes DIR/pid.RANK once its handlers are in place, then waits. On SIGINT (KeyboardInterrupt)
+or SIGTERM it writes DIR/caught.RANK.SIGNAME, proving the signal reached this peer, and exits.
+"""
+import os
+import signal
+import sys
+import time
+
+
+class Terminated(Exception):
+    pass
+
+
+def on_term(signum, frame):
+    raise Terminated()
+
+
+folder = sys.argv[1]
+rank = os.environ["RANK"]
+signal.signal(signal.SIGTERM, on_term)
+with open(os.path.join(folder, f"pid.{rank}.tmp"), "w") as f:
+    f.write(str(os.getpid()))
+os.rename(os.path.join(folder, f"pid.{rank}.tmp"), os.path.join(folder, f"pid.{rank}"))
+try:
+    while True:
+        time.sleep(0.1)
+except KeyboardInterrupt:
+    caught = "SIGINT"
+except Terminated:
+    caught = "SIGTERM"
+open(os.path.join(folder, f"caught.{rank}.{caught}"), "w").close()
+print(f"rank {rank} caught {caught}, cleaning up", flush=True)
+sys.exit(1)

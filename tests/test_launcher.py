@@ -1,0 +1,215 @@
+"""Tests of `gossip run` / `python -m gossip.run`: real launchers starting real peers."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from gossip.testing import free_port
+
+SCRIPTS = Path(__file__).parent / "launcher_scripts"
+REPO = Path(__file__).parent.parent
+WAIT_S = 60  # every subprocess wait; a hang fails the test instead of stalling the run
+
+
+def _env(**extra: str) -> dict[str, str]:
+    env = dict(os.environ, **extra)
+    # The launcher must find this checkout even when the tests run from elsewhere.
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), extra.get("PYTHONPATH", "")]))
+    return env
+
+
+def _run(*args: str, entry: str = "gossip.run", **env: str) -> subprocess.CompletedProcess:
+    head = ["-m", "gossip", "run"] if entry == "gossip" else ["-m", entry]
+    return subprocess.run([sys.executable, *head, *args], capture_output=True, text=True,
+                          timeout=WAIT_S, env=_env(**env))
+
+
+def _script(name: str) -> str:
+    return str(SCRIPTS / name)
+
+
+def _wait_for_files(folder: Path, pattern: str, count: int, proc: subprocess.Popen | None = None,
+                    timeout: float = 30.0) -> list[Path]:
+    deadline = time.monotonic() + timeout
+    while True:
+        found = sorted(folder.glob(pattern))
+        if len(found) >= count:
+            return found
+        if proc is not None and proc.poll() is not None:
+            raise AssertionError(f"launcher exited {proc.returncode} before {count} {pattern}")
+        if time.monotonic() > deadline:
+            raise AssertionError(f"only {len(found)} of {count} {pattern} files in {timeout} s")
+        time.sleep(0.02)
+
+
+def _pids(folder: Path, count: int) -> list[int]:
+    return [int(p.read_text()) for p in _wait_for_files(folder, "pid.[0-9]", count)]
+
+
+def _alive(pids: list[int], script: str, timeout: float = 0.0) -> list[int]:
+    """PIDs still running ``script`` after up to ``timeout`` s (zombies and reused PIDs count
+    as gone)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        alive = []
+        for pid in pids:
+            try:
+                p = psutil.Process(pid)
+                if p.status() != psutil.STATUS_ZOMBIE and any(script in a for a in p.cmdline()):
+                    alive.append(pid)
+            except (psutil.NoSuchProcess, psutil.AccessDenied):
+                pass
+        if not alive or time.monotonic() >= deadline:
+            return alive
+        time.sleep(0.05)
+
+
+def _lines(text: str, rank: int) -> list[str]:
+    tag = f"[rank {rank}] "
+    return [line[len(tag):] for line in text.splitlines() if line.startswith(tag)]
+
+
+def test_four_peers_get_torchrun_variables_and_prefixed_output() -> None:
+    proc = _run("-n", "4", "--topology", "ring", "--timeout", "7", _script("show_env.py"),
+                "--foo", "bar", "-n", "9")
+    assert proc.returncode == 0, proc.stderr
+    ports = set()
+    for rank in range(4):
+        out = _lines(proc.stdout, rank)
+        assert len(out) == 2, proc.stdout
+        env = dict(item.split("=", 1) for item in out[0].split())
+        assert env["RANK"] == env["LOCAL_RANK"] == str(rank)
+        assert env["WORLD_SIZE"] == env["LOCAL_WORLD_SIZE"] == "4"
+        assert env["MASTER_ADDR"] == "127.0.0.1" and env["GROUP_RANK"] == "0"
+        assert env["GOSSIP_TOPOLOGY"] == "ring" and env["GOSSIP_TIMEOUT"] == "7.0"
+        assert env["PYTHONUNBUFFERED"] == "1"
+        ports.add(env["MASTER_PORT"])
+        assert out[1] == "ARGS --foo bar -n 9"  # flags after the script belong to the script
+        assert _lines(proc.stderr, rank) == [f"stderr line of rank {rank}"]
+    assert len(ports) == 1 and 0 < int(ports.pop()) < 65536
+
+
+def test_gossip_run_subcommand_and_no_prefix() -> None:
+    proc = _run("-n", "2", "--no-prefix", _script("show_env.py"), entry="gossip")
+    assert proc.returncode == 0, proc.stderr
+    assert "[rank" not in proc.stdout + proc.stderr
+    assert sorted(line.split()[0] for line in proc.stdout.splitlines()
+                  if line.startswith("RANK=")) == ["RANK=0", "RANK=1"]
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("entry", ["gossip.run", "gossip"])
+def test_real_allreduce_rendezvous_from_launcher_variables(entry: str) -> None:
+    proc = _run("-n", "3", _script("allreduce_sum.py"), entry=entry)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    for rank in range(3):
+        assert "SUM 3.0 WORLD 3" in _lines(proc.stdout, rank), proc.stdout
+
+
+@pytest.mark.timeout(120)
+def test_two_launchers_form_one_world_across_nodes() -> None:
+    port = str(free_port())
+    common = ["--nnodes", "2", "--master-addr", "127.0.0.1", "--master-port", port, "-n", "2"]
+    launchers = [subprocess.Popen([sys.executable, "-m", "gossip.run", *common, "--node-rank",
+                                   str(node), _script("allreduce_sum.py")],
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                  env=_env()) for node in (0, 1)]
+    try:
+        results = [p.communicate(timeout=WAIT_S) for p in launchers]
+    finally:
+        for p in launchers:
+            p.kill()
+            p.wait(timeout=WAIT_S)
+    for node, (p, (out, err)) in enumerate(zip(launchers, results)):
+        assert p.returncode == 0, out + err
+        for rank in (2 * node, 2 * node + 1):  # global rank = node_rank * n + local rank
+            assert "SUM 6.0 WORLD 4" in _lines(out, rank), out
+
+
+def test_first_failure_stops_the_others_with_its_exit_code(tmp_path: Path) -> None:
+    start = time.monotonic()
+    proc = _run("-n", "3", "--grace", "5", _script("fail_one.py"), str(tmp_path), "1", "exit")
+    elapsed = time.monotonic() - start
+    assert proc.returncode == 3, proc.stderr
+    assert elapsed < 15, elapsed  # the sleepers were stopped, not waited for
+    failure = [line for line in proc.stderr.splitlines() if line.startswith("gossip run:")]
+    assert failure and "rank 1" in failure[0] and "exit code 3" in failure[0], proc.stderr
+    assert _alive(_pids(tmp_path, 3), "fail_one.py") == []
+
+
+def test_peer_killed_by_a_signal_exits_128_plus_signal(tmp_path: Path) -> None:
+    proc = _run("-n", "2", _script("fail_one.py"), str(tmp_path), "0", "sigkill")
+    assert proc.returncode == 128 + signal.SIGKILL, proc.stderr
+    assert "rank 0" in proc.stderr and "SIGKILL" in proc.stderr
+    assert _alive(_pids(tmp_path, 2), "fail_one.py") == []
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_signal_to_the_launcher_reaches_every_peer(tmp_path: Path, signum: int) -> None:
+    launcher = subprocess.Popen(
+        [sys.executable, "-m", "gossip.run", "-n", "3", _script("wait_for_signal.py"),
+         str(tmp_path)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env=_env(), start_new_session=True)  # our signals, not the terminal's
+    try:
+        _wait_for_files(tmp_path, "pid.[0-9]", 3, launcher)
+        pids = _pids(tmp_path, 3)
+        launcher.send_signal(signum)
+        out, err = launcher.communicate(timeout=WAIT_S)
+    finally:
+        launcher.kill()
+        launcher.wait(timeout=WAIT_S)
+    assert launcher.returncode == 128 + signum, err
+    name = signal.Signals(signum).name
+    caught = sorted(p.name for p in tmp_path.glob("caught.*"))
+    assert caught == [f"caught.{rank}.{name}" for rank in range(3)], out + err
+    assert _alive(pids, "wait_for_signal.py") == []
+
+
+def test_peers_do_not_outlive_a_killed_launcher(tmp_path: Path) -> None:
+    launcher = subprocess.Popen(
+        [sys.executable, "-m", "gossip.run", "-n", "2", _script("wait_for_signal.py"),
+         str(tmp_path)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=_env(),
+        start_new_session=True)
+    try:
+        _wait_for_files(tmp_path, "pid.[0-9]", 2, launcher)
+        pids = _pids(tmp_path, 2)
+    finally:
+        launcher.kill()  # SIGKILL: no cleanup of the launcher's own can run
+        launcher.wait(timeout=WAIT_S)
+    # PR_SET_PDEATHSIG: the kernel sends each peer SIGTERM when the launcher dies.
+    assert _alive(pids, "wait_for_signal.py", timeout=20) == []
+    _wait_for_files(tmp_path, "caught.*.SIGTERM", 2)
+
+
+def test_module_form() -> None:
+    proc = _run("-n", "2", "-m", "hello_module", "x", "--y", PYTHONPATH=str(SCRIPTS))
+    assert proc.returncode == 0, proc.stderr
+    for rank in range(2):
+        assert _lines(proc.stdout, rank) == [f"module __main__ as {rank}/2 args x --y"]
+
+
+@pytest.mark.parametrize("args, words", [
+    (["-n", "0", _script("show_env.py")], "-n must be at least 1"),
+    (["-n", "2", "no_such_script.py"], "not found"),
+    (["--nnodes", "2", _script("show_env.py")], "--master-addr"),
+    (["--nnodes", "2", "--node-rank", "2", "--master-addr", "h", _script("show_env.py")],
+     "--node-rank 2"),
+    (["--master-port", "70000", _script("show_env.py")], "not a valid TCP port"),
+    (["--topology", "nonsense", _script("show_env.py")], "--topology"),
+])
+@pytest.mark.parametrize("entry", ["gossip.run", "gossip"])
+def test_bad_arguments_are_one_line_errors(args: list[str], words: str, entry: str) -> None:
+    proc = _run(*args, entry=entry)
+    assert proc.returncode == 2
+    assert "Traceback" not in proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("gossip run: error:"), proc.stderr
+    assert words in lines[0]
+    assert proc.stdout == ""

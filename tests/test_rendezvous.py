@@ -1,0 +1,152 @@
+"""The address exchange: real processes finding each other under every launcher convention,
+and every failure as a clear RendezvousError instead of a hang."""
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+import gossip
+from gossip.testing import free_port
+
+CHILD = """
+import gossip, numpy as np
+peer = gossip.init(timeout=20)
+x = np.full(3, peer.rank + 1.0)
+peer.allreduce(x)
+print(peer.rank, peer.world_size, peer.local_rank, x[0], flush=True)
+peer.close()
+"""
+
+
+def _conventions(rank: int, n: int, port: int) -> dict[str, dict[str, str]]:
+    return {
+        "gossip": {"GOSSIP_RANK": str(rank), "GOSSIP_WORLD_SIZE": str(n),
+                   "GOSSIP_LOCAL_RANK": str(rank),
+                   "GOSSIP_RENDEZVOUS": f"tcp://127.0.0.1:{port}"},
+        "torchrun": {"RANK": str(rank), "WORLD_SIZE": str(n), "LOCAL_RANK": str(rank),
+                     "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)},
+        "slurm": {"SLURM_PROCID": str(rank), "SLURM_NTASKS": str(n), "SLURM_LOCALID": str(rank),
+                  "SLURM_JOB_NODELIST": "localhost", "MASTER_PORT": str(port)},
+        "openmpi": {"OMPI_COMM_WORLD_RANK": str(rank), "OMPI_COMM_WORLD_SIZE": str(n),
+                    "OMPI_COMM_WORLD_LOCAL_RANK": str(rank),
+                    "OMPI_COMM_WORLD_LOCAL_SIZE": str(n), "MASTER_PORT": str(port)},
+    }
+
+
+def _clean_env() -> dict[str, str]:
+    import os
+    drop = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_", "SLURM_", "OMPI_", "GOSSIP_")
+    return {k: v for k, v in os.environ.items() if not k.startswith(drop)}
+
+
+@pytest.mark.parametrize("convention", ["gossip", "torchrun", "slurm", "openmpi"])
+def test_rendezvous_under_each_launcher_convention(convention):
+    n, port = 3, free_port()
+    procs = []
+    for rank in range(n):
+        env = _clean_env()
+        env.update(_conventions(rank, n, port)[convention])
+        procs.append(subprocess.Popen([sys.executable, "-c", CHILD], env=env, text=True,
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE))
+    outputs = []
+    try:
+        for p in procs:
+            out, err = p.communicate(timeout=60)
+            assert p.returncode == 0, err
+            outputs.append(out.split())
+    finally:
+        for p in procs:
+            p.kill()
+    assert sorted(outputs) == [[str(r), "3", str(r), "6.0"] for r in range(n)]
+
+
+def _init_in_thread(results: dict, key, **kwargs) -> threading.Thread:
+    def run():
+        try:
+            peer = gossip.init(**kwargs)
+            results[key] = peer
+        except Exception as exc:  # the test inspects it
+            results[key] = exc
+    t = threading.Thread(target=run)
+    t.start()
+    return t
+
+
+def _close_all(results):
+    for value in results.values():
+        if isinstance(value, gossip.Peer):
+            value.close()
+
+
+def test_missing_peer_is_named(no_leaks):
+    port, results = free_port(), {}
+    address = f"tcp://127.0.0.1:{port}"
+    threads = [_init_in_thread(results, r, rank=r, world_size=4, rendezvous=address, timeout=2)
+               for r in (0, 1)]
+    start = time.monotonic()
+    for t in threads:
+        t.join(30)
+    _close_all(results)
+    assert time.monotonic() - start < 10
+    for r in (0, 1):
+        assert isinstance(results[r], gossip.RendezvousError)
+        assert "ranks 2-3 never came" in str(results[r])
+
+
+def test_duplicate_rank(no_leaks):
+    port, results = free_port(), {}
+    address = f"tcp://127.0.0.1:{port}"
+    threads = [_init_in_thread(results, i, rank=r, world_size=3, rendezvous=address, timeout=5)
+               for i, r in enumerate((0, 1, 1))]
+    for t in threads:
+        t.join(30)
+    _close_all(results)
+    assert isinstance(results[0], gossip.RendezvousError)
+    assert "rank 1 registered twice" in str(results[0])
+
+
+def test_world_size_disagreement(no_leaks):
+    port, results = free_port(), {}
+    address = f"tcp://127.0.0.1:{port}"
+    t0 = _init_in_thread(results, 0, rank=0, world_size=2, rendezvous=address, timeout=5)
+    t1 = _init_in_thread(results, 1, rank=1, world_size=3, rendezvous=address, timeout=5)
+    t0.join(30), t1.join(30)
+    _close_all(results)
+    for r in (0, 1):
+        assert isinstance(results[r], gossip.RendezvousError)
+        assert "world size 3, rank 0 says 2" in str(results[r])
+
+
+def test_topology_disagreement(no_leaks):
+    port, results = free_port(), {}
+    address = f"tcp://127.0.0.1:{port}"
+    t0 = _init_in_thread(results, 0, rank=0, world_size=2, rendezvous=address, timeout=5,
+                         topology="ring")
+    t1 = _init_in_thread(results, 1, rank=1, world_size=2, rendezvous=address, timeout=5,
+                         topology="complete")
+    t0.join(30), t1.join(30)
+    _close_all(results)
+    assert isinstance(results[0], gossip.RendezvousError)
+    assert "topology" in str(results[0])
+
+
+def test_port_in_use_is_named(no_leaks):
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        with pytest.raises(gossip.RendezvousError, match=f"127.0.0.1:{port}.*in use"):
+            gossip.init(rank=0, world_size=2, rendezvous=f"tcp://127.0.0.1:{port}", timeout=2)
+
+
+def test_rank_zero_absent(no_leaks):
+    port = free_port()
+    start = time.monotonic()
+    with pytest.raises(gossip.RendezvousError, match="no answer from the rendezvous"):
+        gossip.init(rank=1, world_size=2, rendezvous=f"tcp://127.0.0.1:{port}", timeout=1)
+    assert time.monotonic() - start < 8

@@ -1,0 +1,266 @@
+"""The transport with real peer processes on 127.0.0.1: arrays of every dtype and size over tcp
+and ipc, hostile frames at a live peer, a killed peer, close() with traffic in flight."""
+from __future__ import annotations
+
+import os
+import random
+import signal
+import threading
+import time
+
+import msgpack
+import numpy as np
+import pytest
+import zmq
+
+import gossip
+from collectives.wire import ALLOWED_DTYPES, DATA, encode_header
+from gossip.testing import SpawnError, spawn
+
+DTYPES = [d for d in ALLOWED_DTYPES if d != "bfloat16"]  # bfloat16 is torch's; see collectives
+
+
+def _array(dtype: str, count: int, seed: int) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    if dtype == "bool":
+        return rng.integers(0, 2, count).astype(bool)
+    if dtype.startswith("complex"):
+        return (rng.standard_normal(count) + 1j * rng.standard_normal(count)).astype(dtype)
+    if dtype.startswith("float"):
+        return rng.standard_normal(count).astype(dtype)
+    info = np.iinfo(dtype)
+    return rng.integers(info.min, info.max, count, dtype=dtype, endpoint=True)
+
+
+def ring_exchange(peer, sizes):
+    """Each peer sends arrays to its right neighbour and checks what its left one sent."""
+    n, r = peer.world_size, peer.rank
+    right, left = (r + 1) % n, (r - 1) % n
+    checked = 0
+    for dtype in DTYPES:
+        itemsize = np.dtype(dtype).itemsize
+        for nbytes in sizes:
+            count = nbytes // itemsize
+            mine = _array(dtype, count, seed=r * 1000 + nbytes)
+            # Send from a thread: a 64 MiB ring where everyone sends first would otherwise
+            # wait on high-water marks while nobody receives.
+            sender = threading.Thread(target=peer.send, args=(right, mine))
+            sender.start()
+            got = peer.recv(left)
+            sender.join(peer.timeout)
+            expected = _array(dtype, count, seed=left * 1000 + nbytes)
+            assert got.dtype == expected.dtype and got.shape == expected.shape
+            assert np.array_equal(got, expected), (dtype, nbytes)
+            checked += 1
+    stats = peer.stats()
+    return checked, stats["bytes_sent"], stats["dropped"], peer.transport.address(right)
+
+
+@pytest.mark.parametrize("transport", ["tcp", "ipc"])
+def test_eight_peers_every_dtype_and_size(transport):
+    sizes = [0, 1, 16, 4096, 1 << 20]
+    results = spawn(ring_exchange, n=8, timeout=120, args=(sizes,), transport=transport)
+    for checked, sent, dropped, address in results:
+        assert checked == len(DTYPES) * len(sizes)
+        assert dropped == 0
+        assert address.startswith(f"{transport}://")
+
+
+def big_exchange(peer, nbytes):
+    n, r = peer.world_size, peer.rank
+    mine = np.full(nbytes // 8, r, dtype=np.float64)
+    out = np.empty_like(mine)
+    sender = threading.Thread(target=peer.send, args=((r + 1) % n, mine))
+    sender.start()
+    peer.recv((r - 1) % n, out=out)  # into a caller's buffer, chunk by chunk
+    sender.join(peer.timeout)
+    return bool(np.all(out == (r - 1) % n)), peer.stats()["bytes_sent"]
+
+
+@pytest.mark.parametrize("transport", ["tcp", "ipc"])
+def test_eight_peers_64_mib(transport):
+    results = spawn(big_exchange, n=8, timeout=120, args=(64 << 20,), transport=transport)
+    assert all(ok for ok, _ in results)
+    assert all(sent >= 64 << 20 for _, sent in results)
+
+
+def default_is_ipc_on_one_host(peer):
+    return peer.transport.address((peer.rank + 1) % peer.world_size)
+
+
+def test_auto_transport_uses_ipc_between_peers_of_one_host():
+    assert all(a.startswith("ipc://") for a in spawn(default_is_ipc_on_one_host, n=2))
+
+
+# ---------------------------------------------------------------- hostile input
+def fuzz_target(peer, endpoint_file, done_file):
+    """Rank 0 publishes its endpoint, then both peers run real allreduces until the fuzzer is
+    done; every result must be exact."""
+    if peer.rank == 0:
+        with open(endpoint_file + ".tmp", "w") as f:
+            f.write(peer.transport.endpoints["tcp"])
+        os.replace(endpoint_file + ".tmp", endpoint_file)
+    rounds = 0
+    deadline = time.monotonic() + 90
+    while True:
+        x = np.arange(50_000, dtype=np.float64) * (peer.rank + 1)
+        peer.allreduce(x)
+        assert np.array_equal(x, np.arange(50_000, dtype=np.float64) * 3)
+        rounds += 1
+        finished = np.array([os.path.exists(done_file)], dtype=bool)
+        peer.allreduce(finished, op="max")  # both stop in the same round
+        if finished[0] or time.monotonic() > deadline:
+            break
+    return rounds, peer.stats()["dropped"], peer.stats()["dropped_by_reason"]
+
+
+def _hostile_messages(count: int, seed: int):
+    rng = random.Random(seed)
+    good = encode_header(DATA, 1, 0, 3, "allreduce(sum,ring)", "float64", (50_000,), 400_000, 0)
+    for i in range(count):
+        kind = i % 6
+        if kind == 0:    # random bytes in random frame counts
+            yield [rng.randbytes(rng.randint(0, 64)) for _ in range(rng.randint(1, 4))]
+        elif kind == 1:  # a valid header with bytes flipped
+            h = bytearray(good)
+            for _ in range(rng.randint(1, 4)):
+                h[rng.randrange(len(h))] = rng.randrange(256)
+            yield [bytes(h), rng.randbytes(8 * rng.randint(0, 4))]
+        elif kind == 2:  # announces a huge payload
+            yield [msgpack.packb([1, DATA, 1, 0, 3, "x", "float64", [2**40], 2**43, 0]), b"x" * 8]
+        elif kind == 3:  # valid header, wrong payload length
+            yield [good, rng.randbytes(rng.randint(1, 100))]
+        elif kind == 4:  # pickles never get near an unpickler
+            yield [b"\x80\x04\x95" + rng.randbytes(30)]
+        else:            # too many frames
+            yield [good, b"\0" * 8, b"\0" * 8, b"\0" * 8]
+
+
+def test_ten_thousand_hostile_frames_during_allreduce(tmp_path):
+    endpoint_file, done_file = str(tmp_path / "endpoint"), str(tmp_path / "done")
+    sent = []
+
+    def fuzz():
+        deadline = time.monotonic() + 60
+        while not os.path.exists(endpoint_file) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        ctx = zmq.Context()
+        socks = []
+        try:
+            # Identities the ROUTER certainly accepts: random ones, rank 0's own (a peer
+            # never receives from itself) and an out-of-range rank.
+            for identity in (b"intruder", b"gossip:0", b"gossip:9", b"gossip:x"):
+                s = ctx.socket(zmq.DEALER)
+                s.linger = 0
+                s.routing_id = identity
+                s.sndhwm = 0
+                s.connect(open(endpoint_file).read())
+                socks.append(s)
+            for i, frames in enumerate(_hostile_messages(10_000, seed=7)):
+                socks[i % len(socks)].send_multipart(frames)
+                sent.append(1)
+            time.sleep(1.0)  # let libzmq drain its queues before the sockets close
+        finally:
+            for s in socks:
+                s.close(linger=2000)
+            ctx.term()
+            open(done_file, "w").close()
+
+    fuzzer = threading.Thread(target=fuzz)
+    fuzzer.start()
+    try:
+        results = spawn(fuzz_target, n=2, timeout=150, args=(endpoint_file, done_file))
+    finally:
+        fuzzer.join(70)
+    assert len(sent) == 10_000
+    rounds, dropped, reasons = results[0]
+    assert rounds >= 1
+    assert dropped == 10_000, reasons  # every hostile message counted, none delivered
+    assert results[1][1] == 0
+
+
+def malformed_from_a_member(peer):
+    """A real member sends a malformed message: it is dropped and counted, and the peer keeps
+    serving the next operation."""
+    if peer.rank == 1:
+        peer.transport.send(0, b"\x93not a header")
+        peer.transport.send(0, encode_header(DATA, 1, 0, 0, "x", "object", (1,), 8, 0), b"1" * 8)
+    x = np.ones(10)
+    peer.allreduce(x)
+    peer.barrier()
+    return x.tolist(), peer.stats()["dropped"]
+
+
+def test_malformed_message_from_member_is_dropped_and_counted():
+    (x0, dropped0), (x1, dropped1) = spawn(malformed_from_a_member, n=2)
+    assert x0 == x1 == [2.0] * 10
+    assert (dropped0, dropped1) == (2, 0)
+
+
+# ---------------------------------------------------------------- peers that die
+def die_mid_receive(peer):
+    if peer.rank == 2:
+        peer.barrier()
+        os.kill(os.getpid(), signal.SIGKILL)
+    peer.barrier()
+    start = time.monotonic()
+    try:
+        peer.recv(2)
+    except gossip.PeerLost as exc:
+        return exc.rank, time.monotonic() - start, str(exc)
+    return None
+
+
+def test_killed_peer_gives_peer_lost_within_timeout():
+    results = spawn(die_mid_receive, n=3, timeout=60, peer_timeout=10, tolerate=[2])
+    for rank in (0, 1):
+        lost_rank, elapsed, message = results[rank]
+        assert lost_rank == 2
+        assert elapsed < 10 + 2
+        assert f"rank {rank}" in message and "rank 2 at" in message  # names both and the address
+    assert results[2] is None
+
+
+def close_with_traffic_in_flight(peer):
+    if peer.rank == 1:  # receives the point-to-point messages, never joins the allreduces
+        peer.barrier()
+        for _ in range(20):
+            peer.recv(0)
+        with pytest.raises(gossip.PeerLost):
+            peer.recv(0)  # rank 0 closes instead of sending
+        return None
+    peer.barrier()
+    x = np.ones(16 << 20, dtype=np.float32)  # 64 MiB
+    handles = [peer.allreduce(x, wait=False) for _ in range(3)]  # rank 1 never joins these
+    for _ in range(20):
+        peer.send(1, np.ones(1000))
+    start = time.monotonic()
+    peer.close()
+    elapsed = time.monotonic() - start
+    threads = [t.name for t in threading.enumerate() if t.name.startswith("gossip-")]
+    failed = [type(_error_of(h)).__name__ for h in handles]
+    return elapsed, threads, failed
+
+
+def _error_of(handle):
+    try:
+        handle.wait(5)
+    except Exception as exc:
+        return exc
+    return None
+
+
+def test_close_with_traffic_in_flight_is_prompt_and_leaves_no_thread():
+    results = spawn(close_with_traffic_in_flight, n=2, timeout=60, tolerate=[1])
+    elapsed, threads, failed = results[0]
+    assert elapsed < 1.0
+    assert threads == []
+    assert failed == ["PeerLost"] * 3  # pending operations fail, they do not hang
+
+
+def test_close_is_idempotent_and_context_manager(no_leaks):
+    with gossip.init(rank=0, world_size=1) as peer:
+        x = np.arange(4.0)
+        assert peer.allreduce(x, op="mean") is x
+    peer.close()
+    assert peer.closed

@@ -1,0 +1,301 @@
+"""The Topology base class: neighbours, mixing weights and spectral numbers of a peer graph."""
+
+from __future__ import annotations
+
+import abc
+import hashlib
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any, TypeVar
+
+import numpy as np
+
+from topologies import spectral
+from topologies import weights as weight_schemes
+from topologies._checks import check_rank, check_step, normalize_weights
+from topologies.errors import TopologyError
+from topologies.graph import Adjacency, freeze, reverse
+
+__all__ = ["Topology"]
+
+_T = TypeVar("_T")
+
+
+class Topology(abc.ABC):
+    """An immutable graph of `size` peers with mixing weights, possibly changing per step.
+
+    Conventions (shared by every method taking `step`):
+
+    - Ranks are 0..size-1. Neighbour lists are sorted lists of ints.
+    - `mixing_matrix(step)[i, j]` is the weight receiver i gives to the value sent by j, so
+      one gossip round is ``x_new = W @ x``. Rows are receivers, columns are senders.
+    - `weights(rank)` is row `rank` (what `rank` multiplies each received value by, used by
+      plain gossip); `push_weights(rank)` is column `rank` (the share of its value `rank`
+      sends to each out-neighbour, used by push-sum).
+    - A time-varying topology repeats with `period` steps; `step` is taken modulo it. Its
+      spectral numbers describe one whole period.
+
+    Subclasses implement `_out(phase)` (who sends to whom), `_params()` (the constructor
+    arguments, for equality and repr) and `spec` (a string `parse` turns back into an
+    equal topology). Everything derived is computed once per instance and cached, which is
+    safe because instances are immutable.
+    """
+
+    #: Family name as used in spec strings ("ring", "torus", ...).
+    name: str = "custom"
+    #: Whether the neighbour sets change with the step.
+    is_time_varying: bool = False
+
+    # ------------------------------------------------------------------ construction
+
+    def __init__(
+        self, size: int, *, directed: bool, weights: str | None = None, period: int = 1
+    ) -> None:
+        scheme = normalize_weights(weights)
+        default = "push" if (directed or self.is_time_varying) else "metropolis"
+        if scheme is None:
+            scheme = default
+        if scheme == "metropolis" and directed:
+            raise TopologyError(
+                f"Metropolis-Hastings weights need an undirected graph, but {self.name} is "
+                f"directed; use weights='push' (column-stochastic, for push-sum) or "
+                f"weights='uniform'"
+            )
+        self._freeze_fields(
+            _size=size,
+            _directed=bool(directed),
+            _period=period,
+            _scheme=scheme,
+            _default_scheme=default,
+            _cache={},
+        )
+
+    def _freeze_fields(self, **fields: Any) -> None:
+        for key, value in fields.items():
+            object.__setattr__(self, key, value)
+
+    def __setattr__(self, key: str, value: object) -> None:
+        raise AttributeError(
+            f"{type(self).__name__} is immutable; build a new topology instead of setting {key!r}"
+        )
+
+    def __delattr__(self, key: str) -> None:
+        raise AttributeError(f"{type(self).__name__} is immutable; cannot delete {key!r}")
+
+    # Pickling (e.g. to spawned peer processes) drops the caches; they are rebuilt on use.
+    def __getstate__(self) -> dict[str, Any]:
+        return {k: v for k, v in self.__dict__.items() if k != "_cache"}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self._freeze_fields(**state, _cache={})
+
+    # ------------------------------------------------------------------ subclass hooks
+
+    @abc.abstractmethod
+    def _out(self, phase: int) -> Sequence[Iterable[int]]:
+        """Out-neighbours of every rank at `phase` (0 <= phase < period); no self-loops."""
+
+    @abc.abstractmethod
+    def _params(self) -> tuple:
+        """Constructor arguments that, with the class and weight scheme, define equality."""
+
+    def _matrix(self, phase: int) -> np.ndarray:
+        """The mixing matrix at `phase`; subclasses with explicit weights override this."""
+        return weight_schemes.build(self._scheme, self._out_adj(phase), self._in_adj(phase))
+
+    def _weights_suffix(self) -> str:
+        """',weights=...' when the scheme is not the default, for spec strings."""
+        return "" if self._scheme == self._default_scheme else f",weights={self._scheme}"
+
+    def _weights_kwarg(self) -> str:
+        """', weights=...' when the scheme is not the default, for reprs."""
+        return "" if self._scheme == self._default_scheme else f", weights={self._scheme!r}"
+
+    # ------------------------------------------------------------------ plain attributes
+
+    @property
+    def size(self) -> int:
+        """Number of peers."""
+        return self._size
+
+    @property
+    def is_directed(self) -> bool:
+        """True if some peer sends to a peer that does not send back (at some step)."""
+        return self._directed
+
+    @property
+    def period(self) -> int:
+        """Steps after which a time-varying schedule repeats (1 for a static topology)."""
+        return self._period
+
+    @property
+    def weight_scheme(self) -> str:
+        """'metropolis', 'uniform', 'push', or 'custom' for a user-supplied matrix."""
+        return self._scheme
+
+    @property
+    def spec(self) -> str | None:
+        """A string that `topologies.parse(spec, size)` turns back into an equal topology.
+
+        None for user-built graphs (from_edges, from_matrix, from_networkx), which have no
+        string form.
+        """
+        return None
+
+    # ------------------------------------------------------------------ caching
+
+    def _memo(self, key: tuple, compute: Callable[[], _T]) -> _T:
+        # Two threads may both compute a missing entry; both results are equal, so the
+        # race is harmless and cheaper than a lock on every lookup.
+        try:
+            return self._cache[key]
+        except KeyError:
+            value = compute()
+            self._cache[key] = value
+            return value
+
+    def _phase(self, step: object) -> int:
+        return check_step(step) % self._period
+
+    def _out_adj(self, phase: int) -> Adjacency:
+        return self._memo(("out", phase), lambda: freeze(self._out(phase)))
+
+    def _in_adj(self, phase: int) -> Adjacency:
+        if not self._directed:
+            return self._out_adj(phase)
+        return self._memo(("in", phase), lambda: reverse(self._out_adj(phase)))
+
+    def _w(self, phase: int) -> np.ndarray:
+        def compute() -> np.ndarray:
+            w = np.array(self._matrix(phase), dtype=np.float64)
+            w.flags.writeable = False
+            return w
+
+        return self._memo(("W", phase), compute)
+
+    # ------------------------------------------------------------------ neighbours and weights
+
+    def in_neighbors(self, rank: int, step: int = 0) -> list[int]:
+        """Sorted ranks whose values `rank` receives at `step`."""
+        r = check_rank(rank, self._size)
+        return list(self._in_adj(self._phase(step))[r])
+
+    def out_neighbors(self, rank: int, step: int = 0) -> list[int]:
+        """Sorted ranks that `rank` sends its value to at `step`."""
+        r = check_rank(rank, self._size)
+        return list(self._out_adj(self._phase(step))[r])
+
+    def edges(self, step: int = 0) -> list[tuple[int, int]]:
+        """(sender, receiver) pairs at `step`; for an undirected graph each edge once, i < j."""
+        out = self._out_adj(self._phase(step))
+        return [(j, i) for j, recv in enumerate(out) for i in recv if self._directed or j < i]
+
+    def weights(self, rank: int, step: int = 0) -> tuple[float, dict[int, float]]:
+        """Row `rank` of the mixing matrix: (self weight, {in-neighbour: weight}).
+
+        Plain gossip computes ``x[rank] <- self_weight * x[rank] + sum(w * x[j])``.
+        """
+        r = check_rank(rank, self._size)
+        phase = self._phase(step)
+        row = self._w(phase)[r]
+        return float(row[r]), {j: float(row[j]) for j in self._in_adj(phase)[r]}
+
+    def push_weights(self, rank: int, step: int = 0) -> tuple[float, dict[int, float]]:
+        """Column `rank` of the mixing matrix: (share kept, {out-neighbour: share sent}).
+
+        Push-sum sends ``share * x[rank]`` (and the same share of its weight) to each
+        out-neighbour; with column-stochastic weights the shares sum to one.
+        """
+        r = check_rank(rank, self._size)
+        phase = self._phase(step)
+        col = self._w(phase)[:, r]
+        return float(col[r]), {i: float(col[i]) for i in self._out_adj(phase)[r]}
+
+    def mixing_matrix(self, step: int = 0) -> np.ndarray:
+        """n x n float64 W at `step` (a fresh copy): W[i, j] = weight receiver i gives sender j."""
+        return self._w(self._phase(step)).copy()
+
+    def period_matrix(self) -> np.ndarray:
+        """W_{P-1} ... W_1 W_0, the effect of one full period (the plain W when static)."""
+
+        def compute() -> np.ndarray:
+            product = spectral.period_product(self._w(p) for p in range(self._period))
+            product.flags.writeable = False
+            return product
+
+        return self._memo(("period",), compute).copy()
+
+    # ------------------------------------------------------------------ spectral numbers
+
+    def second_eigenvalue(self) -> float:
+        """Second-largest eigenvalue modulus (SLEM) of W, per period if time-varying.
+
+        For a time-varying topology this is the SLEM of the product over one period,
+        W_{P-1} ... W_0, i.e. the disagreement shrinks by this factor every `period` steps.
+        """
+        return self._memo(("slem",), lambda: spectral.slem(self.period_matrix()))
+
+    def spectral_gap(self) -> float:
+        """1 - SLEM: larger is faster mixing. Per period of `period` steps if time-varying."""
+        return 1.0 - self.second_eigenvalue()
+
+    def rounds_to_reduce(self, factor: float = 1000.0) -> int | float:
+        """Gossip rounds (steps) to shrink the disagreement between peers by `factor`.
+
+        ceil(ln(factor) / -ln(SLEM)), counted in whole periods and reported in steps for a
+        time-varying topology; math.inf if the SLEM is 1; 0 for a single peer.
+        """
+        return spectral.consensus_rounds(
+            self.second_eigenvalue(), factor=factor, period=self._period, size=self._size
+        )
+
+    # ------------------------------------------------------------------ interop
+
+    def to_networkx(self, step: int = 0) -> Any:
+        """A networkx Graph (DiGraph if directed) of the graph at `step`; needs networkx.
+
+        Edge attribute 'weight' is W[receiver, sender]; node attribute 'self_weight' is
+        W[i, i]. An undirected graph with asymmetric weights ('uniform' on an irregular
+        graph) gets no edge weights, since one number per edge cannot hold both.
+        """
+        from topologies.interop import to_networkx
+
+        return to_networkx(self, step)
+
+    # ------------------------------------------------------------------ value semantics
+
+    def _key(self) -> tuple:
+        return (type(self).__name__, self._params(), self._scheme)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Topology):
+            return NotImplemented
+        return type(self) is type(other) and self._key() == other._key()
+
+    def __hash__(self) -> int:
+        return hash(self._key())
+
+    @property
+    def fingerprint(self) -> str:
+        """A short hex digest of the actual graphs and weights, equal in every process.
+
+        Unlike hash(), it does not vary with PYTHONHASHSEED, and it is computed from the
+        neighbour lists of every step (not the constructor arguments), so peers can compare
+        it at rendezvous and catch e.g. a RandomGraph drawn differently by another numpy.
+        """
+
+        def compute() -> str:
+            digest = hashlib.sha256()
+            header = (type(self).__name__, self._size, self._directed, self._period, self._scheme)
+            digest.update(repr(header).encode())
+            for phase in range(self._period):
+                for rank, neigh in enumerate(self._out_adj(phase)):
+                    digest.update(f"{phase}:{rank}:{neigh}".encode())
+            given = self.__dict__.get("_matrix_given")
+            if given is not None:
+                digest.update(given.tobytes())
+            return digest.hexdigest()[:16]
+
+        return self._memo(("fingerprint",), compute)
+
+    @abc.abstractmethod
+    def __repr__(self) -> str: ...
