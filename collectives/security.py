@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import zmq
+from zmq.utils import z85
 
 from collectives.errors import AuthenticationError
 
@@ -105,7 +106,7 @@ class ZapHandler:
     I/O loop polls ``socket`` and calls ``handle()``."""
 
     def __init__(self, context: zmq.Context, key: ClusterKey) -> None:
-        self._allowed = zmq.utils.z85.decode(key.public)
+        self._allowed = z85.decode(key.public)
         self.socket = context.socket(zmq.REP)
         self.socket.linger = 0
         self.socket.bind(ZAP_ENDPOINT)

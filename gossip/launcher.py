@@ -145,7 +145,11 @@ def launch(cmd: list[str], nprocs: int, *, nnodes: int = 1, node_rank: int = 0,
     base = {k: v for k, v in os.environ.items() if k not in _OVERRIDES}
     base.update(env or {})
     base.update(WORLD_SIZE=str(world), LOCAL_WORLD_SIZE=str(nprocs), MASTER_ADDR=addr,
-                MASTER_PORT=str(port), GROUP_RANK=str(node_rank), PYTHONUNBUFFERED="1")
+                MASTER_PORT=str(port), GROUP_RANK=str(node_rank))
+    if prefix:
+        # Lines reach us through pipes, where Python would hold them in a block buffer (and
+        # lose them if the peer is killed). Passed-through output keeps the user's buffering.
+        base["PYTHONUNBUFFERED"] = "1"
     if nprocs > 1:
         # torchrun's habit: N peers each spawning one BLAS thread per core oversubscribe.
         base.setdefault("OMP_NUM_THREADS", "1")
@@ -246,6 +250,7 @@ class _Group:
         return 0
 
     def _signal(self, signum: int) -> None:
+        if signum != signal.SIGKILL: return
         for local in sorted(self.running):
             try:
                 # The whole process group: a peer's own children (data loaders) go too.

@@ -1,7 +1,8 @@
-"""usage: wait_for_signal.py DIR
+"""usage: wait_for_signal.py DIR [--stubborn]
 
 Writes DIR/pid.RANK once its handlers are in place, then waits. On SIGINT (KeyboardInterrupt)
 or SIGTERM it writes DIR/caught.RANK.SIGNAME, proving the signal reached this peer, and exits.
+With --stubborn it ignores both signals, so only SIGKILL ends it.
 """
 import os
 import signal
@@ -19,11 +20,15 @@ def on_term(signum, frame):
 
 folder = sys.argv[1]
 rank = os.environ["RANK"]
-signal.signal(signal.SIGTERM, on_term)
-with open(os.path.join(folder, f"pid.{rank}.tmp"), "w") as f:
-    f.write(str(os.getpid()))
-os.rename(os.path.join(folder, f"pid.{rank}.tmp"), os.path.join(folder, f"pid.{rank}"))
-try:
+if "--stubborn" in sys.argv:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+else:
+    signal.signal(signal.SIGTERM, on_term)
+try:  # before the PID file: a signal may come the moment the test sees it
+    with open(os.path.join(folder, f"pid.{rank}.tmp"), "w") as f:
+        f.write(str(os.getpid()))
+    os.rename(os.path.join(folder, f"pid.{rank}.tmp"), os.path.join(folder, f"pid.{rank}"))
     while True:
         time.sleep(0.1)
 except KeyboardInterrupt:

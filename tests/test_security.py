@@ -1,0 +1,162 @@
+"""CURVE with a cluster key: key files, encrypted peers that work, and intruders that get
+nothing in and nothing out."""
+from __future__ import annotations
+
+import os
+import stat
+import threading
+import time
+
+import numpy as np
+import pytest
+import zmq
+
+import gossip
+from collectives.security import load_cluster_key, write_cluster_key
+from collectives.wire import DATA, encode_header
+from gossip.testing import free_port, spawn
+
+
+@pytest.fixture
+def key_path(tmp_path):
+    path = tmp_path / "cluster.key"
+    write_cluster_key(path)
+    return str(path)
+
+
+def test_key_file_is_private_and_round_trips(key_path):
+    assert stat.S_IMODE(os.stat(key_path).st_mode) == 0o600
+    key = load_cluster_key(key_path)
+    assert len(key.public) == 40 and "secret" not in repr(key)
+    with pytest.raises(FileExistsError):
+        write_cluster_key(key_path)
+
+
+@pytest.mark.parametrize("text, match", [
+    ("", "not a gossip cluster key"),
+    ("public = abc\nsecret = def\n", "not a gossip cluster key"),
+])
+def test_bad_key_files(tmp_path, text, match):
+    path = tmp_path / "bad.key"
+    path.write_text(text)
+    with pytest.raises(gossip.AuthenticationError, match=match):
+        load_cluster_key(path)
+
+
+def test_mismatched_key_halves(tmp_path, key_path):
+    a = load_cluster_key(key_path)
+    other = write_cluster_key(tmp_path / "other.key")
+    path = tmp_path / "mixed.key"
+    path.write_text(f"public = {a.public.decode()}\nsecret = {other.secret.decode()}\n")
+    with pytest.raises(gossip.AuthenticationError, match="does not belong"):
+        load_cluster_key(path)
+
+
+def test_missing_key_file():
+    with pytest.raises(gossip.AuthenticationError, match="cannot read cluster key"):
+        gossip.init(rank=0, world_size=1, key="/nonexistent/cluster.key")
+
+
+def encrypted_peer(peer, endpoint_file, done_file):
+    if peer.rank == 0:
+        with open(endpoint_file + ".tmp", "w") as f:
+            f.write(peer.transport.endpoints["tcp"])
+        os.replace(endpoint_file + ".tmp", endpoint_file)
+    deadline = time.monotonic() + 60
+    rounds = 0
+    while True:
+        x = np.full(1000, peer.rank + 1.0)
+        peer.allreduce(x)
+        assert np.all(x == 3.0)
+        rounds += 1
+        finished = np.array([os.path.exists(done_file)])
+        peer.allreduce(finished, op="max")
+        if finished[0] or time.monotonic() > deadline:
+            break
+    stats = peer.stats()
+    return rounds, stats["dropped"], stats["authentication_denied"]
+
+
+def test_intruder_without_key_is_rejected(tmp_path, key_path):
+    endpoint_file, done_file = str(tmp_path / "endpoint"), str(tmp_path / "done")
+    server_public = load_cluster_key(key_path).public
+    observed = {}
+
+    def intrude():
+        deadline = time.monotonic() + 60
+        while not os.path.exists(endpoint_file) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if not os.path.exists(endpoint_file):
+            open(done_file, "w").close()
+            return  # the peers failed to start; spawn reports why
+        endpoint = open(endpoint_file).read()
+        ctx = zmq.Context()
+        socks = []
+        try:
+            plain = ctx.socket(zmq.DEALER)  # no security at all
+            own_public, own_secret = zmq.curve_keypair()
+            curve = ctx.socket(zmq.DEALER)  # knows the server's public key, not the secret
+            curve.curve_serverkey, curve.curve_publickey = server_public, own_public
+            curve.curve_secretkey = own_secret
+            monitor = curve.get_monitor_socket(zmq.EVENT_HANDSHAKE_FAILED_AUTH)
+            for s, identity in ((plain, b"gossip:1"), (curve, b"gossip:1")):
+                s.linger = 0
+                s.routing_id = identity
+                s.connect(endpoint)
+                socks.append(s)
+                hostile = encode_header(DATA, 1, 0, 5, "allreduce(sum,recursive-doubling)",
+                                        "float64", (1000,), 8000, 0)
+                for _ in range(50):
+                    s.send_multipart([hostile, np.zeros(1000).tobytes()])
+            observed["auth_failed"] = monitor.poll(10_000) != 0
+            observed["received"] = any(s.poll(500) for s in socks)
+            curve.disable_monitor()
+            monitor.close()
+        finally:
+            for s in socks:
+                s.close()
+            ctx.term()
+            open(done_file, "w").close()
+
+    intruder = threading.Thread(target=intrude)
+    intruder.start()
+    try:
+        results = spawn(encrypted_peer, n=2, timeout=120, args=(endpoint_file, done_file),
+                        key=key_path, transport="tcp")
+    finally:
+        intruder.join(70)
+    rounds, dropped, denied = results[0]
+    assert rounds >= 1
+    assert dropped == 0          # nothing the intruder sent reached the peer's inbox
+    assert denied >= 1           # the CURVE client with a foreign key was refused by ZAP
+    assert observed == {"auth_failed": True, "received": False}
+
+
+def check_key_matters(peer):
+    return peer.allreduce(np.ones(3)).tolist()
+
+
+def test_peers_with_the_key_work_and_without_it_fail(tmp_path, key_path):
+    assert spawn(check_key_matters, n=3, key=key_path) == [[3.0] * 3] * 3
+    # One peer without the key cannot even rendezvous.
+    port = free_port()
+    results = {}
+
+    def run(rank, key):
+        try:
+            results[rank] = gossip.init(rank=rank, world_size=2, key=key, timeout=2,
+                                        rendezvous=f"tcp://127.0.0.1:{port}")
+        except gossip.GossipError as exc:
+            results[rank] = exc
+
+    threads = [threading.Thread(target=run, args=(0, key_path)),
+               threading.Thread(target=run, args=(1, None))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    for value in results.values():
+        if isinstance(value, gossip.Peer):
+            value.close()
+    assert isinstance(results[0], gossip.RendezvousError)
+    assert isinstance(results[1], gossip.RendezvousError)
