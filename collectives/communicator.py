@@ -132,7 +132,7 @@ class Communicator:
         segs = segments(adapter.size(flat), n)
         # The ring leaves peer r with segment r+1; rotate the assignment by one so that
         # peer r ends with segment r.
-        shifted = segs[1:] + segs[:1]
+        shifted = segs[-1:] + segs[:-1]
         signature = f"reduce_scatter({op})"
 
         def body() -> Any:

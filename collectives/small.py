@@ -3,8 +3,8 @@ whole array instead of the ring's 2(n-1) steps.
 
 For a world size that is not a power of two, the ranks above the largest power of two p first
 fold their array into rank (r - p), sit out the doubling, and get the result back at the end.
-Partners at each level compute the same pair (IEEE addition, multiplication, max and min are
-commutative bit for bit), so all peers end with identical bytes.
+Partners at each level compute the same pair with the operands in the same order, so all peers
+end with identical bytes.
 """
 from __future__ import annotations
 
@@ -20,11 +20,20 @@ __all__ = ["recursive_doubling_allreduce"]
 def _exchange(call: Call, adapter: ArrayAdapter, flat: Any, partner: int, op: str,
               size: int, scratch: Any) -> None:
     # The send reads `flat` without a copy while the partner's data arrives, so reduce into a
-    # scratch copy first and write back only once our own send is off the buffer.
+    # scratch buffer and write back only once our own send is off the buffer. Both partners
+    # compute (lower rank's block) op (higher rank's block) with the operands in that order:
+    # with fused multiply-add, complex products are not commutative bit for bit.
     ticket = post_range(call, partner, adapter, flat, 0, size, track=True)
-    adapter.copy(scratch, flat)
+    lower = call.transport.rank < partner
+    if lower:
+        adapter.copy(scratch, flat)
     for a, b, chunk in recv_range(call, partner, adapter, 0, size):
-        adapter.reduce(op, adapter.slice(scratch, a, b), chunk)
+        part = adapter.slice(scratch, a, b)
+        if lower:
+            adapter.reduce(op, part, chunk)
+        else:
+            adapter.copy(part, chunk)
+            adapter.reduce(op, part, adapter.slice(flat, a, b))
     wait_sent(call, ticket)
     adapter.copy(flat, scratch)
 

@@ -38,7 +38,8 @@ from typing import Any, Callable, Iterable, Sequence
 
 __all__ = ["OPS", "REDUCE_OPS", "ALGORITHMS", "TRANSPORTS", "DEFAULT_SIZES", "BenchError",
            "parse_size", "parse_sizes", "format_size", "default_iters", "busbw_factor",
-           "check_args", "run_bench", "format_table", "header_line", "run_p2p", "run_pyzmq_p2p", "summarize"]
+           "check_args", "run_bench", "format_table", "header_line", "run_p2p",
+           "run_pyzmq_p2p", "summarize", "stream_count"]
 
 OPS = ("allreduce", "allgather", "broadcast", "neighbor", "p2p")
 REDUCE_OPS = ("sum", "mean", "max", "min", "prod")
@@ -148,11 +149,21 @@ def _plan(sizes: Sequence[int], iters: int | None, warmup: int) -> list[tuple[in
     return [(nbytes, warmup, iters if iters else default_iters(nbytes)) for nbytes in sizes]
 
 
-def _deadline_for(plan, n: int, streamed: int = 1) -> float:
+def stream_count(stream, nbytes: int) -> int:
+    """Messages per iteration: ``stream`` is an int, a dict {nbytes: k}, or a callable."""
+    if callable(stream):
+        return int(stream(nbytes))
+    if isinstance(stream, dict):
+        return int(stream.get(nbytes, 1))
+    return int(stream)
+
+
+def _deadline_for(plan, n: int, streamed=1) -> float:
     """A generous wall limit for one spawn: start-up plus a 50 MB/s floor on every iteration."""
     total = 60.0
     for nbytes, warmup, iters in plan:
-        total += (warmup + iters) * streamed * (0.05 + nbytes * max(n, 2) / 5e7)
+        per_iter = 0.05 + nbytes * max(n, 2) / 5e7
+        total += (warmup + iters) * stream_count(streamed, nbytes) * per_iter
     return total
 
 
@@ -249,11 +260,12 @@ def _gossip_step(peer, op: str, count: int, reduce_op: str, algorithm: str,
 
 
 def _gossip_worker(peer, op: str, plan, reduce_op: str, algorithm: str,
-                   stream: int = 1) -> dict:
+                   stream=1) -> dict:
     """Runs in every peer: the per-iteration durations of each size, on this rank."""
     out = {}
     for nbytes, warmup, iters in plan:
-        step = _gossip_step(peer, op, nbytes // ITEMSIZE, reduce_op, algorithm, stream)
+        k = stream_count(stream, nbytes)
+        step = _gossip_step(peer, op, nbytes // ITEMSIZE, reduce_op, algorithm, k)
         times = []
         for i in range(warmup + iters):
             peer.barrier()
@@ -261,7 +273,7 @@ def _gossip_worker(peer, op: str, plan, reduce_op: str, algorithm: str,
             step()
             dt = time.perf_counter() - t0
             if i >= warmup:
-                times.append(dt / stream)
+                times.append(dt / k)
         out[nbytes] = times
     peer.barrier()
     addresses = {j: peer.transport.address(j) for j in range(peer.world_size) if j != peer.rank}
@@ -274,7 +286,7 @@ def _scheme(addresses: dict) -> str:
 
 
 def _run_gossip(op: str, n: int, plan, *, transport: str, key: str | None, reduce_op: str,
-                algorithm: str, timeout: float | None, stream: int = 1) -> tuple[dict, str]:
+                algorithm: str, timeout: float | None, stream=1) -> tuple[dict, str]:
     """Spawn n peers; returns ({nbytes: per-iteration times}, the transport the peers used)."""
     from gossip.testing import spawn
 
@@ -282,8 +294,8 @@ def _run_gossip(op: str, n: int, plan, *, transport: str, key: str | None, reduc
     init = {"transport": transport}
     if key:
         init["key"] = key
-    results = spawn(_gossip_worker, n, timeout=limit, args=(op, plan, reduce_op, algorithm, stream),
-                    **init)
+    results = spawn(_gossip_worker, n, timeout=limit,
+                    args=(op, plan, reduce_op, algorithm, stream), **init)
     used = _scheme(results[0]["addresses"]) if n > 1 else "none"
     times = {}
     for nbytes, _, _ in plan:
@@ -479,7 +491,8 @@ def _run_gloo(op: str, n: int, plan, *, reduce_op: str, threads: int,
 # ---------------------------------------------------------------------------- plain pyzmq
 def _pyzmq_endpoint(transport: str) -> str:
     if transport == "ipc":
-        return f"ipc://{tempfile.gettempdir()}/gossip-bench-{os.getpid()}-{time.monotonic_ns()}.sock"
+        name = f"gossip-bench-{os.getpid()}-{time.monotonic_ns()}.sock"
+        return f"ipc://{os.path.join(tempfile.gettempdir(), name)}"
     from gossip.testing import free_port
     return f"tcp://127.0.0.1:{free_port()}"
 
@@ -514,22 +527,23 @@ def _pyzmq_worker(rank: int, endpoint: str, plan, stream: int, curve) -> dict:
             s.recv()
         for nbytes, warmup, iters in plan:
             x = np.arange(nbytes // ITEMSIZE, dtype=np.float32)
+            k = stream_count(stream, nbytes)
             times = []
             for i in range(warmup + iters):
                 barrier()
                 if rank == 0:
-                    for _ in range(stream):
+                    for _ in range(k):
                         s.send(x, copy=False)
                     continue
                 t0 = time.perf_counter()
-                for _ in range(stream):
+                for _ in range(k):
                     frame = s.recv(copy=False)
                     y = np.frombuffer(frame.buffer, dtype=np.float32)
                 dt = time.perf_counter() - t0
                 if y.nbytes != nbytes:
                     raise AssertionError(f"received {y.nbytes} bytes, expected {nbytes}")
                 if i >= warmup:
-                    times.append(dt / stream)
+                    times.append(dt / k)
             out[nbytes] = times
         barrier()
     finally:
@@ -544,7 +558,7 @@ def _pyzmq_worker(rank: int, endpoint: str, plan, stream: int, curve) -> dict:
 
 
 def run_pyzmq_p2p(sizes: Sequence[int], *, transport: str = "tcp", key: str | None = None,
-                  iters: int | None = None, warmup: int = 3, stream: int = 1,
+                  iters: int | None = None, warmup: int = 3, stream=1,
                   timeout: float | None = None) -> dict[int, list[float]]:
     """Plain pyzmq rank 0 -> rank 1 (PAIR, send(copy=False) / recv(copy=False)), receiver's
     per-iteration seconds per message, for each size. ``key``: a cluster key file (CURVE)."""
@@ -562,7 +576,7 @@ def run_pyzmq_p2p(sizes: Sequence[int], *, transport: str = "tcp", key: str | No
 
 
 def run_p2p(sizes: Sequence[int], *, transport: str = "tcp", key: str | None = None,
-            iters: int | None = None, warmup: int = 3, stream: int = 1,
+            iters: int | None = None, warmup: int = 3, stream=1,
             timeout: float | None = None) -> tuple[dict[int, list[float]], str]:
     """gossip peer.send / peer.recv rank 0 -> rank 1, receiver's per-iteration seconds per
     array, for each size; and the transport the peers used."""
@@ -632,13 +646,17 @@ def run_bench(op: str, n: int, sizes: str | Iterable[str | int] = DEFAULT_SIZES,
 def header_line(op: str, n: int, transport: str = "auto", *, vs_gloo: bool = False,
                 key: str | None = None, algorithm: str = "auto") -> str:
     ncpu = os.cpu_count() or 1
-    share = (f"all {n} peers share these {ncpu} CPUs"
-             + (f", so with {n} peers > {ncpu} CPUs they contend" if n > ncpu else "")
-             + (" (Gloo runs after ours, alone)" if vs_gloo else ""))
+    share = f"the {n} peers share these CPUs"
+    if n > ncpu:
+        share += f": {n} peers on {ncpu} CPUs contend"
+    if vs_gloo:
+        share += "; Gloo runs after ours, in its own processes"
     extra = f", algorithm={algorithm}" if op == "allreduce" else ""
     extra += ", CURVE on" if key else ""
+    timing = ("the receiver's time from a barrier" if op == "p2p"
+              else "the slowest rank's time")
     return (f"# gossip bench {op}: n={n} peers, transport={transport}{extra}, host CPUs: "
-            f"{ncpu} ({share}); time = median over iterations of the slowest rank")
+            f"{ncpu} ({share}); time = median over iterations of {timing}")
 
 
 _NOTES = {

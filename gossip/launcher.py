@@ -36,6 +36,10 @@ _FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 _OVERRIDES = ("GOSSIP_RANK", "GOSSIP_WORLD_SIZE", "GOSSIP_LOCAL_RANK", "GOSSIP_RENDEZVOUS",
               "GOSSIP_MASTER_ADDR", "GOSSIP_MASTER_PORT")
 _READER_JOIN_S = 2.0  # a grandchild holding a pipe open must not hold the launcher too
+# Python runs signal handlers in the main thread, but the kernel may deliver a signal to any
+# thread; then the handler waits until the main thread next runs bytecode. Helper threads
+# block our signals, and the main thread never sleeps longer than this, as a safety net.
+_POLL_S = 0.25
 
 
 def _free_port() -> int:
@@ -99,8 +103,8 @@ def _pump(src: IO[bytes], dst: IO[str], prefix: bytes, lock: threading.Lock) -> 
 
 
 def _check(nprocs: int, nnodes: int, node_rank: int, master_addr: str | None,
-           master_port: int | None, topology: str | None, key: str | None,
-           grace: float) -> None:
+           master_port: int | None, topology: str | None, timeout: float | None,
+           key: str | None, grace: float) -> None:
     """Raise ValueError with a one-line message for every input a user can get wrong."""
     if type(nprocs) is not int or nprocs < 1:
         raise ValueError(f"-n must be at least 1, got {nprocs}")
@@ -112,6 +116,8 @@ def _check(nprocs: int, nnodes: int, node_rank: int, master_addr: str | None,
         raise ValueError("--nnodes > 1 needs --master-addr (the host of node rank 0)")
     if master_port is not None and not 0 < master_port < 65536:
         raise ValueError(f"--master-port {master_port} is not a valid TCP port (1..65535)")
+    if timeout is not None and not timeout > 0:
+        raise ValueError(f"--timeout must be > 0 seconds, got {timeout}")
     if grace < 0:
         raise ValueError(f"--grace must be >= 0, got {grace}")
     if key is not None and not os.path.isfile(key):
@@ -136,7 +142,7 @@ def launch(cmd: list[str], nprocs: int, *, nnodes: int = 1, node_rank: int = 0,
     deadline, not a limit on the run. Raises ValueError for bad arguments, before any process
     starts. Signal forwarding is installed only when called from the main thread.
     """
-    _check(nprocs, nnodes, node_rank, master_addr, master_port, topology, key, grace)
+    _check(nprocs, nnodes, node_rank, master_addr, master_port, topology, timeout, key, grace)
     if not cmd:
         raise ValueError("nothing to run: give a script or -m module")
     addr = master_addr or "127.0.0.1"
@@ -197,6 +203,8 @@ class _Group:
             return {}
         saved = {}
         for signum in _FORWARDED:
+            if signal.getsignal(signum) is signal.SIG_IGN:
+                continue  # e.g. SIGHUP under nohup: peers inherit the ignore, as they should
             saved[signum] = signal.signal(
                 signum, lambda s, _frame: self.events.put(("signal", s, 0)))
         return saved
@@ -223,9 +231,24 @@ class _Group:
                 self._thread(_pump, p.stderr, sys.stderr, tag, self.lock)
 
     def _thread(self, target: Callable, *args: object) -> None:
-        t = threading.Thread(target=target, args=args, daemon=True)
+        def body() -> None:
+            if hasattr(signal, "pthread_sigmask"):
+                signal.pthread_sigmask(signal.SIG_BLOCK, _FORWARDED)  # see _POLL_S
+            target(*args)
+        t = threading.Thread(target=body, daemon=True)
         t.start()
         self.threads.append(t)
+
+    def _next_event(self, deadline: float | None = None) -> tuple[str, int, int]:
+        """The next exit or signal; queue.Empty once ``deadline`` (monotonic) passes."""
+        while True:
+            wait = _POLL_S if deadline is None else min(_POLL_S, deadline - time.monotonic())
+            if wait <= 0:
+                raise queue.Empty
+            try:
+                return self.events.get(timeout=wait)
+            except queue.Empty:
+                pass  # a moment of bytecode, for a handler held up by another thread
 
     def _wait_one(self, local: int, p: subprocess.Popen) -> None:
         self.events.put(("exit", local, p.wait()))
@@ -233,7 +256,7 @@ class _Group:
     def _watch(self) -> int:
         """Wait for every peer; on the first failure or signal, stop the rest."""
         while self.running:
-            kind, who, code = self.events.get()
+            kind, who, code = self._next_event()
             if kind == "signal":
                 self._say(f"got {_signal_name(who)}, stopping {len(self.running)} peer(s)")
                 # SIGINT goes on as SIGINT, so Python peers raise KeyboardInterrupt and clean up.
@@ -250,7 +273,6 @@ class _Group:
         return 0
 
     def _signal(self, signum: int) -> None:
-        if signum != signal.SIGKILL: return
         for local in sorted(self.running):
             try:
                 # The whole process group: a peer's own children (data loaders) go too.
@@ -264,11 +286,8 @@ class _Group:
         self._signal(signum)
         deadline = time.monotonic() + self.grace
         while self.running:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                break
             try:
-                kind, who, _ = self.events.get(timeout=left)
+                kind, who, _ = self._next_event(deadline)
             except queue.Empty:
                 break
             if kind == "signal":
@@ -300,8 +319,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         metavar="N", help="peers to start on this node (default 1)")
     parser.add_argument("--nnodes", type=int, default=1, help="number of nodes (default 1)")
     parser.add_argument("--node-rank", type=int, default=0, help="this node's rank (default 0)")
-    parser.add_argument("--master-addr", default=None,
-                        help="host of global rank 0 (default 127.0.0.1; required with --nnodes > 1)")
+    parser.add_argument("--master-addr", default=None, help="host of global rank 0 "
+                        "(default 127.0.0.1; required with --nnodes > 1)")
     parser.add_argument("--master-port", type=int, default=None,
                         help=f"rendezvous port (default: a free port on one node, "
                              f"{_MULTI_NODE_PORT} on several)")
@@ -309,8 +328,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--timeout", type=float, default=None,
                         help="each peer's operation timeout in seconds (GOSSIP_TIMEOUT)")
     parser.add_argument("--key", default=None, help="cluster key file for CURVE (GOSSIP_KEY)")
-    parser.add_argument("--grace", type=float, default=DEFAULT_GRACE,
-                        help=f"seconds between SIGTERM/SIGINT and SIGKILL (default {DEFAULT_GRACE:g})")
+    parser.add_argument("--grace", type=float, default=DEFAULT_GRACE, help="seconds between "
+                        f"SIGTERM/SIGINT and SIGKILL (default {DEFAULT_GRACE:g})")
     parser.add_argument("--no-prefix", dest="prefix", action="store_false",
                         help="pass peer output through without the [rank k] prefix")
     parser.add_argument("-m", "--module", action="store_true",

@@ -109,7 +109,10 @@ def test_gossip_run_subcommand_and_no_prefix() -> None:
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("entry", ["gossip.run", "gossip"])
 def test_real_allreduce_rendezvous_from_launcher_variables(entry: str) -> None:
-    proc = _run("-n", "3", _script("allreduce_sum.py"), entry=entry)
+    # Stale GOSSIP_* settings in the launcher's environment would outrank the torchrun
+    # variables in the peers: the launcher must not pass them on.
+    proc = _run("-n", "3", _script("allreduce_sum.py"), entry=entry, GOSSIP_RANK="5",
+                GOSSIP_WORLD_SIZE="9", GOSSIP_RENDEZVOUS="tcp://127.0.0.1:1")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     for rank in range(3):
         assert "SUM 3.0 WORLD 3" in _lines(proc.stdout, rank), proc.stdout
@@ -247,7 +250,10 @@ def test_peers_do_not_outlive_a_killed_launcher(tmp_path: Path) -> None:
         launcher.kill()  # SIGKILL: no cleanup of the launcher's own can run
         launcher.wait(timeout=WAIT_S)
     # PR_SET_PDEATHSIG: the kernel sends each peer SIGTERM when the launcher dies.
-    assert _alive(pids, "wait_for_signal.py", timeout=20) == []
+    survivors = _alive(pids, "wait_for_signal.py", timeout=20)
+    for pid in survivors:  # a failed check must not leave processes behind
+        os.kill(pid, signal.SIGKILL)
+    assert survivors == []
     _wait_for_files(tmp_path, "caught.*.SIGTERM", 2)
 
 
@@ -266,6 +272,8 @@ def test_module_form() -> None:
      "--node-rank 2"),
     (["--master-port", "70000", _script("show_env.py")], "not a valid TCP port"),
     (["--topology", "nonsense", _script("show_env.py")], "--topology"),
+    (["--key", "no_such_key_file", _script("show_env.py")], "--key"),
+    (["--timeout", "-1", _script("show_env.py")], "--timeout"),
 ])
 @pytest.mark.parametrize("entry", ["gossip.run", "gossip"])
 def test_bad_arguments_are_one_line_errors(args: list[str], words: str, entry: str) -> None:
@@ -276,3 +284,11 @@ def test_bad_arguments_are_one_line_errors(args: list[str], words: str, entry: s
     assert len(lines) == 1 and lines[0].startswith("gossip run: error:"), proc.stderr
     assert words in lines[0]
     assert proc.stdout == ""
+
+
+def test_the_launcher_does_not_import_torch() -> None:
+    code = ("import sys, gossip.launcher, gossip.run, gossip.commands.run; "
+            "print('torch' in sys.modules)")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=WAIT_S, env=_env())
+    assert proc.stdout.strip() == "False", proc.stderr

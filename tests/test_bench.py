@@ -1,0 +1,149 @@
+"""`gossip bench` and gossip.bench: shapes and formats only, never timings."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from gossip.bench import (busbw_factor, default_iters, format_table, parse_size, parse_sizes,
+                          run_bench)
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROW_FIELDS = ("impl", "op", "nprocs", "bytes", "seconds_median", "seconds_min", "seconds_max",
+              "algbw_GBps", "busbw_GBps", "iters")
+
+
+def gossip(*args, timeout=120):
+    return subprocess.run([sys.executable, "-m", "gossip", *args], capture_output=True,
+                          text=True, timeout=timeout, cwd=ROOT)
+
+
+def table_rows(stdout: str) -> list[list[str]]:
+    return [line.split() for line in stdout.splitlines() if line.strip()
+            and not line.startswith("#")]
+
+
+# ------------------------------------------------------------------ in-process helpers
+@pytest.mark.parametrize("text,nbytes", [("4K", 4096), ("256k", 262144), ("4M", 4 << 20),
+                                         ("64MiB", 64 << 20), ("1G", 1 << 30), ("1000", 1000),
+                                         ("1001", 1000), ("4", 4), ("1.5K", 1536)])
+def test_parse_size(text, nbytes):
+    assert parse_size(text) == nbytes
+
+
+@pytest.mark.parametrize("text", ["4Q", "", "K", "-4K", "2", "0", "4 K B"])
+def test_parse_size_rejects(text):
+    with pytest.raises(ValueError) as info:
+        parse_size(text)
+    assert "\n" not in str(info.value)
+
+
+def test_parse_sizes_and_conventions():
+    assert parse_sizes("4K,256K 4M") == [4096, 262144, 4 << 20]
+    assert default_iters(4096) == 50 and default_iters(4 << 20) == 20
+    assert default_iters(64 << 20) == 10
+    assert busbw_factor("allreduce", 4) == 1.5
+    assert busbw_factor("allgather", 4) == 0.75
+    assert busbw_factor("broadcast", 4) == busbw_factor("neighbor", 4) == 1.0
+
+
+def test_format_table_columns():
+    row = {"impl": "gossip", "op": "allreduce", "nprocs": 2, "bytes": 4096, "count": 1024,
+           "type": "float32", "redop": "sum", "seconds_median": 1e-3, "algbw_GBps": 0.004,
+           "busbw_GBps": 0.004, "gloo_seconds_median": 2e-3, "gloo_busbw_GBps": 0.002,
+           "gloo_ratio": 2.0, "transport_used": "ipc"}
+    text = format_table([row])
+    assert "gloo time" in text and "ratio" in text
+    (cells,) = table_rows(text)
+    assert cells[0] == "4096" and cells[1] == "1024" and cells[-1] == "2.00"
+
+
+def test_import_does_not_import_torch():
+    code = "import sys, gossip, gossip.bench, gossip.commands.bench; print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=60, cwd=ROOT)
+    assert out.stdout.strip() == "False", out.stderr
+
+
+# ------------------------------------------------------------------ the command
+def test_bench_table():
+    out = gossip("bench", "allreduce", "-n", "2", "--sizes", "4K,64K", "--iters", "3",
+                 "--warmup", "1")
+    assert out.returncode == 0, out.stderr
+    assert "n=2" in out.stdout and "CPUs" in out.stdout  # the header line
+    rows = table_rows(out.stdout)
+    assert [r[0] for r in rows] == ["4096", "65536"]
+    assert [r[1] for r in rows] == ["1024", "16384"]
+    for r in rows:
+        time_us, algbw, busbw = float(r[4]), float(r[5]), float(r[6])
+        assert time_us > 0 and algbw > 0 and busbw > 0
+
+
+def test_bench_json():
+    out = gossip("bench", "allreduce", "-n", "2", "--sizes", "4K,64K", "--iters", "3",
+                 "--warmup", "1", "--json")
+    assert out.returncode == 0, out.stderr
+    rows = [json.loads(line) for line in out.stdout.splitlines()]
+    assert [r["bytes"] for r in rows] == [4096, 65536]
+    for r in rows:
+        for field in ROW_FIELDS:
+            assert field in r, field
+        assert r["impl"] == "gossip" and r["op"] == "allreduce" and r["nprocs"] == 2
+        assert r["iters"] == 3 and r["busbw_GBps"] > 0
+        assert r["seconds_min"] <= r["seconds_median"] <= r["seconds_max"]
+        assert "ratio" not in r
+
+
+def test_bench_vs_gloo():
+    pytest.importorskip("torch")
+    out = gossip("bench", "allreduce", "-n", "2", "--sizes", "4K", "--iters", "2",
+                 "--warmup", "1", "--vs", "gloo", timeout=180)
+    assert out.returncode == 0, out.stderr
+    header = [line for line in out.stdout.splitlines() if line.startswith("#")]
+    assert any("gloo time" in line and "ratio" in line for line in header)
+    (row,) = table_rows(out.stdout)
+    assert row[0] == "4096" and float(row[-1]) > 0  # the ratio column
+
+
+@pytest.mark.parametrize("args", [
+    ["frobnicate", "-n", "2"],
+    ["allreduce", "-n", "0"],
+    ["allreduce", "-n", "two"],
+    ["allreduce", "-n", "2", "--sizes", "4Q"],
+    ["p2p", "-n", "3"],
+    ["allreduce", "-n", "2", "--transport", "udp"],
+    ["allreduce", "-n", "2", "--vs", "mpi"],
+])
+def test_bench_bad_arguments(args):
+    out = gossip("bench", *args, timeout=60)
+    assert out.returncode == 2, (out.stdout, out.stderr)
+    assert "Traceback" not in out.stderr
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and "error" in lines[0], out.stderr
+    assert out.stdout == ""
+
+
+def test_run_bench_neighbor():
+    rows = run_bench("neighbor", 3, [4096], iters=2, warmup=1)
+    (row,) = rows
+    for field in ROW_FIELDS:
+        assert field in row, field
+    assert row["op"] == "neighbor" and row["nprocs"] == 3 and row["bytes"] == 4096
+    assert row["iters"] == 2 and row["busbw_GBps"] == row["algbw_GBps"] > 0
+    assert "neighbor_allreduce" in format_table(rows)
+
+
+def test_run_bench_rejects_p2p_with_three():
+    with pytest.raises(ValueError, match="2 peers"):
+        run_bench("p2p", 3, [4096])
+
+
+def test_threshold_help():
+    out = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks",
+                                                       "allreduce_threshold.py"), "--help"],
+                         capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert out.returncode == 0, out.stderr
+    assert "crossover" in out.stdout and "--nprocs" in out.stdout
