@@ -28,6 +28,9 @@ class TransportConfig:
     # bound what a slow receiver can make a sender queue inside libzmq to about 64 MiB.
     send_hwm: int = 64
     recv_hwm: int = 64
+    # Kernel socket buffers (SO_SNDBUF/SO_RCVBUF) in bytes; 0 keeps the system default. Larger
+    # buffers mean fewer wake-ups per megabyte moved (the kernel caps them at wmem_max).
+    socket_buffer_bytes: int = 4 << 20
     # "auto": ipc (unix sockets) between peers on the same host, tcp otherwise; or force one.
     transport: str = "auto"
     # Address the data socket binds; loopback unless the run spans machines.

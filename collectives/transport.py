@@ -140,6 +140,8 @@ class Transport:
     def _socket(self, kind: int, *, server: bool = False) -> zmq.Socket:
         sock = self.context.socket(kind)
         sock.linger = 0
+        if self.config.socket_buffer_bytes:
+            sock.sndbuf = sock.rcvbuf = self.config.socket_buffer_bytes
         hb = self.config
         sock.setsockopt(zmq.HEARTBEAT_IVL, int(hb.effective_heartbeat_interval * 1000))
         sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, int(hb.effective_heartbeat_timeout * 1000))
