@@ -6,7 +6,8 @@ Usage:
       [--repeats 3] [--iters K] [--warmup W] [--json]
 
 For each configuration (tcp; ipc; tcp with CURVE on, the key made by
-collectives.security.write_cluster_key in a temp dir) and each float32 array size:
+collectives.security.write_cluster_key in a temp dir; and shm, the shared-memory transport,
+where it exists, compared with pyzmq over ipc) and each float32 array size:
 
   gossip single : 2 peers (gossip.testing.spawn); per iteration barrier, then rank 0
                   peer.send(1, x) and rank 1 peer.recv(0); timed at the receiver from the
@@ -33,10 +34,13 @@ import sys
 import tempfile
 import time
 
-from gossip.bench import format_size, parse_sizes, run_p2p, run_pyzmq_p2p
+from gossip.bench import format_size, parse_sizes, run_p2p, run_pyzmq_p2p, supported_transports
 
-CONFIGS = {"tcp": ("tcp", False), "ipc": ("ipc", False), "curve": ("tcp", True)}
-LABELS = {"tcp": "tcp", "ipc": "ipc", "curve": "tcp+CURVE"}
+# config -> (gossip transport, CURVE on, plain pyzmq transport to compare with)
+CONFIGS = {"tcp": ("tcp", False, "tcp"), "ipc": ("ipc", False, "ipc"),
+           "curve": ("tcp", True, "tcp"), "shm": ("shm", False, "ipc")}
+LABELS = {"tcp": "tcp", "ipc": "ipc", "curve": "tcp+CURVE", "shm": "shm (pyzmq: ipc)"}
+DEFAULT_CONFIGS = ",".join(c for c in CONFIGS if c != "shm" or "shm" in supported_transports())
 
 
 def stream_k(nbytes: int) -> int:
@@ -49,7 +53,7 @@ def measure_once(sizes, configs, key_path, iters, warmup, say) -> dict:
     out = {}
     streams = {nbytes: stream_k(nbytes) for nbytes in sizes}
     for config in configs:
-        transport, curve = CONFIGS[config]
+        transport, curve, theirs_over = CONFIGS[config]
         key = key_path if curve else None
         for variant, stream in (("single", 1), ("stream", streams)):
             say(f"{LABELS[config]} {variant}: gossip")
@@ -58,7 +62,7 @@ def measure_once(sizes, configs, key_path, iters, warmup, say) -> dict:
             if used != transport:
                 raise RuntimeError(f"asked for {transport}, the peers connected over {used}")
             say(f"{LABELS[config]} {variant}: pyzmq")
-            theirs = run_pyzmq_p2p(sizes, transport=transport, key=key, iters=iters,
+            theirs = run_pyzmq_p2p(sizes, transport=theirs_over, key=key, iters=iters,
                                    warmup=warmup, stream=stream)
             for nbytes in sizes:
                 out[(config, variant, "gossip", nbytes)] = statistics.median(ours[nbytes])
@@ -70,8 +74,9 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sizes", default="4K,4M,64M", help="array sizes (default 4K,4M,64M)")
-    ap.add_argument("--configs", default="tcp,ipc,curve",
-                    help="comma separated: tcp, ipc, curve (tcp with CURVE); default all")
+    ap.add_argument("--configs", default=DEFAULT_CONFIGS,
+                    help="comma separated: tcp, ipc, curve (tcp with CURVE), shm (where the "
+                         f"shared-memory transport exists); default {DEFAULT_CONFIGS}")
     ap.add_argument("--repeats", type=int, default=3,
                     help="run the whole measurement this many times (default 3)")
     ap.add_argument("--iters", type=int, default=None,
@@ -85,6 +90,8 @@ def main(argv=None) -> int:
         for c in configs:
             if c not in CONFIGS:
                 raise ValueError(f"unknown config {c!r}; choose from {', '.join(CONFIGS)}")
+            if CONFIGS[c][0] not in supported_transports():
+                raise ValueError(f"config {c!r}: this build has no {CONFIGS[c][0]} transport")
         if args.repeats < 1:
             raise ValueError("--repeats must be at least 1")
     except ValueError as exc:
@@ -139,7 +146,7 @@ def main(argv=None) -> int:
               f"| {row['pyzmq_seconds_median'] * 1e6:.1f} | {row['pyzmq_GBps']:.3f} "
               f"| {row['ratio']:.2f} |")
     print("\nratio = gossip GB/s / pyzmq GB/s (> 1: gossip is faster). pyzmq rows use the same "
-          "transport (and, for tcp+CURVE, the same key on a plain PAIR socket).")
+          "transport (for shm: ipc; for tcp+CURVE, the same key on a plain PAIR socket).")
     return 0
 
 

@@ -286,19 +286,24 @@ class Communicator:
         deadline = time.monotonic() + (self.timeout if timeout is None else timeout)
         key = (src, P2P_CHANNEL, seq)
         try:
-            header, frame = t.recv(src, P2P_CHANNEL, seq, deadline=deadline,
-                                   operation=f"recv from rank {src}")
+            item = t.recv(src, P2P_CHANNEL, seq, deadline=deadline,
+                          operation=f"recv from rank {src}")
+            header, frame, release = item
             call = Call(t, P2P_CHANNEL, seq, "send", header.dtype, header.shape, deadline)
             if out is None:
-                if header.offset == 0 and len(frame) == header.nbytes and header.dtype != "bfloat16":
+                if (release is None and header.offset == 0 and header.length == header.nbytes
+                        and header.dtype != "bfloat16"):
+                    # The whole array in one ZeroMQ frame: hand it over without a copy.
                     return np.frombuffer(frame, dtype=header.dtype).reshape(header.shape)
                 out = _empty_for(header.dtype, header.shape)
             adapter, flat, dtype = self._flat(out)
             if dtype != header.dtype or adapter.size(flat) * call.itemsize != header.nbytes:
+                if release is not None:
+                    release()
                 raise ProtocolError(f"rank {self.rank}: recv from rank {src}: it sent "
                                     f"{header.dtype} {header.shape} but out is {dtype} "
                                     f"{tuple(out.shape)}")
-            t.inbox.unget(key, (header, frame))
+            t.inbox.unget(key, item)
             for lo, hi, chunk in recv_range(call, src, adapter, 0, adapter.size(flat)):
                 adapter.copy(adapter.slice(flat, lo, hi), chunk)
             adapter.synchronize()

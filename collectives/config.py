@@ -31,8 +31,12 @@ class TransportConfig:
     # Kernel socket buffers (SO_SNDBUF/SO_RCVBUF) in bytes; 0 keeps the system default. Larger
     # buffers mean fewer wake-ups per megabyte moved (the kernel caps them at wmem_max).
     socket_buffer_bytes: int = 4 << 20
-    # "auto": ipc (unix sockets) between peers on the same host, tcp otherwise; or force one.
+    # "auto": shared memory for payloads between peers on the same host (control messages over
+    # ipc), tcp between hosts; or force "shm", "ipc" or "tcp" (measured in benchmarks/).
     transport: str = "auto"
+    # Slots of each shared-memory ring (one ring per peer this peer sends to on its host);
+    # each slot holds one chunk, so a ring costs shm_slots * chunk_bytes of memory.
+    shm_slots: int = 16
     # Address the data socket binds; loopback unless the run spans machines.
     bind_host: str = "127.0.0.1"
     # Address other peers use to reach this one; default: bind_host, or this host's address
@@ -44,8 +48,9 @@ class TransportConfig:
     def __post_init__(self) -> None:
         if not self.timeout > 0:
             raise ValueError(f"timeout must be > 0 seconds, got {self.timeout!r}")
-        if self.transport not in ("auto", "tcp", "ipc"):
-            raise ValueError(f"transport must be 'auto', 'tcp' or 'ipc', got {self.transport!r}")
+        if self.transport not in ("auto", "tcp", "ipc", "shm"):
+            raise ValueError(f"transport must be 'auto', 'shm', 'ipc' or 'tcp', got "
+                             f"{self.transport!r}")
         if self.chunk_bytes < 4096:
             raise ValueError(f"chunk_bytes must be at least 4096, got {self.chunk_bytes}")
 

@@ -141,13 +141,13 @@ class Inbox:
             slot = self._slots.get(key)
             return bool(slot and (slot.items or slot.error)) or key[0] in self._lost
 
-    def retire(self, key: Key) -> int:
+    def retire(self, key: Key) -> list:
         """End a slot: drop what is left in it and refuse anything that arrives for it later.
-        Returns how many undelivered messages were dropped."""
+        Returns the undelivered messages (their shared-memory slots must be released)."""
         with self._lock:
             slot = self._slots.pop(key, None)
             self._retired.setdefault(key[:2], _Retired()).add(key[2])
-            return len(slot.items) if slot else 0
+            return list(slot.items) if slot else []
 
     def lost(self, src: int) -> Lost | None:
         with self._lock:

@@ -13,7 +13,7 @@ from typing import Any, Iterator
 from collectives.arrays import ArrayAdapter
 from collectives.errors import ProtocolError
 from collectives.transport import SendTicket, Transport
-from collectives.wire import DATA, Header, dtype_itemsize, encode_header
+from collectives.wire import Header, dtype_itemsize
 
 __all__ = ["Call", "post_range", "recv_range", "chunk_elements"]
 
@@ -54,46 +54,50 @@ def chunk_elements(chunk_bytes: int, itemsize: int) -> int:
 def post_range(call: Call, dst: int, adapter: ArrayAdapter, flat: Any, start: int, stop: int,
                *, track: bool = False) -> SendTicket | None:
     """Queue elements [start, stop) of ``flat`` to ``dst``. With ``track``, returns a ticket that
-    says when the buffer may be reused (the last chunk is tracked: one pipe keeps order)."""
+    says when the buffer may be reused (the last chunk is tracked: one pipe keeps order); None
+    means it may be reused at once (the chunks were copied, e.g. into shared memory)."""
     t = call.transport
-    step = call.chunk
+    size = call.itemsize
     ticket = None
     if stop <= start:
         # An empty range still sends one empty chunk, so the receiver's walk stays in step.
-        ticket = SendTicket() if track else None
-        t.send(dst, encode_header(DATA, t.rank, call.channel, call.seq, call.signature,
-                                  call.dtype, call.shape, call.nbytes, start * call.itemsize),
-               b"", ticket=ticket)
-        return ticket
+        return t.post_chunk(dst, call.channel, call.seq, call.signature, call.dtype,
+                            call.shape, call.nbytes, start * size, b"",
+                            deadline=call.deadline, track=track)
+    step = call.chunk
     for lo in range(start, stop, step):
         hi = min(lo + step, stop)
-        if track and hi == stop:
-            ticket = SendTicket()
-        t.send(dst, encode_header(DATA, t.rank, call.channel, call.seq, call.signature,
-                                  call.dtype, call.shape, call.nbytes, lo * call.itemsize),
-               adapter.send_buffer(flat, lo, hi), ticket=ticket)
+        ticket = t.post_chunk(dst, call.channel, call.seq, call.signature, call.dtype,
+                              call.shape, call.nbytes, lo * size,
+                              adapter.send_buffer(flat, lo, hi), deadline=call.deadline,
+                              track=track and hi == stop)
     return ticket
 
 
 def recv_range(call: Call, src: int, adapter: ArrayAdapter, start: int,
                stop: int) -> Iterator[tuple[int, int, Any]]:
     """Yield ``(lo, hi, chunk)`` for the chunks of elements [start, stop) from ``src``, in order,
-    each a zero-copy array over the received frame, valid until the next iteration."""
+    each a zero-copy array over the received bytes, valid until the next iteration (a
+    shared-memory slot is then handed back to the sender)."""
     t = call.transport
     step = call.chunk
     lo = start
     while True:
-        header, frame = t.recv(src, call.channel, call.seq, deadline=call.deadline,
-                               operation=call.describe())
-        if (header.op != call.signature or header.dtype != call.dtype
-                or header.shape != call.shape):
-            raise call.mismatch(src, header, "a chunk")
-        count = len(frame) // call.itemsize
-        expected = 0 if stop <= start else min(step, stop - lo)
-        if header.offset != lo * call.itemsize or count != expected:
-            raise call.mismatch(src, header, f"elements at byte offset {header.offset} "
-                                             f"(expected {lo * call.itemsize})")
-        yield lo, lo + count, adapter.from_frame(frame, call.dtype, count)
+        header, payload, release = t.recv(src, call.channel, call.seq, deadline=call.deadline,
+                                          operation=call.describe())
+        try:
+            if (header.op != call.signature or header.dtype != call.dtype
+                    or header.shape != call.shape):
+                raise call.mismatch(src, header, "a chunk")
+            count = header.length // call.itemsize
+            expected = 0 if stop <= start else min(step, stop - lo)
+            if header.offset != lo * call.itemsize or count != expected:
+                raise call.mismatch(src, header, f"elements at byte offset {header.offset} "
+                                                 f"(expected {lo * call.itemsize})")
+            yield lo, lo + count, adapter.from_frame(payload, call.dtype, count)
+        finally:
+            if release is not None:
+                release()
         lo += count
         if lo >= stop:
             return

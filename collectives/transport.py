@@ -33,7 +33,9 @@ from collectives.errors import (AuthenticationError, OperationTimeout, PeerLost,
                                 RendezvousError)
 from collectives.inbox import Inbox, Lost, SlotError
 from collectives.security import ZapHandler
-from collectives.wire import ABORT, BYE, DATA, HELLO, Header, WireError, decode_header, encode_header
+from collectives.shm import ShmRing, ShmView, parse_open, shm_supported
+from collectives.wire import (ABORT, BYE, DATA, HELLO, SHM, SHM_OPEN, Header, WireError,
+                              decode_header, encode_header)
 
 __all__ = ["Transport", "PeerCounters", "SendTicket", "host_id"]
 
@@ -114,6 +116,10 @@ class Transport:
         self._addresses: dict[int, str] = {}
         self._connect_requested: set[int] = set()
         self._connected: set[int] = set()
+        self._shm_peers: set[int] = set()          # ranks whose payloads go through shm
+        self._rings: dict[int, ShmRing] = {}       # our rings, by destination
+        self._ring_lock = threading.Lock()
+        self._views: dict[int, ShmView] = {}       # peers' rings, by source (I/O thread)
         self._cmds: deque = deque()
         self._asleep = False
         self._wake_r, self._wake_w = os.pipe()
@@ -162,8 +168,9 @@ class Transport:
             raise RendezvousError(f"rank {self.rank}: cannot bind a data socket on "
                                   f"{cfg.bind_host}: {exc}") from None
         advertise = cfg.advertise_host or cfg.bind_host
-        endpoints = {"tcp": f"tcp://{advertise}:{port}", "ipc": None, "host": host_id()}
-        if cfg.transport in ("auto", "ipc"):
+        endpoints = {"tcp": f"tcp://{advertise}:{port}", "ipc": None, "host": host_id(),
+                     "shm": cfg.transport in ("auto", "shm") and shm_supported()}
+        if cfg.transport in ("auto", "ipc", "shm"):
             path = os.path.join(tempfile.gettempdir(),
                                 f"gossip-{os.getpid()}-r{self.rank}-{uuid.uuid4().hex[:8]}.sock")
             try:
@@ -171,7 +178,7 @@ class Transport:
                 self._ipc_path = path
                 endpoints["ipc"] = f"ipc://{path}"
             except zmq.ZMQError as exc:
-                if cfg.transport == "ipc":
+                if cfg.transport in ("ipc", "shm"):
                     raise RendezvousError(f"rank {self.rank}: cannot bind ipc://{path}: {exc}")
                 log.info("rank %d: no ipc endpoint (%s); using tcp only", self.rank, exc)
         return endpoints
@@ -179,10 +186,18 @@ class Transport:
     def set_peers(self, table: dict[int, dict]) -> None:
         """Install the endpoint table from the rendezvous: rank -> {tcp, ipc, host}."""
         me = self.endpoints["host"]
+        mode = self.config.transport
         for rank, entry in table.items():
-            use_ipc = (entry.get("ipc") and self.config.transport != "tcp"
-                       and (self.config.transport == "ipc" or entry.get("host") == me))
+            same_host = entry.get("host") == me
+            use_ipc = entry.get("ipc") and mode != "tcp" and (mode == "ipc" or same_host)
             self._addresses[rank] = entry["ipc"] if use_ipc else entry["tcp"]
+            if (rank != self.rank and same_host and entry.get("shm") and self.endpoints["shm"]
+                    and mode in ("auto", "shm")):
+                self._shm_peers.add(rank)
+            elif mode == "shm" and rank != self.rank:
+                raise RendezvousError(f"rank {self.rank}: transport 'shm' needs every peer on "
+                                      f"this host with shared memory, but rank {rank} "
+                                      f"({entry.get('tcp')}) is not")
         self._table = dict(table)
 
     def address(self, rank: int) -> str:
@@ -209,10 +224,55 @@ class Transport:
         frames = (header,) if payload is None else (header, payload)
         self._command(("send", dst, frames, ticket))
 
+    def post_chunk(self, dst: int, channel: int, seq: int, op: str, dtype: str,
+                   shape: tuple, nbytes: int, offset: int, payload: Any, *, deadline: float,
+                   track: bool = False) -> SendTicket | None:
+        """Queue one chunk of an array (bytes ``[offset, offset + len(payload))``) for ``dst``.
+
+        To a peer on this host the chunk is copied into a shared-memory slot (the buffer may
+        change as soon as this returns); otherwise it is sent zero-copy, and with ``track`` the
+        returned ticket says when the buffer may change."""
+        length = payload.nbytes if isinstance(payload, memoryview) else len(payload)
+        if dst in self._shm_peers and length:
+            ring = self._ring_to(dst)
+            slot = ring.acquire(deadline)
+            if slot is None:
+                lost = self.inbox.lost(dst)
+                raise self._wait_error(lost, dst, f"{op} send") if lost else OperationTimeout(
+                    f"rank {self.rank}: {op}: rank {dst} at {self.address(dst)} did not free a "
+                    "shared-memory slot within the timeout (is it still receiving?)",
+                    rank=dst, address=self.address(dst), operation=op)
+            ring.write(slot, payload)
+            self.counters[dst].bytes_sent += length
+            self.send(dst, encode_header(SHM, self.rank, channel, seq, op, dtype, shape, nbytes,
+                                         offset, length, slot))
+            return None
+        ticket = SendTicket() if track else None
+        self.send(dst, encode_header(DATA, self.rank, channel, seq, op, dtype, shape, nbytes,
+                                     offset, length), payload, ticket=ticket)
+        return ticket
+
+    def _ring_to(self, dst: int) -> ShmRing:
+        ring = self._rings.get(dst)
+        if ring is None:
+            with self._ring_lock:
+                ring = self._rings.get(dst)
+                if ring is None:
+                    ring = ShmRing(self.config.shm_slots, self.config.chunk_bytes,
+                                   f"gossip-r{self.rank}-to-r{dst}")
+                    # Queued before any chunk that uses it: one pipe keeps the order.
+                    self.send(dst, encode_header(SHM_OPEN, self.rank, 0, 0,
+                                                 ring.announcement()))
+                    self._rings[dst] = ring
+        return ring
+
     def recv(self, src: int, channel: int, seq: int, *, deadline: float,
-             operation: str) -> tuple[Header, zmq.Frame | None]:
-        """The next message in slot ``(src, channel, seq)``, or PeerLost / ProtocolError /
-        OperationTimeout naming this rank, ``src``, its address and ``operation``."""
+             operation: str) -> tuple[Header, Any, Any]:
+        """The next message in slot ``(src, channel, seq)`` as (header, payload, release):
+        ``payload`` is a buffer (a ZeroMQ frame or a shared-memory slot), ``release`` is None
+        or a callable to invoke once the payload has been consumed. Raises PeerLost /
+        ProtocolError / OperationTimeout naming this rank, ``src``, its address and
+        ``operation``."""
         self.connect(src)
         item = self.inbox.get((src, channel, seq), deadline)
         if type(item) is tuple:
@@ -235,7 +295,9 @@ class Transport:
 
     def retire(self, channel: int, seq: int, srcs) -> None:
         for src in srcs:
-            self.inbox.retire((src, channel, seq))
+            for item in self.inbox.retire((src, channel, seq)):
+                if type(item) is tuple and item[2] is not None:
+                    item[2]()  # free the shared-memory slot of a message never consumed
 
     def is_lost(self, rank: int) -> bool:
         return self.inbox.lost(rank) is not None
@@ -286,6 +348,10 @@ class Transport:
                 os.unlink(self._ipc_path)
             except FileNotFoundError:
                 pass
+        with self._ring_lock:
+            for ring in self._rings.values():
+                ring.close()
+            self._rings.clear()
 
     @property
     def closed(self) -> bool:
@@ -483,9 +549,24 @@ class Transport:
         kind = header.kind
         key = (src, header.channel, header.seq)
         if kind == DATA:
-            if not self.inbox.put(key, (header, payload)):
+            if not self.inbox.put(key, (header, payload, None)):
                 self._drop("stale", f"rank {src} sent to finished operation "
                                     f"(channel {header.channel}, seq {header.seq})")
+        elif kind == SHM:
+            view = self._views.get(src)
+            if view is None or header.slot >= view.nslots or header.length > view.slot_bytes:
+                self._drop("malformed", f"rank {src} named shared-memory slot {header.slot} "
+                                        f"of {header.length} bytes outside its ring")
+                return
+            counters.bytes_received += header.length
+            release = _Releaser(view, header.slot)
+            if not self.inbox.put(key, (header, view.chunk(header.slot, header.length),
+                                        release)):
+                release()
+                self._drop("stale", f"rank {src} sent to finished operation "
+                                    f"(channel {header.channel}, seq {header.seq})")
+        elif kind == SHM_OPEN:
+            self._map_ring(src, header.op)
         elif kind == ABORT:
             reason, lost_rank = header.op, None
             if reason.startswith("lost:"):
@@ -497,6 +578,22 @@ class Transport:
             self.inbox.mark_lost(src, Lost("it closed its peer (left the group)", kind="closed"))
         elif kind == HELLO:
             pass
+
+    def _map_ring(self, src: int, announcement: str) -> None:
+        parsed = parse_open(announcement)
+        if parsed is None:
+            self._drop("malformed", f"rank {src} announced a shared-memory ring as "
+                                    f"{announcement[:60]!r}")
+            return
+        old = self._views.pop(src, None)
+        if old is not None:
+            old.close()
+        try:
+            self._views[src] = ShmView(*parsed)
+        except OSError as exc:
+            self.inbox.mark_lost(src, Lost(
+                f"cannot map its shared-memory ring ({exc}); run with GOSSIP_TRANSPORT=ipc "
+                "if peers on this host cannot read each other's /proc/<pid>/fd"))
 
     def _monitor_event(self, monitor, rank: int) -> None:
         while True:
@@ -555,6 +652,23 @@ class Transport:
         self._router.close(linger=0)
         if self._zap:
             self._zap.close()
+        for view in self._views.values():
+            view.close()
+        self._views.clear()
+
+
+class _Releaser:
+    """Frees one shared-memory slot, once (a retired message may be released twice)."""
+
+    __slots__ = ("view", "slot")
+
+    def __init__(self, view: ShmView, slot: int) -> None:
+        self.view, self.slot = view, slot
+
+    def __call__(self) -> None:
+        if self.view is not None:
+            self.view.release(self.slot)
+            self.view = None
 
 
 def _rank_of_identity(identity: bytes, world_size: int) -> int | None:

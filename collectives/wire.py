@@ -2,17 +2,19 @@
 
 Header (a msgpack array, in this order; arrays pack smaller and parse faster than maps):
 
-    [version, kind, src, channel, seq, op, dtype, shape, nbytes, offset]
+    [version, kind, src, channel, seq, op, dtype, shape, nbytes, offset, length, slot]
 
-- ``kind``: DATA (a chunk of an array), HELLO (a peer introduces itself after connecting),
-  BYE (a peer is closing), ABORT (a peer abandons operation ``(channel, seq)``; ``op`` holds
-  the reason).
+- ``kind``: DATA (a chunk of an array in the payload frame), SHM (a chunk of an array left in
+  slot ``slot`` of the sender's shared-memory ring to this peer; no payload frame), SHM_OPEN
+  (the sender's ring is ready: ``op`` tells where), HELLO (a peer introduces itself), BYE (a
+  peer is closing), ABORT (a peer abandons operation ``(channel, seq)``; ``op`` holds the
+  reason).
 - ``channel``/``seq``: which operation the message belongs to; concurrent operations use
   different (channel, seq) slots and never mix.
 - ``op``: the signature of the call that sent it ("allreduce(sum)"), to detect mismatched calls.
 - ``dtype``/``shape``/``nbytes``: the whole logical array the chunk belongs to.
-- ``offset``: the byte offset of this chunk in that array; the payload frame's length is the
-  chunk's length.
+- ``offset``/``length``: the byte range of this chunk in that array (for DATA, ``length`` must
+  equal the payload frame's length).
 
 Nothing is ever unpickled: the header is msgpack of plain ints, strings and a list of ints, and
 the payload is raw bytes interpreted only through an allow-listed dtype after every length has
@@ -31,6 +33,8 @@ __all__ = [
     "HELLO",
     "BYE",
     "ABORT",
+    "SHM",
+    "SHM_OPEN",
     "KIND_NAMES",
     "ALLOWED_DTYPES",
     "MAX_HEADER_BYTES",
@@ -43,8 +47,10 @@ __all__ = [
 
 PROTOCOL_VERSION = 1
 
-DATA, HELLO, BYE, ABORT = 1, 2, 3, 4
-KIND_NAMES = {DATA: "data", HELLO: "hello", BYE: "bye", ABORT: "abort"}
+DATA, HELLO, BYE, ABORT, SHM, SHM_OPEN = 1, 2, 3, 4, 5, 6
+KIND_NAMES = {DATA: "data", HELLO: "hello", BYE: "bye", ABORT: "abort", SHM: "shm",
+              SHM_OPEN: "shm-open"}
+_MAX_KIND = SHM_OPEN
 
 # dtype name -> itemsize. Names are numpy's, plus torch's bfloat16 (numpy has none).
 ALLOWED_DTYPES: dict[str, int] = {
@@ -58,7 +64,8 @@ ALLOWED_DTYPES: dict[str, int] = {
 MAX_HEADER_BYTES = 512
 _MAX_NDIM = 32
 _MAX_STR = 256
-_FIELDS = 10
+_FIELDS = 12
+_MAX_SLOTS = 1 << 16
 
 
 class WireError(ValueError):
@@ -76,6 +83,8 @@ class Header:
     shape: tuple[int, ...]
     nbytes: int
     offset: int
+    length: int = 0
+    slot: int = 0
 
 
 def dtype_itemsize(name: str) -> int:
@@ -86,9 +95,10 @@ def dtype_itemsize(name: str) -> int:
 
 
 def encode_header(kind: int, src: int, channel: int, seq: int, op: str = "", dtype: str = "uint8",
-                  shape: tuple[int, ...] = (0,), nbytes: int = 0, offset: int = 0) -> bytes:
+                  shape: tuple[int, ...] = (0,), nbytes: int = 0, offset: int = 0,
+                  length: int = 0, slot: int = 0) -> bytes:
     return msgpack.packb([PROTOCOL_VERSION, kind, src, channel, seq, op, dtype, list(shape),
-                          nbytes, offset], use_bin_type=True)
+                          nbytes, offset, length, slot], use_bin_type=True)
 
 
 def _int(value, name: str, lo: int = 0, hi: int = 2**63 - 1) -> int:
@@ -120,11 +130,11 @@ def decode_header(raw: bytes | memoryview, *, world_size: int, max_bytes: int,
     except Exception as exc:  # msgpack raises several unrelated types on garbage
         raise WireError(f"header is not valid msgpack ({type(exc).__name__})") from None
     if type(fields) is not list or len(fields) != _FIELDS:
-        raise WireError("header is not an array of 10 fields")
-    version, kind, src, channel, seq, op, dtype, shape, nbytes, offset = fields
+        raise WireError(f"header is not an array of {_FIELDS} fields")
+    version, kind, src, channel, seq, op, dtype, shape, nbytes, offset, length, slot = fields
     if version != PROTOCOL_VERSION or type(version) is not int:
         raise WireError(f"protocol version {version!r} is not {PROTOCOL_VERSION}")
-    kind = _int(kind, "kind", DATA, ABORT)
+    kind = _int(kind, "kind", DATA, _MAX_KIND)
     src = _int(src, "src", 0, world_size - 1)
     channel = _int(channel, "channel", 0, 2**32)
     seq = _int(seq, "seq")
@@ -136,15 +146,19 @@ def decode_header(raw: bytes | memoryview, *, world_size: int, max_bytes: int,
     shape = tuple(_int(d, "shape", 0, 2**62) for d in shape)
     nbytes = _int(nbytes, "nbytes", 0, max_bytes)
     offset = _int(offset, "offset", 0, max_bytes)
+    length = _int(length, "length", 0, max_bytes)
+    slot = _int(slot, "slot", 0, _MAX_SLOTS)
     if math.prod(shape) * itemsize != nbytes:
         raise WireError(f"shape {shape} x itemsize {itemsize} != nbytes {nbytes}")
-    if kind == DATA:
-        if offset % itemsize or payload_len % itemsize:
-            raise WireError(f"chunk at offset {offset} of {payload_len} bytes splits a "
+    if kind in (DATA, SHM):
+        if kind == DATA and length != payload_len:
+            raise WireError(f"header says {length} bytes but the payload frame has {payload_len}")
+        if offset % itemsize or length % itemsize:
+            raise WireError(f"chunk at offset {offset} of {length} bytes splits a "
                             f"{dtype} element")
-        if offset + payload_len > nbytes:
-            raise WireError(f"chunk [{offset}, {offset + payload_len}) overruns the "
+        if offset + length > nbytes:
+            raise WireError(f"chunk [{offset}, {offset + length}) overruns the "
                             f"{nbytes}-byte array")
-    elif payload_len:
-        raise WireError(f"a {KIND_NAMES[kind]} message carries no payload")
-    return Header(kind, src, channel, seq, op, dtype, shape, nbytes, offset)
+    if kind != DATA and payload_len:
+        raise WireError(f"a {KIND_NAMES[kind]} message carries no payload frame")
+    return Header(kind, src, channel, seq, op, dtype, shape, nbytes, offset, length, slot)

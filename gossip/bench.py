@@ -36,15 +36,14 @@ import traceback
 from multiprocessing.connection import wait as wait_any
 from typing import Any, Callable, Iterable, Sequence
 
-__all__ = ["OPS", "REDUCE_OPS", "ALGORITHMS", "TRANSPORTS", "DEFAULT_SIZES", "BenchError",
-           "parse_size", "parse_sizes", "format_size", "default_iters", "busbw_factor",
+__all__ = ["OPS", "REDUCE_OPS", "ALGORITHMS", "DEFAULT_SIZES", "BenchError",
+           "parse_size", "parse_sizes", "supported_transports", "format_size", "default_iters", "busbw_factor",
            "check_args", "run_bench", "format_table", "header_line", "run_p2p",
            "run_pyzmq_p2p", "summarize", "stream_count"]
 
 OPS = ("allreduce", "allgather", "broadcast", "neighbor", "p2p")
 REDUCE_OPS = ("sum", "mean", "max", "min", "prod")
 ALGORITHMS = ("auto", "ring", "recursive-doubling")
-TRANSPORTS = ("auto", "tcp", "ipc")
 BASELINES = ("gloo",)
 DEFAULT_SIZES = ("4K", "256K", "4M", "64M")
 ITEMSIZE = 4  # float32
@@ -129,8 +128,9 @@ def check_args(op: str, n: int, transport: str = "auto", vs: Sequence[str] = (),
     if op == "p2p" and n != 2:
         raise ValueError(f"p2p measures rank 0 -> rank 1 and needs exactly 2 peers (-n 2), "
                          f"got {n}")
-    if transport not in TRANSPORTS:
-        raise ValueError(f"unknown transport {transport!r}; choose one of {', '.join(TRANSPORTS)}")
+    if transport not in supported_transports():
+        raise ValueError(f"unknown transport {transport!r}; choose one of "
+                         f"{', '.join(supported_transports())}")
     for v in vs:
         if v not in BASELINES:
             raise ValueError(f"unknown comparison {v!r}; choose one of {', '.join(BASELINES)}")
@@ -143,6 +143,21 @@ def check_args(op: str, n: int, transport: str = "auto", vs: Sequence[str] = (),
         raise ValueError(f"iters must be at least 1, got {iters}")
     if warmup < 0:
         raise ValueError(f"warmup must be at least 0, got {warmup}")
+
+
+def supported_transports() -> tuple[str, ...]:
+    """The transports this build of collectives accepts (auto, tcp, ipc, and shm where the
+    shared-memory transport exists)."""
+    from collectives.config import TransportConfig
+
+    found = []
+    for name in ("auto", "tcp", "ipc", "shm"):
+        try:
+            TransportConfig(transport=name)
+        except ValueError:
+            continue
+        found.append(name)
+    return tuple(found)
 
 
 def _plan(sizes: Sequence[int], iters: int | None, warmup: int) -> list[tuple[int, int, int]]:
@@ -277,11 +292,16 @@ def _gossip_worker(peer, op: str, plan, reduce_op: str, algorithm: str,
         out[nbytes] = times
     peer.barrier()
     addresses = {j: peer.transport.address(j) for j in range(peer.world_size) if j != peer.rank}
-    return {"times": out, "addresses": addresses}
+    shm = bool(peer.stats().get("endpoints", {}).get("shm"))
+    return {"times": out, "addresses": addresses, "shm": shm}
 
 
-def _scheme(addresses: dict) -> str:
-    kinds = sorted({str(a).split("://", 1)[0] for a in addresses.values()})
+def _scheme(result: dict, transport: str) -> str:
+    """What the peers used: tcp / ipc, or shm when payloads go through shared memory (the
+    ZeroMQ connection, then ipc, carries only control messages)."""
+    kinds = sorted({str(a).split("://", 1)[0] for a in result["addresses"].values()})
+    if result.get("shm") and transport in ("auto", "shm"):
+        kinds = ["shm" if k == "ipc" else k for k in kinds]
     return "+".join(kinds) if kinds else "none"
 
 
@@ -296,7 +316,7 @@ def _run_gossip(op: str, n: int, plan, *, transport: str, key: str | None, reduc
         init["key"] = key
     results = spawn(_gossip_worker, n, timeout=limit,
                     args=(op, plan, reduce_op, algorithm, stream), **init)
-    used = _scheme(results[0]["addresses"]) if n > 1 else "none"
+    used = _scheme(results[0], transport) if n > 1 else "none"
     times = {}
     for nbytes, _, _ in plan:
         if op == "p2p":
@@ -407,9 +427,11 @@ def _gloo_worker(rank: int, n: int, port: int, op: str, plan, reduce_op: str, th
             elif op == "allgather":
                 x = torch.full((count,), float(rank))
                 gathered = torch.empty(n * count)
-                if hasattr(dist, "all_gather_into_tensor"):
+                gather_one = (getattr(dist, "all_gather_single", None)  # torch >= 2.13
+                              or getattr(dist, "all_gather_into_tensor", None))
+                if gather_one is not None:
                     def step() -> None:
-                        dist.all_gather_into_tensor(gathered, x)
+                        gather_one(gathered, x)
                 else:  # pragma: no cover - old torch
                     parts = list(gathered.view(n, count))
 
@@ -609,7 +631,8 @@ def run_bench(op: str, n: int, sizes: str | Iterable[str | int] = DEFAULT_SIZES,
     baselines: dict[str, dict[int, list[float]]] = {}
     if op == "p2p":
         say("plain pyzmq PAIR p2p, same sizes")
-        baselines["pyzmq"] = run_pyzmq_p2p(sizes, transport=used, key=key, iters=iters,
+        baselines["pyzmq"] = run_pyzmq_p2p(sizes, transport="tcp" if used == "tcp" else "ipc",
+                                           key=key, iters=iters,
                                            warmup=warmup, timeout=timeout)
     if "gloo" in vs:
         say(f"torch.distributed Gloo {op}: {n} processes, same sizes")
@@ -666,7 +689,8 @@ _NOTES = {
     "broadcast": "root 0; busbw = algbw",
     "neighbor": "one neighbor_allreduce ring round (self 1/3, each neighbour 1/3); Gloo: "
                 "isend/irecv to both neighbours + average; busbw = algbw",
-    "p2p": "rank 0 -> rank 1, one array, timed at the receiver from a barrier; busbw = algbw",
+    "p2p": "rank 0 -> rank 1, one array, timed at the receiver from a barrier; busbw = algbw; "
+           "pyzmq: a PAIR socket over tcp when the peers used tcp, else ipc",
 }
 
 
@@ -687,8 +711,8 @@ def format_table(rows: Sequence[dict]) -> str:
     head2 = f"#{'(B)':>11} {'(elements)':>11} {'':>7} {'':>6} {'(us)':>10} " \
             f"{'(GB/s)':>7} {'(GB/s)':>7}"
     for name in extras:
-        head1 += f" | {name + ' time':>11} {name + ' busbw':>11} {'ratio':>6}"
-        head2 += f" | {'(us)':>11} {'(GB/s)':>11} {'':>6}"
+        head1 += f" | {name + ' time':>11} {name + ' busbw':>12} {'ratio':>6}"
+        head2 += f" | {'(us)':>11} {'(GB/s)':>12} {'':>6}"
     lines = [head1, head2]
     for row in rows:
         line = (f" {row['bytes']:>11} {row['count']:>11} {row['type']:>7} "
@@ -696,7 +720,7 @@ def format_table(rows: Sequence[dict]) -> str:
                 f"{row['algbw_GBps']:>7.3f} {row['busbw_GBps']:>7.3f}")
         for name in extras:
             line += (f" | {_fmt_us(row[name + '_seconds_median']):>11} "
-                     f"{row[name + '_busbw_GBps']:>11.3f} {row[name + '_ratio']:>6.2f}")
+                     f"{row[name + '_busbw_GBps']:>12.3f} {row[name + '_ratio']:>6.2f}")
         lines.append(line)
     lines.append(f"# {_NOTES[op]}")
     if extras:

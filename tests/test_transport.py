@@ -199,10 +199,11 @@ def test_malformed_message_from_member_is_dropped_and_counted():
 
 # ---------------------------------------------------------------- peers that die
 def die_mid_receive(peer):
-    if peer.rank == 2:
-        peer.barrier()
-        os.kill(os.getpid(), signal.SIGKILL)
     peer.barrier()
+    if peer.rank == 2:  # dies once both survivors have left the barrier
+        peer.recv(0), peer.recv(1)
+        os.kill(os.getpid(), signal.SIGKILL)
+    peer.send(2, np.zeros(1))
     start = time.monotonic()
     try:
         peer.recv(2)

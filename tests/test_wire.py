@@ -3,8 +3,8 @@ payload is touched."""
 import msgpack
 import pytest
 
-from collectives.wire import (ABORT, BYE, DATA, PROTOCOL_VERSION, WireError, decode_header,
-                              encode_header)
+from collectives.wire import (ABORT, BYE, DATA, PROTOCOL_VERSION, SHM, WireError,
+                              decode_header, encode_header)
 
 GiB = 1 << 30
 
@@ -19,13 +19,13 @@ def raw(fields):
 
 def valid(**changes):
     fields = dict(v=PROTOCOL_VERSION, kind=DATA, src=1, channel=0, seq=7, op="allreduce(sum)",
-                  dtype="float32", shape=[4, 5], nbytes=80, offset=0)
+                  dtype="float32", shape=[4, 5], nbytes=80, offset=0, length=80, slot=0)
     fields.update(changes)
     return list(fields.values())
 
 
 def test_round_trip():
-    h = decode(encode_header(DATA, 2, 3, 9, "broadcast(root=1)", "float64", (3, 2), 48, 16),
+    h = decode(encode_header(DATA, 2, 3, 9, "broadcast(root=1)", "float64", (3, 2), 48, 16, 16),
                payload_len=16)
     assert (h.kind, h.src, h.channel, h.seq, h.op, h.dtype, h.shape, h.nbytes, h.offset) == \
         (DATA, 2, 3, 9, "broadcast(root=1)", "float64", (3, 2), 48, 16)
@@ -35,7 +35,7 @@ def test_round_trip():
 def test_allowed_dtypes(dtype):
     itemsize = {"bool": 1, "int8": 1, "uint64": 8, "float16": 2, "bfloat16": 2,
                 "complex128": 16}[dtype]
-    assert decode(raw(valid(dtype=dtype, shape=[3], nbytes=3 * itemsize)),
+    assert decode(raw(valid(dtype=dtype, shape=[3], nbytes=3 * itemsize, length=itemsize)),
                   payload_len=itemsize).dtype == dtype
 
 
@@ -52,11 +52,15 @@ def test_allowed_dtypes(dtype):
     (valid(shape="45"), 80, "shape"),
     (valid(shape=[-1, 5]), 80, "shape"),
     (valid(nbytes=2 * GiB, shape=[GiB // 2]), 80, "nbytes"),  # announces more than allowed
-    (valid(offset=76), 8, "overruns"),
-    (valid(offset=2), 8, "splits"),
-    (valid(), 81, "splits"),
+    (valid(offset=76, length=8), 8, "overruns"),
+    (valid(offset=2, length=8), 8, "splits"),
+    (valid(length=81, nbytes=84, shape=[21]), 81, "splits"),
+    (valid(), 40, "payload frame has 40"),
     (valid(kind=BYE), 4, "no payload"),
-    (valid()[:9], 80, "10 fields"),
+    (valid(kind=SHM, offset=76, length=8), 0, "overruns"),
+    (valid(kind=SHM), 80, "no payload"),
+    (valid(slot=1 << 20), 80, "slot"),
+    (valid()[:9], 80, "12 fields"),
     ({"v": 1}, 80, "msgpack"),  # maps are refused by the parser itself
 ])
 def test_rejects_bad_headers(fields, payload_len, match):
@@ -74,7 +78,7 @@ def test_rejects_garbage(data):
 def test_huge_announcement_refused_without_allocation():
     # 2**62 elements of float64: refused by the size cap before anything is allocated.
     with pytest.raises(WireError):
-        decode(raw(valid(shape=[2**59], nbytes=2**62)), payload_len=8)
+        decode(raw(valid(shape=[2**59], nbytes=2**62, length=8)), payload_len=8)
 
 
 def test_abort_carries_reason():

@@ -36,7 +36,8 @@ def register(subparsers) -> argparse.ArgumentParser:
                         help="array sizes in bytes, comma separated, K/M/G = powers of 1024 "
                              "(default 4K,256K,4M,64M); rounded down to whole float32s")
     parser.add_argument("--transport", default="auto", metavar="KIND",
-                        help="auto | tcp | ipc (default auto: ipc between peers on one host)")
+                        help="auto | tcp | ipc (| shm where built in); default auto: the "
+                             "fastest path between peers on one host")
     parser.add_argument("--vs", action="append", default=[], metavar="IMPL",
                         help="also measure IMPL in the same run: gloo (torch.distributed)")
     parser.add_argument("--json", action="store_true",

@@ -1,0 +1,138 @@
+"""Shared-memory rings between peers on one host: the payload path that skips the kernel.
+
+Over a socket every byte is copied twice by the kernel (into the socket buffer and out of it)
+and crosses two libzmq threads. Between peers on one host the sender instead copies a chunk
+once into a slot of a shared-memory ring it owns, and tells the receiver through the usual
+ZeroMQ message (kind SHM, a header only), so ordering, operation matching, validation and
+liveness are exactly those of the socket path. The receiver reduces or copies straight out of
+the slot, then marks it free.
+
+The ring is an anonymous ``memfd`` (no file name, so nothing is left in /dev/shm when a peer is
+killed); the receiver maps it through ``/proc/<pid>/fd/<fd>`` of the sender, which the kernel
+allows between processes of the same user. Memory is freed when the last process unmaps it.
+
+Layout: ``nslots`` one-byte busy flags (padded to 64 bytes), then ``nslots`` slots of
+``slot_bytes``. The sender sets a flag before it writes a slot and the receiver clears it after
+it has read it: each flag has one writer per transition, and the data itself is published by the
+ZeroMQ message that follows the write (a system call, so a full memory barrier). Slots are
+released in any order, so concurrent operations can hold several at once.
+"""
+from __future__ import annotations
+
+import mmap
+import os
+import re
+import threading
+import time
+
+import numpy as np
+
+__all__ = ["ShmRing", "ShmView", "shm_supported", "parse_open"]
+
+_FLAGS_BYTES = 64 * 16  # room for up to 1024 slots, cache-line padded
+_OPEN = re.compile(r"memfd:(\d{1,9}):(\d{1,9}):(\d{1,5}):(\d{1,12})")
+
+
+def shm_supported() -> bool:
+    """memfd and /proc: Linux."""
+    return hasattr(os, "memfd_create") and os.path.isdir("/proc/self/fd")
+
+
+def parse_open(text: str) -> tuple[int, int, int, int] | None:
+    """(pid, fd, nslots, slot_bytes) from a SHM_OPEN announcement, or None if malformed."""
+    match = _OPEN.fullmatch(text)
+    if not match:
+        return None
+    pid, fd, nslots, slot_bytes = (int(g) for g in match.groups())
+    if not 0 < nslots <= _FLAGS_BYTES or not 0 < slot_bytes <= 1 << 30:
+        return None
+    return pid, fd, nslots, slot_bytes
+
+
+class ShmRing:
+    """The sender's side: owns the memfd and hands out free slots."""
+
+    def __init__(self, nslots: int, slot_bytes: int, name: str = "gossip-ring") -> None:
+        self.nslots = nslots
+        self.slot_bytes = slot_bytes
+        self.fd = os.memfd_create(name, 0)  # inheritable off by default in Python
+        size = _FLAGS_BYTES + nslots * slot_bytes
+        os.ftruncate(self.fd, size)
+        self._mm = mmap.mmap(self.fd, size)
+        self.flags = np.frombuffer(self._mm, dtype=np.uint8, count=nslots)
+        self.data = np.frombuffer(self._mm, dtype=np.uint8, offset=_FLAGS_BYTES)
+        self._next = 0
+        self._lock = threading.Lock()
+
+    def announcement(self) -> str:
+        return f"memfd:{os.getpid()}:{self.fd}:{self.nslots}:{self.slot_bytes}"
+
+    def acquire(self, deadline: float) -> int | None:
+        """A free slot (now marked busy), or None at the deadline. Polls with a short sleep:
+        the ring is full only when the receiver is behind, so the sender has time to spare."""
+        delay = 2e-5
+        while True:
+            with self._lock:
+                for i in range(self.nslots):
+                    slot = (self._next + i) % self.nslots
+                    if self.flags[slot] == 0:
+                        self.flags[slot] = 1
+                        self._next = slot + 1
+                        return slot
+            if time.monotonic() >= deadline:
+                return None
+            time.sleep(delay)
+            delay = min(delay * 2, 1e-3)
+
+    def write(self, slot: int, payload) -> int:
+        """Copy ``payload`` (a bytes-like object) into ``slot``; returns its length."""
+        src = np.frombuffer(payload, dtype=np.uint8)
+        start = slot * self.slot_bytes
+        self.data[start:start + src.size] = src
+        return src.size
+
+    def close(self) -> None:
+        self.flags = self.data = None
+        try:
+            self._mm.close()
+        except BufferError:
+            pass  # a view is still alive somewhere; the mapping goes with it
+        try:
+            os.close(self.fd)
+        except OSError:
+            pass
+
+
+class ShmView:
+    """The receiver's side: a mapping of another peer's ring."""
+
+    def __init__(self, pid: int, fd: int, nslots: int, slot_bytes: int) -> None:
+        self.nslots = nslots
+        self.slot_bytes = slot_bytes
+        size = _FLAGS_BYTES + nslots * slot_bytes
+        handle = os.open(f"/proc/{pid}/fd/{fd}", os.O_RDWR)
+        try:
+            if os.fstat(handle).st_size < size:
+                raise OSError(f"the shared ring of pid {pid} is smaller than announced")
+            self._mm = mmap.mmap(handle, size)
+        finally:
+            os.close(handle)
+        self.flags = np.frombuffer(self._mm, dtype=np.uint8, count=nslots)
+        self._data = memoryview(self._mm)[_FLAGS_BYTES:]
+
+    def chunk(self, slot: int, length: int) -> memoryview:
+        start = slot * self.slot_bytes
+        return self._data[start:start + length]
+
+    def release(self, slot: int) -> None:
+        flags = self.flags
+        if flags is not None:
+            flags[slot] = 0
+
+    def close(self) -> None:
+        self.flags = None
+        try:
+            self._data.release()
+            self._mm.close()
+        except BufferError:
+            pass
