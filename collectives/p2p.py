@@ -23,7 +23,7 @@ class Call:
     dtype and shape on every peer, or the peers made different calls."""
 
     __slots__ = ("transport", "channel", "seq", "signature", "dtype", "shape", "nbytes",
-                 "itemsize", "deadline", "chunk")
+                 "itemsize", "deadline")
 
     def __init__(self, transport: Transport, channel: int, seq: int, signature: str,
                  dtype: str, shape: tuple[int, ...], deadline: float) -> None:
@@ -36,7 +36,6 @@ class Call:
         self.itemsize = dtype_itemsize(dtype)
         self.nbytes = math.prod(self.shape) * self.itemsize
         self.deadline = deadline
-        self.chunk = chunk_elements(transport.config.chunk_bytes, self.itemsize)
 
     def describe(self) -> str:
         return f"{self.signature} {self.dtype} {self.shape} at sequence {self.seq}"
@@ -64,7 +63,7 @@ def post_range(call: Call, dst: int, adapter: ArrayAdapter, flat: Any, start: in
         return t.post_chunk(dst, call.channel, call.seq, call.signature, call.dtype,
                             call.shape, call.nbytes, start * size, b"",
                             deadline=call.deadline, track=track)
-    step = call.chunk
+    step = chunk_elements(t.chunk_bytes(dst), size)
     for lo in range(start, stop, step):
         hi = min(lo + step, stop)
         ticket = t.post_chunk(dst, call.channel, call.seq, call.signature, call.dtype,
@@ -80,7 +79,6 @@ def recv_range(call: Call, src: int, adapter: ArrayAdapter, start: int,
     each a zero-copy array over the received bytes, valid until the next iteration (a
     shared-memory slot is then handed back to the sender)."""
     t = call.transport
-    step = call.chunk
     lo = start
     while True:
         header, payload, release = t.recv(src, call.channel, call.seq, deadline=call.deadline,
@@ -89,9 +87,11 @@ def recv_range(call: Call, src: int, adapter: ArrayAdapter, start: int,
             if (header.op != call.signature or header.dtype != call.dtype
                     or header.shape != call.shape):
                 raise call.mismatch(src, header, "a chunk")
+            # Chunks must tile the range in order, without gap or overlap; their sizes are the
+            # sender's choice (each link has its own), so a forwarded chunk needs no re-cut.
             count = header.length // call.itemsize
-            expected = 0 if stop <= start else min(step, stop - lo)
-            if header.offset != lo * call.itemsize or count != expected:
+            in_range = count == 0 if stop <= start else 0 < count <= stop - lo
+            if header.offset != lo * call.itemsize or not in_range:
                 raise call.mismatch(src, header, f"elements at byte offset {header.offset} "
                                                  f"(expected {lo * call.itemsize})")
             yield lo, lo + count, adapter.from_frame(payload, call.dtype, count)

@@ -11,11 +11,17 @@ The ring is an anonymous ``memfd`` (no file name, so nothing is left in /dev/shm
 killed); the receiver maps it through ``/proc/<pid>/fd/<fd>`` of the sender, which the kernel
 allows between processes of the same user. Memory is freed when the last process unmaps it.
 
-Layout: ``nslots`` one-byte busy flags (padded to 64 bytes), then ``nslots`` slots of
-``slot_bytes``. The sender sets a flag before it writes a slot and the receiver clears it after
-it has read it: each flag has one writer per transition, and the data itself is published by the
-ZeroMQ message that follows the write (a system call, so a full memory barrier). Slots are
-released in any order, so concurrent operations can hold several at once.
+Layout: ``nslots`` one-byte busy flags, a "sender waiting" flag on its own cache line, then
+``nslots`` slots of ``slot_bytes``. The sender sets a busy flag before it writes a slot and the
+receiver clears it after it has read it: each flag has one writer per transition, and the data
+itself is published by the ZeroMQ message that follows the write (a system call, so a full
+memory barrier). Slots are released in any order, so concurrent operations can hold several.
+
+Sends never block on a full ring: chunks that find no free slot wait, in order, in the
+transport's queue for that peer, and the sender raises its "waiting" flag; the receiver, when
+it frees a slot and sees the flag, sends a CREDIT message that wakes the sender's I/O thread.
+(The I/O thread also re-checks every millisecond while chunks wait, so a wake-up lost to
+store/load reordering between the two flags costs at most that.)
 """
 from __future__ import annotations
 
@@ -23,13 +29,13 @@ import mmap
 import os
 import re
 import threading
-import time
 
 import numpy as np
 
 __all__ = ["ShmRing", "ShmView", "shm_supported", "parse_open"]
 
-_FLAGS_BYTES = 64 * 16  # room for up to 1024 slots, cache-line padded
+_FLAGS_BYTES = 64 * 16  # busy flags of up to 512 slots, then the sender's "waiting" flag
+_WAITING = _FLAGS_BYTES - 64  # its own cache line
 _OPEN = re.compile(r"memfd:(\d{1,9}):(\d{1,9}):(\d{1,5}):(\d{1,12})")
 
 
@@ -44,7 +50,7 @@ def parse_open(text: str) -> tuple[int, int, int, int] | None:
     if not match:
         return None
     pid, fd, nslots, slot_bytes = (int(g) for g in match.groups())
-    if not 0 < nslots <= _FLAGS_BYTES or not 0 < slot_bytes <= 1 << 30:
+    if not 0 < nslots <= 512 or not 0 < slot_bytes <= 1 << 30:
         return None
     return pid, fd, nslots, slot_bytes
 
@@ -60,29 +66,28 @@ class ShmRing:
         os.ftruncate(self.fd, size)
         self._mm = mmap.mmap(self.fd, size)
         self.flags = np.frombuffer(self._mm, dtype=np.uint8, count=nslots)
+        self.waiting = np.frombuffer(self._mm, dtype=np.uint8, count=1, offset=_WAITING)
         self.data = np.frombuffer(self._mm, dtype=np.uint8, offset=_FLAGS_BYTES)
         self._next = 0
-        self._lock = threading.Lock()
+        self.lock = threading.Lock()
+        # Chunks queued in the transport for want of a slot. While any wait, new chunks queue
+        # behind them instead of taking slots, or slots held by queued chunks could starve the
+        # chunk at the head of the queue.
+        self.pending = 0
 
     def announcement(self) -> str:
         return f"memfd:{os.getpid()}:{self.fd}:{self.nslots}:{self.slot_bytes}"
 
-    def acquire(self, deadline: float) -> int | None:
-        """A free slot (now marked busy), or None at the deadline. Polls with a short sleep:
-        the ring is full only when the receiver is behind, so the sender has time to spare."""
-        delay = 2e-5
-        while True:
-            with self._lock:
-                for i in range(self.nslots):
-                    slot = (self._next + i) % self.nslots
-                    if self.flags[slot] == 0:
-                        self.flags[slot] = 1
-                        self._next = slot + 1
-                        return slot
-            if time.monotonic() >= deadline:
-                return None
-            time.sleep(delay)
-            delay = min(delay * 2, 1e-3)
+    def try_acquire(self) -> int | None:
+        """A free slot, now marked busy, or None. Call with ``lock`` held."""
+        flags = self.flags
+        for i in range(self.nslots):
+            slot = (self._next + i) % self.nslots
+            if flags[slot] == 0:
+                flags[slot] = 1
+                self._next = slot + 1
+                return slot
+        return None
 
     def write(self, slot: int, payload) -> int:
         """Copy ``payload`` (a bytes-like object) into ``slot``; returns its length."""
@@ -92,7 +97,7 @@ class ShmRing:
         return src.size
 
     def close(self) -> None:
-        self.flags = self.data = None
+        self.flags = self.data = self.waiting = None
         try:
             self._mm.close()
         except BufferError:
@@ -118,19 +123,26 @@ class ShmView:
         finally:
             os.close(handle)
         self.flags = np.frombuffer(self._mm, dtype=np.uint8, count=nslots)
+        self.waiting = np.frombuffer(self._mm, dtype=np.uint8, count=1, offset=_WAITING)
         self._data = memoryview(self._mm)[_FLAGS_BYTES:]
 
     def chunk(self, slot: int, length: int) -> memoryview:
         start = slot * self.slot_bytes
         return self._data[start:start + length]
 
-    def release(self, slot: int) -> None:
-        flags = self.flags
-        if flags is not None:
-            flags[slot] = 0
+    def release(self, slot: int) -> bool:
+        """Free a slot; True if the sender was waiting for one (it wants a CREDIT message)."""
+        flags, waiting = self.flags, self.waiting
+        if flags is None:
+            return False
+        flags[slot] = 0
+        if waiting[0]:
+            waiting[0] = 0
+            return True
+        return False
 
     def close(self) -> None:
-        self.flags = None
+        self.flags = self.waiting = None
         try:
             self._data.release()
             self._mm.close()

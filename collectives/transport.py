@@ -34,8 +34,8 @@ from collectives.errors import (AuthenticationError, OperationTimeout, PeerLost,
 from collectives.inbox import Inbox, Lost, SlotError
 from collectives.security import ZapHandler
 from collectives.shm import ShmRing, ShmView, parse_open, shm_supported
-from collectives.wire import (ABORT, BYE, DATA, HELLO, SHM, SHM_OPEN, Header, WireError,
-                              decode_header, encode_header)
+from collectives.wire import (ABORT, BYE, CREDIT, DATA, HELLO, SHM, SHM_OPEN, Header,
+                              WireError, decode_header, encode_header)
 
 __all__ = ["Transport", "PeerCounters", "SendTicket", "host_id"]
 
@@ -120,6 +120,7 @@ class Transport:
         self._rings: dict[int, ShmRing] = {}       # our rings, by destination
         self._ring_lock = threading.Lock()
         self._views: dict[int, ShmView] = {}       # peers' rings, by source (I/O thread)
+        self._shm_blocked: set[int] = set()        # destinations waiting for a free slot
         self._cmds: deque = deque()
         self._asleep = False
         self._wake_r, self._wake_w = os.pipe()
@@ -235,22 +236,31 @@ class Transport:
         length = payload.nbytes if isinstance(payload, memoryview) else len(payload)
         if dst in self._shm_peers and length:
             ring = self._ring_to(dst)
-            slot = ring.acquire(deadline)
+            with ring.lock:
+                slot = ring.try_acquire() if ring.pending == 0 else None
+                if slot is None:
+                    ring.pending += 1
+            fields = (SHM, self.rank, channel, seq, op, dtype, shape, nbytes, offset, length)
             if slot is None:
-                lost = self.inbox.lost(dst)
-                raise self._wait_error(lost, dst, f"{op} send") if lost else OperationTimeout(
-                    f"rank {self.rank}: {op}: rank {dst} at {self.address(dst)} did not free a "
-                    "shared-memory slot within the timeout (is it still receiving?)",
-                    rank=dst, address=self.address(dst), operation=op)
+                # No free slot: the I/O thread copies it in when the receiver frees one. The
+                # buffer is read until then, so the ticket (if any) says when that happened.
+                ticket = SendTicket() if track else None
+                self._command(("shm", dst, _ShmPending(fields, payload, ticket)))
+                return ticket
             ring.write(slot, payload)
             self.counters[dst].bytes_sent += length
-            self.send(dst, encode_header(SHM, self.rank, channel, seq, op, dtype, shape, nbytes,
-                                         offset, length, slot))
+            self.send(dst, encode_header(*fields, slot))
             return None
         ticket = SendTicket() if track else None
         self.send(dst, encode_header(DATA, self.rank, channel, seq, op, dtype, shape, nbytes,
                                      offset, length), payload, ticket=ticket)
         return ticket
+
+    def chunk_bytes(self, dst: int) -> int:
+        """How big the chunks sent to ``dst`` are: shared-memory slots are cheap to fill in
+        bigger pieces (fewer messages per byte); socket chunks stay small enough for the
+        receiver's allocator to recycle."""
+        return self.config.shm_chunk_bytes if dst in self._shm_peers else self.config.chunk_bytes
 
     def _ring_to(self, dst: int) -> ShmRing:
         ring = self._rings.get(dst)
@@ -258,7 +268,7 @@ class Transport:
             with self._ring_lock:
                 ring = self._rings.get(dst)
                 if ring is None:
-                    ring = ShmRing(self.config.shm_slots, self.config.chunk_bytes,
+                    ring = ShmRing(self.config.shm_slots, self.config.shm_chunk_bytes,
                                    f"gossip-r{self.rank}-to-r{dst}")
                     # Queued before any chunk that uses it: one pipe keeps the order.
                     self.send(dst, encode_header(SHM_OPEN, self.rank, 0, 0,
@@ -406,10 +416,13 @@ class Transport:
                 if self._cmds:
                     self._asleep = False
                     continue
-                events = dict(poller.poll(50 if self._suspects else 100))
+                timeout = 1 if self._shm_blocked else 50 if self._suspects else 100
+                events = dict(poller.poll(timeout))
                 self._asleep = False
                 if self._suspects:
                     self._declare_lost()
+                if self._shm_blocked:
+                    self._retry_blocked()
                 if self._wake_r in events:
                     try:
                         os.read(self._wake_r, 4096)
@@ -446,6 +459,12 @@ class Transport:
                     self._open_dealer(dst)
                 self._backlog[dst].append((frames, ticket))
                 touched.add(dst)
+            elif kind == "shm":
+                _, dst, pending = cmd
+                if dst not in self._dealers:
+                    self._open_dealer(dst)
+                self._backlog[dst].append(pending)
+                touched.add(dst)
             elif kind == "connect":
                 if cmd[1] not in self._dealers:
                     self._open_dealer(cmd[1])
@@ -478,14 +497,24 @@ class Transport:
         counters = self.counters[dst]
         lost = self.inbox.lost(dst)
         while queue:
-            frames, ticket = queue[0]
+            if type(queue[0]) is _ShmPending and lost is None:
+                if not self._stage(dst, queue):
+                    self._shm_blocked.add(dst)
+                    return  # wait for a CREDIT (or the next millisecond's look)
+                continue
             if lost is not None:
-                queue.popleft()
+                entry = queue.popleft()
+                if type(entry) is _ShmPending:
+                    ring = self._rings[dst]
+                    with ring.lock:
+                        ring.pending -= 1
+                ticket = entry.ticket if type(entry) is _ShmPending else entry[1]
                 if ticket is not None:
                     ticket.error = PeerLost(f"rank {self.rank}: send to rank {dst} at "
                                             f"{self.address(dst)}: {lost.reason}", rank=dst)
                     ticket.queued.set()
                 continue
+            frames, ticket = queue[0]
             try:
                 tracker = dealer.send_multipart(frames, zmq.NOBLOCK, copy=False,
                                                 track=ticket is not None)
@@ -504,6 +533,31 @@ class Transport:
         if dst in self._waiting_pollout:
             self._poller.unregister(dealer)
             self._waiting_pollout.discard(dst)
+
+    def _stage(self, dst: int, queue: deque) -> bool:
+        """Copy the chunk at the head of ``queue`` into a free slot of the ring to ``dst`` and
+        put its header in its place; False if no slot is free (the waiting flag is then up)."""
+        ring = self._rings[dst]
+        pending = queue[0]
+        with ring.lock:
+            slot = ring.try_acquire()
+            if slot is None:
+                ring.waiting[0] = 1
+                slot = ring.try_acquire()  # a slot freed before the flag went up
+                if slot is None:
+                    return False
+            ring.pending -= 1
+        ring.write(slot, pending.payload)
+        self.counters[dst].bytes_sent += pending.fields[-1]
+        if pending.ticket is not None:
+            pending.ticket.queued.set()  # the buffer was copied: reusable now
+        queue[0] = ((encode_header(*pending.fields, slot),), None)
+        return True
+
+    def _retry_blocked(self) -> None:
+        for dst in list(self._shm_blocked):
+            self._shm_blocked.discard(dst)
+            self._flush(dst)
 
     def _receive(self) -> None:
         router = self._router
@@ -559,7 +613,7 @@ class Transport:
                                         f"of {header.length} bytes outside its ring")
                 return
             counters.bytes_received += header.length
-            release = _Releaser(view, header.slot)
+            release = _Releaser(self, src, view, header.slot)
             if not self.inbox.put(key, (header, view.chunk(header.slot, header.length),
                                         release)):
                 release()
@@ -567,6 +621,10 @@ class Transport:
                                     f"(channel {header.channel}, seq {header.seq})")
         elif kind == SHM_OPEN:
             self._map_ring(src, header.op)
+        elif kind == CREDIT:
+            if src in self._shm_blocked:
+                self._shm_blocked.discard(src)
+                self._flush(src)
         elif kind == ABORT:
             reason, lost_rank = header.op, None
             if reason.startswith("lost:"):
@@ -657,18 +715,29 @@ class Transport:
         self._views.clear()
 
 
+class _ShmPending:
+    """A chunk for a shared-memory ring that found no free slot: header fields (all but the
+    slot), the caller's buffer (read when a slot frees up) and the caller's ticket."""
+
+    __slots__ = ("fields", "payload", "ticket")
+
+    def __init__(self, fields: tuple, payload: Any, ticket: SendTicket | None) -> None:
+        self.fields, self.payload, self.ticket = fields, payload, ticket
+
+
 class _Releaser:
-    """Frees one shared-memory slot, once (a retired message may be released twice)."""
+    """Frees one shared-memory slot, once (a retired message may be released twice), and
+    wakes the sender with a CREDIT if it was waiting for a slot."""
 
-    __slots__ = ("view", "slot")
+    __slots__ = ("transport", "src", "view", "slot")
 
-    def __init__(self, view: ShmView, slot: int) -> None:
-        self.view, self.slot = view, slot
+    def __init__(self, transport: "Transport", src: int, view: ShmView, slot: int) -> None:
+        self.transport, self.src, self.view, self.slot = transport, src, view, slot
 
     def __call__(self) -> None:
-        if self.view is not None:
-            self.view.release(self.slot)
-            self.view = None
+        view, self.view = self.view, None
+        if view is not None and view.release(self.slot) and not self.transport.closed:
+            self.transport.send(self.src, encode_header(CREDIT, self.transport.rank, 0, 0))
 
 
 def _rank_of_identity(identity: bytes, world_size: int) -> int | None:

@@ -6,7 +6,8 @@ Header (a msgpack array, in this order; arrays pack smaller and parse faster tha
 
 - ``kind``: DATA (a chunk of an array in the payload frame), SHM (a chunk of an array left in
   slot ``slot`` of the sender's shared-memory ring to this peer; no payload frame), SHM_OPEN
-  (the sender's ring is ready: ``op`` tells where), HELLO (a peer introduces itself), BYE (a
+  (the sender's ring is ready: ``op`` tells where), CREDIT (the receiver freed a slot the
+  sender was waiting for), HELLO (a peer introduces itself), BYE (a
   peer is closing), ABORT (a peer abandons operation ``(channel, seq)``; ``op`` holds the
   reason).
 - ``channel``/``seq``: which operation the message belongs to; concurrent operations use
@@ -35,6 +36,7 @@ __all__ = [
     "ABORT",
     "SHM",
     "SHM_OPEN",
+    "CREDIT",
     "KIND_NAMES",
     "ALLOWED_DTYPES",
     "MAX_HEADER_BYTES",
@@ -47,10 +49,10 @@ __all__ = [
 
 PROTOCOL_VERSION = 1
 
-DATA, HELLO, BYE, ABORT, SHM, SHM_OPEN = 1, 2, 3, 4, 5, 6
+DATA, HELLO, BYE, ABORT, SHM, SHM_OPEN, CREDIT = 1, 2, 3, 4, 5, 6, 7
 KIND_NAMES = {DATA: "data", HELLO: "hello", BYE: "bye", ABORT: "abort", SHM: "shm",
-              SHM_OPEN: "shm-open"}
-_MAX_KIND = SHM_OPEN
+              SHM_OPEN: "shm-open", CREDIT: "credit"}
+_MAX_KIND = CREDIT
 
 # dtype name -> itemsize. Names are numpy's, plus torch's bfloat16 (numpy has none).
 ALLOWED_DTYPES: dict[str, int] = {

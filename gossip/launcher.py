@@ -62,7 +62,8 @@ def _signal_name(signum: int) -> str:
 
 def _death_signal_hook(parent: int) -> Callable[[], None] | None:
     """A preexec_fn that makes the kernel SIGTERM the child if the launcher dies (even by
-    SIGKILL, when no cleanup of ours can run). None where prctl is unavailable."""
+    SIGKILL, when no cleanup of ours can run). None where prctl is unavailable. The kernel
+    ties this to the forking thread, so a peer may get one SIGTERM per launcher thread."""
     if not sys.platform.startswith("linux"):
         return None
     try:

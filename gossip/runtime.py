@@ -93,7 +93,6 @@ def init(*, rank: int | None = None, world_size: int | None = None,
             # built the same graph, whatever way it was described.
             "topology": f"{topo!r} [{topo.fingerprint}]",
             "encrypted": key is not None,
-            "chunk_bytes": cfg.chunk_bytes,
         })
     except BaseException:
         tr.close()

@@ -8,10 +8,12 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Iterator
 
 import psutil
 import pytest
 
+from gossip.launcher import launch
 from gossip.testing import free_port
 
 SCRIPTS = Path(__file__).parent / "launcher_scripts"
@@ -70,6 +72,16 @@ def _alive(pids: list[int], script: str, timeout: float = 0.0) -> list[int]:
         if not alive or time.monotonic() >= deadline:
             return alive
         time.sleep(0.05)
+
+
+@pytest.fixture
+def peer_dir(tmp_path: Path) -> Iterator[Path]:
+    """A folder for the peers' PID and marker files. Afterwards, any peer still running is
+    SIGKILLed, so a failing test (or a stubborn peer) leaves no process behind."""
+    yield tmp_path
+    pids = [int(p.read_text()) for p in tmp_path.glob("pid.[0-9]")]
+    for pid in _alive(pids, str(SCRIPTS)):
+        os.kill(pid, signal.SIGKILL)
 
 
 def _lines(text: str, rank: int) -> list[str]:
@@ -138,33 +150,33 @@ def test_two_launchers_form_one_world_across_nodes() -> None:
             assert "SUM 6.0 WORLD 4" in _lines(out, rank), out
 
 
-def test_first_failure_stops_the_others_with_its_exit_code(tmp_path: Path) -> None:
+def test_first_failure_stops_the_others_with_its_exit_code(peer_dir: Path) -> None:
     start = time.monotonic()
-    proc = _run("-n", "3", "--grace", "30", _script("fail_one.py"), str(tmp_path), "1", "exit")
+    proc = _run("-n", "3", "--grace", "30", _script("fail_one.py"), str(peer_dir), "1", "exit")
     elapsed = time.monotonic() - start
     assert proc.returncode == 3, proc.stderr
     assert elapsed < 15, elapsed  # the sleepers were stopped, not waited for
     failure = [line for line in proc.stderr.splitlines() if line.startswith("gossip run:")]
     assert failure and "rank 1" in failure[0] and "exit code 3" in failure[0], proc.stderr
-    assert _alive(_pids(tmp_path, 3), "fail_one.py") == []
+    assert _alive(_pids(peer_dir, 3), "fail_one.py") == []
 
 
-def test_peer_killed_by_a_signal_exits_128_plus_signal(tmp_path: Path) -> None:
-    proc = _run("-n", "2", _script("fail_one.py"), str(tmp_path), "0", "sigkill")
+def test_peer_killed_by_a_signal_exits_128_plus_signal(peer_dir: Path) -> None:
+    proc = _run("-n", "2", _script("fail_one.py"), str(peer_dir), "0", "sigkill")
     assert proc.returncode == 128 + signal.SIGKILL, proc.stderr
     assert "rank 0" in proc.stderr and "SIGKILL" in proc.stderr
-    assert _alive(_pids(tmp_path, 2), "fail_one.py") == []
+    assert _alive(_pids(peer_dir, 2), "fail_one.py") == []
 
 
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
-def test_signal_to_the_launcher_reaches_every_peer(tmp_path: Path, signum: int) -> None:
+def test_signal_to_the_launcher_reaches_every_peer(peer_dir: Path, signum: int) -> None:
     launcher = subprocess.Popen(
         [sys.executable, "-m", "gossip.run", "-n", "3", _script("wait_for_signal.py"),
-         str(tmp_path)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+         str(peer_dir)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         env=_env(), start_new_session=True)  # our signals, not the terminal's
     try:
-        _wait_for_files(tmp_path, "pid.[0-9]", 3, launcher)
-        pids = _pids(tmp_path, 3)
+        _wait_for_files(peer_dir, "pid.[0-9]", 3, launcher)
+        pids = _pids(peer_dir, 3)
         launcher.send_signal(signum)
         out, err = launcher.communicate(timeout=WAIT_S)
     finally:
@@ -172,7 +184,7 @@ def test_signal_to_the_launcher_reaches_every_peer(tmp_path: Path, signum: int) 
         launcher.wait(timeout=WAIT_S)
     assert launcher.returncode == 128 + signum, err
     name = signal.Signals(signum).name
-    caught = sorted(p.name for p in tmp_path.glob("caught.*"))
+    caught = sorted(p.name for p in peer_dir.glob("caught.*"))
     assert caught == [f"caught.{rank}.{name}" for rank in range(3)], out + err
     assert _alive(pids, "wait_for_signal.py") == []
 
@@ -192,8 +204,8 @@ def _start_stubborn(folder: Path, grace: float) -> tuple[subprocess.Popen, list[
     return launcher, _pids(folder, 2)
 
 
-def test_peers_that_ignore_signals_are_killed_after_the_grace(tmp_path: Path) -> None:
-    launcher, pids = _start_stubborn(tmp_path, grace=1.0)
+def test_peers_that_ignore_signals_are_killed_after_the_grace(peer_dir: Path) -> None:
+    launcher, pids = _start_stubborn(peer_dir, grace=1.0)
     try:
         start = time.monotonic()
         launcher.send_signal(signal.SIGTERM)
@@ -208,8 +220,8 @@ def test_peers_that_ignore_signals_are_killed_after_the_grace(tmp_path: Path) ->
     assert _alive(pids, "wait_for_signal.py") == []
 
 
-def test_a_second_ctrl_c_skips_the_grace(tmp_path: Path) -> None:
-    launcher, pids = _start_stubborn(tmp_path, grace=60.0)
+def test_a_second_ctrl_c_skips_the_grace(peer_dir: Path) -> None:
+    launcher, pids = _start_stubborn(peer_dir, grace=60.0)
     try:
         launcher.send_signal(signal.SIGINT)
         # The launcher says it is stopping before it waits out the grace: then press again.
@@ -238,23 +250,20 @@ def test_lines_of_many_peers_never_interleave() -> None:
     assert all(line.startswith("[rank ") for line in proc.stderr.splitlines())
 
 
-def test_peers_do_not_outlive_a_killed_launcher(tmp_path: Path) -> None:
+def test_peers_do_not_outlive_a_killed_launcher(peer_dir: Path) -> None:
     launcher = subprocess.Popen(
         [sys.executable, "-m", "gossip.run", "-n", "2", _script("wait_for_signal.py"),
-         str(tmp_path)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=_env(),
+         str(peer_dir)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=_env(),
         start_new_session=True)
     try:
-        _wait_for_files(tmp_path, "pid.[0-9]", 2, launcher)
-        pids = _pids(tmp_path, 2)
+        _wait_for_files(peer_dir, "pid.[0-9]", 2, launcher)
+        pids = _pids(peer_dir, 2)
     finally:
         launcher.kill()  # SIGKILL: no cleanup of the launcher's own can run
         launcher.wait(timeout=WAIT_S)
     # PR_SET_PDEATHSIG: the kernel sends each peer SIGTERM when the launcher dies.
-    survivors = _alive(pids, "wait_for_signal.py", timeout=20)
-    for pid in survivors:  # a failed check must not leave processes behind
-        os.kill(pid, signal.SIGKILL)
-    assert survivors == []
-    _wait_for_files(tmp_path, "caught.*.SIGTERM", 2)
+    assert _alive(pids, "wait_for_signal.py", timeout=20) == []
+    _wait_for_files(peer_dir, "caught.*.SIGTERM", 2)
 
 
 def test_module_form() -> None:
@@ -292,3 +301,18 @@ def test_the_launcher_does_not_import_torch() -> None:
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           timeout=WAIT_S, env=_env())
     assert proc.stdout.strip() == "False", proc.stderr
+
+
+def test_launch_api_in_process(peer_dir: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    code = launch([sys.executable, _script("show_env.py"), "api"], 2, env={"EXTRA": "1"},
+                  topology="complete")
+    out, err = capfd.readouterr()
+    assert code == 0, err
+    for rank in range(2):
+        assert _lines(out, rank)[1] == "ARGS api"
+        assert "GOSSIP_TOPOLOGY=complete" in _lines(out, rank)[0]
+    code = launch([sys.executable, _script("fail_one.py"), str(peer_dir), "1", "exit"], 2)
+    assert code == 3
+    assert _alive(_pids(peer_dir, 2), "fail_one.py") == []
+    with pytest.raises(ValueError, match="--node-rank"):
+        launch([sys.executable, "x.py"], 2, nnodes=2, node_rank=5, master_addr="h")

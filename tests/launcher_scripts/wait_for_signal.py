@@ -1,10 +1,10 @@
 """usage: wait_for_signal.py DIR [--stubborn]
 
-Writes DIR/pid.RANK once its handlers are in place, then waits. On SIGINT or SIGTERM it writes
-DIR/caught.RANK.SIGNAME, proving the signal reached this peer, and exits. Only the first
-signal counts: when a launcher is killed, the kernel's parent-death signal can come more than
-once (once per launcher thread that exits). With --stubborn it ignores both signals, so only
-SIGKILL ends it.
+Writes DIR/pid.RANK once its handlers are in place, then waits. On SIGINT (Python's own
+KeyboardInterrupt) or SIGTERM it writes DIR/caught.RANK.SIGNAME, proving the signal reached
+this peer, and exits. Only the first SIGTERM counts: when a launcher is killed, the kernel's
+parent-death signal can come more than once (once per launcher thread that exits). With
+--stubborn it ignores both signals, so only SIGKILL ends it.
 """
 import os
 import signal
@@ -18,23 +18,28 @@ class Stop(Exception):
     pass
 
 
-def on_signal(signum, frame):
+def on_term(signum, frame):
     global caught
     if caught is None:
-        caught = signal.Signals(signum).name
+        caught = "SIGTERM"
         raise Stop()
 
 
 folder = sys.argv[1]
 rank = os.environ["RANK"]
-for signum in (signal.SIGINT, signal.SIGTERM):
-    signal.signal(signum, signal.SIG_IGN if "--stubborn" in sys.argv else on_signal)
+if "--stubborn" in sys.argv:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+else:
+    signal.signal(signal.SIGTERM, on_term)
 try:  # before the PID file: a signal may come the moment the test sees it
     with open(os.path.join(folder, f"pid.{rank}.tmp"), "w") as f:
         f.write(str(os.getpid()))
     os.rename(os.path.join(folder, f"pid.{rank}.tmp"), os.path.join(folder, f"pid.{rank}"))
     while True:
         time.sleep(0.1)
+except KeyboardInterrupt:
+    caught = "SIGINT"
 except Stop:
     pass
 open(os.path.join(folder, f"caught.{rank}.{caught}"), "w").close()
