@@ -39,6 +39,7 @@ class _Slot:
     cond: threading.Condition
     items: deque = field(default_factory=deque)
     error: SlotError | None = None
+    touched: bool = False  # a consumer has asked for this slot: its operation is running
 
 
 class _Retired:
@@ -115,6 +116,7 @@ class Inbox:
         what it knows (operation, address)."""
         with self._lock:
             slot = self._slot(key)
+            slot.touched = True
             while True:
                 if slot.items:
                     return slot.items.popleft()
@@ -129,6 +131,21 @@ class Inbox:
                 if remaining <= 0:
                     return None
                 slot.cond.wait(remaining)
+
+    def spill(self, src: int, move: Any) -> int:
+        """Replace, with ``move(item)``, every message from ``src`` waiting in a slot that no
+        operation has asked for yet (shared-memory chunks are copied out, so the sender can
+        reuse their slots for operations that are running). Returns how many moved."""
+        moved = 0
+        with self._lock:
+            for (s, _, _), slot in self._slots.items():
+                if s == src and not slot.touched:
+                    for i, item in enumerate(slot.items):
+                        new = move(item)
+                        if new is not item:
+                            slot.items[i] = new
+                            moved += 1
+        return moved
 
     def unget(self, key: Key, item: Any) -> None:
         """Put a message back at the front of its slot (a receiver that peeked at it)."""

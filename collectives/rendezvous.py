@@ -146,6 +146,8 @@ def _collect(sock, transport, address, timeout, me, n) -> dict[int, dict]:
         identities[rank] = ident
 
     table = {r: registered[r]["entry"] for r in range(n)}
+    # Installed before anyone hears of it: peers start sending the moment they have it.
+    transport.set_peers(table)
     packed = _pack({"table": {str(r): e for r, e in table.items()}})
     for ident in identities.values():
         sock.send_multipart([ident, packed])

@@ -9,8 +9,11 @@ remote libzmq thread, so a peer busy in Python still answers) drop a silent conn
 ``PeerLost`` for every operation waiting on that peer. A receive from a peer therefore first
 connects to it, even when this peer never sends to it.
 
-Threads other than the I/O thread never touch a socket: they queue commands (a lock-free deque)
-and wake the I/O thread through a pipe only when it is asleep.
+The I/O thread owns the sockets. A calling thread may borrow an outgoing connection for one send
+under its lock when nothing is queued on it (see collectives/link.py): the common case leaves at
+once, without a wake-up of the I/O thread. Everything else (queued sends, connection set-up,
+closing) goes to the I/O thread as commands on a lock-free deque, with a pipe to wake it only
+when it is asleep.
 """
 from __future__ import annotations
 
@@ -32,10 +35,11 @@ from collectives.config import TransportConfig
 from collectives.errors import (AuthenticationError, OperationTimeout, PeerLost, ProtocolError,
                                 RendezvousError)
 from collectives.inbox import Inbox, Lost, SlotError
+from collectives.link import Link, ShmPending
 from collectives.security import ZapHandler
 from collectives.shm import ShmRing, ShmView, parse_open, shm_supported
-from collectives.wire import (ABORT, BYE, CREDIT, DATA, HELLO, SHM, SHM_OPEN, Header,
-                              WireError, decode_header, encode_header)
+from collectives.wire import (ABORT, BYE, CREDIT, DATA, HELLO, SHM, SHM_MAPPED, SHM_OPEN,
+                              STARVED, Header, WireError, decode_header, encode_header)
 
 __all__ = ["Transport", "PeerCounters", "SendTicket", "host_id"]
 
@@ -47,6 +51,7 @@ _MONITOR_EVENTS = (zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED | zmq.EVENT_HAND
 _IDENTITY_PREFIX = b"gossip:"
 _MAX_LOGGED_DROPS = 20  # per transport; a fuzzer must not flood the log
 _DISCONNECT_GRACE = 0.25  # seconds between a dropped connection and declaring its peer lost
+_STARVED_REPEAT = 0.05  # seconds between two STARVED messages while a ring stays full
 
 
 def host_id() -> str:
@@ -114,13 +119,14 @@ class Transport:
         self._close_lock = threading.Lock()
         self._table: dict[int, dict] = {}
         self._addresses: dict[int, str] = {}
-        self._connect_requested: set[int] = set()
+        self._links: dict[int, Link] = {}           # outgoing connections, by destination
+        self._links_lock = threading.Lock()
         self._connected: set[int] = set()
         self._shm_peers: set[int] = set()          # ranks whose payloads go through shm
-        self._rings: dict[int, ShmRing] = {}       # our rings, by destination
-        self._ring_lock = threading.Lock()
+        self._ring_mapped: dict[int, threading.Event] = {}  # our rings the receiver has mapped
         self._views: dict[int, ShmView] = {}       # peers' rings, by source (I/O thread)
-        self._shm_blocked: set[int] = set()        # destinations waiting for a free slot
+        self._shm_blocked: set[Link] = set()       # links waiting for a free slot
+        self._unanswered: deque = deque()          # rings mapped before we had the table
         self._cmds: deque = deque()
         self._asleep = False
         self._wake_r, self._wake_w = os.pipe()
@@ -134,11 +140,9 @@ class Transport:
         self._ipc_path: str | None = None
         self.endpoints = self._bind()
         # Owned by the I/O thread from here on.
-        self._dealers: dict[int, zmq.Socket] = {}
-        self._dealer_rank: dict[zmq.Socket, int] = {}
-        self._waiting_pollout: set[int] = set()
+        self._poller = zmq.Poller()
+        self._pollout: dict[zmq.Socket, Link] = {}  # links whose socket is full
         self._monitors: dict[zmq.Socket, int] = {}
-        self._backlog: dict[int, deque] = {}
         self._suspects: dict[int, float] = {}  # rank -> when its dropped connection counts
         self._thread = threading.Thread(target=self._run, name=f"gossip-io-r{rank}", daemon=True)
         self._thread.start()
@@ -200,57 +204,87 @@ class Transport:
                                       f"this host with shared memory, but rank {rank} "
                                       f"({entry.get('tcp')}) is not")
         self._table = dict(table)
+        while self._unanswered:
+            self._send_quietly(self._unanswered.popleft(),
+                               encode_header(SHM_MAPPED, self.rank, 0, 0))
 
     def address(self, rank: int) -> str:
         return self._addresses.get(rank, "<unknown address>")
 
     # ------------------------------------------------------------------ user-thread API
-    def connect(self, rank: int) -> None:
-        """Open (once) the connection to ``rank`` that carries sends and liveness."""
-        if rank in self._connect_requested:
-            return
-        if rank not in self._addresses:
-            raise ValueError(f"rank {self.rank}: no address for rank {rank}; the rendezvous "
-                             f"table has ranks {sorted(self._addresses)}")
-        self._connect_requested.add(rank)
-        self._command(("connect", rank))
+    def connect(self, rank: int) -> Link:
+        """The outgoing connection to ``rank``, opened on first use; it carries sends and
+        tells when the peer dies, so a receive from a peer connects to it too."""
+        link = self._links.get(rank)
+        if link is not None:
+            return link
+        with self._links_lock:
+            link = self._links.get(rank)
+            if link is not None:
+                return link
+            if self._closed:
+                raise PeerLost(f"rank {self.rank}: connection to rank {rank} after close()",
+                               rank=rank)
+            if rank not in self._addresses:
+                raise ValueError(f"rank {self.rank}: no address for rank {rank}; the rendezvous "
+                                 f"table has ranks {sorted(self._addresses)}")
+            dealer = self._socket(zmq.DEALER)
+            dealer.routing_id = _IDENTITY_PREFIX + str(self.rank).encode()
+            dealer.sndhwm = self.config.send_hwm
+            dealer.setsockopt(zmq.RECONNECT_IVL, 200)
+            monitor = dealer.get_monitor_socket(_MONITOR_EVENTS)
+            dealer.connect(self.address(rank))
+            link = Link(rank, dealer, monitor, self._count_sent)
+            if rank in self._shm_peers:
+                link.ring = ShmRing(self.config.shm_slots, self.config.shm_chunk_bytes,
+                                    f"gossip-r{self.rank}-to-r{rank}")
+                self._ring_mapped[rank] = threading.Event()
+                # The first message on the link, so it arrives before any chunk in the ring.
+                link.send((encode_header(SHM_OPEN, self.rank, 0, 0,
+                                         link.ring.announcement()),), None)
+            self._links[rank] = link
+        self._command(("watch", link))  # the I/O thread polls the monitor (and the queue)
+        return link
+
+    def _count_sent(self, rank: int, messages: int, nbytes: int) -> None:
+        counters = self.counters[rank]
+        counters.messages_sent += messages
+        counters.bytes_sent += nbytes
 
     def send(self, dst: int, header: bytes, payload: Any = None, *,
              ticket: SendTicket | None = None) -> None:
-        """Queue one message for ``dst``. The payload buffer is sent without a copy, so it
-        must not change until ``ticket`` (if given, created with tracking) says so."""
+        """Send one message to ``dst`` now, or queue it behind earlier ones. The payload
+        buffer is sent without a copy, so it must not change until ``ticket`` (if given, made
+        with tracking) says so."""
         if self._closed:
             raise PeerLost(f"rank {self.rank}: send to rank {dst} after close()", rank=dst)
-        self.connect(dst)
+        link = self.connect(dst)
         frames = (header,) if payload is None else (header, payload)
-        self._command(("send", dst, frames, ticket))
+        if link.send(frames, ticket):
+            self._command(("flush", link))
 
     def post_chunk(self, dst: int, channel: int, seq: int, op: str, dtype: str,
                    shape: tuple, nbytes: int, offset: int, payload: Any, *, deadline: float,
                    track: bool = False) -> SendTicket | None:
-        """Queue one chunk of an array (bytes ``[offset, offset + len(payload))``) for ``dst``.
+        """Send one chunk of an array (bytes ``[offset, offset + len(payload))``) to ``dst``.
 
-        To a peer on this host the chunk is copied into a shared-memory slot (the buffer may
-        change as soon as this returns); otherwise it is sent zero-copy, and with ``track`` the
-        returned ticket says when the buffer may change."""
+        To a peer on this host the chunk is copied into a shared-memory slot (or, if none is
+        free, queued until one is; the ticket then says when the buffer was copied); otherwise
+        it is sent zero-copy, and with ``track`` the ticket says when the buffer may change.
+        Never blocks: a full ring or socket queues, in order."""
+        if self._closed:
+            raise PeerLost(f"rank {self.rank}: send to rank {dst} after close()", rank=dst)
         length = payload.nbytes if isinstance(payload, memoryview) else len(payload)
-        if dst in self._shm_peers and length:
-            ring = self._ring_to(dst)
-            with ring.lock:
-                slot = ring.try_acquire() if ring.pending == 0 else None
-                if slot is None:
-                    ring.pending += 1
+        link = self.connect(dst)
+        if link.ring is not None and length:
+            ticket = SendTicket() if track else None
             fields = (SHM, self.rank, channel, seq, op, dtype, shape, nbytes, offset, length)
-            if slot is None:
-                # No free slot: the I/O thread copies it in when the receiver frees one. The
-                # buffer is read until then, so the ticket (if any) says when that happened.
-                ticket = SendTicket() if track else None
-                self._command(("shm", dst, _ShmPending(fields, payload, ticket)))
-                return ticket
-            ring.write(slot, payload)
-            self.counters[dst].bytes_sent += length
-            self.send(dst, encode_header(*fields, slot))
-            return None
+            queued, wake = link.post_shm(fields, payload, ticket)
+            if not queued:
+                ticket = None  # copied already: the buffer is free
+            if wake:
+                self._command(("flush", link))
+            return ticket
         ticket = SendTicket() if track else None
         self.send(dst, encode_header(DATA, self.rank, channel, seq, op, dtype, shape, nbytes,
                                      offset, length), payload, ticket=ticket)
@@ -261,20 +295,6 @@ class Transport:
         bigger pieces (fewer messages per byte); socket chunks stay small enough for the
         receiver's allocator to recycle."""
         return self.config.shm_chunk_bytes if dst in self._shm_peers else self.config.chunk_bytes
-
-    def _ring_to(self, dst: int) -> ShmRing:
-        ring = self._rings.get(dst)
-        if ring is None:
-            with self._ring_lock:
-                ring = self._rings.get(dst)
-                if ring is None:
-                    ring = ShmRing(self.config.shm_slots, self.config.shm_chunk_bytes,
-                                   f"gossip-r{self.rank}-to-r{dst}")
-                    # Queued before any chunk that uses it: one pipe keeps the order.
-                    self.send(dst, encode_header(SHM_OPEN, self.rank, 0, 0,
-                                                 ring.announcement()))
-                    self._rings[dst] = ring
-        return ring
 
     def recv(self, src: int, channel: int, seq: int, *, deadline: float,
              operation: str) -> tuple[Header, Any, Any]:
@@ -339,6 +359,13 @@ class Transport:
             if self._closed:
                 return
             self._closed = True
+        # A receiver maps our ring through /proc/<our pid>/fd when it first hears of it; if we
+        # exit before that, what we left in the ring is gone. Wait (briefly) for live peers.
+        end = time.monotonic() + timeout / 2
+        for rank, mapped in list(self._ring_mapped.items()):
+            while (not mapped.is_set() and self.inbox.lost(rank) is None
+                   and time.monotonic() < end):
+                mapped.wait(0.01)
         self._command(("close",))
         self._thread.join(timeout)
         if self._thread.is_alive():
@@ -358,10 +385,6 @@ class Transport:
                 os.unlink(self._ipc_path)
             except FileNotFoundError:
                 pass
-        with self._ring_lock:
-            for ring in self._rings.values():
-                ring.close()
-            self._rings.clear()
 
     @property
     def closed(self) -> bool:
@@ -402,12 +425,11 @@ class Transport:
                 pass  # pipe full (a wake-up is pending anyway) or already closed
 
     def _run(self) -> None:
-        poller = zmq.Poller()
+        poller = self._poller
         poller.register(self._router, zmq.POLLIN)
         poller.register(self._wake_r, zmq.POLLIN)
         if self._zap:
             poller.register(self._zap.socket, zmq.POLLIN)
-        self._poller = poller
         try:
             while True:
                 if not self._drain_commands():
@@ -422,7 +444,8 @@ class Transport:
                 if self._suspects:
                     self._declare_lost()
                 if self._shm_blocked:
-                    self._retry_blocked()
+                    for link in list(self._shm_blocked):
+                        self._flush(link)
                 if self._wake_r in events:
                     try:
                         os.read(self._wake_r, 4096)
@@ -432,14 +455,12 @@ class Transport:
                     self._receive()
                 if self._zap and self._zap.socket in events:
                     self._zap.handle()
-                for sock, ev in events.items():
+                for sock in events:
                     rank = self._monitors.get(sock)
                     if rank is not None:
                         self._monitor_event(sock, rank)
-                    elif ev & zmq.POLLOUT:
-                        rank = self._dealer_rank.get(sock)
-                        if rank is not None:
-                            self._flush(rank)
+                    elif sock in self._pollout:
+                        self._flush(self._pollout[sock])
         except Exception:  # the I/O thread must never die silently
             log.exception("rank %d: I/O thread failed", self.rank)
             for r in range(self.world_size):
@@ -449,115 +470,53 @@ class Transport:
 
     def _drain_commands(self) -> bool:
         cmds = self._cmds
-        touched = set()
         while cmds:
             cmd = cmds.popleft()
             kind = cmd[0]
-            if kind == "send":
-                _, dst, frames, ticket = cmd
-                if dst not in self._dealers:
-                    self._open_dealer(dst)
-                self._backlog[dst].append((frames, ticket))
-                touched.add(dst)
-            elif kind == "shm":
-                _, dst, pending = cmd
-                if dst not in self._dealers:
-                    self._open_dealer(dst)
-                self._backlog[dst].append(pending)
-                touched.add(dst)
-            elif kind == "connect":
-                if cmd[1] not in self._dealers:
-                    self._open_dealer(cmd[1])
+            if kind == "flush":
+                self._flush(cmd[1])
+            elif kind == "watch":
+                link = cmd[1]
+                self._monitors[link.monitor] = link.rank
+                self._poller.register(link.monitor, zmq.POLLIN)
+                self._flush(link)
             elif kind == "close":
-                for dst in touched:  # what was queued before close() still goes out
-                    self._flush(dst)
+                for link in list(self._links.values()):
+                    self._flush(link)  # what was queued before close() still goes out
                 self._say_goodbye()
                 return False
-        for dst in touched:
-            self._flush(dst)
         return True
 
-    def _open_dealer(self, rank: int) -> None:
-        dealer = self._socket(zmq.DEALER)
-        dealer.routing_id = _IDENTITY_PREFIX + str(self.rank).encode()
-        dealer.sndhwm = self.config.send_hwm
-        # A peer restarted at the same address must not receive our old queue.
-        dealer.setsockopt(zmq.RECONNECT_IVL, 200)
-        monitor = dealer.get_monitor_socket(_MONITOR_EVENTS)
-        self._poller.register(monitor, zmq.POLLIN)
-        self._monitors[monitor] = rank
-        dealer.connect(self.address(rank))
-        self._dealers[rank] = dealer
-        self._dealer_rank[dealer] = rank
-        self._backlog[rank] = deque()
+    def _flush(self, link: Link) -> None:
+        lost = self.inbox.lost(link.rank)
+        fail = None
+        if lost is not None:
+            error = PeerLost(f"rank {self.rank}: send to rank {link.rank} at "
+                             f"{self.address(link.rank)}: {lost.reason}", rank=link.rank)
 
-    def _flush(self, dst: int) -> None:
-        queue = self._backlog[dst]
-        dealer = self._dealers[dst]
-        counters = self.counters[dst]
-        lost = self.inbox.lost(dst)
-        while queue:
-            if type(queue[0]) is _ShmPending and lost is None:
-                if not self._stage(dst, queue):
-                    self._shm_blocked.add(dst)
-                    return  # wait for a CREDIT (or the next millisecond's look)
-                continue
-            if lost is not None:
-                entry = queue.popleft()
-                if type(entry) is _ShmPending:
-                    ring = self._rings[dst]
-                    with ring.lock:
-                        ring.pending -= 1
-                ticket = entry.ticket if type(entry) is _ShmPending else entry[1]
+            def fail(ticket) -> None:
                 if ticket is not None:
-                    ticket.error = PeerLost(f"rank {self.rank}: send to rank {dst} at "
-                                            f"{self.address(dst)}: {lost.reason}", rank=dst)
+                    ticket.error = error
                     ticket.queued.set()
-                continue
-            frames, ticket = queue[0]
-            try:
-                tracker = dealer.send_multipart(frames, zmq.NOBLOCK, copy=False,
-                                                track=ticket is not None)
-            except zmq.Again:
-                # Queue full (high-water mark): wait for POLLOUT instead of spinning.
-                if dst not in self._waiting_pollout:
-                    self._poller.register(dealer, zmq.POLLOUT)
-                    self._waiting_pollout.add(dst)
-                return
-            queue.popleft()
-            counters.messages_sent += 1
-            counters.bytes_sent += len(frames[1]) if len(frames) > 1 else 0
-            if ticket is not None:
-                ticket.tracker = tracker
-                ticket.queued.set()
-        if dst in self._waiting_pollout:
-            self._poller.unregister(dealer)
-            self._waiting_pollout.discard(dst)
-
-    def _stage(self, dst: int, queue: deque) -> bool:
-        """Copy the chunk at the head of ``queue`` into a free slot of the ring to ``dst`` and
-        put its header in its place; False if no slot is free (the waiting flag is then up)."""
-        ring = self._rings[dst]
-        pending = queue[0]
-        with ring.lock:
-            slot = ring.try_acquire()
-            if slot is None:
-                ring.waiting[0] = 1
-                slot = ring.try_acquire()  # a slot freed before the flag went up
-                if slot is None:
-                    return False
-            ring.pending -= 1
-        ring.write(slot, pending.payload)
-        self.counters[dst].bytes_sent += pending.fields[-1]
-        if pending.ticket is not None:
-            pending.ticket.queued.set()  # the buffer was copied: reusable now
-        queue[0] = ((encode_header(*pending.fields, slot),), None)
-        return True
-
-    def _retry_blocked(self) -> None:
-        for dst in list(self._shm_blocked):
-            self._shm_blocked.discard(dst)
-            self._flush(dst)
+        state = link.flush(fail)
+        self._shm_blocked.discard(link)
+        if state == "slot":
+            self._shm_blocked.add(link)  # wait for a CREDIT, or the next millisecond's look
+            now = time.monotonic()
+            if now - link.starved_since > _STARVED_REPEAT:
+                # Slots may be held by chunks of operations the receiver has not started:
+                # ask it to copy those out, or they could block this one for good.
+                if link.send_urgent((encode_header(STARVED, self.rank, 0, 0),)):
+                    link.starved_since = now
+        if state == "pollout":
+            if link.sock not in self._pollout:
+                self._pollout[link.sock] = link
+                self._poller.register(link.sock, zmq.POLLOUT)
+        elif link.sock in self._pollout:
+            # Unregistered under no lock: only the I/O thread polls, and a calling thread
+            # sends directly only once the queue is empty, which this flush just made it.
+            del self._pollout[link.sock]
+            self._poller.unregister(link.sock)
 
     def _receive(self) -> None:
         router = self._router
@@ -621,10 +580,16 @@ class Transport:
                                     f"(channel {header.channel}, seq {header.seq})")
         elif kind == SHM_OPEN:
             self._map_ring(src, header.op)
+        elif kind == SHM_MAPPED:
+            mapped = self._ring_mapped.get(src)
+            if mapped is not None:
+                mapped.set()
+        elif kind == STARVED:
+            self.inbox.spill(src, _copy_out)
         elif kind == CREDIT:
-            if src in self._shm_blocked:
-                self._shm_blocked.discard(src)
-                self._flush(src)
+            link = self._links.get(src)
+            if link is not None and link in self._shm_blocked:
+                self._flush(link)
         elif kind == ABORT:
             reason, lost_rank = header.op, None
             if reason.startswith("lost:"):
@@ -652,6 +617,20 @@ class Transport:
             self.inbox.mark_lost(src, Lost(
                 f"cannot map its shared-memory ring ({exc}); run with GOSSIP_TRANSPORT=ipc "
                 "if peers on this host cannot read each other's /proc/<pid>/fd"))
+            return
+        # From now on the ring outlives its sender: tell it that it may exit. A peer that got
+        # the address table before us may be heard from before we can answer it.
+        if src in self._addresses:
+            self._send_quietly(src, encode_header(SHM_MAPPED, self.rank, 0, 0))
+        else:
+            self._unanswered.append(src)
+
+    def _send_quietly(self, dst: int, header: bytes) -> None:
+        """A control message whose loss only costs time (the peer is closing or gone)."""
+        try:
+            self.send(dst, header)
+        except (PeerLost, ValueError) as exc:
+            log.debug("rank %d: control message to rank %d not sent: %s", self.rank, dst, exc)
 
     def _monitor_event(self, monitor, rank: int) -> None:
         while True:
@@ -687,42 +666,26 @@ class Transport:
                     f"{self.config.effective_heartbeat_timeout:g}s)"))
 
     def _say_goodbye(self) -> None:
-        bye = encode_header(BYE, self.rank, 0, 0)
-        for dealer in self._dealers.values():
-            try:
-                dealer.send(bye, zmq.NOBLOCK)
-            except zmq.ZMQError:
-                pass
-        for rank, queue in self._backlog.items():
-            for _, ticket in queue:
-                if ticket is not None:
-                    ticket.error = PeerLost(f"rank {self.rank}: closed with a send to rank "
-                                            f"{rank} still queued", rank=rank)
-                    ticket.queued.set()
-            queue.clear()
+        bye = (encode_header(BYE, self.rank, 0, 0),)
+        for link in list(self._links.values()):
+            link.send(bye, None)
+            for ticket in link.pending_tickets():
+                ticket.error = PeerLost(f"rank {self.rank}: closed with a send to rank "
+                                        f"{link.rank} still queued", rank=link.rank)
+                ticket.queued.set()
 
     def _shutdown_sockets(self) -> None:
-        for monitor in list(self._monitors):
-            monitor.close(linger=0)
-        for dealer in self._dealers.values():
+        with self._links_lock:
+            links = list(self._links.values())
+        for link in links:
             # A short linger lets the goodbye out; a dead peer cannot hold us longer.
-            dealer.close(linger=50)
+            link.close(linger_ms=50)
         self._router.close(linger=0)
         if self._zap:
             self._zap.close()
         for view in self._views.values():
             view.close()
         self._views.clear()
-
-
-class _ShmPending:
-    """A chunk for a shared-memory ring that found no free slot: header fields (all but the
-    slot), the caller's buffer (read when a slot frees up) and the caller's ticket."""
-
-    __slots__ = ("fields", "payload", "ticket")
-
-    def __init__(self, fields: tuple, payload: Any, ticket: SendTicket | None) -> None:
-        self.fields, self.payload, self.ticket = fields, payload, ticket
 
 
 class _Releaser:
@@ -737,7 +700,18 @@ class _Releaser:
     def __call__(self) -> None:
         view, self.view = self.view, None
         if view is not None and view.release(self.slot) and not self.transport.closed:
-            self.transport.send(self.src, encode_header(CREDIT, self.transport.rank, 0, 0))
+            self.transport._send_quietly(self.src,
+                                         encode_header(CREDIT, self.transport.rank, 0, 0))
+
+
+def _copy_out(item):
+    """A shared-memory message moved to private memory, its slot freed."""
+    header, payload, release = item
+    if release is None:
+        return item
+    copy = memoryview(bytearray(payload))
+    release()
+    return header, copy, None
 
 
 def _rank_of_identity(identity: bytes, world_size: int) -> int | None:

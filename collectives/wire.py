@@ -7,7 +7,9 @@ Header (a msgpack array, in this order; arrays pack smaller and parse faster tha
 - ``kind``: DATA (a chunk of an array in the payload frame), SHM (a chunk of an array left in
   slot ``slot`` of the sender's shared-memory ring to this peer; no payload frame), SHM_OPEN
   (the sender's ring is ready: ``op`` tells where), CREDIT (the receiver freed a slot the
-  sender was waiting for), HELLO (a peer introduces itself), BYE (a
+  sender was waiting for), SHM_MAPPED (the receiver mapped the sender's ring, so the sender
+  may exit without taking queued chunks with it), STARVED (the sender has no free slot: the
+  receiver copies out chunks of operations it has not started yet), HELLO (a peer introduces itself), BYE (a
   peer is closing), ABORT (a peer abandons operation ``(channel, seq)``; ``op`` holds the
   reason).
 - ``channel``/``seq``: which operation the message belongs to; concurrent operations use
@@ -37,6 +39,8 @@ __all__ = [
     "SHM",
     "SHM_OPEN",
     "CREDIT",
+    "SHM_MAPPED",
+    "STARVED",
     "KIND_NAMES",
     "ALLOWED_DTYPES",
     "MAX_HEADER_BYTES",
@@ -49,10 +53,11 @@ __all__ = [
 
 PROTOCOL_VERSION = 1
 
-DATA, HELLO, BYE, ABORT, SHM, SHM_OPEN, CREDIT = 1, 2, 3, 4, 5, 6, 7
+DATA, HELLO, BYE, ABORT, SHM, SHM_OPEN, CREDIT, SHM_MAPPED, STARVED = 1, 2, 3, 4, 5, 6, 7, 8, 9
 KIND_NAMES = {DATA: "data", HELLO: "hello", BYE: "bye", ABORT: "abort", SHM: "shm",
-              SHM_OPEN: "shm-open", CREDIT: "credit"}
-_MAX_KIND = CREDIT
+              SHM_OPEN: "shm-open", CREDIT: "credit", SHM_MAPPED: "shm-mapped",
+              STARVED: "starved"}
+_MAX_KIND = STARVED
 
 # dtype name -> itemsize. Names are numpy's, plus torch's bfloat16 (numpy has none).
 ALLOWED_DTYPES: dict[str, int] = {

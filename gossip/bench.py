@@ -6,7 +6,7 @@ from Python:
     rows = run_bench("allreduce", 4, ["4K", "64M"], vs_gloo=True)
     print(format_table(rows))
 
-Method (as /work/shared/bench and nccl-tests):
+Method (as the baseline scripts in shared/bench/, and nccl-tests):
 
 * every peer is a real process on this host (gossip.testing.spawn, loopback);
 * each iteration is ``barrier(); t0; op; t1``; the iteration's time is the slowest rank's
@@ -37,8 +37,8 @@ from multiprocessing.connection import wait as wait_any
 from typing import Any, Callable, Iterable, Sequence
 
 __all__ = ["OPS", "REDUCE_OPS", "ALGORITHMS", "DEFAULT_SIZES", "BenchError",
-           "parse_size", "parse_sizes", "supported_transports", "format_size", "default_iters", "busbw_factor",
-           "check_args", "run_bench", "format_table", "header_line", "run_p2p",
+           "parse_size", "parse_sizes", "supported_transports", "format_size", "default_iters",
+           "busbw_factor", "check_args", "run_bench", "format_table", "header_line", "run_p2p",
            "run_pyzmq_p2p", "summarize", "stream_count"]
 
 OPS = ("allreduce", "allgather", "broadcast", "neighbor", "p2p")
