@@ -51,6 +51,9 @@ _MONITOR_EVENTS = (zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED | zmq.EVENT_HAND
 _IDENTITY_PREFIX = b"gossip:"
 _MAX_LOGGED_DROPS = 20  # per transport; a fuzzer must not flood the log
 _DISCONNECT_GRACE = 0.25  # seconds between a dropped connection and declaring its peer lost
+# Chunks up to this size travel inside the message, copied: cheaper than a shared-memory slot
+# or a zero-copy frame with its tracker (pyzmq copies below 64 KiB anyway).
+_INLINE_BYTES = 32 * 1024
 _STARVED_REPEAT = 0.05  # seconds between two STARVED messages while a ring stays full
 
 
@@ -276,7 +279,7 @@ class Transport:
             raise PeerLost(f"rank {self.rank}: send to rank {dst} after close()", rank=dst)
         length = payload.nbytes if isinstance(payload, memoryview) else len(payload)
         link = self.connect(dst)
-        if link.ring is not None and length:
+        if link.ring is not None and length > _INLINE_BYTES:
             ticket = SendTicket() if track else None
             fields = (SHM, self.rank, channel, seq, op, dtype, shape, nbytes, offset, length)
             queued, wake = link.post_shm(fields, payload, ticket)
@@ -285,6 +288,11 @@ class Transport:
             if wake:
                 self._command(("flush", link))
             return ticket
+        if length <= _INLINE_BYTES:
+            # Small: ZeroMQ copies it anyway, so the buffer is free at once (no tracking).
+            self.send(dst, encode_header(DATA, self.rank, channel, seq, op, dtype, shape,
+                                         nbytes, offset, length), bytes(payload))
+            return None
         ticket = SendTicket() if track else None
         self.send(dst, encode_header(DATA, self.rank, channel, seq, op, dtype, shape, nbytes,
                                      offset, length), payload, ticket=ticket)
