@@ -57,6 +57,7 @@ class Communicator:
         self._p2p_send_seq = [0] * self.world_size
         self._p2p_recv_seq = [0] * self.world_size
         self._executor = Executor(f"gossip-ops-r{self.rank}")
+        self._nccl = None  # NcclGroup, made on the first device array
 
     @property
     def timeout(self) -> float:
@@ -90,6 +91,25 @@ class Communicator:
         finally:
             self.transport.retire(self.channel, seq, peers)
 
+    def _use_nccl(self, adapter: ArrayAdapter, x: Any, op: str | None, dtype: str) -> bool:
+        """Device arrays go through NCCL when every peer can (decided collectively, once)."""
+        if adapter.on_host or self.world_size == 1:
+            return False
+        if self._nccl is None:
+            from collectives.nccl import NcclGroup
+            self._nccl = NcclGroup(self)
+        device = x.device.index if hasattr(x, "data_ptr") else x.device.id
+        return self._nccl.decide(int(device), self.transport.endpoints["host"]) and \
+            self._nccl.supports(op, dtype)
+
+    def _done(self, result: Any, description: str, wait: bool) -> Any:
+        """A call that completed synchronously (NCCL enqueues on the stream), as its twin."""
+        if wait:
+            return result
+        work = Work(f"rank {self.rank}: {description}")
+        work._finish(result)
+        return work
+
     def _all_peers(self) -> list[int]:
         return [r for r in range(self.world_size) if r != self.rank]
 
@@ -103,6 +123,11 @@ class Communicator:
         """
         adapter, flat, dtype = self._flat(x)
         check_reduce_op(op, dtype)
+        if self._use_nccl(adapter, x, op, dtype):
+            self._nccl.allreduce(flat, adapter.size(flat), dtype, op)
+            if op == "mean":
+                adapter.divide(flat, self.world_size)
+            return self._done(x, f"allreduce({op},nccl)", wait)
         nbytes = adapter.size(flat) * dtype_itemsize(dtype)
         if algorithm == "auto":
             algorithm = "recursive-doubling" if nbytes <= self.small_bytes else "ring"
@@ -155,9 +180,13 @@ class Communicator:
         ``out`` if given). ``variable=True``: sizes may differ; returns a list of n flat
         arrays (views into one buffer)."""
         adapter, flat, dtype = self._flat(x)
-        seq = self._next_seq()
         n = self.world_size
         count = adapter.size(flat)
+        if not variable and out is None and self._use_nccl(adapter, x, None, dtype):
+            gathered = adapter.empty(n * count, dtype, flat)
+            self._nccl.allgather(flat, gathered, count, dtype)
+            return self._done(gathered.reshape((n,) + tuple(x.shape)), "allgather(nccl)", wait)
+        seq = self._next_seq()
         if not variable:
             if out is None:
                 out = adapter.empty(n * count, dtype, flat)
@@ -200,6 +229,9 @@ class Communicator:
         if not 0 <= root < self.world_size:
             raise ValueError(f"root {root} is outside world size {self.world_size}")
         adapter, flat, dtype = self._flat(x)
+        if self._use_nccl(adapter, x, None, dtype):
+            self._nccl.broadcast(flat, adapter.size(flat), dtype, root)
+            return self._done(x, f"broadcast(root={root},nccl)", wait)
         seq = self._next_seq()
         signature = f"broadcast(root={root})"
 
@@ -313,6 +345,8 @@ class Communicator:
 
     def close(self, timeout: float = 1.0) -> None:
         self._executor.close(timeout)
+        if self._nccl is not None:
+            self._nccl.close()
 
 
 def _empty_for(dtype: str, shape: tuple) -> Any:

@@ -1,0 +1,144 @@
+"""GPU array adapters: cupy arrays and torch CUDA tensors, reduced on the GPU, staged through
+pinned host buffers for the wire. The ring, broadcast and neighbour algorithms run unchanged:
+they only see the ArrayAdapter interface, the same one the numpy tests exercise.
+
+Staging: ``send_buffer`` copies a device slice into a freshly taken pinned host buffer (from
+cupy's or torch's pinned pool, so steady state allocates nothing) and hands its bytes to the
+transport, which keeps the buffer alive until it is sent. ``from_frame`` copies received bytes
+to a device buffer, where the reduction runs. Imported only when such an array is passed.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from collectives.arrays import ArrayAdapter, _contiguous_error
+
+__all__ = ["CupyAdapter", "TorchCUDAAdapter"]
+
+
+class CupyAdapter(ArrayAdapter):
+    kind = "cupy"
+    on_host = False
+
+    def __init__(self) -> None:
+        import cupy
+        self._cp = cupy
+        self._reduce = {"sum": cupy.add, "mean": cupy.add, "max": cupy.maximum,
+                        "min": cupy.minimum, "prod": cupy.multiply}
+
+    def flat(self, x: Any) -> Any:
+        if not x.flags.c_contiguous:
+            raise _contiguous_error(x)
+        return x.reshape(-1)
+
+    def dtype_name(self, flat: Any) -> str:
+        return flat.dtype.name
+
+    def size(self, flat: Any) -> int:
+        return int(flat.size)
+
+    def send_buffer(self, flat: Any, start: int, stop: int) -> memoryview:
+        part = flat[start:stop]
+        nbytes = part.nbytes
+        pinned = self._cp.cuda.alloc_pinned_memory(max(nbytes, 1))
+        host = np.frombuffer(pinned, dtype=np.uint8, count=nbytes)  # keeps `pinned` alive
+        part.view(self._cp.uint8).get(out=host)  # synchronous device-to-host copy
+        return memoryview(host)
+
+    def from_frame(self, frame: Any, dtype_name: str, count: int) -> Any:
+        host = np.frombuffer(frame, dtype=dtype_name, count=count)
+        device = self._cp.empty(count, dtype=dtype_name)
+        device.set(host)
+        return device
+
+    def reduce(self, op: str, dst: Any, src: Any) -> None:
+        if dst.dtype == np.bool_ and op in ("sum", "mean"):
+            self._cp.logical_or(dst, src, out=dst)
+        else:
+            self._reduce[op](dst, src, out=dst)
+
+    def copy(self, dst: Any, src: Any) -> None:
+        dst[...] = src
+
+    def divide(self, flat: Any, n: int) -> None:
+        if flat.dtype.kind in "iu":
+            self._cp.floor_divide(flat, n, out=flat)
+        else:
+            self._cp.divide(flat, n, out=flat)
+
+    def scale(self, flat: Any, weight: float) -> None:
+        self._cp.multiply(flat, weight, out=flat)
+
+    def axpy(self, dst: Any, weight: float, src: Any) -> None:
+        dst += src * weight
+
+    def empty(self, count: int, dtype_name: str, like: Any = None) -> Any:
+        return self._cp.empty(count, dtype=dtype_name)
+
+    def synchronize(self) -> None:
+        self._cp.cuda.get_current_stream().synchronize()
+
+
+class TorchCUDAAdapter(ArrayAdapter):
+    """torch CUDA tensors, reduced with torch ops on their device (bfloat16 included, which
+    cupy lacks), staged through pinned CPU tensors."""
+
+    kind = "torch-cuda"
+    on_host = False
+
+    def __init__(self, device: Any) -> None:
+        import torch
+
+        from collectives.torch_arrays import TORCH_DTYPES, TorchCPUAdapter
+        self._torch = torch
+        self._device = device
+        self._dtypes = TORCH_DTYPES
+        self._cpu = TorchCPUAdapter()
+        self._reduce = {"sum": torch.add, "mean": torch.add, "max": torch.maximum,
+                        "min": torch.minimum, "prod": torch.mul}
+
+    def flat(self, x: Any) -> Any:
+        return self._cpu.flat(x)
+
+    def dtype_name(self, flat: Any) -> str:
+        return self._cpu.dtype_name(flat)
+
+    def size(self, flat: Any) -> int:
+        return flat.numel()
+
+    def send_buffer(self, flat: Any, start: int, stop: int) -> memoryview:
+        part = flat[start:stop]
+        host = self._torch.empty(part.shape, dtype=part.dtype, pin_memory=True)
+        host.copy_(part)  # synchronous: the buffer is complete when handed to the transport
+        return self._cpu.send_buffer(host, 0, host.numel())
+
+    def from_frame(self, frame: Any, dtype_name: str, count: int) -> Any:
+        host = self._cpu.from_frame(frame, dtype_name, count)
+        return host.to(self._device)
+
+    def reduce(self, op: str, dst: Any, src: Any) -> None:
+        with self._torch.no_grad():
+            if dst.dtype == self._torch.bool and op in ("sum", "mean"):
+                self._torch.logical_or(dst, src, out=dst)
+            else:
+                self._reduce[op](dst, src, out=dst)
+
+    def copy(self, dst: Any, src: Any) -> None:
+        self._cpu.copy(dst, src)
+
+    def divide(self, flat: Any, n: int) -> None:
+        self._cpu.divide(flat, n)
+
+    def scale(self, flat: Any, weight: float) -> None:
+        self._cpu.scale(flat, weight)
+
+    def axpy(self, dst: Any, weight: float, src: Any) -> None:
+        self._cpu.axpy(dst, weight, src)
+
+    def empty(self, count: int, dtype_name: str, like: Any = None) -> Any:
+        return self._torch.empty(count, dtype=self._dtypes[dtype_name], device=self._device)
+
+    def synchronize(self) -> None:
+        self._torch.cuda.synchronize(self._device)
