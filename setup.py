@@ -31,7 +31,10 @@ setup(
             "psutil>=5.9",
         ],
     },
-    entry_points={"console_scripts": ["gossip=gossip.cli:main"]},
+    entry_points={
+        "console_scripts": ["gossip=gossip.cli:main"],
+        "pytest11": ["gossip = gossip.pytest_plugin"],
+    },
     classifiers=[
         "Programming Language :: Python :: 3",
         "Topic :: Scientific/Engineering :: Artificial Intelligence",

@@ -265,3 +265,11 @@ def test_close_is_idempotent_and_context_manager(no_leaks):
         assert peer.allreduce(x, op="mean") is x
     peer.close()
     assert peer.closed
+
+
+def allreduce_ones(peer):
+    return peer.allreduce(np.ones(3)).tolist()
+
+
+def test_pytest_fixture(gossip_spawn):
+    assert gossip_spawn(allreduce_ones, n=3) == [[3.0] * 3] * 3
