@@ -313,13 +313,15 @@ class Communicator:
             raise ValueError(f"rank {self.rank}: cannot receive from rank {src} (world size "
                              f"{self.world_size})")
         seq = self._p2p_recv_seq[src]
-        self._p2p_recv_seq[src] += 1
         t = self.transport
         deadline = time.monotonic() + (self.timeout if timeout is None else timeout)
         key = (src, P2P_CHANNEL, seq)
+        # Nothing arrived (timeout, lost peer): the slot stays open, so a later recv (e.g. a
+        # poll with timeout=0) waits for the same message and the sequence stays in step.
+        item = t.recv(src, P2P_CHANNEL, seq, deadline=deadline,
+                      operation=f"recv from rank {src}")
+        self._p2p_recv_seq[src] = seq + 1
         try:
-            item = t.recv(src, P2P_CHANNEL, seq, deadline=deadline,
-                          operation=f"recv from rank {src}")
             header, frame, release = item
             call = Call(t, P2P_CHANNEL, seq, "send", header.dtype, header.shape, deadline)
             if out is None:
@@ -342,6 +344,10 @@ class Communicator:
             return out
         finally:
             t.retire(P2P_CHANNEL, seq, [src])
+
+    def probe(self, src: int) -> bool:
+        """True when a message from ``src`` is waiting, so recv(src) would not block."""
+        return self.transport.inbox.poll((src, P2P_CHANNEL, self._p2p_recv_seq[src]))
 
     def close(self, timeout: float = 1.0) -> None:
         self._executor.close(timeout)

@@ -12,6 +12,7 @@ the socket move between threads, as ZeroMQ requires.
 from __future__ import annotations
 
 import threading
+import time
 from collections import deque
 from typing import Any, Callable
 
@@ -42,6 +43,7 @@ class Link:
         self.lock = threading.Lock()
         self.queue: deque = deque()
         self.ring: ShmRing | None = None
+        self.created = time.monotonic()
         self.starved_since = 0.0  # when the queue last told the receiver it had no free slot
         self.closed = False
         self._on_sent = on_sent  # counters: (rank, messages, payload bytes)

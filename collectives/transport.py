@@ -411,9 +411,13 @@ class Transport:
                 return AuthenticationError(f"{where}: {item.reason}")
             return PeerLost(f"{where}: {item.reason}", rank=src, address=self.address(src),
                             operation=operation)
-        # Deadline passed: a peer we never reached is lost; one that answers heartbeats is
-        # merely late (still computing, or it never made the matching call).
-        if src not in self._connected:
+        # Deadline passed: a peer we never reached (for as long as a silent peer is given) is
+        # lost; one that answers heartbeats is merely late (still computing, or it never made
+        # the matching call).
+        link = self._links.get(src)
+        connecting = (link is not None and time.monotonic() - link.created
+                      < self.config.effective_heartbeat_timeout)
+        if src not in self._connected and not connecting:
             return PeerLost(f"{where}: never reachable within the timeout", rank=src,
                             address=self.address(src), operation=operation)
         return OperationTimeout(f"{where}: alive but sent nothing for this operation within "

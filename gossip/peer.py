@@ -64,6 +64,10 @@ class Peer:
         """The next array rank ``src`` sent (into ``out`` if given)."""
         return self._comm.recv(src, out, timeout=timeout)
 
+    def probe(self, src: int) -> bool:
+        """True when a message from ``src`` is waiting (recv(src) would return at once)."""
+        return self._comm.probe(src)
+
     # -- collectives ------------------------------------------------------------------------
     def allreduce(self, x: Any, op: str = "sum", *, wait: bool = True,
                   timeout: float | None = None, algorithm: str = "auto") -> Any:

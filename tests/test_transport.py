@@ -273,3 +273,20 @@ def allreduce_ones(peer):
 
 def test_pytest_fixture(gossip_spawn):
     assert gossip_spawn(allreduce_ones, n=3) == [[3.0] * 3] * 3
+
+
+def poll_then_receive(peer):
+    if peer.rank == 0:
+        peer.barrier()  # rank 1 has polled and timed out once
+        peer.send(1, np.arange(4.0))
+        return None
+    assert not peer.probe(0)
+    with pytest.raises(gossip.OperationTimeout):
+        peer.recv(0, timeout=0.2)  # nothing yet: times out without consuming a message
+    peer.barrier()
+    got = peer.recv(0)
+    return got.tolist()
+
+
+def test_timed_out_recv_keeps_the_sequence():
+    assert spawn(poll_then_receive, n=2)[1] == [0.0, 1.0, 2.0, 3.0]
