@@ -37,6 +37,9 @@ __all__ = ["Communicator", "COLLECTIVE_CHANNEL", "P2P_CHANNEL", "DEFAULT_SMALL_B
 
 log = logging.getLogger("collectives")
 
+# A communicator uses a pair of channels: an even one for its collectives and the next odd one
+# for its point-to-point messages. The peer's main communicator has 0 and 1; independent ones
+# (a policy's background thread) take higher pairs, so their sequence numbers never interleave.
 COLLECTIVE_CHANNEL = 0
 P2P_CHANNEL = 1
 # Below this many bytes allreduce uses recursive doubling (latency-bound); above, the ring
@@ -50,8 +53,12 @@ class Communicator:
         self.transport = transport
         self.rank = transport.rank
         self.world_size = transport.world_size
+        if channel % 2:
+            raise ValueError(f"channel {channel} is odd; communicators take even channels")
         self.channel = channel
+        self.p2p_channel = channel + 1
         self.small_bytes = small_bytes
+        self._p2p_lock = threading.Lock()
         self._seq = itertools.count()
         self._seq_lock = threading.Lock()
         self._p2p_send_seq = [0] * self.world_size
@@ -300,10 +307,12 @@ class Communicator:
             raise ValueError(f"rank {self.rank}: cannot send to rank {dst} (world size "
                              f"{self.world_size})")
         adapter, flat, dtype = self._flat(x)
-        seq = self._p2p_send_seq[dst]
-        self._p2p_send_seq[dst] += 1
+        with self._p2p_lock:
+            seq = self._p2p_send_seq[dst]
+            self._p2p_send_seq[dst] += 1
         deadline = time.monotonic() + (self.timeout if timeout is None else timeout)
-        call = Call(self.transport, P2P_CHANNEL, seq, "send", dtype, tuple(x.shape), deadline)
+        call = Call(self.transport, self.p2p_channel, seq, "send", dtype, tuple(x.shape),
+                    deadline)
         wait_sent(call, post_range(call, dst, adapter, flat, 0, adapter.size(flat), track=True))
 
     def recv(self, src: int, out: Any = None, *, timeout: float | None = None) -> Any:
@@ -315,15 +324,16 @@ class Communicator:
         seq = self._p2p_recv_seq[src]
         t = self.transport
         deadline = time.monotonic() + (self.timeout if timeout is None else timeout)
-        key = (src, P2P_CHANNEL, seq)
+        channel = self.p2p_channel
+        key = (src, channel, seq)
         # Nothing arrived (timeout, lost peer): the slot stays open, so a later recv (e.g. a
         # poll with timeout=0) waits for the same message and the sequence stays in step.
-        item = t.recv(src, P2P_CHANNEL, seq, deadline=deadline,
+        item = t.recv(src, channel, seq, deadline=deadline,
                       operation=f"recv from rank {src}")
         self._p2p_recv_seq[src] = seq + 1
         try:
             header, frame, release = item
-            call = Call(t, P2P_CHANNEL, seq, "send", header.dtype, header.shape, deadline)
+            call = Call(t, channel, seq, "send", header.dtype, header.shape, deadline)
             if out is None:
                 if (release is None and header.offset == 0 and header.length == header.nbytes
                         and header.dtype != "bfloat16"):
@@ -343,11 +353,11 @@ class Communicator:
             adapter.synchronize()
             return out
         finally:
-            t.retire(P2P_CHANNEL, seq, [src])
+            t.retire(channel, seq, [src])
 
     def probe(self, src: int) -> bool:
         """True when a message from ``src`` is waiting, so recv(src) would not block."""
-        return self.transport.inbox.poll((src, P2P_CHANNEL, self._p2p_recv_seq[src]))
+        return self.transport.inbox.poll((src, self.p2p_channel, self._p2p_recv_seq[src]))
 
     def close(self, timeout: float = 1.0) -> None:
         self._executor.close(timeout)

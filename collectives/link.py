@@ -18,6 +18,7 @@ from typing import Any, Callable
 
 import zmq
 
+from collectives.errors import PeerLost
 from collectives.shm import ShmRing
 from collectives.wire import encode_header
 
@@ -53,6 +54,10 @@ class Link:
         to flush the queue."""
         with self.lock:
             if self.closed:
+                if ticket is not None:
+                    ticket.error = PeerLost(f"send to rank {self.rank} after close()",
+                                            rank=self.rank)
+                    ticket.queued.set()
                 return False
             if not self.queue and self._send_now(frames, ticket):
                 return False
@@ -64,6 +69,8 @@ class Link:
         until a slot frees up. Returns (queued, wake the I/O thread)."""
         ring = self.ring
         with self.lock:
+            if self.closed:
+                return False, False  # the caller sees `closed` and raises
             if not self.queue:
                 with ring.lock:
                     slot = ring.try_acquire()

@@ -283,6 +283,8 @@ class Transport:
             ticket = SendTicket() if track else None
             fields = (SHM, self.rank, channel, seq, op, dtype, shape, nbytes, offset, length)
             queued, wake = link.post_shm(fields, payload, ticket)
+            if link.closed:
+                raise PeerLost(f"rank {self.rank}: send to rank {dst} after close()", rank=dst)
             if not queued:
                 ticket = None  # copied already: the buffer is free
             if wake:

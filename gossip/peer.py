@@ -22,6 +22,7 @@ class Peer:
     def __init__(self, transport: Transport, topology: Any, settings: LaunchSettings) -> None:
         self._transport = transport
         self._comm = Communicator(transport)
+        self._channels: dict[int, Communicator] = {}
         self.topology = topology
         self.settings = settings
         self._closed = False
@@ -50,6 +51,18 @@ class Peer:
     @property
     def communicator(self) -> Communicator:
         return self._comm
+
+    def channel(self, number: int) -> Communicator:
+        """An independent communicator (same peers and sockets, its own sequence numbers):
+        for a background thread whose operations must not interleave with the main thread's,
+        e.g. an asynchronous policy. Every peer must use the same number for the same purpose;
+        0 is the peer's own."""
+        if number < 1:
+            raise ValueError(f"channel {number}: use 1 or more (0 is the peer's own)")
+        comm = self._channels.get(number)
+        if comm is None:
+            comm = self._channels[number] = Communicator(self._transport, channel=2 * number)
+        return comm
 
     def __repr__(self) -> str:
         return (f"Peer(rank={self.rank}, world_size={self.world_size}, "
@@ -131,7 +144,8 @@ class Peer:
         # Transport first: closing it wakes every operation waiting in the inbox, so the
         # worker thread then stops at once.
         self._transport.close(timeout=0.5)
-        self._comm.close(timeout=0.5)
+        for comm in [self._comm, *self._channels.values()]:
+            comm.close(timeout=0.5)
 
     @property
     def closed(self) -> bool:
