@@ -89,6 +89,8 @@ class Communicator:
                  peers, body: Callable[[Call], Any]) -> Any:
         deadline = time.monotonic() + (self.timeout if timeout is None else timeout)
         call = Call(self.transport, self.channel, seq, signature, dtype, shape, deadline)
+        inbox = self.transport.inbox
+        inbox.begin(self.channel, seq)
         try:
             return body(call)
         except GossipError as exc:
@@ -96,6 +98,7 @@ class Communicator:
             self.transport.abort(peers, self.channel, seq, str(exc), lost_rank=lost)
             raise
         finally:
+            inbox.end(self.channel, seq)
             self.transport.retire(self.channel, seq, peers)
 
     def _use_nccl(self, adapter: ArrayAdapter, x: Any, op: str | None, dtype: str) -> bool:

@@ -70,6 +70,7 @@ class Inbox:
         self._slots: dict[Key, _Slot] = {}
         self._retired: dict[tuple[int, int], _Retired] = {}
         self._lost: dict[int, Lost] = {}
+        self._running: set[tuple[int, int]] = set()  # (channel, seq) of operations under way
         self._closed = False
 
     # -- producer side (the I/O thread) ------------------------------------------------------
@@ -132,14 +133,23 @@ class Inbox:
                     return None
                 slot.cond.wait(remaining)
 
+    def begin(self, channel: int, seq: int) -> None:
+        """An operation started: its messages are wanted soon, never spilled."""
+        with self._lock:
+            self._running.add((channel, seq))
+
+    def end(self, channel: int, seq: int) -> None:
+        with self._lock:
+            self._running.discard((channel, seq))
+
     def spill(self, src: int, move: Any) -> int:
         """Replace, with ``move(item)``, every message from ``src`` waiting in a slot that no
         operation has asked for yet (shared-memory chunks are copied out, so the sender can
         reuse their slots for operations that are running). Returns how many moved."""
         moved = 0
         with self._lock:
-            for (s, _, _), slot in self._slots.items():
-                if s == src and not slot.touched:
+            for (s, channel, seq), slot in self._slots.items():
+                if s == src and not slot.touched and (channel, seq) not in self._running:
                     for i, item in enumerate(slot.items):
                         new = move(item)
                         if new is not item:
