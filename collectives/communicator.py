@@ -44,7 +44,7 @@ COLLECTIVE_CHANNEL = 0
 P2P_CHANNEL = 1
 # Below this many bytes allreduce uses recursive doubling (latency-bound); above, the ring
 # (bandwidth-bound). Chosen by measurement: see benchmarks/allreduce_threshold.py.
-DEFAULT_SMALL_BYTES = 64 * 1024
+DEFAULT_SMALL_BYTES = 256 * 1024
 
 
 class Communicator:

@@ -22,6 +22,9 @@ class TransportConfig:
     # Arrays travel in chunks of this many bytes: the receiver's allocator recycles chunk
     # buffers instead of mapping fresh pages for one huge message, and chunks pipeline.
     chunk_bytes: int = 1 << 20
+    # A message up to this size travels whole, as one chunk: the receiver can hand it over
+    # without a copy, and nothing is gained by cutting it (measured: benchmarks/transport.py).
+    whole_message_bytes: int = 4 << 20
     # Largest array a header may announce; bigger ones are refused before any allocation.
     max_message_bytes: int = 16 << 30
     # libzmq queue bounds per peer pipe, in messages (chunks). With 1 MiB chunks, 64 messages

@@ -63,7 +63,10 @@ def post_range(call: Call, dst: int, adapter: ArrayAdapter, flat: Any, start: in
         return t.post_chunk(dst, call.channel, call.seq, call.signature, call.dtype,
                             call.shape, call.nbytes, start * size, b"",
                             deadline=call.deadline, track=track)
-    step = chunk_elements(t.chunk_bytes(dst), size)
+    if (stop - start) * size <= t.config.whole_message_bytes:
+        step = stop - start
+    else:
+        step = chunk_elements(t.chunk_bytes(dst), size)
     for lo in range(start, stop, step):
         hi = min(lo + step, stop)
         ticket = t.post_chunk(dst, call.channel, call.seq, call.signature, call.dtype,

@@ -267,9 +267,15 @@ def _gossip_step(peer, op: str, count: int, reduce_op: str, algorithm: str,
         if y.shape != x.shape or y[-1] != x[-1]:
             raise AssertionError(f"rank 1: recv gave {y.shape} ending {y[-1]}")
 
+        # As the API intends: an array that travels whole (up to whole_message_bytes) comes
+        # back without a copy; a larger one is received chunk by chunk into the same array
+        # every time, as a training loop receives parameters, so no fresh buffer is faulted in.
+        whole = x.nbytes <= peer.transport.config.whole_message_bytes
+        reuse = None if whole else y
+
         def recv() -> None:
             for _ in range(stream):
-                peer.recv(0)
+                peer.recv(0, out=reuse)
         return recv
     raise ValueError(f"unknown operation {op!r}")
 

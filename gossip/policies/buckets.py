@@ -1,0 +1,296 @@
+"""Buckets: a model's parameters packed once into a few contiguous flat buffers, so that every
+averaging step is a handful of large messages and no per-step allocation.
+
+torch tensors are *rebound*: each ``param.data`` becomes a view of its bucket, so the optimizer
+updates the bucket in place and the policy communicates it without a copy; with
+``gradients=True`` each ``param.grad`` is likewise a view of a flat gradient bucket.
+
+numpy arrays cannot be rebound, so the user's arrays stay authoritative: ``copy_in()`` packs
+them into the buckets before a communication and ``copy_out()`` writes the result back (two
+memory copies, no allocation).
+
+Buckets group parameters by (dtype, device) and hold about ``bucket_bytes`` each (25 MiB by
+default, as torch's DistributedDataParallel); a parameter larger than that gets a bucket of its
+own. With ``gradients=True`` parameters are packed in reverse order, the order in which
+backward produces their gradients, so the first bucket is the first one ready.
+"""
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from typing import Any, Iterable
+
+import numpy as np
+
+__all__ = ["DEFAULT_BUCKET_BYTES", "Slot", "Bucket", "BucketSet", "is_torch_tensor",
+           "copy_into", "segment"]
+
+DEFAULT_BUCKET_BYTES = 25 << 20
+
+
+def is_torch_tensor(x: Any) -> bool:
+    """True for a torch tensor, without importing torch (a numpy-only user never loads it)."""
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(x, torch.Tensor)
+
+
+def copy_into(dst: Any, src: Any) -> None:
+    """dst[...] = src for numpy arrays and torch tensors alike (no allocation)."""
+    if isinstance(dst, np.ndarray):
+        np.copyto(dst, src)
+    else:
+        dst.copy_(src)
+
+
+def segment(count: int, rank: int, n: int) -> tuple[int, int]:
+    """Elements [lo, hi) of a flat buffer of ``count`` owned by ``rank`` of ``n`` (the
+    collectives' reduce_scatter split: rank r owns [count*r//n, count*(r+1)//n))."""
+    return count * rank // n, count * (rank + 1) // n
+
+
+@dataclass(frozen=True)
+class Slot:
+    index: int         # position of the parameter in the list given to BucketSet
+    offset: int        # first element of the parameter in its bucket
+    numel: int         # number of elements
+    shape: tuple       # the parameter's shape
+
+
+class Bucket:
+    """One flat buffer (a numpy array or a torch tensor) holding several parameters back to
+    back, and, for torch with gradients, the matching flat gradient buffer."""
+
+    def __init__(self, index: int, flat: Any, slots: list[Slot], grad: Any = None) -> None:
+        self.index = index
+        self.flat = flat
+        self.slots = slots
+        self.grad = grad
+        if isinstance(flat, np.ndarray):
+            self.numel, self.itemsize = int(flat.size), int(flat.itemsize)
+        else:
+            self.numel, self.itemsize = int(flat.numel()), int(flat.element_size())
+
+    @property
+    def nbytes(self) -> int:
+        return self.numel * self.itemsize
+
+    def view(self, slot: Slot, buffer: Any = None) -> Any:
+        """The slot's elements of ``buffer`` (default: the parameter bucket), in its shape."""
+        buf = self.flat if buffer is None else buffer
+        return buf[slot.offset:slot.offset + slot.numel].reshape(slot.shape)
+
+    def new(self, extra: int = 0) -> Any:
+        """A zeroed buffer like the bucket (same kind, dtype, device), ``extra`` elements
+        longer: push-sum appends its weight to the parameters so both travel in one message."""
+        if isinstance(self.flat, np.ndarray):
+            return np.zeros(self.numel + extra, dtype=self.flat.dtype)
+        import torch
+        return torch.zeros(self.numel + extra, dtype=self.flat.dtype, device=self.flat.device)
+
+    def __repr__(self) -> str:
+        return (f"Bucket({self.index}, {len(self.slots)} parameters, {self.numel} elements, "
+                f"{self.nbytes / 2**20:.2f} MiB)")
+
+
+class BucketSet:
+    """The parameters of one policy, packed into buckets.
+
+    ``params``: a non-empty list of torch tensors or of numpy arrays (not mixed), of a floating
+    dtype. torch tensors are rebound to bucket views at construction (see the module doc).
+    """
+
+    def __init__(self, params: Iterable[Any], *, bucket_bytes: int = DEFAULT_BUCKET_BYTES,
+                 gradients: bool = False) -> None:
+        params = list(params)
+        if not params:
+            raise ValueError("no parameters to attach: pass a non-empty list of torch tensors "
+                             "or numpy arrays (e.g. list(model.parameters()))")
+        if not isinstance(bucket_bytes, int) or isinstance(bucket_bytes, bool) \
+                or bucket_bytes < 1:
+            raise ValueError(f"bucket_bytes must be a positive int, got {bucket_bytes!r}")
+        kinds = {"torch" if is_torch_tensor(p) else "numpy" if isinstance(p, np.ndarray)
+                 else type(p).__name__ for p in params}
+        if len(kinds) > 1 or not kinds <= {"torch", "numpy"}:
+            raise TypeError(f"parameters must be all torch tensors or all numpy arrays, got "
+                            f"{sorted(kinds)}")
+        seen: set[int] = set()
+        for i, p in enumerate(params):
+            if id(p) in seen:
+                raise ValueError(f"parameter #{i} appears twice in the list; pass each once")
+            seen.add(id(p))
+        self.kind = kinds.pop()
+        self.params = params
+        self.gradients = gradients and self.kind == "torch"
+        if self.kind == "numpy":
+            for i, p in enumerate(params):
+                if p.dtype.kind != "f":
+                    raise TypeError(f"parameter #{i} is {p.dtype}; averaging needs a floating "
+                                    "dtype (float16, float32 or float64)")
+                if not p.flags.writeable:
+                    raise ValueError(f"parameter #{i} is read-only; policies update it in place")
+        else:
+            import torch
+            for i, p in enumerate(params):
+                if not p.dtype.is_floating_point:
+                    raise TypeError(f"parameter #{i} is {p.dtype}; averaging needs a floating "
+                                    "dtype")
+                if p.layout != torch.strided:
+                    raise TypeError(f"parameter #{i} has layout {p.layout}; only dense tensors "
+                                    "can be packed into buckets")
+        self.buckets = self._pack(bucket_bytes)
+        self._where: dict[int, tuple[Bucket, Slot]] = {
+            id(self.params[s.index]): (b, s) for b in self.buckets for s in b.slots}
+        if self.kind == "torch":
+            self._rebind()
+        else:
+            self.copy_in()
+
+    # ------------------------------------------------------------------ packing
+    def _key(self, p: Any) -> tuple:
+        if self.kind == "numpy":
+            return ("numpy", p.dtype.str)
+        return ("torch", str(p.dtype), str(p.device))
+
+    def _pack(self, bucket_bytes: int) -> list[Bucket]:
+        order = range(len(self.params))
+        if self.gradients:
+            order = reversed(order)  # backward produces the last layers' gradients first
+        open_: dict[tuple, list[Slot]] = {}
+        closed: list[list[Slot]] = []
+        sizes: dict[tuple, int] = {}
+        for i in order:
+            p = self.params[i]
+            key = self._key(p)
+            numel = int(p.size if self.kind == "numpy" else p.numel())
+            itemsize = int(p.itemsize if self.kind == "numpy" else p.element_size())
+            slots = open_.get(key)
+            if slots is not None and (sizes[key] + numel) * itemsize > bucket_bytes:
+                closed.append(slots)
+                slots = None
+            if slots is None:
+                slots = open_[key] = []
+                sizes[key] = 0
+            slots.append(Slot(i, sizes[key], numel, tuple(p.shape)))
+            sizes[key] += numel
+        # Buckets in the order they were opened: the same on every peer for the same model.
+        groups = sorted(closed + [s for s in open_.values() if s],
+                        key=lambda slots: min(self._rank_of(s.index) for s in slots))
+        return [self._allocate(k, slots) for k, slots in enumerate(groups)]
+
+    def _rank_of(self, index: int) -> int:
+        return len(self.params) - 1 - index if self.gradients else index
+
+    def _allocate(self, k: int, slots: list[Slot]) -> Bucket:
+        first = self.params[slots[0].index]
+        total = slots[-1].offset + slots[-1].numel
+        if self.kind == "numpy":
+            return Bucket(k, np.empty(total, dtype=first.dtype), slots)
+        import torch
+        with torch.no_grad():
+            flat = torch.empty(total, dtype=first.dtype, device=first.device)
+            grad = torch.zeros_like(flat) if self.gradients else None
+        return Bucket(k, flat, slots, grad)
+
+    def _rebind(self) -> None:
+        import torch
+        with torch.no_grad():
+            for b in self.buckets:
+                for s in b.slots:
+                    p = self.params[s.index]
+                    view = b.view(s)
+                    view.copy_(p.detach())
+                    p.data = view
+                    if b.grad is not None and p.requires_grad:
+                        g = b.view(s, b.grad)
+                        if p.grad is not None:
+                            g.copy_(p.grad)
+                        p.grad = g
+
+    # ------------------------------------------------------------------ numpy round trip
+    def copy_in(self) -> None:
+        """numpy: pack the user's arrays into the buckets (torch: nothing to do, the
+        parameters are the buckets)."""
+        if self.kind != "numpy":
+            return
+        for b in self.buckets:
+            for s in b.slots:
+                np.copyto(b.view(s), self.params[s.index])
+
+    def copy_out(self) -> None:
+        """numpy: write the buckets back into the user's arrays."""
+        if self.kind != "numpy":
+            return
+        for b in self.buckets:
+            for s in b.slots:
+                np.copyto(self.params[s.index], b.view(s))
+
+    # ------------------------------------------------------------------ torch upkeep
+    def locate(self, param: Any) -> tuple[Bucket, Slot]:
+        """The bucket and slot of one of the parameters."""
+        try:
+            return self._where[id(param)]
+        except KeyError:
+            raise ValueError("this tensor is not one of the attached parameters") from None
+
+    def check_bound(self) -> None:
+        """torch: raise if a parameter no longer lives in its bucket (``param.data`` was
+        replaced, e.g. by ``model.to(...)`` after attach), since the policy would then
+        average buffers the optimizer no longer updates."""
+        if self.kind != "torch":
+            return
+        for b in self.buckets:
+            base = b.flat.data_ptr()
+            for s in b.slots:
+                p = self.params[s.index]
+                if p.data_ptr() != base + s.offset * b.itemsize:
+                    raise RuntimeError(
+                        f"parameter #{s.index} (shape {tuple(p.shape)}) was moved out of its "
+                        "bucket after the policy was attached (param.data replaced, or the "
+                        "model moved with .to()/.cuda()); move the model first, then attach")
+
+    def bind_grad(self, param: Any) -> Any:
+        """Make ``param.grad`` the view of the gradient bucket (copying a gradient autograd
+        allocated after zero_grad(set_to_none=True)); returns the view."""
+        b, s = self._where[id(param)]
+        view = b.view(s, b.grad)
+        g = param.grad
+        if g is None:
+            view.zero_()
+            param.grad = view
+        elif g.data_ptr() != view.data_ptr():
+            view.copy_(g)
+            param.grad = view
+        return view
+
+    def zero_grads(self) -> None:
+        """Zero the gradient buckets in place (one fill per bucket) and keep ``param.grad``
+        bound to them, so the next backward accumulates straight into the buckets."""
+        for b in self.buckets:
+            if b.grad is not None:
+                b.grad.zero_()
+        for b in self.buckets:
+            for s in b.slots:
+                p = self.params[s.index]
+                if p.requires_grad and (p.grad is None
+                                        or p.grad.data_ptr() != b.grad.data_ptr()
+                                        + s.offset * b.itemsize):
+                    p.grad = b.view(s, b.grad)
+
+    # ------------------------------------------------------------------ sizes
+    @property
+    def numel(self) -> int:
+        return sum(b.numel for b in self.buckets)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(b.nbytes for b in self.buckets)
+
+    def __len__(self) -> int:
+        return len(self.buckets)
+
+    def __iter__(self):
+        return iter(self.buckets)
+
+    def __repr__(self) -> str:
+        return (f"BucketSet({self.kind}, {len(self.params)} parameters in {len(self.buckets)} "
+                f"buckets, {self.nbytes / 2**20:.2f} MiB)")
