@@ -20,11 +20,9 @@ class GossipError(Exception):
     """Base of every error the runtime raises."""
 
 
-class PeerLost(GossipError):
-    """A peer died, closed, or went silent (no heartbeat) past the timeout.
-
-    Attributes: ``rank`` (the lost peer), ``address`` (its endpoint, if known), ``operation``.
-    """
+class _AboutAPeer(GossipError):
+    """An error about one other peer: ``rank``, ``address`` (its endpoint, if known) and the
+    ``operation`` that was waiting on it."""
 
     def __init__(self, message: str, *, rank: int | None = None, address: str | None = None,
                  operation: str | None = None) -> None:
@@ -34,17 +32,14 @@ class PeerLost(GossipError):
         self.operation = operation
 
 
-class OperationTimeout(GossipError, TimeoutError):
+class PeerLost(_AboutAPeer):
+    """A peer died, closed, or went silent (no heartbeat) past the timeout."""
+
+
+class OperationTimeout(_AboutAPeer, TimeoutError):
     """A peer is alive (its heartbeats arrive) but did not deliver what an operation waited
     for within the timeout: usually a peer that is still computing, or that never made the
     matching call. Also a TimeoutError, so generic timeout handling catches it."""
-
-    def __init__(self, message: str, *, rank: int | None = None, address: str | None = None,
-                 operation: str | None = None) -> None:
-        super().__init__(message)
-        self.rank = rank
-        self.address = address
-        self.operation = operation
 
 
 class RendezvousError(GossipError):

@@ -1,0 +1,292 @@
+"""The averaging-policy interface: how a training loop hands its parameters to the runtime and
+where the communication happens in a step.
+
+    policy = gossip.policies.Gossip().attach(peer, list(model.parameters()))
+    for batch in data:
+        loss(model, batch).backward()
+        policy.after_backward()          # gradient-side communication (Synchronous)
+        optimizer.step()
+        policy.after_step()              # parameter-side communication (the others)
+        optimizer.zero_grad()
+    policy.close()
+
+``gossip.DistributedOptimizer`` makes those two calls for you. Every peer of the group must
+attach the same policy (same class and arguments) to the same model and call it in step.
+"""
+from __future__ import annotations
+
+import abc
+import math
+import time
+from typing import Any, ClassVar
+
+import numpy as np
+
+from gossip.policies.buckets import DEFAULT_BUCKET_BYTES, BucketSet
+
+__all__ = ["Policy"]
+
+
+class Policy(abc.ABC):
+    """Base of the averaging policies.
+
+    ``attach(peer, params)`` packs ``params`` (a list of torch tensors or numpy arrays, or a
+    torch module) into contiguous buckets once; see gossip/policies/buckets.py for what that
+    does to the tensors (torch: ``param.data`` becomes a view of a bucket; numpy: the arrays are
+    copied into the buckets before each communication and back after).
+
+    Observability: ``stats()`` reports steps, bytes sent (deltas of ``peer.stats()``, so any
+    other traffic of the peer in the meantime is counted too), the wall time spent inside the
+    policy's calls (``comm_seconds``: the communication the training loop *waits* for) and
+    between them (``compute_seconds``), and with ``consensus=True`` the consensus distance.
+
+    Timeouts: ``timeout`` (default: the peer's) bounds every wait of the policy; a wait past
+    it raises gossip.OperationTimeout or gossip.PeerLost naming the rank and operation.
+    """
+
+    #: The name under which gossip.policies.make() finds the policy.
+    name: ClassVar[str] = "policy"
+    #: True if the policy averages gradients, so torch gradients are packed into buckets too.
+    uses_gradients: ClassVar[bool] = False
+
+    def __init__(self, *, bucket_bytes: int = DEFAULT_BUCKET_BYTES,
+                 timeout: float | None = None) -> None:
+        if not isinstance(bucket_bytes, int) or isinstance(bucket_bytes, bool) \
+                or bucket_bytes < 1:
+            raise ValueError(f"bucket_bytes must be a positive int, got {bucket_bytes!r}")
+        if timeout is not None and not (isinstance(timeout, (int, float))
+                                        and math.isfinite(timeout) and timeout > 0):
+            raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
+        self._bucket_bytes = bucket_bytes
+        self._timeout_arg = None if timeout is None else float(timeout)
+        self._peer: Any = None
+        self._buckets: BucketSet | None = None
+        self._step = 0
+        self._closed = False
+        self._comm_seconds = 0.0
+        self._compute_seconds = 0.0
+        self._last_exit: float | None = None
+        self._bytes0 = 0
+        self._messages0 = 0
+
+    # ------------------------------------------------------------------ lifetime
+    def attach(self, peer: Any, params: Any) -> "Policy":
+        """Pack ``params`` into buckets and get ready to communicate with ``peer``'s group;
+        returns the policy. Every peer must attach together (some policies communicate
+        here: Synchronous broadcasts rank 0's parameters, ElasticAveraging averages the
+        initial centre)."""
+        if self._closed:
+            raise RuntimeError(f"{self.name}: attach() after close(); make a new policy")
+        if self._peer is not None:
+            raise RuntimeError(f"{self.name} is already attached; make one policy per model")
+        for attr in ("rank", "world_size", "allreduce", "channel"):
+            if not hasattr(peer, attr):
+                raise TypeError(f"peer must be a gossip.Peer (from gossip.init()), got "
+                                f"{type(peer).__name__}")
+        if hasattr(params, "parameters") and callable(params.parameters):
+            params = list(params.parameters())  # a torch module
+        buckets = BucketSet(params, bucket_bytes=self._bucket_bytes,
+                            gradients=self.uses_gradients)
+        self._peer, self._buckets = peer, buckets
+        counters = peer.stats()
+        self._bytes0, self._messages0 = counters["bytes_sent"], counters["messages_sent"]
+        try:
+            self._setup()
+        except BaseException:
+            self._peer = self._buckets = None
+            raise
+        return self
+
+    def _setup(self) -> None:
+        """After the buckets exist: allocate the policy's own buffers, start threads."""
+
+    def close(self) -> None:
+        """Stop background threads and remove hooks; idempotent. The parameters stay where
+        they are (torch: views of the buckets, which the tensors keep alive)."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._peer is not None:
+            self._shutdown()
+
+    def _shutdown(self) -> None:
+        """Subclasses stop their threads and remove their hooks here."""
+
+    def __enter__(self) -> "Policy":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------ the step
+    def after_backward(self) -> None:
+        """Gradient-side communication: call after ``loss.backward()``, before
+        ``optimizer.step()``."""
+        self._check_ready()
+        start = self._enter()
+        try:
+            self._after_backward()
+        finally:
+            self._exit(start)
+
+    def after_step(self) -> None:
+        """Parameter-side communication: call after ``optimizer.step()``."""
+        self._check_ready()
+        start = self._enter()
+        try:
+            self._buckets.check_bound()
+            self._after_step(self._step)
+            self._step += 1
+        finally:
+            self._exit(start)
+
+    def _after_backward(self) -> None:
+        """Gradient-side work (only gradient policies have any)."""
+
+    @abc.abstractmethod
+    def _after_step(self, step: int) -> None:
+        """Parameter-side work of step ``step`` (0 for the first call)."""
+
+    def _enter(self) -> float:
+        now = time.perf_counter()
+        if self._last_exit is not None:
+            self._compute_seconds += now - self._last_exit
+        return now
+
+    def _exit(self, start: float) -> None:
+        now = time.perf_counter()
+        self._comm_seconds += now - start
+        self._last_exit = now
+
+    def _check_ready(self) -> None:
+        if self._peer is None:
+            raise RuntimeError(f"{self.name}: call attach(peer, params) first")
+        if self._closed:
+            raise RuntimeError(f"{self.name}: the policy was closed")
+
+    # ------------------------------------------------------------------ attributes
+    @property
+    def peer(self) -> Any:
+        return self._peer
+
+    @property
+    def buckets(self) -> BucketSet:
+        """The packed parameters (numpy: refreshed from the user's arrays only around a
+        communication)."""
+        self._check_ready()
+        return self._buckets
+
+    @property
+    def arrays(self) -> list:
+        """The parameters as attached (torch: now views of the buckets; numpy: the user's own
+        arrays, which the policy updates in place)."""
+        self._check_ready()
+        return list(self._buckets.params)
+
+    @property
+    def step(self) -> int:
+        """Number of completed after_step() calls."""
+        return self._step
+
+    @property
+    def timeout(self) -> float:
+        if self._timeout_arg is not None:
+            return self._timeout_arg
+        return float(self._peer.timeout) if self._peer is not None else 60.0
+
+    @property
+    def attached(self) -> bool:
+        return self._peer is not None
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    # ------------------------------------------------------------------ checkpoints
+    def state_dict(self) -> dict:
+        """What the policy needs to resume (the parameters themselves live in the model's or
+        the user's state): its name, the step count, and policy-specific state."""
+        state = {"policy": self.name, "step": self._step}
+        if self._peer is not None:
+            state.update(self._extra_state())
+        return state
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restore what state_dict() returned (after attach)."""
+        self._check_ready()
+        if not isinstance(state, dict) or "step" not in state:
+            raise ValueError("not a policy state dict: expected a dict with 'policy' and 'step'")
+        if state.get("policy") != self.name:
+            raise ValueError(f"state dict of policy {state.get('policy')!r} cannot be loaded "
+                             f"into {self.name!r}")
+        step = state["step"]
+        if not isinstance(step, (int, np.integer)) or step < 0:
+            raise ValueError(f"state dict step must be a non-negative int, got {step!r}")
+        self._load_extra_state(state)
+        self._step = int(step)
+
+    def _extra_state(self) -> dict:
+        return {}
+
+    def _load_extra_state(self, state: dict) -> None:
+        pass
+
+    # ------------------------------------------------------------------ observability
+    def stats(self, consensus: bool = False) -> dict:
+        """Counters of this peer's policy. ``consensus=True`` also measures the consensus
+        distance, which is a collective: every peer must call it together."""
+        self._check_ready()
+        counters = self._peer.stats()
+        sent = counters["bytes_sent"] - self._bytes0
+        comm, compute = self._comm_seconds, self._compute_seconds
+        out = {
+            "policy": self.name,
+            "rank": self._peer.rank,
+            "steps": self._step,
+            "bytes_sent": sent,
+            "messages_sent": counters["messages_sent"] - self._messages0,
+            "bytes_per_step": sent / self._step if self._step else 0.0,
+            "comm_seconds": comm,
+            "compute_seconds": compute,
+            "comm_fraction": comm / (comm + compute) if comm + compute > 0 else 0.0,
+            "parameters_bytes": self._buckets.nbytes,
+            "lost_peers": sorted(self._peer.lost_peers()),
+        }
+        out.update(self._extra_stats())
+        if consensus:
+            out["consensus_distance"] = self.consensus_distance()
+        return out
+
+    def _extra_stats(self) -> dict:
+        return {}
+
+    def _consensus_buffers(self) -> list:
+        """The flat buffers whose disagreement consensus_distance() measures: the
+        parameters the model uses (de-biased ones, for push-sum)."""
+        self._buckets.copy_in()
+        return [b.flat for b in self._buckets]
+
+    def consensus_distance(self) -> float:
+        """||x_i - mean_j x_j|| (over every parameter) averaged over the peers, by two
+        allreduces on the peer's main channel: a collective, so every peer must call it at
+        the same point. Allocates a copy of the parameters (a diagnostic, not a step)."""
+        self._check_ready()
+        total = 0.0
+        for flat in self._consensus_buffers():
+            mean = flat.copy() if isinstance(flat, np.ndarray) else flat.detach().clone()
+            self._peer.allreduce(mean, op="mean", timeout=self.timeout)
+            if isinstance(flat, np.ndarray):
+                diff = flat.astype(np.float64) - mean.astype(np.float64)
+                total += float(np.dot(diff, diff))
+            else:
+                diff = flat.detach().double() - mean.double()
+                total += float(diff.dot(diff))
+        distance = np.array([math.sqrt(total)], dtype=np.float64)
+        self._peer.allreduce(distance, op="mean", timeout=self.timeout)
+        return float(distance[0])
+
+    def __repr__(self) -> str:
+        where = (f"attached to rank {self._peer.rank}/{self._peer.world_size}"
+                 if self._peer is not None else "not attached")
+        return f"<{type(self).__name__} {where}, step {self._step}>"
+
