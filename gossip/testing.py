@@ -32,7 +32,7 @@ from typing import Any, Callable
 
 from collectives.errors import GossipError
 
-__all__ = ["spawn", "SpawnError", "SpawnTimeout", "PeerOutcome", "free_port"]
+__all__ = ["spawn", "SpawnError", "SpawnTimeout", "PeerOutcome", "free_port", "wait_until"]
 
 _GRACE = 2.0  # seconds between terminate and kill
 
@@ -42,6 +42,21 @@ def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((host, 0))
         return s.getsockname()[1]
+
+
+def wait_until(predicate: Callable[[], Any], timeout: float, *, interval: float = 0.02,
+               what: str = "the condition") -> Any:
+    """Poll ``predicate`` until it returns something truthy (returned) or ``timeout`` seconds
+    pass (TimeoutError naming ``what``). For conditions with no event to wait on, such as a
+    file another process writes."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() >= deadline:
+            raise TimeoutError(f"{what} did not happen within {timeout:g}s")
+        time.sleep(interval)
 
 
 @dataclass

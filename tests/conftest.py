@@ -5,9 +5,10 @@ import glob
 import os
 import tempfile
 import threading
-import time
 
 import pytest
+
+from gossip.testing import wait_until
 
 
 def gossip_threads() -> list[str]:
@@ -19,9 +20,10 @@ def no_leaks():
     """Fail the test if it leaves a gossip thread or an ipc socket file of this process."""
     before = set(glob.glob(os.path.join(tempfile.gettempdir(), f"gossip-{os.getpid()}-*.sock")))
     yield
-    deadline = time.monotonic() + 2.0
-    while gossip_threads() and time.monotonic() < deadline:
-        time.sleep(0.05)
+    try:
+        wait_until(lambda: not gossip_threads(), 2.0, what="the end of gossip threads")
+    except TimeoutError:
+        pass
     assert gossip_threads() == []
     after = set(glob.glob(os.path.join(tempfile.gettempdir(), f"gossip-{os.getpid()}-*.sock")))
     assert after - before == set()

@@ -13,6 +13,8 @@ from typing import Iterator
 import psutil
 import pytest
 
+from gossip.testing import wait_until
+
 from gossip.launcher import launch
 from gossip.testing import free_port
 
@@ -40,16 +42,17 @@ def _script(name: str) -> str:
 
 def _wait_for_files(folder: Path, pattern: str, count: int, proc: subprocess.Popen | None = None,
                     timeout: float = 30.0) -> list[Path]:
-    deadline = time.monotonic() + timeout
-    while True:
+    def ready():
         found = sorted(folder.glob(pattern))
         if len(found) >= count:
             return found
         if proc is not None and proc.poll() is not None:
             raise AssertionError(f"launcher exited {proc.returncode} before {count} {pattern}")
-        if time.monotonic() > deadline:
-            raise AssertionError(f"only {len(found)} of {count} {pattern} files in {timeout} s")
-        time.sleep(0.02)
+        return None
+    try:
+        return wait_until(ready, timeout, what=f"{count} {pattern} files")
+    except TimeoutError as exc:
+        raise AssertionError(str(exc)) from None
 
 
 def _pids(folder: Path, count: int) -> list[int]:
@@ -59,8 +62,7 @@ def _pids(folder: Path, count: int) -> list[int]:
 def _alive(pids: list[int], script: str, timeout: float = 0.0) -> list[int]:
     """PIDs still running ``script`` after up to ``timeout`` s (zombies and reused PIDs count
     as gone)."""
-    deadline = time.monotonic() + timeout
-    while True:
+    def still_running() -> list[int]:
         alive = []
         for pid in pids:
             try:
@@ -69,9 +71,12 @@ def _alive(pids: list[int], script: str, timeout: float = 0.0) -> list[int]:
                     alive.append(pid)
             except (psutil.NoSuchProcess, psutil.AccessDenied):
                 pass
-        if not alive or time.monotonic() >= deadline:
-            return alive
-        time.sleep(0.05)
+        return alive
+    try:
+        wait_until(lambda: not still_running(), timeout, interval=0.05, what="the peers' end")
+    except TimeoutError:
+        pass
+    return still_running()
 
 
 @pytest.fixture

@@ -14,7 +14,7 @@ import zmq
 import gossip
 from collectives.security import load_cluster_key, write_cluster_key
 from collectives.wire import DATA, encode_header
-from gossip.testing import free_port, spawn
+from gossip.testing import free_port, spawn, wait_until
 
 
 @pytest.fixture
@@ -83,10 +83,9 @@ def test_intruder_without_key_is_rejected(tmp_path, key_path):
     observed = {}
 
     def intrude():
-        deadline = time.monotonic() + 60
-        while not os.path.exists(endpoint_file) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        if not os.path.exists(endpoint_file):
+        try:
+            wait_until(lambda: os.path.exists(endpoint_file), 60, what="rank 0's endpoint")
+        except TimeoutError:
             open(done_file, "w").close()
             return  # the peers failed to start; spawn reports why
         endpoint = open(endpoint_file).read()

@@ -15,7 +15,7 @@ import zmq
 
 import gossip
 from collectives.wire import ALLOWED_DTYPES, DATA, encode_header
-from gossip.testing import SpawnError, spawn
+from gossip.testing import spawn, wait_until
 
 DTYPES = [d for d in ALLOWED_DTYPES if d != "bfloat16"]  # bfloat16 is torch's; see collectives
 
@@ -93,7 +93,7 @@ def test_auto_transport_uses_ipc_between_peers_of_one_host():
 
 
 # ---------------------------------------------------------------- hostile input
-def fuzz_target(peer, endpoint_file, done_file):
+def fuzz_target(peer, endpoint_file, done_file, expected):
     """Rank 0 publishes its endpoint, then both peers run real allreduces until the fuzzer is
     done; every result must be exact."""
     if peer.rank == 0:
@@ -107,8 +107,11 @@ def fuzz_target(peer, endpoint_file, done_file):
         peer.allreduce(x)
         assert np.array_equal(x, np.arange(50_000, dtype=np.float64) * 3)
         rounds += 1
-        finished = np.array([os.path.exists(done_file)], dtype=bool)
-        peer.allreduce(finished, op="max")  # both stop in the same round
+        # Rank 0 decides (both stop in the same round): the fuzzer is done and every one of
+        # its messages has been read and counted, while allreduces kept running.
+        finished = np.array([peer.rank == 0 and os.path.exists(done_file)
+                             and peer.stats()["dropped"] >= expected], dtype=bool)
+        peer.allreduce(finished, op="max")
         if finished[0] or time.monotonic() > deadline:
             break
     return rounds, peer.stats()["dropped"], peer.stats()["dropped_by_reason"]
@@ -141,9 +144,11 @@ def test_ten_thousand_hostile_frames_during_allreduce(tmp_path):
     sent = []
 
     def fuzz():
-        deadline = time.monotonic() + 60
-        while not os.path.exists(endpoint_file) and time.monotonic() < deadline:
-            time.sleep(0.05)
+        try:
+            wait_until(lambda: os.path.exists(endpoint_file), 60, what="rank 0's endpoint")
+        except TimeoutError:
+            open(done_file, "w").close()
+            return  # the peers failed to start; spawn reports why
         ctx = zmq.Context()
         socks = []
         try:
@@ -159,8 +164,7 @@ def test_ten_thousand_hostile_frames_during_allreduce(tmp_path):
             for i, frames in enumerate(_hostile_messages(10_000, seed=7)):
                 socks[i % len(socks)].send_multipart(frames)
                 sent.append(1)
-            time.sleep(1.0)  # let libzmq drain its queues before the sockets close
-        finally:
+        finally:  # a lingering close lets libzmq deliver everything first
             for s in socks:
                 s.close(linger=2000)
             ctx.term()
@@ -169,7 +173,8 @@ def test_ten_thousand_hostile_frames_during_allreduce(tmp_path):
     fuzzer = threading.Thread(target=fuzz)
     fuzzer.start()
     try:
-        results = spawn(fuzz_target, n=2, timeout=150, args=(endpoint_file, done_file))
+        results = spawn(fuzz_target, n=2, timeout=150,
+                        args=(endpoint_file, done_file, 10_000))
     finally:
         fuzzer.join(70)
     assert len(sent) == 10_000

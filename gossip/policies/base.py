@@ -143,6 +143,11 @@ class Policy(abc.ABC):
     def _after_backward(self) -> None:
         """Gradient-side work (only gradient policies have any)."""
 
+    def zero_grad(self) -> bool:
+        """Zero the policy's gradient buckets in place if it has any (Synchronous with torch)
+        and return True; False means the optimizer's own zero_grad() applies."""
+        return False
+
     @abc.abstractmethod
     def _after_step(self, step: int) -> None:
         """Parameter-side work of step ``step`` (0 for the first call)."""

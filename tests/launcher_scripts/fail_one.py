@@ -7,7 +7,7 @@ forever, until the launcher stops them.
 import os
 import signal
 import sys
-import time
+from gossip.testing import wait_until
 
 folder, fail_rank, mode = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
@@ -16,14 +16,12 @@ with open(os.path.join(folder, f"pid.{rank}.tmp"), "w") as f:
 os.rename(os.path.join(folder, f"pid.{rank}.tmp"), os.path.join(folder, f"pid.{rank}"))
 
 if rank == fail_rank:
-    deadline = time.monotonic() + 30
-    while (sum(os.path.exists(os.path.join(folder, f"pid.{r}")) for r in range(world)) < world
-           and time.monotonic() < deadline):
-        time.sleep(0.02)
+    wait_until(lambda: all(os.path.exists(os.path.join(folder, f"pid.{r}"))
+                           for r in range(world)), 30, what="every peer's PID file")
     print(f"rank {rank} failing on purpose ({mode})", flush=True)
     if mode == "sigkill":
         os.kill(os.getpid(), signal.SIGKILL)
     sys.exit(3)
 
 while True:
-    time.sleep(0.1)
+    signal.pause()  # until the launcher stops us

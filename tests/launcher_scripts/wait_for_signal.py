@@ -9,7 +9,6 @@ parent-death signal can come more than once (once per launcher thread that exits
 import os
 import signal
 import sys
-import time
 
 caught = None
 
@@ -37,7 +36,7 @@ try:  # before the PID file: a signal may come the moment the test sees it
         f.write(str(os.getpid()))
     os.rename(os.path.join(folder, f"pid.{rank}.tmp"), os.path.join(folder, f"pid.{rank}"))
     while True:
-        time.sleep(0.1)
+        signal.pause()
 except KeyboardInterrupt:
     caught = "SIGINT"
 except Stop:

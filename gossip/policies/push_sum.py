@@ -1,0 +1,214 @@
+"""Stochastic Gradient Push (SGP): push-sum gossip on directed and time-varying graphs."""
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import numpy as np
+
+from gossip.errors import PeerLost
+from gossip.policies.base import Policy
+from gossip.policies.buckets import DEFAULT_BUCKET_BYTES, copy_into
+from gossip.policies.decentralized import check_topology
+
+__all__ = ["PushSum"]
+
+log = logging.getLogger("gossip")
+
+
+class PushSum(Policy):
+    """SGP (Assran et al. 2019): each peer keeps a push-sum numerator ``x`` and a weight ``w``
+    (starting at 1); every step it keeps its own share ``p_ii`` of both and sends the share
+    ``p_ji`` of both to each out-neighbour ``j`` (column ``i`` of a column-stochastic matrix:
+    ``topology.push_weights``), then adds what its in-neighbours sent. The model uses the
+    de-biased ``x / w``, which converges to the true average of the peers even on directed
+    graphs where plain gossip converges to a biased one. The weight travels with the
+    parameters as one extra element at the end of each bucket's message.
+
+    The local optimizer step is applied to the numerator: after the optimizer moved the
+    parameters from ``x/w`` to ``x/w + d``, ``x <- x + d`` (SGP's update of the biased
+    variable), then the exchange, then ``x/w`` is written back into the parameters.
+
+    ``overlap=True``: the exchange of step t is launched without waiting and completed at
+    step t+1 (SGP's one-step-delayed overlap): the peer keeps ``p_ii`` of its own value at
+    once and adds its in-neighbours' messages one step late, so the step never waits for
+    the network unless the previous exchange is still running. ``flush()`` completes the
+    exchange in flight (state_dict() and close() call it).
+
+    When to use it: directed or time-varying graphs (the default OnePeerExponential: one
+    message per step, exact average every log2(n) steps for n a power of two), and
+    unreliable peers (a lost neighbour's share is kept, mass it held is lost together with
+    its weight, so x/w stays unbiased).
+
+    Cost per step: one message per out-neighbour, ``deg_out * (P + one element)`` bytes per
+    peer for P bytes of parameters; extra memory: one numerator buffer (and one send buffer
+    with overlap) of the parameters' size.
+
+    ``topology``: default ``OnePeerExponential(n)``; pass ``peer.topology`` (or any graph)
+    to use another; its ``push_weights`` must be column-stochastic (the topologies' default
+    for directed and time-varying graphs).
+    """
+
+    name = "push-sum"
+
+    def __init__(self, *, topology: Any = None, overlap: bool = False,
+                 bucket_bytes: int = DEFAULT_BUCKET_BYTES, timeout: float | None = None) -> None:
+        super().__init__(bucket_bytes=bucket_bytes, timeout=timeout)
+        self._topology_arg = topology
+        self.overlap = bool(overlap)
+        self._inflight: list[Any] | None = None
+        self._rounds_skipped = 0
+
+    # ------------------------------------------------------------------ set-up
+    def _setup(self) -> None:
+        if self._topology_arg is None:
+            import topologies
+            self.topology = topologies.OnePeerExponential(self._peer.world_size)
+        else:
+            self.topology = check_topology(self._topology_arg, self._peer.world_size)
+        self._buckets.copy_in()
+        # z = [x (numerator), w]: one buffer, so x and w travel in one message.
+        self._z = []
+        for b in self._buckets:
+            z = b.new(extra=1)
+            copy_into(z[:-1], b.flat)
+            z[-1] = 1.0
+            self._z.append(z)
+        self._scratch = [b.new(extra=1) for b in self._buckets]
+        self._send = [b.new(extra=1) for b in self._buckets] if self.overlap else None
+
+    def _shutdown(self) -> None:
+        try:
+            self.flush()
+        except Exception as exc:  # closing must not fail on a peer that is gone
+            log.warning("rank %d: push-sum exchange in flight at close failed: %s",
+                        self._peer.rank, exc)
+
+    # ------------------------------------------------------------------ views
+    @property
+    def numerators(self) -> list:
+        """The push-sum numerators x, one flat buffer per bucket (live views)."""
+        self._check_ready()
+        return [z[:-1] for z in self._z]
+
+    @property
+    def weights(self) -> list[float]:
+        """The push-sum weights w, one per bucket (all equal unless a bucket's message was
+        lost)."""
+        self._check_ready()
+        return [float(z[-1]) for z in self._z]
+
+    def _pattern(self, step: int) -> tuple[float, dict[int, float], dict[int, float]]:
+        """(share kept, {in-neighbour: 1.0}, {out-neighbour: share sent}) at ``step``, with
+        lost peers left out: the share meant for a lost out-neighbour is kept."""
+        rank = self._peer.rank
+        keep, shares = self.topology.push_weights(rank, step)
+        srcs = self.topology.in_neighbors(rank, step)
+        lost = self._peer.lost_peers()
+        if lost:
+            keep += sum(s for j, s in shares.items() if j in lost)
+            shares = {j: s for j, s in shares.items() if j not in lost}
+            srcs = [j for j in srcs if j not in lost]
+        return keep, {j: 1.0 for j in srcs}, shares
+
+    # ------------------------------------------------------------------ the step
+    def _local_update(self) -> None:
+        """x <- x + (params - x/w): the optimizer's move, applied to the numerator. Written
+        as x * (1 - 1/w) + params so it needs no temporary (and is exact when w == 1)."""
+        for b, z in zip(self._buckets, self._z):
+            x, w = z[:-1], float(z[-1])
+            x *= 1.0 - 1.0 / w
+            x += b.flat
+
+    def _debias(self) -> None:
+        for b, z in zip(self._buckets, self._z):
+            copy_into(b.flat, z[:-1])
+            b.flat /= float(z[-1])
+
+    def _after_step(self, step: int) -> None:
+        self._buckets.copy_in()
+        self._local_update()
+        if self.overlap:
+            self._absorb()
+            self._launch(step)
+        else:
+            keep, srcs, shares = self._pattern(step)
+            for z, scratch in zip(self._z, self._scratch):
+                try:
+                    self._peer.neighbor_allreduce(z, keep, srcs, list(shares),
+                                                  dst_weights=shares, scratch=scratch,
+                                                  timeout=self.timeout)
+                except PeerLost as exc:
+                    # The buffer is left as it was; what reached the live neighbours is
+                    # theirs. Every bucket is still called, to keep sequence numbers in step.
+                    self._rounds_skipped += 1
+                    log.warning("rank %d: push-sum round %d failed: %s", self._peer.rank,
+                                step, exc)
+        self._debias()
+        self._buckets.copy_out()
+
+    def _launch(self, step: int) -> None:
+        keep, srcs, shares = self._pattern(step)
+        work = []
+        for z, s, scratch in zip(self._z, self._send, self._scratch):
+            copy_into(s, z)   # the whole of z is sent, scaled per destination ...
+            z *= keep         # ... and the kept share stays here at once
+            # self_weight 0: when it completes, s holds only what the in-neighbours sent.
+            work.append(self._peer.neighbor_allreduce(s, 0.0, srcs, list(shares),
+                                                      dst_weights=shares, scratch=scratch,
+                                                      wait=False, timeout=self.timeout))
+        self._inflight = work
+
+    def _absorb(self) -> None:
+        """Complete the exchange in flight and add what arrived to the numerators."""
+        work, self._inflight = self._inflight, None
+        if work is None:
+            return
+        for w, z, s in zip(work, self._z, self._send):
+            try:
+                w.wait(self.timeout)
+            except PeerLost as exc:
+                self._rounds_skipped += 1
+                log.warning("rank %d: push-sum exchange failed: %s", self._peer.rank, exc)
+                continue
+            z += s
+
+    def flush(self) -> None:
+        """Complete the exchange in flight (overlap=True) and write the de-biased result into
+        the parameters. A no-op without overlap."""
+        if self._peer is None or self._inflight is None:
+            return
+        self._buckets.copy_in()
+        self._local_update()
+        self._absorb()
+        self._debias()
+        self._buckets.copy_out()
+
+    # ------------------------------------------------------------------ checkpoints
+    def _extra_state(self) -> dict:
+        # x = w * (x/w) and x/w is in the parameters, so the weights are all that is needed.
+        self.flush()
+        return {"weights": self.weights}
+
+    def _load_extra_state(self, state: dict) -> None:
+        weights = state.get("weights")
+        if not isinstance(weights, (list, tuple)) or len(weights) != len(self._z):
+            raise ValueError(f"push-sum state needs {len(self._z)} weights (one per bucket), "
+                             f"got {weights!r}")
+        if not all(np.isfinite(w) and w > 0 for w in weights):
+            raise ValueError(f"push-sum weights must be positive, got {weights!r}")
+        self.flush()
+        self._buckets.copy_in()
+        for b, z, w in zip(self._buckets, self._z, weights):
+            copy_into(z[:-1], b.flat)
+            z[:-1] *= float(w)
+            z[-1] = float(w)
+
+    def _consensus_buffers(self) -> list:
+        self.flush()
+        return super()._consensus_buffers()
+
+    def _extra_stats(self) -> dict:
+        return {"weights": self.weights if self._peer is not None else [],
+                "rounds_skipped": self._rounds_skipped, "overlap": self.overlap,
+                "topology": repr(self.topology)}

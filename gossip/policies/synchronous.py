@@ -1,0 +1,166 @@
+"""Synchronous data parallelism: gradients averaged by allreduce every step."""
+from __future__ import annotations
+
+import contextlib
+import threading
+from typing import Any, Iterator
+
+from gossip.policies.base import Policy
+from gossip.policies.buckets import DEFAULT_BUCKET_BYTES
+
+__all__ = ["Synchronous"]
+
+
+class Synchronous(Policy):
+    """Average the gradients of every peer by allreduce each step (as torch's
+    DistributedDataParallel): every replica takes the same step, so replicas stay bitwise
+    identical (our allreduce delivers identical bytes to every peer).
+
+    When to use it: a fast, reliable network and peers of equal speed; it is the reference
+    the other policies are measured against. A lost peer fails the step with PeerLost.
+
+    Cost per step: one allreduce of all gradients, ``2 (n-1)/n * P`` bytes sent per peer for
+    P bytes of gradients. With torch, gradients are packed into buckets of ``bucket_bytes``
+    (25 MiB) and each bucket's allreduce starts (``wait=False``) as soon as autograd has
+    accumulated its last gradient (``register_post_accumulate_grad_hook``), so communication
+    overlaps the rest of the backward pass; ``after_backward()`` waits for them. Buckets are
+    launched in a fixed order on every peer (a bucket ready early waits for the ones before
+    it), because collectives meet by sequence number.
+
+    With numpy arrays there is no autograd: ``after_step()`` averages the parameters instead.
+
+    ``broadcast_start``: at attach, copy rank 0's parameters to every peer, as DDP does, since
+    synchronous replicas must start identical. For gradient accumulation over several
+    backward passes, run all but the last inside ``with policy.no_sync():``.
+    """
+
+    name = "synchronous"
+    uses_gradients = True
+
+    def __init__(self, *, broadcast_start: bool = True,
+                 bucket_bytes: int = DEFAULT_BUCKET_BYTES, timeout: float | None = None) -> None:
+        super().__init__(bucket_bytes=bucket_bytes, timeout=timeout)
+        self._broadcast_start = bool(broadcast_start)
+        self._hooks: list[Any] = []
+        self._lock = threading.Lock()
+        self._sync = True
+
+    # ------------------------------------------------------------------ set-up
+    def _setup(self) -> None:
+        buckets = self._buckets
+        if self._broadcast_start and self._peer.world_size > 1:
+            buckets.copy_in()
+            for b in buckets:
+                self._peer.broadcast(b.flat, root=0, timeout=self.timeout)
+            buckets.copy_out()
+        self._work: list[Any] = [None] * len(buckets)
+        self._next = 0
+        if buckets.kind != "torch":
+            return
+        params = buckets.params
+        # How many gradients each bucket waits for (parameters that require one).
+        self._need = [sum(1 for s in b.slots if params[s.index].requires_grad)
+                      for b in buckets]
+        self._count = [0] * len(buckets)
+        self._seen: set[int] = set()
+        for p in params:
+            if p.requires_grad:
+                self._hooks.append(p.register_post_accumulate_grad_hook(self._on_grad))
+
+    def _shutdown(self) -> None:
+        for h in self._hooks:
+            h.remove()
+        self._hooks.clear()
+        # Finish what is in flight, so no operation writes into the buckets after close().
+        for work in getattr(self, "_work", []):
+            if work is not None:
+                try:
+                    work.wait(self.timeout)
+                except Exception:
+                    pass
+
+    @contextlib.contextmanager
+    def no_sync(self) -> Iterator[None]:
+        """Accumulate gradients locally (no communication) inside the block; the next
+        backward outside it averages the accumulated gradients."""
+        previous, self._sync = self._sync, False
+        try:
+            yield
+        finally:
+            self._sync = previous
+
+    # ------------------------------------------------------------------ hooks (autograd)
+    def _on_grad(self, param: Any) -> None:
+        # Runs in autograd's thread once the parameter's gradient is fully accumulated.
+        b, _ = self._buckets.locate(param)
+        self._buckets.bind_grad(param)
+        if not self._sync:
+            return
+        with self._lock:
+            key = id(param)
+            if key in self._seen:
+                raise RuntimeError(
+                    "a gradient was accumulated twice before after_backward(): its bucket's "
+                    "allreduce may already be running; for gradient accumulation run the "
+                    "extra backward passes inside `with policy.no_sync():`")
+            self._seen.add(key)
+            self._count[b.index] += 1
+            self._launch_ready()
+
+    def _launch_ready(self) -> None:
+        buckets = self._buckets.buckets
+        while self._next < len(buckets) and (self._count[self._next] >= self._need[self._next]):
+            self._launch(self._next)
+            self._next += 1
+
+    def _launch(self, k: int) -> None:
+        b = self._buckets.buckets[k]
+        if self._need[k] == 0:
+            return  # frozen parameters only: nothing to average
+        self._work[k] = self._peer.allreduce(b.grad, op="mean", wait=False,
+                                             timeout=self.timeout)
+
+    # ------------------------------------------------------------------ the step
+    def _after_backward(self) -> None:
+        if self._buckets.kind != "torch":
+            return
+        with self._lock:
+            # Parameters that got no gradient this step (unused in the forward pass, or no
+            # backward at all) take part with a zero gradient, so every peer launches the
+            # same buckets and every replica applies the same update.
+            if self._next < len(self._buckets):
+                for p in self._buckets.params:
+                    if p.requires_grad and id(p) not in self._seen:
+                        self._buckets.bind_grad(p)
+                while self._next < len(self._buckets):
+                    self._launch(self._next)
+                    self._next += 1
+            work, self._work = self._work, [None] * len(self._buckets)
+            self._next = 0
+            self._count = [0] * len(self._buckets)
+            self._seen.clear()
+        for w in work:
+            if w is not None:
+                w.wait(self.timeout)
+
+    def _after_step(self, step: int) -> None:
+        if self._buckets.kind == "torch":
+            return
+        # numpy: no gradients to hook, so the replicas are averaged after the local step.
+        buckets = self._buckets
+        buckets.copy_in()
+        work = [self._peer.allreduce(b.flat, op="mean", wait=False, timeout=self.timeout)
+                for b in buckets]
+        for w in work:
+            w.wait(self.timeout)
+        buckets.copy_out()
+
+    def zero_grad(self) -> bool:
+        """Zero the gradient buckets in place (keeping ``param.grad`` bound to them, so the
+        next backward accumulates straight into the buckets: no copy). Returns False when
+        there are no gradient buckets (numpy)."""
+        self._check_ready()
+        if self._buckets.kind != "torch":
+            return False
+        self._buckets.zero_grads()
+        return True
