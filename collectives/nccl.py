@@ -29,10 +29,10 @@ def nccl_available() -> bool:
     if os.environ.get("GOSSIP_NCCL", "") == "0":
         return False
     try:
-        from cupy.cuda import nccl  # noqa: F401
+        import cupy.cuda.nccl as nccl
     except Exception:
         return False
-    return True
+    return nccl is not None
 
 
 def _nccl_dtype(nccl, name: str):

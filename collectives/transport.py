@@ -29,17 +29,17 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import zmq
-from zmq.utils.monitor import recv_monitor_message
 
 from collectives.config import TransportConfig
 from collectives.errors import (AuthenticationError, OperationTimeout, PeerLost, ProtocolError,
                                 RendezvousError)
 from collectives.inbox import Inbox, Lost, SlotError
-from collectives.link import Link, ShmPending
+from collectives.link import Link
+from collectives.receiving import IDENTITY_PREFIX, Receiving
 from collectives.security import ZapHandler
-from collectives.shm import ShmRing, ShmView, parse_open, shm_supported
-from collectives.wire import (ABORT, BYE, CREDIT, DATA, HELLO, SHM, SHM_MAPPED, SHM_OPEN,
-                              STARVED, Header, WireError, decode_header, encode_header)
+from collectives.shm import ShmRing, ShmView, shm_supported
+from collectives.wire import (ABORT, BYE, DATA, SHM, SHM_MAPPED, SHM_OPEN, STARVED, Header,
+                              encode_header)
 
 __all__ = ["Transport", "PeerCounters", "SendTicket", "host_id"]
 
@@ -48,9 +48,6 @@ log = logging.getLogger("collectives")
 _MONITOR_EVENTS = (zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED | zmq.EVENT_HANDSHAKE_SUCCEEDED
                    | zmq.EVENT_HANDSHAKE_FAILED_AUTH | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
                    | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL)
-_IDENTITY_PREFIX = b"gossip:"
-_MAX_LOGGED_DROPS = 20  # per transport; a fuzzer must not flood the log
-_DISCONNECT_GRACE = 0.25  # seconds between a dropped connection and declaring its peer lost
 # Chunks up to this size travel inside the message, copied: cheaper than a shared-memory slot
 # or a zero-copy frame with its tracker (pyzmq copies below 64 KiB anyway).
 _INLINE_BYTES = 32 * 1024
@@ -103,7 +100,7 @@ class SendTicket:
         return True
 
 
-class Transport:
+class Transport(Receiving):
     """Point-to-point messaging for one peer. ``send`` is asynchronous (queued to the I/O
     thread, zero-copy); ``recv`` waits on the inbox slot ``(src, channel, seq)`` with a
     deadline. Higher layers (collectives, rendezvous) build on these two calls."""
@@ -232,7 +229,7 @@ class Transport:
                 raise ValueError(f"rank {self.rank}: no address for rank {rank}; the rendezvous "
                                  f"table has ranks {sorted(self._addresses)}")
             dealer = self._socket(zmq.DEALER)
-            dealer.routing_id = _IDENTITY_PREFIX + str(self.rank).encode()
+            dealer.routing_id = IDENTITY_PREFIX + str(self.rank).encode()
             dealer.sndhwm = self.config.send_hwm
             dealer.setsockopt(zmq.RECONNECT_IVL, 200)
             monitor = dealer.get_monitor_socket(_MONITOR_EVENTS)
@@ -503,16 +500,9 @@ class Transport:
 
     def _flush(self, link: Link) -> None:
         lost = self.inbox.lost(link.rank)
-        fail = None
-        if lost is not None:
-            error = PeerLost(f"rank {self.rank}: send to rank {link.rank} at "
-                             f"{self.address(link.rank)}: {lost.reason}", rank=link.rank)
-
-            def fail(ticket) -> None:
-                if ticket is not None:
-                    ticket.error = error
-                    ticket.queued.set()
-        state = link.flush(fail)
+        state = link.flush(None if lost is None else _failer(PeerLost(
+            f"rank {self.rank}: send to rank {link.rank} at {self.address(link.rank)}: "
+            f"{lost.reason}", rank=link.rank)))
         self._shm_blocked.discard(link)
         if state == "slot":
             self._shm_blocked.add(link)  # wait for a CREDIT, or the next millisecond's look
@@ -531,153 +521,6 @@ class Transport:
             # sends directly only once the queue is empty, which this flush just made it.
             del self._pollout[link.sock]
             self._poller.unregister(link.sock)
-
-    def _receive(self) -> None:
-        router = self._router
-        for _ in range(1024):  # bounded, so commands and monitors are not starved
-            try:
-                frames = router.recv_multipart(zmq.NOBLOCK, copy=False)
-            except zmq.Again:
-                return
-            self._handle(frames)
-
-    def _drop(self, reason: str, detail: str) -> None:
-        self.dropped += 1
-        self.dropped_by_reason[reason] = self.dropped_by_reason.get(reason, 0) + 1
-        if self.dropped <= _MAX_LOGGED_DROPS:
-            log.warning("rank %d: dropped a message (%s): %s%s", self.rank, reason, detail,
-                        "; further drops are only counted" if self.dropped == _MAX_LOGGED_DROPS
-                        else "")
-
-    def _handle(self, frames: list) -> None:
-        identity = frames[0].bytes
-        src = _rank_of_identity(identity, self.world_size)
-        if src is None:
-            self._drop("foreign", f"unknown sender identity {identity[:40]!r}")
-            return
-        if len(frames) not in (2, 3):
-            self._drop("malformed", f"{len(frames) - 1} frames from rank {src}")
-            return
-        payload = frames[2] if len(frames) == 3 else None
-        payload_len = len(payload) if payload is not None else 0
-        try:
-            header = decode_header(frames[1].buffer, world_size=self.world_size,
-                                   max_bytes=self.config.max_message_bytes,
-                                   payload_len=payload_len)
-        except WireError as exc:
-            self._drop("malformed", f"from rank {src}: {exc}")
-            return
-        if header.src != src:
-            self._drop("foreign", f"header claims rank {header.src} on rank {src}'s connection")
-            return
-        counters = self.counters[src]
-        counters.messages_received += 1
-        counters.bytes_received += payload_len
-        kind = header.kind
-        key = (src, header.channel, header.seq)
-        if kind == DATA:
-            if not self.inbox.put(key, (header, payload, None)):
-                self._drop("stale", f"rank {src} sent to finished operation "
-                                    f"(channel {header.channel}, seq {header.seq})")
-        elif kind == SHM:
-            view = self._views.get(src)
-            if view is None or header.slot >= view.nslots or header.length > view.slot_bytes:
-                self._drop("malformed", f"rank {src} named shared-memory slot {header.slot} "
-                                        f"of {header.length} bytes outside its ring")
-                return
-            counters.bytes_received += header.length
-            release = _Releaser(self, src, view, header.slot)
-            if not self.inbox.put(key, (header, view.chunk(header.slot, header.length),
-                                        release)):
-                release()
-                self._drop("stale", f"rank {src} sent to finished operation "
-                                    f"(channel {header.channel}, seq {header.seq})")
-        elif kind == SHM_OPEN:
-            self._map_ring(src, header.op)
-        elif kind == SHM_MAPPED:
-            mapped = self._ring_mapped.get(src)
-            if mapped is not None:
-                mapped.set()
-        elif kind == STARVED:
-            self.inbox.spill(src, _copy_out)
-        elif kind == CREDIT:
-            link = self._links.get(src)
-            if link is not None and link in self._shm_blocked:
-                self._flush(link)
-        elif kind == ABORT:
-            reason, lost_rank = header.op, None
-            if reason.startswith("lost:"):
-                rank_text, _, reason = reason[5:].partition("|")
-                lost_rank = int(rank_text) if rank_text.isdigit() else None
-            self.inbox.post_error(key, SlotError(f"rank {src} abandoned the operation: {reason}",
-                                                 lost_rank))
-        elif kind == BYE:
-            self.inbox.mark_lost(src, Lost("it closed its peer (left the group)", kind="closed"))
-        elif kind == HELLO:
-            pass
-
-    def _map_ring(self, src: int, announcement: str) -> None:
-        parsed = parse_open(announcement)
-        if parsed is None:
-            self._drop("malformed", f"rank {src} announced a shared-memory ring as "
-                                    f"{announcement[:60]!r}")
-            return
-        old = self._views.pop(src, None)
-        if old is not None:
-            old.close()
-        try:
-            self._views[src] = ShmView(*parsed)
-        except OSError as exc:
-            self.inbox.mark_lost(src, Lost(
-                f"cannot map its shared-memory ring ({exc}); run with GOSSIP_TRANSPORT=ipc "
-                "if peers on this host cannot read each other's /proc/<pid>/fd"))
-            return
-        # From now on the ring outlives its sender: tell it that it may exit. A peer that got
-        # the address table before us may be heard from before we can answer it.
-        if src in self._addresses:
-            self._send_quietly(src, encode_header(SHM_MAPPED, self.rank, 0, 0))
-        else:
-            self._unanswered.append(src)
-
-    def _send_quietly(self, dst: int, header: bytes) -> None:
-        """A control message whose loss only costs time (the peer is closing or gone)."""
-        try:
-            self.send(dst, header)
-        except (PeerLost, ValueError) as exc:
-            log.debug("rank %d: control message to rank %d not sent: %s", self.rank, dst, exc)
-
-    def _monitor_event(self, monitor, rank: int) -> None:
-        while True:
-            try:
-                event = recv_monitor_message(monitor, zmq.NOBLOCK)
-            except zmq.Again:
-                return
-            kind = event["event"]
-            if kind in (zmq.EVENT_CONNECTED, zmq.EVENT_HANDSHAKE_SUCCEEDED):
-                if kind == zmq.EVENT_HANDSHAKE_SUCCEEDED or self.config.key is None:
-                    self._connected.add(rank)
-            elif kind == zmq.EVENT_DISCONNECTED:
-                if rank in self._connected and rank not in self._suspects:
-                    # What the peer sent before it went travels on its own connection to our
-                    # ROUTER and may be read after this event: give it a moment to land, so
-                    # the last messages of a peer that finished and left are not lost.
-                    self._suspects[rank] = time.monotonic() + _DISCONNECT_GRACE
-            elif kind == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
-                self.inbox.mark_lost(rank, Lost("the peer refused our cluster key (CURVE "
-                                                "authentication failed)", kind="auth"))
-            elif kind in (zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL,
-                          zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL):
-                self.inbox.mark_lost(rank, Lost("security handshake failed (does every peer use "
-                                                "the same cluster key, or none?)", kind="auth"))
-
-    def _declare_lost(self) -> None:
-        now = time.monotonic()
-        for rank, when in list(self._suspects.items()):
-            if now >= when:
-                del self._suspects[rank]
-                self.inbox.mark_lost(rank, Lost(
-                    "connection dropped (the peer died, closed, or missed heartbeats for "
-                    f"{self.config.effective_heartbeat_timeout:g}s)"))
 
     def _say_goodbye(self) -> None:
         bye = (encode_header(BYE, self.rank, 0, 0),)
@@ -702,37 +545,10 @@ class Transport:
         self._views.clear()
 
 
-class _Releaser:
-    """Frees one shared-memory slot, once (a retired message may be released twice), and
-    wakes the sender with a CREDIT if it was waiting for a slot."""
-
-    __slots__ = ("transport", "src", "view", "slot")
-
-    def __init__(self, transport: "Transport", src: int, view: ShmView, slot: int) -> None:
-        self.transport, self.src, self.view, self.slot = transport, src, view, slot
-
-    def __call__(self) -> None:
-        view, self.view = self.view, None
-        if view is not None and view.release(self.slot) and not self.transport.closed:
-            self.transport._send_quietly(self.src,
-                                         encode_header(CREDIT, self.transport.rank, 0, 0))
-
-
-def _copy_out(item):
-    """A shared-memory message moved to private memory, its slot freed."""
-    header, payload, release = item
-    if release is None:
-        return item
-    copy = memoryview(bytearray(payload))
-    release()
-    return header, copy, None
-
-
-def _rank_of_identity(identity: bytes, world_size: int) -> int | None:
-    if not identity.startswith(_IDENTITY_PREFIX):
-        return None
-    digits = identity[len(_IDENTITY_PREFIX):]
-    if not digits.isdigit() or len(digits) > 9:
-        return None
-    rank = int(digits)
-    return rank if rank < world_size else None
+def _failer(error: Exception):
+    """What a lost peer's queued sends get instead of going out: their error."""
+    def fail(ticket) -> None:
+        if ticket is not None:
+            ticket.error = error
+            ticket.queued.set()
+    return fail
