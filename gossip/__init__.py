@@ -11,11 +11,14 @@ from gossip.errors import (AuthenticationError, GossipError, OperationTimeout, P
                            ProtocolError, RendezvousError, TopologyError)
 from gossip.peer import Peer
 from gossip.runtime import init
+from gossip import policies
+from gossip.optim import DistributedOptimizer, broadcast_parameters
 
 __version__ = "0.1.0"
 
 __all__ = [
     "init", "Peer",
+    "policies", "DistributedOptimizer", "broadcast_parameters",
     "GossipError", "PeerLost", "OperationTimeout", "RendezvousError", "ProtocolError",
     "AuthenticationError", "TopologyError",
     "__version__",

@@ -74,10 +74,12 @@ def push_sum_rounds(peer, overlap):
     x = rng.normal(loc=peer.rank, size=LENGTH)
     policy = PushSum(topology=graph, overlap=overlap).attach(peer, [x])
     sums = []
-    for _ in range(60):
+    for step in range(60):
         policy.after_step()
-        if overlap:
-            policy.flush()   # complete the exchange in flight, so the mass is all at home
+        if overlap and step < 59:
+            # An exchange is in flight: its mass is in nobody's numerator yet.
+            continue
+        policy.flush()       # (overlap) complete the exchange in flight: all mass at home
         z = np.concatenate([policy.numerators[0], [policy.weights[0]]])
         peer.allreduce(z, op="sum")
         sums.append(z)
@@ -277,7 +279,8 @@ def test_elastic_refuses_diverging_settings_and_warns_on_suspicious_ones():
 # ---------------------------------------------------------------------------- every policy
 POLICY_CASES = [
     ("synchronous", {}), ("local-sgd", {"period": 2}), ("gossip", {}), ("push-sum", {}),
-    ("push-sum", {"overlap": True}), ("asynchronous", {}), ("elastic", {"period": 2}),
+    ("push-sum", {"overlap": True}), ("asynchronous", {}),
+    ("asynchronous", {"max_staleness": 0}), ("elastic", {"period": 2}),
     ("elastic", {"period": 2, "center": "sharded"}),
 ]
 
@@ -320,3 +323,6 @@ def test_every_policy_runs_reports_and_stops_its_threads():
             assert stats["consensus_distance"] >= 0, case
             if case.startswith(("synchronous", "local-sgd")):
                 assert stats["consensus_distance"] == 0.0, case
+            if "max_staleness" in case:
+                # Every step waited for a push that included it: the thread pushed 6 times.
+                assert stats["background_rounds"] >= 6 and stats["bytes_sent"] > 0, stats

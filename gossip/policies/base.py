@@ -86,6 +86,7 @@ class Policy(abc.ABC):
         if hasattr(params, "parameters") and callable(params.parameters):
             params = list(params.parameters())  # a torch module
         buckets = BucketSet(params, bucket_bytes=self._bucket_bytes,
+                            first_bucket_bytes=getattr(self, "_first_bucket_bytes", None),
                             gradients=self.uses_gradients)
         self._peer, self._buckets = peer, buckets
         counters = peer.stats()

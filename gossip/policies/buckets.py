@@ -23,7 +23,7 @@ from typing import Any, Iterable
 import numpy as np
 
 __all__ = ["DEFAULT_BUCKET_BYTES", "Slot", "Bucket", "BucketSet", "is_torch_tensor",
-           "copy_into", "segment"]
+           "copy_into", "clone", "divide_into", "subtract_scaled", "segment"]
 
 DEFAULT_BUCKET_BYTES = 25 << 20
 
@@ -40,6 +40,30 @@ def copy_into(dst: Any, src: Any) -> None:
         np.copyto(dst, src)
     else:
         dst.copy_(src)
+
+
+def divide_into(dst: Any, src: Any, divisor: float) -> None:
+    """dst[...] = src / divisor in one pass, for numpy arrays and torch tensors alike."""
+    if isinstance(dst, np.ndarray):
+        np.divide(src, divisor, out=dst)
+    else:
+        import torch
+        torch.div(src, divisor, out=dst)
+
+
+def subtract_scaled(dst: Any, scale: float, src: Any) -> None:
+    """dst -= scale * src. torch: one fused pass. numpy (which has no in-place axpy): src is
+    used as scratch and left holding scale * src."""
+    if isinstance(dst, np.ndarray):
+        src *= scale
+        dst -= src
+    else:
+        dst.sub_(src, alpha=scale)
+
+
+def clone(buf: Any) -> Any:
+    """A copy of a numpy array or torch tensor (of the same kind, dtype and device)."""
+    return buf.copy() if isinstance(buf, np.ndarray) else buf.detach().clone()
 
 
 def segment(count: int, rank: int, n: int) -> tuple[int, int]:
@@ -79,13 +103,15 @@ class Bucket:
         buf = self.flat if buffer is None else buffer
         return buf[slot.offset:slot.offset + slot.numel].reshape(slot.shape)
 
-    def new(self, extra: int = 0) -> Any:
-        """A zeroed buffer like the bucket (same kind, dtype, device), ``extra`` elements
-        longer: push-sum appends its weight to the parameters so both travel in one message."""
+    def new(self, extra: int = 0, *, numel: int | None = None) -> Any:
+        """A zeroed flat buffer like the bucket (same kind, dtype, device) of ``numel``
+        elements (default: the bucket's) plus ``extra``: push-sum appends its weight to the
+        parameters so both travel in one message."""
+        count = (self.numel if numel is None else numel) + extra
         if isinstance(self.flat, np.ndarray):
-            return np.zeros(self.numel + extra, dtype=self.flat.dtype)
+            return np.zeros(count, dtype=self.flat.dtype)
         import torch
-        return torch.zeros(self.numel + extra, dtype=self.flat.dtype, device=self.flat.device)
+        return torch.zeros(count, dtype=self.flat.dtype, device=self.flat.device)
 
     def __repr__(self) -> str:
         return (f"Bucket({self.index}, {len(self.slots)} parameters, {self.numel} elements, "
@@ -100,7 +126,7 @@ class BucketSet:
     """
 
     def __init__(self, params: Iterable[Any], *, bucket_bytes: int = DEFAULT_BUCKET_BYTES,
-                 gradients: bool = False) -> None:
+                 first_bucket_bytes: int | None = None, gradients: bool = False) -> None:
         params = list(params)
         if not params:
             raise ValueError("no parameters to attach: pass a non-empty list of torch tensors "
@@ -137,7 +163,13 @@ class BucketSet:
                 if p.layout != torch.strided:
                     raise TypeError(f"parameter #{i} has layout {p.layout}; only dense tensors "
                                     "can be packed into buckets")
-        self.buckets = self._pack(bucket_bytes)
+        if first_bucket_bytes is None:
+            first_bucket_bytes = bucket_bytes
+        elif isinstance(first_bucket_bytes, bool) or not isinstance(first_bucket_bytes, int) \
+                or first_bucket_bytes < 1:
+            raise ValueError(f"first_bucket_bytes must be a positive int, got "
+                             f"{first_bucket_bytes!r}")
+        self.buckets = self._pack(bucket_bytes, first_bucket_bytes)
         self._where: dict[int, tuple[Bucket, Slot]] = {
             id(self.params[s.index]): (b, s) for b in self.buckets for s in b.slots}
         if self.kind == "torch":
@@ -151,7 +183,7 @@ class BucketSet:
             return ("numpy", p.dtype.str)
         return ("torch", str(p.dtype), str(p.device))
 
-    def _pack(self, bucket_bytes: int) -> list[Bucket]:
+    def _pack(self, bucket_bytes: int, first_bucket_bytes: int) -> list[Bucket]:
         order = range(len(self.params))
         if self.gradients:
             order = reversed(order)  # backward produces the last layers' gradients first
@@ -164,7 +196,11 @@ class BucketSet:
             numel = int(p.size if self.kind == "numpy" else p.numel())
             itemsize = int(p.itemsize if self.kind == "numpy" else p.element_size())
             slots = open_.get(key)
-            if slots is not None and (sizes[key] + numel) * itemsize > bucket_bytes:
+            # The first bucket of each kind may be smaller (DDP's is 1 MiB), so that the first
+            # allreduce starts early in the backward pass.
+            first = not any(self._key(self.params[c[0].index]) == key for c in closed)
+            cap = first_bucket_bytes if first else bucket_bytes
+            if slots is not None and (sizes[key] + numel) * itemsize > cap:
                 closed.append(slots)
                 slots = None
             if slots is None:
@@ -174,7 +210,7 @@ class BucketSet:
             sizes[key] += numel
         # Buckets in the order they were opened: the same on every peer for the same model.
         groups = sorted(closed + [s for s in open_.values() if s],
-                        key=lambda slots: min(self._rank_of(s.index) for s in slots))
+                        key=lambda slots: self._rank_of(slots[0].index))
         return [self._allocate(k, slots) for k, slots in enumerate(groups)]
 
     def _rank_of(self, index: int) -> int:

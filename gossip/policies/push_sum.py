@@ -8,7 +8,7 @@ import numpy as np
 
 from gossip.errors import PeerLost
 from gossip.policies.base import Policy
-from gossip.policies.buckets import DEFAULT_BUCKET_BYTES, copy_into
+from gossip.policies.buckets import DEFAULT_BUCKET_BYTES, copy_into, divide_into
 from gossip.policies.decentralized import check_topology
 
 __all__ = ["PushSum"]
@@ -55,6 +55,7 @@ class PushSum(Policy):
                  bucket_bytes: int = DEFAULT_BUCKET_BYTES, timeout: float | None = None) -> None:
         super().__init__(bucket_bytes=bucket_bytes, timeout=timeout)
         self._topology_arg = topology
+        self.topology = topology   # resolved at attach (None: OnePeerExponential(n))
         self.overlap = bool(overlap)
         self._inflight: list[Any] | None = None
         self._rounds_skipped = 0
@@ -117,13 +118,15 @@ class PushSum(Policy):
         as x * (1 - 1/w) + params so it needs no temporary (and is exact when w == 1)."""
         for b, z in zip(self._buckets, self._z):
             x, w = z[:-1], float(z[-1])
-            x *= 1.0 - 1.0 / w
-            x += b.flat
+            if w == 1.0:
+                copy_into(x, b.flat)   # regular schedules keep w at exactly one
+            else:
+                x *= 1.0 - 1.0 / w
+                x += b.flat
 
     def _debias(self) -> None:
         for b, z in zip(self._buckets, self._z):
-            copy_into(b.flat, z[:-1])
-            b.flat /= float(z[-1])
+            divide_into(b.flat, z[:-1], float(z[-1]))
 
     def _after_step(self, step: int) -> None:
         self._buckets.copy_in()

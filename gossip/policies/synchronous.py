@@ -8,7 +8,11 @@ from typing import Any, Iterator
 from gossip.policies.base import Policy
 from gossip.policies.buckets import DEFAULT_BUCKET_BYTES
 
-__all__ = ["Synchronous"]
+__all__ = ["Synchronous", "FIRST_BUCKET_BYTES"]
+
+# The first gradient bucket (the last layers') is small, as DDP's, so its allreduce starts
+# early in the backward pass instead of waiting for 25 MiB of gradients.
+FIRST_BUCKET_BYTES = 1 << 20
 
 
 class Synchronous(Policy):
@@ -21,9 +25,10 @@ class Synchronous(Policy):
 
     Cost per step: one allreduce of all gradients, ``2 (n-1)/n * P`` bytes sent per peer for
     P bytes of gradients. With torch, gradients are packed into buckets of ``bucket_bytes``
-    (25 MiB) and each bucket's allreduce starts (``wait=False``) as soon as autograd has
-    accumulated its last gradient (``register_post_accumulate_grad_hook``), so communication
-    overlaps the rest of the backward pass; ``after_backward()`` waits for them. Buckets are
+    (25 MiB; the first one 1 MiB, as DDP) and each bucket's allreduce starts (``wait=False``)
+    as soon as autograd has accumulated its last gradient
+    (``register_post_accumulate_grad_hook``), so communication overlaps the rest of the
+    backward pass; ``after_backward()`` waits for them. Buckets are
     launched in a fixed order on every peer (a bucket ready early waits for the ones before
     it), because collectives meet by sequence number.
 
@@ -40,6 +45,7 @@ class Synchronous(Policy):
     def __init__(self, *, broadcast_start: bool = True,
                  bucket_bytes: int = DEFAULT_BUCKET_BYTES, timeout: float | None = None) -> None:
         super().__init__(bucket_bytes=bucket_bytes, timeout=timeout)
+        self._first_bucket_bytes = min(FIRST_BUCKET_BYTES, bucket_bytes)
         self._broadcast_start = bool(broadcast_start)
         self._hooks: list[Any] = []
         self._lock = threading.Lock()

@@ -1,0 +1,346 @@
+"""Elastic averaging SGD (EASGD): workers tied to a centre variable by an elastic force."""
+from __future__ import annotations
+
+import logging
+import math
+import threading
+import warnings
+
+from gossip.errors import GossipError, OperationTimeout, PeerLost
+from gossip.policies.base import Policy
+from gossip.policies.buckets import DEFAULT_BUCKET_BYTES, clone, copy_into, segment
+
+__all__ = ["ElasticAveraging", "CENTERS", "DEFAULT_BETA"]
+
+log = logging.getLogger("gossip")
+
+CENTERS = ("replicated", "sharded")
+# The paper's moving rate beta = n * alpha (Zhang et al. use 0.9 in every experiment).
+DEFAULT_BETA = 0.9
+
+
+class ElasticAveraging(Policy):
+    """EASGD (Zhang, Choromanska, LeCun 2015). Each worker i trains its own x_i; every
+    ``period`` (tau) steps it is pulled towards a centre c and the centre towards it:
+    ``d_i = alpha (x_i - c); x_i -= d_i; c += d_i``. The workers explore around the centre,
+    which is the model to evaluate (``policy.center``, or load_center()).
+
+    ``center="replicated"`` (synchronous EASGD): every peer keeps the whole centre; one
+    allreduce of the elastic differences per round, ``c += sum_i d_i``, keeps the centres
+    bitwise identical. Invariant of a round: ``sum_i x_i + c`` is unchanged (the workers lose
+    exactly what the centre gains). Cost: one allreduce of P bytes every tau steps.
+
+    ``center="sharded"`` (asynchronous EASGD): peer r owns segment r of each flat bucket of
+    the centre. At its elastic step a worker sends its segment s to owner s (on
+    ``peer.channel(channel)``); the owner's background thread computes
+    ``d = alpha (x_s - c_s)``, applies ``c_s += d`` and answers d (on channel + 1), which the
+    worker subtracts. Requests are served one at a time, whenever they arrive, so a worker
+    waits only for the owners' server threads, never for another worker's training step.
+    Cost: P bytes out and P bytes back per elastic step, spread over the owners; each peer
+    stores 1/n of the centre. Close the policies after a barrier: a worker still training
+    cannot reach the shard of a peer that has closed (it then skips that shard).
+
+    Defaults: ``alpha = 0.9 / n`` (the paper's beta = n alpha = 0.9), ``period=4``. The
+    centre starts at the workers' mean (an allreduce at attach).
+
+    Stability (the paper's linear analysis of synchronous EASGD on f(x) = h x^2 / 2 with step
+    eta, tau = 1): the workers' mean m and the centre evolve by
+    ``[[1 - eta h - alpha, alpha], [beta, 1 - beta]]``, stable iff ``eta h > 0``,
+    ``beta > 0``, ``|det| < 1`` and ``(2 - eta h)(2 - beta) > 2 alpha``. With no gradient at
+    all that is ``alpha + beta < 2``: past it the elastic exchange diverges by itself whatever
+    the learning rate, so the replicated form refuses it (ValueError), as it refuses alpha
+    outside (0, 1) (the disagreement x_i - m shrinks by 1 - alpha per round). ``beta >= 1``
+    is legal but suspicious (the centre overshoots the mean and the condition tightens to
+    ``eta h < 2 - 2 alpha / (2 - beta)``): a warning. The sharded form applies the elastic
+    move one worker at a time, each a convex combination for 0 < alpha < 1, so only alpha is
+    restricted there.
+    """
+
+    name = "elastic"
+
+    def __init__(self, *, alpha: float | None = None, period: int = 4,
+                 center: str = "replicated", channel: int = 2, poll_interval: float = 0.002,
+                 bucket_bytes: int = DEFAULT_BUCKET_BYTES, timeout: float | None = None) -> None:
+        super().__init__(bucket_bytes=bucket_bytes, timeout=timeout)
+        if alpha is not None:
+            if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) \
+                    or not math.isfinite(alpha) or not 0 < alpha < 1:
+                raise ValueError(f"alpha must be in (0, 1), got {alpha!r}: the elastic move "
+                                 "x -= alpha (x - c) overshoots the centre for alpha >= 1")
+            if alpha < 1e-4:
+                warnings.warn(f"alpha={alpha:g} is so small that the workers barely feel the "
+                              "centre: they train almost independently", UserWarning,
+                              stacklevel=2)
+        if isinstance(period, bool) or not isinstance(period, int) or period < 1:
+            raise ValueError(f"period must be an int >= 1, got {period!r}")
+        if center not in CENTERS:
+            raise ValueError(f"center must be one of {', '.join(map(repr, CENTERS))}, got "
+                             f"{center!r}")
+        if isinstance(channel, bool) or not isinstance(channel, int) or channel < 1:
+            raise ValueError(f"channel must be an int >= 1 (0 is the peer's own), got "
+                             f"{channel!r}")
+        if not (isinstance(poll_interval, (int, float)) and 0 < poll_interval <= 1):
+            raise ValueError(f"poll_interval must be in (0, 1] seconds, got {poll_interval!r}")
+        self._alpha_arg = None if alpha is None else float(alpha)
+        self.period = period
+        self.center_mode = center
+        self._channel_number = channel
+        self._poll = float(poll_interval)
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._error: BaseException | None = None
+        self._dropped: dict[int, str] = {}
+        self._served = 0
+        self._rounds = 0
+
+    # ------------------------------------------------------------------ set-up
+    @property
+    def alpha(self) -> float:
+        if self._alpha_arg is not None:
+            return self._alpha_arg
+        if self._peer is None:
+            raise RuntimeError("alpha defaults to 0.9 / n: attach the policy first")
+        return DEFAULT_BETA / self._peer.world_size
+
+    @property
+    def beta(self) -> float:
+        """The paper's moving rate of the centre, n * alpha."""
+        return self.alpha * self._peer.world_size
+
+    def _check_stability(self) -> None:
+        n, alpha = self._peer.world_size, self.alpha
+        if not 0 < alpha < 1:  # the default 0.9 / n with n = 1 is 0.9
+            raise ValueError(f"alpha must be in (0, 1), got {alpha!r}")
+        if self.center_mode != "replicated":
+            return
+        beta = n * alpha
+        if alpha + beta >= 2:
+            raise ValueError(
+                f"alpha={alpha:g} with {n} peers gives beta = n alpha = {beta:g}: the "
+                f"replicated elastic exchange diverges when alpha + beta >= 2 (the centre-mean "
+                f"mode is multiplied by 1 - alpha - beta = {1 - alpha - beta:g} per round); "
+                f"use alpha < {2 / (n + 1):.4g}, e.g. the default 0.9 / n = {0.9 / n:.4g}")
+        if beta >= 1:
+            warnings.warn(f"beta = n alpha = {beta:g} >= 1: the centre overshoots the workers' "
+                          "mean each round, and stability then needs a smaller learning rate "
+                          "than plain SGD; the paper uses beta = 0.9", UserWarning, stacklevel=4)
+
+    def _setup(self) -> None:
+        self._check_stability()
+        peer, buckets = self._peer, self._buckets
+        n, rank = peer.world_size, peer.rank
+        buckets.copy_in()
+        # The centre starts at the workers' mean.
+        means = []
+        for b in buckets:
+            m = b.new()
+            copy_into(m, b.flat)
+            peer.allreduce(m, op="mean", timeout=self.timeout)
+            means.append(m)
+        if self.center_mode == "replicated":
+            self._center = means
+            self._diff = [b.new() for b in buckets]
+            return
+        self._segs = [[segment(b.numel, s, n) for s in range(n)] for b in buckets]
+        self._center = []
+        for m, segs in zip(means, self._segs):
+            lo, hi = segs[rank]
+            self._center.append(clone(m[lo:hi]))
+        self._own_diff = [clone(c) for c in self._center]
+        self._replies = [[b.new(numel=hi - lo) if s != rank else None
+                          for s, (lo, hi) in enumerate(segs)]
+                         for b, segs in zip(buckets, self._segs)]
+        self._requests = [clone(c) for c in self._center]
+        self._req_comm = peer.channel(self._channel_number)
+        self._rep_comm = peer.channel(self._channel_number + 1)
+        # The buckets whose segment of this peer is not empty, in order: what every worker
+        # sends this peer, bucket after bucket.
+        self._served_buckets = [k for k, segs in enumerate(self._segs)
+                                if segs[rank][1] > segs[rank][0]]
+        self._next_request = {j: 0 for j in range(n) if j != rank}
+        if self._served_buckets and n > 1:
+            self._thread = threading.Thread(target=self._serve, daemon=True,
+                                            name=f"gossip-easgd-r{rank}")
+            self._thread.start()
+
+    def _shutdown(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(max(1.0, self._poll * 10))
+            if self._thread.is_alive():
+                log.warning("rank %d: elastic-averaging server thread still running after "
+                            "close()", self._peer.rank)
+
+    # ------------------------------------------------------------------ the step
+    def _after_step(self, step: int) -> None:
+        if (step + 1) % self.period:
+            return
+        if self._error is not None:
+            raise RuntimeError(f"rank {self._peer.rank}: the elastic-averaging server thread "
+                               f"failed: {self._error!r}") from self._error
+        self._buckets.copy_in()
+        if self.center_mode == "replicated":
+            self._replicated_round()
+        else:
+            self._sharded_round()
+        self._buckets.copy_out()
+        self._rounds += 1
+
+    def _replicated_round(self) -> None:
+        alpha = self.alpha
+        work = []
+        for b, c, d in zip(self._buckets, self._center, self._diff):
+            copy_into(d, b.flat)
+            d -= c
+            d *= alpha          # d_i = alpha (x_i - c)
+            b.flat -= d         # x_i -= d_i
+            work.append(self._peer.allreduce(d, op="sum", wait=False, timeout=self.timeout))
+        for w, c, d in zip(work, self._center, self._diff):
+            w.wait(self.timeout)
+            c += d              # c += sum_i d_i: the same bytes on every peer
+
+    def _sharded_round(self) -> None:
+        rank, alpha = self._peer.rank, self.alpha
+        asked = []
+        for k, (b, segs) in enumerate(zip(self._buckets, self._segs)):
+            for s, (lo, hi) in enumerate(segs):
+                if hi == lo:
+                    continue
+                if s == rank:
+                    with self._lock:   # the server thread updates the same shard
+                        d = self._own_diff[k]
+                        copy_into(d, b.flat[lo:hi])
+                        d -= self._center[k]
+                        d *= alpha
+                        self._center[k] += d
+                    b.flat[lo:hi] -= d
+                    continue
+                if not self._owner_alive(s):
+                    continue
+                try:
+                    self._req_comm.send(s, b.flat[lo:hi], timeout=self.timeout)
+                    asked.append((k, s))
+                except (PeerLost, OperationTimeout) as exc:
+                    self._drop(s, exc)
+        for k, s in asked:
+            if s in self._dropped:
+                continue
+            lo, hi = self._segs[k][s]
+            reply = self._replies[k][s]
+            try:
+                self._rep_comm.recv(s, reply, timeout=self.timeout)
+            except (PeerLost, OperationTimeout) as exc:
+                self._drop(s, exc)
+                continue
+            self._buckets.buckets[k].flat[lo:hi] -= reply
+
+    def _owner_alive(self, rank: int) -> bool:
+        if rank in self._dropped:
+            return False
+        reason = self._peer.lost_peers().get(rank)
+        if reason is not None:
+            self._dropped[rank] = reason
+            return False
+        return True
+
+    def _drop(self, rank: int, exc: BaseException) -> None:
+        self._dropped[rank] = str(exc)
+        log.warning("rank %d: elastic averaging drops rank %d (its centre shard is no longer "
+                    "reachable): %s", self._peer.rank, rank, exc)
+
+    # ------------------------------------------------------------------ shard server
+    def _serve(self) -> None:
+        try:
+            while not self._stop.is_set():
+                if not self._serve_pending():
+                    self._stop.wait(self._poll)
+        except BaseException as exc:  # handed to the training loop at its next elastic step
+            if not self._stop.is_set():
+                log.exception("rank %d: elastic-averaging server failed", self._peer.rank)
+                self._error = exc
+
+    def _serve_pending(self) -> bool:
+        served = False
+        alpha = self.alpha
+        for src, pos in self._next_request.items():
+            while (src not in self._dropped and not self._peer.lost_peers().get(src)
+                   and self._req_comm.probe(src)):
+                k = self._served_buckets[pos]
+                req = self._requests[k]
+                try:
+                    self._req_comm.recv(src, req, timeout=self.timeout)
+                except (PeerLost, OperationTimeout):
+                    break
+                except GossipError as exc:
+                    log.warning("rank %d: elastic averaging: bad request from rank %d: %s",
+                                self._peer.rank, src, exc)
+                    break
+                with self._lock:
+                    req -= self._center[k]
+                    req *= alpha          # d = alpha (x_s - c_s)
+                    self._center[k] += req
+                try:
+                    self._rep_comm.send(src, req, timeout=self.timeout)
+                except (PeerLost, OperationTimeout):
+                    pass  # the worker is gone; the centre kept its pull
+                pos = (pos + 1) % len(self._served_buckets)
+                self._next_request[src] = pos
+                self._served += 1
+                served = True
+        return served
+
+    # ------------------------------------------------------------------ centre access
+    @property
+    def center(self) -> list:
+        """The centre variable this peer holds, one flat buffer per bucket (replicated: the
+        whole centre; sharded: this peer's segment of each bucket). Live; do not modify."""
+        self._check_ready()
+        return list(self._center)
+
+    def load_center(self) -> None:
+        """Copy the centre into the parameters (e.g. to evaluate it). Replicated: local.
+        Sharded: a collective (an allreduce assembles the shards), every peer must call it.
+        The workers then restart from the centre."""
+        self._check_ready()
+        buckets = self._buckets
+        if self.center_mode == "replicated":
+            for b, c in zip(buckets, self._center):
+                copy_into(b.flat, c)
+        else:
+            rank = self._peer.rank
+            for b, segs, c in zip(buckets, self._segs, self._center):
+                lo, hi = segs[rank]
+                b.flat[:] = 0
+                with self._lock:
+                    copy_into(b.flat[lo:hi], c)
+                self._peer.allreduce(b.flat, op="sum", timeout=self.timeout)
+        buckets.copy_out()
+
+    # ------------------------------------------------------------------ state and stats
+    def _extra_state(self) -> dict:
+        with self._lock:
+            return {"center": [clone(c) for c in self._center],
+                    "center_mode": self.center_mode, "alpha": self.alpha}
+
+    def _load_extra_state(self, state: dict) -> None:
+        center = state.get("center")
+        if state.get("center_mode") != self.center_mode:
+            raise ValueError(f"state dict has center={state.get('center_mode')!r}, this policy "
+                             f"center={self.center_mode!r}")
+        if not isinstance(center, (list, tuple)) or len(center) != len(self._center):
+            raise ValueError(f"elastic state needs {len(self._center)} centre buffers, got "
+                             f"{type(center).__name__}")
+        for mine, theirs in zip(self._center, center):
+            if tuple(mine.shape) != tuple(theirs.shape):
+                raise ValueError(f"centre buffer of shape {tuple(theirs.shape)} does not fit "
+                                 f"{tuple(mine.shape)}")
+        with self._lock:
+            for mine, theirs in zip(self._center, center):
+                copy_into(mine, theirs)
+
+    def _extra_stats(self) -> dict:
+        return {"alpha": self.alpha, "beta": self.beta, "period": self.period,
+                "center": self.center_mode, "elastic_rounds": self._rounds,
+                "requests_served": self._served, "dropped_peers": sorted(self._dropped)}
+

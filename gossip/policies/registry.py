@@ -1,0 +1,48 @@
+"""Policies by name: ``gossip.policies.make("gossip")``, and what ``policy="..."`` accepts in
+gossip.DistributedOptimizer."""
+from __future__ import annotations
+
+from typing import Any
+
+from gossip.policies.asynchronous import Asynchronous
+from gossip.policies.base import Policy
+from gossip.policies.decentralized import Gossip
+from gossip.policies.elastic import ElasticAveraging
+from gossip.policies.local_sgd import LocalSGD
+from gossip.policies.push_sum import PushSum
+from gossip.policies.synchronous import Synchronous
+
+__all__ = ["POLICIES", "make", "names", "resolve"]
+
+#: Canonical name -> policy class.
+POLICIES: dict[str, type[Policy]] = {cls.name: cls for cls in (
+    Synchronous, LocalSGD, Gossip, Asynchronous, PushSum, ElasticAveraging)}
+
+
+def names() -> list[str]:
+    """The known policy names, in the order they are documented."""
+    return list(POLICIES)
+
+
+def make(name: str, **kwargs: Any) -> Policy:
+    """A new policy of the given name (case and ``_``/``-`` do not matter), constructed with
+    ``kwargs``. Unknown names raise ValueError listing the known ones."""
+    if not isinstance(name, str):
+        raise TypeError(f"policy name must be a string, got {type(name).__name__}")
+    key = name.strip().lower().replace("_", "-")
+    cls = POLICIES.get(key)
+    if cls is None:
+        raise ValueError(f"unknown policy {name!r}; known policies: {', '.join(POLICIES)}")
+    return cls(**kwargs)
+
+
+def resolve(policy: Any) -> Policy:
+    """A Policy instance from an instance or a name."""
+    if isinstance(policy, Policy):
+        return policy
+    if isinstance(policy, str):
+        return make(policy)
+    if isinstance(policy, type) and issubclass(policy, Policy):
+        raise TypeError(f"pass an instance, e.g. {policy.__name__}(), not the class")
+    raise TypeError(f"policy must be a name ({', '.join(POLICIES)}) or a Policy instance, got "
+                    f"{type(policy).__name__}")
