@@ -14,8 +14,8 @@ import topologies
 from gossip.policies import Asynchronous, Gossip
 from gossip.testing import spawn, wait_until
 
-SLEEP = 0.1   # the slow neighbour's extra time per step, seconds
-STEPS = 30
+SLEEP = 0.2   # the slow neighbour's extra time per step, seconds
+STEPS = 25
 
 
 def local_work(x: np.ndarray, scratch: np.ndarray) -> None:
@@ -63,9 +63,9 @@ def test_asynchronous_training_loop_does_not_wait_for_a_slow_neighbour():
         # Waiting on the slow neighbour would cost SLEEP at every step (or every other one,
         # when it is the out-neighbour): compare with that, not with absolute figures, and
         # leave room for a loaded machine's scheduling stalls.
-        assert median < SLEEP / 4, summary
+        assert median < alone + SLEEP / 4, summary
+        assert median < 3 * alone + SLEEP / 20, summary
         assert sum(t >= SLEEP for t in with_slow) < 0.25 * len(with_slow), summary
-        assert median < 3 * alone + SLEEP / 10, summary
         assert stats["background_rounds"] > 0
 
 
