@@ -65,6 +65,7 @@ class Communicator:
         self._p2p_recv_seq = [0] * self.world_size
         self._executor = Executor(f"gossip-ops-r{self.rank}")
         self._nccl = None  # NcclGroup, made on the first device array
+        self._buffer_pool: dict[tuple, list] = {}  # free send-buffer sets, by shape
 
     @property
     def timeout(self) -> float:
@@ -119,6 +120,14 @@ class Communicator:
         work = Work(f"rank {self.rank}: {description}")
         work._finish(result)
         return work
+
+    def _take_buffers(self, key: tuple, adapter: ArrayAdapter, flat: Any) -> list:
+        with self._seq_lock:
+            free = self._buffer_pool.get(key)
+            if free:
+                return free.pop()
+        _, dtype, size, count = key
+        return [adapter.empty(size, dtype, flat) for _ in range(count)]
 
     def _all_peers(self) -> list[int]:
         return [r for r in range(self.world_size) if r != self.rank]
@@ -294,10 +303,20 @@ class Communicator:
         peers = sorted(set(dst_ranks) | set(src_weights))
 
         def body() -> Any:
-            self._execute(seq, "neighbor_allreduce", dtype, tuple(x.shape), timeout, peers,
-                          lambda call: neighbor_exchange(call, adapter, flat, float(self_weight),
-                                                         src_weights, dst_ranks, dst_weights,
-                                                         scratch))
+            # Push-sum scales a copy per destination every round: those buffers come from a
+            # pool (an operation running concurrently gets its own), so rounds allocate none.
+            key = (adapter.kind, dtype, adapter.size(flat), len(dst_ranks))
+            buffers = self._take_buffers(key, adapter, flat) if dst_weights is not None else None
+            try:
+                self._execute(seq, "neighbor_allreduce", dtype, tuple(x.shape), timeout, peers,
+                              lambda call: neighbor_exchange(call, adapter, flat,
+                                                             float(self_weight), src_weights,
+                                                             dst_ranks, dst_weights, scratch,
+                                                             buffers))
+            finally:
+                if buffers is not None:
+                    with self._seq_lock:
+                        self._buffer_pool.setdefault(key, []).append(buffers)
             adapter.synchronize()
             return x
         return self._launch(f"neighbor_allreduce seq {seq}", body, wait)

@@ -18,21 +18,21 @@ __all__ = ["neighbor_exchange"]
 
 def neighbor_exchange(call: Call, adapter: ArrayAdapter, flat: Any, self_weight: float,
                       src_weights: dict[int, float], dst_ranks: list[int],
-                      dst_weights: dict[int, float] | None, scratch: Any) -> None:
+                      dst_weights: dict[int, float] | None, scratch: Any,
+                      send_buffers: list | None = None) -> None:
     """Combine in place into ``flat``; ``scratch`` is a caller-owned buffer of the same size
-    (reused across rounds, so a round allocates nothing of the array's size)."""
+    (reused across rounds, so a round allocates nothing of the array's size). With
+    ``dst_weights``, ``send_buffers`` holds one caller-owned buffer per destination for the
+    scaled copies (reused too; they are free again when this returns)."""
     size = adapter.size(flat)
-    dtype = adapter.dtype_name(flat)
     tickets = []
-    copies = []
-    for dst in dst_ranks:
+    for i, dst in enumerate(dst_ranks):
         if dst_weights is None:
             tickets.append(post_range(call, dst, adapter, flat, 0, size, track=True))
         else:
-            scaled = adapter.empty(size, dtype, flat)
+            scaled = send_buffers[i]
             adapter.copy(scaled, flat)
             adapter.scale(scaled, dst_weights[dst])
-            copies.append(scaled)  # keep alive until sent
             tickets.append(post_range(call, dst, adapter, scaled, 0, size, track=True))
     adapter.copy(scratch, flat)
     adapter.scale(scratch, self_weight)
