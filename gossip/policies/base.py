@@ -149,6 +149,17 @@ class Policy(abc.ABC):
         and return True; False means the optimizer's own zero_grad() applies."""
         return False
 
+    def _average_parameters(self) -> None:
+        """Replace every replica's parameters by their mean: one non-blocking allreduce per
+        bucket, all in flight at once, then wait for them (each bounded by the timeout)."""
+        buckets = self._buckets
+        buckets.copy_in()
+        work = [self._peer.allreduce(b.flat, op="mean", wait=False, timeout=self.timeout)
+                for b in buckets]
+        for w in work:
+            w.wait(self.timeout)
+        buckets.copy_out()
+
     @abc.abstractmethod
     def _after_step(self, step: int) -> None:
         """Parameter-side work of step ``step`` (0 for the first call)."""

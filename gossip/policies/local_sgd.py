@@ -52,13 +52,7 @@ class LocalSGD(Policy):
     def _after_step(self, step: int) -> None:
         if not self.averages_at(step):
             return
-        buckets = self._buckets
-        buckets.copy_in()
-        work = [self._peer.allreduce(b.flat, op="mean", wait=False, timeout=self.timeout)
-                for b in buckets]
-        for w in work:
-            w.wait(self.timeout)
-        buckets.copy_out()
+        self._average_parameters()
 
     def _extra_stats(self) -> dict:
         return {"period": self.period, "warmup_steps": self.warmup_steps}

@@ -153,13 +153,7 @@ class Synchronous(Policy):
         if self._buckets.kind == "torch":
             return
         # numpy: no gradients to hook, so the replicas are averaged after the local step.
-        buckets = self._buckets
-        buckets.copy_in()
-        work = [self._peer.allreduce(b.flat, op="mean", wait=False, timeout=self.timeout)
-                for b in buckets]
-        for w in work:
-            w.wait(self.timeout)
-        buckets.copy_out()
+        self._average_parameters()
 
     def zero_grad(self) -> bool:
         """Zero the gradient buckets in place (keeping ``param.grad`` bound to them, so the
