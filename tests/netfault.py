@@ -1,0 +1,466 @@
+"""Several "hosts" on one machine, and real network faults between them.
+
+Each host is a network namespace with one interface, ``eth0`` (10.77.0.<i+1>/24), the end of a
+veth pair whose other end, ``p<i>``, is a port of the bridge ``br0`` in a namespace of its own
+(the "switch"). Nothing is created in the root namespace: the pairs are made inside the switch
+namespace with their host end placed directly in the host's, so traffic only flows between the
+namespaces a test made, and two runs in parallel (each with its own switch) cannot meet even
+though both use 10.77.0.0/24. Namespace names carry the test process's pid and a random tag;
+namespaces left by a process that no longer exists (a run killed with SIGKILL) are removed by
+the next run.
+
+    with Network(4) as net:                      # or the `network` fixture of test_netns.py
+        procs = [net.run(h, [sys.executable, "worker.py"], env) for h in net.hosts]
+        net.cut(net.hosts[3])                    # pull host 3's cable (its switch port down)
+        net.set_loss(0.05)                       # drop 5% of the packets each switch port sends
+        net.start_delay_proxies(delay=0.01)      # 10 ms more on every byte a host receives
+
+The faults and how they are made (the kernel here has no netem qdisc, nor iptables / nft):
+
+- Cut: ``ip link set p<i> down`` in the switch namespace (``side="host"``: eth0 in the host's).
+  The host keeps its address and its sockets see no error; its packets just vanish.
+- Loss: on each switch port's egress, an htb qdisc whose filter, a classic-BPF program that
+  loads a random number (``ld rand``), sends a packet to a class whose only queue, a pfifo of
+  limit 0, drops it. Real packet loss as TCP sees it (the drop is in the forwarding path, not
+  in the sender's own stack).
+- Latency and stalls: a user-space TCP relay, one "sidecar" process per host, run as
+  ``python netfault.py proxy``. The peer is told to listen on loopback only
+  (GOSSIP_BIND_HOST=127.0.0.1; it still advertises its eth0 address, found by the runtime on
+  its route to the rendezvous); the sidecar watches the namespace's /proc/net/tcp for loopback
+  listeners and, for each, listens on the same port of the host's address and relays every
+  connection, delivering each chunk ``delay`` seconds after it arrived (and, with a
+  probability per chunk, ``stall`` seconds later still). No product hook is needed. The
+  rendezvous (bound on every address by rank 0) is not relayed.
+
+This module is stdlib-only (no pytest, no gossip), so a sidecar starts fast.
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import os
+import random
+import re
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+
+__all__ = ["Network", "Host", "netns_unavailable", "remove_stale_namespaces", "PREFIX",
+           "SUBNET", "proxy_main"]
+
+PREFIX = "gnf"          # namespace names: gnf-<pid>-<tag>-sw / -h<i>
+SUBNET = "10.77.0"      # host i is SUBNET.(i+1)/24
+_CMD_TIMEOUT = 20.0     # seconds any one `ip` / `tc` command may take
+
+
+def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess:
+    proc = subprocess.run(["ip", *args], capture_output=True, text=True, timeout=_CMD_TIMEOUT)
+    if check and proc.returncode != 0:
+        raise RuntimeError(f"`ip {' '.join(args)}` failed ({proc.returncode}): "
+                           f"{proc.stderr.strip()}")
+    return proc
+
+
+def netns_unavailable() -> str | None:
+    """Why namespaces cannot be used here, or None if they can (one is made and removed)."""
+    if not sys.platform.startswith("linux"):
+        return "network namespaces are Linux only"
+    if os.geteuid() != 0:
+        return "network namespaces need root (ip netns add)"
+    if shutil.which("ip") is None:
+        return "the `ip` command (iproute2) is not installed"
+    name = f"{PREFIX}-{os.getpid()}-{secrets.token_hex(3)}-probe"
+    proc = _ip("netns", "add", name, check=False)
+    if proc.returncode != 0:
+        return f"`ip netns add` is not permitted here: {proc.stderr.strip()}"
+    _ip("netns", "del", name, check=False)
+    return None
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def remove_stale_namespaces() -> list[str]:
+    """Delete the namespaces of runs whose process is gone (a SIGKILLed pytest). Returns
+    their names. Namespaces of live processes, including other runs in parallel, stay."""
+    proc = _ip("netns", "list", check=False)
+    removed = []
+    for line in proc.stdout.splitlines():
+        name = line.split()[0] if line.split() else ""
+        parts = name.split("-")
+        if len(parts) >= 3 and parts[0] == PREFIX and parts[1].isdigit() \
+                and not _pid_alive(int(parts[1])):
+            _kill_namespace_processes(name)
+            if _ip("netns", "del", name, check=False).returncode == 0:
+                removed.append(name)
+    return removed
+
+
+def _kill_namespace_processes(ns: str) -> None:
+    """SIGKILL the processes still inside namespace ``ns`` (only ever ours: the namespace
+    was made by a run of this module)."""
+    proc = _ip("netns", "pids", ns, check=False)
+    for word in proc.stdout.split():
+        if word.isdigit():
+            try:
+                os.kill(int(word), signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
+@dataclass
+class Host:
+    """One namespace "machine": ``ns`` its namespace, ``addr`` its IPv4 address on eth0,
+    ``port`` the name of its bridge port in the switch namespace."""
+    index: int
+    ns: str
+    addr: str
+    port: str
+    cut: bool = False
+
+    def __str__(self) -> str:
+        return f"host {self.index} ({self.ns}, {self.addr})"
+
+
+@dataclass
+class Network:
+    """``n`` hosts on one switch; every namespace, process and qdisc it made is removed by
+    ``close()`` (also on exit of the ``with`` block), whatever state the test left."""
+    n: int
+    tag: str = field(default_factory=lambda: secrets.token_hex(3))
+    hosts: list = field(default_factory=list)
+    procs: list = field(default_factory=list)
+    switch: str = ""
+    loss: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.n <= 250:
+            raise ValueError(f"1 to 250 hosts, got {self.n}")
+        remove_stale_namespaces()
+        base = f"{PREFIX}-{os.getpid()}-{self.tag}"
+        self.switch = f"{base}-sw"
+        try:
+            _ip("netns", "add", self.switch)
+            _ip("-n", self.switch, "link", "add", "br0", "type", "bridge")
+            _ip("-n", self.switch, "link", "set", "br0", "up")
+            for i in range(self.n):
+                host = Host(i, f"{base}-h{i}", f"{SUBNET}.{i + 1}", f"p{i}")
+                _ip("netns", "add", host.ns)
+                self.hosts.append(host)
+                # Made in the switch namespace, host end placed straight into the host's:
+                # no name in the root namespace, so parallel runs cannot collide.
+                _ip("-n", self.switch, "link", "add", host.port, "type", "veth",
+                    "peer", "name", "eth0", "netns", host.ns)
+                _ip("-n", self.switch, "link", "set", host.port, "master", "br0")
+                _ip("-n", self.switch, "link", "set", host.port, "up")
+                _ip("-n", host.ns, "link", "set", "lo", "up")
+                _ip("-n", host.ns, "addr", "add", f"{host.addr}/24", "dev", "eth0")
+                _ip("-n", host.ns, "link", "set", "eth0", "up")
+        except BaseException:
+            self.close()
+            raise
+
+    # ------------------------------------------------------------------ lifetime
+    def __enter__(self) -> "Network":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Stop every process started here (SIGTERM, then SIGKILL), then anything else left in
+        the namespaces, then delete the namespaces (which deletes the veths and the bridge).
+        Idempotent; never raises."""
+        for proc in self.procs:
+            if proc.poll() is None:
+                try:
+                    proc.terminate()
+                except ProcessLookupError:
+                    pass
+        deadline = time.monotonic() + 3.0
+        for proc in self.procs:
+            try:
+                proc.wait(max(0.01, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                try:
+                    proc.wait(5.0)
+                except subprocess.TimeoutExpired:
+                    pass
+        for name in [h.ns for h in self.hosts] + ([self.switch] if self.switch else []):
+            try:
+                _kill_namespace_processes(name)
+                _ip("netns", "del", name, check=False)
+            except Exception:  # teardown goes on with the next namespace
+                pass
+        self.hosts = []
+        self.switch = ""
+
+    # ------------------------------------------------------------------ processes
+    def run(self, host: Host, argv: list[str], env: dict[str, str], *,
+            log_path: str | None = None) -> subprocess.Popen:
+        """Start ``argv`` inside ``host`` (``ip netns exec`` execs it, so the Popen's pid is the
+        program's). Output goes to ``log_path`` (or is discarded)."""
+        out = open(log_path, "wb") if log_path else subprocess.DEVNULL
+        try:
+            proc = subprocess.Popen(["ip", "netns", "exec", host.ns, *argv], env=env,
+                                    stdout=out, stderr=subprocess.STDOUT,
+                                    stdin=subprocess.DEVNULL, start_new_session=True)
+        finally:
+            if log_path:
+                out.close()
+        self.procs.append(proc)
+        return proc
+
+    def ns_exec(self, host_or_ns, *argv: str) -> subprocess.CompletedProcess:
+        ns = host_or_ns.ns if isinstance(host_or_ns, Host) else host_or_ns
+        return subprocess.run(["ip", "netns", "exec", ns, *argv], capture_output=True,
+                              text=True, timeout=_CMD_TIMEOUT)
+
+    # ------------------------------------------------------------------ faults
+    def cut(self, host: Host, *, side: str = "switch") -> float:
+        """Pull ``host``'s cable: its bridge port down (``side="switch"``) or its own eth0
+        (``side="host"``). Returns time.monotonic() just after the link went down (the clock is
+        shared by every namespace of the machine)."""
+        if side == "switch":
+            _ip("-n", self.switch, "link", "set", host.port, "down")
+        elif side == "host":
+            _ip("-n", host.ns, "link", "set", "eth0", "down")
+        else:
+            raise ValueError(f"side must be 'switch' or 'host', got {side!r}")
+        host.cut = True
+        return time.monotonic()
+
+    def heal(self, host: Host) -> None:
+        _ip("-n", self.switch, "link", "set", host.port, "up")
+        _ip("-n", host.ns, "link", "set", "eth0", "up")
+        host.cut = False
+
+    def set_loss(self, probability: float, hosts: list | None = None) -> None:
+        """Drop each packet the switch sends to ``hosts`` (default: all) with ``probability``,
+        independently. A packet between two hosts crosses one such port, so that is its loss
+        probability. ``probability=0`` removes the loss."""
+        if not 0.0 <= probability < 1.0:
+            raise ValueError(f"loss probability must be in [0, 1), got {probability!r}")
+        for host in hosts or self.hosts:
+            tc = ["tc", "-n", self.switch]
+            subprocess.run([*tc, "qdisc", "del", "dev", host.port, "root"],
+                           capture_output=True, timeout=_CMD_TIMEOUT)
+            if probability == 0:
+                continue
+            # classic BPF: A = random u32; if A > keep_below: return -1 (the filter's classid,
+            # the dropping class), else 0 (no match: the default class, which passes).
+            keep_below = min(int((1.0 - probability) * 2 ** 32), 2 ** 32 - 1)
+            bytecode = f"4,32 0 0 {0xfffff000 + 56},37 0 1 {keep_below},6 0 0 {2**32 - 1},6 0 0 0,"
+            for cmd in (
+                ["qdisc", "add", "dev", host.port, "root", "handle", "1:", "htb", "default",
+                 "1", "r2q", "100000"],
+                ["class", "add", "dev", host.port, "parent", "1:", "classid", "1:1", "htb",
+                 "rate", "10gbit"],
+                ["class", "add", "dev", host.port, "parent", "1:", "classid", "1:2", "htb",
+                 "rate", "10gbit"],
+                ["qdisc", "add", "dev", host.port, "parent", "1:2", "handle", "20:", "pfifo",
+                 "limit", "0"],
+                ["filter", "add", "dev", host.port, "parent", "1:", "protocol", "all", "prio",
+                 "1", "bpf", "bytecode", bytecode, "classid", "1:2"],
+            ):
+                proc = subprocess.run([*tc, *cmd], capture_output=True, text=True,
+                                      timeout=_CMD_TIMEOUT)
+                if proc.returncode != 0:
+                    raise RuntimeError(f"`tc {' '.join(cmd)}` failed: {proc.stderr.strip()}")
+        self.loss = probability
+
+    def dropped_packets(self) -> dict[str, int]:
+        """Packets the loss filters dropped so far, per switch port."""
+        out = {}
+        for host in self.hosts:
+            proc = subprocess.run(["tc", "-n", self.switch, "-s", "qdisc", "show", "dev",
+                                   host.port], capture_output=True, text=True,
+                                  timeout=_CMD_TIMEOUT)
+            dropped = 0
+            lines = proc.stdout.splitlines()
+            for i, line in enumerate(lines):
+                if line.startswith("qdisc pfifo 20:") and i + 1 < len(lines):
+                    words = re.sub(r"[(),]", " ", lines[i + 1]).split()
+                    if "dropped" in words:
+                        dropped = int(words[words.index("dropped") + 1])
+            out[host.port] = dropped
+        return out
+
+    def start_delay_proxies(self, *, delay: float, stall_probability: float = 0.0,
+                            stall: float = 0.2, log_dir: str | None = None) -> list:
+        """One relay sidecar per host (see the module docstring): every byte a host receives
+        over a relayed connection arrives ``delay`` seconds late. The peers must bind loopback
+        (GOSSIP_BIND_HOST=127.0.0.1). Returns the sidecar processes."""
+        procs = []
+        for host in self.hosts:
+            argv = [sys.executable, os.path.abspath(__file__), "proxy", "--addr", host.addr,
+                    "--delay", repr(delay), "--stall-probability", repr(stall_probability),
+                    "--stall", repr(stall), "--seed", str(host.index),
+                    "--parent", str(os.getpid())]
+            log = os.path.join(log_dir, f"proxy-{host.index}.log") if log_dir else None
+            procs.append(self.run(host, argv, dict(os.environ), log_path=log))
+        return procs
+
+
+# ---------------------------------------------------------------------- the relay sidecar
+_LISTEN = "0A"
+_LOOPBACK_HEX = "0100007F"
+
+
+def loopback_listeners(path: str = "/proc/net/tcp") -> set[int]:
+    """Ports with a socket listening on 127.0.0.1 in this process's network namespace."""
+    ports = set()
+    with open(path) as f:
+        next(f, None)
+        for line in f:
+            words = line.split()
+            if len(words) > 3 and words[3] == _LISTEN:
+                addr, _, port = words[1].partition(":")
+                if addr == _LOOPBACK_HEX:
+                    ports.add(int(port, 16))
+    return ports
+
+
+class _Pipe:
+    """One direction of a relayed connection: a reader thread stamps each chunk with the time
+    it may leave; a writer thread sends it then, in order."""
+
+    def __init__(self, src: socket.socket, dst: socket.socket, delay: float,
+                 stall_probability: float, stall: float, rng: random.Random,
+                 on_close) -> None:
+        self.src, self.dst = src, dst
+        self.delay, self.stall_probability, self.stall = delay, stall_probability, stall
+        self.rng = rng
+        self.on_close = on_close
+        self.queue: collections.deque = collections.deque()
+        self.cond = threading.Condition()
+        self.last_due = 0.0
+        threading.Thread(target=self._read, daemon=True).start()
+        threading.Thread(target=self._write, daemon=True).start()
+
+    def _read(self) -> None:
+        try:
+            while True:
+                data = self.src.recv(1 << 16)
+                now = time.monotonic()
+                due = now + self.delay
+                if data and self.stall_probability and self.rng.random() < self.stall_probability:
+                    due += self.stall
+                due = max(due, self.last_due)  # a stream: nothing overtakes what came first
+                self.last_due = due
+                with self.cond:
+                    self.queue.append((due, data))
+                    self.cond.notify()
+                if not data:
+                    return
+        except OSError:
+            with self.cond:
+                self.queue.append((0.0, None))
+                self.cond.notify()
+
+    def _write(self) -> None:
+        try:
+            while True:
+                with self.cond:
+                    while not self.queue:
+                        self.cond.wait()
+                    due, data = self.queue.popleft()
+                if data is None:   # the source failed: reset both sides
+                    self.on_close()
+                    return
+                wait = due - time.monotonic()
+                if wait > 0:
+                    time.sleep(wait)
+                if not data:       # orderly end: pass the FIN on
+                    self.dst.shutdown(socket.SHUT_WR)
+                    return
+                self.dst.sendall(data)
+        except OSError:
+            self.on_close()
+
+
+def _relay(client: socket.socket, port: int, args, rng: random.Random) -> None:
+    try:
+        upstream = socket.create_connection(("127.0.0.1", port), timeout=5.0)
+        upstream.settimeout(None)
+    except OSError:
+        client.close()
+        return
+    for s in (client, upstream):
+        s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    closed = threading.Event()
+
+    def close_both() -> None:
+        if closed.is_set():
+            return
+        closed.set()
+        for s in (client, upstream):
+            try:
+                s.close()
+            except OSError:
+                pass
+
+    _Pipe(client, upstream, args.delay, args.stall_probability, args.stall, rng, close_both)
+    _Pipe(upstream, client, args.delay, args.stall_probability, args.stall, rng, close_both)
+
+
+def _serve_port(listener: socket.socket, port: int, args, rng: random.Random) -> None:
+    while True:
+        try:
+            client, _ = listener.accept()
+        except OSError:
+            return
+        _relay(client, port, args, rng)
+
+
+def proxy_main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="netfault.py proxy")
+    parser.add_argument("--addr", required=True, help="this host's address to listen on")
+    parser.add_argument("--delay", type=float, default=0.0, help="seconds added to each chunk")
+    parser.add_argument("--stall-probability", type=float, default=0.0)
+    parser.add_argument("--stall", type=float, default=0.2)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--parent", type=int, default=0, help="exit when this pid is gone")
+    args = parser.parse_args(argv)
+    rng = random.Random(args.seed)
+    mirrored: dict[int, socket.socket] = {}
+    print(f"proxy on {args.addr}: delay {args.delay}s, stalls {args.stall_probability} x "
+          f"{args.stall}s", flush=True)
+    while not args.parent or _pid_alive(args.parent):
+        for port in loopback_listeners() - set(mirrored):
+            listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                listener.bind((args.addr, port))
+            except OSError as exc:
+                print(f"cannot mirror port {port}: {exc}", flush=True)
+                listener.close()
+                mirrored[port] = None
+                continue
+            listener.listen(64)
+            mirrored[port] = listener
+            print(f"relaying {args.addr}:{port} -> 127.0.0.1:{port}", flush=True)
+            threading.Thread(target=_serve_port, args=(listener, port, args, rng),
+                             daemon=True).start()
+        time.sleep(0.005)   # no event tells when a port starts listening: poll /proc
+    return 0
+
+
+if __name__ == "__main__":
+    if len(sys.argv) > 1 and sys.argv[1] == "proxy":
+        sys.exit(proxy_main(sys.argv[2:]))
+    sys.exit("usage: netfault.py proxy --addr ADDR [--delay S] [--stall-probability P]")
