@@ -117,6 +117,10 @@ def _master(env: Mapping[str, str], rendezvous: str | None) -> tuple[str, int]:
         port = _int_from(env, "GOSSIP_MASTER_PORT")
     elif env.get("MASTER_PORT"):
         port = _int_from(env, "MASTER_PORT")
+        if env.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true":
+            # Under torchrun the agent's TCP store holds MASTER_PORT for the whole run; take
+            # the next port, which every node derives alike (GOSSIP_MASTER_PORT overrides).
+            port += 1
     elif env.get("SLURM_JOB_ID", "").isdigit():
         # Two jobs sharing a node must not collide on one default port.
         port = 20000 + int(env["SLURM_JOB_ID"]) % 20000

@@ -18,6 +18,13 @@ def test_torchrun():
     assert not s.is_local
 
 
+def test_torchrun_agent_store_keeps_master_port_so_gossip_takes_the_next():
+    env = {"RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29400",
+           "TORCHELASTIC_USE_AGENT_STORE": "True"}
+    assert resolve_settings(env=env).master_port == 29401
+    assert resolve_settings(env={**env, "GOSSIP_MASTER_PORT": "31000"}).master_port == 31000
+
+
 def test_slurm_master_from_node_list():
     s = resolve_settings(env={"SLURM_PROCID": "5", "SLURM_NTASKS": "16", "SLURM_LOCALID": "1",
                               "SLURM_JOB_NODELIST": "gpu[07-10,12],cpu1", "SLURM_JOB_ID": "4242"})
