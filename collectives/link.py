@@ -20,7 +20,7 @@ import zmq
 
 from collectives.errors import PeerLost
 from collectives.shm import ShmRing
-from collectives.wire import encode_header
+from collectives.wire import encode_header, stamp_number
 
 __all__ = ["Link", "ShmPending"]
 
@@ -47,6 +47,7 @@ class Link:
         self.created = time.monotonic()
         self.starved_since = 0.0  # when the queue last told the receiver it had no free slot
         self.closed = False
+        self.sent_number = 0  # number stamped on the last message the socket took
         self._on_sent = on_sent  # counters: (rank, messages, payload bytes)
 
     def send(self, frames: tuple, ticket) -> bool:
@@ -91,11 +92,17 @@ class Link:
             return not self.closed and self._send_now(frames, None)
 
     def _send_now(self, frames: tuple, ticket) -> bool:
+        # Every message is numbered here, under the lock, in the order the socket takes it
+        # (urgent control messages included), so the receiver can refuse a replayed or
+        # duplicated message by its number alone (see collectives/wire.py).
+        number = self.sent_number + 1
+        frames = (stamp_number(frames[0], number), *frames[1:])
         try:
             tracker = self.sock.send_multipart(frames, zmq.NOBLOCK, copy=False,
                                                track=ticket is not None)
         except zmq.Again:
             return False
+        self.sent_number = number
         self._on_sent(self.rank, 1, len(frames[1]) if len(frames) > 1 else 0)
         if ticket is not None:
             ticket.tracker = tracker

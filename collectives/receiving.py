@@ -12,7 +12,7 @@ from zmq.utils.monitor import recv_monitor_message
 
 from collectives.errors import PeerLost
 from collectives.inbox import Lost, SlotError
-from collectives.shm import ShmView, parse_open
+from collectives.shm import ShmView, parse_open, ring_name
 from collectives.wire import (ABORT, BYE, CREDIT, DATA, HELLO, SHM, SHM_MAPPED, SHM_OPEN,
                               STARVED, WireError, decode_header, encode_header)
 
@@ -21,7 +21,10 @@ __all__ = ["Receiving", "IDENTITY_PREFIX"]
 log = logging.getLogger("collectives")
 
 IDENTITY_PREFIX = b"gossip:"
-_MAX_LOGGED_DROPS = 20  # per transport; a fuzzer must not flood the log
+# Drops are logged in a burst of this many, then one summary line per interval at most: a
+# fuzzer or a flood must not turn into one log line per message.
+_MAX_LOGGED_DROPS = 20
+_DROP_SUMMARY_S = 10.0
 _DISCONNECT_GRACE = 0.25  # seconds between a dropped connection and declaring its peer lost
 
 
@@ -42,8 +45,17 @@ class Receiving:
         self.dropped_by_reason[reason] = self.dropped_by_reason.get(reason, 0) + 1
         if self.dropped <= _MAX_LOGGED_DROPS:
             log.warning("rank %d: dropped a message (%s): %s%s", self.rank, reason, detail,
-                        "; further drops are only counted" if self.dropped == _MAX_LOGGED_DROPS
-                        else "")
+                        "; further drops are summarised every %gs" % _DROP_SUMMARY_S
+                        if self.dropped == _MAX_LOGGED_DROPS else "")
+            self._drops_logged_at = (time.monotonic(), self.dropped)
+            return
+        when, count = self._drops_logged_at
+        now = time.monotonic()
+        if now - when >= _DROP_SUMMARY_S:
+            log.warning("rank %d: dropped %d more messages in %.0fs (by reason so far: %s); "
+                        "latest (%s): %s", self.rank, self.dropped - count, now - when,
+                        self.dropped_by_reason, reason, detail)
+            self._drops_logged_at = (now, self.dropped)
 
     def _handle(self, frames: list) -> None:
         identity = frames[0].bytes
@@ -66,30 +78,47 @@ class Receiving:
         if header.src != src:
             self._drop("foreign", f"header claims rank {header.src} on rank {src}'s connection")
             return
+        if src == self.rank:
+            # A peer never sends to itself: whoever uses our own identity is an intruder, and
+            # what it sends would sit in slots nobody reads.
+            self._drop("foreign", f"a connection uses this peer's own identity (rank {src})")
+            return
+        # Replays and duplicates: one pipe per source never reorders or repeats, so numbers
+        # only grow. This runs before anything reaches the inbox, so a chunk is never reduced
+        # twice, whether its operation is running or finished.
+        if header.number <= self._heard[src]:
+            self._drop("replay", f"message number {header.number} from rank {src} after "
+                                 f"{self._heard[src]} (a replay, a duplicate, or unnumbered)")
+            return
+        self._heard[src] = header.number
+        # Every message is either dropped (and counted as such) or received, never both:
+        # dropped + received accounts for every message that arrived.
         counters = self.counters[src]
-        counters.messages_received += 1
-        counters.bytes_received += payload_len
         kind = header.kind
         key = (src, header.channel, header.seq)
         if kind == DATA:
             if not self.inbox.put(key, (header, payload, None)):
                 self._drop("stale", f"rank {src} sent to finished operation "
                                     f"(channel {header.channel}, seq {header.seq})")
+                return
+            counters.bytes_received += payload_len
         elif kind == SHM:
             view = self._views.get(src)
             if view is None or header.slot >= view.nslots or header.length > view.slot_bytes:
                 self._drop("malformed", f"rank {src} named shared-memory slot {header.slot} "
                                         f"of {header.length} bytes outside its ring")
                 return
-            counters.bytes_received += header.length
             release = _Releaser(self, src, view, header.slot)
             if not self.inbox.put(key, (header, view.chunk(header.slot, header.length),
                                         release)):
                 release()
                 self._drop("stale", f"rank {src} sent to finished operation "
                                     f"(channel {header.channel}, seq {header.seq})")
+                return
+            counters.bytes_received += header.length
         elif kind == SHM_OPEN:
-            self._map_ring(src, header.op)
+            if not self._map_ring(src, header.op):
+                return
         elif kind == SHM_MAPPED:
             mapped = self._ring_mapped.get(src)
             if mapped is not None:
@@ -111,29 +140,35 @@ class Receiving:
             self.inbox.mark_lost(src, Lost("it closed its peer (left the group)", kind="closed"))
         elif kind == HELLO:
             pass
+        counters.messages_received += 1
 
-    def _map_ring(self, src: int, announcement: str) -> None:
+    def _map_ring(self, src: int, announcement: str) -> bool:
+        """False if the announcement was malformed (and dropped)."""
         parsed = parse_open(announcement)
         if parsed is None:
             self._drop("malformed", f"rank {src} announced a shared-memory ring as "
                                     f"{announcement[:60]!r}")
-            return
+            return False
         old = self._views.pop(src, None)
         if old is not None:
             old.close()
         try:
-            self._views[src] = ShmView(*parsed)
+            self._views[src] = ShmView(*parsed, name=ring_name(src, self.rank))
+        except ValueError as exc:  # not a gossip ring: a forged announcement
+            self._drop("foreign", f"rank {src}: {exc}")
+            return False
         except OSError as exc:
             self.inbox.mark_lost(src, Lost(
                 f"cannot map its shared-memory ring ({exc}); run with GOSSIP_TRANSPORT=ipc "
                 "if peers on this host cannot read each other's /proc/<pid>/fd"))
-            return
+            return True
         # From now on the ring outlives its sender: tell it that it may exit. A peer that got
         # the address table before us may be heard from before we can answer it.
         if src in self._addresses:
             self._send_quietly(src, encode_header(SHM_MAPPED, self.rank, 0, 0))
         else:
             self._unanswered.append(src)
+        return True
 
     def _send_quietly(self, dst: int, header: bytes) -> None:
         """A control message whose loss only costs time (the peer is closing or gone)."""

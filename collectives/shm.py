@@ -32,7 +32,7 @@ import threading
 
 import numpy as np
 
-__all__ = ["ShmRing", "ShmView", "shm_supported", "parse_open"]
+__all__ = ["ShmRing", "ShmView", "shm_supported", "parse_open", "ring_name"]
 
 _FLAGS_BYTES = 64 * 16  # busy flags of up to 512 slots, then the sender's "waiting" flag
 _WAITING = _FLAGS_BYTES - 64  # its own cache line
@@ -42,6 +42,12 @@ _OPEN = re.compile(r"memfd:(\d{1,9}):(\d{1,9}):(\d{1,5}):(\d{1,12})")
 def shm_supported() -> bool:
     """memfd and /proc: Linux."""
     return hasattr(os, "memfd_create") and os.path.isdir("/proc/self/fd")
+
+
+def ring_name(src: int, dst: int) -> str:
+    """The memfd name of the ring rank ``src`` sends to rank ``dst`` through; the receiver
+    checks it before mapping what an announcement points to."""
+    return f"gossip-r{src}-to-r{dst}"
 
 
 def parse_open(text: str) -> tuple[int, int, int, int] | None:
@@ -111,12 +117,21 @@ class ShmRing:
 class ShmView:
     """The receiver's side: a mapping of another peer's ring."""
 
-    def __init__(self, pid: int, fd: int, nslots: int, slot_bytes: int) -> None:
+    def __init__(self, pid: int, fd: int, nslots: int, slot_bytes: int, *,
+                 name: str | None = None) -> None:
         self.nslots = nslots
         self.slot_bytes = slot_bytes
         size = _FLAGS_BYTES + nslots * slot_bytes
         handle = os.open(f"/proc/{pid}/fd/{fd}", os.O_RDWR)
         try:
+            # The announcement names any fd of any process of this user: without this check a
+            # forged SHM_OPEN would make us map (and write flags into) an arbitrary open file.
+            # Checked on the descriptor we hold, so the fd cannot be swapped after the check.
+            if name is not None:
+                target = os.readlink(f"/proc/self/fd/{handle}")
+                if target != f"/memfd:{name} (deleted)":
+                    raise ValueError(f"pid {pid} fd {fd} is {target[:80]!r}, not the "
+                                     f"shared-memory ring {name!r}")
             if os.fstat(handle).st_size < size:
                 raise OSError(f"the shared ring of pid {pid} is smaller than announced")
             self._mm = mmap.mmap(handle, size)

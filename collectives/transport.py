@@ -37,7 +37,7 @@ from collectives.inbox import Inbox, Lost, SlotError
 from collectives.link import Link
 from collectives.receiving import IDENTITY_PREFIX, Receiving
 from collectives.security import ZapHandler
-from collectives.shm import ShmRing, ShmView, shm_supported
+from collectives.shm import ShmRing, ShmView, ring_name, shm_supported
 from collectives.wire import (ABORT, BYE, DATA, SHM, SHM_MAPPED, SHM_OPEN, STARVED, Header,
                               encode_header)
 
@@ -115,6 +115,8 @@ class Transport(Receiving):
         self.counters = [PeerCounters() for _ in range(world_size)]
         self.dropped = 0
         self.dropped_by_reason: dict[str, int] = {}
+        self._drops_logged_at = (0.0, 0)  # (when, drop count) of the last drop log line
+        self._heard = [0] * world_size  # last message number accepted from each source
         self._closed = False
         self._close_lock = threading.Lock()
         self._table: dict[int, dict] = {}
@@ -137,6 +139,12 @@ class Transport(Receiving):
         self._zap = ZapHandler(self.context, self.config.key) if self.config.key else None
         self._router = self._socket(zmq.ROUTER, server=True)
         self._router.rcvhwm = self.config.recv_hwm
+        # libzmq allocates a frame before we can look at its header: cap what a connection
+        # may make us allocate. Legitimate frames are chunks of at most whole_message_bytes
+        # (or chunk_bytes); the margin tolerates peers configured differently. Bigger frames
+        # make libzmq drop that connection.
+        self._router.maxmsgsize = max(64 << 20, 4 * max(self.config.whole_message_bytes,
+                                                        self.config.chunk_bytes))
         self._ipc_path: str | None = None
         self.endpoints = self._bind()
         # Owned by the I/O thread from here on.
@@ -237,7 +245,7 @@ class Transport(Receiving):
             link = Link(rank, dealer, monitor, self._count_sent)
             if rank in self._shm_peers:
                 link.ring = ShmRing(self.config.shm_slots, self.config.shm_chunk_bytes,
-                                    f"gossip-r{self.rank}-to-r{rank}")
+                                    ring_name(self.rank, rank))
                 self._ring_mapped[rank] = threading.Event()
                 # The first message on the link, so it arrives before any chunk in the ring.
                 link.send((encode_header(SHM_OPEN, self.rank, 0, 0,
@@ -338,6 +346,11 @@ class Transport(Receiving):
 
     def is_lost(self, rank: int) -> bool:
         return self.inbox.lost(rank) is not None
+
+    def reached(self, rank: int) -> bool:
+        """True once a connection to ``rank`` was established (it may have dropped since):
+        until then what is sent to it only waits in a queue."""
+        return rank in self._connected
 
     def lost_ranks(self) -> dict[int, str]:
         return {r: lost.reason for r, lost in self.inbox.lost_ranks().items()}

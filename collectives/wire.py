@@ -2,7 +2,7 @@
 
 Header (a msgpack array, in this order; arrays pack smaller and parse faster than maps):
 
-    [version, kind, src, channel, seq, op, dtype, shape, nbytes, offset, length, slot]
+    [version, kind, src, channel, seq, op, dtype, shape, nbytes, offset, length, slot, number]
 
 - ``kind``: DATA (a chunk of an array in the payload frame), SHM (a chunk of an array left in
   slot ``slot`` of the sender's shared-memory ring to this peer; no payload frame), SHM_OPEN
@@ -18,6 +18,12 @@ Header (a msgpack array, in this order; arrays pack smaller and parse faster tha
 - ``dtype``/``shape``/``nbytes``: the whole logical array the chunk belongs to.
 - ``offset``/``length``: the byte range of this chunk in that array (for DATA, ``length`` must
   equal the payload frame's length).
+- ``number``: the message's place on its connection (1, 2, 3, ... in the order the sender's
+  socket took them; stamped by the link at send time, see ``stamp_number``). A ZeroMQ pipe never
+  reorders or duplicates, so a number that does not exceed the last one heard from that source is
+  a replay or a duplicate and is dropped: a chunk is never reduced twice. It is the last field and
+  always a fixed-width uint64, so stamping is a byte splice, not a re-encode. Decoding also takes
+  12-field headers (number 0), which the transport refuses as unnumbered.
 
 Nothing is ever unpickled: the header is msgpack of plain ints, strings and a list of ints, and
 the payload is raw bytes interpreted only through an allow-listed dtype after every length has
@@ -48,10 +54,11 @@ __all__ = [
     "WireError",
     "encode_header",
     "decode_header",
+    "stamp_number",
     "dtype_itemsize",
 ]
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2  # 2: the trailing message number
 
 DATA, HELLO, BYE, ABORT, SHM, SHM_OPEN, CREDIT, SHM_MAPPED, STARVED = 1, 2, 3, 4, 5, 6, 7, 8, 9
 KIND_NAMES = {DATA: "data", HELLO: "hello", BYE: "bye", ABORT: "abort", SHM: "shm",
@@ -92,6 +99,7 @@ class Header:
     offset: int
     length: int = 0
     slot: int = 0
+    number: int = 0
 
 
 def dtype_itemsize(name: str) -> int:
@@ -101,11 +109,22 @@ def dtype_itemsize(name: str) -> int:
         raise WireError(f"dtype {name!r} is not on the wire's allow-list") from None
 
 
+_UINT64 = b"\xcf"  # msgpack's fixed-width uint64 marker
+
+
 def encode_header(kind: int, src: int, channel: int, seq: int, op: str = "", dtype: str = "uint8",
                   shape: tuple[int, ...] = (0,), nbytes: int = 0, offset: int = 0,
-                  length: int = 0, slot: int = 0) -> bytes:
-    return msgpack.packb([PROTOCOL_VERSION, kind, src, channel, seq, op, dtype, list(shape),
-                          nbytes, offset, length, slot], use_bin_type=True)
+                  length: int = 0, slot: int = 0, number: int = 0) -> bytes:
+    packed = msgpack.packb([PROTOCOL_VERSION, kind, src, channel, seq, op, dtype, list(shape),
+                            nbytes, offset, length, slot], use_bin_type=True)
+    # 12 fields pack as a fixarray (0x9c); make it 13 and append the number as a fixed-width
+    # uint64, so the link can stamp it in place when the socket takes the message.
+    return b"\x9d" + packed[1:] + _UINT64 + number.to_bytes(8, "big")
+
+
+def stamp_number(header: bytes, number: int) -> bytes:
+    """``header`` (made by encode_header) with its message number set to ``number``."""
+    return header[:-8] + number.to_bytes(8, "big")
 
 
 def _int(value, name: str, lo: int = 0, hi: int = 2**63 - 1) -> int:
@@ -136,8 +155,10 @@ def decode_header(raw: bytes | memoryview, *, world_size: int, max_bytes: int,
                                  max_str_len=_MAX_STR, max_array_len=_MAX_NDIM)
     except Exception as exc:  # msgpack raises several unrelated types on garbage
         raise WireError(f"header is not valid msgpack ({type(exc).__name__})") from None
-    if type(fields) is not list or len(fields) != _FIELDS:
-        raise WireError(f"header is not an array of {_FIELDS} fields")
+    if type(fields) is not list or len(fields) not in (_FIELDS, _FIELDS + 1):
+        raise WireError(f"header is not an array of {_FIELDS} fields (or {_FIELDS + 1} with a "
+                        "message number)")
+    number = _int(fields.pop(), "number") if len(fields) > _FIELDS else 0
     version, kind, src, channel, seq, op, dtype, shape, nbytes, offset, length, slot = fields
     if version != PROTOCOL_VERSION or type(version) is not int:
         raise WireError(f"protocol version {version!r} is not {PROTOCOL_VERSION}")
@@ -168,4 +189,4 @@ def decode_header(raw: bytes | memoryview, *, world_size: int, max_bytes: int,
                             f"{nbytes}-byte array")
     if kind != DATA and payload_len:
         raise WireError(f"a {KIND_NAMES[kind]} message carries no payload frame")
-    return Header(kind, src, channel, seq, op, dtype, shape, nbytes, offset, length, slot)
+    return Header(kind, src, channel, seq, op, dtype, shape, nbytes, offset, length, slot, number)
