@@ -175,7 +175,8 @@ def _register(transport, address, timeout, me) -> dict[int, dict]:
                 raise RendezvousError(
                     f"rank {transport.rank}: no answer from the rendezvous at {address} within "
                     f"{timeout + _CLIENT_GRACE:g}s; is rank 0 running and reachable there"
-                    f"{', and do all peers hold the same cluster key' if transport.config.key else ''}?")
+                    f"? (A peer without the group's cluster key, or with another one, gets no "
+                    f"answer either: check GOSSIP_KEY / key= on every peer.)")
             msg = _unpack(sock.recv())
             if msg is None:
                 continue

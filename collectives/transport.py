@@ -415,8 +415,11 @@ class Transport(Receiving):
         where = f"rank {self.rank}: {operation}: rank {src} at {self.address(src)}"
         if isinstance(item, SlotError):
             if item.lost_rank is not None:
-                return PeerLost(f"{where}: {item.message}", rank=item.lost_rank,
-                                address=self.address(item.lost_rank), operation=operation)
+                # Lead with the rank that was lost; the peer that relayed the news comes second.
+                lost = item.lost_rank
+                return PeerLost(f"rank {self.rank}: {operation}: lost rank {lost} at "
+                                f"{self.address(lost)} (reported by rank {src}): {item.message}",
+                                rank=lost, address=self.address(lost), operation=operation)
             return ProtocolError(f"{where}: {item.message}")
         if isinstance(item, Lost):
             if item.kind == "auth":

@@ -135,12 +135,14 @@ def launch(cmd: list[str], nprocs: int, *, nnodes: int = 1, node_rank: int = 0,
            master_addr: str | None = None, master_port: int | None = None,
            env: Mapping[str, str] | None = None, topology: str | None = None,
            timeout: float | None = None, key: str | None = None, prefix: bool = True,
-           grace: float = DEFAULT_GRACE) -> int:
+           grace: float = DEFAULT_GRACE, keep_going: bool = False) -> int:
     """Run ``cmd`` as ``nprocs`` peers of this node; return the launcher's exit code.
 
     ``cmd`` is the full command line (e.g. ``[sys.executable, "train.py"]``). ``env`` adds to
     the launcher's environment. ``timeout`` (GOSSIP_TIMEOUT) is each peer's operation
-    deadline, not a limit on the run. Raises ValueError for bad arguments, before any process
+    deadline, not a limit on the run. ``keep_going``: a failed peer does not stop the
+    others (gossip policies train on around a dead peer); the exit code is then the first
+    failure's once all have ended. Raises ValueError for bad arguments, before any process
     starts. Signal forwarding is installed only when called from the main thread.
     """
     _check(nprocs, nnodes, node_rank, master_addr, master_port, topology, timeout, key, grace)
@@ -166,16 +168,17 @@ def launch(cmd: list[str], nprocs: int, *, nnodes: int = 1, node_rank: int = 0,
         base["GOSSIP_TIMEOUT"] = str(timeout)
     if key is not None:
         base["GOSSIP_KEY"] = os.path.abspath(key)  # peers may chdir; the path must hold
-    return _Group(cmd, nprocs, node_rank * nprocs, base, prefix, grace).run()
+    return _Group(cmd, nprocs, node_rank * nprocs, base, prefix, grace, keep_going).run()
 
 
 class _Group:
     """The peers of this node: starts them, watches them, stops them, reaps them."""
 
     def __init__(self, cmd: list[str], nprocs: int, first_rank: int, env: dict[str, str],
-                 prefix: bool, grace: float) -> None:
+                 prefix: bool, grace: float, keep_going: bool = False) -> None:
         self.cmd, self.nprocs, self.first_rank = cmd, nprocs, first_rank
         self.env, self.prefix, self.grace = env, prefix, grace
+        self.keep_going = keep_going
         self.procs: list[subprocess.Popen] = []
         self.running: set[int] = set()
         # SimpleQueue.put is reentrant, so signal handlers may post to it safely.
@@ -255,7 +258,9 @@ class _Group:
         self.events.put(("exit", local, p.wait()))
 
     def _watch(self) -> int:
-        """Wait for every peer; on the first failure or signal, stop the rest."""
+        """Wait for every peer; on the first failure (unless keep_going) or signal, stop the
+        rest."""
+        failed = 0
         while self.running:
             kind, who, code = self._next_event()
             if kind == "signal":
@@ -267,11 +272,16 @@ class _Group:
             if code != 0:
                 rank = self.first_rank + who
                 how = (f" (killed by {_signal_name(-code)})" if code < 0 else "")
+                if self.keep_going:
+                    self._say(f"rank {rank} failed with exit code {_exit_code(code)}{how}; "
+                              f"{len(self.running)} peer(s) go on (--keep-going)")
+                    failed = failed or _exit_code(code)
+                    continue
                 self._say(f"rank {rank} failed with exit code {_exit_code(code)}{how}; "
                           f"stopping the other peers")
                 self._stop(signal.SIGTERM)
                 return _exit_code(code)
-        return 0
+        return failed
 
     def _signal(self, signum: int) -> None:
         for local in sorted(self.running):
@@ -331,6 +341,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--key", default=None, help="cluster key file for CURVE (GOSSIP_KEY)")
     parser.add_argument("--grace", type=float, default=DEFAULT_GRACE, help="seconds between "
                         f"SIGTERM/SIGINT and SIGKILL (default {DEFAULT_GRACE:g})")
+    parser.add_argument("--keep-going", action="store_true",
+                        help="a failed peer does not stop the others (for gossip policies, "
+                             "which train on around it); exit code: the first failure's")
     parser.add_argument("--no-prefix", dest="prefix", action="store_false",
                         help="pass peer output through without the [rank k] prefix")
     parser.add_argument("-m", "--module", action="store_true",
@@ -358,7 +371,7 @@ def run_from_args(args: argparse.Namespace) -> int:
     return launch(cmd, args.nprocs, nnodes=args.nnodes, node_rank=args.node_rank,
                   master_addr=args.master_addr, master_port=args.master_port,
                   topology=args.topology, timeout=args.timeout, key=args.key,
-                  prefix=args.prefix, grace=args.grace)
+                  prefix=args.prefix, grace=args.grace, keep_going=args.keep_going)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

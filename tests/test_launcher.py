@@ -166,6 +166,15 @@ def test_first_failure_stops_the_others_with_its_exit_code(peer_dir: Path) -> No
     assert _alive(_pids(peer_dir, 3), "fail_one.py") == []
 
 
+def test_keep_going_lets_the_others_finish_and_returns_the_failure(peer_dir: Path) -> None:
+    proc = _run("-n", "3", "--keep-going", _script("fail_one.py"), str(peer_dir), "1", "exit",
+                "finish")
+    assert proc.returncode == 3, proc.stderr
+    assert "go on (--keep-going)" in proc.stderr, proc.stderr
+    for rank in (0, 2):
+        assert f"rank {rank} finished" in _lines(proc.stdout, rank), proc.stdout
+
+
 def test_peer_killed_by_a_signal_exits_128_plus_signal(peer_dir: Path) -> None:
     proc = _run("-n", "2", _script("fail_one.py"), str(peer_dir), "0", "sigkill")
     assert proc.returncode == 128 + signal.SIGKILL, proc.stderr
