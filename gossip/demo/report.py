@@ -1,0 +1,219 @@
+"""The demo's results: one summary row per policy, the printed table, the PNG and the JSON.
+
+    rows = summarize(per_rank_results)          # from run_peer's return values
+    print(format_table(rows, header=...))
+    write_json(path, rows, per_rank_results, info)
+    write_png(path, rows, title=...)
+
+Each row: final test accuracy (the peers' own models, averaged), wall time of training (the
+clock pauses while the peers evaluate), time to the target accuracy on that clock, training
+throughput (samples per second over all peers, on the slowest peer's clock), bytes sent per
+peer (the diagnostics' traffic left out) and the final consensus distance.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+from typing import Any
+
+__all__ = ["summarize", "format_table", "figures", "write_json", "write_png"]
+
+
+def summarize(per_rank: list[dict], baseline: str = "baseline") -> list[dict]:
+    """One row per policy (in the order trained), then the baseline's if there is one."""
+    rows = []
+    first = per_rank[0]
+    for name, r0 in first["policies"].items():
+        records = [r["policies"][name] for r in per_rank]
+        train_seconds = max(r["train_seconds"] for r in records)
+        samples = sum(r["samples"] for r in records)
+        rows.append(_row(name, r0, train_seconds, samples,
+                         sum(r["bytes_sent"] for r in records) / len(records), len(records)))
+    if baseline in first:
+        b = first[baseline]
+        rows.append(_row(baseline, b, b["train_seconds"], b["samples"], 0.0, 1))
+    return rows
+
+
+def _row(name: str, record: dict, train_seconds: float, samples: int, bytes_per_peer: float,
+         peers: int) -> dict:
+    final = record["history"][-1]
+    return {
+        "policy": name,
+        "peers": peers,
+        "final_accuracy": final["accuracy"],
+        "final_test_loss": final["test_loss"],
+        "train_seconds": record["train_seconds"],
+        "wall_seconds": record["wall_seconds"],  # evaluations included
+        "time_to_target": record["time_to_target"],
+        "throughput": samples / train_seconds if train_seconds > 0 else 0.0,
+        "bytes_per_peer": bytes_per_peer,
+        "consensus": final["consensus"],
+        "steps": record["steps"],
+        "history": record["history"],
+    }
+
+
+def _bytes(n: float) -> str:
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if n >= scale:
+            return f"{n / scale:.2f} {unit}"
+    return f"{n:.0f} B"
+
+
+def _consensus(value: float | None) -> str:
+    if value is None:
+        return "-"
+    return "0" if value == 0 else f"{value:.3g}"
+
+
+def format_table(rows: list[dict], *, target: float = 0.95, header: str = "") -> str:
+    """The table the demo prints, one row per policy."""
+    pct = f"{target * 100:g}%"
+    heads = ("policy", "test acc", "wall time", f"time to {pct}", "samples/s",
+             "sent/peer", "consensus")
+    body = []
+    for r in rows:
+        body.append((
+            r["policy"] + (" (1 process)" if r["peers"] == 1 else ""),
+            f"{r['final_accuracy'] * 100:.1f}%",
+            f"{r['train_seconds']:.1f} s",
+            "not reached" if r["time_to_target"] is None else f"{r['time_to_target']:.1f} s",
+            f"{r['throughput']:,.0f}",
+            _bytes(r["bytes_per_peer"]),
+            _consensus(r["consensus"]),
+        ))
+    width = [max(len(h), *(len(b[k]) for b in body)) for k, h in enumerate(heads)]
+    fmt = "  ".join(f"{{:<{w}}}" if k == 0 else f"{{:>{w}}}" for k, w in enumerate(width))
+    lines = [header, ""] if header else []
+    lines += [fmt.format(*heads), fmt.format(*("-" * w for w in width))]
+    lines += [fmt.format(*b) for b in body]
+    lines += [
+        "",
+        "test acc: the peers' own models on the test set, averaged over the peers, after the "
+        "last epoch.",
+        "wall time: of training, the clock paused while evaluating; time to "
+        f"{pct}: the first evaluation at or above {pct},",
+        "on that clock. samples/s: training samples of all peers per second; sent/peer: bytes "
+        "each peer sent for the",
+        "policy (diagnostics left out); consensus: mean distance of the peers' weights to their "
+        "average.",
+    ]
+    if any(r["peers"] == 1 for r in rows):
+        lines.append("baseline: one process, plain SGD with the peers' total batch and as many "
+                     "steps, trained after the peers")
+        lines.append("finished (so alone on the machine).")
+    return "\n".join(lines)
+
+
+def _clean(value: Any) -> Any:
+    """JSON has no NaN or infinity: they become null."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _clean(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_clean(v) for v in value]
+    return value
+
+
+def figures(rows: list[dict]) -> dict:
+    """The data of every panel of the PNG, per policy."""
+    acc, loss, consensus, sent = {}, {}, {}, {}
+    for r in rows:
+        h = r["history"]
+        name = r["policy"]
+        acc[name] = {"time": [p["time"] for p in h], "accuracy": [p["accuracy"] for p in h]}
+        loss[name] = {"time": [p["time"] for p in h],
+                      "train_loss": [p["train_loss"] for p in h],
+                      "test_loss": [p["test_loss"] for p in h]}
+        if r["consensus"] is not None:
+            consensus[name] = {"step": [p["step"] for p in h],
+                               "consensus": [p["consensus"] for p in h]}
+            sent[name] = r["bytes_per_peer"]
+    return {
+        "test_accuracy_vs_wall_time": acc,
+        "loss_vs_wall_time": loss,
+        "consensus_distance_vs_round": consensus,
+        "bytes_sent_per_peer": sent,
+    }
+
+
+def write_json(path: str | os.PathLike, rows: list[dict], info: dict) -> None:
+    """Everything behind the table and the PNG: the run's settings, the rows, the figures."""
+    table = [{k: v for k, v in r.items() if k != "history"} for r in rows]
+    doc = {"run": info, "table": table, "figures": figures(rows)}
+    tmp = f"{os.fspath(path)}.tmp"
+    with open(tmp, "w") as f:
+        json.dump(_clean(doc), f, indent=1)
+        f.write("\n")
+    os.replace(tmp, path)
+
+
+def write_png(path: str | os.PathLike, rows: list[dict], *, title: str = "",
+              target: float = 0.95) -> None:
+    """Test accuracy and loss against wall time, consensus distance per round and bytes sent
+    per peer, one line (or bar) per policy."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only; never needs a display
+    import matplotlib.pyplot as plt
+
+    data = figures(rows)
+    colors = {r["policy"]: f"C{k}" for k, r in enumerate(rows)}
+    fig, axes = plt.subplots(2, 2, figsize=(13, 9))
+    try:
+        ax = axes[0, 0]
+        for name, d in data["test_accuracy_vs_wall_time"].items():
+            ax.plot(d["time"], [a * 100 for a in d["accuracy"]], marker=".", ms=3, label=name,
+                    color=colors[name], linestyle="--" if name == "baseline" else "-")
+        ax.axhline(target * 100, color="gray", lw=0.8, ls=":")
+        ax.set(xlabel="wall time of training (s)", ylabel="test accuracy (%)",
+               title="test accuracy", ylim=(max(0.0, min(50.0, ax.get_ylim()[0])), 100.5))
+        ax.legend(loc="lower right", fontsize=8)
+        ax.grid(alpha=0.3)
+
+        ax = axes[0, 1]
+        for name, d in data["loss_vs_wall_time"].items():
+            ax.plot(d["time"][1:], d["train_loss"][1:], color=colors[name], label=f"{name} train",
+                    linestyle="--" if name == "baseline" else "-")
+            ax.plot(d["time"], d["test_loss"], color=colors[name], linestyle=":", alpha=0.8)
+        ax.set(xlabel="wall time of training (s)", ylabel="cross-entropy",
+               title="loss (solid: training, dotted: test)", yscale="log")
+        ax.legend(loc="upper right", fontsize=8)
+        ax.grid(alpha=0.3)
+
+        ax = axes[1, 0]
+        for name, d in data["consensus_distance_vs_round"].items():
+            # A log scale cannot show 0 (identical replicas: synchronous always, local SGD
+            # right after averaging): those points are left out and the label says so.
+            # Step 0 is 0 for every policy (same initial weights): not worth a mention.
+            series = [(s, c) for s, c in zip(d["step"], d["consensus"]) if s > 0]
+            points = [(s, c) for s, c in series if c and c > 0]
+            zeros = len(series) - len(points)
+            label = name if not zeros else (
+                f"{name} (always 0: identical replicas)" if not points
+                else f"{name} ({zeros} points at 0 not shown)")
+            ax.plot([s for s, _ in points], [c for _, c in points], marker=".", ms=3,
+                    color=colors[name], label=label)
+        ax.set(xlabel="round (optimizer step)", ylabel="||x_i - mean x||, mean over peers",
+               title="consensus distance", yscale="log")
+        ax.legend(loc="best", fontsize=8)
+        ax.grid(alpha=0.3)
+
+        ax = axes[1, 1]
+        sent = data["bytes_sent_per_peer"]
+        names = list(sent)
+        ax.bar(range(len(names)), [sent[k] / 1e6 for k in names],
+               color=[colors[k] for k in names])
+        ax.set_xticks(range(len(names)), names, rotation=20, fontsize=8)
+        ax.set(ylabel="MB", title="bytes sent per peer")
+        ax.grid(alpha=0.3, axis="y")
+
+        if title:
+            fig.suptitle(title)
+        fig.tight_layout()
+        fig.savefig(path, dpi=100)
+    finally:
+        plt.close(fig)

@@ -1,0 +1,288 @@
+"""Tests of `gossip demo`: the command end to end as a user runs it (a subprocess), the MNIST
+IDX reader on files written here (plain, gzipped, hostile), bad arguments, a dying peer."""
+from __future__ import annotations
+
+import gzip
+import io
+import json
+import os
+import struct
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from gossip.demo.data import DataError, load_mnist, read_idx, shard, write_idx
+from gossip.demo.progress import ProgressDisplay
+from gossip.demo.runner import DemoFailed, DemoOptions, run_demo
+from gossip.testing import wait_until
+
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+def _demo(*args: str, timeout: float = 150) -> subprocess.CompletedProcess:
+    # stderr is a pipe, not a terminal: the progress is plain lines, not tqdm bars.
+    return subprocess.run([sys.executable, "-m", "gossip", "demo", *args],
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def _table_rows(stdout: str) -> dict[str, list[str]]:
+    """policy -> the table row's cells, from the printed table."""
+    lines = stdout.splitlines()
+    head = next(i for i, line in enumerate(lines) if line.startswith("policy "))
+    rows = {}
+    for line in lines[head + 2:]:
+        if not line.strip():
+            break
+        name = line.split("  ")[0].strip()
+        rows[name] = line[len(name):].split()
+    return rows
+
+
+# ---------------------------------------------------------------------- end to end
+
+
+def test_demo_trains_two_policies_and_writes_the_figures(tmp_path) -> None:
+    out = tmp_path / "out"
+    proc = _demo("--policy", "synchronous,gossip", "--epochs", "2", "--peers", "2",
+                 "--out", str(out))
+    assert proc.returncode == 0, proc.stderr
+    assert "Traceback" not in proc.stderr
+    # Visible progress, one line per policy start and end when not on a terminal.
+    assert "synchronous: training" in proc.stderr and "gossip: done in" in proc.stderr
+
+    rows = _table_rows(proc.stdout)
+    assert list(rows) == ["synchronous", "gossip", "baseline (1 process)"]
+    assert "sent/peer" in proc.stdout and "time to 95%" in proc.stdout
+    assert rows["synchronous"][-1] == "0"  # identical replicas: no consensus distance
+
+    png = (out / "demo.png").read_bytes()
+    assert png.startswith(PNG_SIGNATURE) and len(png) > 20_000
+    doc = json.loads((out / "demo.json").read_text())
+    assert doc["run"]["peers"] == 2 and doc["run"]["dataset"] == "digits"
+    table = {row["policy"]: row for row in doc["table"]}
+    assert set(table) == {"synchronous", "gossip", "baseline"}
+    for row in table.values():
+        assert row["final_accuracy"] > 0.5, row  # chance is 0.1
+        assert row["throughput"] > 0
+    assert table["synchronous"]["bytes_per_peer"] > 0
+    assert table["baseline"]["bytes_per_peer"] == 0
+    figures = doc["figures"]
+    for key in ("test_accuracy_vs_wall_time", "loss_vs_wall_time"):
+        assert set(figures[key]) == {"synchronous", "gossip", "baseline"}
+    curve = figures["test_accuracy_vs_wall_time"]["gossip"]
+    assert len(curve["time"]) == len(curve["accuracy"]) == 1 + 4 * 2  # start + 4 per epoch
+    assert curve["time"] == sorted(curve["time"])
+    assert set(figures["consensus_distance_vs_round"]) == {"synchronous", "gossip"}
+
+
+def test_demo_reads_mnist_idx_files(tmp_path) -> None:
+    """--dataset mnist on a tiny MNIST-shaped data set (gzipped and plain files mixed)."""
+    rng = np.random.default_rng(0)
+    data = tmp_path / "mnist"
+    data.mkdir()
+    labels = np.arange(96, dtype=np.uint8) % 10
+    images = (rng.random((96, 28, 28)) * 60).astype(np.uint8)
+    for k in range(10):  # each class its own bright square: learnable
+        images[labels == k, 2 * k:2 * k + 6, 4:10] = 255
+    write_idx(data / "train-images-idx3-ubyte.gz", images[:64], compress=True)
+    write_idx(data / "train-labels-idx1-ubyte.gz", labels[:64], compress=True)
+    write_idx(data / "t10k-images-idx3-ubyte", images[64:])
+    write_idx(data / "t10k-labels-idx1-ubyte", labels[64:])
+    out = tmp_path / "out"
+    proc = _demo("--dataset", "mnist", "--data-dir", str(data), "--policy", "local-sgd",
+                 "--epochs", "1", "--peers", "2", "--batch-size", "8", "--no-baseline",
+                 "--out", str(out))
+    assert proc.returncode == 0, proc.stderr
+    assert list(_table_rows(proc.stdout)) == ["local-sgd"]
+    doc = json.loads((out / "demo.json").read_text())
+    assert doc["run"]["dataset"] == "mnist" and doc["run"]["image_shape"] == [28, 28]
+    assert doc["run"]["train_samples"] == 64 and doc["run"]["test_samples"] == 32
+
+
+def test_a_dying_peer_fails_the_demo_with_one_clear_line(tmp_path) -> None:
+    out = tmp_path / "out"
+    proc = _demo("--policy", "synchronous", "--epochs", "2", "--peers", "2", "--out", str(out),
+                 "--inject-fault", "1:5", "--timeout", "100")
+    assert proc.returncode == 1
+    assert "Traceback" not in proc.stderr
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("gossip demo: error: peer 1 died (exit code 3) while training "
+                           "synchronous"), proc.stderr
+    assert (out / "failure.log").is_file() and str(out / "failure.log") in last
+    assert not (out / "demo.png").exists()
+
+
+def test_a_peer_raising_fails_the_demo_naming_the_error_and_policy(tmp_path) -> None:
+    options = DemoOptions(policies=("gossip",), peers=2, epochs=1, out=str(tmp_path),
+                          baseline=False, bars=False, timeout=100,
+                          policy_options={"gossip": {"period": 3}})  # Gossip has no period
+    with pytest.raises(DemoFailed) as info:
+        run_demo(options, stdout=io.StringIO(), stderr=io.StringIO())
+    message = str(info.value)
+    assert "\n" not in message
+    assert "failed: TypeError:" in message and "'period'" in message, message
+    assert "while training gossip" in message and "failure.log" in message
+
+
+# ---------------------------------------------------------------------- bad arguments
+
+
+@pytest.mark.parametrize("args, says", [
+    (["--policy", "bogus"], "unknown policy 'bogus'"),
+    (["--policy", "gossip,,elastic"], "empty name"),
+    (["--peers", "0"], "--peers must be between 2"),
+    (["--peers", "many"], "invalid int value"),
+    (["--topology", "torus:3x5"], "describes 15 peers"),
+    (["--topology", "hypercube"], "unknown topology"),
+    (["--epochs", "0"], "--epochs must be at least 1"),
+    (["--dataset", "mnist"], "needs --data-dir"),
+    (["--dataset", "cifar"], "unknown dataset"),
+    (["--dataset", "mnist", "--data-dir", "{empty}"], "missing train-images-idx3-ubyte"),
+    (["--dataset", "mnist", "--data-dir", "{empty}/nowhere"], "does not exist"),
+])
+def test_bad_arguments_give_one_line(tmp_path, args, says) -> None:
+    args = [a.replace("{empty}", str(tmp_path)) for a in args]
+    proc = _demo(*args, "--out", str(tmp_path / "out"), timeout=60)
+    assert proc.returncode == 2
+    assert "Traceback" not in proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert lines[0].startswith("gossip demo: error: ") and says in lines[0], lines[0]
+    assert not (tmp_path / "out").exists()  # nothing started, nothing written
+
+
+# ---------------------------------------------------------------------- the IDX reader
+
+
+@pytest.mark.parametrize("compress", [False, True])
+@pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float32", "float64"])
+def test_idx_round_trip(tmp_path, compress, dtype) -> None:
+    array = (np.arange(2 * 3 * 4) - 5).astype(dtype).reshape(2, 3, 4)
+    path = tmp_path / "a.idx"
+    write_idx(path, array, compress=compress)
+    assert path.read_bytes().startswith(b"\x1f\x8b") == compress
+    back = read_idx(path)
+    assert back.dtype == np.dtype(dtype) and back.shape == (2, 3, 4)
+    np.testing.assert_array_equal(back, array)
+
+
+def test_idx_reader_knows_gzip_by_content_not_name(tmp_path) -> None:
+    path = tmp_path / "labels.idx"  # gzipped, but no .gz in the name
+    write_idx(path, np.arange(7, dtype=np.uint8), compress=True)
+    np.testing.assert_array_equal(read_idx(path), np.arange(7))
+
+
+def _idx(code: int, dims: tuple[int, ...], payload: bytes, ndim: int | None = None) -> bytes:
+    ndim = len(dims) if ndim is None else ndim
+    return bytes([0, 0, code, ndim]) + struct.pack(f">{len(dims)}I", *dims) + payload
+
+
+@pytest.mark.parametrize("content, says", [
+    (b"", "not an IDX file"),
+    (b"\x00\x00", "not an IDX file"),
+    (b"PK\x03\x04" + bytes(100), "magic number 0x504b0304"),
+    (_idx(0x07, (4,), bytes(4)), "unknown IDX data type 0x07"),
+    (_idx(0x08, (), b"", ndim=0), "0 dimensions"),
+    (_idx(0x08, (3, 3), b"", ndim=9), "9 dimensions"),
+    (_idx(0x08, (10, 28), b"", ndim=3), "truncated IDX header"),
+    (_idx(0x08, (10, 28, 28), bytes(100)), "truncated IDX data"),
+    (_idx(0x08, (4,), bytes(5)), "trailing bytes"),
+    (_idx(0x0E, (4,), bytes(31)), "need 32 bytes"),
+    (_idx(0x08, (0xFFFFFFFF, 0xFFFFFFFF, 0xFFFFFFFF), b""), "more than the"),
+])
+@pytest.mark.parametrize("compress", [False, True])
+def test_hostile_idx_files_give_a_clear_error(tmp_path, content, says, compress) -> None:
+    path = tmp_path / "bad-idx3-ubyte"
+    path.write_bytes(gzip.compress(content) if compress else content)
+    with pytest.raises(DataError) as info:
+        read_idx(path)
+    message = str(info.value)
+    assert says in message and "bad-idx3-ubyte" in message and "\n" not in message
+
+
+def test_corrupt_gzip_is_a_clear_error(tmp_path) -> None:
+    good = gzip.compress(_idx(0x08, (1000,), bytes(range(256)) * 3 + bytes(232)))
+    cases = {
+        "garbage": good[:10] + b"\xff" * (len(good) - 10),  # valid gzip header, bad deflate
+        "cut": good[:len(good) // 2],                        # stream ends early
+        "crc": good[:-8] + b"\x00" * 8,                      # checksum and size wrong
+    }
+    for name, content in cases.items():
+        path = tmp_path / f"{name}.gz"
+        path.write_bytes(content)
+        with pytest.raises(DataError, match=f"{name}.gz"):
+            read_idx(path)
+
+
+def test_idx_reader_refuses_directories_and_missing_files(tmp_path) -> None:
+    with pytest.raises(DataError, match="is a directory"):
+        read_idx(tmp_path)
+    with pytest.raises(DataError, match="no such file"):
+        read_idx(tmp_path / "missing")
+
+
+def _mnist_dir(tmp_path, *, train=(12, 28, 28), test=(4, 28, 28), labels=None,
+               dotted=False) -> str:
+    rng = np.random.default_rng(1)
+    names = {"train-images-idx3-ubyte": rng.integers(0, 256, train, dtype=np.uint8),
+             "train-labels-idx1-ubyte": (labels if labels is not None
+                                         else np.arange(train[0], dtype=np.uint8) % 10),
+             "t10k-images-idx3-ubyte": rng.integers(0, 256, test, dtype=np.uint8),
+             "t10k-labels-idx1-ubyte": np.arange(test[0], dtype=np.uint8) % 10}
+    for name, array in names.items():
+        if dotted:
+            name = name.replace("-idx", ".idx")
+        write_idx(os.path.join(tmp_path, name), array)
+    return str(tmp_path)
+
+
+def test_load_mnist_accepts_the_dotted_names_of_some_mirrors(tmp_path) -> None:
+    data = load_mnist(_mnist_dir(tmp_path, dotted=True))
+    assert data.image_shape == (28, 28) and len(data.train_labels) == 12
+    assert data.train_labels.dtype == np.int64 and data.max_value == 255
+
+
+@pytest.mark.parametrize("kwargs, says", [
+    ({"labels": np.arange(11, dtype=np.uint8) % 10}, "holds 12 images but"),
+    ({"labels": np.full(12, 10, dtype=np.uint8)}, "label 10 outside 0..9"),
+    ({"test": (4, 14, 14)}, "but test images"),
+    ({"train": (12, 2, 28)}, "images of 2x28"),
+    ({"train": (0, 28, 28), "labels": np.zeros(0, dtype=np.uint8)}, "holds no images"),
+])
+def test_load_mnist_checks_the_files_fit_together(tmp_path, kwargs, says) -> None:
+    with pytest.raises(DataError, match=says):
+        load_mnist(_mnist_dir(tmp_path, **kwargs))
+
+
+def test_load_mnist_checks_element_types(tmp_path) -> None:
+    _mnist_dir(tmp_path)
+    write_idx(tmp_path / "train-labels-idx1-ubyte", np.arange(12, dtype=np.int32) % 10)
+    with pytest.raises(DataError, match="expected unsigned bytes in 1 dimension, got int32"):
+        load_mnist(tmp_path)
+
+
+def test_shards_are_equal_disjoint_and_seeded() -> None:
+    parts = [shard(103, r, 4, seed=3) for r in range(4)]
+    assert all(len(p) == 25 for p in parts)
+    assert len(set(np.concatenate(parts).tolist())) == 100
+    np.testing.assert_array_equal(parts[1], shard(103, 1, 4, seed=3))
+    with pytest.raises(DataError):
+        shard(3, 0, 4)
+
+
+def test_progress_display_reads_events_written_in_pieces(tmp_path) -> None:
+    path = tmp_path / "progress.jsonl"
+    stream = io.StringIO()
+    with ProgressDisplay(str(path), stream=stream, bars=False) as display:
+        with open(path, "a") as f:
+            f.write('{"event": "start", "policy": "gossip", "steps": 10}\n'
+                    '{"event": "done", "pol')  # a writer caught in the middle of a line
+            f.flush()
+            wait_until(lambda: "gossip: training (10 steps)" in stream.getvalue(), 10,
+                       what="the start line")
+            assert "done" not in stream.getvalue()
+            f.write('icy": "gossip", "accuracy": 0.5, "wall": 1.25}\nnot json\n')
+    assert "gossip: done in 1.2 s, test accuracy 50.0%" in stream.getvalue()
+    assert display.current == "gossip"
