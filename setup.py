@@ -12,7 +12,8 @@ setup(
     long_description=(HERE / "README.md").read_text(encoding="utf-8"),
     long_description_content_type="text/markdown",
     python_requires=">=3.10",
-    packages=["gossip", "gossip.commands", "gossip.demo", "gossip.policies", "collectives", "topologies"],
+    packages=["gossip", "gossip.commands", "gossip.demo", "gossip.policies", "collectives",
+              "topologies"],
     install_requires=[
         "numpy>=1.23",
         "pyzmq>=25",
