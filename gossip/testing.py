@@ -67,6 +67,7 @@ class PeerOutcome:
     error: str = ""           # the formatted traceback
     exitcode: int | None = None
     output: str = ""          # what the process wrote to stdout/stderr (tail)
+    noticed: float = float("inf")  # when the harness saw it fail (monotonic): first = cause
 
 
 class SpawnError(GossipError):
@@ -237,6 +238,10 @@ def _supervise(procs, conns, outcomes, timeout: float, tolerate: frozenset) -> N
                     take_report(rank)
                 if outcomes[rank].status == "running":
                     outcomes[rank].status = "died"
+        now = time.monotonic()
+        for o in outcomes:
+            if o.status in ("error", "died") and o.noticed == float("inf"):
+                o.noticed = now
         if any(o.status in ("error", "died") and o.rank not in tolerate for o in outcomes):
             _stop_all(procs, outcomes, "killed")
             return
@@ -280,7 +285,10 @@ def _verdict(outcomes: list[PeerOutcome], timeout: float, tolerate: frozenset) -
             lines.append(f"    output of rank {o.rank}:\n" + o.output.rstrip())
     timed_out = any(o.status == "killed" for o in outcomes) and not any(
         o.status in ("error", "died") for o in outcomes)
-    first = next((o for o in outcomes if o.status in ("error", "died")), None)
+    # The headline names the failure seen first (the cause: a peer that died comes before
+    # the PeerLost it caused in the others); a tie goes to a death, then to the lower rank.
+    failures = [o for o in outcomes if o.status in ("error", "died") and o.rank not in tolerate]
+    first = min(failures, key=lambda o: (o.noticed, o.status != "died", o.rank), default=None)
     head = (f"spawned peers did not finish within {timeout:g}s" if timed_out
             else f"rank {first.rank} {'failed' if first.status == 'error' else 'died'} "
                  f"(exit code {first.exitcode})")
