@@ -26,7 +26,7 @@ from collectives.barrier import dissemination_barrier
 from collectives.broadcast import pipelined_broadcast
 from collectives.errors import GossipError, PeerLost, ProtocolError
 from collectives.neighbor import neighbor_exchange
-from collectives.p2p import Call, post_range, recv_range
+from collectives.p2p import Call, post_range, recv_range, wait_reached
 from collectives.ring import ring_allreduce, ring_reduce_scatter, segments, wait_sent
 from collectives.small import recursive_doubling_allreduce
 from collectives.transport import Transport
@@ -336,6 +336,9 @@ class Communicator:
         call = Call(self.transport, self.p2p_channel, seq, "send", dtype, tuple(x.shape),
                     deadline)
         wait_sent(call, post_range(call, dst, adapter, flat, 0, adapter.size(flat), track=True))
+        # A peer never reached (it may have died before any connection existed) would leave
+        # the message in a queue and the send would seem to succeed: PeerLost instead.
+        wait_reached(call, dst)
 
     def recv(self, src: int, out: Any = None, *, timeout: float | None = None) -> Any:
         """Receive the next array ``src`` sent. Into ``out`` if given (its dtype and size must
@@ -378,8 +381,32 @@ class Communicator:
             t.retire(channel, seq, [src])
 
     def probe(self, src: int) -> bool:
-        """True when a message from ``src`` is waiting, so recv(src) would not block."""
-        return self.transport.inbox.poll((src, self.p2p_channel, self._p2p_recv_seq[src]))
+        """True when a message from ``src`` is waiting (or its slot holds an error, e.g. a
+        malformed message), so recv(src) returns or raises at once. A lost source with nothing
+        queued is *not* ready: probe is False and recv raises PeerLost. What a source sent
+        before it died stays receivable. Whether a source is gone: ``transport.is_lost``
+        (``peer.lost_peers()``)."""
+        self._check_source(src)
+        return self.wait_any([src], 0.0) is not None
+
+    def wait_any(self, sources, timeout: float | None = None) -> int | None:
+        """Wait (without polling) until a message from one of ``sources`` is waiting, and
+        return that source (the first of ``sources`` that has one); None after ``timeout``
+        seconds (0: just look; None: the communicator's timeout) or once the peer is closed.
+        Lost sources with nothing queued never count as ready (see probe)."""
+        sources = [int(s) for s in sources]
+        for src in sources:
+            self._check_source(src)
+        wait = self.timeout if timeout is None else max(0.0, float(timeout))
+        channel, seqs = self.p2p_channel, self._p2p_recv_seq
+        key = self.transport.inbox.wait_any([(src, channel, seqs[src]) for src in sources],
+                                            time.monotonic() + wait)
+        return None if key is None else key[0]
+
+    def _check_source(self, src: int) -> None:
+        if not 0 <= src < self.world_size or src == self.rank:
+            raise ValueError(f"rank {self.rank}: cannot receive from rank {src} (world size "
+                             f"{self.world_size})")
 
     def close(self, timeout: float = 1.0) -> None:
         self._executor.close(timeout)

@@ -72,6 +72,8 @@ class Inbox:
         self._lost: dict[int, Lost] = {}
         self._running: set[tuple[int, int]] = set()  # (channel, seq) of operations under way
         self._closed = False
+        # Woken by every delivery, error, loss and close: what wait_any() sleeps on.
+        self._arrivals = threading.Condition(self._lock)
 
     # -- producer side (the I/O thread) ------------------------------------------------------
     def put(self, key: Key, item: Any) -> bool:
@@ -83,6 +85,7 @@ class Inbox:
             slot = self._slot(key)
             slot.items.append(item)
             slot.cond.notify()
+            self._arrivals.notify_all()
             return True
 
     def post_error(self, key: Key, error: SlotError) -> None:
@@ -94,6 +97,7 @@ class Inbox:
             if slot.error is None:
                 slot.error = error
             slot.cond.notify_all()
+            self._arrivals.notify_all()
 
     def mark_lost(self, src: int, lost: Lost) -> None:
         with self._lock:
@@ -103,12 +107,14 @@ class Inbox:
             for (s, _, _), slot in self._slots.items():
                 if s == src:
                     slot.cond.notify_all()
+            self._arrivals.notify_all()
 
     def close(self) -> None:
         with self._lock:
             self._closed = True
             for slot in self._slots.values():
                 slot.cond.notify_all()
+            self._arrivals.notify_all()
 
     # -- consumer side (operations) ----------------------------------------------------------
     def get(self, key: Key, deadline: float) -> Any:
@@ -167,6 +173,23 @@ class Inbox:
         with self._lock:
             slot = self._slots.get(key)
             return bool(slot and (slot.items or slot.error)) or key[0] in self._lost
+
+    def wait_any(self, keys, deadline: float) -> Key | None:
+        """The first of ``keys`` whose slot holds a message or an error, waiting (without
+        polling) until one does; None at ``deadline`` or once the inbox is closed. A lost
+        source with nothing queued is not ready: get() would raise, not deliver."""
+        with self._lock:
+            while True:
+                for key in keys:
+                    slot = self._slots.get(key)
+                    if slot is not None and (slot.items or slot.error is not None):
+                        return key
+                if self._closed:
+                    return None
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return None
+                self._arrivals.wait(remaining)
 
     def retire(self, key: Key) -> list:
         """End a slot: drop what is left in it and refuse anything that arrives for it later.

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from collectives.arrays import ArrayAdapter
-from collectives.p2p import Call, post_range, recv_range
+from collectives.p2p import Call, post_range, recv_range, wait_reached
 from collectives.ring import wait_sent
 
 __all__ = ["neighbor_exchange"]
@@ -40,6 +40,10 @@ def neighbor_exchange(call: Call, adapter: ArrayAdapter, flat: Any, self_weight:
         weight = src_weights[src]
         for a, b, chunk in recv_range(call, src, adapter, 0, size):
             adapter.axpy(adapter.slice(scratch, a, b), weight, chunk)
-    for ticket in tickets:
+    for dst, ticket in zip(dst_ranks, tickets):
         wait_sent(call, ticket)
+        if dst not in src_weights:
+            # A destination this round does not hear from: nothing else would notice that
+            # it died before it was ever reached.
+            wait_reached(call, dst)
     adapter.copy(flat, scratch)

@@ -8,14 +8,15 @@ ProtocolError naming both calls instead of silent garbage.
 from __future__ import annotations
 
 import math
+import time
 from typing import Any, Iterator
 
 from collectives.arrays import ArrayAdapter
-from collectives.errors import ProtocolError
+from collectives.errors import PeerLost, ProtocolError
 from collectives.transport import SendTicket, Transport
 from collectives.wire import Header, dtype_itemsize
 
-__all__ = ["Call", "post_range", "recv_range", "chunk_elements"]
+__all__ = ["Call", "post_range", "recv_range", "chunk_elements", "wait_reached"]
 
 
 class Call:
@@ -104,3 +105,23 @@ def recv_range(call: Call, src: int, adapter: ArrayAdapter, start: int,
         lo += count
         if lo >= stop:
             return
+
+
+def wait_reached(call: Call, dst: int) -> None:
+    """Return once this peer has reached ``dst`` at least once; PeerLost at the call's deadline.
+
+    A send never blocks, so a message to a peer that died before any connection to it existed
+    would only wait in a queue (small ones are not even tracked) and the send would seem to
+    succeed. Only the first operations with a peer can wait here, while its connection is
+    being set up (a millisecond on one host), so a short back-off poll is enough: there is no
+    event for it in the transport."""
+    t = call.transport
+    delay = 0.0005
+    while not t.reached(dst):
+        if t.is_lost(dst) or time.monotonic() >= call.deadline:
+            reason = "lost" if t.is_lost(dst) else "never reachable within the timeout"
+            raise PeerLost(f"rank {t.rank}: {call.describe()}: rank {dst} at {t.address(dst)} "
+                           f"{reason}: the message could not be delivered", rank=dst,
+                           address=t.address(dst), operation=call.describe())
+        time.sleep(min(delay, max(0.0, call.deadline - time.monotonic())))
+        delay = min(2 * delay, 0.02)

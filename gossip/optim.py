@@ -100,7 +100,8 @@ class DistributedOptimizer:
             with torch.enable_grad():
                 loss = closure()
         self.policy.after_backward()
-        self.optimizer.step()
+        if not self.policy.skip_update:   # nan_guard found non-finite gradients
+            self.optimizer.step()
         self.policy.after_step()
         return loss
 

@@ -3,6 +3,7 @@ communicator (sequenced collectives) and the topology, and is what ``gossip.init
 from __future__ import annotations
 
 import logging
+import threading
 from typing import Any
 
 from collectives.communicator import Communicator
@@ -26,6 +27,10 @@ class Peer:
         self.topology = topology
         self.settings = settings
         self._closed = False
+        # Policies attached to this peer (they register themselves): close() stops them first,
+        # so no background thread of theirs outlives the sockets.
+        self._policies: list[Any] = []
+        self._policies_lock = threading.Lock()
 
     # -- identity ---------------------------------------------------------------------------
     @property
@@ -78,8 +83,14 @@ class Peer:
         return self._comm.recv(src, out, timeout=timeout)
 
     def probe(self, src: int) -> bool:
-        """True when a message from ``src`` is waiting (recv(src) would return at once)."""
+        """True when a message from ``src`` is waiting (recv(src) would return at once). A lost
+        source with nothing queued gives False (and recv raises PeerLost): see lost_peers()."""
         return self._comm.probe(src)
+
+    def wait_any(self, sources, timeout: float | None = None) -> int | None:
+        """Wait until a message from one of ``sources`` is waiting and return that source;
+        None after ``timeout`` (default: the peer's). Sleeps in the inbox: no polling."""
+        return self._comm.wait_any(sources, timeout)
 
     # -- collectives ------------------------------------------------------------------------
     def allreduce(self, x: Any, op: str = "sum", *, wait: bool = True,
@@ -135,11 +146,37 @@ class Peer:
         """Traffic counters (bytes and messages per peer, dropped bad messages, lost peers)."""
         return self._transport.stats()
 
+    def register_policy(self, policy: Any) -> None:
+        """Called by Policy.attach: close() will close ``policy`` first."""
+        with self._policies_lock:
+            if self._closed:
+                raise RuntimeError(f"rank {self.rank}: cannot attach a policy to a closed peer")
+            if policy not in self._policies:
+                self._policies.append(policy)
+
+    def unregister_policy(self, policy: Any) -> None:
+        """Called by Policy.close."""
+        with self._policies_lock:
+            if policy in self._policies:
+                self._policies.remove(policy)
+
+    @property
+    def policies(self) -> list:
+        """The policies attached to this peer and not yet closed."""
+        with self._policies_lock:
+            return list(self._policies)
+
     def close(self) -> None:
-        """Stop the worker and I/O threads and close every socket (linger 0). Prompt (about a
-        second at most, even with traffic in flight) and idempotent."""
+        """Close the attached policies (their background threads stop), then stop the worker
+        and I/O threads and close every socket (linger 0). Prompt (about a second at most,
+        even with traffic in flight) and idempotent."""
         if self._closed:
             return
+        for policy in reversed(self.policies):
+            try:
+                policy.close()
+            except Exception as exc:  # closing the peer must not fail on a policy
+                log.warning("rank %d: closing %r failed: %s", self.rank, policy, exc)
         self._closed = True
         # Transport first: closing it wakes every operation waiting in the inbox, so the
         # worker thread then stops at once.

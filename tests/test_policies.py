@@ -326,3 +326,127 @@ def test_every_policy_runs_reports_and_stops_its_threads():
             if "max_staleness" in case:
                 # Every step waited for a push that included it: the thread pushed 6 times.
                 assert stats["background_rounds"] >= 6 and stats["bytes_sent"] > 0, stats
+
+
+# ---------------------------------------------------------------------------- issue 5 defects
+def wait_any_and_probe(peer, marker):
+    import time
+
+    from gossip.errors import PeerLost
+    comm = peer.communicator
+    others = [r for r in range(peer.world_size) if r != peer.rank]
+    if peer.rank == 0:
+        assert comm.wait_any(others, 0) is None          # nothing sent yet: just a look
+        start = time.monotonic()
+        assert comm.wait_any(others, 0.3) is None        # waits out its timeout
+        waited = time.monotonic() - start
+        peer.barrier()
+        src = comm.wait_any(others, 30)                  # woken by rank 2's message
+        got = peer.recv(src).tolist()
+        peer.barrier()
+        # Rank 1 sent one message, then left: the message stays receivable, then the lost
+        # source is not ready (probe False) and recv raises PeerLost.
+        from gossip.testing import wait_until
+        wait_until(lambda: 1 in peer.lost_peers(), 20, what="rank 1 lost")
+        queued = peer.probe(1)
+        last = peer.recv(1).tolist()
+        after = peer.probe(1), comm.wait_any([1], 0)
+        try:
+            peer.recv(1, timeout=5)
+            raised = None
+        except PeerLost as exc:
+            raised = exc.rank
+        return waited, src, got, queued, last, after, raised
+    peer.barrier()
+    if peer.rank == 2:
+        peer.send(0, np.array([2.0, 2.0]))
+    peer.barrier()
+    if peer.rank == 1:
+        peer.send(0, np.array([1.0]))
+        peer.close()
+    return None
+
+
+def test_wait_any_wakes_on_a_message_and_probe_is_false_for_a_lost_source(tmp_path):
+    out = spawn(wait_any_and_probe, n=3, timeout=60, peer_timeout=10, args=(str(tmp_path),))
+    waited, src, got, queued, last, after, raised = out[0]
+    assert waited >= 0.3
+    assert src == 2 and got == [2.0, 2.0]
+    assert queued is True and last == [1.0]
+    assert after == (False, None)
+    assert raised == 1
+
+
+def async_idle_and_peer_close(peer):
+    import time
+    x = np.random.default_rng(peer.rank).normal(size=1000)
+    policy = Asynchronous().attach(peer, [x])
+    for _ in range(5):
+        policy.after_step()
+    peer.barrier()
+    before = policy.stats()["receiver_wakeups"]
+    threading.Event().wait(1.0)     # idle: no steps, so (almost) no messages
+    idle_wakeups = policy.stats()["receiver_wakeups"] - before
+    peer.barrier()
+    start = time.monotonic()
+    peer.close()                    # closes the policy first: its threads stop
+    took = time.monotonic() - start
+    threads = [t.name for t in threading.enumerate() if t.name.startswith("gossip-async")]
+    return idle_wakeups, policy.closed, threads, took, peer.policies
+
+
+def test_asynchronous_thread_sleeps_until_a_message_and_peer_close_stops_it():
+    for idle_wakeups, closed, threads, took, left in spawn(async_idle_and_peer_close, n=4,
+                                                           timeout=60):
+        # A 2 ms poll woke 500 times in that second; the inbox wakes the thread only on an
+        # arrival, and a 0.25 s timeout bounds how long it sleeps.
+        assert idle_wakeups < 40, idle_wakeups
+        assert closed and threads == [] and left == []
+
+
+def send_to_a_peer_that_never_was(peer, marker):
+    import os
+    import signal
+    import time
+
+    from gossip.errors import OperationTimeout, PeerLost
+    from gossip.testing import wait_until
+    if peer.rank == 1:
+        with open(marker, "w") as f:
+            f.write(str(os.getpid()))
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    def dead():
+        try:
+            pid = int(open(marker).read())
+        except (OSError, ValueError):
+            return False
+        try:
+            return open(f"/proc/{pid}/stat").read().split(")")[-1].split()[0] in "ZX"
+        except OSError:
+            return True
+    wait_until(dead, 30, what="rank 1's death")
+    pid = int(open(marker).read())
+    try:
+        state = open(f"/proc/{pid}/stat").read()
+    except OSError as exc:
+        state = repr(exc)
+    outcomes = [(peer.transport.reached(1), peer.transport.address(1), peer.lost_peers(),
+                 pid, state[:80])]
+    for size in (3, 1 << 20):            # an untracked small message and a tracked big one
+        start = time.monotonic()
+        try:
+            peer.send(1, np.ones(size), timeout=2.0)
+            outcomes.append(("sent", time.monotonic() - start))
+        except (PeerLost, OperationTimeout) as exc:
+            outcomes.append((type(exc).__name__, time.monotonic() - start, exc.rank))
+    return outcomes
+
+
+def test_a_send_to_a_peer_dead_before_any_connection_raises_within_the_timeout(tmp_path):
+    out = spawn(send_to_a_peer_that_never_was, n=2, timeout=60, tolerate=[1],
+                args=(str(tmp_path / "pid"),))
+    for outcome in out[0][1:]:
+        assert outcome[0] in ("PeerLost", "OperationTimeout"), out[0]
+        assert outcome[2] == 1
+        assert outcome[1] < 2.0 + 3.0, out[0]   # the send's own timeout bounds it

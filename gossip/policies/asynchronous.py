@@ -26,8 +26,9 @@ class Asynchronous(Policy):
     (woken by after_step, never more often: a thread that falls behind skips rounds) it keeps
     half of (x, w) and pushes the other half to one out-neighbour, rotating through the
     topology's out-neighbours, through ``peer.channel(channel)``; between pushes it adds
-    whatever its in-neighbours pushed
-    (``probe``, then ``recv``: it never waits for a message that has not arrived).
+    whatever any peer pushed to it: a second background thread sleeps in
+    ``Communicator.wait_any`` (woken by the inbox when a message arrives, never polling) and
+    adds each message to the pair as it comes.
 
     The race between the optimizer and the mixing is settled by mixing *deltas*: the policy
     keeps an anchor, the parameters as it last wrote them. ``after_step()`` takes the lock
@@ -41,7 +42,14 @@ class Asynchronous(Policy):
     Lost peers: a neighbour found lost (peer.lost_peers()), or one a push to it timed out
     (``send_timeout``), is dropped from the rotation and the half meant for it is kept, so
     the pair stays consistent and training goes on; mass a dead peer held is lost together
-    with its weight, so x/w stays an unbiased average of the live peers' values.
+    with its weight, so x/w stays an unbiased average of the live peers' values. The graph
+    heals around the gap: the lost neighbour's own out-neighbours join the rotation (on a
+    ring, the dead rank's two neighbours push to each other). No agreement is needed for
+    that, because every peer absorbs pushes from any peer, not only its in-neighbours.
+
+    ``quiesce()`` (a collective) stops the pushes and waits until every push sent anywhere
+    has been absorbed, so the weights of the live peers add up to n exactly (push-sum keeps
+    mass); ``resume()`` starts pushing again.
 
     Flow control: a push never leaves a peer with less than ``min_weight / 2`` of weight; a
     peer below ``min_weight`` skips its push until its in-neighbours' pushes arrive. Without
@@ -57,17 +65,19 @@ class Asynchronous(Policy):
     message of P bytes (+ one element) per peer per step, sent in the background; memory:
     four buffers of the parameters' size (pair, anchor, send and receive buffers).
 
-    ``topology``: default ``OnePeerExponential(n)``. ``close()`` stops the thread within about
-    ``poll_interval`` plus an operation in progress.
+    ``topology``: default ``OnePeerExponential(n)``. ``close()`` (also called by
+    ``peer.close()``) wakes both threads and stops them within an operation in progress.
+    ``poll_interval`` is the longest the receiving thread sleeps before it looks at the stop
+    flag and newly lost peers again (arrivals wake it at once).
     """
 
     name = "asynchronous"
 
     def __init__(self, *, topology: Any = None, max_staleness: int | None = None,
-                 min_weight: float = 1 / 16, channel: int = 1, poll_interval: float = 0.002,
+                 min_weight: float = 1 / 16, channel: int = 1, poll_interval: float = 0.25,
                  send_timeout: float | None = None, bucket_bytes: int = DEFAULT_BUCKET_BYTES,
-                 timeout: float | None = None) -> None:
-        super().__init__(bucket_bytes=bucket_bytes, timeout=timeout)
+                 timeout: float | None = None, nan_guard: bool = False) -> None:
+        super().__init__(bucket_bytes=bucket_bytes, timeout=timeout, nan_guard=nan_guard)
         if max_staleness is not None and (isinstance(max_staleness, bool)
                                           or not isinstance(max_staleness, int)
                                           or max_staleness < 0):
@@ -94,6 +104,9 @@ class Asynchronous(Policy):
         self._kick = threading.Event()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._receiver: threading.Thread | None = None
+        self._paused = False
+        self._push_lock = threading.Lock()   # held by the pusher for a whole push
         self._error: BaseException | None = None
         self._dropped: dict[int, str] = {}
         self._trainer_step = 0   # steps folded into the pair
@@ -104,6 +117,9 @@ class Asynchronous(Policy):
         self._absorbed = 0
         self._background_seconds = 0.0
         self._staleness_waits = 0
+        self._receiver_wakeups = 0
+        self._sent_to: list[int] = []        # messages pushed, per destination
+        self._absorbed_from: list[int] = []  # messages absorbed (or dropped as bad), per source
 
     # ------------------------------------------------------------------ set-up
     @property
@@ -123,11 +139,15 @@ class Asynchronous(Policy):
         else:
             self.topology = check_topology(self._topology_arg, n)
         period = getattr(self.topology, "period", 1)
+        self._phases = period
         # One push per round, rotating through every out-neighbour of the schedule.
         self._rotation = [j for phase in range(period)
                           for j in self.topology.out_neighbors(rank, phase)]
-        self._sources = sorted({j for phase in range(period)
-                                for j in self.topology.in_neighbors(rank, phase)})
+        self._healed: set[int] = set()   # lost out-neighbours whose own ones joined the rotation
+        # Every other peer: a healed graph sends from peers that were not in-neighbours.
+        self._sources = [j for j in range(n) if j != rank]
+        self._sent_to = [0] * n
+        self._absorbed_from = [0] * n
         self._comm = self._peer.channel(self._channel_number)
         self._buckets.copy_in()
         self._pair, self._anchor, self._out, self._in = [], [], [], []
@@ -144,19 +164,26 @@ class Asynchronous(Policy):
         # Per source: which bucket its next message is for (messages from one source arrive
         # in order, bucket after bucket).
         self._next_bucket = {j: 0 for j in self._sources}
-        self._thread = threading.Thread(target=self._run, daemon=True,
+        self._thread = threading.Thread(target=self._guarded, args=(self._run,), daemon=True,
                                         name=f"gossip-async-r{rank}")
+        self._receiver = threading.Thread(target=self._guarded, args=(self._receive,),
+                                          daemon=True, name=f"gossip-async-recv-r{rank}")
         self._thread.start()
+        self._receiver.start()
 
     def _shutdown(self) -> None:
         self._stop.set()
         self._kick.set()
-        thread = self._thread
-        if thread is not None:
-            thread.join(max(1.0, self.send_timeout + 0.5))
+        end = time.monotonic() + max(1.0, self.send_timeout + 0.5)
+        for thread in (self._thread, self._receiver):
+            if thread is None:
+                continue
+            # The receiver sleeps in the inbox for at most poll_interval; the pusher wakes on
+            # the kick and finishes a push in progress (bounded by send_timeout).
+            thread.join(max(0.0, end - time.monotonic()))
             if thread.is_alive():
-                log.warning("rank %d: asynchronous gossip thread still running after close()",
-                            self._peer.rank)
+                log.warning("rank %d: asynchronous gossip thread %s still running after "
+                            "close()", self._peer.rank, thread.name)
 
     # ------------------------------------------------------------------ training loop side
     def _after_step(self, step: int) -> None:
@@ -197,25 +224,46 @@ class Asynchronous(Policy):
                 self._cond.wait(min(left, 0.1))
 
     # ------------------------------------------------------------------ background thread
-    def _run(self) -> None:
+    def _guarded(self, body) -> None:
         try:
-            while not self._stop.is_set():
-                kicked = self._kick.wait(self._poll)
-                if self._stop.is_set():
-                    break
-                start = time.perf_counter()
-                self._absorb()
-                if kicked:
-                    self._kick.clear()
-                    self._push()
-                    self._absorb()
-                self._background_seconds += time.perf_counter() - start
+            body()
         except BaseException as exc:  # handed to the training loop at its next after_step
             if not self._stop.is_set():
                 log.exception("rank %d: asynchronous gossip thread failed", self._peer.rank)
                 self._error = exc
                 with self._cond:
                     self._cond.notify_all()
+
+    def _run(self) -> None:
+        """The pusher: one push per kick (after_step), never more often."""
+        while not self._stop.is_set():
+            if not self._kick.wait(1.0):
+                continue
+            if self._stop.is_set():
+                break
+            self._kick.clear()
+            start = time.perf_counter()
+            with self._push_lock:
+                if not self._paused:
+                    self._push()
+            self._background_seconds += time.perf_counter() - start
+
+    def _receive(self) -> None:
+        """The receiver: sleeps until a message from any peer is waiting, then absorbs it."""
+        comm = self._comm
+        while not self._stop.is_set():
+            live = [j for j in self._sources if j not in self._dropped]
+            src = comm.wait_any(live, self._poll) if live else None
+            self._receiver_wakeups += 1
+            if self._stop.is_set():
+                break
+            if src is None:
+                if not live or self._peer.closed:
+                    self._stop.wait(self._poll)
+                continue
+            start = time.perf_counter()
+            self._absorb_from(src)
+            self._background_seconds += time.perf_counter() - start
 
     def _alive(self, rank: int) -> bool:
         if rank in self._dropped:
@@ -228,7 +276,24 @@ class Asynchronous(Policy):
             return False
         return True
 
+    def _heal(self) -> None:
+        """Out-neighbours dropped since the last push hand their place in the rotation to
+        their own out-neighbours, so the graph stays connected around the gap."""
+        rank = self._peer.rank
+        for d in [j for j in self._rotation if j not in self._healed and not self._alive(j)]:
+            self._healed.add(d)
+            added = []
+            for phase in range(self._phases):
+                for q in self.topology.out_neighbors(d, phase):
+                    if q != rank and q not in self._rotation and self._alive(q):
+                        self._rotation.append(q)
+                        added.append(q)
+            if added:
+                log.info("rank %d: asynchronous gossip heals around lost rank %d: now also "
+                         "pushes to %s", rank, d, added)
+
     def _push(self) -> None:
+        self._heal()
         dst = None
         for k in range(len(self._rotation)):
             candidate = self._rotation[(self._rounds + k) % len(self._rotation)]
@@ -256,6 +321,7 @@ class Asynchronous(Policy):
             for out in self._out:
                 self._comm.send(dst, out, timeout=self.send_timeout)
                 sent += 1
+                self._sent_to[dst] += 1
         except (PeerLost, OperationTimeout) as exc:
             # What did not leave stays here: the pair is whole again for those buckets.
             with self._cond:
@@ -268,28 +334,87 @@ class Asynchronous(Policy):
             self._mixed_step = max(self._mixed_step, included)
             self._cond.notify_all()
 
-    def _absorb(self) -> None:
+    def _absorb_from(self, src: int) -> None:
         nb = len(self._pair)
-        for src in self._sources:
-            while self._alive(src) and self._comm.probe(src):
-                k = self._next_bucket[src]
-                try:
-                    self._comm.recv(src, self._in[k], timeout=self.send_timeout)
-                except (PeerLost, OperationTimeout) as exc:
-                    if isinstance(exc, PeerLost):
-                        self._dropped[src] = str(exc)
-                    break
-                except GossipError as exc:  # a malformed message: drop it, keep serving
-                    log.warning("rank %d: asynchronous gossip: bad message from rank %d: %s",
-                                self._peer.rank, src, exc)
-                    self._next_bucket[src] = (k + 1) % nb
-                    continue
-                with self._cond:
-                    self._pair[k] += self._in[k]
+        comm = self._comm
+        while comm.probe(src):
+            k = self._next_bucket.setdefault(src, 0)
+            try:
+                comm.recv(src, self._in[k], timeout=self.send_timeout)
+            except (PeerLost, OperationTimeout) as exc:
+                if isinstance(exc, PeerLost):
+                    self._dropped[src] = str(exc)
+                return
+            except GossipError as exc:  # a malformed message: drop it, keep serving
+                log.warning("rank %d: asynchronous gossip: bad message from rank %d: %s",
+                            self._peer.rank, src, exc)
                 self._next_bucket[src] = (k + 1) % nb
-                self._absorbed += 1
+                with self._cond:
+                    self._absorbed_from[src] += 1
+                    self._cond.notify_all()
+                continue
+            with self._cond:
+                self._pair[k] += self._in[k]
+                self._absorbed_from[src] += 1
+                self._cond.notify_all()
+            self._next_bucket[src] = (k + 1) % nb
+            self._absorbed += 1
+
+    # ------------------------------------------------------------------ quiescence
+    def quiesce(self, timeout: float | None = None) -> None:
+        """Stop pushing and wait until every push any peer made has been absorbed by its
+        destination: then no mass is in flight and the live peers' weights add up to n.
+        A collective on the peer's main channel (an allreduce of per-destination message
+        counts): every peer calls it together. ``resume()`` undoes it."""
+        self._check_ready()
+        timeout = self.timeout if timeout is None else timeout
+        peer = self._peer
+        with self._push_lock:        # a push in progress completes first
+            self._paused = True
+            sent = np.array(self._sent_to, dtype=np.float64)
+        peer.allreduce(sent, op="sum", timeout=timeout)
+        expected = int(sent[peer.rank])
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while sum(self._absorbed_from) < expected:
+                if self._error is not None:
+                    raise RuntimeError(f"rank {peer.rank}: the asynchronous gossip thread "
+                                       f"failed: {self._error!r}") from self._error
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise OperationTimeout(
+                        f"rank {peer.rank}: asynchronous gossip quiesce: absorbed "
+                        f"{sum(self._absorbed_from)} of the {expected} messages pushed to it "
+                        f"within {timeout:g}s", operation="asynchronous quiesce")
+                self._cond.wait(min(left, 0.5))
+        # Fold the absorbed mass into the parameters, as after_step would.
+        self._buckets.copy_in()
+        with self._cond:
+            for b, pair, anchor in zip(self._buckets, self._pair, self._anchor):
+                w = float(pair[-1])
+                anchor -= b.flat
+                subtract_scaled(pair[:-1], w, anchor)
+                divide_into(b.flat, pair[:-1], w)
+                copy_into(anchor, b.flat)
+        self._buckets.copy_out()
+
+    def resume(self) -> None:
+        """Push again after quiesce()."""
+        self._check_ready()
+        with self._push_lock:
+            self._paused = False
 
     # ------------------------------------------------------------------ state and stats
+    @property
+    def healed_around(self) -> set[int]:
+        """Lost out-neighbours whose own out-neighbours joined the rotation."""
+        return set(self._healed)
+
+    @property
+    def dropped_peers(self) -> dict[int, str]:
+        """Peers this policy stopped pushing to (lost, or a push to them failed), with why."""
+        return dict(self._dropped)
+
     @property
     def weights(self) -> list[float]:
         """The push-sum weights of the background pair, one per bucket."""
@@ -321,5 +446,10 @@ class Asynchronous(Policy):
                 "min_weight": self.min_weight,
                 "background_seconds": self._background_seconds,
                 "staleness_waits": self._staleness_waits,
+                "receiver_wakeups": self._receiver_wakeups,
+                "messages_sent_to": list(self._sent_to),
+                "messages_absorbed_from": list(self._absorbed_from),
                 "dropped_peers": sorted(self._dropped),
+                "rotation": list(self._rotation),
+                "healed_around": sorted(self._healed),
                 "weights": self.weights, "topology": repr(self.topology)}

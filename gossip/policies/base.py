@@ -16,15 +16,19 @@ attach the same policy (same class and arguments) to the same model and call it 
 from __future__ import annotations
 
 import abc
+import logging
 import math
 import time
+import warnings
 from typing import Any, ClassVar
 
 import numpy as np
 
-from gossip.policies.buckets import DEFAULT_BUCKET_BYTES, BucketSet
+from gossip.policies.buckets import DEFAULT_BUCKET_BYTES, BucketSet, copy_into
 
 __all__ = ["Policy"]
+
+log = logging.getLogger("gossip")
 
 
 class Policy(abc.ABC):
@@ -42,6 +46,16 @@ class Policy(abc.ABC):
 
     Timeouts: ``timeout`` (default: the peer's) bounds every wait of the policy; a wait past
     it raises gossip.OperationTimeout or gossip.PeerLost naming the rank and operation.
+
+    ``nan_guard=True``: a step whose gradients (torch, checked in after_backward) or whose
+    updated parameters (checked in after_step, before anything is sent) contain NaN or inf is
+    skipped: a RuntimeWarning names the rank and step, the parameters go back to what they
+    were after the previous step (a copy of the parameters is kept for that), and
+    ``skip_update`` tells DistributedOptimizer not to call the optimizer. So a peer never sends
+    non-finite parameters to its neighbours. Synchronous decides collectively: it checks the
+    *averaged* gradients (or parameters), which are the same bytes on every replica, so a
+    non-finite value on any peer makes every replica skip the same step and they stay
+    identical. Skipped steps still communicate, keeping every peer's calls in step.
     """
 
     #: The name under which gossip.policies.make() finds the policy.
@@ -49,8 +63,12 @@ class Policy(abc.ABC):
     #: True if the policy averages gradients, so torch gradients are packed into buckets too.
     uses_gradients: ClassVar[bool] = False
 
+    #: True if the nan guard judges the averaged values (identical on every replica), so
+    #: every peer skips the same steps; False: each peer judges its own before sending.
+    _guard_after_communication: ClassVar[bool] = False
+
     def __init__(self, *, bucket_bytes: int = DEFAULT_BUCKET_BYTES,
-                 timeout: float | None = None) -> None:
+                 timeout: float | None = None, nan_guard: bool = False) -> None:
         if not isinstance(bucket_bytes, int) or isinstance(bucket_bytes, bool) \
                 or bucket_bytes < 1:
             raise ValueError(f"bucket_bytes must be a positive int, got {bucket_bytes!r}")
@@ -68,6 +86,10 @@ class Policy(abc.ABC):
         self._last_exit: float | None = None
         self._bytes0 = 0
         self._messages0 = 0
+        self.nan_guard = bool(nan_guard)
+        self._good: list | None = None   # the parameters after the last step (nan_guard)
+        self._skip_update = False
+        self._skipped_steps = 0
 
     # ------------------------------------------------------------------ lifetime
     def attach(self, peer: Any, params: Any) -> "Policy":
@@ -93,9 +115,18 @@ class Policy(abc.ABC):
         self._bytes0, self._messages0 = counters["bytes_sent"], counters["messages_sent"]
         try:
             self._setup()
+            if self.nan_guard:
+                self._keep_good()
         except BaseException:
             self._peer = self._buckets = None
             raise
+        register = getattr(peer, "register_policy", None)
+        if register is not None:
+            try:
+                register(self)   # peer.close() closes the policy first
+            except BaseException:
+                self.close()
+                raise
         return self
 
     def _setup(self) -> None:
@@ -108,7 +139,12 @@ class Policy(abc.ABC):
             return
         self._closed = True
         if self._peer is not None:
-            self._shutdown()
+            try:
+                self._shutdown()
+            finally:
+                unregister = getattr(self._peer, "unregister_policy", None)
+                if unregister is not None:
+                    unregister(self)
 
     def _shutdown(self) -> None:
         """Subclasses stop their threads and remove their hooks here."""
@@ -122,13 +158,22 @@ class Policy(abc.ABC):
     # ------------------------------------------------------------------ the step
     def after_backward(self) -> None:
         """Gradient-side communication: call after ``loss.backward()``, before
-        ``optimizer.step()``."""
+        ``optimizer.step()``. With nan_guard, then check the gradients: see skip_update."""
         self._check_ready()
         start = self._enter()
         try:
             self._after_backward()
+            if self.nan_guard and not self._gradients_finite():
+                self._skip("gradients")
         finally:
             self._exit(start)
+
+    @property
+    def skip_update(self) -> bool:
+        """True between an after_backward() that found non-finite gradients (nan_guard) and
+        the next after_step(): the optimizer step must be skipped (DistributedOptimizer
+        does)."""
+        return self._skip_update
 
     def after_step(self) -> None:
         """Parameter-side communication: call after ``optimizer.step()``."""
@@ -136,10 +181,69 @@ class Policy(abc.ABC):
         start = self._enter()
         try:
             self._buckets.check_bound()
+            guard = self.nan_guard
+            if guard and not self._guard_after_communication:
+                self._guard_parameters()   # before anything is sent
             self._after_step(self._step)
+            if guard:
+                if self._guard_after_communication:
+                    self._guard_parameters()
+                self._keep_good()
+            self._skip_update = False
             self._step += 1
         finally:
             self._exit(start)
+
+    # ------------------------------------------------------------------ nan guard
+    def _skip(self, what: str) -> None:
+        if not self._skip_update:
+            self._skipped_steps += 1
+        self._skip_update = True
+        message = (f"rank {self._peer.rank}: step {self._step}: non-finite {what} (NaN or "
+                   f"inf); the update is skipped ({self.name}, nan_guard=True)")
+        log.warning(message)
+        warnings.warn(message, RuntimeWarning, stacklevel=3)
+
+    def _gradients_finite(self) -> bool:
+        """Whether the gradients this step would apply are finite (torch only; numpy
+        parameters have no gradients here). Gradient policies judge the averaged ones."""
+        buckets = self._buckets
+        if buckets.kind != "torch":
+            return True
+        import torch
+        if self.uses_gradients:
+            grads = [b.grad for b in buckets if getattr(b, "grad", None) is not None]
+        else:
+            grads = [p.grad for p in buckets.params if p.grad is not None]
+        return all(bool(torch.isfinite(g).all()) for g in grads)
+
+    def _guard_parameters(self) -> None:
+        """Non-finite parameters go back to the last good ones (and the step counts as
+        skipped)."""
+        buckets = self._buckets
+        buckets.copy_in()
+        if all(_finite(b.flat) for b in buckets):
+            return
+        if self._good is None:
+            raise FloatingPointError(f"rank {self._peer.rank}: step {self._step}: non-finite "
+                                     "parameters and no finite ones to go back to")
+        self._skip("parameters")
+        for b, good in zip(buckets, self._good):
+            copy_into(b.flat, good)
+        buckets.copy_out()
+        self._restored()
+
+    def _restored(self) -> None:
+        """After the guard put the last good parameters back (policies with state derived
+        from the parameters resynchronise it here)."""
+
+    def _keep_good(self) -> None:
+        buckets = self._buckets
+        buckets.copy_in()
+        if self._good is None:
+            self._good = [b.new() for b in buckets]
+        for b, good in zip(buckets, self._good):
+            copy_into(good, b.flat)
 
     def _after_backward(self) -> None:
         """Gradient-side work (only gradient policies have any)."""
@@ -268,6 +372,7 @@ class Policy(abc.ABC):
             "comm_fraction": comm / (comm + compute) if comm + compute > 0 else 0.0,
             "parameters_bytes": self._buckets.nbytes,
             "lost_peers": sorted(self._peer.lost_peers()),
+            "skipped_steps": self._skipped_steps,
         }
         out.update(self._extra_stats())
         if consensus:
@@ -307,3 +412,10 @@ class Policy(abc.ABC):
                  if self._peer is not None else "not attached")
         return f"<{type(self).__name__} {where}, step {self._step}>"
 
+
+
+def _finite(flat: Any) -> bool:
+    if isinstance(flat, np.ndarray):
+        return bool(np.isfinite(flat).all())
+    import torch
+    return bool(torch.isfinite(flat).all())

@@ -7,9 +7,10 @@ from typing import Any
 
 import numpy as np
 
-from gossip.errors import PeerLost, TopologyError
+from gossip.errors import OperationTimeout, PeerLost, TopologyError
 from gossip.policies.base import Policy
 from gossip.policies.buckets import DEFAULT_BUCKET_BYTES
+from gossip.policies.healing import Healer
 
 __all__ = ["Gossip", "check_topology"]
 
@@ -45,7 +46,9 @@ class Gossip(Policy):
 
     Lost peers: neighbours already lost are left out (their weight stays with this peer); a
     neighbour lost during a round costs that round (the parameters stay as they were) and
-    training goes on.
+    training goes on. On a static undirected graph the survivors heal it: the lost peer's
+    neighbours become neighbours of each other a few rounds later (see
+    gossip/policies/healing.py), so a ring stays a ring and the mean is still kept.
 
     Cost per step: one neighbour exchange, ``deg_out * P`` bytes sent per peer for P bytes
     of parameters (e.g. 2P on a ring, P on OnePeerExponential), and a wait for the
@@ -57,8 +60,8 @@ class Gossip(Policy):
     name = "gossip"
 
     def __init__(self, *, topology: Any = None, bucket_bytes: int = DEFAULT_BUCKET_BYTES,
-                 timeout: float | None = None) -> None:
-        super().__init__(bucket_bytes=bucket_bytes, timeout=timeout)
+                 timeout: float | None = None, nan_guard: bool = False) -> None:
+        super().__init__(bucket_bytes=bucket_bytes, timeout=timeout, nan_guard=nan_guard)
         self._topology_arg = topology
         self._rounds_skipped = 0
 
@@ -83,36 +86,46 @@ class Gossip(Policy):
                               stacklevel=3)
                 break
         self._scratch = [b.new() for b in self._buckets]
+        self._topo = topo
+        self._healer = Healer(self._peer, topo, topo.mixing_matrix(0), timeout=self.timeout)
 
-    def _round(self, flat: Any, scratch: Any, step: int) -> None:
-        if self._topology_arg is None:
-            # The peer's own topology: neighbor_average already leaves out lost neighbours.
-            self._peer.neighbor_average(flat, step=step, scratch=scratch, timeout=self.timeout)
-            return
-        topo, rank = self._topology_arg, self._peer.rank
+    def _pattern(self, step: int) -> tuple[float, dict[int, float], list[int]]:
+        """(self weight, {in-neighbour: weight}, out-neighbours) of this round: lost
+        neighbours left out (their weight stays here), healed ones added."""
+        topo, rank = self._topo, self._peer.rank
         self_weight, src_weights = topo.weights(rank, step)
-        dst_ranks = topo.out_neighbors(rank, step)
+        dst_ranks = list(topo.out_neighbors(rank, step))
         lost = self._peer.lost_peers()
         if lost:
             self_weight += sum(w for j, w in src_weights.items() if j in lost)
             src_weights = {j: w for j, w in src_weights.items() if j not in lost}
             dst_ranks = [j for j in dst_ranks if j not in lost]
-        self._peer.neighbor_allreduce(flat, self_weight, src_weights, dst_ranks,
-                                      scratch=scratch, timeout=self.timeout)
+        src_weights = dict(src_weights)   # (the topology may hand out shared dicts)
+        for q, w in self._healer.extra(step).items():
+            self_weight -= w
+            src_weights[q] = src_weights.get(q, 0.0) + w
+            if q not in dst_ranks:
+                dst_ranks.append(q)
+        return self_weight, src_weights, dst_ranks
 
     def _after_step(self, step: int) -> None:
         buckets = self._buckets
         buckets.copy_in()
+        self._healer.update(step)
+        self_weight, src_weights, dst_ranks = self._pattern(step)
         for b, scratch in zip(buckets, self._scratch):
             # Every bucket's exchange is called even after one failed, so this peer's
             # sequence numbers stay in step with its neighbours'.
             try:
-                self._round(b.flat, scratch, step)
-            except PeerLost as exc:
+                self._peer.neighbor_allreduce(b.flat, self_weight, src_weights, dst_ranks,
+                                              scratch=scratch, timeout=self.timeout)
+            except (PeerLost, OperationTimeout) as exc:
                 self._rounds_skipped += 1
                 log.warning("rank %d: gossip round %d skipped for bucket %d: %s",
                             self._peer.rank, step, b.index, exc)
         buckets.copy_out()
 
     def _extra_stats(self) -> dict:
-        return {"rounds_skipped": self._rounds_skipped, "topology": repr(self.topology)}
+        return {"rounds_skipped": self._rounds_skipped, "topology": repr(self.topology),
+                "healed_links": self._healer.linked()
+                if self._peer is not None else []}

@@ -59,9 +59,10 @@ class ElasticAveraging(Policy):
     name = "elastic"
 
     def __init__(self, *, alpha: float | None = None, period: int = 4,
-                 center: str = "replicated", channel: int = 2, poll_interval: float = 0.002,
-                 bucket_bytes: int = DEFAULT_BUCKET_BYTES, timeout: float | None = None) -> None:
-        super().__init__(bucket_bytes=bucket_bytes, timeout=timeout)
+                 center: str = "replicated", channel: int = 2, poll_interval: float = 0.25,
+                 bucket_bytes: int = DEFAULT_BUCKET_BYTES, timeout: float | None = None,
+                 nan_guard: bool = False) -> None:
+        super().__init__(bucket_bytes=bucket_bytes, timeout=timeout, nan_guard=nan_guard)
         if alpha is not None:
             if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) \
                     or not math.isfinite(alpha) or not 0 < alpha < 1:
@@ -167,7 +168,7 @@ class ElasticAveraging(Policy):
     def _shutdown(self) -> None:
         self._stop.set()
         if self._thread is not None:
-            self._thread.join(max(1.0, self._poll * 10))
+            self._thread.join(max(1.0, self._poll * 4))
             if self._thread.is_alive():
                 log.warning("rank %d: elastic-averaging server thread still running after "
                             "close()", self._peer.rank)
@@ -254,7 +255,14 @@ class ElasticAveraging(Policy):
         try:
             while not self._stop.is_set():
                 if not self._serve_pending():
-                    self._stop.wait(self._poll)
+                    # Sleep until a request arrives (the inbox wakes us; no polling), at most
+                    # poll_interval, to look at the stop flag and lost peers again.
+                    live = [j for j in self._next_request if j not in self._dropped
+                            and j not in self._peer.lost_peers()]
+                    if live:
+                        self._req_comm.wait_any(live, self._poll)
+                    else:
+                        self._stop.wait(self._poll)
         except BaseException as exc:  # handed to the training loop at its next elastic step
             if not self._stop.is_set():
                 log.exception("rank %d: elastic-averaging server failed", self._peer.rank)

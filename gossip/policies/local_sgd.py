@@ -33,8 +33,9 @@ class LocalSGD(Policy):
     name = "local-sgd"
 
     def __init__(self, period: int = 4, *, warmup_steps: int = 0,
-                 bucket_bytes: int = DEFAULT_BUCKET_BYTES, timeout: float | None = None) -> None:
-        super().__init__(bucket_bytes=bucket_bytes, timeout=timeout)
+                 bucket_bytes: int = DEFAULT_BUCKET_BYTES, timeout: float | None = None,
+                 nan_guard: bool = False) -> None:
+        super().__init__(bucket_bytes=bucket_bytes, timeout=timeout, nan_guard=nan_guard)
         self.period = _check_int("period", period, 1)
         self.warmup_steps = _check_int("warmup_steps", warmup_steps, 0)
         if period == 1:

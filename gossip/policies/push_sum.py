@@ -6,10 +6,11 @@ from typing import Any
 
 import numpy as np
 
-from gossip.errors import PeerLost
+from gossip.errors import OperationTimeout, PeerLost
 from gossip.policies.base import Policy
 from gossip.policies.buckets import DEFAULT_BUCKET_BYTES, copy_into, divide_into
 from gossip.policies.decentralized import check_topology
+from gossip.policies.healing import Healer
 
 __all__ = ["PushSum"]
 
@@ -52,8 +53,9 @@ class PushSum(Policy):
     name = "push-sum"
 
     def __init__(self, *, topology: Any = None, overlap: bool = False,
-                 bucket_bytes: int = DEFAULT_BUCKET_BYTES, timeout: float | None = None) -> None:
-        super().__init__(bucket_bytes=bucket_bytes, timeout=timeout)
+                 bucket_bytes: int = DEFAULT_BUCKET_BYTES, timeout: float | None = None,
+                 nan_guard: bool = False) -> None:
+        super().__init__(bucket_bytes=bucket_bytes, timeout=timeout, nan_guard=nan_guard)
         self._topology_arg = topology
         self.topology = topology   # resolved at attach (None: OnePeerExponential(n))
         self.overlap = bool(overlap)
@@ -77,6 +79,15 @@ class PushSum(Policy):
             self._z.append(z)
         self._scratch = [b.new(extra=1) for b in self._buckets]
         self._send = [b.new(extra=1) for b in self._buckets] if self.overlap else None
+        n = self._peer.world_size
+        push = np.zeros((n, n))   # push[i, j]: the share of j's mass that j sends to i
+        if getattr(self.topology, "period", 1) == 1:
+            for j in range(n):
+                keep, shares = self.topology.push_weights(j, 0)
+                push[j, j] = keep
+                for i, share in shares.items():
+                    push[i, j] = share
+        self._healer = Healer(self._peer, self.topology, push, timeout=self.timeout)
 
     def _shutdown(self) -> None:
         try:
@@ -110,6 +121,12 @@ class PushSum(Policy):
             keep += sum(s for j, s in shares.items() if j in lost)
             shares = {j: s for j, s in shares.items() if j not in lost}
             srcs = [j for j in srcs if j not in lost]
+        srcs, shares = list(srcs), dict(shares)   # (the topology may hand out shared dicts)
+        for q, share in self._healer.extra(step).items():   # edges healed around lost peers
+            keep -= share
+            shares[q] = shares.get(q, 0.0) + share
+            if q not in srcs:
+                srcs.append(q)
         return keep, {j: 1.0 for j in srcs}, shares
 
     # ------------------------------------------------------------------ the step
@@ -130,6 +147,7 @@ class PushSum(Policy):
 
     def _after_step(self, step: int) -> None:
         self._buckets.copy_in()
+        self._healer.update(step)
         self._local_update()
         if self.overlap:
             self._absorb()
@@ -141,7 +159,7 @@ class PushSum(Policy):
                     self._peer.neighbor_allreduce(z, keep, srcs, list(shares),
                                                   dst_weights=shares, scratch=scratch,
                                                   timeout=self.timeout)
-                except PeerLost as exc:
+                except (PeerLost, OperationTimeout) as exc:
                     # The buffer is left as it was; what reached the live neighbours is
                     # theirs. Every bucket is still called, to keep sequence numbers in step.
                     self._rounds_skipped += 1
@@ -170,7 +188,7 @@ class PushSum(Policy):
         for w, z, s in zip(work, self._z, self._send):
             try:
                 w.wait(self.timeout)
-            except PeerLost as exc:
+            except (PeerLost, OperationTimeout) as exc:
                 self._rounds_skipped += 1
                 log.warning("rank %d: push-sum exchange failed: %s", self._peer.rank, exc)
                 continue
@@ -214,4 +232,6 @@ class PushSum(Policy):
     def _extra_stats(self) -> dict:
         return {"weights": self.weights if self._peer is not None else [],
                 "rounds_skipped": self._rounds_skipped, "overlap": self.overlap,
-                "topology": repr(self.topology)}
+                "topology": repr(self.topology),
+                "healed_links": self._healer.linked()
+                if self._peer is not None else []}

@@ -41,10 +41,14 @@ class Synchronous(Policy):
 
     name = "synchronous"
     uses_gradients = True
+    # The averaged gradients/parameters are the same bytes everywhere: judged after the
+    # allreduce, every replica skips the same steps.
+    _guard_after_communication = True
 
     def __init__(self, *, broadcast_start: bool = True,
-                 bucket_bytes: int = DEFAULT_BUCKET_BYTES, timeout: float | None = None) -> None:
-        super().__init__(bucket_bytes=bucket_bytes, timeout=timeout)
+                 bucket_bytes: int = DEFAULT_BUCKET_BYTES, timeout: float | None = None,
+                 nan_guard: bool = False) -> None:
+        super().__init__(bucket_bytes=bucket_bytes, timeout=timeout, nan_guard=nan_guard)
         self._first_bucket_bytes = min(FIRST_BUCKET_BYTES, bucket_bytes)
         self._broadcast_start = bool(broadcast_start)
         self._hooks: list[Any] = []
