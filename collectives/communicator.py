@@ -399,7 +399,7 @@ class Communicator:
             self._check_source(src)
         wait = self.timeout if timeout is None else max(0.0, float(timeout))
         channel, seqs = self.p2p_channel, self._p2p_recv_seq
-        key = self.transport.inbox.wait_any([(src, channel, seqs[src]) for src in sources],
+        key = self.transport.wait_any([(src, channel, seqs[src]) for src in sources],
                                             time.monotonic() + wait)
         return None if key is None else key[0]
 

@@ -45,7 +45,7 @@ __all__ = ["Transport", "PeerCounters", "SendTicket", "host_id"]
 
 log = logging.getLogger("collectives")
 
-_MONITOR_EVENTS = (zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED | zmq.EVENT_HANDSHAKE_SUCCEEDED
+_MONITOR_EVENTS = (zmq.EVENT_DISCONNECTED | zmq.EVENT_HANDSHAKE_SUCCEEDED
                    | zmq.EVENT_HANDSHAKE_FAILED_AUTH | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
                    | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL)
 # Chunks up to this size travel inside the message, copied: cheaper than a shared-memory slot
@@ -147,6 +147,14 @@ class Transport(Receiving):
                                                         self.config.chunk_bytes))
         self._ipc_path: str | None = None
         self.endpoints = self._bind()
+        # The ROUTER is read by whichever thread holds _rx_lock (see Receiving).
+        self._rx_lock = threading.Lock()
+        self._rx_fd = self._router.getsockopt(zmq.FD)
+        self._rx_parked = False
+        self._rx_park_s = 0.0  # how long the parked I/O thread waits before it looks again
+        self._rx_waiting = 0  # callers waiting on the inbox while another reads the socket
+        self._rx_count_lock = threading.Lock()
+        self._rx_more = True  # read once at start: the descriptor only signals changes
         # Owned by the I/O thread from here on.
         self._poller = zmq.Poller()
         self._pollout: dict[zmq.Socket, Link] = {}  # links whose socket is full
@@ -319,10 +327,32 @@ class Transport(Receiving):
         ProtocolError / OperationTimeout naming this rank, ``src``, its address and
         ``operation``."""
         self.connect(src)
-        item = self.inbox.get((src, channel, seq), deadline)
+        key = (src, channel, seq)
+        if self.inbox.poll(key) or self._pump(key, deadline):
+            item = self.inbox.get(key, deadline)
+        else:
+            with self._rx_count_lock:
+                self._rx_waiting += 1
+            try:
+                item = self.inbox.get(key, deadline)
+            finally:
+                with self._rx_count_lock:
+                    self._rx_waiting -= 1
         if type(item) is tuple:
             return item
         raise self._wait_error(item, src, operation)
+
+    def wait_any(self, keys, deadline: float):
+        """The first of the inbox slots ``keys`` that holds a message or an error, or None at
+        ``deadline`` or on close (see Inbox.wait_any). Counted as a waiting caller, so a
+        caller that reads the socket hands it back to the I/O thread when it is done."""
+        with self._rx_count_lock:
+            self._rx_waiting += 1
+        try:
+            return self.inbox.wait_any(keys, deadline)
+        finally:
+            with self._rx_count_lock:
+                self._rx_waiting -= 1
 
     def abort(self, dsts, channel: int, seq: int, reason: str,
               lost_rank: int | None = None) -> None:
@@ -453,7 +483,7 @@ class Transport(Receiving):
 
     def _run(self) -> None:
         poller = self._poller
-        poller.register(self._router, zmq.POLLIN)
+        poller.register(self._rx_fd, zmq.POLLIN)
         poller.register(self._wake_r, zmq.POLLIN)
         if self._zap:
             poller.register(self._zap.socket, zmq.POLLIN)
@@ -465,7 +495,9 @@ class Transport(Receiving):
                 if self._cmds:
                     self._asleep = False
                     continue
-                timeout = 1 if self._shm_blocked else 50 if self._suspects else 100
+                timeout = (0 if self._rx_more else 1 if self._shm_blocked
+                           else self._rx_park_s * 1000 if self._rx_parked
+                           else 50 if self._suspects else 100)
                 events = dict(poller.poll(timeout))
                 self._asleep = False
                 if self._suspects:
@@ -478,8 +510,8 @@ class Transport(Receiving):
                         os.read(self._wake_r, 4096)
                     except BlockingIOError:
                         pass
-                if self._router in events:
-                    self._receive()
+                if self._rx_more or self._rx_parked or self._rx_fd in events:
+                    self._io_receive()
                 if self._zap and self._zap.socket in events:
                     self._zap.handle()
                 for sock in events:
@@ -507,6 +539,8 @@ class Transport(Receiving):
                 self._monitors[link.monitor] = link.rank
                 self._poller.register(link.monitor, zmq.POLLIN)
                 self._flush(link)
+            elif kind == "rx":
+                self._io_receive()
             elif kind == "close":
                 for link in list(self._links.values()):
                     self._flush(link)  # what was queued before close() still goes out
@@ -553,12 +587,14 @@ class Transport(Receiving):
         for link in links:
             # A short linger lets the goodbye out; a dead peer cannot hold us longer.
             link.close(linger_ms=50)
-        self._router.close(linger=0)
+        # A caller may be reading the socket: it lets go within _PUMP_SLICE_S once closed.
+        with self._rx_lock:
+            self._router.close(linger=0)
+            for view in self._views.values():
+                view.close()
+            self._views.clear()
         if self._zap:
             self._zap.close()
-        for view in self._views.values():
-            view.close()
-        self._views.clear()
 
 
 def _failer(error: Exception):

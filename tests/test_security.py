@@ -106,7 +106,10 @@ def test_intruder_without_key_is_rejected(tmp_path, key_path):
                 hostile = encode_header(DATA, 1, 0, 5, "allreduce(sum,recursive-doubling)",
                                         "float64", (1000,), 8000, 0)
                 for _ in range(50):
-                    s.send_multipart([hostile, np.zeros(1000).tobytes()])
+                    try:  # a refused connection leaves no pipe: a blocking send would hang
+                        s.send_multipart([hostile, np.zeros(1000).tobytes()], zmq.NOBLOCK)
+                    except zmq.Again:
+                        break
             observed["auth_failed"] = monitor.poll(10_000) != 0
             observed["received"] = any(s.poll(500) for s in socks)
             curve.disable_monitor()
