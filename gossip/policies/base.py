@@ -395,14 +395,15 @@ class Policy(abc.ABC):
         self._check_ready()
         total = 0.0
         for flat in self._consensus_buffers():
-            mean = flat.copy() if isinstance(flat, np.ndarray) else flat.detach().clone()
-            self._peer.allreduce(mean, op="mean", timeout=self.timeout)
+            # In float64: a float32 mean rounds, and identical replicas would read as apart.
             if isinstance(flat, np.ndarray):
-                diff = flat.astype(np.float64) - mean.astype(np.float64)
-                total += float(np.dot(diff, diff))
+                mine = flat.astype(np.float64)
             else:
-                diff = flat.detach().double() - mean.double()
-                total += float(diff.dot(diff))
+                mine = flat.detach().double().contiguous()
+            mean = mine.copy() if isinstance(mine, np.ndarray) else mine.clone()
+            self._peer.allreduce(mean, op="mean", timeout=self.timeout)
+            diff = mine - mean
+            total += float((diff * diff).sum())
         distance = np.array([math.sqrt(total)], dtype=np.float64)
         self._peer.allreduce(distance, op="mean", timeout=self.timeout)
         return float(distance[0])
