@@ -150,16 +150,10 @@ def run_peer(peer: Any, dataset: Dataset, config: TrainConfig) -> dict:
 
 def _calibrate(peer: Any, policy: Any) -> int:
     """Bytes this peer sends for one round of the demo's diagnostics (consensus distance and
-    the metrics allreduce), measured while nothing else is sent: the background threads of
-    the asynchronous policies only push after a training step."""
-    import torch
-
+    the metrics allreduce), measured by running them once while nothing else is sent: the
+    background threads of the asynchronous policies only push after a training step."""
     before = peer.stats()["bytes_sent"]
-    for b in policy.buckets:
-        flat = b.flat
-        probe = np.zeros_like(flat) if isinstance(flat, np.ndarray) else torch.zeros_like(flat)
-        peer.allreduce(probe, op="mean")
-    peer.allreduce(np.zeros(1), op="mean")
+    policy.consensus_distance()
     peer.allreduce(np.zeros(3), op="mean")
     return peer.stats()["bytes_sent"] - before
 
