@@ -2,7 +2,7 @@
 
     gossip run -n 4 examples/async_gossip.py                          # all peers equal
     gossip run -n 4 examples/async_gossip.py --slow-rank 1            # a straggler
-    gossip run -n 4 examples/async_gossip.py --leave-rank 3 --leave-at 100   # a dead peer
+    gossip run --keep-going -n 4 examples/async_gossip.py --leave-rank 3 --leave-at 100
 
 Each peer runs SGD on its own, biased shard of a least-squares problem. ``after_step()``
 folds each step into a push-sum pair (x, w) that a background thread halves and pushes to
@@ -21,13 +21,15 @@ A slow peer: with ``--slow-rank 1`` (sleeping ``--delay`` s more per step) rank 
 several times longer, the others' about as long as without it: nobody waits for it.
 
 A dead peer: with ``--leave-rank 3 --leave-at 100`` rank 3 exits abruptly at step 100
-without closing (as a crashed or pre-empted process would; exit code 0 only so that
-`gossip run` does not stop the others, as it does on the first failure). The others never
+without closing, with exit code 9, as a crashed or pre-empted process would (``--keep-going``
+tells `gossip run` not to stop the others on the first failure). The others never
 wait for it and never fail: they notice the dropped connection, take rank 3 out of their
-rotation, train on and list it under "lost". The mass rank 3 held is gone with it; a
-collective would now fail, so each survivor reports only its own model. (As of this
-writing the survivors' mixing then stalls: every survivor's weight ends below min_weight,
-so all of them hold their pushes back and their errors drift apart; see "held back".)
+rotation, train on and list it under "lost". The mass rank 3 held is gone with it, and
+so is what was pushed to it before its death was noticed, so each survivor restarts its
+push-sum weight at 1 (its model x/w unchanged) and mixing goes on: the errors jump while the
+dead peer's pull is replaced and settle at the three survivors' optimum (about 3.4 here:
+rank 3's shard no longer cancels the others' bias). A collective would now fail, so each
+survivor reports only its own model.
 """
 from __future__ import annotations
 
@@ -85,7 +87,7 @@ def main() -> None:
         start = time.perf_counter()
         for step in range(args.steps):
             if peer.rank == args.leave_rank and step == args.leave_at:
-                os._exit(0)   # no close(), no goodbye: the others see the connection drop
+                os._exit(9)   # no close(), no goodbye: the others see the connection drop
             b = rng.integers(0, len(y), size=args.batch_size)
             w -= args.lr * x[b].T @ (x[b] @ w - y[b]) / args.batch_size
             # Stand-in for a real model's forward and backward, which take milliseconds

@@ -42,7 +42,9 @@ class Asynchronous(Policy):
     Lost peers: a neighbour found lost (peer.lost_peers()), or one a push to it timed out
     (``send_timeout``), is dropped from the rotation and the half meant for it is kept, so
     the pair stays consistent and training goes on; mass a dead peer held is lost together
-    with its weight, so x/w stays an unbiased average of the live peers' values. The graph
+    with its weight, and so is what was pushed to it before its death was noticed. A peer
+    that drops a neighbour therefore restarts its weight (x <- x / w, w <- 1: its model x/w
+    is unchanged), so flow control does not wait for mass that will never come. The graph
     heals around the gap: the lost neighbour's own out-neighbours join the rotation (on a
     ring, the dead rank's two neighbours push to each other). No agreement is needed for
     that, because every peer absorbs pushes from any peer, not only its in-neighbours.
@@ -109,6 +111,7 @@ class Asynchronous(Policy):
         self._push_lock = threading.Lock()   # held by the pusher for a whole push
         self._error: BaseException | None = None
         self._dropped: dict[int, str] = {}
+        self._rescale = False  # a peer was dropped: restart the weights (see _push)
         self._trainer_step = 0   # steps folded into the pair
         self._mixed_step = 0     # steps included in the last push
         self._rounds = 0
@@ -270,7 +273,7 @@ class Asynchronous(Policy):
             return False
         reason = self._peer.lost_peers().get(rank)
         if reason is not None:
-            self._dropped[rank] = reason
+            self._drop(rank, reason)
             log.info("rank %d: asynchronous gossip drops rank %d: %s", self._peer.rank, rank,
                      reason)
             return False
@@ -292,6 +295,11 @@ class Asynchronous(Policy):
                 log.info("rank %d: asynchronous gossip heals around lost rank %d: now also "
                          "pushes to %s", rank, d, added)
 
+    def _drop(self, rank: int, reason: str) -> None:
+        if rank not in self._dropped:
+            self._dropped[rank] = reason
+            self._rescale = True
+
     def _push(self) -> None:
         self._heal()
         dst = None
@@ -302,6 +310,15 @@ class Asynchronous(Policy):
                 break
         self._rounds += 1
         with self._cond:
+            if self._rescale:
+                # Pushes to a peer between its death and our noticing it took mass with
+                # them, and so did the dead peer's own share: the live peers' weights no
+                # longer add up to their number, and flow control (below) would soon hold
+                # every push back for mass that never comes. Restart push-sum from the
+                # de-biased values: x <- x / w, w <- 1 (the model x / w is unchanged).
+                for pair in self._pair:
+                    pair /= float(pair[-1])
+                self._rescale = False
             # Flow control: a peer that pushes faster than its in-neighbours push to it
             # would halve its weight towards zero (float underflow, and its own gradient
             # steps, folded in as w * move, would count for nothing). Below min_weight it
@@ -327,7 +344,7 @@ class Asynchronous(Policy):
             with self._cond:
                 for pair, out in zip(self._pair[sent:], self._out[sent:]):
                     pair += out
-            self._dropped[dst] = str(exc)
+            self._drop(dst, str(exc))
             log.warning("rank %d: asynchronous gossip drops rank %d: %s", self._peer.rank,
                         dst, exc)
         with self._cond:
@@ -343,7 +360,7 @@ class Asynchronous(Policy):
                 comm.recv(src, self._in[k], timeout=self.send_timeout)
             except (PeerLost, OperationTimeout) as exc:
                 if isinstance(exc, PeerLost):
-                    self._dropped[src] = str(exc)
+                    self._drop(src, str(exc))
                 return
             except GossipError as exc:  # a malformed message: drop it, keep serving
                 log.warning("rank %d: asynchronous gossip: bad message from rank %d: %s",
