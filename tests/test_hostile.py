@@ -28,23 +28,12 @@ import zmq
 from collectives.wire import (ABORT, BYE, DATA, HELLO, PROTOCOL_VERSION, SHM, SHM_OPEN,
                               encode_header)
 from gossip.testing import spawn, wait_until
+from helpers import publish as _publish, read as _read
 from wire_relay import Relay
 
 N = 50_000  # float64 elements: 400 KB, above the small-message threshold (ring)
 EXPECTED = np.arange(N, dtype=np.float64) * 10  # sum of (rank + 1) * arange over 4 ranks
 SQUAT = b"gossip:2"
-
-
-def _publish(path: Path, text: str) -> None:
-    path.with_suffix(".tmp").write_text(text)
-    os.replace(path.with_suffix(".tmp"), path)
-
-
-def _read(path: Path) -> str | None:
-    try:
-        return path.read_text()
-    except FileNotFoundError:
-        return None
 
 
 def target(peer, workdir: str, memory: bool = False):

@@ -4,7 +4,6 @@ genuine peer (taking its identity) gets nothing in and nothing out when the clus
 """
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import numpy as np
@@ -15,22 +14,11 @@ import zmq
 from collectives.security import load_cluster_key, write_cluster_key
 from collectives.wire import DATA, encode_header
 from gossip.testing import spawn, wait_until
+from helpers import publish as _publish, read as _read
 from wire_relay import Relay
 
 MARKER = bytes(range(0x41, 0x41 + 32)) * 2  # 64 bytes no header or handshake contains
 assert len(MARKER) == 64
-
-
-def _publish(path: Path, text: str) -> None:
-    path.with_suffix(".tmp").write_text(text)
-    os.replace(path.with_suffix(".tmp"), path)
-
-
-def _read(path: Path) -> str | None:
-    try:
-        return path.read_text()
-    except FileNotFoundError:
-        return None
 
 
 @pytest.fixture

@@ -15,6 +15,7 @@ import pytest
 
 import gossip
 from gossip.testing import spawn
+from helpers import batch_plan
 
 torch = pytest.importorskip("torch")
 
@@ -241,15 +242,7 @@ def digits():
 
 def schedule(n: int, n_train: int):
     """For each step, each peer's batch of indices: peer r trains on its shard only."""
-    shards = [np.arange(r, n_train, n) for r in range(n)]
-    steps = min(len(s) for s in shards) // BATCH
-    plan = []
-    for epoch in range(EPOCHS):
-        orders = [np.random.default_rng(1000 * epoch + r).permutation(s)
-                  for r, s in enumerate(shards)]
-        for k in range(steps):
-            plan.append([o[k * BATCH:(k + 1) * BATCH] for o in orders])
-    return plan
+    return batch_plan(n, n_train, EPOCHS, BATCH)
 
 
 def digits_model():

@@ -18,6 +18,7 @@ import gossip
 import topologies
 from gossip.errors import PeerLost
 from gossip.testing import spawn
+from helpers import batch_plan
 
 N = 8
 VICTIM = 3
@@ -40,15 +41,7 @@ def digits():
 
 
 def schedule(n: int, n_train: int, epochs: int = EPOCHS):
-    shards = [np.arange(r, n_train, n) for r in range(n)]
-    steps = min(len(s) for s in shards) // BATCH
-    plan = []
-    for epoch in range(epochs):
-        orders = [np.random.default_rng(1000 * epoch + r).permutation(s)
-                  for r, s in enumerate(shards)]
-        for k in range(steps):
-            plan.append([o[k * BATCH:(k + 1) * BATCH] for o in orders])
-    return plan
+    return batch_plan(n, n_train, epochs, BATCH)
 
 
 class Softmax:

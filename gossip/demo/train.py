@@ -148,6 +148,20 @@ def run_peer(peer: Any, dataset: Dataset, config: TrainConfig) -> dict:
     return out
 
 
+def _sgd_step(model: Any, optimizer: Any) -> Any:
+    """One training step on a batch, returning its loss: the same for a plain torch optimizer
+    (the baseline) and a gossip.DistributedOptimizer (the policies)."""
+    import torch.nn.functional as F
+
+    def train_step(xb: Any, yb: Any) -> float:
+        optimizer.zero_grad()
+        loss = F.cross_entropy(model(xb), yb)
+        loss.backward()
+        optimizer.step()
+        return loss.item()
+    return train_step
+
+
 def _calibrate(peer: Any, policy: Any) -> int:
     """Bytes this peer sends for one round of the demo's diagnostics (consensus distance and
     the metrics allreduce), measured by running them once while nothing else is sent: the
@@ -209,7 +223,6 @@ def _train_policy(peer: Any, name: str, config: TrainConfig, x: Any, y: Any, tes
                   test_y: Any, dataset: Dataset, steps_per_epoch: int,
                   progress: _Progress) -> dict:
     import torch
-    import torch.nn.functional as F
 
     import gossip
 
@@ -221,12 +234,7 @@ def _train_policy(peer: Any, name: str, config: TrainConfig, x: Any, y: Any, tes
     dopt = gossip.DistributedOptimizer(opt, peer=peer, policy=policy)
     rounds = 0
 
-    def train_step(xb: Any, yb: Any) -> float:
-        dopt.zero_grad()
-        loss = F.cross_entropy(model(xb), yb)
-        loss.backward()
-        dopt.step()
-        return loss.item()
+    train_step = _sgd_step(model, dopt)
 
     def measure(t: float, step: int, epoch: float, train_loss: float) -> dict:
         nonlocal rounds
@@ -266,18 +274,12 @@ def _train_baseline(n: int, config: TrainConfig, x: Any, y: Any, test_x: Any, te
     """One process, plain SGD with the peers' total batch (n x batch_size) and the same
     number of steps: what synchronous training computes, without the network."""
     import torch
-    import torch.nn.functional as F
 
     torch.manual_seed(config.seed)
     model = make_cnn(dataset.image_shape, dataset.classes)
     opt = torch.optim.SGD(model.parameters(), lr=config.lr, momentum=config.momentum)
 
-    def train_step(xb: Any, yb: Any) -> float:
-        opt.zero_grad()
-        loss = F.cross_entropy(model(xb), yb)
-        loss.backward()
-        opt.step()
-        return loss.item()
+    train_step = _sgd_step(model, opt)
 
     def measure(t: float, step: int, epoch: float, train_loss: float) -> dict:
         accuracy, test_loss = _evaluate(model, test_x, test_y)
