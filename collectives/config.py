@@ -48,6 +48,9 @@ class TransportConfig:
     # Address other peers use to reach this one; default: bind_host, or this host's address
     # on the route to the rendezvous when bind_host is 0.0.0.0.
     advertise_host: str | None = None
+    # Ports the data socket may take (inclusive), for firewalls between machines
+    # (GOSSIP_PORT_RANGE=LO-HI); one port per peer, so give at least as many as peers per host.
+    data_ports: tuple[int, int] = (20000, 64999)
     # Cluster key: when set, every socket uses CURVE and admits only key holders.
     key: ClusterKey | None = field(default=None, repr=False)
 
@@ -57,6 +60,10 @@ class TransportConfig:
         if self.transport not in ("auto", "tcp", "ipc", "shm"):
             raise ValueError(f"transport must be 'auto', 'shm', 'ipc' or 'tcp', got "
                              f"{self.transport!r}")
+        lo, hi = self.data_ports
+        if not 1 <= lo <= hi <= 65535:
+            raise ValueError(f"data_ports must be (lo, hi) with 1 <= lo <= hi <= 65535, got "
+                             f"{self.data_ports!r}")
         if self.chunk_bytes < 4096:
             raise ValueError(f"chunk_bytes must be at least 4096, got {self.chunk_bytes}")
 

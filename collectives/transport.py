@@ -182,12 +182,15 @@ class Transport(Receiving):
 
     def _bind(self) -> dict:
         cfg = self.config
+        lo, hi = cfg.data_ports
         try:
-            port = self._router.bind_to_random_port(f"tcp://{cfg.bind_host}", min_port=20000,
-                                                    max_port=65000, max_tries=200)
+            # max_port is exclusive; a narrow range is tried port by port at most 200 times.
+            port = self._router.bind_to_random_port(f"tcp://{cfg.bind_host}", min_port=lo,
+                                                    max_port=hi + 1, max_tries=200)
         except zmq.ZMQError as exc:
             raise RendezvousError(f"rank {self.rank}: cannot bind a data socket on "
-                                  f"{cfg.bind_host}: {exc}") from None
+                                  f"{cfg.bind_host} in ports {lo}-{hi} (GOSSIP_PORT_RANGE): "
+                                  f"{exc}") from None
         advertise = cfg.advertise_host or cfg.bind_host
         endpoints = {"tcp": f"tcp://{advertise}:{port}", "ipc": None, "host": host_id(),
                      "shm": cfg.transport in ("auto", "shm") and shm_supported()}

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import socket
 from typing import Any
 
@@ -51,6 +52,15 @@ def _route_address(master_addr: str, port: int) -> str:
         return socket.gethostbyname(socket.gethostname())
 
 
+def _port_range(text: str) -> tuple[int, int]:
+    """GOSSIP_PORT_RANGE: "LO-HI" (inclusive), the ports data sockets may bind."""
+    match = re.fullmatch(r"\s*(\d+)\s*-\s*(\d+)\s*", text)
+    if not match or not 1 <= int(match.group(1)) <= int(match.group(2)) <= 65535:
+        raise ValueError(f"GOSSIP_PORT_RANGE={text!r}: expected LO-HI with "
+                         f"1 <= LO <= HI <= 65535, e.g. 30000-30099")
+    return int(match.group(1)), int(match.group(2))
+
+
 def init(*, rank: int | None = None, world_size: int | None = None,
          rendezvous: str | None = None, topology: Any = None, timeout: float | None = None,
          key: str | os.PathLike | ClusterKey | None = None, transport: str | None = None,
@@ -78,6 +88,8 @@ def init(*, rank: int | None = None, world_size: int | None = None,
         changes["key"] = key
     if transport:
         changes["transport"] = transport
+    if os.environ.get("GOSSIP_PORT_RANGE"):
+        changes["data_ports"] = _port_range(os.environ["GOSSIP_PORT_RANGE"])
     if settings.world_size > 1 and not settings.is_local:
         # A run across machines: listen everywhere, advertise the address others can reach.
         changes["bind_host"] = os.environ.get("GOSSIP_BIND_HOST", "0.0.0.0")

@@ -295,3 +295,25 @@ def poll_then_receive(peer):
 
 def test_timed_out_recv_keeps_the_sequence():
     assert spawn(poll_then_receive, n=2)[1] == [0.0, 1.0, 2.0, 3.0]
+
+
+def data_port(peer):
+    x = np.ones(3)
+    peer.allreduce(x)  # the peers reached each other on those ports
+    return int(peer.transport.endpoints["tcp"].rsplit(":", 1)[1]), x.tolist()
+
+
+def test_data_ports_stay_in_gossip_port_range():
+    lo = random.randrange(40000, 49000)
+    hi = lo + 49
+    out = spawn(data_port, n=3, timeout=60, transport="tcp",
+                env={"GOSSIP_PORT_RANGE": f"{lo}-{hi}"})
+    assert all(lo <= port <= hi for port, _ in out), (lo, hi, out)
+    assert all(x == [3.0, 3.0, 3.0] for _, x in out)
+
+
+@pytest.mark.parametrize("text", ["30000", "9-8", "1-70000", "a-b"])
+def test_bad_gossip_port_range_is_a_clear_error(monkeypatch, text):
+    monkeypatch.setenv("GOSSIP_PORT_RANGE", text)
+    with pytest.raises(ValueError, match="GOSSIP_PORT_RANGE"):
+        gossip.init(rank=0, world_size=1)
