@@ -51,6 +51,8 @@ import threading
 import time
 from dataclasses import dataclass, field
 
+from gossip.testing import wait_until
+
 __all__ = ["Network", "Host", "netns_unavailable", "remove_stale_namespaces", "PREFIX",
            "SUBNET", "proxy_main"]
 
@@ -441,7 +443,14 @@ def proxy_main(argv: list[str]) -> int:
     print(f"proxy on {args.addr}: delay {args.delay}s, stalls {args.stall_probability} x "
           f"{args.stall}s", flush=True)
     while not args.parent or _pid_alive(args.parent):
-        for port in loopback_listeners() - set(mirrored):
+        try:
+            # No event tells when a port starts listening: watch /proc, and look at the
+            # parent again every second.
+            ports = wait_until(lambda: loopback_listeners() - set(mirrored), 1.0,
+                               interval=0.005, what="a new listening port")
+        except TimeoutError:
+            continue
+        for port in ports:
             listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
             listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             try:
@@ -456,7 +465,6 @@ def proxy_main(argv: list[str]) -> int:
             print(f"relaying {args.addr}:{port} -> 127.0.0.1:{port}", flush=True)
             threading.Thread(target=_serve_port, args=(listener, port, args, rng),
                              daemon=True).start()
-        time.sleep(0.005)   # no event tells when a port starts listening: poll /proc
     return 0
 
 
