@@ -195,36 +195,48 @@ class Asynchronous(Policy):
                                f"failed: {self._error!r}") from self._error
         self._buckets.copy_in()
         with self._cond:
-            for b, pair, anchor in zip(self._buckets, self._pair, self._anchor):
-                w = float(pair[-1])
-                self._lightest = min(self._lightest, w)
-                anchor -= b.flat                          # -(the optimizer's move)
-                subtract_scaled(pair[:-1], w, anchor)     # x += w * move
-                divide_into(b.flat, pair[:-1], w)         # params = x / w, the latest mix
-                copy_into(anchor, b.flat)
+            self._fold()
             self._trainer_step = step + 1
         self._buckets.copy_out()
         self._kick.set()
         if self.max_staleness is not None:
             self._wait_fresh(step + 1 - self.max_staleness)
 
+    def _fold(self) -> None:
+        """(Holding _cond.) The optimizer's move since the last fold goes into (x, w), and
+        the parameters become the latest de-biased mix x / w."""
+        for b, pair, anchor in zip(self._buckets, self._pair, self._anchor):
+            w = float(pair[-1])
+            self._lightest = min(self._lightest, w)
+            anchor -= b.flat                          # -(the optimizer's move)
+            subtract_scaled(pair[:-1], w, anchor)     # x += w * move
+            divide_into(b.flat, pair[:-1], w)         # params = x / w, the latest mix
+            copy_into(anchor, b.flat)
+
+    def _wait_locked(self, done, timeout: float, slice_s: float, stopped, what) -> None:
+        """(Holding _cond.) Wait until ``done()``; RuntimeError if the thread failed (or
+        ``stopped()``), OperationTimeout naming ``what()`` after ``timeout`` seconds."""
+        deadline = time.monotonic() + timeout
+        while not done():
+            if self._error is not None or stopped():
+                raise RuntimeError(f"rank {self._peer.rank}: the asynchronous gossip thread "
+                                   f"stopped: {self._error!r}") from self._error
+            left = deadline - time.monotonic()
+            if left <= 0:
+                message, operation = what()
+                raise OperationTimeout(f"rank {self._peer.rank}: asynchronous gossip: "
+                                       f"{message} within {timeout:g}s", operation=operation)
+            self._cond.wait(min(left, slice_s))
+
     def _wait_fresh(self, wanted: int) -> None:
-        deadline = time.monotonic() + self.timeout
         with self._cond:
             if self._mixed_step >= wanted:
                 return
             self._staleness_waits += 1
-            while self._mixed_step < wanted:
-                if self._error is not None or self._stop.is_set():
-                    raise RuntimeError(f"rank {self._peer.rank}: the asynchronous gossip "
-                                       "thread stopped") from self._error
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise OperationTimeout(
-                        f"rank {self._peer.rank}: asynchronous gossip: no push including step "
-                        f"{wanted} within {self.timeout:g}s (max_staleness="
-                        f"{self.max_staleness})", operation="asynchronous after_step")
-                self._cond.wait(min(left, 0.1))
+            self._wait_locked(
+                lambda: self._mixed_step >= wanted, self.timeout, 0.1, self._stop.is_set,
+                lambda: (f"no push including step {wanted} (max_staleness="
+                         f"{self.max_staleness})", "asynchronous after_step"))
 
     # ------------------------------------------------------------------ background thread
     def _guarded(self, body) -> None:
@@ -391,28 +403,15 @@ class Asynchronous(Policy):
             sent = np.array(self._sent_to, dtype=np.float64)
         peer.allreduce(sent, op="sum", timeout=timeout)
         expected = int(sent[peer.rank])
-        deadline = time.monotonic() + timeout
         with self._cond:
-            while sum(self._absorbed_from) < expected:
-                if self._error is not None:
-                    raise RuntimeError(f"rank {peer.rank}: the asynchronous gossip thread "
-                                       f"failed: {self._error!r}") from self._error
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise OperationTimeout(
-                        f"rank {peer.rank}: asynchronous gossip quiesce: absorbed "
-                        f"{sum(self._absorbed_from)} of the {expected} messages pushed to it "
-                        f"within {timeout:g}s", operation="asynchronous quiesce")
-                self._cond.wait(min(left, 0.5))
+            self._wait_locked(
+                lambda: sum(self._absorbed_from) >= expected, timeout, 0.5, lambda: False,
+                lambda: (f"quiesce: absorbed {sum(self._absorbed_from)} of the {expected} "
+                         f"messages pushed to it", "asynchronous quiesce"))
         # Fold the absorbed mass into the parameters, as after_step would.
         self._buckets.copy_in()
         with self._cond:
-            for b, pair, anchor in zip(self._buckets, self._pair, self._anchor):
-                w = float(pair[-1])
-                anchor -= b.flat
-                subtract_scaled(pair[:-1], w, anchor)
-                divide_into(b.flat, pair[:-1], w)
-                copy_into(anchor, b.flat)
+            self._fold()
         self._buckets.copy_out()
 
     def resume(self) -> None:
