@@ -66,6 +66,7 @@ class Communicator:
         self._executor = Executor(f"gossip-ops-r{self.rank}")
         self._nccl = None  # NcclGroup, made on the first device array
         self._buffer_pool: dict[tuple, list] = {}  # free send-buffer sets, by shape
+        self._peers = tuple(r for r in range(self.world_size) if r != self.rank)
 
     @property
     def timeout(self) -> float:
@@ -129,8 +130,8 @@ class Communicator:
         _, dtype, size, count = key
         return [adapter.empty(size, dtype, flat) for _ in range(count)]
 
-    def _all_peers(self) -> list[int]:
-        return [r for r in range(self.world_size) if r != self.rank]
+    def _all_peers(self) -> tuple[int, ...]:
+        return self._peers
 
     # ------------------------------------------------------------------ collectives
     def allreduce(self, x: Any, op: str = "sum", *, wait: bool = True,

@@ -10,7 +10,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 __all__ = ["Inbox", "Lost", "SlotError"]
@@ -34,12 +34,25 @@ class SlotError:
     lost_rank: int | None = None
 
 
-@dataclass
 class _Slot:
-    cond: threading.Condition
-    items: deque = field(default_factory=deque)
-    error: SlotError | None = None
-    touched: bool = False  # a consumer has asked for this slot: its operation is running
+    """The messages of one (src, channel, seq), and the condition a consumer waits on. The
+    condition is made only when a consumer has to wait: most small messages are read as soon
+    as they arrive, and making one per message was a visible part of a 4 KiB allreduce."""
+
+    __slots__ = ("cond", "items", "error", "touched")
+
+    def __init__(self) -> None:
+        self.cond: threading.Condition | None = None
+        self.items: deque = deque()
+        self.error: SlotError | None = None
+        self.touched = False  # a consumer has asked for this slot: its operation is running
+
+    def notify(self, every: bool = False) -> None:
+        if self.cond is not None:
+            if every:
+                self.cond.notify_all()
+            else:
+                self.cond.notify()
 
 
 class _Retired:
@@ -84,7 +97,7 @@ class Inbox:
                 return False
             slot = self._slot(key)
             slot.items.append(item)
-            slot.cond.notify()
+            slot.notify()
             self._arrivals.notify_all()
             return True
 
@@ -96,7 +109,7 @@ class Inbox:
             slot = self._slot(key)
             if slot.error is None:
                 slot.error = error
-            slot.cond.notify_all()
+            slot.notify(every=True)
             self._arrivals.notify_all()
 
     def mark_lost(self, src: int, lost: Lost) -> None:
@@ -106,14 +119,14 @@ class Inbox:
             self._lost[src] = lost
             for (s, _, _), slot in self._slots.items():
                 if s == src:
-                    slot.cond.notify_all()
+                    slot.notify(every=True)
             self._arrivals.notify_all()
 
     def close(self) -> None:
         with self._lock:
             self._closed = True
             for slot in self._slots.values():
-                slot.cond.notify_all()
+                slot.notify(every=True)
             self._arrivals.notify_all()
 
     # -- consumer side (operations) ----------------------------------------------------------
@@ -125,19 +138,34 @@ class Inbox:
             slot = self._slot(key)
             slot.touched = True
             while True:
-                if slot.items:
-                    return slot.items.popleft()
-                if slot.error is not None:
-                    return slot.error
-                lost = self._lost.get(key[0])
-                if lost is not None:
-                    return lost
-                if self._closed:
-                    return Lost("this peer was closed", kind="closed")
+                ready = self._ready(key, slot)
+                if ready is not None:
+                    return ready
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     return None
+                if slot.cond is None:
+                    slot.cond = threading.Condition(self._lock)
                 slot.cond.wait(remaining)
+
+    def take(self, key: Key) -> Any:
+        """What get() would return at once, or None where it would wait."""
+        with self._lock:
+            slot = self._slot(key)
+            slot.touched = True
+            return self._ready(key, slot)
+
+    def _ready(self, key: Key, slot: _Slot) -> Any:
+        if slot.items:
+            return slot.items.popleft()
+        if slot.error is not None:
+            return slot.error
+        lost = self._lost.get(key[0])
+        if lost is not None:
+            return lost
+        if self._closed:
+            return Lost("this peer was closed", kind="closed")
+        return None
 
     def begin(self, channel: int, seq: int) -> None:
         """An operation started: its messages are wanted soon, never spilled."""
@@ -214,5 +242,5 @@ class Inbox:
     def _slot(self, key: Key) -> _Slot:
         slot = self._slots.get(key)
         if slot is None:
-            slot = self._slots[key] = _Slot(threading.Condition(self._lock))
+            slot = self._slots[key] = _Slot()
         return slot

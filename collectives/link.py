@@ -24,6 +24,8 @@ from collectives.wire import encode_header, stamp_number
 
 __all__ = ["Link", "ShmPending"]
 
+_NOBLOCK, _SNDMORE = int(zmq.NOBLOCK), int(zmq.SNDMORE)
+
 
 class ShmPending:
     """A chunk for the shared-memory ring that found no free slot: its header fields (all but
@@ -97,9 +99,17 @@ class Link:
         # duplicated message by its number alone (see collectives/wire.py).
         number = self.sent_number + 1
         frames = (stamp_number(frames[0], number), *frames[1:])
+        # The raw send, part by part, not send_multipart (its per-part type checks cost more
+        # than the send of a small message). The header goes as a copy; the payload without
+        # one (pyzmq still copies parts below its copy threshold unless tracked). Only the
+        # first part can fail on a full socket: ZeroMQ then takes the rest of the message.
+        send = self.sock.send
         try:
-            tracker = self.sock.send_multipart(frames, zmq.NOBLOCK, copy=False,
-                                               track=ticket is not None)
+            if len(frames) == 1:
+                tracker = send(frames[0], _NOBLOCK, copy=False, track=ticket is not None)
+            else:
+                send(frames[0], _NOBLOCK | _SNDMORE)
+                tracker = send(frames[1], _NOBLOCK, copy=False, track=ticket is not None)
         except zmq.Again:
             return False
         self.sent_number = number

@@ -41,6 +41,8 @@ class Call:
     def describe(self) -> str:
         return f"{self.signature} {self.dtype} {self.shape} at sequence {self.seq}"
 
+    __str__ = describe  # the transport words its errors with str(operation), only on error
+
     def mismatch(self, src: int, header: Header, what: str) -> ProtocolError:
         theirs = f"{header.op} {header.dtype} {header.shape} at sequence {header.seq}"
         return ProtocolError(f"rank {self.transport.rank}: called {self.describe()}, but rank "
@@ -86,7 +88,7 @@ def recv_range(call: Call, src: int, adapter: ArrayAdapter, start: int,
     lo = start
     while True:
         header, payload, release = t.recv(src, call.channel, call.seq, deadline=call.deadline,
-                                          operation=call.describe())
+                                          operation=call)
         try:
             if (header.op != call.signature or header.dtype != call.dtype
                     or header.shape != call.shape):

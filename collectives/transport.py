@@ -117,6 +117,7 @@ class Transport(Receiving):
         self.dropped_by_reason: dict[str, int] = {}
         self._drops_logged_at = (0.0, 0)  # (when, drop count) of the last drop log line
         self._heard = [0] * world_size  # last message number accepted from each source
+        self._identity_ranks = {IDENTITY_PREFIX + str(r).encode(): r for r in range(world_size)}
         self._closed = False
         self._close_lock = threading.Lock()
         self._table: dict[int, dict] = {}
@@ -294,8 +295,15 @@ class Transport(Receiving):
         if self._closed:
             raise PeerLost(f"rank {self.rank}: send to rank {dst} after close()", rank=dst)
         length = payload.nbytes if isinstance(payload, memoryview) else len(payload)
-        link = self.connect(dst)
-        if link.ring is not None and length > _INLINE_BYTES:
+        link = self._links.get(dst) or self.connect(dst)
+        if length <= _INLINE_BYTES:
+            # Small: ZeroMQ copies it anyway, so the buffer is free at once (no tracking).
+            # Straight to the link: this is the path of every latency-bound operation.
+            if link.send((encode_header(DATA, self.rank, channel, seq, op, dtype, shape, nbytes,
+                                        offset, length), bytes(payload)), None):
+                self._command(("flush", link))
+            return None
+        if link.ring is not None:
             ticket = SendTicket() if track else None
             fields = (SHM, self.rank, channel, seq, op, dtype, shape, nbytes, offset, length)
             queued, wake = link.post_shm(fields, payload, ticket)
@@ -306,11 +314,6 @@ class Transport(Receiving):
             if wake:
                 self._command(("flush", link))
             return ticket
-        if length <= _INLINE_BYTES:
-            # Small: ZeroMQ copies it anyway, so the buffer is free at once (no tracking).
-            self.send(dst, encode_header(DATA, self.rank, channel, seq, op, dtype, shape,
-                                         nbytes, offset, length), bytes(payload))
-            return None
         ticket = SendTicket() if track else None
         self.send(dst, encode_header(DATA, self.rank, channel, seq, op, dtype, shape, nbytes,
                                      offset, length), payload, ticket=ticket)
@@ -323,17 +326,19 @@ class Transport(Receiving):
         return self.config.shm_chunk_bytes if dst in self._shm_peers else self.config.chunk_bytes
 
     def recv(self, src: int, channel: int, seq: int, *, deadline: float,
-             operation: str) -> tuple[Header, Any, Any]:
+             operation: Any) -> tuple[Header, Any, Any]:
         """The next message in slot ``(src, channel, seq)`` as (header, payload, release):
         ``payload`` is a buffer (a ZeroMQ frame or a shared-memory slot), ``release`` is None
         or a callable to invoke once the payload has been consumed. Raises PeerLost /
         ProtocolError / OperationTimeout naming this rank, ``src``, its address and
         ``operation``."""
-        self.connect(src)
+        if src not in self._links:
+            self.connect(src)
         key = (src, channel, seq)
-        if self.inbox.poll(key) or self._pump(key, deadline):
+        item = self.inbox.take(key)
+        if item is None and self._pump(key, deadline):
             item = self.inbox.get(key, deadline)
-        else:
+        elif item is None:
             with self._rx_count_lock:
                 self._rx_waiting += 1
             try:
@@ -444,7 +449,8 @@ class Transport(Receiving):
         return self._closed
 
     # ------------------------------------------------------------------ errors
-    def _wait_error(self, item, src: int, operation: str) -> Exception:
+    def _wait_error(self, item, src: int, operation: Any) -> Exception:
+        operation = str(operation)  # a string, or an object worded only now (a p2p Call)
         where = f"rank {self.rank}: {operation}: rank {src} at {self.address(src)}"
         if isinstance(item, SlotError):
             if item.lost_rank is not None:
