@@ -45,6 +45,10 @@ class ArrayAdapter:
     def scale(self, flat: Any, weight: float) -> None: ...
     def axpy(self, dst: Any, weight: float, src: Any) -> None:
         """dst += weight * src, in place."""
+    def scaled_copy(self, dst: Any, weight: float, src: Any) -> None:
+        """dst = weight * src (one pass: no copy-then-scale)."""
+    def scale_add(self, dst: Any, weight: float, src: Any) -> None:
+        """dst = weight * dst + src, in place."""
     def empty(self, count: int, dtype_name: str, like: Any) -> Any: ...
     def slice(self, flat: Any, start: int, stop: int) -> Any:
         return flat[start:stop]
@@ -60,6 +64,7 @@ def _contiguous_error(x: Any) -> TypeError:
 
 
 _DTYPE_NAMES: dict[np.dtype, str] = {}
+_BLOCK = 32 * 1024  # elements per block of a two-pass numpy operation (fits in L2)
 
 
 class NumpyAdapter(ArrayAdapter):
@@ -114,8 +119,24 @@ class NumpyAdapter(ArrayAdapter):
     def axpy(self, dst: np.ndarray, weight: float, src: np.ndarray) -> None:
         if weight == 1.0:
             np.add(dst, src, out=dst)
-        else:
-            dst += src * weight  # one chunk-sized temporary
+            return
+        # Block by block through a cache-sized temporary: numpy has no fused multiply-add,
+        # and a chunk-sized temporary would cost two more passes over memory.
+        tmp = np.empty(min(_BLOCK, dst.size), dtype=dst.dtype)
+        for lo in range(0, dst.size, _BLOCK):
+            d, t = dst[lo:lo + _BLOCK], tmp[:min(_BLOCK, dst.size - lo)]
+            np.multiply(src[lo:lo + _BLOCK], weight, out=t)
+            np.add(d, t, out=d)
+
+    def scaled_copy(self, dst: np.ndarray, weight: float, src: np.ndarray) -> None:
+        np.multiply(src, weight, out=dst)
+
+    def scale_add(self, dst: np.ndarray, weight: float, src: np.ndarray) -> None:
+        # Block by block, so the second pass reads what the first left in cache.
+        for lo in range(0, dst.size, _BLOCK):
+            d = dst[lo:lo + _BLOCK]
+            np.multiply(d, weight, out=d)
+            np.add(d, src[lo:lo + _BLOCK], out=d)
 
     def empty(self, count: int, dtype_name: str, like: Any = None) -> np.ndarray:
         return np.empty(count, dtype=dtype_name)

@@ -74,6 +74,13 @@ class CupyAdapter(ArrayAdapter):
     def axpy(self, dst: Any, weight: float, src: Any) -> None:
         dst += src * weight
 
+    def scaled_copy(self, dst: Any, weight: float, src: Any) -> None:
+        self._cp.multiply(src, weight, out=dst)
+
+    def scale_add(self, dst: Any, weight: float, src: Any) -> None:
+        dst *= weight
+        dst += src
+
     def empty(self, count: int, dtype_name: str, like: Any = None) -> Any:
         return self._cp.empty(count, dtype=dtype_name)
 
@@ -136,6 +143,12 @@ class TorchCUDAAdapter(ArrayAdapter):
 
     def axpy(self, dst: Any, weight: float, src: Any) -> None:
         self._cpu.axpy(dst, weight, src)
+
+    def scaled_copy(self, dst: Any, weight: float, src: Any) -> None:
+        self._cpu.scaled_copy(dst, weight, src)
+
+    def scale_add(self, dst: Any, weight: float, src: Any) -> None:
+        self._cpu.scale_add(dst, weight, src)
 
     def empty(self, count: int, dtype_name: str, like: Any = None) -> Any:
         return self._torch.empty(count, dtype=self._dtypes[dtype_name], device=self._device)

@@ -87,6 +87,14 @@ class TorchCPUAdapter(ArrayAdapter):
         with torch.no_grad():
             dst.add_(src, alpha=weight)
 
+    def scaled_copy(self, dst: torch.Tensor, weight: float, src: torch.Tensor) -> None:
+        with torch.no_grad():
+            torch.mul(src, weight, out=dst)
+
+    def scale_add(self, dst: torch.Tensor, weight: float, src: torch.Tensor) -> None:
+        with torch.no_grad():
+            torch.add(src, dst, alpha=weight, out=dst)  # src + weight * dst, one pass
+
     def empty(self, count: int, dtype_name: str, like: Any = None) -> torch.Tensor:
         return torch.empty(count, dtype=TORCH_DTYPES[dtype_name])
 
