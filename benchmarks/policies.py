@@ -3,7 +3,7 @@
 
 Usage:
   python benchmarks/policies.py [-n 4] [--steps 30] [--warmup 5] [--iters 10]
-      [--gossip-bytes 64M] [--only sync,overlap,gossip] [--json rows.jsonl]
+      [--repeats 3] [--gossip-bytes 64M] [--only sync,overlap,gossip] [--json rows.jsonl]
 
 Three tables:
 
@@ -15,6 +15,8 @@ Three tables:
    a linear layer on 3x32x32 images, batch 32).
 2. ``overlap``: the CNN step (compute-bound) with Asynchronous and PushSum(overlap=True), and
    for reference PushSum, Gossip and Synchronous: the slowdown against no communication.
+   The same processes run every case in turn, ``--repeats`` rounds of them; each case is
+   divided by the no-communication run of its own round and the median is reported.
 3. ``gossip``: one Gossip round (policy.after_step) on a torch parameter of ``--gossip-bytes``
    (64 MiB) on a ring of n, against the neighbour exchange a user writes with
    torch.distributed (isend to both ring neighbours, irecv from both, wait, average: as
@@ -255,22 +257,39 @@ def bench_sync(args, emit) -> str:
                   "ratio DDP/Synchronous"], rows)
 
 
+OVERLAP_CASES = [("none", {}), ("asynchronous", {}), ("push-sum", {"overlap": True}),
+                 ("push-sum", {}), ("gossip", {}), ("synchronous", {})]
+
+
+def overlap_training(peer, cases, steps: int, warmup: int, repeats: int):
+    """Every case in turn, ``repeats`` times over, in the same processes: each case is
+    compared with the no-communication run of its own round, so a machine whose load drifts
+    (or processes placed differently from one launch to the next) does not bias a ratio."""
+    rounds = []
+    for _ in range(repeats):
+        rounds.append([gossip_training(peer, "cnn", name, kwargs, steps, warmup)
+                       for name, kwargs in cases])
+    return rounds
+
+
 def bench_overlap(args, emit) -> str:
-    cases = [("none", {}), ("asynchronous", {}), ("push-sum", {"overlap": True}),
-             ("push-sum", {}), ("gossip", {}), ("synchronous", {})]
-    rows, base = [], None
-    for name, kwargs in cases:
-        res = spawn(gossip_training, n=args.n, timeout=600,
-                    args=("cnn", name, kwargs, args.steps, args.warmup))
-        t = slowest(res)
-        base = t if base is None else base
+    cases = OVERLAP_CASES
+    res = spawn(overlap_training, n=args.n, timeout=1200,
+                args=(cases, args.steps, args.warmup, args.repeats))
+    rows = []
+    for i, (name, kwargs) in enumerate(cases):
+        times = [max(r[k][i]["seconds"] for r in res) for k in range(args.repeats)]
+        bases = [max(r[k][0]["seconds"] for r in res) for k in range(args.repeats)]
+        slowdowns = [t / b for t, b in zip(times, bases)]
+        t, slow = statistics.median(times), statistics.median(slowdowns)
         label = name + ("(overlap=True)" if kwargs.get("overlap") else "")
-        sent = max(r["bytes_sent"] for r in res) / (args.steps + args.warmup)
+        sent = max(r[0][i]["bytes_sent"] for r in res) / (args.steps + args.warmup)
         emit({"table": "overlap", "policy": label, "nprocs": args.n, "seconds": t,
-              "slowdown": t / base, "bytes_per_step": sent})
-        rows.append([label, ms(t), f"{t / base:.2f}x", format_size(int(sent))])
-    return table(["policy (CNN step)", "step time", "vs no communication",
-                  "bytes sent per step per peer"], rows)
+              "slowdown": slow, "slowdowns": slowdowns, "bytes_per_step": sent})
+        rows.append([label, ms(t), f"{slow:.2f}x",
+                     " ".join(f"{x:.2f}" for x in slowdowns), format_size(int(sent))])
+    return table(["policy (CNN step)", "step time (median)", "vs no communication (median)",
+                  "per round", "bytes sent per step per peer"], rows)
 
 
 def bench_gossip(args, emit) -> str:
@@ -295,12 +314,15 @@ def main(argv=None) -> int:
     ap.add_argument("--steps", type=int, default=30, help="timed training steps")
     ap.add_argument("--warmup", type=int, default=5, help="untimed training steps")
     ap.add_argument("--iters", type=int, default=10, help="timed gossip rounds")
+    ap.add_argument("--repeats", type=int, default=3,
+                    help="overlap: rounds of every case, in the same processes (medians)")
     ap.add_argument("--gossip-bytes", default="64M")
     ap.add_argument("--only", default="sync,overlap,gossip")
     ap.add_argument("--json", default=None, help="also append every row here (JSON lines)")
     args = ap.parse_args(argv)
-    if args.n < 2 or args.steps < 1 or args.iters < 1 or args.warmup < 0:
-        ap.error("-n must be at least 2, --steps and --iters at least 1, --warmup >= 0")
+    if args.n < 2 or args.steps < 1 or args.iters < 1 or args.warmup < 0 or args.repeats < 1:
+        ap.error("-n must be at least 2, --steps, --iters and --repeats at least 1, "
+                 "--warmup >= 0")
     parts = [p for p in args.only.split(",") if p]
     unknown = set(parts) - {"sync", "overlap", "gossip"}
     if unknown:

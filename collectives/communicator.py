@@ -276,10 +276,12 @@ class Communicator:
 
     def neighbor_allreduce(self, x: Any, self_weight: float, src_weights: dict[int, float],
                            dst_ranks, *, dst_weights: dict[int, float] | None = None,
-                           scratch: Any = None, wait: bool = True,
+                           scratch: Any = None, out: Any = None, wait: bool = True,
                            timeout: float | None = None) -> Any:
         """x <- self_weight * x + sum_j src_weights[j] * x_j, sending x to ``dst_ranks``
-        (each scaled by ``dst_weights[dst]`` if given). In place; returns x.
+        (each scaled by ``dst_weights[dst]`` if given). In place; returns x. With ``out`` (an
+        array of x's size and dtype) the result goes there instead, x is only sent and stays
+        as it was, and out is returned.
 
         Only the peers named take part, so a pattern may be directed or change every round;
         peers must agree on it (j in my src_weights iff I am in j's dst_ranks).
@@ -296,9 +298,19 @@ class Communicator:
                                  f"{self.world_size}")
         if dst_weights is not None and set(dst_weights) != set(dst_ranks):
             raise ValueError("dst_weights must have exactly one weight per destination rank")
-        if scratch is None:
+        out_flat = None
+        if out is x:
+            out = None   # in place, as without out (a separate out must not overlap x)
+        if out is not None:
+            out_adapter, out_flat, out_dtype = self._flat(out)
+            if out_adapter.kind != adapter.kind or out_dtype != dtype or \
+                    out_adapter.size(out_flat) != adapter.size(flat):
+                raise ValueError(f"out must be a {adapter.kind} array of {adapter.size(flat)} "
+                                 f"{dtype} elements like x, got {out_adapter.kind} "
+                                 f"{out_dtype} of {out_adapter.size(out_flat)}")
+        elif scratch is None:
             scratch = adapter.empty(adapter.size(flat), dtype, flat)
-        else:
+        if scratch is not None:
             scratch = adapter.flat(scratch)
         seq = self._next_seq()
         peers = sorted(set(dst_ranks) | set(src_weights))
@@ -313,13 +325,13 @@ class Communicator:
                               lambda call: neighbor_exchange(call, adapter, flat,
                                                              float(self_weight), src_weights,
                                                              dst_ranks, dst_weights, scratch,
-                                                             buffers))
+                                                             buffers, out_flat))
             finally:
                 if buffers is not None:
                     with self._seq_lock:
                         self._buffer_pool.setdefault(key, []).append(buffers)
             adapter.synchronize()
-            return x
+            return x if out is None else out
         return self._launch(f"neighbor_allreduce seq {seq}", body, wait)
 
     # ------------------------------------------------------------------ point to point

@@ -19,11 +19,12 @@ __all__ = ["neighbor_exchange"]
 def neighbor_exchange(call: Call, adapter: ArrayAdapter, flat: Any, self_weight: float,
                       src_weights: dict[int, float], dst_ranks: list[int],
                       dst_weights: dict[int, float] | None, scratch: Any,
-                      send_buffers: list | None = None) -> None:
-    """Combine in place into ``flat``; ``scratch`` is a caller-owned buffer of the same size
-    (reused across rounds, so a round allocates nothing of the array's size). With
-    ``dst_weights``, ``send_buffers`` holds one caller-owned buffer per destination for the
-    scaled copies (reused too; they are free again when this returns)."""
+                      send_buffers: list | None = None, out: Any = None) -> None:
+    """Combine in place into ``flat``, or into ``out`` if given (``flat`` is then only sent);
+    ``scratch`` is a caller-owned buffer of the same size (reused across rounds, so a round
+    allocates nothing of the array's size; unused with ``out``). With ``dst_weights``,
+    ``send_buffers`` holds one caller-owned buffer per destination for the scaled copies
+    (reused too; they are free again when this returns)."""
     size = adapter.size(flat)
     tickets = []
     for i, dst in enumerate(dst_ranks):
@@ -37,11 +38,12 @@ def neighbor_exchange(call: Call, adapter: ArrayAdapter, flat: Any, self_weight:
     # so nothing clears it first); `flat` is still read by the sends, and is combined last,
     # in one pass: 3 passes over memory fewer per round than scaling a copy of `flat` first
     # and copying the result back.
+    acc = scratch if out is None else out
     first = True
     for src in sorted(src_weights):
         weight = src_weights[src]
         for a, b, chunk in recv_range(call, src, adapter, 0, size):
-            part = adapter.slice(scratch, a, b)
+            part = adapter.slice(acc, a, b)
             if first:
                 adapter.scaled_copy(part, weight, chunk)
             else:
@@ -53,7 +55,12 @@ def neighbor_exchange(call: Call, adapter: ArrayAdapter, flat: Any, self_weight:
             # A destination this round does not hear from: nothing else would notice that
             # it died before it was ever reached.
             wait_reached(call, dst)
-    if first:
+    if out is not None:
+        if first:
+            adapter.scaled_copy(out, self_weight, flat)
+        elif self_weight:
+            adapter.axpy(out, self_weight, flat)
+    elif first:
         adapter.scale(flat, self_weight)  # no in-neighbours this round
     else:
         adapter.scale_add(flat, self_weight, scratch)

@@ -116,11 +116,11 @@ class Peer:
 
     def neighbor_allreduce(self, x: Any, self_weight: float, src_weights: dict[int, float],
                            dst_ranks, *, dst_weights: dict[int, float] | None = None,
-                           scratch: Any = None, wait: bool = True,
+                           scratch: Any = None, out: Any = None, wait: bool = True,
                            timeout: float | None = None) -> Any:
         return self._comm.neighbor_allreduce(x, self_weight, src_weights, dst_ranks,
                                              dst_weights=dst_weights, scratch=scratch,
-                                             wait=wait, timeout=timeout)
+                                             out=out, wait=wait, timeout=timeout)
 
     def neighbor_average(self, x: Any, step: int = 0, *, scratch: Any = None, wait: bool = True,
                          timeout: float | None = None) -> Any:

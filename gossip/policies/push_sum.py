@@ -6,6 +6,7 @@ from typing import Any
 
 import numpy as np
 
+from collectives.arrays import adapter_for
 from gossip.errors import OperationTimeout, PeerLost
 from gossip.policies.base import Policy
 from gossip.policies.buckets import DEFAULT_BUCKET_BYTES, copy_into, divide_into
@@ -77,8 +78,14 @@ class PushSum(Policy):
             copy_into(z[:-1], b.flat)
             z[-1] = 1.0
             self._z.append(z)
+        # Without overlap: the exchange's scratch. With overlap: where the in-neighbours'
+        # messages add up (the exchange's out), absorbed into z one step later.
         self._scratch = [b.new(extra=1) for b in self._buckets]
         self._send = [b.new(extra=1) for b in self._buckets] if self.overlap else None
+        # With overlap, z holds (x, w) / factor: keeping the share p_ii is a change of this
+        # number, not a pass over z (x / w, the model, does not depend on it), and the next
+        # absorb applies it in the pass that adds the messages (z <- factor * z + received).
+        self._factor = [1.0] * len(self._z)
         n = self._peer.world_size
         push = np.zeros((n, n))   # push[i, j]: the share of j's mass that j sends to i
         if getattr(self.topology, "period", 1) == 1:
@@ -101,6 +108,7 @@ class PushSum(Policy):
     def numerators(self) -> list:
         """The push-sum numerators x, one flat buffer per bucket (live views)."""
         self._check_ready()
+        self._settle()
         return [z[:-1] for z in self._z]
 
     @property
@@ -108,7 +116,14 @@ class PushSum(Policy):
         """The push-sum weights w, one per bucket (all equal unless a bucket's message was
         lost)."""
         self._check_ready()
-        return [float(z[-1]) for z in self._z]
+        return [c * float(z[-1]) for z, c in zip(self._z, self._factor)]
+
+    def _settle(self) -> None:
+        """Apply the pending factors, so z holds (x, w) itself."""
+        for i, z in enumerate(self._z):
+            if self._factor[i] != 1.0:
+                z *= self._factor[i]
+                self._factor[i] = 1.0
 
     def _pattern(self, step: int) -> tuple[float, dict[int, float], dict[int, float]]:
         """(share kept, {in-neighbour: 1.0}, {out-neighbour: share sent}) at ``step``, with
@@ -132,14 +147,15 @@ class PushSum(Policy):
     # ------------------------------------------------------------------ the step
     def _local_update(self) -> None:
         """x <- x + (params - x/w): the optimizer's move, applied to the numerator. Written
-        as x * (1 - 1/w) + params so it needs no temporary (and is exact when w == 1)."""
-        for b, z in zip(self._buckets, self._z):
-            x, w = z[:-1], float(z[-1])
-            if w == 1.0:
+        as x * (1 - 1/w) + params so it needs no temporary (and is exact when w == 1). With
+        a pending factor c (z = (x, w) / c): z_x <- z_x * (1 - 1/w) + params / c."""
+        for b, z, c in zip(self._buckets, self._z, self._factor):
+            x, w = z[:-1], c * float(z[-1])
+            if w == 1.0 and c == 1.0:
                 copy_into(x, b.flat)   # regular schedules keep w at exactly one
             else:
                 x *= 1.0 - 1.0 / w
-                x += b.flat
+                adapter_for(x).axpy(x, 1.0 / c, b.flat)
 
     def _debias(self) -> None:
         for b, z in zip(self._buckets, self._z):
@@ -170,29 +186,41 @@ class PushSum(Policy):
 
     def _launch(self, step: int) -> None:
         keep, srcs, shares = self._pattern(step)
+        # One scaled copy serves every out-neighbour when they get equal shares (always, for
+        # the topologies' push weights); otherwise the exchange scales one per destination.
+        equal = len(set(shares.values())) <= 1
+        share = next(iter(shares.values()), 0.0)
         work = []
-        for z, s, scratch in zip(self._z, self._send, self._scratch):
-            copy_into(s, z)   # the whole of z is sent, scaled per destination ...
-            z *= keep         # ... and the kept share stays here at once
-            # self_weight 0: when it completes, s holds only what the in-neighbours sent.
-            work.append(self._peer.neighbor_allreduce(s, 0.0, srcs, list(shares),
-                                                      dst_weights=shares, scratch=scratch,
-                                                      wait=False, timeout=self.timeout))
+        for i, (z, s, received) in enumerate(zip(self._z, self._send, self._scratch)):
+            c = self._factor[i]
+            if shares:
+                adapter_for(z).scaled_copy(s, share * c if equal else c, z)
+            # The kept share stays here at once: z is (x, w) / factor (see _setup).
+            self._factor[i] = c * keep
+            # self_weight 0 and out=received: when it completes, received holds only what
+            # the in-neighbours sent; s is only read.
+            work.append(self._peer.neighbor_allreduce(
+                s, 0.0, srcs, list(shares), dst_weights=None if equal else shares,
+                out=received, wait=False, timeout=self.timeout))
         self._inflight = work
 
     def _absorb(self) -> None:
-        """Complete the exchange in flight and add what arrived to the numerators."""
+        """Complete the exchange in flight and add what arrived to the numerators:
+        z <- factor * z + received, one pass (the pending factor applied on the way)."""
         work, self._inflight = self._inflight, None
         if work is None:
             return
-        for w, z, s in zip(work, self._z, self._send):
+        for i, (w, z, received) in enumerate(zip(work, self._z, self._scratch)):
+            c, self._factor[i] = self._factor[i], 1.0
             try:
                 w.wait(self.timeout)
             except (PeerLost, OperationTimeout) as exc:
                 self._rounds_skipped += 1
                 log.warning("rank %d: push-sum exchange failed: %s", self._peer.rank, exc)
+                if c != 1.0:
+                    z *= c
                 continue
-            z += s
+            adapter_for(z).scale_add(z, c, received)
 
     def flush(self) -> None:
         """Complete the exchange in flight (overlap=True) and write the de-biased result into
@@ -219,6 +247,7 @@ class PushSum(Policy):
         if not all(np.isfinite(w) and w > 0 for w in weights):
             raise ValueError(f"push-sum weights must be positive, got {weights!r}")
         self.flush()
+        self._settle()
         self._buckets.copy_in()
         for b, z, w in zip(self._buckets, self._z, weights):
             copy_into(z[:-1], b.flat)
