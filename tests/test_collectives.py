@@ -215,6 +215,44 @@ def test_neighbor_allreduce_reaches_the_average():
     assert abs(sum(ys) - sum(range(n))) < 1e-9  # mass conserved by the push weights
 
 
+def neighbor_into_out(peer):
+    """out=: the result lands in out, x is only sent; also with self_weight 0, unequal
+    per-destination weights, and a zero-copy sized (multi-chunk) float32 array."""
+    n, r = peer.world_size, peer.rank
+    left, right = (r - 1) % n, (r + 1) % n
+    x = np.arange(5000, dtype=np.float64) + 1000 * r
+    before = x.copy()
+    out = np.empty_like(x)
+    got = peer.neighbor_allreduce(x, 0.25, {left: 0.5, right: 0.25}, [left, right], out=out)
+    plain = x.copy()
+    peer.neighbor_allreduce(plain, 0.25, {left: 0.5, right: 0.25}, [left, right])
+    only = np.empty_like(x)
+    peer.neighbor_allreduce(x, 0.0, {left: 1.0, right: 1.0}, [left, right],
+                            dst_weights={left: 0.5, right: 0.125}, out=only)
+    big = np.full(3 << 20, float(r), dtype=np.float32)
+    big_out = np.zeros_like(big)
+    handle = peer.neighbor_allreduce(big, 0.5, {left: 0.5}, [right], out=big_out, wait=False)
+    handle.wait(30)
+    return (got is out, np.array_equal(x, before), out, plain, only,
+            bool(np.all(big == r)), float(big_out[0]), float(big_out[-1]))
+
+
+def test_neighbor_allreduce_into_out_leaves_x_unchanged():
+    n = 3
+    results = spawn(neighbor_into_out, n=n, timeout=120)
+    xs = [np.arange(5000, dtype=np.float64) + 1000 * r for r in range(n)]
+    for r, (same, unchanged, out, plain, only, big_kept, lo, hi) in enumerate(results):
+        left, right = (r - 1) % n, (r + 1) % n
+        assert same and unchanged and big_kept
+        expected = 0.25 * xs[r] + 0.5 * xs[left] + 0.25 * xs[right]
+        assert np.allclose(out, expected, rtol=1e-15, atol=0)
+        assert np.allclose(out, plain, rtol=1e-15, atol=0)
+        # What r's neighbours pushed to it: left sent 0.125 of its x to its right (r), right
+        # sent 0.5 of its x to its left (r).
+        assert np.allclose(only, 0.125 * xs[left] + 0.5 * xs[right], rtol=1e-15, atol=0)
+        assert lo == hi == 0.5 * r + 0.5 * left
+
+
 # ---------------------------------------------------------------- non-blocking, mismatch, faults
 def many_in_flight(peer, count):
     handles, arrays = [], []
