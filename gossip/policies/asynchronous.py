@@ -11,8 +11,8 @@ import numpy as np
 
 from gossip.errors import GossipError, OperationTimeout, PeerLost
 from gossip.policies.base import Policy
-from gossip.policies.buckets import (DEFAULT_BUCKET_BYTES, copy_into, divide_into,
-                                     subtract_scaled)
+from gossip.policies.buckets import (DEFAULT_BUCKET_BYTES, add_into, add_pair_into, clone,
+                                     copy_into, scale_into)
 from gossip.policies.decentralized import check_topology
 
 __all__ = ["Asynchronous"]
@@ -21,30 +21,33 @@ log = logging.getLogger("gossip")
 
 
 class Asynchronous(Policy):
-    """Asynchronous push-sum gossip (in the spirit of AD-PSGD and asynchronous SGP): a
-    background thread owns a push-sum pair (x, w), w starting at 1. Once per training step
-    (woken by after_step, never more often: a thread that falls behind skips rounds) it keeps
-    half of (x, w) and pushes the other half to one out-neighbour, rotating through the
-    topology's out-neighbours, through ``peer.channel(channel)``; between pushes it adds
-    whatever any peer pushed to it: a second background thread sleeps in
-    ``Communicator.wait_any`` (woken by the inbox when a message arrives, never polling) and
-    adds each message to the pair as it comes.
+    """Asynchronous push-sum gossip (in the spirit of AD-PSGD and asynchronous SGP): the
+    training loop never waits on a peer. Each peer holds the push-sum pair in de-biased form:
+    the parameters themselves are the model m = x / w, and w (one float per bucket, starting
+    at 1) is kept beside them.
 
-    The race between the optimizer and the mixing is settled by mixing *deltas*: the policy
-    keeps an anchor, the parameters as it last wrote them. ``after_step()`` takes the lock
-    for a few vector operations: ``x += w * (params - anchor)`` (the optimizer's move since
-    the last step, folded into the background pair; scaled by w so the de-biased value moves
-    by exactly that much), then ``params = anchor = x / w`` (the latest mixed, de-biased
-    value). The optimizer never sees a half-mixed buffer and the thread never sees a
-    half-updated one. The training loop does not wait for any peer: a slow neighbour only
-    makes its own pushes rarer.
+    Once per training step, ``after_step()`` does a few vector operations on the training
+    thread and never waits: (1) it folds in what arrived since the last step (messages
+    (x_j, w_j) summed by the receiving thread): m <- (w m + sum x_j) / (w + sum w_j),
+    w <- w + sum w_j; (2) if the pushing thread is idle, it keeps half of the pair and hands
+    the other half, (w/2) m and w/2, to that thread, which sends it to one out-neighbour
+    (rotating through the topology's out-neighbours) through ``peer.channel(channel)``. A
+    thread that is still sending skips the round. A receiving thread sleeps in
+    ``Communicator.wait_any`` (woken by the inbox when a message arrives, never polling) and
+    adds each message to the sum that the next after_step() folds in.
+
+    The optimizer's own move needs no bookkeeping: it updates m, the parameters, in place,
+    which is exactly push-sum's x <- x + w * move. Only the training thread ever touches the
+    parameters, so the optimizer never sees a half-mixed buffer and the threads never see a
+    half-updated one; the threads only copy: the push from its buffer into the transport, and
+    each message into a buffer of the sum (swapped, not copied, for the first one).
 
     Lost peers: a neighbour found lost (peer.lost_peers()), or one a push to it timed out
-    (``send_timeout``), is dropped from the rotation and the half meant for it is kept, so
-    the pair stays consistent and training goes on; mass a dead peer held is lost together
-    with its weight, and so is what was pushed to it before its death was noticed. A peer
-    that drops a neighbour therefore restarts its weight (x <- x / w, w <- 1: its model x/w
-    is unchanged), so flow control does not wait for mass that will never come. The graph
+    (``send_timeout``), is dropped from the rotation and what was not delivered to it comes
+    back, so the pair stays consistent and training goes on; mass a dead peer held is lost
+    together with its weight, and so is what was pushed to it before its death was noticed.
+    A peer that drops a neighbour therefore restarts its weight (w <- 1: its model m is
+    unchanged), so flow control does not wait for mass that will never come. The graph
     heals around the gap: the lost neighbour's own out-neighbours join the rotation (on a
     ring, the dead rank's two neighbours push to each other). No agreement is needed for
     that, because every peer absorbs pushes from any peer, not only its in-neighbours.
@@ -55,17 +58,16 @@ class Asynchronous(Policy):
 
     Flow control: a push never leaves a peer with less than ``min_weight / 2`` of weight; a
     peer below ``min_weight`` skips its push until its in-neighbours' pushes arrive. Without
-    it, a peer whose thread pushes faster than its neighbours' halves its weight towards
-    zero: float underflow (x / w = 0 / 0), and its own steps, folded in as ``w * move``,
-    would no longer reach anyone.
+    it, a peer that pushes faster than its neighbours halves its weight towards zero, and
+    its own steps would no longer count in the mix.
 
     ``max_staleness``: if set, after_step() waits (at most ``timeout``, then OperationTimeout)
-    until the background thread has pushed a state that includes the step ``max_staleness``
-    steps ago; None (default) never waits.
+    until the pushing thread has sent a state that includes the step ``max_staleness`` steps
+    ago; None (default) never waits.
 
     When to use it: heterogeneous or unreliable peers (stragglers, preemption). Cost: one
     message of P bytes (+ one element) per peer per step, sent in the background; memory:
-    four buffers of the parameters' size (pair, anchor, send and receive buffers).
+    four buffers of the parameters' size (send, receive and two for the sum of arrivals).
 
     ``topology``: default ``OnePeerExponential(n)``. ``close()`` (also called by
     ``peer.close()``) wakes both threads and stops them within an operation in progress.
@@ -108,12 +110,13 @@ class Asynchronous(Policy):
         self._thread: threading.Thread | None = None
         self._receiver: threading.Thread | None = None
         self._paused = False
-        self._push_lock = threading.Lock()   # held by the pusher for a whole push
         self._error: BaseException | None = None
         self._dropped: dict[int, str] = {}
-        self._rescale = False  # a peer was dropped: restart the weights (see _push)
-        self._trainer_step = 0   # steps folded into the pair
+        self._rescale = False  # a peer was dropped: restart the weights (see _drop)
+        self._job: tuple[int, int] | None = None   # (destination, step) the pusher is sending
+        self._returned: int | None = None   # first bucket of a failed push not delivered
         self._mixed_step = 0     # steps included in the last push
+        self._acc_lock = threading.Lock()   # the sums of arrivals, between receiver and step
         self._rounds = 0
         self._held_back = 0
         self._lightest = 1.0     # the smallest weight an after_step() has seen
@@ -152,18 +155,18 @@ class Asynchronous(Policy):
         self._sent_to = [0] * n
         self._absorbed_from = [0] * n
         self._comm = self._peer.channel(self._channel_number)
-        self._buckets.copy_in()
-        self._pair, self._anchor, self._out, self._in = [], [], [], []
-        for b in self._buckets:
-            pair = b.new(extra=1)
-            copy_into(pair[:-1], b.flat)
-            pair[-1] = 1.0
-            anchor = b.new()
-            copy_into(anchor, b.flat)
-            self._pair.append(pair)
-            self._anchor.append(anchor)
-            self._out.append(b.new(extra=1))
-            self._in.append(b.new(extra=1))
+        nb = len(self._buckets)
+        self._w = [1.0] * nb   # the push-sum weight of each bucket (training thread's)
+        # The parameters as the last after_step left them: the optimizer's move since then
+        # is m - anchor (see _fold_in).
+        self._anchor = [clone(b.flat) for b in self._buckets]
+        self._out = [b.new(extra=1) for b in self._buckets]   # the half being pushed
+        self._in = [b.new(extra=1) for b in self._buckets]    # the message being received
+        # Two sets of sums of arrivals: the receiver adds into one while after_step folds in
+        # the other; _filled[s][k] counts the messages in set s, bucket k.
+        self._sums = [[b.new(extra=1) for b in self._buckets] for _ in range(2)]
+        self._filled = [[0] * nb for _ in range(2)]
+        self._fill = 0   # the set the receiver adds into
         # Per source: which bucket its next message is for (messages from one source arrive
         # in order, bucket after bucket).
         self._next_bucket = {j: 0 for j in self._sources}
@@ -194,25 +197,96 @@ class Asynchronous(Policy):
             raise RuntimeError(f"rank {self._peer.rank}: the asynchronous gossip thread "
                                f"failed: {self._error!r}") from self._error
         self._buckets.copy_in()
-        with self._cond:
-            self._fold()
-            self._trainer_step = step + 1
+        self._fold_in()
+        if self.max_staleness is not None:
+            # A push of this step must leave: wait for the one under way to finish.
+            with self._cond:
+                self._wait_locked(lambda: self._job is None, self.timeout, 0.1,
+                                  self._stop.is_set,
+                                  lambda: ("the push in progress did not finish",
+                                           "asynchronous after_step"))
+        if not self._paused:
+            self._hand_over(step + 1)
         self._buckets.copy_out()
-        self._kick.set()
         if self.max_staleness is not None:
             self._wait_fresh(step + 1 - self.max_staleness)
 
-    def _fold(self) -> None:
-        """(Holding _cond.) The optimizer's move since the last fold goes into (x, w), and
-        the parameters become the latest de-biased mix x / w."""
-        for b, pair, anchor in zip(self._buckets, self._pair, self._anchor):
-            w = float(pair[-1])
-            self._lightest = min(self._lightest, w)
-            anchor -= b.flat                          # -(the optimizer's move)
-            subtract_scaled(pair[:-1], w, anchor)     # x += w * move
-            divide_into(b.flat, pair[:-1], w)         # params = x / w, the latest mix
-            copy_into(anchor, b.flat)
+    def _fold_in(self) -> None:
+        """(Training thread.) Fold what arrived since the last call into (m, w), with what a
+        failed push brought back, and restart the weights if a peer was dropped.
 
+        Arrivals (x, w_x) mix with the model as it was before this step's optimizer move,
+        and the move applies on top, undiluted: with a the anchor and d = m - a the move,
+        m <- (w a + x) / (w + w_x) + d  =  m + (x - w_x a) / (w + w_x). So a step counts
+        fully however much mass is in transit, as if the pair had absorbed each message the
+        moment it arrived."""
+        with self._acc_lock:
+            s = self._fill
+            counts = self._filled[s]
+            if any(counts):
+                self._fill = 1 - s   # the receiver adds into the other set from now on
+                self._filled[s] = [0] * len(counts)
+                sums = list(self._sums[s])
+            else:
+                counts, sums = [0] * len(self._w), None
+        with self._cond:
+            returned, self._returned = self._returned, None
+            rescale, self._rescale = self._rescale, False
+        for k, (b, anchor) in enumerate(zip(self._buckets.buckets, self._anchor)):
+            got = sums[k] if counts[k] else None
+            if returned is not None and k >= returned:   # a push that did not leave
+                if got is None:
+                    got = self._out[k]
+                else:
+                    add_into(got, self._out[k])
+            if got is not None:
+                w = self._w[k]
+                total = w + float(got[-1])
+                add_pair_into(b.flat, 1.0 / total, got[:-1], -float(got[-1]) / total, anchor)
+                self._w[k] = total
+            copy_into(anchor, b.flat)
+        if rescale:
+            # Pushes to a peer between its death and our noticing it took mass with them,
+            # and so did the dead peer's own share: the live peers' weights no longer add up
+            # to their number, and flow control would soon hold every push back for mass
+            # that never comes. Restart push-sum from the de-biased values: w <- 1.
+            self._w = [1.0] * len(self._w)
+        self._lightest = min(self._lightest, min(self._w))
+
+    def _hand_over(self, included: int) -> None:
+        """(Training thread.) If the pusher is idle: keep half of (m, w) and give it the
+        other half to push (or skip the round: alone, or too light)."""
+        with self._cond:
+            if self._job is not None or self._returned is not None:
+                # Still sending the last one (or what it could not deliver is still in the
+                # send buffer, to be folded back next step): this round is skipped.
+                return
+        self._heal()
+        dst = None
+        for k in range(len(self._rotation)):
+            candidate = self._rotation[(self._rounds + k) % len(self._rotation)]
+            if self._alive(candidate):
+                dst = candidate
+                break
+        self._rounds += 1
+        # Flow control: a peer that pushes faster than its in-neighbours push to it would
+        # halve its weight towards zero. Below min_weight it waits for their mass instead,
+        # so w stays within [min_weight / 2, n].
+        light = min(self._w) < self.min_weight
+        if dst is None or light:   # alone (no live out-neighbour), or too light to push
+            self._held_back += light
+            with self._cond:
+                self._mixed_step = included
+                self._cond.notify_all()
+            return
+        for k, (b, out) in enumerate(zip(self._buckets, self._out)):
+            half = self._w[k] / 2
+            scale_into(out[:-1], half, b.flat)   # push (w/2) m and w/2 ...
+            out[-1] = half
+            self._w[k] = half                    # ... and keep the other half: m unchanged
+        with self._cond:
+            self._job = (dst, included)
+        self._kick.set()
     def _wait_locked(self, done, timeout: float, slice_s: float, stopped, what) -> None:
         """(Holding _cond.) Wait until ``done()``; RuntimeError if the thread failed (or
         ``stopped()``), OperationTimeout naming ``what()`` after ``timeout`` seconds."""
@@ -250,17 +324,19 @@ class Asynchronous(Policy):
                     self._cond.notify_all()
 
     def _run(self) -> None:
-        """The pusher: one push per kick (after_step), never more often."""
+        """The pusher: sends what after_step handed over."""
         while not self._stop.is_set():
             if not self._kick.wait(1.0):
                 continue
             if self._stop.is_set():
                 break
             self._kick.clear()
+            with self._cond:
+                job = self._job
+            if job is None:
+                continue
             start = time.perf_counter()
-            with self._push_lock:
-                if not self._paused:
-                    self._push()
+            self._push(*job)
             self._background_seconds += time.perf_counter() - start
 
     def _receive(self) -> None:
@@ -308,43 +384,12 @@ class Asynchronous(Policy):
                          "pushes to %s", rank, d, added)
 
     def _drop(self, rank: int, reason: str) -> None:
-        if rank not in self._dropped:
-            self._dropped[rank] = reason
-            self._rescale = True
-
-    def _push(self) -> None:
-        self._heal()
-        dst = None
-        for k in range(len(self._rotation)):
-            candidate = self._rotation[(self._rounds + k) % len(self._rotation)]
-            if self._alive(candidate):
-                dst = candidate
-                break
-        self._rounds += 1
         with self._cond:
-            if self._rescale:
-                # Pushes to a peer between its death and our noticing it took mass with
-                # them, and so did the dead peer's own share: the live peers' weights no
-                # longer add up to their number, and flow control (below) would soon hold
-                # every push back for mass that never comes. Restart push-sum from the
-                # de-biased values: x <- x / w, w <- 1 (the model x / w is unchanged).
-                for pair in self._pair:
-                    pair /= float(pair[-1])
-                self._rescale = False
-            # Flow control: a peer that pushes faster than its in-neighbours push to it
-            # would halve its weight towards zero (float underflow, and its own gradient
-            # steps, folded in as w * move, would count for nothing). Below min_weight it
-            # waits for their mass instead, so w stays within [min_weight / 2, n].
-            light = min(float(pair[-1]) for pair in self._pair) < self.min_weight
-            if dst is None or light:   # alone (no live out-neighbour), or too light to push
-                self._held_back += light
-                self._mixed_step = self._trainer_step
-                self._cond.notify_all()
-                return
-            for pair, out in zip(self._pair, self._out):
-                pair *= 0.5           # keep half of (x, w) ...
-                copy_into(out, pair)  # ... and push the other half
-            included = self._trainer_step
+            if rank not in self._dropped:
+                self._dropped[rank] = reason
+                self._rescale = True
+
+    def _push(self, dst: int, included: int) -> None:
         sent = 0
         try:
             for out in self._out:
@@ -352,24 +397,24 @@ class Asynchronous(Policy):
                 sent += 1
                 self._sent_to[dst] += 1
         except (PeerLost, OperationTimeout) as exc:
-            # What did not leave stays here: the pair is whole again for those buckets.
-            with self._cond:
-                for pair, out in zip(self._pair[sent:], self._out[sent:]):
-                    pair += out
             self._drop(dst, str(exc))
             log.warning("rank %d: asynchronous gossip drops rank %d: %s", self._peer.rank,
                         dst, exc)
         with self._cond:
+            if sent < len(self._out):
+                self._returned = sent   # what did not leave goes back into the pair
+            self._job = None
             self._mixed_step = max(self._mixed_step, included)
             self._cond.notify_all()
 
     def _absorb_from(self, src: int) -> None:
-        nb = len(self._pair)
+        nb = len(self._out)
         comm = self._comm
         while comm.probe(src):
             k = self._next_bucket.setdefault(src, 0)
+            got = self._in[k]
             try:
-                comm.recv(src, self._in[k], timeout=self.send_timeout)
+                comm.recv(src, got, timeout=self.send_timeout)
             except (PeerLost, OperationTimeout) as exc:
                 if isinstance(exc, PeerLost):
                     self._drop(src, str(exc))
@@ -382,8 +427,15 @@ class Asynchronous(Policy):
                     self._absorbed_from[src] += 1
                     self._cond.notify_all()
                 continue
+            with self._acc_lock:
+                s = self._fill
+                if self._filled[s][k] == 0:
+                    # The first arrival for this bucket: swap buffers instead of copying.
+                    self._sums[s][k], self._in[k] = got, self._sums[s][k]
+                else:
+                    add_into(self._sums[s][k], got)
+                self._filled[s][k] += 1
             with self._cond:
-                self._pair[k] += self._in[k]
                 self._absorbed_from[src] += 1
                 self._cond.notify_all()
             self._next_bucket[src] = (k + 1) % nb
@@ -398,8 +450,11 @@ class Asynchronous(Policy):
         self._check_ready()
         timeout = self.timeout if timeout is None else timeout
         peer = self._peer
-        with self._push_lock:        # a push in progress completes first
-            self._paused = True
+        self._paused = True
+        with self._cond:        # a push in progress completes first
+            self._wait_locked(lambda: self._job is None, timeout, 0.5, lambda: False,
+                              lambda: ("quiesce: the push in progress did not finish",
+                                       "asynchronous quiesce"))
             sent = np.array(self._sent_to, dtype=np.float64)
         peer.allreduce(sent, op="sum", timeout=timeout)
         expected = int(sent[peer.rank])
@@ -410,15 +465,13 @@ class Asynchronous(Policy):
                          f"messages pushed to it", "asynchronous quiesce"))
         # Fold the absorbed mass into the parameters, as after_step would.
         self._buckets.copy_in()
-        with self._cond:
-            self._fold()
+        self._fold_in()
         self._buckets.copy_out()
 
     def resume(self) -> None:
         """Push again after quiesce()."""
         self._check_ready()
-        with self._push_lock:
-            self._paused = False
+        self._paused = False
 
     # ------------------------------------------------------------------ state and stats
     @property
@@ -433,28 +486,29 @@ class Asynchronous(Policy):
 
     @property
     def weights(self) -> list[float]:
-        """The push-sum weights of the background pair, one per bucket."""
+        """The push-sum weights, one per bucket."""
         self._check_ready()
-        with self._cond:
-            return [float(p[-1]) for p in self._pair]
+        return list(self._w)
 
     def _extra_state(self) -> dict:
         return {"weights": self.weights}
 
     def _load_extra_state(self, state: dict) -> None:
         weights = state.get("weights")
-        if not isinstance(weights, (list, tuple)) or len(weights) != len(self._pair):
-            raise ValueError(f"asynchronous state needs {len(self._pair)} weights (one per "
+        if not isinstance(weights, (list, tuple)) or len(weights) != len(self._w):
+            raise ValueError(f"asynchronous state needs {len(self._w)} weights (one per "
                              f"bucket), got {weights!r}")
         if not all(np.isfinite(w) and w > 0 for w in weights):
             raise ValueError(f"asynchronous weights must be positive, got {weights!r}")
+        self._w = [float(w) for w in weights]   # the model is the parameters themselves
         self._buckets.copy_in()
-        with self._cond:
-            for b, pair, anchor, w in zip(self._buckets, self._pair, self._anchor, weights):
-                copy_into(pair[:-1], b.flat)
-                pair[:-1] *= float(w)
-                pair[-1] = float(w)
-                copy_into(anchor, b.flat)
+        for b, anchor in zip(self._buckets.buckets, self._anchor):
+            copy_into(anchor, b.flat)
+
+    def _restored(self) -> None:
+        # The nan guard put the last good parameters back: no move to fold in.
+        for b, anchor in zip(self._buckets.buckets, self._anchor):
+            copy_into(anchor, b.flat)
 
     def _extra_stats(self) -> dict:
         return {"background_rounds": self._rounds, "pushes_held_back": self._held_back,
