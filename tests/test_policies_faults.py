@@ -104,6 +104,35 @@ def test_a_killed_peer_does_not_stop_asynchronous_gossip():
                for r in (0, 1, 2)), [out[r][0] for r in (0, 1, 2)]
 
 
+def async_with_bogus_pushes(peer):
+    x = np.random.default_rng(peer.rank).normal(size=100)
+    if peer.rank == 2:
+        # What a buggy or hostile peer could push: a weight out of (0, n], so folding it in
+        # would divide by zero or flip the sign of rank 0's model.
+        for weight in (-1.0, 0.0, float("nan"), 1e9):
+            bogus = np.full(101, 1e6)
+            bogus[-1] = weight
+            peer.channel(1).send(0, bogus)
+    policy = Asynchronous().attach(peer, [x])
+    for _ in range(40):
+        x -= 0.01 * x
+        policy.after_step()
+        time.sleep(0.002)
+    peer.barrier()
+    stats = policy.stats()
+    policy.close()
+    return bool(np.isfinite(x).all()), float(np.abs(x).max()), stats
+
+
+def test_asynchronous_drops_pushes_with_impossible_weights():
+    out = spawn(async_with_bogus_pushes, n=3, timeout=60)
+    for finite, biggest, stats in out:
+        assert finite and biggest < 10, (biggest, stats)   # nothing of the 1e6 got in
+        assert stats["steps"] == 40 and min(stats["weights"]) > 0, stats
+    # Rank 0 heard the four bogus pushes (counted, dropped) besides rank 2's real ones.
+    assert out[0][2]["messages_absorbed_from"][2] >= 4, out[0][2]
+
+
 def test_a_killed_peer_does_not_stop_synchronous_gossip():
     out = spawn(killed_mid_training, n=4, timeout=60, tolerate=[3], peer_timeout=10,
                 topology=topologies.Ring(4), args=("gossip", (0, 2)))

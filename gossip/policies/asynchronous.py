@@ -3,6 +3,7 @@ waits on a peer."""
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from typing import Any
@@ -420,12 +421,13 @@ class Asynchronous(Policy):
                     self._drop(src, str(exc))
                 return
             except GossipError as exc:  # a malformed message: drop it, keep serving
-                log.warning("rank %d: asynchronous gossip: bad message from rank %d: %s",
-                            self._peer.rank, src, exc)
-                self._next_bucket[src] = (k + 1) % nb
-                with self._cond:
-                    self._absorbed_from[src] += 1
-                    self._cond.notify_all()
+                self._skip_message(src, k, f"bad message: {exc}")
+                continue
+            weight = float(got[-1])
+            if not (math.isfinite(weight) and 0.0 < weight <= self._peer.world_size):
+                # Push-sum weights stay in (0, n]: anything else is not a push of ours, and
+                # folding it in would divide by zero or flip the model's sign.
+                self._skip_message(src, k, f"push-sum weight {weight!r} out of (0, n]")
                 continue
             with self._acc_lock:
                 s = self._fill
@@ -440,6 +442,16 @@ class Asynchronous(Policy):
                 self._cond.notify_all()
             self._next_bucket[src] = (k + 1) % nb
             self._absorbed += 1
+
+    def _skip_message(self, src: int, k: int, why: str) -> None:
+        """Drop one message from ``src`` (for bucket k) and keep serving; it still counts
+        as absorbed, so quiesce() does not wait for it."""
+        log.warning("rank %d: asynchronous gossip: dropped a message from rank %d: %s",
+                    self._peer.rank, src, why)
+        self._next_bucket[src] = (k + 1) % len(self._out)
+        with self._cond:
+            self._absorbed_from[src] += 1
+            self._cond.notify_all()
 
     # ------------------------------------------------------------------ quiescence
     def quiesce(self, timeout: float | None = None) -> None:
