@@ -163,7 +163,7 @@ def _check_fields(fields: list, world_size: int, max_bytes: int) -> None:
     _int(length, "length", 0, max_bytes)
     _int(slot, "slot", 0, _MAX_SLOTS)
     _int(number, "number")
-    raise AssertionError("decode_header's fast check and _check_fields disagree")
+    raise WireError("header fields out of range")  # (the checks above name the field)
 
 
 def decode_header(raw: bytes | memoryview, *, world_size: int, max_bytes: int,
