@@ -111,6 +111,37 @@ def test_synchronous_adam_several_buckets_100_steps_bitwise_identical():
     assert out[0][1] > 1
 
 
+def asynchronous_several_buckets(peer):
+    torch.set_num_threads(1)
+    model = mlp(seed=peer.rank)
+    policy = gossip.policies.Asynchronous(bucket_bytes=1024)   # several buckets
+    opt = gossip.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.01),
+                                      peer=peer, policy=policy)
+    train(model, opt, peer.rank, 40)
+    policy.quiesce()      # nothing in flight: each bucket's weights add up to n
+    weights = np.array(policy.weights, dtype=np.float64)
+    total = weights.copy()
+    peer.allreduce(total, op="sum")
+    state = opt.state_dict()
+    before = [p.detach().clone() for p in model.parameters()]
+    opt.load_state_dict(state)   # a round trip changes neither weights nor parameters
+    same = (policy.weights == list(weights)
+            and all(torch.equal(a, p) for a, p in zip(before, model.parameters())))
+    policy.resume()
+    train(model, opt, peer.rank, 10)
+    finite = all(bool(torch.isfinite(p).all()) for p in model.parameters())
+    opt.close()
+    return len(weights), total.tolist(), same, finite
+
+
+def test_asynchronous_several_buckets_conserve_mass_and_round_trip_state():
+    n = 4
+    for buckets, total, same, finite in spawn(asynchronous_several_buckets, n=n, timeout=90):
+        assert buckets > 1
+        assert all(abs(w - n) < 1e-9 for w in total), total
+        assert same and finite
+
+
 # ---------------------------------------------------------------------------- the wrapper
 def optimizer_api(peer):
     torch.set_num_threads(1)

@@ -281,10 +281,12 @@ class Asynchronous(Policy):
                 self._cond.notify_all()
             return
         for k, (b, out) in enumerate(zip(self._buckets, self._out)):
-            half = self._w[k] / 2
-            scale_into(out[:-1], half, b.flat)   # push (w/2) m and w/2 ...
-            out[-1] = half
-            self._w[k] = half                    # ... and keep the other half: m unchanged
+            w = self._w[k]
+            scale_into(out[:-1], w / 2, b.flat)   # push (w/2) m and w/2 ...
+            out[-1] = w / 2
+            # ... and keep the rest: m unchanged, w less what left as the buffer's dtype
+            # holds it (float32 rounds w/2), so kept + sent is w to float64 precision.
+            self._w[k] = w - float(out[-1])
         with self._cond:
             self._job = (dst, included)
         self._kick.set()
