@@ -290,6 +290,7 @@ class Asynchronous(Policy):
         with self._cond:
             self._job = (dst, included)
         self._kick.set()
+
     def _wait_locked(self, done, timeout: float, slice_s: float, stopped, what) -> None:
         """(Holding _cond.) Wait until ``done()``; RuntimeError if the thread failed (or
         ``stopped()``), OperationTimeout naming ``what()`` after ``timeout`` seconds."""
