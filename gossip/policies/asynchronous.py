@@ -12,8 +12,8 @@ import numpy as np
 
 from gossip.errors import GossipError, OperationTimeout, PeerLost
 from gossip.policies.base import Policy
-from gossip.policies.buckets import (DEFAULT_BUCKET_BYTES, add_into, add_pair_into, clone,
-                                     copy_into, scale_into)
+from collectives.arrays import adapter_for
+from gossip.policies.buckets import DEFAULT_BUCKET_BYTES, clone, copy_into
 from gossip.policies.decentralized import check_topology
 
 __all__ = ["Asynchronous"]
@@ -239,11 +239,13 @@ class Asynchronous(Policy):
                 if got is None:
                     got = self._out[k]
                 else:
-                    add_into(got, self._out[k])
+                    adapter_for(got).axpy(got, 1.0, self._out[k])
             if got is not None:
                 w = self._w[k]
                 total = w + float(got[-1])
-                add_pair_into(b.flat, 1.0 / total, got[:-1], -float(got[-1]) / total, anchor)
+                adapter = adapter_for(b.flat)
+                adapter.axpy(b.flat, 1.0 / total, got[:-1])
+                adapter.axpy(b.flat, -float(got[-1]) / total, anchor)
                 self._w[k] = total
             copy_into(anchor, b.flat)
         if rescale:
@@ -282,7 +284,7 @@ class Asynchronous(Policy):
             return
         for k, (b, out) in enumerate(zip(self._buckets, self._out)):
             w = self._w[k]
-            scale_into(out[:-1], w / 2, b.flat)   # push (w/2) m and w/2 ...
+            adapter_for(out).scaled_copy(out[:-1], w / 2, b.flat)   # push (w/2) m, w/2 ...
             out[-1] = w / 2
             # ... and keep the rest: m unchanged, w less what left as the buffer's dtype
             # holds it (float32 rounds w/2), so kept + sent is w to float64 precision.
@@ -438,7 +440,7 @@ class Asynchronous(Policy):
                     # The first arrival for this bucket: swap buffers instead of copying.
                     self._sums[s][k], self._in[k] = got, self._sums[s][k]
                 else:
-                    add_into(self._sums[s][k], got)
+                    adapter_for(got).axpy(self._sums[s][k], 1.0, got)
                 self._filled[s][k] += 1
             with self._cond:
                 self._absorbed_from[src] += 1

@@ -23,8 +23,7 @@ from typing import Any, Iterable
 import numpy as np
 
 __all__ = ["DEFAULT_BUCKET_BYTES", "Slot", "Bucket", "BucketSet", "is_torch_tensor",
-           "copy_into", "clone", "divide_into", "subtract_scaled", "scale_into", "add_into",
-           "add_pair_into", "segment"]
+           "copy_into", "clone", "divide_into", "subtract_scaled", "segment"]
 
 DEFAULT_BUCKET_BYTES = 25 << 20
 
@@ -60,37 +59,6 @@ def subtract_scaled(dst: Any, scale: float, src: Any) -> None:
         dst -= src
     else:
         dst.sub_(src, alpha=scale)
-
-
-def scale_into(dst: Any, scale: float, src: Any) -> None:
-    """dst[...] = scale * src in one pass, for numpy arrays and torch tensors alike."""
-    if isinstance(dst, np.ndarray):
-        np.multiply(src, scale, out=dst)
-    else:
-        import torch
-        torch.mul(src, scale, out=dst)
-
-
-def add_into(dst: Any, src: Any) -> None:
-    """dst += src, for numpy arrays and torch tensors alike."""
-    if isinstance(dst, np.ndarray):
-        np.add(dst, src, out=dst)
-    else:
-        dst.add_(src)
-
-
-_BLOCK = 32 * 1024  # elements per block of a two-pass numpy operation (fits in L2)
-
-
-def add_pair_into(dst: Any, a: float, src_a: Any, b: float, src_b: Any) -> None:
-    """dst += a * src_a + b * src_b, in place and without a temporary of dst's size."""
-    if isinstance(dst, np.ndarray):
-        for lo in range(0, dst.size, _BLOCK):
-            d = dst[lo:lo + _BLOCK]
-            d += a * src_a[lo:lo + _BLOCK]   # block-sized temporaries
-            d += b * src_b[lo:lo + _BLOCK]
-    else:
-        dst.add_(src_a, alpha=a).add_(src_b, alpha=b)
 
 
 def clone(buf: Any) -> Any:
