@@ -147,3 +147,22 @@ def test_threshold_help():
                          capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert out.returncode == 0, out.stderr
     assert "crossover" in out.stdout and "--nprocs" in out.stdout
+
+
+def test_policies_benchmark_runs_every_table_small(tmp_path):
+    """benchmarks/policies.py end to end at toy sizes: the three tables and the JSON rows."""
+    rows = tmp_path / "rows.jsonl"
+    out = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "policies.py"),
+                          "-n", "2", "--steps", "1", "--warmup", "0", "--repeats", "2",
+                          "--iters", "1", "--gossip-bytes", "64K", "--json", str(rows)],
+                         capture_output=True, text=True, timeout=280, cwd=ROOT)
+    assert out.returncode == 0, out.stdout + out.stderr
+    for head in ("ratio DDP/Synchronous", "vs no communication (median)",
+                 "ratio torch/Gossip"):
+        assert head in out.stdout, out.stdout
+    lines = [json.loads(line) for line in rows.read_text().splitlines()]
+    overlap = [r for r in lines if r["table"] == "overlap"]
+    assert [r["policy"] for r in overlap] == ["none", "asynchronous", "push-sum(overlap=True)",
+                                             "push-sum", "gossip", "synchronous"]
+    assert all(len(r["slowdowns"]) == 2 and r["seconds"] > 0 for r in overlap)
+    assert {r["table"] for r in lines} == {"sync", "overlap", "gossip"}
