@@ -167,6 +167,9 @@ class Asynchronous(Policy):
         # the other; _filled[s][k] counts the messages in set s, bucket k.
         self._sums = [[b.new(extra=1) for b in self._buckets] for _ in range(2)]
         self._filled = [[0] * nb for _ in range(2)]
+        # Their weights, summed in float64: the buffers' dtype (float32) would round a sum
+        # of two weights, and the live peers' weights would no longer add up to n.
+        self._weight_sums = [[0.0] * nb for _ in range(2)]
         self._fill = 0   # the set the receiver adds into
         # Per source: which bucket its next message is for (messages from one source arrive
         # in order, bucket after bucket).
@@ -228,24 +231,27 @@ class Asynchronous(Policy):
                 self._fill = 1 - s   # the receiver adds into the other set from now on
                 self._filled[s] = [0] * len(counts)
                 sums = list(self._sums[s])
+                arrived = self._weight_sums[s]
+                self._weight_sums[s] = [0.0] * len(counts)
             else:
-                counts, sums = [0] * len(self._w), None
+                counts, sums, arrived = [0] * len(self._w), None, None
         with self._cond:
             returned, self._returned = self._returned, None
             rescale, self._rescale = self._rescale, False
         for k, (b, anchor) in enumerate(zip(self._buckets.buckets, self._anchor)):
             got = sums[k] if counts[k] else None
+            w_got = arrived[k] if counts[k] else 0.0
             if returned is not None and k >= returned:   # a push that did not leave
                 if got is None:
                     got = self._out[k]
                 else:
                     adapter_for(got).axpy(got, 1.0, self._out[k])
+                w_got += float(self._out[k][-1])
             if got is not None:
-                w = self._w[k]
-                total = w + float(got[-1])
+                total = self._w[k] + w_got
                 adapter = adapter_for(b.flat)
                 adapter.axpy(b.flat, 1.0 / total, got[:-1])
-                adapter.axpy(b.flat, -float(got[-1]) / total, anchor)
+                adapter.axpy(b.flat, -w_got / total, anchor)
                 self._w[k] = total
             copy_into(anchor, b.flat)
         if rescale:
@@ -439,8 +445,10 @@ class Asynchronous(Policy):
                 if self._filled[s][k] == 0:
                     # The first arrival for this bucket: swap buffers instead of copying.
                     self._sums[s][k], self._in[k] = got, self._sums[s][k]
+                    self._weight_sums[s][k] = weight
                 else:
                     adapter_for(got).axpy(self._sums[s][k], 1.0, got)
+                    self._weight_sums[s][k] += weight
                 self._filled[s][k] += 1
             with self._cond:
                 self._absorbed_from[src] += 1
