@@ -49,6 +49,8 @@ class ArrayAdapter:
         """dst = weight * src (one pass: no copy-then-scale)."""
     def scale_add(self, dst: Any, weight: float, src: Any) -> None:
         """dst = weight * dst + src, in place."""
+    def lerp(self, dst: Any, src: Any, weight: float) -> None:
+        """dst += weight * (src - dst), in place: the weighted average of the two."""
     def empty(self, count: int, dtype_name: str, like: Any) -> Any: ...
     def slice(self, flat: Any, start: int, stop: int) -> Any:
         return flat[start:stop]
@@ -137,6 +139,14 @@ class NumpyAdapter(ArrayAdapter):
             d = dst[lo:lo + _BLOCK]
             np.multiply(d, weight, out=d)
             np.add(d, src[lo:lo + _BLOCK], out=d)
+
+    def lerp(self, dst: np.ndarray, src: np.ndarray, weight: float) -> None:
+        tmp = np.empty(min(_BLOCK, dst.size), dtype=dst.dtype)
+        for lo in range(0, dst.size, _BLOCK):
+            d, t = dst[lo:lo + _BLOCK], tmp[:min(_BLOCK, dst.size - lo)]
+            np.subtract(src[lo:lo + _BLOCK], d, out=t)
+            np.multiply(t, weight, out=t)
+            np.add(d, t, out=d)
 
     def empty(self, count: int, dtype_name: str, like: Any = None) -> np.ndarray:
         return np.empty(count, dtype=dtype_name)

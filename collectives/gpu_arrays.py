@@ -81,6 +81,9 @@ class CupyAdapter(ArrayAdapter):
         dst *= weight
         dst += src
 
+    def lerp(self, dst: Any, src: Any, weight: float) -> None:
+        dst += (src - dst) * weight
+
     def empty(self, count: int, dtype_name: str, like: Any = None) -> Any:
         return self._cp.empty(count, dtype=dtype_name)
 
@@ -149,6 +152,9 @@ class TorchCUDAAdapter(ArrayAdapter):
 
     def scale_add(self, dst: Any, weight: float, src: Any) -> None:
         self._cpu.scale_add(dst, weight, src)
+
+    def lerp(self, dst: Any, src: Any, weight: float) -> None:
+        self._cpu.lerp(dst, src, weight)
 
     def empty(self, count: int, dtype_name: str, like: Any = None) -> Any:
         return self._torch.empty(count, dtype=self._dtypes[dtype_name], device=self._device)

@@ -95,6 +95,10 @@ class TorchCPUAdapter(ArrayAdapter):
         with torch.no_grad():
             torch.add(src, dst, alpha=weight, out=dst)  # src + weight * dst, one pass
 
+    def lerp(self, dst: torch.Tensor, src: torch.Tensor, weight: float) -> None:
+        with torch.no_grad():
+            dst.lerp_(src, weight)   # one fused pass
+
     def empty(self, count: int, dtype_name: str, like: Any = None) -> torch.Tensor:
         return torch.empty(count, dtype=TORCH_DTYPES[dtype_name])
 
