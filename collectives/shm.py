@@ -74,7 +74,6 @@ class ShmRing:
         self.flags = np.frombuffer(self._mm, dtype=np.uint8, count=nslots)
         self.waiting = np.frombuffer(self._mm, dtype=np.uint8, count=1, offset=_WAITING)
         self.data = np.frombuffer(self._mm, dtype=np.uint8, offset=_FLAGS_BYTES)
-        self._next = 0
         self.lock = threading.Lock()
         # Chunks queued in the transport for want of a slot. While any wait, new chunks queue
         # behind them instead of taking slots, or slots held by queued chunks could starve the
@@ -85,13 +84,15 @@ class ShmRing:
         return f"memfd:{os.getpid()}:{self.fd}:{self.nslots}:{self.slot_bytes}"
 
     def try_acquire(self) -> int | None:
-        """A free slot, now marked busy, or None. Call with ``lock`` held."""
+        """The lowest free slot, now marked busy, or None. Call with ``lock`` held.
+
+        Lowest first, not round robin: a peer that sends one message at a time reuses the
+        same slot or two, which stay in the caches of both ends (a rotation through every
+        slot would stream the whole ring, nslots * slot_bytes, through memory)."""
         flags = self.flags
-        for i in range(self.nslots):
-            slot = (self._next + i) % self.nslots
+        for slot in range(self.nslots):
             if flags[slot] == 0:
                 flags[slot] = 1
-                self._next = slot + 1
                 return slot
         return None
 
