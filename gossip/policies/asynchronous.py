@@ -27,21 +27,26 @@ class Asynchronous(Policy):
     the parameters themselves are the model m = x / w, and w (one float per bucket, starting
     at 1) is kept beside them.
 
-    Once per training step, ``after_step()`` does a few vector operations on the training
-    thread and never waits: (1) it folds in what arrived since the last step (messages
-    (x_j, w_j) summed by the receiving thread): m <- (w m + sum x_j) / (w + sum w_j),
-    w <- w + sum w_j; (2) if the pushing thread is idle, it keeps half of the pair and hands
-    the other half, (w/2) m and w/2, to that thread, which sends it to one out-neighbour
-    (rotating through the topology's out-neighbours) through ``peer.channel(channel)``. A
-    thread that is still sending skips the round. A receiving thread sleeps in
-    ``Communicator.wait_any`` (woken by the inbox when a message arrives, never polling) and
-    adds each message to the sum that the next after_step() folds in.
+    A message is a model and its weight, (m_j, w_j). On the training thread, each step does
+    a few vector operations and never waits: (1) ``after_backward()``, before the optimizer
+    moves, folds in what arrived since the last step: the receiving thread keeps the arrivals
+    as their weighted average (A, W), and the fold is one pass, m <- m + W/(w+W) (A - m),
+    w <- w + W (push-sum's x_i + sum x_j, de-biased); (2) ``after_step()``, if the pushing
+    thread is idle, keeps half of the pair and hands the other half, m and w/2, to that
+    thread (one copy), which sends it to one out-neighbour (rotating through the topology's
+    out-neighbours) through ``peer.channel(channel)``. A thread that is still sending skips
+    the round. A receiving thread sleeps in ``Communicator.wait_any`` (woken by the inbox when
+    a message arrives, never polling) and absorbs each message into the average that the next
+    step folds in (the first one by swapping buffers, no copy).
 
-    The optimizer's own move needs no bookkeeping: it updates m, the parameters, in place,
-    which is exactly push-sum's x <- x + w * move. Only the training thread ever touches the
-    parameters, so the optimizer never sees a half-mixed buffer and the threads never see a
-    half-updated one; the threads only copy: the push from its buffer into the transport, and
-    each message into a buffer of the sum (swapped, not copied, for the first one).
+    The optimizer's own move needs no bookkeeping: it updates m, the parameters, in place
+    after the fold, which is exactly push-sum's x <- x + w * move with the gradient taken
+    before the mix (as D-PSGD does), so a step counts fully however much mass is in transit.
+    A loop that calls only ``after_step()`` (numpy arrays, no gradients) gets the same
+    update: after_step folds in with m <- m + W/(w+W) (A - a), a being the parameters as the
+    last after_step left them (one more buffer, and two more passes a step). Only the
+    training thread ever touches the parameters, so the optimizer never sees a half-mixed
+    buffer and the threads never see a half-updated one.
 
     Lost peers: a neighbour found lost (peer.lost_peers()), or one a push to it timed out
     (``send_timeout``), is dropped from the rotation and what was not delivered to it comes
@@ -68,7 +73,8 @@ class Asynchronous(Policy):
 
     When to use it: heterogeneous or unreliable peers (stragglers, preemption). Cost: one
     message of P bytes (+ one element) per peer per step, sent in the background; memory:
-    four buffers of the parameters' size (send, receive and two for the sum of arrivals).
+    four buffers of the parameters' size (send, receive, and two for the average of
+    arrivals), five for a loop without after_backward().
 
     ``topology``: default ``OnePeerExponential(n)``. ``close()`` (also called by
     ``peer.close()``) wakes both threads and stops them within an operation in progress.
@@ -158,18 +164,21 @@ class Asynchronous(Policy):
         self._comm = self._peer.channel(self._channel_number)
         nb = len(self._buckets)
         self._w = [1.0] * nb   # the push-sum weight of each bucket (training thread's)
-        # The parameters as the last after_step left them: the optimizer's move since then
-        # is m - anchor (see _fold_in).
+        # For loops without after_backward(): the parameters as the last after_step left
+        # them, so the optimizer's move since then is m - anchor (see _fold_in). Dropped at
+        # the first after_backward().
         self._anchor = [clone(b.flat) for b in self._buckets]
-        self._out = [b.new(extra=1) for b in self._buckets]   # the half being pushed
+        self._folded = False     # after_backward() folded the arrivals in this step
+        self._out = [b.new(extra=1) for b in self._buckets]   # the message being pushed
         self._in = [b.new(extra=1) for b in self._buckets]    # the message being received
-        # Two sets of sums of arrivals: the receiver adds into one while after_step folds in
-        # the other; _filled[s][k] counts the messages in set s, bucket k.
-        self._sums = [[b.new(extra=1) for b in self._buckets] for _ in range(2)]
+        # Two sets of weighted averages of arrivals: the receiver absorbs into one while the
+        # training thread folds in the other; _filled[s][k] counts the messages in set s,
+        # bucket k, and _arrived_weight[s][k] is their total weight, summed in float64 (a
+        # float32 sum of two weights would round, and the live peers' weights would no
+        # longer add up to n).
+        self._avg = [[b.new(extra=1) for b in self._buckets] for _ in range(2)]
         self._filled = [[0] * nb for _ in range(2)]
-        # Their weights, summed in float64: the buffers' dtype (float32) would round a sum
-        # of two weights, and the live peers' weights would no longer add up to n.
-        self._weight_sums = [[0.0] * nb for _ in range(2)]
+        self._arrived_weight = [[0.0] * nb for _ in range(2)]
         self._fill = 0   # the set the receiver adds into
         # Per source: which bucket its next message is for (messages from one source arrive
         # in order, bucket after bucket).
@@ -196,12 +205,25 @@ class Asynchronous(Policy):
                             "close()", self._peer.rank, thread.name)
 
     # ------------------------------------------------------------------ training loop side
-    def _after_step(self, step: int) -> None:
+    def _check_threads(self) -> None:
         if self._error is not None:
             raise RuntimeError(f"rank {self._peer.rank}: the asynchronous gossip thread "
                                f"failed: {self._error!r}") from self._error
+
+    def _after_backward(self) -> None:
+        self._check_threads()
         self._buckets.copy_in()
-        self._fold_in()
+        self._fold_in(moved=False)
+        self._buckets.copy_out()
+        self._folded = True
+        self._anchor = None   # not needed while after_backward() folds in
+
+    def _after_step(self, step: int) -> None:
+        self._check_threads()
+        self._buckets.copy_in()
+        folded, self._folded = self._folded, False
+        if not folded:   # a loop without after_backward(): fold in past the move
+            self._fold_in(moved=self._anchor is not None)
         if self.max_staleness is not None:
             # A push of this step must leave: wait for the one under way to finish.
             with self._cond:
@@ -212,48 +234,63 @@ class Asynchronous(Policy):
         if not self._paused:
             self._hand_over(step + 1)
         self._buckets.copy_out()
+        if not folded:
+            self._keep_anchor()
         if self.max_staleness is not None:
             self._wait_fresh(step + 1 - self.max_staleness)
 
-    def _fold_in(self) -> None:
+    def _keep_anchor(self) -> None:
+        """(Loops without after_backward().) The parameters as they are now: the next
+        after_step's move is measured from here."""
+        if self._anchor is None:
+            self._anchor = [clone(b.flat) for b in self._buckets]
+        else:
+            for b, anchor in zip(self._buckets.buckets, self._anchor):
+                copy_into(anchor, b.flat)
+
+    def _fold_in(self, moved: bool) -> None:
         """(Training thread.) Fold what arrived since the last call into (m, w), with what a
         failed push brought back, and restart the weights if a peer was dropped.
 
-        Arrivals (x, w_x) mix with the model as it was before this step's optimizer move,
-        and the move applies on top, undiluted: with a the anchor and d = m - a the move,
-        m <- (w a + x) / (w + w_x) + d  =  m + (x - w_x a) / (w + w_x). So a step counts
-        fully however much mass is in transit, as if the pair had absorbed each message the
-        moment it arrived."""
+        Arrivals, averaged to (A, W), mix with the model as it was before this step's
+        optimizer move, and the move applies on top, undiluted. Before the move (``moved``
+        False): m <- m + W/(w+W) (A - m), one pass. After it (``moved``, the anchor a being
+        the parameters before the move): m <- m + W/(w+W) (A - a), which is the same mix with
+        the move d = m - a added back. Either way a step counts fully however much mass is
+        in transit, as if the pair had absorbed each message the moment it arrived."""
         with self._acc_lock:
             s = self._fill
             counts = self._filled[s]
             if any(counts):
-                self._fill = 1 - s   # the receiver adds into the other set from now on
+                self._fill = 1 - s   # the receiver absorbs into the other set from now on
                 self._filled[s] = [0] * len(counts)
-                sums = list(self._sums[s])
-                arrived = self._weight_sums[s]
-                self._weight_sums[s] = [0.0] * len(counts)
+                averages = list(self._avg[s])
+                arrived = self._arrived_weight[s]
+                self._arrived_weight[s] = [0.0] * len(counts)
             else:
-                counts, sums, arrived = [0] * len(self._w), None, None
+                counts, averages, arrived = [0] * len(self._w), None, None
         with self._cond:
             returned, self._returned = self._returned, None
             rescale, self._rescale = self._rescale, False
-        for k, (b, anchor) in enumerate(zip(self._buckets.buckets, self._anchor)):
-            got = sums[k] if counts[k] else None
-            w_got = arrived[k] if counts[k] else 0.0
+        for k, b in enumerate(self._buckets.buckets):
+            got, weight = (averages[k][:-1], arrived[k]) if counts[k] else (None, 0.0)
             if returned is not None and k >= returned:   # a push that did not leave
+                back, back_weight = self._out[k][:-1], float(self._out[k][-1])
                 if got is None:
-                    got = self._out[k]
+                    got = back
                 else:
-                    adapter_for(got).axpy(got, 1.0, self._out[k])
-                w_got += float(self._out[k][-1])
-            if got is not None:
-                total = self._w[k] + w_got
-                adapter = adapter_for(b.flat)
-                adapter.axpy(b.flat, 1.0 / total, got[:-1])
-                adapter.axpy(b.flat, -w_got / total, anchor)
-                self._w[k] = total
-            copy_into(anchor, b.flat)
+                    adapter_for(got).lerp(got, back, back_weight / (weight + back_weight))
+                weight += back_weight
+            if got is None:
+                continue
+            total = self._w[k] + weight
+            adapter = adapter_for(b.flat)
+            if moved:
+                adapter.axpy(b.flat, weight / total, got)
+                adapter.axpy(b.flat, -weight / total, self._anchor[k])
+            else:
+                adapter.lerp(b.flat, got, weight / total)
+            self._w[k] = total
         if rescale:
             # Pushes to a peer between its death and our noticing it took mass with them,
             # and so did the dead peer's own share: the live peers' weights no longer add up
@@ -290,7 +327,7 @@ class Asynchronous(Policy):
             return
         for k, (b, out) in enumerate(zip(self._buckets, self._out)):
             w = self._w[k]
-            adapter_for(out).scaled_copy(out[:-1], w / 2, b.flat)   # push (w/2) m, w/2 ...
+            copy_into(out[:-1], b.flat)   # push m with weight w/2 ...
             out[-1] = w / 2
             # ... and keep the rest: m unchanged, w less what left as the buffer's dtype
             # holds it (float32 rounds w/2), so kept + sent is w to float64 precision.
@@ -444,11 +481,13 @@ class Asynchronous(Policy):
                 s = self._fill
                 if self._filled[s][k] == 0:
                     # The first arrival for this bucket: swap buffers instead of copying.
-                    self._sums[s][k], self._in[k] = got, self._sums[s][k]
-                    self._weight_sums[s][k] = weight
+                    self._avg[s][k], self._in[k] = got, self._avg[s][k]
+                    self._arrived_weight[s][k] = weight
                 else:
-                    adapter_for(got).axpy(self._sums[s][k], 1.0, got)
-                    self._weight_sums[s][k] += weight
+                    total = self._arrived_weight[s][k] + weight
+                    avg = self._avg[s][k][:-1]
+                    adapter_for(avg).lerp(avg, got[:-1], weight / total)
+                    self._arrived_weight[s][k] = total
                 self._filled[s][k] += 1
             with self._cond:
                 self._absorbed_from[src] += 1
@@ -488,10 +527,12 @@ class Asynchronous(Policy):
                 lambda: sum(self._absorbed_from) >= expected, timeout, 0.5, lambda: False,
                 lambda: (f"quiesce: absorbed {sum(self._absorbed_from)} of the {expected} "
                          f"messages pushed to it", "asynchronous quiesce"))
-        # Fold the absorbed mass into the parameters, as after_step would.
+        # Fold the absorbed mass into the parameters (no move since the last step).
         self._buckets.copy_in()
-        self._fold_in()
+        self._fold_in(moved=False)
         self._buckets.copy_out()
+        if self._anchor is not None:
+            self._keep_anchor()
 
     def resume(self) -> None:
         """Push again after quiesce()."""
@@ -526,14 +567,14 @@ class Asynchronous(Policy):
         if not all(np.isfinite(w) and w > 0 for w in weights):
             raise ValueError(f"asynchronous weights must be positive, got {weights!r}")
         self._w = [float(w) for w in weights]   # the model is the parameters themselves
-        self._buckets.copy_in()
-        for b, anchor in zip(self._buckets.buckets, self._anchor):
-            copy_into(anchor, b.flat)
+        if self._anchor is not None:
+            self._buckets.copy_in()
+            self._keep_anchor()
 
     def _restored(self) -> None:
         # The nan guard put the last good parameters back: no move to fold in.
-        for b, anchor in zip(self._buckets.buckets, self._anchor):
-            copy_into(anchor, b.flat)
+        if self._anchor is not None:
+            self._keep_anchor()
 
     def _extra_stats(self) -> dict:
         return {"background_rounds": self._rounds, "pushes_held_back": self._held_back,
