@@ -35,7 +35,11 @@ class PushSum(Policy):
     step t+1 (SGP's one-step-delayed overlap): the peer keeps ``p_ii`` of its own value at
     once and adds its in-neighbours' messages one step late, so the step never waits for
     the network unless the previous exchange is still running. ``flush()`` completes the
-    exchange in flight (state_dict() and close() call it).
+    exchange in flight (state_dict() and close() call it). With overlap the pair is kept in
+    de-biased form, the parameters being x / w themselves and w one float per bucket: the
+    optimizer's move needs no update of x, and a step costs two passes over the parameters
+    (the received numerators folded in, m <- (w m + sum x_j) / (w + sum w_j), and the
+    scaled copy that is sent) instead of five.
 
     When to use it: directed or time-varying graphs (the default OnePeerExponential: one
     message per step, exact average every log2(n) steps for n a power of two), and
@@ -43,8 +47,9 @@ class PushSum(Policy):
     its weight, so x/w stays unbiased).
 
     Cost per step: one message per out-neighbour, ``deg_out * (P + one element)`` bytes per
-    peer for P bytes of parameters; extra memory: one numerator buffer (and one send buffer
-    with overlap) of the parameters' size.
+    peer for P bytes of parameters; extra memory: two buffers of the parameters' size (the
+    numerator and the exchange's scratch; with overlap, the message sent and the sum of those
+    received).
 
     ``topology``: default ``OnePeerExponential(n)``; pass ``peer.topology`` (or any graph)
     to use another; its ``push_weights`` must be column-stochastic (the topologies' default
@@ -71,21 +76,22 @@ class PushSum(Policy):
         else:
             self.topology = check_topology(self._topology_arg, self._peer.world_size)
         self._buckets.copy_in()
-        # z = [x (numerator), w]: one buffer, so x and w travel in one message.
-        self._z = []
-        for b in self._buckets:
-            z = b.new(extra=1)
-            copy_into(z[:-1], b.flat)
-            z[-1] = 1.0
-            self._z.append(z)
+        if self.overlap:
+            # The de-biased pair: the parameters are x / w, and w is kept here (float64).
+            self._w = [1.0] * len(self._buckets)
+            self._z = None
+            self._send = [b.new(extra=1) for b in self._buckets]   # (share * x, share * w)
+        else:
+            # z = [x (numerator), w]: one buffer, so x and w travel in one message.
+            self._z = []
+            for b in self._buckets:
+                z = b.new(extra=1)
+                copy_into(z[:-1], b.flat)
+                z[-1] = 1.0
+                self._z.append(z)
         # Without overlap: the exchange's scratch. With overlap: where the in-neighbours'
-        # messages add up (the exchange's out), absorbed into z one step later.
+        # messages add up (the exchange's out), folded into the parameters one step later.
         self._scratch = [b.new(extra=1) for b in self._buckets]
-        self._send = [b.new(extra=1) for b in self._buckets] if self.overlap else None
-        # With overlap, z holds (x, w) / factor: keeping the share p_ii is a change of this
-        # number, not a pass over z (x / w, the model, does not depend on it), and the next
-        # absorb applies it in the pass that adds the messages (z <- factor * z + received).
-        self._factor = [1.0] * len(self._z)
         n = self._peer.world_size
         push = np.zeros((n, n))   # push[i, j]: the share of j's mass that j sends to i
         if getattr(self.topology, "period", 1) == 1:
@@ -106,9 +112,17 @@ class PushSum(Policy):
     # ------------------------------------------------------------------ views
     @property
     def numerators(self) -> list:
-        """The push-sum numerators x, one flat buffer per bucket (live views)."""
+        """The push-sum numerators x, one flat buffer per bucket (live views; with overlap,
+        copies made now: w times the parameters)."""
         self._check_ready()
-        self._settle()
+        if self.overlap:
+            self._buckets.copy_in()
+            out = []
+            for b, w in zip(self._buckets, self._w):
+                x = b.new()
+                adapter_for(x).scaled_copy(x, w, b.flat)
+                out.append(x)
+            return out
         return [z[:-1] for z in self._z]
 
     @property
@@ -116,14 +130,9 @@ class PushSum(Policy):
         """The push-sum weights w, one per bucket (all equal unless a bucket's message was
         lost)."""
         self._check_ready()
-        return [c * float(z[-1]) for z, c in zip(self._z, self._factor)]
-
-    def _settle(self) -> None:
-        """Apply the pending factors, so z holds (x, w) itself."""
-        for i, z in enumerate(self._z):
-            if self._factor[i] != 1.0:
-                z *= self._factor[i]
-                self._factor[i] = 1.0
+        if self.overlap:
+            return list(self._w)
+        return [float(z[-1]) for z in self._z]
 
     def _pattern(self, step: int) -> tuple[float, dict[int, float], dict[int, float]]:
         """(share kept, {in-neighbour: 1.0}, {out-neighbour: share sent}) at ``step``, with
@@ -146,16 +155,16 @@ class PushSum(Policy):
 
     # ------------------------------------------------------------------ the step
     def _local_update(self) -> None:
-        """x <- x + (params - x/w): the optimizer's move, applied to the numerator. Written
-        as x * (1 - 1/w) + params so it needs no temporary (and is exact when w == 1). With
-        a pending factor c (z = (x, w) / c): z_x <- z_x * (1 - 1/w) + params / c."""
-        for b, z, c in zip(self._buckets, self._z, self._factor):
-            x, w = z[:-1], c * float(z[-1])
-            if w == 1.0 and c == 1.0:
+        """(Without overlap.) x <- x + (params - x/w): the optimizer's move, applied to the
+        numerator. Written as x * (1 - 1/w) + params so it needs no temporary (and is exact
+        when w == 1)."""
+        for b, z in zip(self._buckets, self._z):
+            x, w = z[:-1], float(z[-1])
+            if w == 1.0:
                 copy_into(x, b.flat)   # regular schedules keep w at exactly one
             else:
                 x *= 1.0 - 1.0 / w
-                adapter_for(x).axpy(x, 1.0 / c, b.flat)
+                adapter_for(x).axpy(x, 1.0, b.flat)
 
     def _debias(self) -> None:
         for b, z in zip(self._buckets, self._z):
@@ -164,11 +173,12 @@ class PushSum(Policy):
     def _after_step(self, step: int) -> None:
         self._buckets.copy_in()
         self._healer.update(step)
-        self._local_update()
         if self.overlap:
+            # The optimizer moved the parameters, x / w: the move is in already.
             self._absorb()
             self._launch(step)
         else:
+            self._local_update()
             keep, srcs, shares = self._pattern(step)
             for z, scratch in zip(self._z, self._scratch):
                 try:
@@ -181,22 +191,31 @@ class PushSum(Policy):
                     self._rounds_skipped += 1
                     log.warning("rank %d: push-sum round %d failed: %s", self._peer.rank,
                                 step, exc)
-        self._debias()
+            self._debias()
         self._buckets.copy_out()
 
     def _launch(self, step: int) -> None:
+        """(Overlap.) Send each out-neighbour its share of (x, w) and keep the rest: the
+        parameters, x / w, stay as they are, and only w shrinks."""
         keep, srcs, shares = self._pattern(step)
         # One scaled copy serves every out-neighbour when they get equal shares (always, for
         # the topologies' push weights); otherwise the exchange scales one per destination.
         equal = len(set(shares.values())) <= 1
         share = next(iter(shares.values()), 0.0)
         work = []
-        for i, (z, s, received) in enumerate(zip(self._z, self._send, self._scratch)):
-            c = self._factor[i]
+        for i, (b, s, received) in enumerate(zip(self._buckets, self._send, self._scratch)):
+            w = self._w[i]
             if shares:
-                adapter_for(z).scaled_copy(s, share * c if equal else c, z)
-            # The kept share stays here at once: z is (x, w) / factor (see _setup).
-            self._factor[i] = c * keep
+                if equal:
+                    adapter_for(s).scaled_copy(s[:-1], share * w, b.flat)
+                    s[-1] = share * w
+                    # What left, as the buffer's dtype holds it (float32 rounds it), so the
+                    # weights kept and sent add up to w to float64 precision.
+                    self._w[i] = w - len(shares) * float(s[-1])
+                else:
+                    adapter_for(s).scaled_copy(s[:-1], w, b.flat)
+                    s[-1] = w
+                    self._w[i] = w * keep
             # self_weight 0 and out=received: when it completes, received holds only what
             # the in-neighbours sent; s is only read.
             work.append(self._peer.neighbor_allreduce(
@@ -205,22 +224,25 @@ class PushSum(Policy):
         self._inflight = work
 
     def _absorb(self) -> None:
-        """Complete the exchange in flight and add what arrived to the numerators:
-        z <- factor * z + received, one pass (the pending factor applied on the way)."""
+        """(Overlap.) Complete the exchange in flight and fold what arrived, the sum of the
+        in-neighbours' (x_j, w_j), into the de-biased pair:
+        m <- (w m + sum x_j) / (w + sum w_j), w <- w + sum w_j."""
         work, self._inflight = self._inflight, None
         if work is None:
             return
-        for i, (w, z, received) in enumerate(zip(work, self._z, self._scratch)):
-            c, self._factor[i] = self._factor[i], 1.0
+        for i, (w, b, received) in enumerate(zip(work, self._buckets, self._scratch)):
             try:
                 w.wait(self.timeout)
             except (PeerLost, OperationTimeout) as exc:
+                # What reached the live neighbours is theirs; this peer keeps its own share.
                 self._rounds_skipped += 1
                 log.warning("rank %d: push-sum exchange failed: %s", self._peer.rank, exc)
-                if c != 1.0:
-                    z *= c
                 continue
-            adapter_for(z).scale_add(z, c, received)
+            kept, arrived = self._w[i], float(received[-1])
+            total = kept + arrived
+            adapter_for(b.flat).scale_add(b.flat, kept, received[:-1])   # w m + sum x_j
+            adapter_for(b.flat).scale(b.flat, 1.0 / total)
+            self._w[i] = total
 
     def flush(self) -> None:
         """Complete the exchange in flight (overlap=True) and write the de-biased result into
@@ -228,9 +250,7 @@ class PushSum(Policy):
         if self._peer is None or self._inflight is None:
             return
         self._buckets.copy_in()
-        self._local_update()
         self._absorb()
-        self._debias()
         self._buckets.copy_out()
 
     # ------------------------------------------------------------------ checkpoints
@@ -241,13 +261,15 @@ class PushSum(Policy):
 
     def _load_extra_state(self, state: dict) -> None:
         weights = state.get("weights")
-        if not isinstance(weights, (list, tuple)) or len(weights) != len(self._z):
-            raise ValueError(f"push-sum state needs {len(self._z)} weights (one per bucket), "
-                             f"got {weights!r}")
+        if not isinstance(weights, (list, tuple)) or len(weights) != len(self._buckets):
+            raise ValueError(f"push-sum state needs {len(self._buckets)} weights (one per "
+                             f"bucket), got {weights!r}")
         if not all(np.isfinite(w) and w > 0 for w in weights):
             raise ValueError(f"push-sum weights must be positive, got {weights!r}")
         self.flush()
-        self._settle()
+        if self.overlap:
+            self._w = [float(w) for w in weights]   # the parameters are x / w already
+            return
         self._buckets.copy_in()
         for b, z, w in zip(self._buckets, self._z, weights):
             copy_into(z[:-1], b.flat)
