@@ -3,7 +3,8 @@
 
 Usage:
   python benchmarks/policies.py [-n 4] [--steps 30] [--warmup 5] [--iters 10]
-      [--repeats 3] [--gossip-bytes 64M] [--only sync,overlap,gossip] [--json rows.jsonl]
+      [--repeats 15] [--block 20] [--gossip-bytes 64M] [--only sync,overlap,gossip]
+      [--json rows.jsonl]
 
 Three tables:
 
@@ -15,18 +16,23 @@ Three tables:
    a linear layer on 3x32x32 images, batch 32).
 2. ``overlap``: the CNN step (compute-bound) with Asynchronous and PushSum(overlap=True), and
    for reference PushSum, Gossip and Synchronous: the slowdown against no communication.
-   The same processes run every case in turn, ``--repeats`` rounds of them; each case is
-   divided by the no-communication run of its own round and the median is reported.
+   The same processes run ``--repeats`` rounds of ``--block`` steps of each case in turn
+   (the order rotating; each block attaches its policy to a fresh model after ``--warmup``
+   untimed steps); each case is divided by the no-communication block of its own round,
+   and the median over rounds is reported with its quartiles. Short interleaved blocks keep
+   the baseline seconds away from each case, so the drift of a shared machine cancels out
+   of the ratios.
 3. ``gossip``: one Gossip round (policy.after_step) on a torch parameter of ``--gossip-bytes``
    (64 MiB) on a ring of n, against the neighbour exchange a user writes with
    torch.distributed (isend to both ring neighbours, irecv from both, wait, average: as
    shared/bench/bench_gossip_torch.py).
 
-Method: step times are the wall time of ``--steps`` steps after ``--warmup`` untimed ones,
-divided by the steps, on the slowest rank. A gossip round is ``barrier(); t0; round; t1`` and
-the figure is the median over ``--iters`` rounds of the slowest rank's time. ratio = baseline
-time / gossip time (> 1: gossip is faster). On a shared 2-core machine expect 10-30% noise
-between runs with 4 processes; compare ratios within a run.
+Method: step times are the wall time of ``--steps`` (overlap: ``--block``) steps after
+``--warmup`` untimed ones, divided by the steps, on the slowest rank. A gossip round is
+``barrier(); t0; round; t1`` and the figure is the median over ``--iters`` rounds of the
+slowest rank's time. ratio = baseline time / gossip time (> 1: gossip is faster). On a
+shared 2-core machine expect 10-30% noise between runs with 4 processes; compare ratios
+within a run.
 """
 from __future__ import annotations
 
@@ -261,36 +267,85 @@ OVERLAP_CASES = [("none", {}), ("asynchronous", {}), ("push-sum", {"overlap": Tr
                  ("push-sum", {}), ("gossip", {}), ("synchronous", {})]
 
 
-def overlap_training(peer, cases, steps: int, warmup: int, repeats: int):
-    """Every case in turn, ``repeats`` times over, in the same processes: each case is
-    compared with the no-communication run of its own round, so a machine whose load drifts
-    (or processes placed differently from one launch to the next) does not bias a ratio."""
+def overlap_training(peer, cases, block: int, warmup: int, repeats: int):
+    """``repeats`` rounds in which every case trains ``block`` steps in turn, the order
+    rotating from round to round, each case divided by the no-communication block of its own
+    round, seconds away at most, so the drift of a shared machine cancels out of the ratio.
+    Each block attaches its policy to a fresh model (so no other policy's threads and buffers
+    sit in the process while it is timed), runs ``warmup`` untimed steps (first touches of
+    the buffers), then the timed ones; after them, untimed, what the policy still has in
+    flight is completed (Asynchronous.quiesce(), PushSum.flush()) before it closes, which
+    leaves out the exchange of each block's last step (1/block of the traffic)."""
+    import torch
+    import gossip
+    torch.set_num_threads(1)
+    x, y = make_batch("cnn", peer.rank)
     rounds = []
-    for _ in range(repeats):
-        rounds.append([gossip_training(peer, "cnn", name, kwargs, steps, warmup)
-                       for name, kwargs in cases])
-    return rounds
+    sent = [0] * len(cases)   # the peer's bytes sent during each case's timed blocks
+    for r in range(repeats):
+        seconds = [0.0] * len(cases)
+        for k in range(len(cases)):
+            i = (r + k) % len(cases)
+            name, kwargs = cases[i]
+            model = make_model("cnn")
+            opt = torch.optim.SGD(model.parameters(), lr=0.01)
+            if name != "none":
+                opt = gossip.DistributedOptimizer(opt, peer=peer,
+                                                  policy=gossip.policies.make(name, **kwargs))
+            if warmup:
+                timed_steps(model, opt, x, y, warmup, 0)
+            policy = getattr(opt, "policy", None)
+            settle(policy)
+            peer.barrier()
+            before = peer.stats()["bytes_sent"]
+            seconds[i] = timed_steps(model, opt, x, y, block, 0)
+            settle(policy)
+            sent[i] += peer.stats()["bytes_sent"] - before
+            if policy is not None:
+                opt.close()
+        rounds.append(seconds)
+    return {"rounds": rounds, "bytes_per_step": [b / (repeats * block) for b in sent]}
+
+
+def settle(policy) -> None:
+    """Complete what a policy has in flight (every peer calls it together)."""
+    import gossip
+    if isinstance(policy, gossip.policies.Asynchronous):
+        policy.quiesce()
+        policy.resume()
+    elif isinstance(policy, gossip.policies.PushSum):
+        policy.flush()
 
 
 def bench_overlap(args, emit) -> str:
     cases = OVERLAP_CASES
-    # The separate launches this replaced had 600 s per case; a round is all six cases.
-    res = spawn(overlap_training, n=args.n, timeout=600 * args.repeats,
-                args=(cases, args.steps, args.warmup, args.repeats))
+    res = spawn(overlap_training, n=args.n, timeout=300 + 60 * args.repeats,
+                args=(cases, args.block, args.warmup, args.repeats))
     rows = []
     for i, (name, kwargs) in enumerate(cases):
-        times = [max(r[k][i]["seconds"] for r in res) for k in range(args.repeats)]
-        bases = [max(r[k][0]["seconds"] for r in res) for k in range(args.repeats)]
+        # Per round, the slowest rank's time (a step is as slow as the slowest peer's).
+        times = [max(r["rounds"][k][i] for r in res) for k in range(args.repeats)]
+        bases = [max(r["rounds"][k][0] for r in res) for k in range(args.repeats)]
         slowdowns = [t / b for t, b in zip(times, bases)]
         t, slow = statistics.median(times), statistics.median(slowdowns)
+        low, high = quartiles(slowdowns)
         label = name + ("(overlap=True)" if kwargs.get("overlap") else "")
-        sent = max(r[0][i]["bytes_sent"] for r in res) / (args.steps + args.warmup)
+        sent = max(r["bytes_per_step"][i] for r in res)
         emit({"table": "overlap", "policy": label, "nprocs": args.n, "seconds": t,
-              "slowdown": slow, "slowdowns": slowdowns, "bytes_per_step": sent})
-        rows.append([label, ms(t), f"{slow:.2f}x",
-                     " ".join(f"{x:.2f}" for x in slowdowns), format_size(int(sent))])
+              "slowdown": slow, "slowdowns": slowdowns, "bytes_per_step": sent,
+              "block": args.block})
+        rows.append([label, ms(t), f"{slow:.2f}x", f"{low:.2f}-{high:.2f}",
+                     format_size(int(sent))])
     return table(["policy (CNN step)", "step time (median)", "vs no communication (median)",
-                  "per round", "bytes sent per step per peer"], rows)
+                  f"quartiles over {args.repeats} rounds", "bytes sent per step per peer"],
+                 rows)
+
+
+def quartiles(values: list[float]) -> tuple[float, float]:
+    if len(values) < 2:
+        return values[0], values[0]
+    q = statistics.quantiles(values, n=4, method="inclusive")
+    return q[0], q[2]
 
 
 def bench_gossip(args, emit) -> str:
@@ -315,14 +370,18 @@ def main(argv=None) -> int:
     ap.add_argument("--steps", type=int, default=30, help="timed training steps")
     ap.add_argument("--warmup", type=int, default=5, help="untimed training steps")
     ap.add_argument("--iters", type=int, default=10, help="timed gossip rounds")
-    ap.add_argument("--repeats", type=int, default=3,
-                    help="overlap: rounds of every case, in the same processes (medians)")
+    ap.add_argument("--repeats", type=int, default=15,
+                    help="overlap: rounds of every case, interleaved in the same processes "
+                         "(medians)")
+    ap.add_argument("--block", type=int, default=20,
+                    help="overlap: timed steps of a case in each round")
     ap.add_argument("--gossip-bytes", default="64M")
     ap.add_argument("--only", default="sync,overlap,gossip")
     ap.add_argument("--json", default=None, help="also append every row here (JSON lines)")
     args = ap.parse_args(argv)
-    if args.n < 2 or args.steps < 1 or args.iters < 1 or args.warmup < 0 or args.repeats < 1:
-        ap.error("-n must be at least 2, --steps, --iters and --repeats at least 1, "
+    if (args.n < 2 or args.steps < 1 or args.iters < 1 or args.warmup < 0 or args.repeats < 1
+            or args.block < 1):
+        ap.error("-n must be at least 2, --steps, --iters, --repeats and --block at least 1, "
                  "--warmup >= 0")
     parts = [p for p in args.only.split(",") if p]
     unknown = set(parts) - {"sync", "overlap", "gossip"}

@@ -154,7 +154,8 @@ def test_policies_benchmark_runs_every_table_small(tmp_path):
     rows = tmp_path / "rows.jsonl"
     out = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "policies.py"),
                           "-n", "2", "--steps", "1", "--warmup", "0", "--repeats", "2",
-                          "--iters", "1", "--gossip-bytes", "64K", "--json", str(rows)],
+                          "--block", "1", "--iters", "1", "--gossip-bytes", "64K",
+                          "--json", str(rows)],
                          capture_output=True, text=True, timeout=280, cwd=ROOT)
     assert out.returncode == 0, out.stdout + out.stderr
     for head in ("ratio DDP/Synchronous", "vs no communication (median)",
@@ -165,4 +166,6 @@ def test_policies_benchmark_runs_every_table_small(tmp_path):
     assert [r["policy"] for r in overlap] == ["none", "asynchronous", "push-sum(overlap=True)",
                                              "push-sum", "gossip", "synchronous"]
     assert all(len(r["slowdowns"]) == 2 and r["seconds"] > 0 for r in overlap)
+    assert overlap[0]["slowdowns"] == [1.0, 1.0]   # the baseline against itself
+    assert all(r["bytes_per_step"] > 0 for r in overlap[1:])
     assert {r["table"] for r in lines} == {"sync", "overlap", "gossip"}
