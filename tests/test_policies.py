@@ -404,6 +404,43 @@ def test_asynchronous_thread_sleeps_until_a_message_and_peer_close_stops_it():
         assert closed and threads == [] and left == []
 
 
+def async_move_after_a_fold(peer):
+    from gossip.testing import wait_until
+    x = np.full(1000, float(peer.rank))
+    policy = Asynchronous().attach(peer, [x])
+    policy.after_step()                 # pushes (x, 1/2) to the other peer, keeps w = 1/2
+    wait_until(lambda: policy.stats()["messages_absorbed"] >= 1, 30,
+               what="the other peer's push")
+    move = np.linspace(-1.0, 1.0, x.size)
+    # The barriers order the folds before either peer's second push, so each folds exactly
+    # the other's first push.
+    peer.barrier()
+    if peer.rank == 1:                  # after_backward() folds in before the move
+        policy.after_backward()
+        folded = x.copy()
+        assert np.array_equal(folded, np.full(x.size, 0.5)), folded[:3]
+    peer.barrier()
+    if peer.rank == 0:                  # a loop that calls only after_step(): the anchor path
+        x += move
+        policy.after_step()
+    peer.barrier()
+    if peer.rank == 1:
+        x += move
+        policy.after_step()
+    result = x.copy()
+    policy.quiesce()
+    policy.close()
+    return result, move
+
+
+def test_asynchronous_move_counts_fully_with_or_without_after_backward():
+    # Both peers start at their rank with weight 1 and push half to the other. The fold
+    # mixes the pre-move parameters ((1/2 r + 1/2 (1 - r)) / 1 = 1/2) and the move lands on
+    # top, undiluted, whether it came before the fold (rank 0) or after it (rank 1).
+    for result, move in spawn(async_move_after_a_fold, n=2, timeout=60):
+        assert np.allclose(result, 0.5 + move, rtol=0, atol=1e-15)
+
+
 def send_to_a_peer_that_never_was(peer, marker):
     import os
     import signal
