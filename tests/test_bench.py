@@ -169,3 +169,22 @@ def test_policies_benchmark_runs_every_table_small(tmp_path):
     assert overlap[0]["slowdowns"] == [1.0, 1.0]   # the baseline against itself
     assert all(r["bytes_per_step"] > 0 for r in overlap[1:])
     assert {r["table"] for r in lines} == {"sync", "overlap", "gossip"}
+
+
+def test_invariants_script_measures_every_promise(tmp_path):
+    """benchmarks/invariants.py end to end: a row per promise, each within its bound."""
+    rows = tmp_path / "rows.jsonl"
+    out = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "invariants.py"),
+                          "--json", str(rows)],
+                         capture_output=True, text=True, timeout=280, cwd=ROOT)
+    assert out.returncode == 0, out.stdout + out.stderr
+    got = [json.loads(line) for line in rows.read_text().splitlines()]
+    assert len(got) == 7 and len(out.stdout.splitlines()) == 7, out.stdout
+    ring, one_peer, push, push_overlap, asynchronous, replicated, sharded = got
+    assert abs(ring["rate"] - ring["predicted"]) < 0.01 * ring["predicted"]
+    assert one_peer["gap"] < 1e-9 * one_peer["start"]
+    for r in (push, push_overlap):
+        assert r["sum_x"] < 1e-12 and r["sum_w"] < 1e-12 and r["debiased"] < 1e-9
+        assert r["numerator_alone"] > 0.1
+    assert abs(asynchronous["weights_minus_n"]) < 1e-9 and asynchronous["absorbed"] > 0
+    assert replicated["drift"] < 1e-13 and sharded["drift"] < 1e-13
