@@ -230,9 +230,9 @@ class PushSum(Policy):
         work, self._inflight = self._inflight, None
         if work is None:
             return
-        for i, (w, b, received) in enumerate(zip(work, self._buckets, self._scratch)):
+        for i, (exchange, b, received) in enumerate(zip(work, self._buckets, self._scratch)):
             try:
-                w.wait(self.timeout)
+                exchange.wait(self.timeout)
             except (PeerLost, OperationTimeout) as exc:
                 # What reached the live neighbours is theirs; this peer keeps its own share.
                 self._rounds_skipped += 1
