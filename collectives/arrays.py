@@ -69,6 +69,14 @@ _DTYPE_NAMES: dict[np.dtype, str] = {}
 _BLOCK = 32 * 1024  # elements per block of a two-pass numpy operation (fits in L2)
 
 
+def _blocks(dst: np.ndarray, src: np.ndarray):
+    """Matching blocks of ``dst`` and ``src``, _BLOCK elements at most: numpy has no fused
+    multiply-add, so a two-step operation done block by block reads in its second step what
+    the first left in cache (a whole-array temporary would cost two more passes)."""
+    for lo in range(0, dst.size, _BLOCK):
+        yield dst[lo:lo + _BLOCK], src[lo:lo + _BLOCK]
+
+
 class NumpyAdapter(ArrayAdapter):
     kind = "numpy"
 
@@ -122,29 +130,25 @@ class NumpyAdapter(ArrayAdapter):
         if weight == 1.0:
             np.add(dst, src, out=dst)
             return
-        # Block by block through a cache-sized temporary: numpy has no fused multiply-add,
-        # and a chunk-sized temporary would cost two more passes over memory.
         tmp = np.empty(min(_BLOCK, dst.size), dtype=dst.dtype)
-        for lo in range(0, dst.size, _BLOCK):
-            d, t = dst[lo:lo + _BLOCK], tmp[:min(_BLOCK, dst.size - lo)]
-            np.multiply(src[lo:lo + _BLOCK], weight, out=t)
+        for d, s in _blocks(dst, src):
+            t = tmp[:d.size]
+            np.multiply(s, weight, out=t)
             np.add(d, t, out=d)
 
     def scaled_copy(self, dst: np.ndarray, weight: float, src: np.ndarray) -> None:
         np.multiply(src, weight, out=dst)
 
     def scale_add(self, dst: np.ndarray, weight: float, src: np.ndarray) -> None:
-        # Block by block, so the second pass reads what the first left in cache.
-        for lo in range(0, dst.size, _BLOCK):
-            d = dst[lo:lo + _BLOCK]
+        for d, s in _blocks(dst, src):
             np.multiply(d, weight, out=d)
-            np.add(d, src[lo:lo + _BLOCK], out=d)
+            np.add(d, s, out=d)
 
     def lerp(self, dst: np.ndarray, src: np.ndarray, weight: float) -> None:
         tmp = np.empty(min(_BLOCK, dst.size), dtype=dst.dtype)
-        for lo in range(0, dst.size, _BLOCK):
-            d, t = dst[lo:lo + _BLOCK], tmp[:min(_BLOCK, dst.size - lo)]
-            np.subtract(src[lo:lo + _BLOCK], d, out=t)
+        for d, s in _blocks(dst, src):
+            t = tmp[:d.size]
+            np.subtract(s, d, out=t)
             np.multiply(t, weight, out=t)
             np.add(d, t, out=d)
 
