@@ -116,10 +116,12 @@ def train_digits(peer, name, kill, marker_dir, data):
             noticed = time.time()
     if name == "asynchronous":
         # Asynchronous peers run at their own pace: one may finish its steps before another
-        # has begun. Each keeps gossiping (steps without a gradient) until every survivor is
-        # done, the victim is dead and both its neighbours have healed around it, so they
-        # end together: a neighbour of the victim has been there to notice, and neither
-        # neighbour leaves (and so looks lost) before the other has added it to its pushes.
+        # has begun. Each waits until every survivor is done, the victim is dead and both
+        # its neighbours have healed around it, so they end together: a neighbour of the
+        # victim has been there to notice, and neither neighbour leaves (and so looks lost)
+        # before the other has added it to its pushes. Only a neighbour that has not healed
+        # yet keeps stepping (without a gradient: a hand-over is where it heals); mixing on
+        # for as long as the slowest peer takes would measure a consensus, not training.
         def marker(what: str) -> str:
             return os.path.join(marker_dir, f"{what}-{kill}")
 
@@ -137,7 +139,8 @@ def train_digits(peer, name, kill, marker_dir, data):
                     os.path.exists(marker(f"healed-{r}")) for r in neighbours))
         while not finished() and time.monotonic() < deadline:
             threading.Event().wait(0.002)
-            policy.after_step()
+            if kill and peer.rank in neighbours and VICTIM not in policy.healed_around:
+                policy.after_step()
             if noticed is None and (VICTIM in peer.lost_peers()
                                     or VICTIM in policy.dropped_peers):
                 noticed = time.time()
