@@ -13,6 +13,7 @@ setup(
     long_description_content_type="text/markdown",
     python_requires=">=3.10",
     packages=["gossip", "gossip.commands", "gossip.demo", "gossip.policies", "collectives",
+              "collectives.algorithms", "collectives.arrays", "collectives.transport",
               "topologies"],
     install_requires=[
         "numpy>=1.23",

@@ -6,7 +6,7 @@ from collectives.errors import (AuthenticationError, GossipError, OperationTimeo
                                 ProtocolError, RendezvousError)
 from collectives.rendezvous import rendezvous
 from collectives.security import ClusterKey, load_cluster_key, write_cluster_key
-from collectives.transport import Transport
+from collectives.transport.transport import Transport
 from collectives.work import Work
 
 __all__ = [

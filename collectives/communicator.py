@@ -20,17 +20,17 @@ from typing import Any, Callable
 
 import numpy as np
 
-from collectives.allgather import exchange_counts, ring_allgather_into
-from collectives.arrays import ArrayAdapter, adapter_for, check_reduce_op
-from collectives.barrier import dissemination_barrier
-from collectives.broadcast import pipelined_broadcast
+from collectives.algorithms.allgather import exchange_counts, ring_allgather_into
+from collectives.arrays.adapter import ArrayAdapter, adapter_for, check_reduce_op
+from collectives.algorithms.barrier import dissemination_barrier
+from collectives.algorithms.broadcast import pipelined_broadcast
 from collectives.errors import GossipError, PeerLost, ProtocolError
-from collectives.neighbor import neighbor_exchange
-from collectives.p2p import Call, post_range, recv_range, wait_reached
-from collectives.ring import ring_allreduce, ring_reduce_scatter, segments, wait_sent
-from collectives.small import recursive_doubling_allreduce
-from collectives.transport import Transport
-from collectives.wire import dtype_itemsize
+from collectives.algorithms.neighbor import neighbor_exchange
+from collectives.algorithms.p2p import Call, post_range, recv_range, wait_reached
+from collectives.algorithms.ring import ring_allreduce, ring_reduce_scatter, segments, wait_sent
+from collectives.algorithms.small import recursive_doubling_allreduce
+from collectives.transport.transport import Transport
+from collectives.transport.wire import dtype_itemsize
 from collectives.work import Executor, Work
 
 __all__ = ["Communicator", "COLLECTIVE_CHANNEL", "P2P_CHANNEL", "DEFAULT_SMALL_BYTES"]
@@ -108,7 +108,7 @@ class Communicator:
         if adapter.on_host or self.world_size == 1:
             return False
         if self._nccl is None:
-            from collectives.nccl import NcclGroup
+            from collectives.algorithms.nccl import NcclGroup
             self._nccl = NcclGroup(self)
         device = x.device.index if hasattr(x, "data_ptr") else x.device.id
         return self._nccl.decide(int(device), self.transport.endpoints["host"]) and \

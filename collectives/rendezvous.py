@@ -18,7 +18,7 @@ import msgpack
 import zmq
 
 from collectives.errors import RendezvousError
-from collectives.transport import Transport
+from collectives.transport.transport import Transport
 
 __all__ = ["rendezvous", "RENDEZVOUS_VERSION"]
 

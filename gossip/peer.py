@@ -7,7 +7,7 @@ import threading
 from typing import Any
 
 from collectives.communicator import Communicator
-from collectives.transport import Transport
+from collectives.transport.transport import Transport
 from gossip.settings import LaunchSettings
 
 __all__ = ["Peer"]

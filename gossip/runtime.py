@@ -10,7 +10,7 @@ from typing import Any
 from collectives.config import TransportConfig
 from collectives.rendezvous import rendezvous as exchange_addresses
 from collectives.security import ClusterKey, load_cluster_key
-from collectives.transport import Transport
+from collectives.transport.transport import Transport
 from gossip.errors import TopologyError
 from gossip.logs import configure_logging
 from gossip.peer import Peer

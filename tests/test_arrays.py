@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from collectives.arrays import _BLOCK, adapter_for
+from collectives.arrays.adapter import _BLOCK, adapter_for
 
 SIZES = [1, 7, _BLOCK - 1, _BLOCK, 2 * _BLOCK + 3]
 

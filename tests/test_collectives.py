@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import gossip
-from collectives.wire import ALLOWED_DTYPES
+from collectives.transport.wire import ALLOWED_DTYPES
 from gossip.testing import spawn
 
 NUMPY_DTYPES = [d for d in ALLOWED_DTYPES if d != "bfloat16"]

@@ -25,7 +25,7 @@ import psutil
 import pytest
 import zmq
 
-from collectives.wire import (ABORT, BYE, DATA, HELLO, PROTOCOL_VERSION, SHM, SHM_OPEN,
+from collectives.transport.wire import (ABORT, BYE, DATA, HELLO, PROTOCOL_VERSION, SHM, SHM_OPEN,
                               encode_header)
 from gossip.testing import spawn, wait_until
 from helpers import publish as _publish, read as _read

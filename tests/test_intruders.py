@@ -12,7 +12,7 @@ import pytest
 import zmq
 
 from collectives.security import load_cluster_key, write_cluster_key
-from collectives.wire import DATA, encode_header
+from collectives.transport.wire import DATA, encode_header
 from gossip.testing import spawn, wait_until
 from helpers import publish as _publish, read as _read
 from wire_relay import Relay

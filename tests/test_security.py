@@ -13,7 +13,7 @@ import zmq
 
 import gossip
 from collectives.security import load_cluster_key, write_cluster_key
-from collectives.wire import DATA, encode_header
+from collectives.transport.wire import DATA, encode_header
 from gossip.testing import free_port, spawn, wait_until
 
 

@@ -14,7 +14,7 @@ import pytest
 import zmq
 
 import gossip
-from collectives.wire import ALLOWED_DTYPES, DATA, encode_header
+from collectives.transport.wire import ALLOWED_DTYPES, DATA, encode_header
 from gossip.testing import spawn, wait_until
 
 DTYPES = [d for d in ALLOWED_DTYPES if d != "bfloat16"]  # bfloat16 is torch's; see collectives

@@ -3,7 +3,7 @@ payload is touched."""
 import msgpack
 import pytest
 
-from collectives.wire import (ABORT, BYE, DATA, PROTOCOL_VERSION, SHM, WireError,
+from collectives.transport.wire import (ABORT, BYE, DATA, PROTOCOL_VERSION, SHM, WireError,
                               decode_header, encode_header)
 
 GiB = 1 << 30

@@ -12,7 +12,7 @@ import numpy as np
 
 from gossip.errors import GossipError, OperationTimeout, PeerLost
 from gossip.policies.base import Policy
-from collectives.arrays import adapter_for
+from collectives.arrays.adapter import adapter_for
 from gossip.policies.buckets import DEFAULT_BUCKET_BYTES, clone, copy_into
 from gossip.policies.decentralized import check_topology
 

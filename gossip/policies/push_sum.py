@@ -6,7 +6,7 @@ from typing import Any
 
 import numpy as np
 
-from collectives.arrays import adapter_for
+from collectives.arrays.adapter import adapter_for
 from gossip.errors import OperationTimeout, PeerLost
 from gossip.policies.base import Policy
 from gossip.policies.buckets import DEFAULT_BUCKET_BYTES, copy_into, divide_into

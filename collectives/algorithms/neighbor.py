@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from collectives.arrays import ArrayAdapter
-from collectives.p2p import Call, post_range, recv_range, wait_reached
-from collectives.ring import wait_sent
+from collectives.arrays.adapter import ArrayAdapter
+from collectives.algorithms.p2p import Call, post_range, recv_range, wait_reached
+from collectives.algorithms.ring import wait_sent
 
 __all__ = ["neighbor_exchange"]
 

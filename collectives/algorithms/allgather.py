@@ -6,9 +6,9 @@ from typing import Any
 
 import numpy as np
 
-from collectives.arrays import ArrayAdapter, adapter_for
-from collectives.p2p import Call
-from collectives.ring import ring_allgather, wait_sent
+from collectives.arrays.adapter import ArrayAdapter, adapter_for
+from collectives.algorithms.p2p import Call
+from collectives.algorithms.ring import ring_allgather, wait_sent
 
 __all__ = ["ring_allgather_into", "exchange_counts"]
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from collectives.arrays import adapter_for
-from collectives.p2p import Call, post_range, recv_range
+from collectives.arrays.adapter import adapter_for
+from collectives.algorithms.p2p import Call, post_range, recv_range
 
 __all__ = ["dissemination_barrier"]
 

@@ -171,12 +171,12 @@ def adapter_for(x: Any) -> ArrayAdapter:
         return found
     module = cls.__module__.split(".")[0]
     if module == "torch" and "torch" in sys.modules:
-        from collectives.torch_arrays import torch_adapter_for
+        from collectives.arrays.torch_arrays import torch_adapter_for
         found = torch_adapter_for(x)
         if found.kind == "torch-cuda":
             return found  # per-device; not cached by class
     elif module == "cupy" and "cupy" in sys.modules:
-        from collectives.gpu_arrays import CupyAdapter
+        from collectives.arrays.gpu_arrays import CupyAdapter
         found = CupyAdapter()
     else:
         raise TypeError(f"collectives take numpy arrays, torch tensors or cupy arrays, not "

@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from collectives.arrays import ArrayAdapter, _contiguous_error
+from collectives.arrays.adapter import ArrayAdapter, _contiguous_error
 
 __all__ = ["TorchCPUAdapter", "torch_adapter_for", "TORCH_DTYPES"]
 
@@ -110,6 +110,6 @@ def torch_adapter_for(x: torch.Tensor) -> ArrayAdapter:
     if x.device.type == "cpu":
         return _CPU
     if x.device.type == "cuda":
-        from collectives.gpu_arrays import TorchCUDAAdapter
+        from collectives.arrays.gpu_arrays import TorchCUDAAdapter
         return TorchCUDAAdapter(x.device)
     raise TypeError(f"tensors on device {x.device} are not supported; use CPU or CUDA tensors")

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from collectives.arrays import ArrayAdapter, _contiguous_error
+from collectives.arrays.adapter import ArrayAdapter, _contiguous_error
 
 __all__ = ["CupyAdapter", "TorchCUDAAdapter"]
 
@@ -101,7 +101,7 @@ class TorchCUDAAdapter(ArrayAdapter):
     def __init__(self, device: Any) -> None:
         import torch
 
-        from collectives.torch_arrays import TORCH_DTYPES, TorchCPUAdapter
+        from collectives.arrays.torch_arrays import TORCH_DTYPES, TorchCPUAdapter
         self._torch = torch
         self._device = device
         self._dtypes = TORCH_DTYPES

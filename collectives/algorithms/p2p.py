@@ -11,10 +11,10 @@ import math
 import time
 from typing import Any, Iterator
 
-from collectives.arrays import ArrayAdapter
+from collectives.arrays.adapter import ArrayAdapter
 from collectives.errors import PeerLost, ProtocolError
-from collectives.transport import SendTicket, Transport
-from collectives.wire import Header, dtype_itemsize
+from collectives.transport.transport import SendTicket, Transport
+from collectives.transport.wire import Header, dtype_itemsize
 
 __all__ = ["Call", "post_range", "recv_range", "chunk_elements", "wait_reached"]
 

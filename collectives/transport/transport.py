@@ -10,7 +10,7 @@ remote libzmq thread, so a peer busy in Python still answers) drop a silent conn
 connects to it, even when this peer never sends to it.
 
 The I/O thread owns the sockets. A calling thread may borrow an outgoing connection for one send
-under its lock when nothing is queued on it (see collectives/link.py): the common case leaves at
+under its lock when nothing is queued on it (see collectives/transport/link.py): the common case leaves at
 once, without a wake-up of the I/O thread. Everything else (queued sends, connection set-up,
 closing) goes to the I/O thread as commands on a lock-free deque, with a pipe to wake it only
 when it is asleep.
@@ -33,12 +33,12 @@ import zmq
 from collectives.config import TransportConfig
 from collectives.errors import (AuthenticationError, OperationTimeout, PeerLost, ProtocolError,
                                 RendezvousError)
-from collectives.inbox import Inbox, Lost, SlotError
-from collectives.link import Link
-from collectives.receiving import IDENTITY_PREFIX, Receiving
+from collectives.transport.inbox import Inbox, Lost, SlotError
+from collectives.transport.link import Link
+from collectives.transport.receiving import IDENTITY_PREFIX, Receiving
 from collectives.security import ZapHandler
-from collectives.shm import ShmRing, ShmView, ring_name, shm_supported
-from collectives.wire import (ABORT, BYE, DATA, SHM, SHM_MAPPED, SHM_OPEN, STARVED, Header,
+from collectives.transport.shm import ShmRing, ShmView, ring_name, shm_supported
+from collectives.transport.wire import (ABORT, BYE, DATA, SHM, SHM_MAPPED, SHM_OPEN, STARVED, Header,
                               encode_header)
 
 __all__ = ["Transport", "PeerCounters", "SendTicket", "host_id"]

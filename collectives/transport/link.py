@@ -19,8 +19,8 @@ from typing import Any, Callable
 import zmq
 
 from collectives.errors import PeerLost
-from collectives.shm import ShmRing
-from collectives.wire import encode_header, stamp_number
+from collectives.transport.shm import ShmRing
+from collectives.transport.wire import encode_header, stamp_number
 
 __all__ = ["Link", "ShmPending"]
 
@@ -96,7 +96,7 @@ class Link:
     def _send_now(self, frames: tuple, ticket) -> bool:
         # Every message is numbered here, under the lock, in the order the socket takes it
         # (urgent control messages included), so the receiver can refuse a replayed or
-        # duplicated message by its number alone (see collectives/wire.py).
+        # duplicated message by its number alone (see collectives/transport/wire.py).
         number = self.sent_number + 1
         frames = (stamp_number(frames[0], number), *frames[1:])
         # The raw send, part by part, not send_multipart (its per-part type checks cost more

@@ -12,9 +12,9 @@ import zmq
 from zmq.utils.monitor import recv_monitor_message
 
 from collectives.errors import PeerLost
-from collectives.inbox import Lost, SlotError
-from collectives.shm import ShmView, parse_open, ring_name
-from collectives.wire import (ABORT, BYE, CREDIT, DATA, HELLO, SHM, SHM_MAPPED, SHM_OPEN,
+from collectives.transport.inbox import Lost, SlotError
+from collectives.transport.shm import ShmView, parse_open, ring_name
+from collectives.transport.wire import (ABORT, BYE, CREDIT, DATA, HELLO, SHM, SHM_MAPPED, SHM_OPEN,
                               STARVED, WireError, decode_header, encode_header)
 
 __all__ = ["Receiving", "IDENTITY_PREFIX"]

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from collectives.arrays import ArrayAdapter
+from collectives.arrays.adapter import ArrayAdapter
 from collectives.errors import PeerLost
-from collectives.p2p import Call, post_range, recv_range
+from collectives.algorithms.p2p import Call, post_range, recv_range
 
 __all__ = ["segments", "ring_reduce_scatter", "ring_allgather", "ring_allreduce",
            "wait_sent"]
