@@ -1,0 +1,154 @@
+"""The peers' side of ``gossip bench``: what each gossip peer times for each operation
+(allreduce, allgather, broadcast, neighbor, p2p), checked once for a right result before the
+timed iterations, and the run of n peers (gossip.testing.spawn) that brings the times back.
+
+    times, used = run_gossip("allreduce", 4, make_plan([4096], None, 3), transport="auto",
+                             key=None, reduce_op="sum", algorithm="auto", timeout=None)
+"""
+from __future__ import annotations
+
+import math
+import time
+from typing import Any, Callable, Sequence
+
+from gossip.bench.sizes import ITEMSIZE, deadline_for, make_plan, stream_count
+from gossip.bench.tables import iteration_times
+
+__all__ = ["expected_allreduce", "run_gossip", "run_p2p"]
+
+
+def expected_allreduce(reduce_op: str, n: int) -> float:
+    # Rank r contributes r + 1.
+    return {"sum": n * (n + 1) / 2, "mean": (n + 1) / 2, "max": float(n), "min": 1.0,
+            "prod": float(math.factorial(n))}[reduce_op]
+
+
+def _ring_weights(rank: int, n: int) -> tuple[float, dict[int, float], list[int]]:
+    """Self 1/3 and 1/3 for each ring neighbour (n = 2: one neighbour at 2/3; n = 1: alone)."""
+    if n == 1:
+        return 1.0, {}, []
+    left, right = (rank - 1) % n, (rank + 1) % n
+    src: dict[int, float] = {}
+    for j in (left, right):
+        src[j] = src.get(j, 0.0) + 1.0 / 3.0
+    return 1.0 / 3.0, src, sorted(src)
+
+
+def _gossip_step(peer, op: str, count: int, reduce_op: str, algorithm: str,
+                 stream: int) -> Callable[[], Any]:
+    """Set up one size: check the result once, then return the callable that is timed."""
+    import numpy as np
+
+    n, r = peer.world_size, peer.rank
+    if op == "allreduce":
+        x = np.full(count, r + 1, dtype=np.float32)
+        peer.allreduce(x, reduce_op, algorithm=algorithm)
+        want = expected_allreduce(reduce_op, n)
+        if not (np.allclose(x[[0, -1]], want) and np.allclose(x[count // 2], want)):
+            raise AssertionError(f"rank {r}: allreduce({reduce_op}) gave {x[0]}, expected {want}")
+        x[:] = 1.0 if reduce_op == "prod" else 0.0  # values stay finite over the iterations
+        return lambda: peer.allreduce(x, reduce_op, algorithm=algorithm)
+    if op == "allgather":
+        x = np.full(count, r, dtype=np.float32)
+        out = np.empty((n, count), dtype=np.float32)
+        peer.allgather(x, out=out)
+        if not np.array_equal(out[:, -1], np.arange(n, dtype=np.float32)):
+            raise AssertionError(f"rank {r}: allgather gave {out[:, -1]}")
+        return lambda: peer.allgather(x, out=out)
+    if op == "broadcast":
+        x = np.full(count, r + 1, dtype=np.float32)
+        peer.broadcast(x, 0)
+        if not (x[0] == 1 and x[-1] == 1):
+            raise AssertionError(f"rank {r}: broadcast gave {x[0]}, expected 1")
+        return lambda: peer.broadcast(x, 0)
+    if op == "neighbor":
+        self_w, src_w, dst = _ring_weights(r, n)
+        x = np.full(count, r, dtype=np.float32)
+        scratch = np.empty_like(x)
+        peer.neighbor_allreduce(x, self_w, src_w, dst, scratch=scratch)
+        want = self_w * r + sum(w * j for j, w in src_w.items())
+        if not np.allclose(x[[0, -1]], want, rtol=1e-5, atol=1e-5):
+            raise AssertionError(f"rank {r}: neighbor_allreduce gave {x[0]}, expected {want}")
+        x[:] = np.random.default_rng(r).random(count, dtype=np.float32)
+        return lambda: peer.neighbor_allreduce(x, self_w, src_w, dst, scratch=scratch)
+    if op == "p2p":
+        x = np.arange(count, dtype=np.float32)
+        if r == 0:
+            peer.send(1, x)
+
+            def send() -> None:
+                for _ in range(stream):
+                    peer.send(1, x)
+            return send
+        y = peer.recv(0)
+        if y.shape != x.shape or y[-1] != x[-1]:
+            raise AssertionError(f"rank 1: recv gave {y.shape} ending {y[-1]}")
+
+        # As the API intends: an array that travels whole (up to whole_message_bytes) comes
+        # back without a copy; a larger one is received chunk by chunk into the same array
+        # every time, as a training loop receives parameters, so no fresh buffer is faulted in.
+        whole = x.nbytes <= peer.transport.config.whole_message_bytes
+        reuse = None if whole else y
+
+        def recv() -> None:
+            for _ in range(stream):
+                peer.recv(0, out=reuse)
+        return recv
+    raise ValueError(f"unknown operation {op!r}")
+
+
+def _gossip_worker(peer, op: str, plan, reduce_op: str, algorithm: str,
+                   stream=1) -> dict:
+    """Runs in every peer: the per-iteration durations of each size, on this rank."""
+    out = {}
+    for nbytes, warmup, iters in plan:
+        k = stream_count(stream, nbytes)
+        step = _gossip_step(peer, op, nbytes // ITEMSIZE, reduce_op, algorithm, k)
+        times = []
+        for i in range(warmup + iters):
+            peer.barrier()
+            t0 = time.perf_counter()
+            step()
+            dt = time.perf_counter() - t0
+            if i >= warmup:
+                times.append(dt / k)
+        out[nbytes] = times
+    peer.barrier()
+    addresses = {j: peer.transport.address(j) for j in range(peer.world_size) if j != peer.rank}
+    shm = bool(peer.stats().get("endpoints", {}).get("shm"))
+    return {"times": out, "addresses": addresses, "shm": shm}
+
+
+def _scheme(result: dict, transport: str) -> str:
+    """What the peers used: tcp / ipc, or shm when payloads go through shared memory (the
+    ZeroMQ connection, then ipc, carries only control messages)."""
+    kinds = sorted({str(a).split("://", 1)[0] for a in result["addresses"].values()})
+    if result.get("shm") and transport in ("auto", "shm"):
+        kinds = ["shm" if k == "ipc" else k for k in kinds]
+    return "+".join(kinds) if kinds else "none"
+
+
+def run_gossip(op: str, n: int, plan, *, transport: str, key: str | None, reduce_op: str,
+               algorithm: str, timeout: float | None, stream=1) -> tuple[dict, str]:
+    """Spawn n peers; returns ({nbytes: per-iteration times}, the transport the peers used)."""
+    from gossip.testing import spawn
+
+    limit = timeout if timeout else deadline_for(plan, n, stream)
+    init = {"transport": transport}
+    if key:
+        init["key"] = key
+    results = spawn(_gossip_worker, n, timeout=limit,
+                    args=(op, plan, reduce_op, algorithm, stream), **init)
+    used = _scheme(results[0], transport) if n > 1 else "none"
+    return iteration_times(op, plan, results), used
+
+
+def run_p2p(sizes: Sequence[int], *, transport: str = "tcp", key: str | None = None,
+            iters: int | None = None, warmup: int = 3, stream=1,
+            timeout: float | None = None) -> tuple[dict[int, list[float]], str]:
+    """gossip peer.send / peer.recv rank 0 -> rank 1, receiver's per-iteration seconds per
+    array, for each size; and the transport the peers used."""
+    plan = make_plan(sizes, iters, warmup)
+    return run_gossip("p2p", 2, plan, transport=transport, key=key, reduce_op="sum",
+                      algorithm="auto", timeout=timeout, stream=stream)
+
