@@ -38,16 +38,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import multiprocessing as mp
 import os
 import statistics
 import sys
 import time
-import traceback
-from multiprocessing.connection import wait as wait_any
 
 from gossip.bench import parse_size
-from gossip.testing import free_port, spawn
+from gossip.supervisor import first_failure, free_port, supervise
+from gossip.testing import spawn
 
 
 # ---------------------------------------------------------------------------- models
@@ -129,62 +127,34 @@ def gossip_rounds(peer, nbytes: int, iters: int, warmup: int):
 
 
 # ---------------------------------------------------------------------------- torch side
-def _torch_child(target, rank: int, n: int, port: int, args: tuple, conn) -> None:
-    try:
-        os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
-        from datetime import timedelta
+def _torch_child(rank: int, target, n: int, port: int, args: tuple):
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    from datetime import timedelta
 
-        import torch
-        import torch.distributed as dist
-        torch.set_num_threads(1)
-        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                                world_size=n, timeout=timedelta(seconds=300))
-        try:
-            conn.send(("ok", target(rank, n, *args)))
-            dist.barrier()
-        finally:
-            dist.destroy_process_group()
-    except BaseException:
-        conn.send(("error", traceback.format_exc()))
+    import torch
+    import torch.distributed as dist
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=n, timeout=timedelta(seconds=300))
+    try:
+        result = target(rank, n, *args)
+        dist.barrier()
+        return result
     finally:
-        conn.close()
+        dist.destroy_process_group()
 
 
 def run_torch(target, n: int, args: tuple, timeout: float = 600.0) -> list:
-    """target(rank, n, *args) in n spawned processes joined by a Gloo process group."""
-    ctx = mp.get_context("spawn")
-    port = free_port()
-    procs, conns = [], {}
-    results = [None] * n
-    try:
-        for rank in range(n):
-            recv_end, send_end = ctx.Pipe(duplex=False)
-            p = ctx.Process(target=_torch_child, args=(target, rank, n, port, args, send_end),
-                            daemon=True)
-            p.start()
-            send_end.close()
-            procs.append(p)
-            conns[recv_end] = rank
-        deadline = time.monotonic() + timeout
-        while conns:
-            ready = wait_any(list(conns), timeout=max(0.0, deadline - time.monotonic()))
-            if not ready:
-                raise SystemExit(f"torch.distributed run did not finish within {timeout:g}s")
-            for conn in ready:
-                rank = conns.pop(conn)
-                try:
-                    kind, value = conn.recv()
-                except EOFError:
-                    kind, value = "error", "exited without a result"
-                if kind != "ok":
-                    raise SystemExit(f"torch.distributed rank {rank} failed:\n{value}")
-                results[rank] = value
-        return results
-    finally:
-        for p in procs:   # stragglers, by PID
-            p.join(5)
-            if p.is_alive():
-                p.kill()
+    """target(rank, n, *args) in n supervised processes joined by a Gloo process group."""
+    outcomes = supervise(_torch_child, n, args=(target, n, free_port(), args), timeout=timeout,
+                         name="torch")
+    failed = first_failure(outcomes)
+    if failed is not None:
+        raise SystemExit(f"torch.distributed rank {failed.rank} failed:\n"
+                         f"{failed.error or failed.output}")
+    if any(o.status != "ok" for o in outcomes):
+        raise SystemExit(f"torch.distributed run did not finish within {timeout:g}s")
+    return [o.result for o in outcomes]
 
 
 def ddp_training(rank: int, n: int, kind: str, steps: int, warmup: int):

@@ -5,7 +5,8 @@
         peer.allreduce(x, op="mean")
         peer.neighbor_average(params, step=t)
 
-torch is imported only where torch objects are handled, so ``import gossip`` stays light.
+torch is imported only where torch objects are handled, so ``import gossip`` stays light;
+``gossip.testing`` (the multi-process harness) is imported on first use, for the same reason.
 """
 from gossip.errors import (AuthenticationError, GossipError, OperationTimeout, PeerLost,
                            ProtocolError, RendezvousError, TopologyError)
@@ -23,3 +24,13 @@ __all__ = [
     "AuthenticationError", "TopologyError",
     "__version__",
 ]
+
+
+def __getattr__(name: str):
+    # ``gossip.testing.spawn(...)`` after a plain ``import gossip``, without every import of
+    # gossip paying for the harness: the submodule loads on first access (PEP 562).
+    if name == "testing":
+        import importlib
+
+        return importlib.import_module("gossip.testing")
+    raise AttributeError(f"module 'gossip' has no attribute {name!r}")

@@ -19,13 +19,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in SUBCOMMANDS:
-        try:
-            module = importlib.import_module(f"gossip.commands.{name}")
-        except ModuleNotFoundError as exc:
-            if exc.name != f"gossip.commands.{name}":
-                raise
-            continue  # not built yet
-        module.register(sub)
+        importlib.import_module(f"gossip.commands.{name}").register(sub)
     return parser
 
 

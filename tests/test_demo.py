@@ -19,6 +19,15 @@ from gossip.demo.runner import DemoFailed, DemoOptions, run_demo
 from gossip.testing import wait_until
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+FAULTY_DEMO = os.path.join(REPO, "tests", "faulty_demo.py")
+
+
+def _env() -> dict[str, str]:
+    # The script runs by path, so the repository is not on sys.path by itself.
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [REPO, env.get("PYTHONPATH", "")]))
+    return env
 
 
 def _demo(*args: str, timeout: float = 150) -> subprocess.CompletedProcess:
@@ -103,8 +112,12 @@ def test_demo_reads_mnist_idx_files(tmp_path) -> None:
 
 def test_a_dying_peer_fails_the_demo_with_one_clear_line(tmp_path) -> None:
     out = tmp_path / "out"
-    proc = _demo("--policy", "synchronous", "--epochs", "2", "--peers", "2", "--out", str(out),
-                 "--inject-fault", "1:5", "--timeout", "100")
+    # The demo's own command, with peer 1's optimizer a faulty variant that exits (code 3)
+    # right after its 5th step: tests/faulty_demo.py.
+    proc = subprocess.run([sys.executable, FAULTY_DEMO, "1", "5", "--policy", "synchronous",
+                           "--epochs", "2", "--peers", "2", "--out", str(out),
+                           "--timeout", "100"],
+                          capture_output=True, text=True, timeout=150, env=_env())
     assert proc.returncode == 1
     assert "Traceback" not in proc.stderr
     last = proc.stderr.strip().splitlines()[-1]

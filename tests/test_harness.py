@@ -1,4 +1,8 @@
-"""gossip.testing.spawn's verdict: which failure its error message leads with."""
+"""gossip.testing.spawn's verdict: which failure its error message leads with; and the
+harness reachable as ``gossip.testing`` after a plain ``import gossip``."""
+import subprocess
+import sys
+
 import pytest
 
 from gossip.testing import PeerOutcome, SpawnError, _verdict
@@ -27,3 +31,12 @@ def test_a_tolerated_death_never_leads() -> None:
     head = _headline(PeerOutcome(0, status="error", exitcode=1, noticed=5.0),
                      PeerOutcome(1, status="died", exitcode=-9, noticed=4.0), tolerate={1})
     assert head.startswith("rank 0 failed"), head
+
+
+def test_gossip_testing_is_an_attribute_loaded_on_first_use() -> None:
+    code = ("import sys, gossip; light = 'gossip.testing' not in sys.modules; "
+            "spawn = gossip.testing.spawn; print(light, spawn.__module__)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["True", "gossip.testing"]

@@ -6,7 +6,7 @@ import argparse
 import sys
 from typing import NoReturn
 
-__all__ = ["register", "main", "parse_policies", "parse_fault"]
+__all__ = ["register", "main", "parse_policies"]
 
 # The names `gossip.policies.names()` returns; repeated here so that building the parser does
 # not import the policies (every `gossip` invocation builds it). main() checks them.
@@ -60,8 +60,6 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
                         help="skip the single-process SGD baseline row")
     parser.add_argument("--timeout", type=float, default=1800.0, metavar="S",
                         help="deadline of the whole run in seconds (default 1800)")
-    # Test hook: RANK:STEP makes that peer exit abruptly at that step of the first policy.
-    parser.add_argument("--inject-fault", metavar="RANK:STEP", help=argparse.SUPPRESS)
     parser.set_defaults(func=main)
 
     def one_line_error(message: str) -> NoReturn:
@@ -92,16 +90,6 @@ def parse_policies(text: str) -> tuple[str, ...]:
     return tuple(items)
 
 
-def parse_fault(text: str | None) -> tuple[int, int] | None:
-    if text is None:
-        return None
-    try:
-        rank, step = (int(v) for v in text.split(":"))
-    except ValueError:
-        raise ValueError(f"--inject-fault takes RANK:STEP, got {text!r}") from None
-    return rank, step
-
-
 def main(args: argparse.Namespace) -> int:
     """Run `gossip demo`. Bad settings are ValueErrors, shown by the CLI in one line; a failed
     peer is one line here, with the details in OUT/failure.log."""
@@ -111,8 +99,7 @@ def main(args: argparse.Namespace) -> int:
         policies=parse_policies(args.policy), peers=args.peers, topology=args.topology,
         epochs=args.epochs, dataset=args.dataset.strip().lower(), data_dir=args.data_dir,
         out=args.out, batch_size=args.batch_size, lr=args.lr, seed=args.seed,
-        baseline=not args.no_baseline, timeout=args.timeout,
-        fault=parse_fault(args.inject_fault))
+        baseline=not args.no_baseline, timeout=args.timeout)
     try:
         return run_demo(options)
     except DemoFailed as exc:

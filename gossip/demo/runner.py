@@ -57,7 +57,6 @@ class DemoOptions:
     seed: int = 0                      # weights, shards and batch order
     baseline: bool = True              # also train one process with the total batch
     timeout: float = 1800.0            # deadline of the whole run, seconds
-    fault: tuple[int, int] | None = None  # test hook: (rank, step) at which a peer dies
     bars: bool | None = None           # progress bars: None = when stderr is a terminal
     policy_options: dict = field(default_factory=dict)  # name -> extra policy kwargs
 
@@ -92,8 +91,6 @@ class DemoOptions:
         if not (math.isfinite(self.timeout) and self.timeout > 0):
             raise ValueError(f"--timeout must be a positive number of seconds, got "
                              f"{self.timeout}")
-        if self.fault is not None and not 0 <= self.fault[0] < self.peers:
-            raise ValueError(f"fault rank {self.fault[0]} is not a peer")
 
     @property
     def epochs_per_policy(self) -> int:
@@ -141,7 +138,7 @@ def run_demo(options: DemoOptions, *, stdout: IO[str] | None = None,
         config = TrainConfig(policies=tuple(options.policies), epochs=epochs,
                              batch_size=options.batch_size, lr=options.lr, seed=options.seed,
                              baseline=options.baseline, progress_path=progress_path,
-                             fault=options.fault, policy_options=dict(options.policy_options))
+                             policy_options=dict(options.policy_options))
         print(f"gossip demo: {dataset.describe()}; {options.peers} peers on {graph} "
               f"(loopback); {per_policy} of {shard_size // options.batch_size} steps, batch "
               f"{options.batch_size} per peer, SGD lr {config.lr:g} momentum "

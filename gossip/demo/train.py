@@ -18,7 +18,6 @@ single-process SGD baseline while the other peers have finished.
 from __future__ import annotations
 
 import json
-import os
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -50,7 +49,6 @@ class TrainConfig:
     progress_path: str | None = None      # where rank 0 appends JSON-lines progress events
     progress_every: int = 4               # progress events per epoch (step granularity)
     evals_per_epoch: int = 4              # test-set evaluations per epoch (the curves' points)
-    fault: tuple[int, int] | None = None  # test hook: (rank, step): that rank dies there
     policy_options: dict = field(default_factory=dict)  # name -> extra policy kwargs
 
 
@@ -173,8 +171,7 @@ def _calibrate(peer: Any, policy: Any) -> int:
 
 
 def _fit(name: str, config: TrainConfig, x: Any, y: Any, batch: int, steps_per_epoch: int,
-         order: np.random.Generator, train_step: Any, measure: Any, progress: _Progress,
-         rank: int | None) -> dict:
+         order: np.random.Generator, train_step: Any, measure: Any, progress: _Progress) -> dict:
     """The training loop shared by the policies and the baseline: ``train_step(xb, yb)``
     returns the batch's loss; ``measure(time, step, epoch, train_loss)`` evaluates. The clock
     starts here and pauses while evaluating: the points' times, ``train_seconds`` and
@@ -198,8 +195,6 @@ def _fit(name: str, config: TrainConfig, x: Any, y: Any, batch: int, steps_per_e
             loss_sum += train_step(x[idx], y[idx])
             losses += 1
             step += 1
-            if config.fault is not None and config.fault == (rank, step):
-                os._exit(3)  # a crash, as abrupt as a killed process
             if step % every == 0:
                 progress.emit(event="step", policy=name, step=step)
             if s in eval_at:
@@ -254,7 +249,7 @@ def _train_policy(peer: Any, name: str, config: TrainConfig, x: Any, y: Any, tes
         order = np.random.default_rng([config.seed, peer.rank])
         sent = peer.stats()["bytes_sent"]
         record = _fit(name, config, x, y, config.batch_size, steps_per_epoch, order,
-                      train_step, measure, progress, peer.rank)
+                      train_step, measure, progress)
         sent = peer.stats()["bytes_sent"] - sent
         stats = dopt.stats()
     finally:
@@ -288,7 +283,7 @@ def _train_baseline(n: int, config: TrainConfig, x: Any, y: Any, test_x: Any, te
 
     order = np.random.default_rng([config.seed, n])
     record = _fit(BASELINE, config, x, y, n * config.batch_size, steps_per_epoch, order,
-                  train_step, measure, progress, None)
+                  train_step, measure, progress)
     record.update(policy=BASELINE, bytes_sent=0, diagnostic_bytes=0, comm_seconds=0.0,
                   parameters=count_parameters(model))
     progress.emit(event="done", policy=BASELINE, accuracy=record["history"][-1]["accuracy"],
