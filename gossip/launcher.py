@@ -12,6 +12,13 @@ launcher's (128+N for death by signal N, like a shell). SIGINT/SIGTERM/SIGHUP to
 are forwarded to every peer, with the same escalation, and the launcher exits 128+signal.
 
 This module must not import torch: it only starts processes, and should start fast.
+
+Why not gossip.supervisor: that one runs Python functions and brings their results back
+through pipes, asking each child for a faulthandler stack dump (SIGUSR1) before terminating
+it. Here the peers are arbitrary commands: the unit is a process group (a peer's own
+children go too), the output is streamed, not collected, SIGUSR1 would kill a program that
+did not register it, and the grace between signal and SIGKILL is cut short by a second
+signal to the launcher, which only this event loop sees.
 """
 from __future__ import annotations
 
@@ -19,12 +26,13 @@ import argparse
 import os
 import queue
 import signal
-import socket
 import subprocess
 import sys
 import threading
 import time
 from typing import IO, Callable, Mapping, Sequence
+
+from gossip.supervisor import free_port
 
 __all__ = ["launch", "main", "build_parser", "add_arguments", "run_from_args", "DEFAULT_GRACE"]
 
@@ -40,12 +48,6 @@ _READER_JOIN_S = 2.0  # a grandchild holding a pipe open must not hold the launc
 # thread; then the handler waits until the main thread next runs bytecode. Helper threads
 # block our signals, and the main thread never sleeps longer than this, as a safety net.
 _POLL_S = 0.25
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _exit_code(returncode: int) -> int:
@@ -149,7 +151,7 @@ def launch(cmd: list[str], nprocs: int, *, nnodes: int = 1, node_rank: int = 0,
     if not cmd:
         raise ValueError("nothing to run: give a script or -m module")
     addr = master_addr or "127.0.0.1"
-    port = master_port or (_free_port() if nnodes == 1 else _MULTI_NODE_PORT)
+    port = master_port or (free_port() if nnodes == 1 else _MULTI_NODE_PORT)
     world = nnodes * nprocs
     base = {k: v for k, v in os.environ.items() if k not in _OVERRIDES}
     base.update(env or {})

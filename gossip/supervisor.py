@@ -9,7 +9,7 @@ back in its outcome) and has faulthandler on. The parent polls the pipes and the
 the first failure (an exception or a non-zero exit, outside ``tolerate``) or the global
 deadline stops everyone: each live child is asked to dump its threads' stacks (SIGUSR1), then
 terminated, then killed after a grace. A child whose target raises pytest's Skipped reports
-``skip``, so a skip travels back as a skip, never as a pass.
+``skip`` and exits with SKIP_CODE, so a skip travels back as a skip, never as a pass.
 
 Used by gossip.testing.spawn (peer processes), by the bench's gossip and baseline runs (Gloo,
 plain pyzmq) and by benchmarks/policies.py's torch.distributed runs. ``gossip run``
@@ -31,13 +31,15 @@ from dataclasses import dataclass
 from multiprocessing.connection import wait as wait_any
 from typing import Any, Callable, Iterable
 
-__all__ = ["PeerOutcome", "supervise", "first_failure", "after_report", "free_port", "GRACE"]
+__all__ = ["PeerOutcome", "supervise", "first_failure", "after_report", "free_port", "GRACE",
+           "SKIP_CODE"]
 
 GRACE = 2.0           # seconds between terminate and kill
 _DUMP_WAIT = 0.3      # seconds for faulthandler to write the stacks before we terminate
 _REPORT_WAIT = 0.5    # an exited child's report may still be in the pipe: wait this long for it
 _OUTPUT_TAIL = 6000   # characters of each child's output kept in its outcome
 _ORPHAN_CODE = 70     # exit code of a child whose parent went away
+SKIP_CODE = 75        # exit code of a child that skipped: a skip is never an exit 0 (a pass)
 _FAILED = ("error", "died")
 
 
@@ -106,7 +108,7 @@ def _child(target: Callable, rank: int, args: tuple, conn, log_path: str, parent
             conn.send((kind, None, text if kind == "error" else str(exc)))
         except Exception:
             pass
-        code = 0 if kind == "skip" else 1
+        code = SKIP_CODE if kind == "skip" else 1
     finally:
         for cleanup in reversed(_after_report):
             try:
@@ -203,7 +205,9 @@ def _watch(procs, conns, outcomes, timeout: float, tolerate: frozenset) -> None:
                         and conn.poll(_REPORT_WAIT)):
                     take_report(rank)
                 if outcomes[rank].status == "running":
-                    outcomes[rank].status = "died"
+                    # A skip whose report was lost is still a skip: its exit code says so.
+                    skipped = procs[rank][0].exitcode == SKIP_CODE
+                    outcomes[rank].status = "skip" if skipped else "died"
         now = time.monotonic()
         for o in outcomes:
             if o.status in _FAILED and o.noticed == float("inf"):

@@ -13,7 +13,7 @@ import tempfile
 import time
 from typing import Any, Sequence
 
-from gossip.bench.measure import expected_allreduce
+from gossip.bench.measure import expected_allreduce, timed_iterations
 from gossip.bench.sizes import ITEMSIZE, deadline_for, make_plan, stream_count
 from gossip.bench.tables import iteration_times
 from gossip.supervisor import first_failure, free_port, supervise
@@ -126,15 +126,7 @@ def _gloo_worker(rank: int, n: int, port: int, op: str, plan, reduce_op: str, th
                 assert rank == 0 or float(y[-1]) == count - 1
             else:
                 raise ValueError(op)
-            times = []
-            for i in range(warmup + iters):
-                dist.barrier()
-                t0 = time.perf_counter()
-                step()
-                dt = time.perf_counter() - t0
-                if i >= warmup:
-                    times.append(dt)
-            out[nbytes] = times
+            out[nbytes] = timed_iterations(dist.barrier, step, warmup, iters)
         dist.barrier()
     finally:
         dist.destroy_process_group()

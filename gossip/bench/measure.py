@@ -14,13 +14,29 @@ from typing import Any, Callable, Sequence
 from gossip.bench.sizes import ITEMSIZE, deadline_for, make_plan, stream_count
 from gossip.bench.tables import iteration_times
 
-__all__ = ["expected_allreduce", "run_gossip", "run_p2p"]
+__all__ = ["expected_allreduce", "timed_iterations", "run_gossip", "run_p2p"]
 
 
 def expected_allreduce(reduce_op: str, n: int) -> float:
     # Rank r contributes r + 1.
     return {"sum": n * (n + 1) / 2, "mean": (n + 1) / 2, "max": float(n), "min": 1.0,
             "prod": float(math.factorial(n))}[reduce_op]
+
+
+def timed_iterations(barrier: Callable[[], Any], step: Callable[[], Any], warmup: int,
+                     iters: int, calls: int = 1) -> list[float]:
+    """The method, for ours and the baselines alike: each iteration is ``barrier(); t0;
+    step(); t1``; returns the ``iters`` timed durations after ``warmup`` untimed ones, per
+    call when one step makes ``calls`` calls."""
+    times = []
+    for i in range(warmup + iters):
+        barrier()
+        t0 = time.perf_counter()
+        step()
+        dt = time.perf_counter() - t0
+        if i >= warmup:
+            times.append(dt / calls)
+    return times
 
 
 def _ring_weights(rank: int, n: int) -> tuple[float, dict[int, float], list[int]]:
@@ -104,15 +120,7 @@ def _gossip_worker(peer, op: str, plan, reduce_op: str, algorithm: str,
     for nbytes, warmup, iters in plan:
         k = stream_count(stream, nbytes)
         step = _gossip_step(peer, op, nbytes // ITEMSIZE, reduce_op, algorithm, k)
-        times = []
-        for i in range(warmup + iters):
-            peer.barrier()
-            t0 = time.perf_counter()
-            step()
-            dt = time.perf_counter() - t0
-            if i >= warmup:
-                times.append(dt / k)
-        out[nbytes] = times
+        out[nbytes] = timed_iterations(peer.barrier, step, warmup, iters, k)
     peer.barrier()
     addresses = {j: peer.transport.address(j) for j in range(peer.world_size) if j != peer.rank}
     shm = bool(peer.stats().get("endpoints", {}).get("shm"))
