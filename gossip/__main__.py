@@ -3,4 +3,6 @@ import sys
 
 from gossip.cli import main
 
+__all__: list[str] = []  # a script, not a library: nothing to import from here
+
 sys.exit(main())

@@ -39,6 +39,8 @@ _DUMP_WAIT = 0.3      # seconds for faulthandler to write the stacks before we t
 _REPORT_WAIT = 0.5    # an exited child's report may still be in the pipe: wait this long for it
 _OUTPUT_TAIL = 6000   # characters of each child's output kept in its outcome
 _ORPHAN_CODE = 70     # exit code of a child whose parent went away
+_PARENT_POLL = 0.5    # seconds between a child's checks that its parent is still there
+_REAP_WAIT = 5.0      # seconds to wait for a killed child to be reaped
 SKIP_CODE = 75        # exit code of a child that skipped: a skip is never an exit 0 (a pass)
 _FAILED = ("error", "died")
 
@@ -81,7 +83,7 @@ def after_report(cleanup: Callable[[], Any]) -> None:
 
 def _watch_parent(parent: int) -> None:
     while True:
-        time.sleep(0.5)
+        time.sleep(_PARENT_POLL)
         if os.getppid() != parent:  # orphaned: the supervisor died, do not linger
             os._exit(_ORPHAN_CODE)
 
@@ -148,7 +150,7 @@ def supervise(target: Callable, n: int, *, args: tuple = (), timeout: float,
         for p, _ in procs:
             if p.is_alive():
                 p.kill()
-            p.join(5)
+            p.join(_REAP_WAIT)
         for conn in conns:
             conn.close()
         for rank, (p, path) in enumerate(procs):
