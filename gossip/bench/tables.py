@@ -28,6 +28,7 @@ def _algbw_bytes(op: str, n: int, nbytes: int) -> int:
 
 
 def summarize(times: Sequence[float]) -> tuple[float, float, float]:
+    """(median, min, max): the median is the figure, min and max show the spread."""
     return statistics.median(times), min(times), max(times)
 
 
@@ -49,6 +50,7 @@ def iteration_times(op: str, plan, results: Sequence[Any]) -> dict[int, list[flo
 
 
 def figures(op: str, n: int, nbytes: int, times: Sequence[float]) -> dict:
+    """A row's timing fields for one size: seconds (median, min, max), algbw and busbw."""
     med, lo, hi = summarize(times)
     algbw = _algbw_bytes(op, n, nbytes) / med / 1e9 if med > 0 else float("inf")
     return {"seconds_median": med, "seconds_min": lo, "seconds_max": hi,
@@ -57,6 +59,8 @@ def figures(op: str, n: int, nbytes: int, times: Sequence[float]) -> dict:
 
 def header_line(op: str, n: int, transport: str = "auto", *, vs_gloo: bool = False,
                 key: str | None = None, algorithm: str = "auto") -> str:
+    """The line above the table: what ran, and how many CPUs the peers share (peers that
+    outnumber the cores contend, which the figures then include)."""
     ncpu = os.cpu_count() or 1
     share = f"the {n} peers share these CPUs"
     if n > ncpu:
