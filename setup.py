@@ -1,7 +1,7 @@
 """Packaging for gossip: a decentralized gossip / allreduce runtime for data-parallel training."""
 from pathlib import Path
 
-from setuptools import setup
+from setuptools import find_packages, setup
 
 HERE = Path(__file__).parent
 
@@ -12,9 +12,8 @@ setup(
     long_description=(HERE / "README.md").read_text(encoding="utf-8"),
     long_description_content_type="text/markdown",
     python_requires=">=3.10",
-    packages=["gossip", "gossip.commands", "gossip.demo", "gossip.policies", "collectives",
-              "collectives.algorithms", "collectives.arrays", "collectives.transport",
-              "topologies"],
+    packages=find_packages(include=["gossip", "gossip.*", "collectives", "collectives.*",
+                                    "topologies", "topologies.*"]),
     install_requires=[
         "numpy>=1.23",
         "pyzmq>=25",
