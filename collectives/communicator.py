@@ -24,11 +24,13 @@ from collectives.algorithms.allgather import exchange_counts, ring_allgather_int
 from collectives.arrays.adapter import ArrayAdapter, adapter_for, check_reduce_op
 from collectives.algorithms.barrier import dissemination_barrier
 from collectives.algorithms.broadcast import pipelined_broadcast
+from collectives import defaults
 from collectives.errors import GossipError, PeerLost, ProtocolError
 from collectives.algorithms.neighbor import neighbor_exchange
-from collectives.algorithms.p2p import Call, post_range, recv_range, wait_reached
-from collectives.algorithms.ring import ring_allreduce, ring_reduce_scatter, segments, wait_sent
+from collectives.algorithms.p2p import Call, post_range, recv_range, wait_reached, wait_sent
+from collectives.algorithms.ring import ring_allreduce, ring_reduce_scatter, segments
 from collectives.algorithms.small import recursive_doubling_allreduce
+from collectives.transport.channels import Channel
 from collectives.transport.transport import Transport
 from collectives.transport.wire import dtype_itemsize
 from collectives.work import Executor, Work
@@ -37,27 +39,24 @@ __all__ = ["Communicator", "COLLECTIVE_CHANNEL", "P2P_CHANNEL", "DEFAULT_SMALL_B
 
 log = logging.getLogger("collectives")
 
-# A communicator uses a pair of channels: an even one for its collectives and the next odd one
-# for its point-to-point messages. The peer's main communicator has 0 and 1; independent ones
-# (a policy's background thread) take higher pairs, so their sequence numbers never interleave.
-COLLECTIVE_CHANNEL = 0
-P2P_CHANNEL = 1
+# The main communicator's channels (public names; the registry is transport/channels.py).
+COLLECTIVE_CHANNEL = Channel.COLLECTIVE
+P2P_CHANNEL = Channel.P2P
 # Below this many bytes allreduce uses recursive doubling (latency-bound); above, the ring
 # (bandwidth-bound). Chosen by measurement: see benchmarks/allreduce_threshold.py.
 DEFAULT_SMALL_BYTES = 256 * 1024
 
 
 class Communicator:
-    def __init__(self, transport: Transport, *, channel: int = COLLECTIVE_CHANNEL,
-                 small_bytes: int = DEFAULT_SMALL_BYTES) -> None:
+    def __init__(self, transport: Transport, *, channel: int = COLLECTIVE_CHANNEL) -> None:
         self.transport = transport
         self.rank = transport.rank
         self.world_size = transport.world_size
         if channel % 2:
             raise ValueError(f"channel {channel} is odd; communicators take even channels")
-        self.channel = channel
-        self.p2p_channel = channel + 1
-        self.small_bytes = small_bytes
+        # A pair (see channels.py): sequence numbers of two communicators never interleave.
+        self.channel = int(channel)  # a plain int: it is part of every mailbox key
+        self.p2p_channel = channel + Channel.P2P - Channel.COLLECTIVE
         self._p2p_lock = threading.Lock()
         self._seq = itertools.count()
         self._seq_lock = threading.Lock()
@@ -138,7 +137,7 @@ class Communicator:
                   timeout: float | None = None, algorithm: str = "auto") -> Any:
         """Reduce ``x`` across all peers in place and return it (or a Work handle).
 
-        ``algorithm``: "auto" (recursive doubling below ``small_bytes``, ring above), "ring"
+        ``algorithm``: "auto" (recursive doubling up to DEFAULT_SMALL_BYTES, ring above), "ring"
         or "recursive-doubling". Every peer must pass the same shape, dtype and op.
         """
         adapter, flat, dtype = self._flat(x)
@@ -150,7 +149,7 @@ class Communicator:
             return self._done(x, f"allreduce({op},nccl)", wait)
         nbytes = adapter.size(flat) * dtype_itemsize(dtype)
         if algorithm == "auto":
-            algorithm = "recursive-doubling" if nbytes <= self.small_bytes else "ring"
+            algorithm = "recursive-doubling" if nbytes <= DEFAULT_SMALL_BYTES else "ring"
         if algorithm not in ("ring", "recursive-doubling"):
             raise ValueError(f"unknown allreduce algorithm {algorithm!r}; use 'auto', 'ring' "
                              "or 'recursive-doubling'")
@@ -421,7 +420,7 @@ class Communicator:
             raise ValueError(f"rank {self.rank}: cannot receive from rank {src} (world size "
                              f"{self.world_size})")
 
-    def close(self, timeout: float = 1.0) -> None:
+    def close(self, timeout: float = defaults.CLOSE_TIMEOUT) -> None:
         self._executor.close(timeout)
         if self._nccl is not None:
             self._nccl.close()
