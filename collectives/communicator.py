@@ -1,8 +1,8 @@
 """The communicator: every collective and point-to-point call of one peer, sequenced so that
-peers' calls meet in the same slot, with blocking and non-blocking twins.
+peers' calls meet in the same mailbox, with blocking and non-blocking twins.
 
 Each collective call takes the next sequence number *in the calling thread*, so peers that call
-the same operations in the same order agree on slots even when the operations run
+the same operations in the same order agree on mailboxes even when the operations run
 concurrently. ``wait=False`` queues the operation on the communicator's worker thread and
 returns a Work handle; a blocking call runs in the caller's thread. A barrier first waits for
 this peer's earlier operations, so it implies they finished everywhere.
@@ -363,7 +363,7 @@ class Communicator:
         deadline = time.monotonic() + (self.timeout if timeout is None else timeout)
         channel = self.p2p_channel
         key = (src, channel, seq)
-        # Nothing arrived (timeout, lost peer): the slot stays open, so a later recv (e.g. a
+        # Nothing arrived (timeout, lost peer): the mailbox stays open, so a later recv (e.g. a
         # poll with timeout=0) waits for the same message and the sequence stays in step.
         item = t.recv(src, channel, seq, deadline=deadline,
                       operation=f"recv from rank {src}")
@@ -393,7 +393,7 @@ class Communicator:
             t.retire(channel, seq, [src])
 
     def probe(self, src: int) -> bool:
-        """True when a message from ``src`` is waiting (or its slot holds an error, e.g. a
+        """True when a message from ``src`` is waiting (or its mailbox holds an error, e.g. a
         malformed message), so recv(src) returns or raises at once. A lost source with nothing
         queued is *not* ready: probe is False and recv raises PeerLost. What a source sent
         before it died stays receivable. Whether a source is gone: ``transport.is_lost``

@@ -6,33 +6,31 @@ out. The other values are the transport's internal pacing: how often its I/O thr
 things it cannot be woken for. They are not settings; they live here so each is written once,
 with its reason, and tests or benchmarks that need the same figure import it.
 
-============================  =========  =====================================  ==============================================
-name                          value      derived from                           why
-============================  =========  =====================================  ==============================================
-TIMEOUT                       60 s       -                                      every blocking call's deadline (init(timeout=))
-heartbeat_timeout(t)          0.5..15 s  t / 2, clamped to [0.5, 15]            a silent peer is PeerLost well within ``t``
-heartbeat_interval(h)         0.1..1 s   h / 4, clamped to [0.1, 1]             four ZMTP pings per heartbeat timeout
-DISCONNECT_GRACE              0.25 s     -                                      a departed peer's last messages still land
-PUMP_SLICE                    10 ms      -                                      a caller reading the socket rechecks close()
-PARK_MIN                      1 ms       -                                      I/O thread's first look while a caller reads
-PARK_MAX                      16 ms      PARK_MIN doubled                       its longest look; a caller holding the socket
-                                                                                longer than PARK_MAX / 4 hands it back
-STARVED_REPEAT                50 ms      -                                      one STARVED per full ring per interval
-SLOT_RETRY                    1 ms       -                                      re-check of a full ring (lost CREDIT bound)
-SUSPECT_POLL                  50 ms      DISCONNECT_GRACE / 5                   how late a suspect is declared lost at most
-IDLE_POLL                     100 ms     -                                      idle I/O thread's look at timers
-MAX_LOGGED_DROPS              20         -                                      dropped messages logged one by one
-DROP_SUMMARY_INTERVAL         10 s       -                                      then one summary line per interval at most
-RECONNECT_INTERVAL            200 ms     -                                      libzmq's reconnect period to a peer
-GOODBYE_LINGER                50 ms      -                                      the BYE leaves; a dead peer holds close() no
-                                                                                longer
-CLOSE_TIMEOUT                 1 s        -                                      Transport/Communicator.close() returns within
-RING_MAPPED_SHARE             1/2        of close()'s timeout                   close() waits for receivers to map our rings
-REACH_POLL_MIN / _MAX         0.5/20 ms  -                                      back-off while a first connection is made
-RENDEZVOUS_CLIENT_GRACE       3 s        -                                      clients outwait rank 0, to hear its verdict
-RENDEZVOUS_POLL               0.5 s      -                                      rank 0's look at its deadline while serving
-LAUNCHER_GRACE                5 s        -                                      launcher: polite signal, then SIGKILL
-============================  =========  =====================================  ==============================================
+=======================  =========  ====================  ==================================
+name                     value      derived from          why
+=======================  =========  ====================  ==================================
+TIMEOUT                  60 s       -                     every blocking call's deadline
+heartbeat_timeout(t)     0.5-15 s   t/2, in [0.5, 15]     silent peer: PeerLost within t
+heartbeat_interval(h)    0.1-1 s    h/4, in [0.1, 1]      4 pings per heartbeat timeout
+DISCONNECT_GRACE         0.25 s     -                     a leaver's last messages land
+PUMP_SLICE               10 ms      -                     socket-reading caller sees close()
+PARK_MIN                 1 ms       -                     I/O thread's look, caller reading
+PARK_MAX                 16 ms      PARK_MIN doubled      its longest; hand back at MAX/4
+STARVED_REPEAT           50 ms      -                     STARVED at most this often
+SLOT_RETRY               1 ms       -                     bound on a lost CREDIT
+SUSPECT_POLL             50 ms      DISCONNECT_GRACE/5    lateness of declaring a suspect
+IDLE_POLL                100 ms     -                     idle I/O thread looks at timers
+MAX_LOGGED_DROPS         20         -                     drops logged one by one
+DROP_SUMMARY_INTERVAL    10 s       -                     then one summary this often
+RECONNECT_INTERVAL       200 ms     -                     libzmq reconnect to a peer
+GOODBYE_LINGER           50 ms      -                     BYE leaves; dead peer can't hold
+CLOSE_TIMEOUT            1 s        -                     close() returns within
+RING_MAPPED_SHARE        1/2        of close()'s timeout  wait for receivers to map rings
+REACH_POLL_MIN/MAX       0.5/20 ms  doubling              first connection back-off
+RENDEZVOUS_CLIENT_GRACE  3 s        -                     clients hear rank 0's verdict
+RENDEZVOUS_POLL          0.5 s      -                     rank 0 looks at its deadline
+LAUNCHER_GRACE           5 s        -                     polite signal, then SIGKILL
+=======================  =========  ====================  ==================================
 """
 from __future__ import annotations
 

@@ -2,8 +2,8 @@
 
 A non-blocking call returns a Work handle at once; the operation runs on the communicator's
 worker thread, one after another in call order (every peer assigned sequence numbers in the
-same order, so the slots match). ``wait(timeout)`` and ``done()`` are the blocking/non-blocking
-twins of the call.
+same order, so their mailboxes match). ``wait(timeout)`` and ``done()`` are the
+blocking/non-blocking twins of the call.
 """
 from __future__ import annotations
 

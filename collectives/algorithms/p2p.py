@@ -23,7 +23,7 @@ __all__ = ["Call", "post_range", "recv_range", "chunk_elements", "wait_sent", "w
 
 
 class Call:
-    """What one peer's operation expects of every message in its slot: the same signature,
+    """What one peer's operation expects of every message in its mailbox: the same signature,
     dtype and shape on every peer, or the peers made different calls."""
 
     __slots__ = ("transport", "channel", "seq", "signature", "dtype", "shape", "nbytes",

@@ -5,9 +5,9 @@ The transport's I/O thread owns the socket. To keep latency low, a calling threa
 it for one send, under the link's lock, when nothing is queued: the message then leaves at once
 instead of waking the I/O thread. When something is queued (the socket is at its high-water
 mark, or a staged message waits for a free shared-memory slot), every later message queues
-behind it, so order is kept, and only the I/O thread touches the socket: it polls the socket only while the
-queue is non-empty, and no calling thread sends then. The lock is the memory fence that lets
-the socket move between threads, as ZeroMQ requires.
+behind it, so order is kept, and only the I/O thread touches the socket: it polls the socket
+only while the queue is non-empty, and no calling thread sends then. The lock is the memory
+fence that lets the socket move between threads, as ZeroMQ requires.
 
 A queued entry is either ``(frames, ticket)`` or a *staged* message: an object with a
 ``ticket`` and a ``stage(retry)`` method that returns its frames once the resource it needs is

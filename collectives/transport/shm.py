@@ -36,7 +36,6 @@ Messages (all ZeroMQ, on the ordinary connection; see wire.py):
 """
 from __future__ import annotations
 
-import logging
 import mmap
 import os
 import re
@@ -54,8 +53,6 @@ from collectives.transport.wire import (CREDIT, SHM, SHM_MAPPED, SHM_OPEN, STARV
                                         encode_header)
 
 __all__ = ["SharedMemory", "ShmRing", "ShmView", "shm_supported", "parse_open", "ring_name"]
-
-log = logging.getLogger("collectives")
 
 _FLAGS_BYTES = 64 * 16  # busy flags of up to 512 slots, then the sender's "waiting" flag
 _WAITING = _FLAGS_BYTES - 64  # its own cache line
@@ -186,9 +183,8 @@ class ShmView:
 
 
 class _Chunk:
-    """A chunk on its way into a ring: a staged message of the link's queue (see link.py). Its
-    header fields (all but the slot), the caller's buffer, read when a slot is free, and the
-    caller's ticket."""
+    """A chunk on its way into a ring, a staged message of the link's queue (see link.py): its
+    header fields but the slot, the caller's buffer (read once a slot is free), its ticket."""
 
     __slots__ = ("ring", "fields", "payload", "ticket", "counters")
 
@@ -392,8 +388,7 @@ class SharedMemory:
 
     # -- shutdown ---------------------------------------------------------------------------
     def closing(self) -> None:
-        """No more CREDITs: the transport is closing."""
-        self._closed = True
+        self._closed = True  # no more CREDITs
 
     def close_views(self) -> None:
         """Unmap the peers' rings (with the ROUTER's reader excluded: a message being handled
