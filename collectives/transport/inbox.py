@@ -173,7 +173,8 @@ class Inbox:
         return None
 
     def begin(self, channel: int, seq: int) -> None:
-        """An operation started: its messages are wanted soon, never spilled."""
+        """An operation started: its messages are wanted soon, never replaced (copied out of
+        their shared-memory slots, see replace_unclaimed)."""
         with self._lock:
             self._running.add((channel, seq))
 
