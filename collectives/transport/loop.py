@@ -161,6 +161,9 @@ class IoLoop:
         self._thread.join(timeout)
         if self._thread.is_alive():
             log.warning("rank %d: I/O thread did not stop within %.1fs", self.rank, timeout)
+
+    def close_pipe(self) -> None:
+        """Close the wake-up pipe (last: a late command's wake-up finds it closed, harmless)."""
         for fd in (self._wake_r, self._wake_w):
             try:
                 os.close(fd)

@@ -306,6 +306,7 @@ class Transport:
         self._loop.stop(timeout)
         self.inbox.close()
         self._sockets.destroy()
+        self._loop.close_pipe()
 
     @property
     def closed(self) -> bool:
