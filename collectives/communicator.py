@@ -9,6 +9,7 @@ this peer's earlier operations, so it implies they finished everywhere.
 
 When an operation fails on one peer (a lost peer, a mismatched call), that peer tells the others
 in the operation (ABORT), so they raise at once instead of waiting out their timeout.
+Point-to-point send/recv run on the communicator's second channel (point_to_point.py).
 """
 from __future__ import annotations
 
@@ -20,16 +21,17 @@ from typing import Any, Callable
 
 import numpy as np
 
+from collectives import defaults
 from collectives.algorithms.allgather import exchange_counts, ring_allgather_into
-from collectives.arrays.adapter import ArrayAdapter, adapter_for, check_reduce_op
 from collectives.algorithms.barrier import dissemination_barrier
 from collectives.algorithms.broadcast import pipelined_broadcast
-from collectives import defaults
-from collectives.errors import GossipError, PeerLost, ProtocolError
 from collectives.algorithms.neighbor import neighbor_exchange
-from collectives.algorithms.p2p import Call, post_range, recv_range, wait_reached, wait_sent
+from collectives.algorithms.p2p import Call, wait_sent
 from collectives.algorithms.ring import ring_allreduce, ring_reduce_scatter, segments
 from collectives.algorithms.small import recursive_doubling_allreduce
+from collectives.arrays.adapter import ArrayAdapter, check_reduce_op
+from collectives.errors import GossipError, PeerLost
+from collectives.point_to_point import PointToPoint, flat_of
 from collectives.transport.channels import Channel
 from collectives.transport.transport import Transport
 from collectives.transport.wire import dtype_itemsize
@@ -48,6 +50,8 @@ DEFAULT_SMALL_BYTES = 256 * 1024
 
 
 class Communicator:
+    """One stream of collective operations (and its point-to-point twin) over a Transport."""
+
     def __init__(self, transport: Transport, *, channel: int = COLLECTIVE_CHANNEL) -> None:
         self.transport = transport
         self.rank = transport.rank
@@ -57,11 +61,9 @@ class Communicator:
         # A pair (see channels.py): sequence numbers of two communicators never interleave.
         self.channel = int(channel)  # a plain int: it is part of every mailbox key
         self.p2p_channel = channel + Channel.P2P - Channel.COLLECTIVE
-        self._p2p_lock = threading.Lock()
         self._seq = itertools.count()
         self._seq_lock = threading.Lock()
-        self._p2p_send_seq = [0] * self.world_size
-        self._p2p_recv_seq = [0] * self.world_size
+        self._p2p = PointToPoint(transport, self.p2p_channel)
         self._executor = Executor(f"gossip-ops-r{self.rank}")
         self._nccl = None  # NcclGroup, made on the first device array
         self._buffer_pool: dict[tuple, list] = {}  # free send-buffer sets, by shape
@@ -76,10 +78,7 @@ class Communicator:
         with self._seq_lock:
             return next(self._seq)
 
-    def _flat(self, x: Any) -> tuple[ArrayAdapter, Any, str]:
-        adapter = adapter_for(x)
-        flat = adapter.flat(x)
-        return adapter, flat, adapter.dtype_name(flat)
+    _flat = staticmethod(flat_of)
 
     def _launch(self, description: str, body: Callable[[], Any], wait: bool) -> Any:
         if wait:
@@ -335,99 +334,23 @@ class Communicator:
 
     # ------------------------------------------------------------------ point to point
     def send(self, dst: int, x: Any, *, timeout: float | None = None) -> None:
-        """Send ``x`` to ``dst``; returns when ``x`` may be modified again. Messages between
-        two peers arrive in the order they were sent."""
-        if not 0 <= dst < self.world_size or dst == self.rank:
-            raise ValueError(f"rank {self.rank}: cannot send to rank {dst} (world size "
-                             f"{self.world_size})")
-        adapter, flat, dtype = self._flat(x)
-        with self._p2p_lock:
-            seq = self._p2p_send_seq[dst]
-            self._p2p_send_seq[dst] += 1
-        deadline = time.monotonic() + (self.timeout if timeout is None else timeout)
-        call = Call(self.transport, self.p2p_channel, seq, "send", dtype, tuple(x.shape),
-                    deadline)
-        wait_sent(call, post_range(call, dst, adapter, flat, 0, adapter.size(flat), track=True))
-        # A peer never reached (it may have died before any connection existed) would leave
-        # the message in a queue and the send would seem to succeed: PeerLost instead.
-        wait_reached(call, dst)
+        """Send ``x`` to ``dst``; returns when ``x`` may be modified again (PointToPoint.send)."""
+        self._p2p.send(dst, x, timeout=timeout)
 
     def recv(self, src: int, out: Any = None, *, timeout: float | None = None) -> Any:
-        """Receive the next array ``src`` sent. Into ``out`` if given (its dtype and size must
-        match), else a new numpy array (a single-chunk message is returned without a copy)."""
-        if not 0 <= src < self.world_size or src == self.rank:
-            raise ValueError(f"rank {self.rank}: cannot receive from rank {src} (world size "
-                             f"{self.world_size})")
-        seq = self._p2p_recv_seq[src]
-        t = self.transport
-        deadline = time.monotonic() + (self.timeout if timeout is None else timeout)
-        channel = self.p2p_channel
-        key = (src, channel, seq)
-        # Nothing arrived (timeout, lost peer): the mailbox stays open, so a later recv (e.g. a
-        # poll with timeout=0) waits for the same message and the sequence stays in step.
-        item = t.recv(src, channel, seq, deadline=deadline,
-                      operation=f"recv from rank {src}")
-        self._p2p_recv_seq[src] = seq + 1
-        try:
-            header, frame, release = item
-            call = Call(t, channel, seq, "send", header.dtype, header.shape, deadline)
-            if out is None:
-                if (release is None and header.offset == 0 and header.length == header.nbytes
-                        and header.dtype != "bfloat16"):
-                    # The whole array in one ZeroMQ frame: hand it over without a copy.
-                    return np.frombuffer(frame, dtype=header.dtype).reshape(header.shape)
-                out = _empty_for(header.dtype, header.shape)
-            adapter, flat, dtype = self._flat(out)
-            if dtype != header.dtype or adapter.size(flat) * call.itemsize != header.nbytes:
-                if release is not None:
-                    release()
-                raise ProtocolError(f"rank {self.rank}: recv from rank {src}: it sent "
-                                    f"{header.dtype} {header.shape} but out is {dtype} "
-                                    f"{tuple(out.shape)}")
-            t.inbox.unget(key, item)
-            for lo, hi, chunk in recv_range(call, src, adapter, 0, adapter.size(flat)):
-                adapter.copy(adapter.slice(flat, lo, hi), chunk)
-            adapter.synchronize()
-            return out
-        finally:
-            t.retire(channel, seq, [src])
+        """Receive the next array ``src`` sent (PointToPoint.recv)."""
+        return self._p2p.recv(src, out, timeout=timeout)
 
     def probe(self, src: int) -> bool:
-        """True when a message from ``src`` is waiting (or its mailbox holds an error, e.g. a
-        malformed message), so recv(src) returns or raises at once. A lost source with nothing
-        queued is *not* ready: probe is False and recv raises PeerLost. What a source sent
-        before it died stays receivable. Whether a source is gone: ``transport.is_lost``
-        (``peer.lost_peers()``)."""
-        self._check_source(src)
-        return self.wait_any([src], 0.0) is not None
+        """True when recv(src) would return or raise at once (PointToPoint.probe)."""
+        return self._p2p.probe(src)
 
     def wait_any(self, sources, timeout: float | None = None) -> int | None:
-        """Wait (without polling) until a message from one of ``sources`` is waiting, and
-        return that source (the first of ``sources`` that has one); None after ``timeout``
-        seconds (0: just look; None: the communicator's timeout) or once the peer is closed.
-        Lost sources with nothing queued never count as ready (see probe)."""
-        sources = [int(s) for s in sources]
-        for src in sources:
-            self._check_source(src)
-        wait = self.timeout if timeout is None else max(0.0, float(timeout))
-        channel, seqs = self.p2p_channel, self._p2p_recv_seq
-        key = self.transport.wait_any([(src, channel, seqs[src]) for src in sources],
-                                            time.monotonic() + wait)
-        return None if key is None else key[0]
-
-    def _check_source(self, src: int) -> None:
-        if not 0 <= src < self.world_size or src == self.rank:
-            raise ValueError(f"rank {self.rank}: cannot receive from rank {src} (world size "
-                             f"{self.world_size})")
+        """The first of ``sources`` with a message waiting (PointToPoint.wait_any)."""
+        return self._p2p.wait_any(sources, timeout)
 
     def close(self, timeout: float = defaults.CLOSE_TIMEOUT) -> None:
         self._executor.close(timeout)
         if self._nccl is not None:
             self._nccl.close()
 
-
-def _empty_for(dtype: str, shape: tuple) -> Any:
-    if dtype == "bfloat16":
-        import torch
-        return torch.empty(shape, dtype=torch.bfloat16)
-    return np.empty(shape, dtype=dtype)
