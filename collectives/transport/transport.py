@@ -126,7 +126,7 @@ class Transport:
         self._shm.answer_unanswered()
 
     def address(self, rank: int) -> str:
-        return self._addresses.get(rank, "<unknown address>")
+        return self._sockets.address(rank)
 
     # ------------------------------------------------------------------ user-thread API
     def connect(self, rank: int) -> Link:
