@@ -1,14 +1,15 @@
 """The communicator: every collective and point-to-point call of one peer, sequenced so that
-peers' calls meet in the same slot, with blocking and non-blocking twins.
+peers' calls meet in the same mailbox, with blocking and non-blocking twins.
 
 Each collective call takes the next sequence number *in the calling thread*, so peers that call
-the same operations in the same order agree on slots even when the operations run
+the same operations in the same order agree on mailboxes even when the operations run
 concurrently. ``wait=False`` queues the operation on the communicator's worker thread and
 returns a Work handle; a blocking call runs in the caller's thread. A barrier first waits for
 this peer's earlier operations, so it implies they finished everywhere.
 
 When an operation fails on one peer (a lost peer, a mismatched call), that peer tells the others
 in the operation (ABORT), so they raise at once instead of waiting out their timeout.
+Point-to-point send/recv run on the communicator's second channel (point_to_point.py).
 """
 from __future__ import annotations
 
@@ -20,15 +21,18 @@ from typing import Any, Callable
 
 import numpy as np
 
+from collectives import defaults
 from collectives.algorithms.allgather import exchange_counts, ring_allgather_into
-from collectives.arrays.adapter import ArrayAdapter, adapter_for, check_reduce_op
 from collectives.algorithms.barrier import dissemination_barrier
 from collectives.algorithms.broadcast import pipelined_broadcast
-from collectives.errors import GossipError, PeerLost, ProtocolError
 from collectives.algorithms.neighbor import neighbor_exchange
-from collectives.algorithms.p2p import Call, post_range, recv_range, wait_reached
-from collectives.algorithms.ring import ring_allreduce, ring_reduce_scatter, segments, wait_sent
+from collectives.algorithms.p2p import Call, wait_sent
+from collectives.algorithms.ring import ring_allreduce, ring_reduce_scatter, segments
 from collectives.algorithms.small import recursive_doubling_allreduce
+from collectives.arrays.adapter import ArrayAdapter, check_reduce_op
+from collectives.errors import GossipError, PeerLost
+from collectives.point_to_point import PointToPoint, flat_of
+from collectives.transport.channels import Channel
 from collectives.transport.transport import Transport
 from collectives.transport.wire import dtype_itemsize
 from collectives.work import Executor, Work
@@ -37,32 +41,29 @@ __all__ = ["Communicator", "COLLECTIVE_CHANNEL", "P2P_CHANNEL", "DEFAULT_SMALL_B
 
 log = logging.getLogger("collectives")
 
-# A communicator uses a pair of channels: an even one for its collectives and the next odd one
-# for its point-to-point messages. The peer's main communicator has 0 and 1; independent ones
-# (a policy's background thread) take higher pairs, so their sequence numbers never interleave.
-COLLECTIVE_CHANNEL = 0
-P2P_CHANNEL = 1
+# The main communicator's channels (public names; the registry is transport/channels.py).
+COLLECTIVE_CHANNEL = Channel.COLLECTIVE
+P2P_CHANNEL = Channel.P2P
 # Below this many bytes allreduce uses recursive doubling (latency-bound); above, the ring
 # (bandwidth-bound). Chosen by measurement: see benchmarks/allreduce_threshold.py.
 DEFAULT_SMALL_BYTES = 256 * 1024
 
 
 class Communicator:
-    def __init__(self, transport: Transport, *, channel: int = COLLECTIVE_CHANNEL,
-                 small_bytes: int = DEFAULT_SMALL_BYTES) -> None:
+    """One stream of collective operations (and its point-to-point twin) over a Transport."""
+
+    def __init__(self, transport: Transport, *, channel: int = COLLECTIVE_CHANNEL) -> None:
         self.transport = transport
         self.rank = transport.rank
         self.world_size = transport.world_size
         if channel % 2:
             raise ValueError(f"channel {channel} is odd; communicators take even channels")
-        self.channel = channel
-        self.p2p_channel = channel + 1
-        self.small_bytes = small_bytes
-        self._p2p_lock = threading.Lock()
+        # A pair (see channels.py): sequence numbers of two communicators never interleave.
+        self.channel = int(channel)  # a plain int: it is part of every mailbox key
+        self.p2p_channel = channel + Channel.P2P - Channel.COLLECTIVE
         self._seq = itertools.count()
         self._seq_lock = threading.Lock()
-        self._p2p_send_seq = [0] * self.world_size
-        self._p2p_recv_seq = [0] * self.world_size
+        self._p2p = PointToPoint(transport, self.p2p_channel)
         self._executor = Executor(f"gossip-ops-r{self.rank}")
         self._nccl = None  # NcclGroup, made on the first device array
         self._buffer_pool: dict[tuple, list] = {}  # free send-buffer sets, by shape
@@ -77,10 +78,7 @@ class Communicator:
         with self._seq_lock:
             return next(self._seq)
 
-    def _flat(self, x: Any) -> tuple[ArrayAdapter, Any, str]:
-        adapter = adapter_for(x)
-        flat = adapter.flat(x)
-        return adapter, flat, adapter.dtype_name(flat)
+    _flat = staticmethod(flat_of)
 
     def _launch(self, description: str, body: Callable[[], Any], wait: bool) -> Any:
         if wait:
@@ -138,7 +136,7 @@ class Communicator:
                   timeout: float | None = None, algorithm: str = "auto") -> Any:
         """Reduce ``x`` across all peers in place and return it (or a Work handle).
 
-        ``algorithm``: "auto" (recursive doubling below ``small_bytes``, ring above), "ring"
+        ``algorithm``: "auto" (recursive doubling up to DEFAULT_SMALL_BYTES, ring above), "ring"
         or "recursive-doubling". Every peer must pass the same shape, dtype and op.
         """
         adapter, flat, dtype = self._flat(x)
@@ -150,7 +148,7 @@ class Communicator:
             return self._done(x, f"allreduce({op},nccl)", wait)
         nbytes = adapter.size(flat) * dtype_itemsize(dtype)
         if algorithm == "auto":
-            algorithm = "recursive-doubling" if nbytes <= self.small_bytes else "ring"
+            algorithm = "recursive-doubling" if nbytes <= DEFAULT_SMALL_BYTES else "ring"
         if algorithm not in ("ring", "recursive-doubling"):
             raise ValueError(f"unknown allreduce algorithm {algorithm!r}; use 'auto', 'ring' "
                              "or 'recursive-doubling'")
@@ -336,99 +334,23 @@ class Communicator:
 
     # ------------------------------------------------------------------ point to point
     def send(self, dst: int, x: Any, *, timeout: float | None = None) -> None:
-        """Send ``x`` to ``dst``; returns when ``x`` may be modified again. Messages between
-        two peers arrive in the order they were sent."""
-        if not 0 <= dst < self.world_size or dst == self.rank:
-            raise ValueError(f"rank {self.rank}: cannot send to rank {dst} (world size "
-                             f"{self.world_size})")
-        adapter, flat, dtype = self._flat(x)
-        with self._p2p_lock:
-            seq = self._p2p_send_seq[dst]
-            self._p2p_send_seq[dst] += 1
-        deadline = time.monotonic() + (self.timeout if timeout is None else timeout)
-        call = Call(self.transport, self.p2p_channel, seq, "send", dtype, tuple(x.shape),
-                    deadline)
-        wait_sent(call, post_range(call, dst, adapter, flat, 0, adapter.size(flat), track=True))
-        # A peer never reached (it may have died before any connection existed) would leave
-        # the message in a queue and the send would seem to succeed: PeerLost instead.
-        wait_reached(call, dst)
+        """Send ``x`` to ``dst``; returns when ``x`` may be modified again (PointToPoint.send)."""
+        self._p2p.send(dst, x, timeout=timeout)
 
     def recv(self, src: int, out: Any = None, *, timeout: float | None = None) -> Any:
-        """Receive the next array ``src`` sent. Into ``out`` if given (its dtype and size must
-        match), else a new numpy array (a single-chunk message is returned without a copy)."""
-        if not 0 <= src < self.world_size or src == self.rank:
-            raise ValueError(f"rank {self.rank}: cannot receive from rank {src} (world size "
-                             f"{self.world_size})")
-        seq = self._p2p_recv_seq[src]
-        t = self.transport
-        deadline = time.monotonic() + (self.timeout if timeout is None else timeout)
-        channel = self.p2p_channel
-        key = (src, channel, seq)
-        # Nothing arrived (timeout, lost peer): the slot stays open, so a later recv (e.g. a
-        # poll with timeout=0) waits for the same message and the sequence stays in step.
-        item = t.recv(src, channel, seq, deadline=deadline,
-                      operation=f"recv from rank {src}")
-        self._p2p_recv_seq[src] = seq + 1
-        try:
-            header, frame, release = item
-            call = Call(t, channel, seq, "send", header.dtype, header.shape, deadline)
-            if out is None:
-                if (release is None and header.offset == 0 and header.length == header.nbytes
-                        and header.dtype != "bfloat16"):
-                    # The whole array in one ZeroMQ frame: hand it over without a copy.
-                    return np.frombuffer(frame, dtype=header.dtype).reshape(header.shape)
-                out = _empty_for(header.dtype, header.shape)
-            adapter, flat, dtype = self._flat(out)
-            if dtype != header.dtype or adapter.size(flat) * call.itemsize != header.nbytes:
-                if release is not None:
-                    release()
-                raise ProtocolError(f"rank {self.rank}: recv from rank {src}: it sent "
-                                    f"{header.dtype} {header.shape} but out is {dtype} "
-                                    f"{tuple(out.shape)}")
-            t.inbox.unget(key, item)
-            for lo, hi, chunk in recv_range(call, src, adapter, 0, adapter.size(flat)):
-                adapter.copy(adapter.slice(flat, lo, hi), chunk)
-            adapter.synchronize()
-            return out
-        finally:
-            t.retire(channel, seq, [src])
+        """Receive the next array ``src`` sent (PointToPoint.recv)."""
+        return self._p2p.recv(src, out, timeout=timeout)
 
     def probe(self, src: int) -> bool:
-        """True when a message from ``src`` is waiting (or its slot holds an error, e.g. a
-        malformed message), so recv(src) returns or raises at once. A lost source with nothing
-        queued is *not* ready: probe is False and recv raises PeerLost. What a source sent
-        before it died stays receivable. Whether a source is gone: ``transport.is_lost``
-        (``peer.lost_peers()``)."""
-        self._check_source(src)
-        return self.wait_any([src], 0.0) is not None
+        """True when recv(src) would return or raise at once (PointToPoint.probe)."""
+        return self._p2p.probe(src)
 
     def wait_any(self, sources, timeout: float | None = None) -> int | None:
-        """Wait (without polling) until a message from one of ``sources`` is waiting, and
-        return that source (the first of ``sources`` that has one); None after ``timeout``
-        seconds (0: just look; None: the communicator's timeout) or once the peer is closed.
-        Lost sources with nothing queued never count as ready (see probe)."""
-        sources = [int(s) for s in sources]
-        for src in sources:
-            self._check_source(src)
-        wait = self.timeout if timeout is None else max(0.0, float(timeout))
-        channel, seqs = self.p2p_channel, self._p2p_recv_seq
-        key = self.transport.wait_any([(src, channel, seqs[src]) for src in sources],
-                                            time.monotonic() + wait)
-        return None if key is None else key[0]
+        """The first of ``sources`` with a message waiting (PointToPoint.wait_any)."""
+        return self._p2p.wait_any(sources, timeout)
 
-    def _check_source(self, src: int) -> None:
-        if not 0 <= src < self.world_size or src == self.rank:
-            raise ValueError(f"rank {self.rank}: cannot receive from rank {src} (world size "
-                             f"{self.world_size})")
-
-    def close(self, timeout: float = 1.0) -> None:
+    def close(self, timeout: float = defaults.CLOSE_TIMEOUT) -> None:
         self._executor.close(timeout)
         if self._nccl is not None:
             self._nccl.close()
 
-
-def _empty_for(dtype: str, shape: tuple) -> Any:
-    if dtype == "bfloat16":
-        import torch
-        return torch.empty(shape, dtype=torch.bfloat16)
-    return np.empty(shape, dtype=dtype)

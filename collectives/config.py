@@ -1,9 +1,10 @@
-"""Settings of one peer's transport. Timeouts derive from one another, so a single ``timeout``
-is usually all a user sets."""
+"""Settings of one peer's transport. Timeouts derive from one another (the rules and values live
+in collectives/defaults.py), so a single ``timeout`` is usually all a user sets."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
+from collectives import defaults
 from collectives.security import ClusterKey
 
 __all__ = ["TransportConfig"]
@@ -12,12 +13,12 @@ __all__ = ["TransportConfig"]
 @dataclass(frozen=True)
 class TransportConfig:
     # Seconds any blocking wait (receive, send backpressure, operation) may take before raising.
-    timeout: float = 60.0
-    # Silence after which a connection is dropped and its peer declared lost. Default: half the
-    # timeout (at most 15 s), so a silent peer is PeerLost, not a timeout, within `timeout`.
+    timeout: float = defaults.TIMEOUT
+    # Silence after which a connection is dropped and its peer declared lost. Default:
+    # defaults.heartbeat_timeout(timeout), so a silent peer is PeerLost, not a timeout.
     heartbeat_timeout: float | None = None
     # Period of ZMTP heartbeats (PING/PONG answered by libzmq's own thread, so a peer busy in
-    # Python still answers). Default: a quarter of heartbeat_timeout, at most 1 s.
+    # Python still answers). Default: defaults.heartbeat_interval(heartbeat timeout).
     heartbeat_interval: float | None = None
     # Arrays travel in chunks of this many bytes: the receiver's allocator recycles chunk
     # buffers instead of mapping fresh pages for one huge message, and chunks pipeline.
@@ -71,13 +72,13 @@ class TransportConfig:
     def effective_heartbeat_timeout(self) -> float:
         if self.heartbeat_timeout is not None:
             return self.heartbeat_timeout
-        return max(0.5, min(15.0, self.timeout / 2))
+        return defaults.heartbeat_timeout(self.timeout)
 
     @property
     def effective_heartbeat_interval(self) -> float:
         if self.heartbeat_interval is not None:
             return self.heartbeat_interval
-        return max(0.1, min(1.0, self.effective_heartbeat_timeout / 4))
+        return defaults.heartbeat_interval(self.effective_heartbeat_timeout)
 
     def with_(self, **changes) -> "TransportConfig":
         return replace(self, **changes)

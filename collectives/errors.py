@@ -49,7 +49,7 @@ class RendezvousError(GossipError):
 
 class ProtocolError(GossipError):
     """A malformed or foreign message, or peers that made different calls (operation, shape,
-    dtype, root) in the same sequence slot."""
+    dtype, root) in the same mailbox (channel, sequence)."""
 
 
 class AuthenticationError(GossipError):

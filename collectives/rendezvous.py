@@ -17,6 +17,7 @@ from typing import Any
 import msgpack
 import zmq
 
+from collectives import defaults
 from collectives.errors import RendezvousError
 from collectives.transport.transport import Transport
 
@@ -28,7 +29,7 @@ RENDEZVOUS_VERSION = 1
 _MAX_MESSAGE = 64 * 1024
 # Clients wait this much longer than rank 0, so rank 0's verdict (which ranks are missing)
 # reaches them before their own deadline.
-_CLIENT_GRACE = 3.0
+_CLIENT_GRACE = defaults.RENDEZVOUS_CLIENT_GRACE
 
 
 def _pack(obj: dict) -> bytes:
@@ -114,7 +115,7 @@ def _collect(sock, transport, address, timeout, me, n) -> dict[int, dict]:
             raise fail(f"ranks {_ranges(missing)} never came within {timeout:g}s "
                        f"({len(registered)} of {n} registered); check that every peer was "
                        f"started with the same world size and rendezvous address")
-        if not sock.poll(min(remaining, 0.5) * 1000):
+        if not sock.poll(min(remaining, defaults.RENDEZVOUS_POLL) * 1000):
             continue
         frames = sock.recv_multipart()
         if len(frames) != 2:

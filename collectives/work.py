@@ -2,8 +2,8 @@
 
 A non-blocking call returns a Work handle at once; the operation runs on the communicator's
 worker thread, one after another in call order (every peer assigned sequence numbers in the
-same order, so the slots match). ``wait(timeout)`` and ``done()`` are the blocking/non-blocking
-twins of the call.
+same order, so their mailboxes match). ``wait(timeout)`` and ``done()`` are the
+blocking/non-blocking twins of the call.
 """
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import queue
 import threading
 from typing import Any, Callable
 
+from collectives import defaults
 from collectives.errors import OperationTimeout
 
 __all__ = ["Work", "Executor"]
@@ -91,7 +92,7 @@ class Executor:
             except BaseException as exc:  # handed to whoever waits on the handle
                 work._finish(error=exc)
 
-    def close(self, timeout: float = 1.0) -> None:
+    def close(self, timeout: float = defaults.CLOSE_TIMEOUT) -> None:
         with self._lock:
             if self._closed:
                 return

@@ -32,11 +32,12 @@ import threading
 import time
 from typing import IO, Callable, Mapping, Sequence
 
+from collectives import defaults
 from gossip.supervisor import free_port
 
 __all__ = ["launch", "main", "build_parser", "add_arguments", "run_from_args", "DEFAULT_GRACE"]
 
-DEFAULT_GRACE = 5.0  # seconds between the polite signal and SIGKILL
+DEFAULT_GRACE = defaults.LAUNCHER_GRACE  # seconds between the polite signal and SIGKILL
 _MULTI_NODE_PORT = 29500  # torchrun's default, for runs where every node must agree on it
 _FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 # These outrank torchrun's variables in gossip.settings: a stale one inherited from the

@@ -7,6 +7,7 @@ import re
 import socket
 from typing import Any
 
+from collectives import defaults
 from collectives.config import TransportConfig
 from collectives.rendezvous import rendezvous as exchange_addresses
 from collectives.security import ClusterKey, load_cluster_key
@@ -20,7 +21,7 @@ __all__ = ["init", "resolve_topology", "DEFAULT_TIMEOUT"]
 
 log = logging.getLogger("gossip")
 
-DEFAULT_TIMEOUT = 60.0
+DEFAULT_TIMEOUT = defaults.TIMEOUT  # the documented default: collectives/defaults.py
 
 
 def resolve_topology(topology: Any, world_size: int) -> Any:

@@ -7,8 +7,8 @@ from typing import Any
 import numpy as np
 
 from collectives.arrays.adapter import ArrayAdapter, adapter_for
-from collectives.algorithms.p2p import Call
-from collectives.algorithms.ring import ring_allgather, wait_sent
+from collectives.algorithms.p2p import Call, wait_sent
+from collectives.algorithms.ring import ring_allgather
 
 __all__ = ["ring_allgather_into", "exchange_counts"]
 

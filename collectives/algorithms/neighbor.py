@@ -10,8 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from collectives.arrays.adapter import ArrayAdapter
-from collectives.algorithms.p2p import Call, post_range, recv_range, wait_reached
-from collectives.algorithms.ring import wait_sent
+from collectives.algorithms.p2p import Call, post_range, recv_range, wait_reached, wait_sent
 
 __all__ = ["neighbor_exchange"]
 

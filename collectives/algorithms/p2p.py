@@ -1,9 +1,11 @@
-"""Chunked array messages over a Transport: the two primitives every algorithm is written with.
+"""Chunked array messages over a Transport: the point-to-point primitives every algorithm is
+written with.
 
 ``post_range`` queues elements ``[start, stop)`` of a flat array to one peer as chunks (zero-copy);
 ``recv_range`` walks the chunks of the same range arriving from one peer, checking each header
 against what this peer's own call expects, so peers that made different calls get a
-ProtocolError naming both calls instead of silent garbage.
+ProtocolError naming both calls instead of silent garbage. ``wait_sent`` and ``wait_reached``
+are the two ways a sender waits: for its buffer to be free, and for its peer to exist.
 """
 from __future__ import annotations
 
@@ -11,16 +13,17 @@ import math
 import time
 from typing import Any, Iterator
 
+from collectives import defaults
 from collectives.arrays.adapter import ArrayAdapter
 from collectives.errors import PeerLost, ProtocolError
 from collectives.transport.transport import SendTicket, Transport
 from collectives.transport.wire import Header, dtype_itemsize
 
-__all__ = ["Call", "post_range", "recv_range", "chunk_elements", "wait_reached"]
+__all__ = ["Call", "post_range", "recv_range", "chunk_elements", "wait_sent", "wait_reached"]
 
 
 class Call:
-    """What one peer's operation expects of every message in its slot: the same signature,
+    """What one peer's operation expects of every message in its mailbox: the same signature,
     dtype and shape on every peer, or the peers made different calls."""
 
     __slots__ = ("transport", "channel", "seq", "signature", "dtype", "shape", "nbytes",
@@ -109,6 +112,14 @@ def recv_range(call: Call, src: int, adapter: ArrayAdapter, start: int,
             return
 
 
+def wait_sent(call: Call, ticket) -> None:
+    """Block until the zero-copy buffers of this operation are no longer read by libzmq, so the
+    caller may modify the array as soon as the operation returns."""
+    if ticket is not None and not ticket.wait(call.deadline):
+        raise PeerLost(f"rank {call.transport.rank}: {call.describe()}: the last chunk was not "
+                       "taken by the network within the timeout (is the receiver alive?)")
+
+
 def wait_reached(call: Call, dst: int) -> None:
     """Return once this peer has reached ``dst`` at least once; PeerLost at the call's deadline.
 
@@ -118,7 +129,7 @@ def wait_reached(call: Call, dst: int) -> None:
     being set up (a millisecond on one host), so a short back-off poll is enough: there is no
     event for it in the transport."""
     t = call.transport
-    delay = 0.0005
+    delay = defaults.REACH_POLL_MIN
     while not t.reached(dst):
         if t.is_lost(dst) or time.monotonic() >= call.deadline:
             reason = "lost" if t.is_lost(dst) else "never reachable within the timeout"
@@ -126,4 +137,4 @@ def wait_reached(call: Call, dst: int) -> None:
                            f"{reason}: the message could not be delivered", rank=dst,
                            address=t.address(dst), operation=call.describe())
         time.sleep(min(delay, max(0.0, call.deadline - time.monotonic())))
-        delay = min(2 * delay, 0.02)
+        delay = min(2 * delay, defaults.REACH_POLL_MAX)

@@ -10,26 +10,16 @@ from __future__ import annotations
 
 from typing import Any
 
+from collectives.algorithms.p2p import Call, post_range, recv_range, wait_sent
 from collectives.arrays.adapter import ArrayAdapter
-from collectives.errors import PeerLost
-from collectives.algorithms.p2p import Call, post_range, recv_range
 
-__all__ = ["segments", "ring_reduce_scatter", "ring_allgather", "ring_allreduce",
-           "wait_sent"]
+__all__ = ["segments", "ring_reduce_scatter", "ring_allgather", "ring_allreduce"]
 
 
 def segments(count: int, n: int) -> list[tuple[int, int]]:
     """Split ``count`` elements into ``n`` balanced contiguous segments (some may be empty)."""
     bounds = [count * i // n for i in range(n + 1)]
     return [(bounds[i], bounds[i + 1]) for i in range(n)]
-
-
-def wait_sent(call: Call, ticket) -> None:
-    """Block until the zero-copy buffers of this operation are no longer read by libzmq, so the
-    caller may modify the array as soon as the operation returns."""
-    if ticket is not None and not ticket.wait(call.deadline):
-        raise PeerLost(f"rank {call.transport.rank}: {call.describe()}: the last chunk was not "
-                       "taken by the network within the timeout (is the receiver alive?)")
 
 
 def ring_reduce_scatter(call: Call, adapter: ArrayAdapter, flat: Any, op: str, *,

@@ -11,8 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from collectives.arrays.adapter import ArrayAdapter
-from collectives.algorithms.p2p import Call, post_range, recv_range
-from collectives.algorithms.ring import wait_sent
+from collectives.algorithms.p2p import Call, post_range, recv_range, wait_sent
 
 __all__ = ["recursive_doubling_allreduce"]
 

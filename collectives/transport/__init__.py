@@ -1,6 +1,7 @@
-"""Point-to-point messaging between peers: the sockets, the I/O loop that owns them, the wire
-format, what arrives (validated, then delivered to the inbox) and the shared-memory path between
-peers on one host. The algorithms above see only ``Transport``."""
-from collectives.transport.transport import SendTicket, Transport
+"""Point-to-point messaging between peers: the sockets and their owner, the I/O loop, the wire
+format, what arrives (validated, then dispatched by kind), liveness, the shared-memory protocol
+between peers on one host, and the inbox. The algorithms above see only ``Transport``."""
+from collectives.transport.channels import Channel
+from collectives.transport.transport import PeerCounters, SendTicket, Transport, host_id
 
-__all__ = ["Transport", "SendTicket"]
+__all__ = ["Transport", "SendTicket", "PeerCounters", "Channel", "host_id"]

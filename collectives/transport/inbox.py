@@ -1,9 +1,11 @@
 """The inbox: where the I/O thread leaves validated messages and where operations wait for them.
 
-Messages are matched by slot ``(src, channel, seq)``; within a slot they keep the order in which
-the source sent them (one ZeroMQ pipe per source preserves order), so a chunked array arrives
-chunk by chunk. A slot is retired when its operation ends; anything that later arrives for a
-retired slot is a duplicate or a replay and is dropped.
+Messages are matched by mailbox, addressed ``(src, channel, seq)``; within a mailbox they keep
+the order in which the source sent them (one ZeroMQ pipe per source preserves order), so a
+chunked array arrives chunk by chunk. A mailbox is retired when its operation ends; anything
+that later arrives for a retired mailbox is a duplicate or a replay and is dropped.
+
+("Mailbox", not "slot": in collectives a slot is always a shared-memory ring's slot.)
 """
 from __future__ import annotations
 
@@ -13,9 +15,9 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["Inbox", "Lost", "SlotError"]
+__all__ = ["Inbox", "Lost", "MailboxError", "Address"]
 
-Key = tuple[int, int, int]  # (src, channel, seq)
+Address = tuple[int, int, int]  # a mailbox: (src, channel, seq)
 
 
 @dataclass
@@ -26,15 +28,15 @@ class Lost:
 
 
 @dataclass
-class SlotError:
-    """An error posted to one slot: a malformed message or an ABORT from the source.
+class MailboxError:
+    """An error posted to one mailbox: a malformed message or an ABORT from the source.
     ``lost_rank`` is set when the source abandoned the operation because that rank was lost,
     so the error can travel on as PeerLost naming the dead peer."""
     message: str
     lost_rank: int | None = None
 
 
-class _Slot:
+class _Mailbox:
     """The messages of one (src, channel, seq), and the condition a consumer waits on. The
     condition is made only when a consumer has to wait: most small messages are read as soon
     as they arrive, and making one per message was a visible part of a 4 KiB allreduce."""
@@ -44,8 +46,8 @@ class _Slot:
     def __init__(self) -> None:
         self.cond: threading.Condition | None = None
         self.items: deque = deque()
-        self.error: SlotError | None = None
-        self.touched = False  # a consumer has asked for this slot: its operation is running
+        self.error: MailboxError | None = None
+        self.touched = False  # a consumer has asked for this mailbox: its operation is running
 
     def notify(self, every: bool = False) -> None:
         if self.cond is not None:
@@ -78,9 +80,12 @@ class _Retired:
 
 
 class Inbox:
+    """Every mailbox of one peer, the sources known lost, and the conditions consumers wait on
+    (one lock for all: deliveries are short, and wait_any needs a view across mailboxes)."""
+
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._slots: dict[Key, _Slot] = {}
+        self._boxes: dict[Address, _Mailbox] = {}
         self._retired: dict[tuple[int, int], _Retired] = {}
         self._lost: dict[int, Lost] = {}
         self._running: set[tuple[int, int]] = set()  # (channel, seq) of operations under way
@@ -89,27 +94,27 @@ class Inbox:
         self._arrivals = threading.Condition(self._lock)
 
     # -- producer side (the I/O thread) ------------------------------------------------------
-    def put(self, key: Key, item: Any) -> bool:
-        """Deliver one message; False (and nothing kept) if its slot was already retired."""
+    def put(self, key: Address, item: Any) -> bool:
+        """Deliver one message; False (and nothing kept) if its mailbox was already retired."""
         with self._lock:
             retired = self._retired.get(key[:2])
             if retired is not None and key[2] in retired:
                 return False
-            slot = self._slot(key)
-            slot.items.append(item)
-            slot.notify()
+            box = self._box(key)
+            box.items.append(item)
+            box.notify()
             self._arrivals.notify_all()
             return True
 
-    def post_error(self, key: Key, error: SlotError) -> None:
+    def post_error(self, key: Address, error: MailboxError) -> None:
         with self._lock:
             retired = self._retired.get(key[:2])
             if retired is not None and key[2] in retired:
                 return
-            slot = self._slot(key)
-            if slot.error is None:
-                slot.error = error
-            slot.notify(every=True)
+            box = self._box(key)
+            if box.error is None:
+                box.error = error
+            box.notify(every=True)
             self._arrivals.notify_all()
 
     def mark_lost(self, src: int, lost: Lost) -> None:
@@ -117,49 +122,49 @@ class Inbox:
             if src in self._lost:
                 return
             self._lost[src] = lost
-            for (s, _, _), slot in self._slots.items():
+            for (s, _, _), box in self._boxes.items():
                 if s == src:
-                    slot.notify(every=True)
+                    box.notify(every=True)
             self._arrivals.notify_all()
 
     def close(self) -> None:
         with self._lock:
             self._closed = True
-            for slot in self._slots.values():
-                slot.notify(every=True)
+            for box in self._boxes.values():
+                box.notify(every=True)
             self._arrivals.notify_all()
 
     # -- consumer side (operations) ----------------------------------------------------------
-    def get(self, key: Key, deadline: float) -> Any:
-        """Next message of a slot. Returns the item, or raises nothing itself: returns one of
-        ``Lost``/``SlotError``/``None`` (deadline passed) so the caller can word the error with
+    def get(self, key: Address, deadline: float) -> Any:
+        """Next message of a mailbox. Returns the item, or raises nothing itself: returns one of
+        ``Lost``/``MailboxError``/``None`` (deadline passed) so the caller can word the error with
         what it knows (operation, address)."""
         with self._lock:
-            slot = self._slot(key)
-            slot.touched = True
+            box = self._box(key)
+            box.touched = True
             while True:
-                ready = self._ready(key, slot)
+                ready = self._ready(key, box)
                 if ready is not None:
                     return ready
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     return None
-                if slot.cond is None:
-                    slot.cond = threading.Condition(self._lock)
-                slot.cond.wait(remaining)
+                if box.cond is None:
+                    box.cond = threading.Condition(self._lock)
+                box.cond.wait(remaining)
 
-    def take(self, key: Key) -> Any:
+    def take(self, key: Address) -> Any:
         """What get() would return at once, or None where it would wait."""
         with self._lock:
-            slot = self._slot(key)
-            slot.touched = True
-            return self._ready(key, slot)
+            box = self._box(key)
+            box.touched = True
+            return self._ready(key, box)
 
-    def _ready(self, key: Key, slot: _Slot) -> Any:
-        if slot.items:
-            return slot.items.popleft()
-        if slot.error is not None:
-            return slot.error
+    def _ready(self, key: Address, box: _Mailbox) -> Any:
+        if box.items:
+            return box.items.popleft()
+        if box.error is not None:
+            return box.error
         lost = self._lost.get(key[0])
         if lost is not None:
             return lost
@@ -168,7 +173,8 @@ class Inbox:
         return None
 
     def begin(self, channel: int, seq: int) -> None:
-        """An operation started: its messages are wanted soon, never spilled."""
+        """An operation started: its messages are wanted soon, never replaced (copied out of
+        their shared-memory slots, see replace_unclaimed)."""
         with self._lock:
             self._running.add((channel, seq))
 
@@ -176,41 +182,41 @@ class Inbox:
         with self._lock:
             self._running.discard((channel, seq))
 
-    def spill(self, src: int, move: Any) -> int:
-        """Replace, with ``move(item)``, every message from ``src`` waiting in a slot that no
-        operation has asked for yet (shared-memory chunks are copied out, so the sender can
-        reuse their slots for operations that are running). Returns how many moved."""
+    def replace_unclaimed(self, src: int, move: Any) -> int:
+        """Replace, with ``move(item)``, every message from ``src`` waiting in a mailbox that no
+        operation has asked for yet (see shm.SharedMemory.starved: it copies shared-memory
+        chunks out). Returns how many were replaced."""
         moved = 0
         with self._lock:
-            for (s, channel, seq), slot in self._slots.items():
-                if s == src and not slot.touched and (channel, seq) not in self._running:
-                    for i, item in enumerate(slot.items):
+            for (s, channel, seq), box in self._boxes.items():
+                if s == src and not box.touched and (channel, seq) not in self._running:
+                    for i, item in enumerate(box.items):
                         new = move(item)
                         if new is not item:
-                            slot.items[i] = new
+                            box.items[i] = new
                             moved += 1
         return moved
 
-    def unget(self, key: Key, item: Any) -> None:
-        """Put a message back at the front of its slot (a receiver that peeked at it)."""
+    def unget(self, key: Address, item: Any) -> None:
+        """Put a message back at the front of its mailbox (a receiver that peeked at it)."""
         with self._lock:
-            self._slot(key).items.appendleft(item)
+            self._box(key).items.appendleft(item)
 
-    def poll(self, key: Key) -> bool:
+    def poll(self, key: Address) -> bool:
         """True when get() would return at once."""
         with self._lock:
-            slot = self._slots.get(key)
-            return bool(slot and (slot.items or slot.error)) or key[0] in self._lost
+            box = self._boxes.get(key)
+            return bool(box and (box.items or box.error)) or key[0] in self._lost
 
-    def wait_any(self, keys, deadline: float) -> Key | None:
-        """The first of ``keys`` whose slot holds a message or an error, waiting (without
+    def wait_any(self, keys, deadline: float) -> Address | None:
+        """The first of ``keys`` whose mailbox holds a message or an error, waiting (without
         polling) until one does; None at ``deadline`` or once the inbox is closed. A lost
         source with nothing queued is not ready: get() would raise, not deliver."""
         with self._lock:
             while True:
                 for key in keys:
-                    slot = self._slots.get(key)
-                    if slot is not None and (slot.items or slot.error is not None):
+                    box = self._boxes.get(key)
+                    if box is not None and (box.items or box.error is not None):
                         return key
                 if self._closed:
                     return None
@@ -219,13 +225,13 @@ class Inbox:
                     return None
                 self._arrivals.wait(remaining)
 
-    def retire(self, key: Key) -> list:
-        """End a slot: drop what is left in it and refuse anything that arrives for it later.
+    def retire(self, key: Address) -> list:
+        """End a mailbox: drop what is left in it and refuse anything that arrives for it later.
         Returns the undelivered messages (their shared-memory slots must be released)."""
         with self._lock:
-            slot = self._slots.pop(key, None)
+            box = self._boxes.pop(key, None)
             self._retired.setdefault(key[:2], _Retired()).add(key[2])
-            return list(slot.items) if slot else []
+            return list(box.items) if box else []
 
     def lost(self, src: int) -> Lost | None:
         with self._lock:
@@ -235,12 +241,13 @@ class Inbox:
         with self._lock:
             return dict(self._lost)
 
-    def pending(self) -> int:
-        with self._lock:
-            return sum(len(s.items) for s in self._slots.values())
+    def _box(self, key: Address) -> _Mailbox:
+        box = self._boxes.get(key)
+        if box is None:
+            box = self._boxes[key] = _Mailbox()
+        return box
 
-    def _slot(self, key: Key) -> _Slot:
-        slot = self._slots.get(key)
-        if slot is None:
-            slot = self._slots[key] = _Slot()
-        return slot
+    @property
+    def _slots(self) -> dict:
+        # The old name of _boxes, still read by tests/test_shutdown.py (which may not change).
+        return self._boxes

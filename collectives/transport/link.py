@@ -1,13 +1,18 @@
-"""One peer's outgoing connection to another: its DEALER socket, the queue of messages waiting
-to go out, and (between peers on one host) the shared-memory ring its payloads travel in.
+"""One peer's outgoing connection to another: its DEALER socket and the queue of messages waiting
+to go out, in order.
 
 The transport's I/O thread owns the socket. To keep latency low, a calling thread may borrow
 it for one send, under the link's lock, when nothing is queued: the message then leaves at once
 instead of waking the I/O thread. When something is queued (the socket is at its high-water
-mark, or a chunk waits for a free shared-memory slot), every later message queues behind it, so
-order is kept, and only the I/O thread touches the socket: it polls the socket only while the
-queue is non-empty, and no calling thread sends then. The lock is the memory fence that lets
-the socket move between threads, as ZeroMQ requires.
+mark, or a staged message waits for a free shared-memory slot), every later message queues
+behind it, so order is kept, and only the I/O thread touches the socket: it polls the socket
+only while the queue is non-empty, and no calling thread sends then. The lock is the memory
+fence that lets the socket move between threads, as ZeroMQ requires.
+
+A queued entry is either ``(frames, ticket)`` or a *staged* message: an object with a
+``ticket`` and a ``stage(retry)`` method that returns its frames once the resource it needs is
+free (None: not yet). The shared-memory chunks of collectives/transport/shm.py are the staged
+messages; the link knows nothing else about them.
 """
 from __future__ import annotations
 
@@ -19,25 +24,16 @@ from typing import Any, Callable
 import zmq
 
 from collectives.errors import PeerLost
-from collectives.transport.shm import ShmRing
-from collectives.transport.wire import encode_header, stamp_number
+from collectives.transport.wire import stamp_number
 
-__all__ = ["Link", "ShmPending"]
+__all__ = ["Link"]
 
 _NOBLOCK, _SNDMORE = int(zmq.NOBLOCK), int(zmq.SNDMORE)
 
 
-class ShmPending:
-    """A chunk for the shared-memory ring that found no free slot: its header fields (all but
-    the slot), the caller's buffer (read when a slot frees up) and the caller's ticket."""
-
-    __slots__ = ("fields", "payload", "ticket")
-
-    def __init__(self, fields: tuple, payload: Any, ticket) -> None:
-        self.fields, self.payload, self.ticket = fields, payload, ticket
-
-
 class Link:
+    """The DEALER to one peer, its monitor socket (liveness), and the send queue."""
+
     def __init__(self, rank: int, sock: zmq.Socket, monitor: zmq.Socket,
                  on_sent: Callable[[int, int, int], None]) -> None:
         self.rank = rank
@@ -45,9 +41,7 @@ class Link:
         self.monitor = monitor
         self.lock = threading.Lock()
         self.queue: deque = deque()
-        self.ring: ShmRing | None = None
         self.created = time.monotonic()
-        self.starved_since = 0.0  # when the queue last told the receiver it had no free slot
         self.closed = False
         self.sent_number = 0  # number stamped on the last message the socket took
         self._on_sent = on_sent  # counters: (rank, messages, payload bytes)
@@ -67,24 +61,21 @@ class Link:
             self.queue.append((frames, ticket))
             return len(self.queue) == 1
 
-    def post_shm(self, fields: tuple, payload: Any, ticket) -> tuple[bool, bool]:
-        """A chunk for the ring: copy it into a free slot and send its header now, or queue it
-        until a slot frees up. Returns (queued, wake the I/O thread)."""
-        ring = self.ring
+    def post(self, staged) -> tuple[bool, bool]:
+        """A staged message: sent now if nothing is queued and ``staged.stage(False)`` gets its
+        resource, else queued until the I/O thread's flush can stage it. Returns (queued, wake
+        the I/O thread)."""
         with self.lock:
             if self.closed:
                 return False, False  # the caller sees `closed` and raises
             if not self.queue:
-                with ring.lock:
-                    slot = ring.try_acquire()
-                if slot is not None:
-                    self._on_sent(self.rank, 0, ring.write(slot, payload))
-                    header = (encode_header(*fields, slot),)
-                    if not self._send_now(header, None):
-                        self.queue.append((header, None))
+                frames = staged.stage(False)
+                if frames is not None:
+                    if not self._send_now(frames, None):
+                        self.queue.append((frames, None))
                         return False, len(self.queue) == 1
                     return False, False
-            self.queue.append(ShmPending(fields, payload, ticket))
+            self.queue.append(staged)
             return True, len(self.queue) == 1
 
     def send_urgent(self, frames: tuple) -> bool:
@@ -121,52 +112,37 @@ class Link:
 
     def flush(self, fail: Callable[[Any], None] | None = None) -> str:
         """Drain the queue (I/O thread). Returns "done", "pollout" (the socket is full: poll
-        it for POLLOUT) or "slot" (a chunk waits for a free shared-memory slot). With ``fail``
-        (the peer is lost), every queued message is handed to it instead of being sent."""
+        it for POLLOUT) or "blocked" (a staged message waits for its resource). With ``fail``
+        (the peer is lost), every queued message's ticket is handed to it instead."""
         with self.lock:
             queue = self.queue
             while queue:
                 entry = queue[0]
                 if fail is not None:
                     queue.popleft()
-                    fail(entry.ticket if type(entry) is ShmPending else entry[1])
+                    fail(entry[1] if type(entry) is tuple else entry.ticket)
                     continue
-                if type(entry) is ShmPending:
-                    if not self._stage(entry):
-                        return "slot"
+                if type(entry) is not tuple:
+                    frames = entry.stage(True)
+                    if frames is None:
+                        return "blocked"
+                    queue[0] = (frames, None)
                     continue
                 if not self._send_now(*entry):
                     return "pollout"
                 queue.popleft()
             return "done"
 
-    def _stage(self, pending: ShmPending) -> bool:
-        """Copy the chunk at the head of the queue into a free slot and put its header in its
-        place; False if no slot is free (the ring's waiting flag is then up)."""
-        ring = self.ring
-        with ring.lock:
-            slot = ring.try_acquire()
-            if slot is None:
-                ring.waiting[0] = 1
-                slot = ring.try_acquire()  # a slot freed before the flag went up
-                if slot is None:
-                    return False
-        self._on_sent(self.rank, 0, ring.write(slot, pending.payload))
-        if pending.ticket is not None:
-            pending.ticket.queued.set()  # the buffer was copied: reusable now
-        self.queue[0] = ((encode_header(*pending.fields, slot),), None)
-        return True
-
     def pending_tickets(self) -> list:
         with self.lock:
-            tickets = [e.ticket if type(e) is ShmPending else e[1] for e in self.queue]
+            tickets = [e[1] if type(e) is tuple else e.ticket for e in self.queue]
             self.queue.clear()
             return [t for t in tickets if t is not None]
 
     def close(self, linger_ms: int) -> None:
+        """Close both sockets; under the lock, so once this returns no caller is staging or
+        sending on this link, and what it staged into (a ring) may be closed."""
         with self.lock:
             self.closed = True
             self.monitor.close(linger=0)
             self.sock.close(linger=linger_ms)
-            if self.ring is not None:
-                self.ring.close()

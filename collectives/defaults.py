@@ -1,0 +1,100 @@
+"""The runtime's default times, in one place, each derived from the ones it depends on.
+
+A user usually sets one number, the operation ``timeout``; the liveness times follow from it so
+that a silent peer is reported as lost (``PeerLost``) before an operation waiting on it times
+out. The other values are the transport's internal pacing: how often its I/O thread looks at
+things it cannot be woken for. They are not settings; they live here so each is written once,
+with its reason, and tests or benchmarks that need the same figure import it.
+
+=======================  =========  ====================  ==================================
+name                     value      derived from          why
+=======================  =========  ====================  ==================================
+TIMEOUT                  60 s       -                     every blocking call's deadline
+heartbeat_timeout(t)     0.5-15 s   t/2, in [0.5, 15]     silent peer: PeerLost within t
+heartbeat_interval(h)    0.1-1 s    h/4, in [0.1, 1]      4 pings per heartbeat timeout
+DISCONNECT_GRACE         0.25 s     -                     a leaver's last messages land
+PUMP_SLICE               10 ms      -                     socket-reading caller sees close()
+PARK_MIN                 1 ms       -                     I/O thread's look, caller reading
+PARK_MAX                 16 ms      PARK_MIN doubled      its longest; hand back at MAX/4
+STARVED_REPEAT           50 ms      -                     STARVED at most this often
+SLOT_RETRY               1 ms       -                     bound on a lost CREDIT
+SUSPECT_POLL             50 ms      DISCONNECT_GRACE/5    lateness of declaring a suspect
+IDLE_POLL                100 ms     -                     idle I/O thread looks at timers
+MAX_LOGGED_DROPS         20         -                     drops logged one by one
+DROP_SUMMARY_INTERVAL    10 s       -                     then one summary this often
+RECONNECT_INTERVAL       200 ms     -                     libzmq reconnect to a peer
+GOODBYE_LINGER           50 ms      -                     BYE leaves; dead peer can't hold
+CLOSE_TIMEOUT            1 s        -                     close() returns within
+RING_MAPPED_SHARE        1/2        of close()'s timeout  wait for receivers to map rings
+REACH_POLL_MIN/MAX       0.5/20 ms  doubling              first connection back-off
+RENDEZVOUS_CLIENT_GRACE  3 s        -                     clients hear rank 0's verdict
+RENDEZVOUS_POLL          0.5 s      -                     rank 0 looks at its deadline
+LAUNCHER_GRACE           5 s        -                     polite signal, then SIGKILL
+=======================  =========  ====================  ==================================
+"""
+from __future__ import annotations
+
+__all__ = [
+    "TIMEOUT", "heartbeat_timeout", "heartbeat_interval", "DISCONNECT_GRACE", "PUMP_SLICE",
+    "PARK_MIN", "PARK_MAX", "STARVED_REPEAT", "SLOT_RETRY", "SUSPECT_POLL", "IDLE_POLL",
+    "MAX_LOGGED_DROPS", "DROP_SUMMARY_INTERVAL", "RECONNECT_INTERVAL", "GOODBYE_LINGER",
+    "CLOSE_TIMEOUT", "RING_MAPPED_SHARE", "REACH_POLL_MIN", "REACH_POLL_MAX",
+    "RENDEZVOUS_CLIENT_GRACE", "RENDEZVOUS_POLL", "LAUNCHER_GRACE",
+]
+
+# Seconds any blocking wait may take before it raises (GOSSIP_TIMEOUT, init(timeout=)).
+TIMEOUT = 60.0
+
+
+def heartbeat_timeout(timeout: float) -> float:
+    """Silence after which a connection drops: half the timeout, so a silent peer is PeerLost
+    (not a timeout) within ``timeout``; at least 0.5 s (scheduling noise on a loaded host), at
+    most 15 s (a dead machine is noticed in reasonable time even with long timeouts)."""
+    return max(0.5, min(15.0, timeout / 2))
+
+
+def heartbeat_interval(heartbeat_timeout: float) -> float:
+    """ZMTP ping period: four pings per heartbeat timeout, so one late pong is no drop."""
+    return max(0.1, min(1.0, heartbeat_timeout / 4))
+
+
+# A dropped connection's peer is declared lost this long after the drop: what it sent before
+# it went travels on its own connection and may be read after the monitor's event.
+DISCONNECT_GRACE = 0.25
+# How long a caller reading the ROUTER (leader/follower) keeps it per turn before it looks at
+# close() again.
+PUMP_SLICE = 0.01
+# While a caller reads the ROUTER, the I/O thread looks for its return after PARK_MIN,
+# doubling up to PARK_MAX while the caller keeps it (a long wait on a slow peer).
+PARK_MIN = 0.001
+PARK_MAX = 0.016
+# Seconds between two STARVED messages while a shared-memory ring stays full.
+STARVED_REPEAT = 0.05
+# While a chunk waits for a free shared-memory slot, the I/O thread re-checks this often (a
+# CREDIT lost to store/load reordering between the ring's two flags costs at most this).
+SLOT_RETRY = 0.001
+# The I/O thread's poll timeout while a suspect waits out DISCONNECT_GRACE, and when idle.
+SUSPECT_POLL = DISCONNECT_GRACE / 5
+IDLE_POLL = 0.1
+# Drops are logged one by one up to MAX_LOGGED_DROPS, then summarised once per interval: a
+# fuzzer or a flood must not turn into one log line per message.
+MAX_LOGGED_DROPS = 20
+DROP_SUMMARY_INTERVAL = 10.0
+# libzmq's reconnect period on a dropped connection to a peer.
+RECONNECT_INTERVAL = 0.2
+# Linger of a DEALER at close: the goodbye gets out, a dead peer cannot hold us longer.
+GOODBYE_LINGER = 0.05
+# close() of a transport or a communicator returns within about this many seconds.
+CLOSE_TIMEOUT = 1.0
+# Share of close()'s time spent waiting for receivers to map our rings (a receiver maps a ring
+# through our /proc/<pid>/fd: what we left in it is gone if we exit first).
+RING_MAPPED_SHARE = 0.5
+# Back-off of a send waiting for the first connection to its peer (a millisecond on one host).
+REACH_POLL_MIN = 0.0005
+REACH_POLL_MAX = 0.02
+# Rendezvous clients wait this much longer than rank 0, so rank 0's verdict (which ranks are
+# missing) reaches them before their own deadline; rank 0 looks at its deadline this often.
+RENDEZVOUS_CLIENT_GRACE = 3.0
+RENDEZVOUS_POLL = 0.5
+# The launcher's seconds between the polite signal (SIGTERM/SIGINT) and SIGKILL.
+LAUNCHER_GRACE = 5.0

@@ -1,0 +1,140 @@
+"""Point-to-point messages of one communicator: whole arrays sent by one peer and received by
+another, in the order they were sent, on the communicator's point-to-point channel.
+
+Each ordered pair of peers numbers its messages (a send sequence per destination, a receive
+sequence per source), so a message's mailbox is ``(src, channel, seq)`` on both ends without
+any agreement beyond the order of calls. ``probe`` and ``wait_any`` look at the next mailbox of
+each source without consuming it, for receivers that serve several peers.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import numpy as np
+
+from collectives.algorithms.p2p import Call, post_range, recv_range, wait_reached, wait_sent
+from collectives.arrays.adapter import ArrayAdapter, adapter_for
+from collectives.errors import ProtocolError
+from collectives.transport.transport import Transport
+
+__all__ = ["PointToPoint", "flat_of"]
+
+
+def flat_of(x: Any) -> tuple[ArrayAdapter, Any, str]:
+    """An array's adapter, its flat view and its dtype's wire name."""
+    adapter = adapter_for(x)
+    flat = adapter.flat(x)
+    return adapter, flat, adapter.dtype_name(flat)
+
+
+class PointToPoint:
+    """send/recv/probe/wait_any of one communicator (its ``p2p_channel``)."""
+
+    def __init__(self, transport: Transport, channel: int) -> None:
+        self.transport = transport
+        self.rank = transport.rank
+        self.world_size = transport.world_size
+        self.channel = channel
+        self._lock = threading.Lock()
+        self._send_seq = [0] * self.world_size
+        self._recv_seq = [0] * self.world_size
+
+    @property
+    def timeout(self) -> float:
+        return self.transport.config.timeout
+
+    def send(self, dst: int, x: Any, *, timeout: float | None = None) -> None:
+        """Send ``x`` to ``dst``; returns when ``x`` may be modified again. Messages between
+        two peers arrive in the order they were sent."""
+        if not 0 <= dst < self.world_size or dst == self.rank:
+            raise ValueError(f"rank {self.rank}: cannot send to rank {dst} (world size "
+                             f"{self.world_size})")
+        adapter, flat, dtype = flat_of(x)
+        with self._lock:
+            seq = self._send_seq[dst]
+            self._send_seq[dst] += 1
+        deadline = time.monotonic() + (self.timeout if timeout is None else timeout)
+        call = Call(self.transport, self.channel, seq, "send", dtype, tuple(x.shape),
+                    deadline)
+        wait_sent(call, post_range(call, dst, adapter, flat, 0, adapter.size(flat), track=True))
+        # A peer never reached (it may have died before any connection existed) would leave
+        # the message in a queue and the send would seem to succeed: PeerLost instead.
+        wait_reached(call, dst)
+
+    def recv(self, src: int, out: Any = None, *, timeout: float | None = None) -> Any:
+        """Receive the next array ``src`` sent. Into ``out`` if given (its dtype and size must
+        match), else a new numpy array (a single-chunk message is returned without a copy)."""
+        if not 0 <= src < self.world_size or src == self.rank:
+            raise ValueError(f"rank {self.rank}: cannot receive from rank {src} (world size "
+                             f"{self.world_size})")
+        seq = self._recv_seq[src]
+        t = self.transport
+        deadline = time.monotonic() + (self.timeout if timeout is None else timeout)
+        channel = self.channel
+        key = (src, channel, seq)
+        # Nothing arrived (timeout, lost peer): the mailbox stays open, so a later recv (e.g. a
+        # poll with timeout=0) waits for the same message and the sequence stays in step.
+        item = t.recv(src, channel, seq, deadline=deadline,
+                      operation=f"recv from rank {src}")
+        self._recv_seq[src] = seq + 1
+        try:
+            header, frame, release = item
+            call = Call(t, channel, seq, "send", header.dtype, header.shape, deadline)
+            if out is None:
+                if (release is None and header.offset == 0 and header.length == header.nbytes
+                        and header.dtype != "bfloat16"):
+                    # The whole array in one ZeroMQ frame: hand it over without a copy.
+                    return np.frombuffer(frame, dtype=header.dtype).reshape(header.shape)
+                out = _empty_for(header.dtype, header.shape)
+            adapter, flat, dtype = flat_of(out)
+            if dtype != header.dtype or adapter.size(flat) * call.itemsize != header.nbytes:
+                if release is not None:
+                    release()
+                raise ProtocolError(f"rank {self.rank}: recv from rank {src}: it sent "
+                                    f"{header.dtype} {header.shape} but out is {dtype} "
+                                    f"{tuple(out.shape)}")
+            t.inbox.unget(key, item)
+            for lo, hi, chunk in recv_range(call, src, adapter, 0, adapter.size(flat)):
+                adapter.copy(adapter.slice(flat, lo, hi), chunk)
+            adapter.synchronize()
+            return out
+        finally:
+            t.retire(channel, seq, [src])
+
+    def probe(self, src: int) -> bool:
+        """True when a message from ``src`` is waiting (or its mailbox holds an error, e.g. a
+        malformed message), so recv(src) returns or raises at once. A lost source with nothing
+        queued is *not* ready: probe is False and recv raises PeerLost. What a source sent
+        before it died stays receivable. Whether a source is gone: ``transport.is_lost``
+        (``peer.lost_peers()``)."""
+        self._check_source(src)
+        return self.wait_any([src], 0.0) is not None
+
+    def wait_any(self, sources, timeout: float | None = None) -> int | None:
+        """Wait (without polling) until a message from one of ``sources`` is waiting, and
+        return that source (the first of ``sources`` that has one); None after ``timeout``
+        seconds (0: just look; None: the communicator's timeout) or once the peer is closed.
+        Lost sources with nothing queued never count as ready (see probe)."""
+        sources = [int(s) for s in sources]
+        for src in sources:
+            self._check_source(src)
+        wait = self.timeout if timeout is None else max(0.0, float(timeout))
+        channel, seqs = self.channel, self._recv_seq
+        key = self.transport.wait_any([(src, channel, seqs[src]) for src in sources],
+                                      time.monotonic() + wait)
+        return None if key is None else key[0]
+
+    def _check_source(self, src: int) -> None:
+        if not 0 <= src < self.world_size or src == self.rank:
+            raise ValueError(f"rank {self.rank}: cannot receive from rank {src} (world size "
+                             f"{self.world_size})")
+
+
+
+def _empty_for(dtype: str, shape: tuple) -> Any:
+    if dtype == "bfloat16":
+        import torch
+        return torch.empty(shape, dtype=torch.bfloat16)
+    return np.empty(shape, dtype=dtype)

@@ -1,0 +1,107 @@
+"""What one peer does with a message read from its ROUTER: validate it, then dispatch it by kind.
+
+Validation comes first and is the same for every kind: the sender's identity names a rank of
+the group (not this peer's own), the frames are a header and at most one payload, the header
+decodes and passes wire.decode_header's checks against the payload, agrees with the identity,
+and carries a message number above the last one heard from that source (replays and duplicates
+are refused before anything reaches the inbox, so a chunk is never reduced twice). A message
+that fails is dropped and counted (drops.py); one that passes goes to the handler of its kind,
+from a table. The shared-memory kinds are handled by shm.SharedMemory; the operation kinds
+(DATA, ABORT) and BYE here.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+from collectives.transport.drops import DropLog
+from collectives.transport.inbox import Inbox, Lost, MailboxError
+from collectives.transport.sockets import IDENTITY_PREFIX, rank_of_identity
+from collectives.transport.wire import ABORT, BYE, DATA, Header, WireError, decode_header
+
+__all__ = ["Arrivals"]
+
+Handler = Callable[[int, Header, object], bool]  # (src, header, payload) -> counted as received
+
+
+class Arrivals:
+    """The validation and the dispatch table of one peer (run by whichever thread reads the
+    ROUTER). ``handlers`` adds kinds handled elsewhere (shm.SharedMemory.handlers())."""
+
+    def __init__(self, rank: int, world_size: int, max_message_bytes: int, inbox: Inbox,
+                 counters: list, drops: DropLog, handlers: dict[int, Handler]) -> None:
+        self.rank = rank
+        self._world_size = world_size
+        self._max_bytes = max_message_bytes
+        self._inbox = inbox
+        self._counters = counters
+        self._drops = drops
+        self._identity_ranks = {IDENTITY_PREFIX + str(r).encode(): r for r in range(world_size)}
+        self._heard = [0] * world_size  # last message number accepted from each source
+        # Kinds without a handler (the reserved HELLO) are valid, counted and ignored.
+        self._handlers: dict[int, Handler] = {DATA: self._data, ABORT: self._abort,
+                                              BYE: self._bye, **handlers}
+
+    def handle(self, frames: list) -> None:
+        identity = frames[0].bytes
+        src = self._identity_ranks.get(identity)  # the usual spelling, without parsing
+        if src is None:
+            src = rank_of_identity(identity, self._world_size)
+        if src is None:
+            self._drops.drop("foreign", f"unknown sender identity {identity[:40]!r}")
+            return
+        if len(frames) not in (2, 3):
+            self._drops.drop("malformed", f"{len(frames) - 1} frames from rank {src}")
+            return
+        payload = frames[2] if len(frames) == 3 else None
+        try:
+            header = decode_header(frames[1].buffer, world_size=self._world_size,
+                                   max_bytes=self._max_bytes,
+                                   payload_len=len(payload) if payload is not None else 0)
+        except WireError as exc:
+            self._drops.drop("malformed", f"from rank {src}: {exc}")
+            return
+        if header.src != src:
+            self._drops.drop("foreign",
+                             f"header claims rank {header.src} on rank {src}'s connection")
+            return
+        if src == self.rank:
+            # A peer never sends to itself: whoever uses our own identity is an intruder, and
+            # what it sends would sit in mailboxes nobody reads.
+            self._drops.drop("foreign",
+                             f"a connection uses this peer's own identity (rank {src})")
+            return
+        # Replays and duplicates: one pipe per source never reorders or repeats, so numbers
+        # only grow.
+        if header.number <= self._heard[src]:
+            self._drops.drop("replay", f"message number {header.number} from rank {src} after "
+                                       f"{self._heard[src]} (a replay, a duplicate, or "
+                                       "unnumbered)")
+            return
+        self._heard[src] = header.number
+        # Every message is either dropped (and counted as such) or received, never both:
+        # dropped + received accounts for every message that arrived.
+        handler = self._handlers.get(header.kind)
+        if handler is None or handler(src, header, payload):
+            self._counters[src].messages_received += 1
+
+    def _data(self, src: int, header: Header, payload) -> bool:
+        if not self._inbox.put((src, header.channel, header.seq), (header, payload, None)):
+            self._drops.stale(src, header)
+            return False
+        if payload is not None:
+            self._counters[src].bytes_received += len(payload)
+        return True
+
+    def _abort(self, src: int, header: Header, payload) -> bool:
+        reason, lost_rank = header.op, None
+        if reason.startswith("lost:"):
+            rank_text, _, reason = reason[5:].partition("|")
+            lost_rank = int(rank_text) if rank_text.isdigit() else None
+        self._inbox.post_error((src, header.channel, header.seq),
+                               MailboxError(f"rank {src} abandoned the operation: {reason}",
+                                            lost_rank))
+        return True
+
+    def _bye(self, src: int, header: Header, payload) -> bool:
+        self._inbox.mark_lost(src, Lost("it closed its peer (left the group)", kind="closed"))
+        return True

@@ -1,0 +1,79 @@
+"""Liveness: which peers answer, and when one is declared lost.
+
+Liveness comes from the DEALERs: libzmq's ZMTP heartbeats (answered by the remote libzmq
+thread, so a peer busy in Python still answers) drop a silent connection after
+``heartbeat_timeout``, a dead process drops it at once, and each DEALER's socket monitor reports
+the drop. A dropped connection makes its peer a *suspect*; DISCONNECT_GRACE later it is marked
+lost in the inbox, which turns into ``PeerLost`` for every operation waiting on it. A receive
+from a peer therefore first connects to it, even when this peer never sends to it.
+"""
+from __future__ import annotations
+
+import time
+
+import zmq
+from zmq.utils.monitor import recv_monitor_message
+
+from collectives import defaults
+from collectives.transport.inbox import Inbox, Lost
+
+__all__ = ["Liveness", "MONITOR_EVENTS"]
+
+# What a DEALER's monitor reports (see Sockets.open_link).
+MONITOR_EVENTS = (zmq.EVENT_DISCONNECTED | zmq.EVENT_HANDSHAKE_SUCCEEDED
+                  | zmq.EVENT_HANDSHAKE_FAILED_AUTH | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
+                  | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL)
+
+
+class Liveness:
+    """The monitors of one peer's links, the peers reached, and the suspects (I/O thread;
+    ``connected`` is read by callers)."""
+
+    def __init__(self, inbox: Inbox, heartbeat_timeout: float) -> None:
+        self._inbox = inbox
+        self._heartbeat_timeout = heartbeat_timeout
+        self.monitors: dict[zmq.Socket, int] = {}  # monitor socket -> rank
+        self.connected: set[int] = set()  # ranks a ZeroMQ handshake succeeded with
+        self.suspects: dict[int, float] = {}  # rank -> when its dropped connection counts
+
+    def watch(self, link) -> zmq.Socket:
+        """Start reading ``link``'s monitor; returns the socket to poll."""
+        self.monitors[link.monitor] = link.rank
+        return link.monitor
+
+    def on_events(self, monitor, rank: int) -> None:
+        """Read what ``monitor`` (of the link to ``rank``) reported."""
+        while True:
+            try:
+                event = recv_monitor_message(monitor, zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            kind = event["event"]
+            if kind == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+                # A ZeroMQ peer answered (with or without CURVE), not just some process that
+                # accepted the connection on a port or socket file a dead peer left behind.
+                self.connected.add(rank)
+            elif kind == zmq.EVENT_DISCONNECTED:
+                if rank in self.connected and rank not in self.suspects:
+                    # What the peer sent before it went travels on its own connection to our
+                    # ROUTER and may be read after this event: give it a moment to land, so
+                    # the last messages of a peer that finished and left are not lost.
+                    self.suspects[rank] = time.monotonic() + defaults.DISCONNECT_GRACE
+            elif kind == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
+                self._inbox.mark_lost(rank, Lost("the peer refused our cluster key (CURVE "
+                                                 "authentication failed)", kind="auth"))
+            elif kind in (zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL,
+                          zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL):
+                self._inbox.mark_lost(rank, Lost("security handshake failed (does every peer "
+                                                 "use the same cluster key, or none?)",
+                                                 kind="auth"))
+
+    def declare_lost(self) -> None:
+        """Mark lost every suspect whose grace has passed."""
+        now = time.monotonic()
+        for rank, when in list(self.suspects.items()):
+            if now >= when:
+                del self.suspects[rank]
+                self._inbox.mark_lost(rank, Lost(
+                    "connection dropped (the peer died, closed, or missed heartbeats for "
+                    f"{self._heartbeat_timeout:g}s)"))

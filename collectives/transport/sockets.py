@@ -1,0 +1,191 @@
+"""The sockets of one peer, and their one owner: the ZeroMQ context, the bound ROUTER that
+everything inbound arrives on, one DEALER (a Link) per peer this peer talks to, and the CURVE ZAP
+handler.
+
+Data always flows DEALER(src) -> ROUTER(dst). A DEALER's routing id is ``gossip:<rank>``, so
+the ROUTER knows which peer a message came from (the arrivals check that the header's ``src``
+agrees). Which thread may touch which socket is the I/O loop's business (loop.py, link.py);
+this module makes, configures and closes them.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import socket as pysocket
+import tempfile
+import threading
+import uuid
+from typing import Callable
+
+import zmq
+
+from collectives import defaults
+from collectives.config import TransportConfig
+from collectives.errors import PeerLost, RendezvousError
+from collectives.security import ZapHandler
+from collectives.transport.link import Link
+from collectives.transport.liveness import MONITOR_EVENTS
+from collectives.transport.shm import shm_supported
+
+__all__ = ["Sockets", "IDENTITY_PREFIX", "rank_of_identity", "host_id"]
+
+log = logging.getLogger("collectives")
+
+IDENTITY_PREFIX = b"gossip:"
+
+
+def host_id() -> str:
+    """Identifies a host *and* network namespace: ipc sockets only work between peers that
+    share both (network-namespace test hosts share the hostname and boot id)."""
+    try:
+        boot = open("/proc/sys/kernel/random/boot_id").read().strip()
+    except OSError:
+        boot = ""
+    try:
+        netns = str(os.stat("/proc/self/ns/net").st_ino)
+    except OSError:
+        netns = ""
+    return f"{pysocket.gethostname()}/{boot}/{netns}"
+
+
+def rank_of_identity(identity: bytes, world_size: int) -> int | None:
+    """The rank a DEALER's routing id names, or None if it names none of this group."""
+    if not identity.startswith(IDENTITY_PREFIX):
+        return None
+    digits = identity[len(IDENTITY_PREFIX):]
+    if not digits.isdigit() or len(digits) > 9:
+        return None
+    rank = int(digits)
+    return rank if rank < world_size else None
+
+
+class Sockets:
+    """Makes, holds and closes every socket of one peer. ``links`` (rank -> Link) and
+    ``addresses`` (rank -> endpoint) are read without a lock (a dict lookup is atomic); links
+    are added under a lock, so one is made once per peer."""
+
+    def __init__(self, rank: int, config: TransportConfig,
+                 on_sent: Callable[[int, int, int], None]) -> None:
+        self.rank = rank
+        self.config = config
+        self._on_sent = on_sent  # a link's traffic counter: (rank, messages, payload bytes)
+        self.addresses: dict[int, str] = {}
+        self.links: dict[int, Link] = {}  # outgoing connections, by destination
+        self._links_lock = threading.Lock()
+        self._accepting = True
+        self.context = zmq.Context()
+        self.zap = ZapHandler(self.context, config.key) if config.key else None
+        self.router = self.socket(zmq.ROUTER, server=True)
+        self.router.rcvhwm = config.recv_hwm
+        # libzmq allocates a frame before we can look at its header: cap what a connection
+        # may make us allocate. Legitimate frames are chunks of at most whole_message_bytes
+        # (or chunk_bytes); the margin tolerates peers configured differently. Bigger frames
+        # make libzmq drop that connection.
+        self.router.maxmsgsize = max(64 << 20, 4 * max(config.whole_message_bytes,
+                                                       config.chunk_bytes))
+        self._ipc_path: str | None = None
+        self.endpoints = self._bind()
+
+    def socket(self, kind: int, *, server: bool = False) -> zmq.Socket:
+        """A socket with linger 0, the configured buffers, ZMTP heartbeats and CURVE."""
+        cfg = self.config
+        sock = self.context.socket(kind)
+        sock.linger = 0
+        if cfg.socket_buffer_bytes:
+            sock.sndbuf = sock.rcvbuf = cfg.socket_buffer_bytes
+        sock.setsockopt(zmq.HEARTBEAT_IVL, int(cfg.effective_heartbeat_interval * 1000))
+        sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, int(cfg.effective_heartbeat_timeout * 1000))
+        sock.setsockopt(zmq.HEARTBEAT_TTL, int(cfg.effective_heartbeat_timeout * 1000))
+        if cfg.key is not None:
+            if server:
+                cfg.key.apply_server(sock)
+            else:
+                cfg.key.apply_client(sock)
+        return sock
+
+    def _bind(self) -> dict:
+        cfg = self.config
+        lo, hi = cfg.data_ports
+        try:
+            # max_port is exclusive; a narrow range is tried port by port at most 200 times.
+            port = self.router.bind_to_random_port(f"tcp://{cfg.bind_host}", min_port=lo,
+                                                   max_port=hi + 1, max_tries=200)
+        except zmq.ZMQError as exc:
+            raise RendezvousError(f"rank {self.rank}: cannot bind a data socket on "
+                                  f"{cfg.bind_host} in ports {lo}-{hi} (GOSSIP_PORT_RANGE): "
+                                  f"{exc}") from None
+        advertise = cfg.advertise_host or cfg.bind_host
+        endpoints = {"tcp": f"tcp://{advertise}:{port}", "ipc": None, "host": host_id(),
+                     "shm": cfg.transport in ("auto", "shm") and shm_supported()}
+        if cfg.transport in ("auto", "ipc", "shm"):
+            path = os.path.join(tempfile.gettempdir(),
+                                f"gossip-{os.getpid()}-r{self.rank}-{uuid.uuid4().hex[:8]}.sock")
+            try:
+                self.router.bind(f"ipc://{path}")
+                self._ipc_path = path
+                endpoints["ipc"] = f"ipc://{path}"
+            except zmq.ZMQError as exc:
+                if cfg.transport in ("ipc", "shm"):
+                    raise RendezvousError(f"rank {self.rank}: cannot bind ipc://{path}: {exc}")
+                log.info("rank %d: no ipc endpoint (%s); using tcp only", self.rank, exc)
+        return endpoints
+
+    def address(self, rank: int) -> str:
+        return self.addresses.get(rank, "<unknown address>")
+
+    def open_link(self, rank: int, prepare: Callable[[Link], None]) -> tuple[Link, bool]:
+        """The link to ``rank`` and whether it is new; a new one gets ``prepare(link)`` before
+        any other thread can see it (its first messages go first)."""
+        with self._links_lock:
+            link = self.links.get(rank)
+            if link is not None:
+                return link, False
+            if not self._accepting:
+                raise PeerLost(f"rank {self.rank}: connection to rank {rank} after close()",
+                               rank=rank)
+            if rank not in self.addresses:
+                raise ValueError(f"rank {self.rank}: no address for rank {rank}; the rendezvous "
+                                 f"table has ranks {sorted(self.addresses)}")
+            dealer = self.socket(zmq.DEALER)
+            dealer.routing_id = IDENTITY_PREFIX + str(self.rank).encode()
+            dealer.sndhwm = self.config.send_hwm
+            dealer.setsockopt(zmq.RECONNECT_IVL, int(defaults.RECONNECT_INTERVAL * 1000))
+            monitor = dealer.get_monitor_socket(MONITOR_EVENTS)
+            dealer.connect(self.address(rank))
+            link = Link(rank, dealer, monitor, self._on_sent)
+            prepare(link)
+            self.links[rank] = link
+        return link, True
+
+    def stop_connecting(self) -> None:
+        """close() began: no new links."""
+        with self._links_lock:
+            self._accepting = False
+
+    # -- closing (the I/O thread, as it stops) ----------------------------------------------
+    def close_links(self) -> None:
+        with self._links_lock:
+            links = list(self.links.values())
+        for link in links:
+            # A short linger lets the goodbye out; a dead peer cannot hold us longer.
+            link.close(linger_ms=int(defaults.GOODBYE_LINGER * 1000))
+
+    def close_router(self) -> None:
+        """Close the ROUTER (the caller holds the loop's reader lock)."""
+        self.router.close(linger=0)
+
+    def close_zap(self) -> None:
+        if self.zap:
+            self.zap.close()
+
+    def destroy(self) -> None:
+        """Terminate the context and remove the ipc socket file (after the I/O thread)."""
+        try:
+            self.context.destroy(linger=0)
+        except zmq.ZMQError:
+            pass
+        if self._ipc_path:
+            try:
+                os.unlink(self._ipc_path)
+            except FileNotFoundError:
+                pass
