@@ -14,6 +14,7 @@ from gossip.errors import PeerLost
 from gossip.policies.arrivals import Arrivals
 from gossip.policies.buckets import DEFAULT_BUCKET_BYTES
 from gossip.policies.neighborhood import ONE_PEER_EXPONENTIAL
+from gossip.policies.push_sum_weights import weights_from_state
 from gossip.policies.rotation import Rotation
 from gossip.policies.worker import BackgroundPolicy
 
@@ -55,9 +56,8 @@ class Asynchronous(BackgroundPolicy):
     together with its weight, and so is what was pushed to it before its death was noticed.
     A peer that drops a neighbour therefore restarts its weight (w <- 1: its model m is
     unchanged), so flow control does not wait for mass that will never come. The graph
-    heals around the gap: the lost neighbour's own out-neighbours join the rotation (on a
-    ring, the dead rank's two neighbours push to each other). No agreement is needed for
-    that, because every peer absorbs pushes from any peer, not only its in-neighbours.
+    heals around the gap: the lost neighbour's own out-neighbours join the rotation (see
+    rotation.py).
 
     ``quiesce()`` (a collective) stops the pushes and waits until every push sent anywhere
     has been absorbed, so the weights of the live peers add up to n exactly (push-sum keeps
@@ -79,8 +79,7 @@ class Asynchronous(BackgroundPolicy):
 
     ``topology``: default ``OnePeerExponential(n)``. ``close()`` (also called by
     ``peer.close()``) wakes both threads and stops them within an operation in progress.
-    ``poll_interval`` is the longest the receiving thread sleeps before it looks at the stop
-    flag and newly lost peers again (arrivals wake it at once).
+    ``channel`` and ``poll_interval``: see BackgroundPolicy.
     """
 
     name = "asynchronous"
@@ -379,13 +378,8 @@ class Asynchronous(BackgroundPolicy):
         return {"weights": self.weights}
 
     def _load_extra_state(self, state: dict) -> None:
-        weights = state.get("weights")
-        if not isinstance(weights, (list, tuple)) or len(weights) != len(self._w):
-            raise ValueError(f"asynchronous state needs {len(self._w)} weights (one per "
-                             f"bucket), got {weights!r}")
-        if not all(np.isfinite(w) and w > 0 for w in weights):
-            raise ValueError(f"asynchronous weights must be positive, got {weights!r}")
-        self._w = [float(w) for w in weights]   # the model is the parameters themselves
+        # The model is the parameters themselves: the weights are all there is to load.
+        self._w = weights_from_state(state, len(self._w), self.name)
         if self._anchor is not None:
             self._buckets.copy_in()
             self._keep_anchor()

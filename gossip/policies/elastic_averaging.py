@@ -90,6 +90,7 @@ class ElasticAveraging(BackgroundPolicy):
     # ------------------------------------------------------------------ set-up
     @property
     def alpha(self) -> float:
+        """The elastic rate (default 0.9 / n, known once attached: RuntimeError before)."""
         if self._alpha_arg is not None:
             return self._alpha_arg
         if self._peer is None:
@@ -230,7 +231,7 @@ class ElasticAveraging(BackgroundPolicy):
                 k = self._served_buckets[pos]
                 req = self._requests[k]
                 try:
-                    with self._tolerate(f"request from rank {src}", drop=()) as attempt:
+                    with self._tolerate(f"request from rank {src}") as attempt:
                         self._req_comm.recv(src, req, timeout=self.timeout)
                 except GossipError as exc:
                     log.warning("rank %d: elastic averaging: bad request from rank %d: %s",
@@ -243,7 +244,7 @@ class ElasticAveraging(BackgroundPolicy):
                     req *= alpha          # d = alpha (x_s - c_s)
                     self._center[k] += req
                 # A worker gone meanwhile misses its reply; the centre kept its pull.
-                with self._tolerate(f"reply to rank {src}", drop=()):
+                with self._tolerate(f"reply to rank {src}"):
                     self._rep_comm.send(src, req, timeout=self.timeout)
                 pos = (pos + 1) % len(self._served_buckets)
                 self._next_request[src] = pos

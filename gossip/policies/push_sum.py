@@ -4,12 +4,11 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-import numpy as np
-
 from collectives.arrays import adapter_for
 from gossip.policies.buckets import DEFAULT_BUCKET_BYTES
 from gossip.policies.neighborhood import ONE_PEER_EXPONENTIAL, Neighborhood, Round
 from gossip.policies.policy import Policy
+from gossip.policies.push_sum_weights import weights_from_state
 
 __all__ = ["PushSum"]
 
@@ -220,15 +219,10 @@ class PushSum(Policy):
         return {"weights": self.weights}
 
     def _load_extra_state(self, state: dict) -> None:
-        weights = state.get("weights")
-        if not isinstance(weights, (list, tuple)) or len(weights) != len(self._buckets):
-            raise ValueError(f"push-sum state needs {len(self._buckets)} weights (one per "
-                             f"bucket), got {weights!r}")
-        if not all(np.isfinite(w) and w > 0 for w in weights):
-            raise ValueError(f"push-sum weights must be positive, got {weights!r}")
+        weights = weights_from_state(state, len(self._buckets), self.name)
         self.flush()
         if self.overlap:
-            self._w = [float(w) for w in weights]   # the parameters are x / w already
+            self._w = weights   # the parameters are x / w already
             return
         self._buckets.copy_in()
         for b, z, w in zip(self._buckets, self._z, weights):
