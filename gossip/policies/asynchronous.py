@@ -2,6 +2,7 @@
 waits on a peer."""
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
@@ -244,8 +245,9 @@ class Asynchronous(BackgroundPolicy):
                 # Still sending the last one (or what it could not deliver is still in the
                 # send buffer, to be folded back next step): this round is skipped.
                 return
-        self._rotation.heal(self._alive)
-        dst = self._rotation.next(self._rounds, self._alive)
+        alive = functools.partial(self._alive, lost=self._peer.lost_peers())   # read once
+        self._rotation.heal(alive)
+        dst = self._rotation.next(self._rounds, alive)
         self._rounds += 1
         # Flow control: a peer that pushes faster than its in-neighbours push to it would
         # halve its weight towards zero. Below min_weight it waits for their mass instead,

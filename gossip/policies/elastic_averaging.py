@@ -183,6 +183,7 @@ class ElasticAveraging(BackgroundPolicy):
 
     def _sharded_round(self) -> None:
         rank, alpha = self._peer.rank, self.alpha
+        lost = self._peer.lost_peers()
         asked = []
         for k, (b, segs) in enumerate(zip(self._buckets, self._segs)):
             for s, (lo, hi) in enumerate(segs):
@@ -197,7 +198,7 @@ class ElasticAveraging(BackgroundPolicy):
                         self._center[k] += d
                     b.flat[lo:hi] -= d
                     continue
-                if not self._alive(s):
+                if not self._alive(s, lost):
                     continue
                 with self._tolerate(f"request to centre shard owner {s}", rank=s):
                     self._req_comm.send(s, b.flat[lo:hi], timeout=self.timeout)

@@ -7,9 +7,10 @@ communicate while the training loop computes, and what the training thread needs
 - Error hand-off: an exception in a thread is kept and raised on the training thread by
   ``_check_worker()`` (as RuntimeError from it); ``_wait_locked`` waits on the shared
   condition and gives up when the thread failed or the policy stopped.
-- Partners: ``_alive(rank)`` drops a peer the transport found lost, the failure rule drops
-  the partner of a failed exchange (``_exchange_failed``), ``dropped_peers`` says who and
-  why. A policy hears of each new drop through ``_dropped_peer``.
+- Partners: ``_alive(rank, lost)`` drops a peer the transport found lost (``lost``: the
+  step's peer.lost_peers(), read once), the failure rule drops the partner of a failed
+  exchange (``_exchange_failed``), ``dropped_peers`` says who and why. A policy hears of
+  each new drop through ``_dropped_peer``.
 - ``_next_source(comm, live)`` sleeps in the inbox until a message from one of ``live``
   waits (at most poll_interval, so the stop flag is seen promptly).
 """
@@ -117,11 +118,12 @@ class BackgroundPolicy(Policy):
             self._cond.wait(min(left, slice_s))
 
     # ------------------------------------------------------------------ partners
-    def _alive(self, rank: int) -> bool:
-        """False for a dropped peer; a peer the transport found lost is dropped now."""
+    def _alive(self, rank: int, lost: dict[int, str]) -> bool:
+        """False for a dropped peer; a peer in ``lost`` (peer.lost_peers(), read once per
+        step) is dropped now."""
         if rank in self._dropped:
             return False
-        reason = self._peer.lost_peers().get(rank)
+        reason = lost.get(rank)
         if reason is not None:
             if self._drop(rank, reason):
                 log.info("rank %d: %s drops rank %d: %s", self._peer.rank, self.name, rank,
