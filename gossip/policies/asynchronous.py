@@ -38,9 +38,8 @@ class Asynchronous(BackgroundPolicy):
     thread is idle, keeps half of the pair and hands the other half, m and w/2, to that
     thread (one copy), which sends it to one out-neighbour (rotating through the topology's
     out-neighbours) through ``peer.channel(channel)``. A thread that is still sending skips
-    the round. A receiving thread sleeps in ``Communicator.wait_any`` (woken by the inbox when
-    a message arrives, never polling) and absorbs each message into the average that the next
-    step folds in (the first one by swapping buffers, no copy).
+    the round. A receiving thread sleeps in the inbox (never polling) and averages each
+    message into what the next step folds in (see arrivals.py).
 
     The optimizer's own move needs no bookkeeping: it updates m, the parameters, in place
     after the fold, which is exactly push-sum's x <- x + w * move with the gradient taken
@@ -109,7 +108,7 @@ class Asynchronous(BackgroundPolicy):
         self._send_timeout_arg = send_timeout
         self._kick = threading.Event()
         self._paused = False
-        self._rescale = False  # a peer was dropped: restart the weights (see _fold_in)
+        self._rescale = False  # a peer was dropped: restart the weights
         self._job: tuple[int, int] | None = None   # (destination, step) the pusher is sending
         self._returned: int | None = None   # first bucket of a failed push not delivered
         self._mixed_step = 0     # steps included in the last push
@@ -314,7 +313,7 @@ class Asynchronous(BackgroundPolicy):
             self._background_seconds += time.perf_counter() - start
 
     def _dropped_peer(self, rank: int) -> None:
-        self._rescale = True
+        self._rescale = True   # see _fold_in
 
     def _push(self, dst: int, included: int) -> None:
         sent = 0
