@@ -20,7 +20,7 @@ from typing import Any, Callable, Iterable
 
 import numpy as np
 
-from gossip.policies.base import Policy
+from gossip.policies.policy import Policy
 from gossip.policies.buckets import is_torch_tensor
 from gossip.policies.registry import resolve
 

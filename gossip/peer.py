@@ -8,6 +8,7 @@ from typing import Any
 
 from collectives.communicator import Communicator
 from collectives.transport.transport import Transport
+from gossip.policies.neighborhood import mixing_round
 from gossip.settings import LaunchSettings
 
 __all__ = ["Peer"]
@@ -35,26 +36,32 @@ class Peer:
     # -- identity ---------------------------------------------------------------------------
     @property
     def rank(self) -> int:
+        """This peer's rank, 0 to world_size - 1."""
         return self._transport.rank
 
     @property
     def world_size(self) -> int:
+        """Number of peers in the group."""
         return self._transport.world_size
 
     @property
     def local_rank(self) -> int:
+        """This peer's rank among the peers of its machine (from the launcher)."""
         return self.settings.local_rank
 
     @property
     def timeout(self) -> float:
+        """Default seconds of every blocking call (``init(timeout=...)``)."""
         return self._transport.config.timeout
 
     @property
     def transport(self) -> Transport:
+        """The transport: sockets, I/O thread, lost-peer detection."""
         return self._transport
 
     @property
     def communicator(self) -> Communicator:
+        """The peer's own communicator (channel 0), which the collectives below use."""
         return self._comm
 
     def channel(self, number: int) -> Communicator:
@@ -75,11 +82,14 @@ class Peer:
 
     # -- point to point ---------------------------------------------------------------------
     def send(self, dst: int, array: Any, *, timeout: float | None = None) -> None:
-        """Send ``array`` to rank ``dst``; returns once the array may be modified again."""
+        """Send ``array`` to rank ``dst``; returns once the array may be modified again.
+        Raises PeerLost if ``dst`` is gone, OperationTimeout past ``timeout``."""
         self._comm.send(dst, array, timeout=timeout)
 
     def recv(self, src: int, out: Any = None, *, timeout: float | None = None) -> Any:
-        """The next array rank ``src`` sent (into ``out`` if given)."""
+        """The next array rank ``src`` sent (into ``out`` if given, which must match its
+        dtype and size). Raises PeerLost if ``src`` is gone with nothing queued,
+        OperationTimeout past ``timeout``, ProtocolError for a message that does not fit."""
         return self._comm.recv(src, out, timeout=timeout)
 
     def probe(self, src: int) -> bool:
@@ -96,28 +106,49 @@ class Peer:
     def allreduce(self, x: Any, op: str = "sum", *, wait: bool = True,
                   timeout: float | None = None, algorithm: str = "auto") -> Any:
         """Reduce ``x`` over all peers in place (ops: sum, mean, max, min, prod); returns ``x``,
-        or a Work handle with ``wait=False``."""
+        or a Work handle with ``wait=False``. ``algorithm``: "auto", or one the communicator
+        names (ring, recursive doubling, ...). Every peer calls it with the same op, dtype and
+        size, else ProtocolError on all of them; PeerLost or OperationTimeout if a peer dies
+        or stalls."""
         return self._comm.allreduce(x, op, wait=wait, timeout=timeout, algorithm=algorithm)
 
     def reduce_scatter(self, x: Any, op: str = "sum", *, wait: bool = True,
                        timeout: float | None = None) -> Any:
+        """Reduce ``x`` over all peers and return this peer's segment of the result (rank r:
+        elements [N*r//n, N*(r+1)//n) of the flattened array), a view into ``x``. Errors as
+        allreduce; a Work handle with ``wait=False``."""
         return self._comm.reduce_scatter(x, op, wait=wait, timeout=timeout)
 
     def allgather(self, x: Any, *, out: Any = None, variable: bool = False, wait: bool = True,
                   timeout: float | None = None) -> Any:
+        """Every peer's ``x`` in rank order: equal sizes give an array of shape
+        (n, *x.shape) (into ``out`` if given); ``variable=True`` lets the sizes differ and
+        gives a list of arrays. Errors as allreduce; a Work handle with ``wait=False``."""
         return self._comm.allgather(x, out=out, variable=variable, wait=wait, timeout=timeout)
 
     def broadcast(self, x: Any, root: int = 0, *, wait: bool = True,
                   timeout: float | None = None) -> Any:
+        """Overwrite ``x`` on every peer with ``root``'s, in place; returns ``x`` (a Work
+        handle with ``wait=False``). Errors as allreduce; the root learns of a mismatch
+        too."""
         return self._comm.broadcast(x, root, wait=wait, timeout=timeout)
 
     def barrier(self, timeout: float | None = None) -> None:
+        """Return once every peer has entered the barrier and this peer's earlier
+        non-blocking operations have finished; PeerLost or OperationTimeout naming the peer
+        that never came."""
         self._comm.barrier(timeout)
 
     def neighbor_allreduce(self, x: Any, self_weight: float, src_weights: dict[int, float],
                            dst_ranks, *, dst_weights: dict[int, float] | None = None,
                            scratch: Any = None, out: Any = None, wait: bool = True,
                            timeout: float | None = None) -> Any:
+        """One neighbour exchange with explicit weights: ``x <- self_weight x +
+        sum_j src_weights[j] x_j``, in place, sending ``x`` to ``dst_ranks`` (scaled by
+        ``dst_weights[j]`` if given, as push-sum does). ``scratch``: a buffer like ``x`` for
+        the received values (else allocated); ``out``: the result goes there and ``x`` is
+        only sent. The peers' patterns must pair up (j in my src_weights iff I am in j's
+        dst_ranks); PeerLost or OperationTimeout if a neighbour dies or stalls."""
         return self._comm.neighbor_allreduce(x, self_weight, src_weights, dst_ranks,
                                              dst_weights=dst_weights, scratch=scratch,
                                              out=out, wait=wait, timeout=timeout)
@@ -125,17 +156,13 @@ class Peer:
     def neighbor_average(self, x: Any, step: int = 0, *, scratch: Any = None, wait: bool = True,
                          timeout: float | None = None) -> Any:
         """One gossip round with the topology's mixing weights: x <- sum_j W[rank, j] * x_j
-        (D-PSGD). Neighbours already lost are left out and their weight stays with this peer,
-        so the row still sums to one and training goes on around a dead peer."""
-        self_weight, src_weights = self.topology.weights(self.rank, step)
-        dst_ranks = self.topology.out_neighbors(self.rank, step)
-        lost = self._transport.lost_ranks()
-        if lost:
-            self_weight += sum(w for j, w in src_weights.items() if j in lost)
-            src_weights = {j: w for j, w in src_weights.items() if j not in lost}
-            dst_ranks = [j for j in dst_ranks if j not in lost]
-        return self._comm.neighbor_allreduce(x, self_weight, src_weights, dst_ranks,
-                                             scratch=scratch, wait=wait, timeout=timeout)
+        (D-PSGD) at ``step`` (time-varying topologies). Neighbours already lost are left out
+        and their weight stays with this peer, so the row still sums to one and training
+        goes on around a dead peer (the round plan of gossip.policies.neighborhood, which
+        the Gossip policy uses too). Errors as neighbor_allreduce."""
+        plan = mixing_round(self.topology, self.rank, step, self._transport.lost_ranks())
+        return plan.run(self._comm.neighbor_allreduce, x, scratch=scratch, wait=wait,
+                        timeout=timeout)
 
     # -- observability and lifetime ------------------------------------------------------
     def lost_peers(self) -> dict[int, str]:
@@ -186,6 +213,7 @@ class Peer:
 
     @property
     def closed(self) -> bool:
+        """True once close() has begun."""
         return self._closed
 
     def __enter__(self) -> "Peer":

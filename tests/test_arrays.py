@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from collectives.arrays.adapter import _BLOCK, adapter_for
+from collectives.arrays.adapter import adapter_for
+from collectives.arrays.numpy_arrays import BLOCK as _BLOCK
 
 SIZES = [1, 7, _BLOCK - 1, _BLOCK, 2 * _BLOCK + 3]
 
@@ -62,6 +63,7 @@ OPERATIONS = {
     "lerp": (lambda a, d, s, w: a.lerp(d, s, w), lambda d, s, w: d + w * (s - d)),
     "copy": (lambda a, d, s, w: a.copy(d, s), lambda d, s, w: s),
     "scale": (lambda a, d, s, w: a.scale(d, w), lambda d, s, w: w * d),
+    "divide_into": (lambda a, d, s, w: a.divide_into(d, s, w), lambda d, s, w: s / w),
 }
 
 
@@ -92,3 +94,35 @@ def test_operations_work_in_place_on_views(kind):
     out = to_host(dst)
     np.testing.assert_allclose(out[:-1], 1.5 * host[:-1])
     assert out[-1] == host[-1]
+
+
+@pytest.mark.parametrize("kind", CPU_KINDS + GPU_KINDS)
+@pytest.mark.parametrize("size", SIZES)
+def test_allocation_and_finiteness_match_the_array(kind, size):
+    host = np.random.default_rng(size).standard_normal(size)
+    x = make(kind, host)
+    adapter = adapter_for(x)
+    copy = adapter.clone(x)
+    assert type(copy) is type(x) and copy.dtype == x.dtype
+    assert np.array_equal(to_host(copy), to_host(x))
+    adapter.scale(copy, 2.0)
+    assert np.array_equal(to_host(x), to_host(make(kind, host))), "clone shares memory"
+    zeros = adapter.zeros(size + 1, x)
+    assert type(zeros) is type(x) and zeros.dtype == x.dtype
+    assert np.array_equal(to_host(zeros), np.zeros(size + 1))
+    assert adapter.all_finite(x)
+    for bad in (np.nan, np.inf, -np.inf):
+        spoilt = host.copy()
+        spoilt[size // 2] = bad
+        assert not adapter.all_finite(make(kind, spoilt))
+
+
+def test_an_adapter_missing_an_operation_fails_at_construction():
+    from collectives.arrays.base import ArrayAdapter
+    from collectives.arrays.numpy_arrays import NumpyAdapter
+
+    namespace = {name: getattr(NumpyAdapter, name) for name in ArrayAdapter.__abstractmethods__
+                 if name != "lerp"}
+    incomplete = type("Incomplete", (ArrayAdapter,), namespace)
+    with pytest.raises(TypeError, match="lerp"):
+        incomplete()

@@ -487,3 +487,26 @@ def test_a_send_to_a_peer_dead_before_any_connection_raises_within_the_timeout(t
         assert outcome[0] in ("PeerLost", "OperationTimeout"), out[0]
         assert outcome[2] == 1
         assert outcome[1] < 2.0 + 3.0, out[0]   # the send's own timeout bounds it
+
+
+def test_round_plans_fold_lost_peers_and_merge_healed_edges():
+    from gossip.policies.neighborhood import mixing_round, push_round
+
+    ring = topologies.Ring(4)
+    third = 1 / 3
+    plan = mixing_round(ring, 0, 0)
+    assert plan.src_weights == pytest.approx({1: third, 3: third})
+    assert sorted(plan.dst_ranks) == [1, 3] and plan.dst_weights is None
+    # Rank 1 lost, an edge to rank 2 healed around it with weight 0.25.
+    plan = mixing_round(ring, 0, 0, lost={1: "gone"}, healed={2: 0.25})
+    assert plan.self_weight == pytest.approx(2 * third - 0.25)
+    assert plan.src_weights == pytest.approx({3: third, 2: 0.25})
+    assert sorted(plan.dst_ranks) == [2, 3]
+    assert plan.self_weight + sum(plan.src_weights.values()) == pytest.approx(1.0)
+    # Push-sum weighs the destinations: the share meant for the lost one is kept.
+    plan = push_round(ring, 0, 0, lost={3: "gone"})
+    assert plan.self_weight == pytest.approx(2 * third)
+    assert plan.dst_weights == pytest.approx({1: third})
+    assert plan.dst_ranks == [1] and plan.src_weights == {1: 1.0}
+    # The topology's own dicts are never modified.
+    assert ring.weights(0, 0)[1] == pytest.approx({1: third, 3: third})

@@ -1,6 +1,7 @@
-"""The torch adapter: CPU tensors reduced with torch ops (so bfloat16 works, which numpy lacks),
-sent zero-copy through a numpy view of the same memory. Imported only when a torch tensor is
-passed to a collective."""
+"""The torch adapters: tensors reduced with torch ops (so bfloat16 works, which numpy lacks).
+CPU tensors are sent zero-copy through a numpy view of the same memory; CUDA tensors are
+reduced on their device and staged through pinned CPU tensors for the wire. Imported only
+when a torch tensor is passed to a collective."""
 from __future__ import annotations
 
 from typing import Any
@@ -8,9 +9,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from collectives.arrays.adapter import ArrayAdapter, _contiguous_error
+from collectives.arrays.base import ArrayAdapter, contiguous_error
 
-__all__ = ["TorchCPUAdapter", "torch_adapter_for", "TORCH_DTYPES"]
+__all__ = ["TorchCPUAdapter", "TorchCUDAAdapter", "torch_adapter_for", "TORCH_DTYPES", "CPU"]
 
 TORCH_DTYPES: dict[str, torch.dtype] = {
     "bool": torch.bool, "int8": torch.int8, "uint8": torch.uint8, "int16": torch.int16,
@@ -27,6 +28,8 @@ _BYTE_VIEW = {torch.bfloat16: torch.int16}
 
 
 class TorchCPUAdapter(ArrayAdapter):
+    """torch CPU tensors. Every operation runs under no_grad, as an optimizer's would."""
+
     kind = "torch"
 
     _reduce = {"sum": torch.add, "mean": torch.add, "max": torch.maximum,
@@ -34,7 +37,7 @@ class TorchCPUAdapter(ArrayAdapter):
 
     def flat(self, x: torch.Tensor) -> torch.Tensor:
         if not x.is_contiguous():
-            raise _contiguous_error(x)
+            raise contiguous_error(x)
         if x.requires_grad and x.is_leaf:
             # In-place communication on a leaf that autograd tracks is what optimizers do
             # under no_grad; do the same instead of failing.
@@ -61,6 +64,15 @@ class TorchCPUAdapter(ArrayAdapter):
             return torch.empty(0, dtype=TORCH_DTYPES[dtype_name])
         return torch.frombuffer(frame, dtype=TORCH_DTYPES[dtype_name], count=count)
 
+    def empty(self, count: int, dtype_name: str, like: Any = None) -> torch.Tensor:
+        return torch.empty(count, dtype=TORCH_DTYPES[dtype_name])
+
+    def zeros(self, count: int, like: torch.Tensor) -> torch.Tensor:
+        return torch.zeros(count, dtype=like.dtype, device=like.device)
+
+    def clone(self, flat: torch.Tensor) -> torch.Tensor:
+        return flat.detach().clone()
+
     def reduce(self, op: str, dst: torch.Tensor, src: torch.Tensor) -> None:
         with torch.no_grad():
             if dst.dtype == torch.bool and op in ("sum", "mean"):
@@ -78,6 +90,10 @@ class TorchCPUAdapter(ArrayAdapter):
                 flat.div_(n)
             else:
                 torch.floor_divide(flat, n, out=flat)
+
+    def divide_into(self, dst: torch.Tensor, src: torch.Tensor, divisor: float) -> None:
+        with torch.no_grad():
+            torch.div(src, divisor, out=dst)
 
     def scale(self, flat: torch.Tensor, weight: float) -> None:
         with torch.no_grad():
@@ -99,17 +115,46 @@ class TorchCPUAdapter(ArrayAdapter):
         with torch.no_grad():
             dst.lerp_(src, weight)   # one fused pass
 
+    def all_finite(self, flat: torch.Tensor) -> bool:
+        return bool(torch.isfinite(flat).all())
+
+
+class TorchCUDAAdapter(TorchCPUAdapter):
+    """torch CUDA tensors: the same torch operations, run on the tensors' device (bfloat16
+    included, which cupy lacks); only the wire differs: frames are staged through pinned CPU
+    tensors."""
+
+    kind = "torch-cuda"
+    on_host = False
+
+    def __init__(self, device: Any) -> None:
+        self._device = device
+
+    def send_buffer(self, flat: torch.Tensor, start: int, stop: int) -> memoryview:
+        part = flat[start:stop]
+        host = torch.empty(part.shape, dtype=part.dtype, pin_memory=True)
+        host.copy_(part)  # synchronous: the buffer is complete when handed to the transport
+        return super().send_buffer(host, 0, host.numel())
+
+    def from_frame(self, frame: Any, dtype_name: str, count: int) -> torch.Tensor:
+        return super().from_frame(frame, dtype_name, count).to(self._device)
+
     def empty(self, count: int, dtype_name: str, like: Any = None) -> torch.Tensor:
-        return torch.empty(count, dtype=TORCH_DTYPES[dtype_name])
+        return torch.empty(count, dtype=TORCH_DTYPES[dtype_name], device=self._device)
+
+    def synchronize(self) -> None:
+        torch.cuda.synchronize(self._device)
 
 
-_CPU = TorchCPUAdapter()
+#: The CPU adapter (stateless: one for every CPU tensor).
+CPU = TorchCPUAdapter()
 
 
 def torch_adapter_for(x: torch.Tensor) -> ArrayAdapter:
+    """The adapter for a tensor on its device: CPU, or CUDA (one adapter per call: it
+    carries the device); TypeError for other devices."""
     if x.device.type == "cpu":
-        return _CPU
+        return CPU
     if x.device.type == "cuda":
-        from collectives.arrays.gpu_arrays import TorchCUDAAdapter
         return TorchCUDAAdapter(x.device)
     raise TypeError(f"tensors on device {x.device} are not supported; use CPU or CUDA tensors")

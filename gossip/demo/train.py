@@ -53,12 +53,13 @@ class TrainConfig:
 
 
 def make_policy(name: str, peer: Any, **options: Any) -> Any:
-    """The policy ``name`` as the demo runs it: the graph policies (gossip, push-sum,
-    asynchronous) on the peers' topology (push-sum and asynchronous would otherwise pick
-    their own default graph), the others with their defaults."""
+    """The policy ``name`` as the demo runs it: every policy that runs on a graph (its class
+    has a ``default_topology``: gossip, push-sum, asynchronous) on the peers' topology, which
+    is what the demo's --topology sets (push-sum and asynchronous would otherwise pick their
+    own default graph), the others with their defaults."""
     from gossip import policies
 
-    if name in ("push-sum", "asynchronous") and "topology" not in options:
+    if policies.policy_class(name).default_topology is not None and "topology" not in options:
         options["topology"] = peer.topology
     return policies.make(name, **options)
 

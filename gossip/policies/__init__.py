@@ -14,21 +14,27 @@
 | push-sum     | PushSum                | push-sum (SGP), directed / time-varying graphs |
 | elastic      | ElasticAveraging       | elastic pull to a centre every period steps    |
 
+Shared mechanisms, each in one module: ``policy`` (the step, nan guard and failure rule of
+every policy), ``neighborhood`` (the default topology and the round plan over live and healed
+neighbours: Gossip, PushSum, Peer.neighbor_average), ``worker`` (background threads, error
+hand-off and dropped peers: Asynchronous, ElasticAveraging), ``buckets`` (parameter packing);
+arrays are touched only through collectives.arrays' adapters.
+
 No module here imports torch at import time; torch is imported where torch tensors are
 handled.
 """
 from gossip.policies.asynchronous import Asynchronous
-from gossip.policies.base import Policy
 from gossip.policies.buckets import DEFAULT_BUCKET_BYTES, Bucket, BucketSet
-from gossip.policies.decentralized import Gossip
-from gossip.policies.elastic import ElasticAveraging
+from gossip.policies.elastic_averaging import ElasticAveraging
+from gossip.policies.gossip_policy import Gossip
 from gossip.policies.local_sgd import LocalSGD
+from gossip.policies.policy import Policy
 from gossip.policies.push_sum import PushSum
-from gossip.policies.registry import POLICIES, make, names, resolve
+from gossip.policies.registry import POLICIES, make, names, policy_class, resolve
 from gossip.policies.synchronous import Synchronous
 
 __all__ = [
     "Policy", "Synchronous", "LocalSGD", "Gossip", "Asynchronous", "PushSum",
-    "ElasticAveraging", "make", "names", "resolve", "POLICIES", "Bucket", "BucketSet",
-    "DEFAULT_BUCKET_BYTES",
+    "ElasticAveraging", "make", "names", "policy_class", "resolve", "POLICIES", "Bucket",
+    "BucketSet", "DEFAULT_BUCKET_BYTES",
 ]

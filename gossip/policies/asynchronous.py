@@ -2,26 +2,29 @@
 waits on a peer."""
 from __future__ import annotations
 
+import functools
 import logging
-import math
 import threading
 import time
 from typing import Any
 
 import numpy as np
 
-from gossip.errors import GossipError, OperationTimeout, PeerLost
-from gossip.policies.base import Policy
-from collectives.arrays.adapter import adapter_for
-from gossip.policies.buckets import DEFAULT_BUCKET_BYTES, clone, copy_into
-from gossip.policies.decentralized import check_topology
+from collectives.arrays import adapter_for
+from gossip.errors import PeerLost
+from gossip.policies.arrivals import Arrivals
+from gossip.policies.buckets import DEFAULT_BUCKET_BYTES
+from gossip.policies.neighborhood import ONE_PEER_EXPONENTIAL
+from gossip.policies.push_sum_weights import weights_from_state
+from gossip.policies.rotation import Rotation
+from gossip.policies.worker import BackgroundPolicy
 
 __all__ = ["Asynchronous"]
 
 log = logging.getLogger("gossip")
 
 
-class Asynchronous(Policy):
+class Asynchronous(BackgroundPolicy):
     """Asynchronous push-sum gossip (in the spirit of AD-PSGD and asynchronous SGP): the
     training loop never waits on a peer. Each peer holds the push-sum pair in de-biased form:
     the parameters themselves are the model m = x / w, and w (one float per bucket, starting
@@ -35,9 +38,8 @@ class Asynchronous(Policy):
     thread is idle, keeps half of the pair and hands the other half, m and w/2, to that
     thread (one copy), which sends it to one out-neighbour (rotating through the topology's
     out-neighbours) through ``peer.channel(channel)``. A thread that is still sending skips
-    the round. A receiving thread sleeps in ``Communicator.wait_any`` (woken by the inbox when
-    a message arrives, never polling) and absorbs each message into the average that the next
-    step folds in (the first one by swapping buffers, no copy).
+    the round. A receiving thread sleeps in the inbox (never polling) and averages each
+    message into what the next step folds in (see arrivals.py).
 
     The optimizer's own move needs no bookkeeping: it updates m, the parameters, in place
     after the fold, which is exactly push-sum's x <- x + w * move with the gradient taken
@@ -54,9 +56,8 @@ class Asynchronous(Policy):
     together with its weight, and so is what was pushed to it before its death was noticed.
     A peer that drops a neighbour therefore restarts its weight (w <- 1: its model m is
     unchanged), so flow control does not wait for mass that will never come. The graph
-    heals around the gap: the lost neighbour's own out-neighbours join the rotation (on a
-    ring, the dead rank's two neighbours push to each other). No agreement is needed for
-    that, because every peer absorbs pushes from any peer, not only its in-neighbours.
+    heals around the gap: the lost neighbour's own out-neighbours join the rotation (see
+    rotation.py).
 
     ``quiesce()`` (a collective) stops the pushes and waits until every push sent anywhere
     has been absorbed, so the weights of the live peers add up to n exactly (push-sum keeps
@@ -78,17 +79,19 @@ class Asynchronous(Policy):
 
     ``topology``: default ``OnePeerExponential(n)``. ``close()`` (also called by
     ``peer.close()``) wakes both threads and stops them within an operation in progress.
-    ``poll_interval`` is the longest the receiving thread sleeps before it looks at the stop
-    flag and newly lost peers again (arrivals wake it at once).
+    ``channel`` and ``poll_interval``: see BackgroundPolicy.
     """
 
     name = "asynchronous"
+    default_topology = ONE_PEER_EXPONENTIAL
+    worker_name = "asynchronous gossip thread"
 
     def __init__(self, *, topology: Any = None, max_staleness: int | None = None,
                  min_weight: float = 1 / 16, channel: int = 1, poll_interval: float = 0.25,
                  send_timeout: float | None = None, bucket_bytes: int = DEFAULT_BUCKET_BYTES,
                  timeout: float | None = None, nan_guard: bool = False) -> None:
-        super().__init__(bucket_bytes=bucket_bytes, timeout=timeout, nan_guard=nan_guard)
+        super().__init__(channel=channel, poll_interval=poll_interval,
+                         bucket_bytes=bucket_bytes, timeout=timeout, nan_guard=nan_guard)
         if max_staleness is not None and (isinstance(max_staleness, bool)
                                           or not isinstance(max_staleness, int)
                                           or max_staleness < 0):
@@ -96,43 +99,26 @@ class Asynchronous(Policy):
         if isinstance(min_weight, bool) or not isinstance(min_weight, (int, float)) \
                 or not 0 < min_weight <= 1:
             raise ValueError(f"min_weight must be in (0, 1], got {min_weight!r}")
-        if isinstance(channel, bool) or not isinstance(channel, int) or channel < 1:
-            raise ValueError(f"channel must be an int >= 1 (0 is the peer's own), got "
-                             f"{channel!r}")
-        if not (isinstance(poll_interval, (int, float)) and 0 < poll_interval <= 1):
-            raise ValueError(f"poll_interval must be in (0, 1] seconds, got {poll_interval!r}")
         if send_timeout is not None and not (isinstance(send_timeout, (int, float))
                                              and send_timeout > 0):
             raise ValueError(f"send_timeout must be a positive number, got {send_timeout!r}")
         self._topology_arg = topology
-        self.topology = topology   # resolved at attach (None: OnePeerExponential(n))
         self.max_staleness = max_staleness
         self.min_weight = float(min_weight)
-        self._channel_number = channel
-        self._poll = float(poll_interval)
         self._send_timeout_arg = send_timeout
-        self._cond = threading.Condition(threading.Lock())
         self._kick = threading.Event()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-        self._receiver: threading.Thread | None = None
         self._paused = False
-        self._error: BaseException | None = None
-        self._dropped: dict[int, str] = {}
-        self._rescale = False  # a peer was dropped: restart the weights (see _drop)
+        self._rescale = False  # a peer was dropped: restart the weights
         self._job: tuple[int, int] | None = None   # (destination, step) the pusher is sending
         self._returned: int | None = None   # first bucket of a failed push not delivered
         self._mixed_step = 0     # steps included in the last push
-        self._acc_lock = threading.Lock()   # the sums of arrivals, between receiver and step
         self._rounds = 0
         self._held_back = 0
         self._lightest = 1.0     # the smallest weight an after_step() has seen
-        self._absorbed = 0
         self._background_seconds = 0.0
         self._staleness_waits = 0
         self._receiver_wakeups = 0
         self._sent_to: list[int] = []        # messages pushed, per destination
-        self._absorbed_from: list[int] = []  # messages absorbed (or dropped as bad), per source
 
     # ------------------------------------------------------------------ set-up
     @property
@@ -146,72 +132,34 @@ class Asynchronous(Policy):
 
     def _setup(self) -> None:
         n, rank = self._peer.world_size, self._peer.rank
-        if self._topology_arg is None:
-            import topologies
-            self.topology = topologies.OnePeerExponential(n)
-        else:
-            self.topology = check_topology(self._topology_arg, n)
-        period = getattr(self.topology, "period", 1)
-        self._phases = period
-        # One push per round, rotating through every out-neighbour of the schedule.
-        self._rotation = [j for phase in range(period)
-                          for j in self.topology.out_neighbors(rank, phase)]
-        self._healed: set[int] = set()   # lost out-neighbours whose own ones joined the rotation
+        self._rotation = Rotation(self._topology, rank)   # one push per round, in turn
         # Every other peer: a healed graph sends from peers that were not in-neighbours.
         self._sources = [j for j in range(n) if j != rank]
         self._sent_to = [0] * n
-        self._absorbed_from = [0] * n
         self._comm = self._peer.channel(self._channel_number)
         nb = len(self._buckets)
         self._w = [1.0] * nb   # the push-sum weight of each bucket (training thread's)
         # For loops without after_backward(): the parameters as the last after_step left
         # them, so the optimizer's move since then is m - anchor (see _fold_in). Dropped at
         # the first after_backward().
-        self._anchor = [clone(b.flat) for b in self._buckets]
+        self._anchor = [adapter_for(b.flat).clone(b.flat) for b in self._buckets]
         self._folded = False     # after_backward() folded the arrivals in this step
         self._out = [b.new(extra=1) for b in self._buckets]   # the message being pushed
-        self._in = [b.new(extra=1) for b in self._buckets]    # the message being received
-        # Two sets of weighted averages of arrivals: the receiver absorbs into one while the
-        # training thread folds in the other; _filled[s][k] counts the messages in set s,
-        # bucket k, and _arrived_weight[s][k] is their total weight, summed in float64 (a
-        # float32 sum of two weights would round, and the live peers' weights would no
-        # longer add up to n).
-        self._avg = [[b.new(extra=1) for b in self._buckets] for _ in range(2)]
-        self._filled = [[0] * nb for _ in range(2)]
-        self._arrived_weight = [[0.0] * nb for _ in range(2)]
-        self._fill = 0   # the set the receiver adds into
-        # Per source: which bucket its next message is for (messages from one source arrive
-        # in order, bucket after bucket).
-        self._next_bucket = {j: 0 for j in self._sources}
-        self._thread = threading.Thread(target=self._guarded, args=(self._run,), daemon=True,
-                                        name=f"gossip-async-r{rank}")
-        self._receiver = threading.Thread(target=self._guarded, args=(self._receive,),
-                                          daemon=True, name=f"gossip-async-recv-r{rank}")
-        self._thread.start()
-        self._receiver.start()
+        self._arrivals = Arrivals(self._buckets, rank=rank, world_size=n, cond=self._cond)
+        self._start(self._run, "gossip-async")
+        self._start(self._receive, "gossip-async-recv")
 
-    def _shutdown(self) -> None:
-        self._stop.set()
+    def _stop_seconds(self) -> float:
+        # The receiver sleeps in the inbox for at most poll_interval; the pusher wakes on
+        # the kick and finishes a push in progress (bounded by send_timeout).
+        return max(1.0, self.send_timeout + 0.5)
+
+    def _wake(self) -> None:
         self._kick.set()
-        end = time.monotonic() + max(1.0, self.send_timeout + 0.5)
-        for thread in (self._thread, self._receiver):
-            if thread is None:
-                continue
-            # The receiver sleeps in the inbox for at most poll_interval; the pusher wakes on
-            # the kick and finishes a push in progress (bounded by send_timeout).
-            thread.join(max(0.0, end - time.monotonic()))
-            if thread.is_alive():
-                log.warning("rank %d: asynchronous gossip thread %s still running after "
-                            "close()", self._peer.rank, thread.name)
 
     # ------------------------------------------------------------------ training loop side
-    def _check_threads(self) -> None:
-        if self._error is not None:
-            raise RuntimeError(f"rank {self._peer.rank}: the asynchronous gossip thread "
-                               f"failed: {self._error!r}") from self._error
-
     def _after_backward(self) -> None:
-        self._check_threads()
+        self._check_worker()
         self._buckets.copy_in()
         self._fold_in(moved=False)
         self._buckets.copy_out()
@@ -219,7 +167,7 @@ class Asynchronous(Policy):
         self._anchor = None   # not needed while after_backward() folds in
 
     def _after_step(self, step: int) -> None:
-        self._check_threads()
+        self._check_worker()
         self._buckets.copy_in()
         folded, self._folded = self._folded, False
         if not folded:   # a loop without after_backward(): fold in past the move
@@ -228,9 +176,8 @@ class Asynchronous(Policy):
             # A push of this step must leave: wait for the one under way to finish.
             with self._cond:
                 self._wait_locked(lambda: self._job is None, self.timeout, 0.1,
-                                  self._stop.is_set,
                                   lambda: ("the push in progress did not finish",
-                                           "asynchronous after_step"))
+                                           "asynchronous after_step"), stoppable=True)
         if not self._paused:
             self._hand_over(step + 1)
         self._buckets.copy_out()
@@ -243,10 +190,10 @@ class Asynchronous(Policy):
         """(Loops without after_backward().) The parameters as they are now: the next
         after_step's move is measured from here."""
         if self._anchor is None:
-            self._anchor = [clone(b.flat) for b in self._buckets]
+            self._anchor = [adapter_for(b.flat).clone(b.flat) for b in self._buckets]
         else:
             for b, anchor in zip(self._buckets.buckets, self._anchor):
-                copy_into(anchor, b.flat)
+                adapter_for(anchor).copy(anchor, b.flat)
 
     def _fold_in(self, moved: bool) -> None:
         """(Training thread.) Fold what arrived since the last call into (m, w), with what a
@@ -258,22 +205,12 @@ class Asynchronous(Policy):
         the parameters before the move): m <- m + W/(w+W) (A - a), which is the same mix with
         the move d = m - a added back. Either way a step counts fully however much mass is
         in transit, as if the pair had absorbed each message the moment it arrived."""
-        with self._acc_lock:
-            s = self._fill
-            counts = self._filled[s]
-            if any(counts):
-                self._fill = 1 - s   # the receiver absorbs into the other set from now on
-                self._filled[s] = [0] * len(counts)
-                averages = list(self._avg[s])
-                arrived = self._arrived_weight[s]
-                self._arrived_weight[s] = [0.0] * len(counts)
-            else:
-                counts, averages, arrived = [0] * len(self._w), None, None
+        arrivals = self._arrivals.take()
         with self._cond:
             returned, self._returned = self._returned, None
             rescale, self._rescale = self._rescale, False
         for k, b in enumerate(self._buckets.buckets):
-            got, weight = (averages[k][:-1], arrived[k]) if counts[k] else (None, 0.0)
+            got, weight = arrivals[k] or (None, 0.0)
             if returned is not None and k >= returned:   # a push that did not leave
                 back, back_weight = self._out[k][:-1], float(self._out[k][-1])
                 if got is None:
@@ -307,13 +244,9 @@ class Asynchronous(Policy):
                 # Still sending the last one (or what it could not deliver is still in the
                 # send buffer, to be folded back next step): this round is skipped.
                 return
-        self._heal()
-        dst = None
-        for k in range(len(self._rotation)):
-            candidate = self._rotation[(self._rounds + k) % len(self._rotation)]
-            if self._alive(candidate):
-                dst = candidate
-                break
+        alive = functools.partial(self._alive, lost=self._peer.lost_peers())   # read once
+        self._rotation.heal(alive)
+        dst = self._rotation.next(self._rounds, alive)
         self._rounds += 1
         # Flow control: a peer that pushes faster than its in-neighbours push to it would
         # halve its weight towards zero. Below min_weight it waits for their mass instead,
@@ -327,7 +260,7 @@ class Asynchronous(Policy):
             return
         for k, (b, out) in enumerate(zip(self._buckets, self._out)):
             w = self._w[k]
-            copy_into(out[:-1], b.flat)   # push m with weight w/2 ...
+            adapter_for(out).copy(out[:-1], b.flat)   # push m with weight w/2 ...
             out[-1] = w / 2
             # ... and keep the rest: m unchanged, w less what left as the buffer's dtype
             # holds it (float32 rounds w/2), so kept + sent is w to float64 precision.
@@ -336,42 +269,17 @@ class Asynchronous(Policy):
             self._job = (dst, included)
         self._kick.set()
 
-    def _wait_locked(self, done, timeout: float, slice_s: float, stopped, what) -> None:
-        """(Holding _cond.) Wait until ``done()``; RuntimeError if the thread failed (or
-        ``stopped()``), OperationTimeout naming ``what()`` after ``timeout`` seconds."""
-        deadline = time.monotonic() + timeout
-        while not done():
-            if self._error is not None or stopped():
-                raise RuntimeError(f"rank {self._peer.rank}: the asynchronous gossip thread "
-                                   f"stopped: {self._error!r}") from self._error
-            left = deadline - time.monotonic()
-            if left <= 0:
-                message, operation = what()
-                raise OperationTimeout(f"rank {self._peer.rank}: asynchronous gossip: "
-                                       f"{message} within {timeout:g}s", operation=operation)
-            self._cond.wait(min(left, slice_s))
-
     def _wait_fresh(self, wanted: int) -> None:
         with self._cond:
             if self._mixed_step >= wanted:
                 return
             self._staleness_waits += 1
             self._wait_locked(
-                lambda: self._mixed_step >= wanted, self.timeout, 0.1, self._stop.is_set,
+                lambda: self._mixed_step >= wanted, self.timeout, 0.1,
                 lambda: (f"no push including step {wanted} (max_staleness="
-                         f"{self.max_staleness})", "asynchronous after_step"))
+                         f"{self.max_staleness})", "asynchronous after_step"), stoppable=True)
 
     # ------------------------------------------------------------------ background thread
-    def _guarded(self, body) -> None:
-        try:
-            body()
-        except BaseException as exc:  # handed to the training loop at its next after_step
-            if not self._stop.is_set():
-                log.exception("rank %d: asynchronous gossip thread failed", self._peer.rank)
-                self._error = exc
-                with self._cond:
-                    self._cond.notify_all()
-
     def _run(self) -> None:
         """The pusher: sends what after_step handed over."""
         while not self._stop.is_set():
@@ -390,119 +298,35 @@ class Asynchronous(Policy):
 
     def _receive(self) -> None:
         """The receiver: sleeps until a message from any peer is waiting, then absorbs it."""
-        comm = self._comm
         while not self._stop.is_set():
-            live = [j for j in self._sources if j not in self._dropped]
-            src = comm.wait_any(live, self._poll) if live else None
+            # Lost sources not dropped yet still count: what they sent before dying is mass.
+            src = self._next_source(self._comm,
+                                    [j for j in self._sources if j not in self._dropped])
             self._receiver_wakeups += 1
             if self._stop.is_set():
                 break
             if src is None:
-                if not live or self._peer.closed:
-                    self._stop.wait(self._poll)
                 continue
             start = time.perf_counter()
-            self._absorb_from(src)
+            with self._tolerate(f"receive from rank {src}", rank=src, drop=(PeerLost,)):
+                self._arrivals.absorb_from(self._comm, src, self.send_timeout)
             self._background_seconds += time.perf_counter() - start
 
-    def _alive(self, rank: int) -> bool:
-        if rank in self._dropped:
-            return False
-        reason = self._peer.lost_peers().get(rank)
-        if reason is not None:
-            self._drop(rank, reason)
-            log.info("rank %d: asynchronous gossip drops rank %d: %s", self._peer.rank, rank,
-                     reason)
-            return False
-        return True
-
-    def _heal(self) -> None:
-        """Out-neighbours dropped since the last push hand their place in the rotation to
-        their own out-neighbours, so the graph stays connected around the gap."""
-        rank = self._peer.rank
-        for d in [j for j in self._rotation if j not in self._healed and not self._alive(j)]:
-            self._healed.add(d)
-            added = []
-            for phase in range(self._phases):
-                for q in self.topology.out_neighbors(d, phase):
-                    if q != rank and q not in self._rotation and self._alive(q):
-                        self._rotation.append(q)
-                        added.append(q)
-            if added:
-                log.info("rank %d: asynchronous gossip heals around lost rank %d: now also "
-                         "pushes to %s", rank, d, added)
-
-    def _drop(self, rank: int, reason: str) -> None:
-        with self._cond:
-            if rank not in self._dropped:
-                self._dropped[rank] = reason
-                self._rescale = True
+    def _dropped_peer(self, rank: int) -> None:
+        self._rescale = True   # see _fold_in
 
     def _push(self, dst: int, included: int) -> None:
         sent = 0
-        try:
+        with self._tolerate(f"push to rank {dst}", rank=dst):
             for out in self._out:
                 self._comm.send(dst, out, timeout=self.send_timeout)
                 sent += 1
                 self._sent_to[dst] += 1
-        except (PeerLost, OperationTimeout) as exc:
-            self._drop(dst, str(exc))
-            log.warning("rank %d: asynchronous gossip drops rank %d: %s", self._peer.rank,
-                        dst, exc)
         with self._cond:
             if sent < len(self._out):
                 self._returned = sent   # what did not leave goes back into the pair
             self._job = None
             self._mixed_step = max(self._mixed_step, included)
-            self._cond.notify_all()
-
-    def _absorb_from(self, src: int) -> None:
-        nb = len(self._out)
-        comm = self._comm
-        while comm.probe(src):
-            k = self._next_bucket.setdefault(src, 0)
-            got = self._in[k]
-            try:
-                comm.recv(src, got, timeout=self.send_timeout)
-            except (PeerLost, OperationTimeout) as exc:
-                if isinstance(exc, PeerLost):
-                    self._drop(src, str(exc))
-                return
-            except GossipError as exc:  # a malformed message: drop it, keep serving
-                self._skip_message(src, k, f"bad message: {exc}")
-                continue
-            weight = float(got[-1])
-            if not (math.isfinite(weight) and 0.0 < weight <= self._peer.world_size):
-                # Push-sum weights stay in (0, n]: anything else is not a push of ours, and
-                # folding it in would divide by zero or flip the model's sign.
-                self._skip_message(src, k, f"push-sum weight {weight!r} out of (0, n]")
-                continue
-            with self._acc_lock:
-                s = self._fill
-                if self._filled[s][k] == 0:
-                    # The first arrival for this bucket: swap buffers instead of copying.
-                    self._avg[s][k], self._in[k] = got, self._avg[s][k]
-                    self._arrived_weight[s][k] = weight
-                else:
-                    total = self._arrived_weight[s][k] + weight
-                    avg = self._avg[s][k][:-1]
-                    adapter_for(avg).lerp(avg, got[:-1], weight / total)
-                    self._arrived_weight[s][k] = total
-                self._filled[s][k] += 1
-            with self._cond:
-                self._absorbed_from[src] += 1
-                self._cond.notify_all()
-            self._next_bucket[src] = (k + 1) % nb
-            self._absorbed += 1
-
-    def _skip_message(self, src: int, k: int, why: str) -> None:
-        """Drop one message from ``src`` (for bucket k) and keep serving; it still counts
-        as absorbed, so quiesce() does not wait for it."""
-        log.warning("rank %d: asynchronous gossip: dropped a message from rank %d: %s",
-                    self._peer.rank, src, why)
-        self._next_bucket[src] = (k + 1) % len(self._out)
-        with self._cond:
-            self._absorbed_from[src] += 1
             self._cond.notify_all()
 
     # ------------------------------------------------------------------ quiescence
@@ -516,7 +340,7 @@ class Asynchronous(Policy):
         peer = self._peer
         self._paused = True
         with self._cond:        # a push in progress completes first
-            self._wait_locked(lambda: self._job is None, timeout, 0.5, lambda: False,
+            self._wait_locked(lambda: self._job is None, timeout, 0.5,
                               lambda: ("quiesce: the push in progress did not finish",
                                        "asynchronous quiesce"))
             sent = np.array(self._sent_to, dtype=np.float64)
@@ -524,9 +348,9 @@ class Asynchronous(Policy):
         expected = int(sent[peer.rank])
         with self._cond:
             self._wait_locked(
-                lambda: sum(self._absorbed_from) >= expected, timeout, 0.5, lambda: False,
-                lambda: (f"quiesce: absorbed {sum(self._absorbed_from)} of the {expected} "
-                         f"messages pushed to it", "asynchronous quiesce"))
+                lambda: sum(self._arrivals.absorbed_from) >= expected, timeout, 0.5,
+                lambda: (f"quiesce: absorbed {sum(self._arrivals.absorbed_from)} of the "
+                         f"{expected} messages pushed to it", "asynchronous quiesce"))
         # Fold the absorbed mass into the parameters (no move since the last step).
         self._buckets.copy_in()
         self._fold_in(moved=False)
@@ -543,12 +367,7 @@ class Asynchronous(Policy):
     @property
     def healed_around(self) -> set[int]:
         """Lost out-neighbours whose own out-neighbours joined the rotation."""
-        return set(self._healed)
-
-    @property
-    def dropped_peers(self) -> dict[int, str]:
-        """Peers this policy stopped pushing to (lost, or a push to them failed), with why."""
-        return dict(self._dropped)
+        return set(self._rotation.healed)
 
     @property
     def weights(self) -> list[float]:
@@ -560,13 +379,8 @@ class Asynchronous(Policy):
         return {"weights": self.weights}
 
     def _load_extra_state(self, state: dict) -> None:
-        weights = state.get("weights")
-        if not isinstance(weights, (list, tuple)) or len(weights) != len(self._w):
-            raise ValueError(f"asynchronous state needs {len(self._w)} weights (one per "
-                             f"bucket), got {weights!r}")
-        if not all(np.isfinite(w) and w > 0 for w in weights):
-            raise ValueError(f"asynchronous weights must be positive, got {weights!r}")
-        self._w = [float(w) for w in weights]   # the model is the parameters themselves
+        # The model is the parameters themselves: the weights are all there is to load.
+        self._w = weights_from_state(state, len(self._w), self.name)
         if self._anchor is not None:
             self._buckets.copy_in()
             self._keep_anchor()
@@ -578,14 +392,15 @@ class Asynchronous(Policy):
 
     def _extra_stats(self) -> dict:
         return {"background_rounds": self._rounds, "pushes_held_back": self._held_back,
-                "messages_absorbed": self._absorbed, "lightest_weight": self._lightest,
+                "messages_absorbed": self._arrivals.absorbed,
+                "lightest_weight": self._lightest,
                 "min_weight": self.min_weight,
                 "background_seconds": self._background_seconds,
                 "staleness_waits": self._staleness_waits,
                 "receiver_wakeups": self._receiver_wakeups,
                 "messages_sent_to": list(self._sent_to),
-                "messages_absorbed_from": list(self._absorbed_from),
+                "messages_absorbed_from": list(self._arrivals.absorbed_from),
                 "dropped_peers": sorted(self._dropped),
-                "rotation": list(self._rotation),
-                "healed_around": sorted(self._healed),
+                "rotation": list(self._rotation.ranks),
+                "healed_around": sorted(self._rotation.healed),
                 "weights": self.weights, "topology": repr(self.topology)}

@@ -22,8 +22,9 @@ from typing import Any, Iterable
 
 import numpy as np
 
-__all__ = ["DEFAULT_BUCKET_BYTES", "Slot", "Bucket", "BucketSet", "is_torch_tensor",
-           "copy_into", "clone", "divide_into", "subtract_scaled", "segment"]
+from collectives.arrays import adapter_for
+
+__all__ = ["DEFAULT_BUCKET_BYTES", "Slot", "Bucket", "BucketSet", "is_torch_tensor"]
 
 DEFAULT_BUCKET_BYTES = 25 << 20
 
@@ -34,46 +35,10 @@ def is_torch_tensor(x: Any) -> bool:
     return torch is not None and isinstance(x, torch.Tensor)
 
 
-def copy_into(dst: Any, src: Any) -> None:
-    """dst[...] = src for numpy arrays and torch tensors alike (no allocation)."""
-    if isinstance(dst, np.ndarray):
-        np.copyto(dst, src)
-    else:
-        dst.copy_(src)
-
-
-def divide_into(dst: Any, src: Any, divisor: float) -> None:
-    """dst[...] = src / divisor in one pass, for numpy arrays and torch tensors alike."""
-    if isinstance(dst, np.ndarray):
-        np.divide(src, divisor, out=dst)
-    else:
-        import torch
-        torch.div(src, divisor, out=dst)
-
-
-def subtract_scaled(dst: Any, scale: float, src: Any) -> None:
-    """dst -= scale * src. torch: one fused pass. numpy (which has no in-place axpy): src is
-    used as scratch and left holding scale * src."""
-    if isinstance(dst, np.ndarray):
-        src *= scale
-        dst -= src
-    else:
-        dst.sub_(src, alpha=scale)
-
-
-def clone(buf: Any) -> Any:
-    """A copy of a numpy array or torch tensor (of the same kind, dtype and device)."""
-    return buf.copy() if isinstance(buf, np.ndarray) else buf.detach().clone()
-
-
-def segment(count: int, rank: int, n: int) -> tuple[int, int]:
-    """Elements [lo, hi) of a flat buffer of ``count`` owned by ``rank`` of ``n`` (the
-    collectives' reduce_scatter split: rank r owns [count*r//n, count*(r+1)//n))."""
-    return count * rank // n, count * (rank + 1) // n
-
-
 @dataclass(frozen=True)
 class Slot:
+    """Where one parameter lives in its bucket."""
+
     index: int         # position of the parameter in the list given to BucketSet
     offset: int        # first element of the parameter in its bucket
     numel: int         # number of elements
@@ -96,6 +61,7 @@ class Bucket:
 
     @property
     def nbytes(self) -> int:
+        """Size of the parameter buffer in bytes."""
         return self.numel * self.itemsize
 
     def view(self, slot: Slot, buffer: Any = None) -> Any:
@@ -108,10 +74,7 @@ class Bucket:
         elements (default: the bucket's) plus ``extra``: push-sum appends its weight to the
         parameters so both travel in one message."""
         count = (self.numel if numel is None else numel) + extra
-        if isinstance(self.flat, np.ndarray):
-            return np.zeros(count, dtype=self.flat.dtype)
-        import torch
-        return torch.zeros(count, dtype=self.flat.dtype, device=self.flat.device)
+        return adapter_for(self.flat).zeros(count, self.flat)
 
     def __repr__(self) -> str:
         return (f"Bucket({self.index}, {len(self.slots)} parameters, {self.numel} elements, "
@@ -315,10 +278,12 @@ class BucketSet:
     # ------------------------------------------------------------------ sizes
     @property
     def numel(self) -> int:
+        """Elements in all buckets."""
         return sum(b.numel for b in self.buckets)
 
     @property
     def nbytes(self) -> int:
+        """Bytes in all parameter buckets."""
         return sum(b.nbytes for b in self.buckets)
 
     def __len__(self) -> int:

@@ -17,7 +17,7 @@ phases, and are left as they are.
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import Any, Collection
 
 import numpy as np
 
@@ -59,12 +59,11 @@ class Healer:
     def _neighbours(self, rank: int) -> set[int]:
         return set(self.topology.out_neighbors(rank, 0)) | set(self.topology.in_neighbors(rank, 0))
 
-    def update(self, step: int) -> None:
-        """Propose edges around neighbours newly found lost and read the other ends'
-        proposals; never waits for a message."""
+    def update(self, step: int, lost: Collection[int]) -> None:
+        """Propose edges around neighbours newly found lost (``lost``: the step's lost
+        peers) and read the other ends' proposals; never waits for a message."""
         if self._comm is None:
             return
-        lost = self.peer.lost_peers()
         mine = self._neighbours(self.rank)
         for d in sorted(set(lost) - self._handled):
             self._handled.add(d)
@@ -109,12 +108,12 @@ class Healer:
         """Every peer an edge was agreed with (in use, due, or since lost itself)."""
         return sorted({q for q, _ in self.links})
 
-    def extra(self, step: int) -> dict[int, float]:
-        """The added neighbours in use at ``step`` (alive ones), with their weights."""
+    def extra(self, step: int, lost: Collection[int]) -> dict[int, float]:
+        """The added neighbours in use at ``step`` (those not in ``lost``), with their
+        weights."""
         out: dict[int, float] = {}
         if not self.links:
             return out
-        lost = self.peer.lost_peers()
         for (q, _), (start, weight) in self.links.items():
             if step >= start and q not in lost:
                 out[q] = out.get(q, 0.0) + weight

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import warnings
 
-from gossip.policies.base import Policy
+from gossip.policies.policy import Policy
 from gossip.policies.buckets import DEFAULT_BUCKET_BYTES
 
 __all__ = ["LocalSGD"]

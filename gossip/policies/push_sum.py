@@ -4,14 +4,11 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-import numpy as np
-
-from collectives.arrays.adapter import adapter_for
-from gossip.errors import OperationTimeout, PeerLost
-from gossip.policies.base import Policy
-from gossip.policies.buckets import DEFAULT_BUCKET_BYTES, copy_into, divide_into
-from gossip.policies.decentralized import check_topology
-from gossip.policies.healing import Healer
+from collectives.arrays import adapter_for
+from gossip.policies.buckets import DEFAULT_BUCKET_BYTES
+from gossip.policies.neighborhood import ONE_PEER_EXPONENTIAL, Neighborhood, Round
+from gossip.policies.policy import Policy
+from gossip.policies.push_sum_weights import weights_from_state
 
 __all__ = ["PushSum"]
 
@@ -57,24 +54,18 @@ class PushSum(Policy):
     """
 
     name = "push-sum"
+    default_topology = ONE_PEER_EXPONENTIAL
 
     def __init__(self, *, topology: Any = None, overlap: bool = False,
                  bucket_bytes: int = DEFAULT_BUCKET_BYTES, timeout: float | None = None,
                  nan_guard: bool = False) -> None:
         super().__init__(bucket_bytes=bucket_bytes, timeout=timeout, nan_guard=nan_guard)
         self._topology_arg = topology
-        self.topology = topology   # resolved at attach (None: OnePeerExponential(n))
         self.overlap = bool(overlap)
         self._inflight: list[Any] | None = None
-        self._rounds_skipped = 0
 
     # ------------------------------------------------------------------ set-up
     def _setup(self) -> None:
-        if self._topology_arg is None:
-            import topologies
-            self.topology = topologies.OnePeerExponential(self._peer.world_size)
-        else:
-            self.topology = check_topology(self._topology_arg, self._peer.world_size)
         self._buckets.copy_in()
         if self.overlap:
             # The de-biased pair: the parameters are x / w, and w is kept here (float64).
@@ -86,21 +77,14 @@ class PushSum(Policy):
             self._z = []
             for b in self._buckets:
                 z = b.new(extra=1)
-                copy_into(z[:-1], b.flat)
+                adapter_for(z).copy(z[:-1], b.flat)
                 z[-1] = 1.0
                 self._z.append(z)
         # Without overlap: the exchange's scratch. With overlap: where the in-neighbours'
         # messages add up (the exchange's out), folded into the parameters one step later.
         self._scratch = [b.new(extra=1) for b in self._buckets]
-        n = self._peer.world_size
-        push = np.zeros((n, n))   # push[i, j]: the share of j's mass that j sends to i
-        if getattr(self.topology, "period", 1) == 1:
-            for j in range(n):
-                keep, shares = self.topology.push_weights(j, 0)
-                push[j, j] = keep
-                for i, share in shares.items():
-                    push[i, j] = share
-        self._healer = Healer(self._peer, self.topology, push, timeout=self.timeout)
+        self._neighborhood = Neighborhood(self._peer, self._topology, push=True,
+                                          timeout=self.timeout)
 
     def _shutdown(self) -> None:
         try:
@@ -134,25 +118,6 @@ class PushSum(Policy):
             return list(self._w)
         return [float(z[-1]) for z in self._z]
 
-    def _pattern(self, step: int) -> tuple[float, dict[int, float], dict[int, float]]:
-        """(share kept, {in-neighbour: 1.0}, {out-neighbour: share sent}) at ``step``, with
-        lost peers left out: the share meant for a lost out-neighbour is kept."""
-        rank = self._peer.rank
-        keep, shares = self.topology.push_weights(rank, step)
-        srcs = self.topology.in_neighbors(rank, step)
-        lost = self._peer.lost_peers()
-        if lost:
-            keep += sum(s for j, s in shares.items() if j in lost)
-            shares = {j: s for j, s in shares.items() if j not in lost}
-            srcs = [j for j in srcs if j not in lost]
-        srcs, shares = list(srcs), dict(shares)   # (the topology may hand out shared dicts)
-        for q, share in self._healer.extra(step).items():   # edges healed around lost peers
-            keep -= share
-            shares[q] = shares.get(q, 0.0) + share
-            if q not in srcs:
-                srcs.append(q)
-        return keep, {j: 1.0 for j in srcs}, shares
-
     # ------------------------------------------------------------------ the step
     def _local_update(self) -> None:
         """(Without overlap.) x <- x + (params - x/w): the optimizer's move, applied to the
@@ -160,44 +125,39 @@ class PushSum(Policy):
         when w == 1)."""
         for b, z in zip(self._buckets, self._z):
             x, w = z[:-1], float(z[-1])
+            adapter = adapter_for(x)
             if w == 1.0:
-                copy_into(x, b.flat)   # regular schedules keep w at exactly one
+                adapter.copy(x, b.flat)   # regular schedules keep w at exactly one
             else:
-                x *= 1.0 - 1.0 / w
-                adapter_for(x).axpy(x, 1.0, b.flat)
+                adapter.scale(x, 1.0 - 1.0 / w)
+                adapter.axpy(x, 1.0, b.flat)
 
     def _debias(self) -> None:
         for b, z in zip(self._buckets, self._z):
-            divide_into(b.flat, z[:-1], float(z[-1]))
+            adapter_for(z).divide_into(b.flat, z[:-1], float(z[-1]))
 
     def _after_step(self, step: int) -> None:
         self._buckets.copy_in()
-        self._healer.update(step)
         if self.overlap:
             # The optimizer moved the parameters, x / w: the move is in already.
             self._absorb()
-            self._launch(step)
+            self._launch(self._neighborhood.round(step))
         else:
             self._local_update()
-            keep, srcs, shares = self._pattern(step)
-            for z, scratch in zip(self._z, self._scratch):
-                try:
-                    self._peer.neighbor_allreduce(z, keep, srcs, list(shares),
-                                                  dst_weights=shares, scratch=scratch,
-                                                  timeout=self.timeout)
-                except (PeerLost, OperationTimeout) as exc:
-                    # The buffer is left as it was; what reached the live neighbours is
-                    # theirs. Every bucket is still called, to keep sequence numbers in step.
-                    self._rounds_skipped += 1
-                    log.warning("rank %d: push-sum round %d failed: %s", self._peer.rank,
-                                step, exc)
+            plan = self._neighborhood.round(step)
+            for k, (z, scratch) in enumerate(zip(self._z, self._scratch)):
+                # A failed bucket is left as it was; what reached the live neighbours is
+                # theirs. Every bucket is still called, to keep sequence numbers in step.
+                with self._tolerate(f"round {step}, bucket {k}"):
+                    plan.run(self._peer.neighbor_allreduce, z, scratch=scratch,
+                             timeout=self.timeout)
             self._debias()
         self._buckets.copy_out()
 
-    def _launch(self, step: int) -> None:
+    def _launch(self, plan: Round) -> None:
         """(Overlap.) Send each out-neighbour its share of (x, w) and keep the rest: the
         parameters, x / w, stay as they are, and only w shrinks."""
-        keep, srcs, shares = self._pattern(step)
+        keep, shares = plan.self_weight, plan.dst_weights
         # One scaled copy serves every out-neighbour when they get equal shares (always, for
         # the topologies' push weights); otherwise the exchange scales one per destination.
         equal = len(set(shares.values())) <= 1
@@ -219,8 +179,9 @@ class PushSum(Policy):
             # self_weight 0 and out=received: when it completes, received holds only what
             # the in-neighbours sent; s is only read.
             work.append(self._peer.neighbor_allreduce(
-                s, 0.0, srcs, list(shares), dst_weights=None if equal else shares,
-                out=received, wait=False, timeout=self.timeout))
+                s, 0.0, plan.src_weights, plan.dst_ranks,
+                dst_weights=None if equal else shares, out=received, wait=False,
+                timeout=self.timeout))
         self._inflight = work
 
     def _absorb(self) -> None:
@@ -231,12 +192,10 @@ class PushSum(Policy):
         if work is None:
             return
         for i, (exchange, b, received) in enumerate(zip(work, self._buckets, self._scratch)):
-            try:
+            # What reached the live neighbours is theirs; this peer keeps its own share.
+            with self._tolerate(f"exchange of bucket {i}") as attempt:
                 exchange.wait(self.timeout)
-            except (PeerLost, OperationTimeout) as exc:
-                # What reached the live neighbours is theirs; this peer keeps its own share.
-                self._rounds_skipped += 1
-                log.warning("rank %d: push-sum exchange failed: %s", self._peer.rank, exc)
+            if attempt.failed:
                 continue
             kept, arrived = self._w[i], float(received[-1])
             total = kept + arrived
@@ -260,20 +219,14 @@ class PushSum(Policy):
         return {"weights": self.weights}
 
     def _load_extra_state(self, state: dict) -> None:
-        weights = state.get("weights")
-        if not isinstance(weights, (list, tuple)) or len(weights) != len(self._buckets):
-            raise ValueError(f"push-sum state needs {len(self._buckets)} weights (one per "
-                             f"bucket), got {weights!r}")
-        if not all(np.isfinite(w) and w > 0 for w in weights):
-            raise ValueError(f"push-sum weights must be positive, got {weights!r}")
+        weights = weights_from_state(state, len(self._buckets), self.name)
         self.flush()
         if self.overlap:
-            self._w = [float(w) for w in weights]   # the parameters are x / w already
+            self._w = weights   # the parameters are x / w already
             return
         self._buckets.copy_in()
         for b, z, w in zip(self._buckets, self._z, weights):
-            copy_into(z[:-1], b.flat)
-            z[:-1] *= float(w)
+            adapter_for(z).scaled_copy(z[:-1], float(w), b.flat)
             z[-1] = float(w)
 
     def _consensus_buffers(self) -> list:
@@ -284,5 +237,5 @@ class PushSum(Policy):
         return {"weights": self.weights if self._peer is not None else [],
                 "rounds_skipped": self._rounds_skipped, "overlap": self.overlap,
                 "topology": repr(self.topology),
-                "healed_links": self._healer.linked()
+                "healed_links": self._neighborhood.linked()
                 if self._peer is not None else []}

@@ -5,14 +5,14 @@ from __future__ import annotations
 from typing import Any
 
 from gossip.policies.asynchronous import Asynchronous
-from gossip.policies.base import Policy
-from gossip.policies.decentralized import Gossip
-from gossip.policies.elastic import ElasticAveraging
+from gossip.policies.elastic_averaging import ElasticAveraging
+from gossip.policies.gossip_policy import Gossip
 from gossip.policies.local_sgd import LocalSGD
+from gossip.policies.policy import Policy
 from gossip.policies.push_sum import PushSum
 from gossip.policies.synchronous import Synchronous
 
-__all__ = ["POLICIES", "make", "names", "resolve"]
+__all__ = ["POLICIES", "make", "names", "policy_class", "resolve"]
 
 #: Canonical name -> policy class.
 POLICIES: dict[str, type[Policy]] = {cls.name: cls for cls in (
@@ -24,16 +24,21 @@ def names() -> list[str]:
     return list(POLICIES)
 
 
-def make(name: str, **kwargs: Any) -> Policy:
-    """A new policy of the given name (case and ``_``/``-`` do not matter), constructed with
-    ``kwargs``. Unknown names raise ValueError listing the known ones."""
+def policy_class(name: str) -> type[Policy]:
+    """The policy class of the given name (case and ``_``/``-`` do not matter). Unknown
+    names raise ValueError listing the known ones, non-strings TypeError."""
     if not isinstance(name, str):
         raise TypeError(f"policy name must be a string, got {type(name).__name__}")
     key = name.strip().lower().replace("_", "-")
     cls = POLICIES.get(key)
     if cls is None:
         raise ValueError(f"unknown policy {name!r}; known policies: {', '.join(POLICIES)}")
-    return cls(**kwargs)
+    return cls
+
+
+def make(name: str, **kwargs: Any) -> Policy:
+    """A new policy of the given name (see policy_class), constructed with ``kwargs``."""
+    return policy_class(name)(**kwargs)
 
 
 def resolve(policy: Any) -> Policy:

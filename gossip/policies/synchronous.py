@@ -5,7 +5,7 @@ import contextlib
 import threading
 from typing import Any, Iterator
 
-from gossip.policies.base import Policy
+from gossip.policies.policy import Policy
 from gossip.policies.buckets import DEFAULT_BUCKET_BYTES
 
 __all__ = ["Synchronous", "FIRST_BUCKET_BYTES"]

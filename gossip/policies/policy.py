@@ -19,12 +19,15 @@ import abc
 import logging
 import math
 import time
-import warnings
-from typing import Any, ClassVar
+from typing import Any, ClassVar, ContextManager
 
 import numpy as np
 
-from gossip.policies.buckets import DEFAULT_BUCKET_BYTES, BucketSet, copy_into
+from gossip.policies.buckets import DEFAULT_BUCKET_BYTES, BucketSet
+from gossip.policies.consensus import consensus_distance
+from gossip.policies.failures import PEER_FAILURES, Attempt, tolerate
+from gossip.policies.nan_guard import NanGuard
+from gossip.policies.neighborhood import resolve_topology
 
 __all__ = ["Policy"]
 
@@ -63,6 +66,10 @@ class Policy(abc.ABC):
     #: True if the policy averages gradients, so torch gradients are packed into buckets too.
     uses_gradients: ClassVar[bool] = False
 
+    #: What ``topology=None`` stands for (neighborhood.PEER_TOPOLOGY or
+    #: ONE_PEER_EXPONENTIAL); None: the policy runs on no graph (allreduce policies).
+    default_topology: ClassVar[str | None] = None
+
     #: True if the nan guard judges the averaged values (identical on every replica), so
     #: every peer skips the same steps; False: each peer judges its own before sending.
     _guard_after_communication: ClassVar[bool] = False
@@ -87,9 +94,10 @@ class Policy(abc.ABC):
         self._bytes0 = 0
         self._messages0 = 0
         self.nan_guard = bool(nan_guard)
-        self._good: list | None = None   # the parameters after the last step (nan_guard)
-        self._skip_update = False
-        self._skipped_steps = 0
+        self._guard: NanGuard | None = None
+        self._topology_arg: Any = None   # graph policies: the topology= argument
+        self._topology: Any = None       # ... resolved at attach (default_topology)
+        self._rounds_skipped = 0         # exchanges abandoned by the failure rule
 
     # ------------------------------------------------------------------ lifetime
     def attach(self, peer: Any, params: Any) -> "Policy":
@@ -111,14 +119,19 @@ class Policy(abc.ABC):
                             first_bucket_bytes=getattr(self, "_first_bucket_bytes", None),
                             gradients=self.uses_gradients)
         self._peer, self._buckets = peer, buckets
+        self._guard = NanGuard(buckets, gradients=self.uses_gradients,
+                               who=lambda: (peer.rank, self._step, self.name))
         counters = peer.stats()
         self._bytes0, self._messages0 = counters["bytes_sent"], counters["messages_sent"]
         try:
+            if self.default_topology is not None:
+                self._topology = resolve_topology(self._topology_arg, peer,
+                                                  self.default_topology)
             self._setup()
             if self.nan_guard:
-                self._keep_good()
+                self._guard.keep()
         except BaseException:
-            self._peer = self._buckets = None
+            self._peer = self._buckets = self._topology = None
             raise
         register = getattr(peer, "register_policy", None)
         if register is not None:
@@ -163,8 +176,8 @@ class Policy(abc.ABC):
         start = self._enter()
         try:
             self._after_backward()
-            if self.nan_guard and not self._gradients_finite():
-                self._skip("gradients")
+            if self.nan_guard and not self._guard.gradients_finite():
+                self._guard.skip("gradients")
         finally:
             self._exit(start)
 
@@ -173,7 +186,7 @@ class Policy(abc.ABC):
         """True between an after_backward() that found non-finite gradients (nan_guard) and
         the next after_step(): the optimizer step must be skipped (DistributedOptimizer
         does)."""
-        return self._skip_update
+        return self._guard is not None and self._guard.skip_update
 
     def after_step(self) -> None:
         """Parameter-side communication: call after ``optimizer.step()``."""
@@ -188,62 +201,37 @@ class Policy(abc.ABC):
             if guard:
                 if self._guard_after_communication:
                     self._guard_parameters()
-                self._keep_good()
-            self._skip_update = False
+                self._guard.keep()
+            self._guard.skip_update = False
             self._step += 1
         finally:
             self._exit(start)
 
     # ------------------------------------------------------------------ nan guard
-    def _skip(self, what: str) -> None:
-        if not self._skip_update:
-            self._skipped_steps += 1
-        self._skip_update = True
-        message = (f"rank {self._peer.rank}: step {self._step}: non-finite {what} (NaN or "
-                   f"inf); the update is skipped ({self.name}, nan_guard=True)")
-        log.warning(message)
-        warnings.warn(message, RuntimeWarning, stacklevel=3)
-
-    def _gradients_finite(self) -> bool:
-        """Whether the gradients this step would apply are finite (torch only; numpy
-        parameters have no gradients here). Gradient policies judge the averaged ones."""
-        buckets = self._buckets
-        if buckets.kind != "torch":
-            return True
-        import torch
-        if self.uses_gradients:
-            grads = [b.grad for b in buckets if getattr(b, "grad", None) is not None]
-        else:
-            grads = [p.grad for p in buckets.params if p.grad is not None]
-        return all(bool(torch.isfinite(g).all()) for g in grads)
-
     def _guard_parameters(self) -> None:
-        """Non-finite parameters go back to the last good ones (and the step counts as
-        skipped)."""
-        buckets = self._buckets
-        buckets.copy_in()
-        if all(_finite(b.flat) for b in buckets):
-            return
-        if self._good is None:
-            raise FloatingPointError(f"rank {self._peer.rank}: step {self._step}: non-finite "
-                                     "parameters and no finite ones to go back to")
-        self._skip("parameters")
-        for b, good in zip(buckets, self._good):
-            copy_into(b.flat, good)
-        buckets.copy_out()
-        self._restored()
+        if self._guard.restore_if_not_finite():
+            self._restored()
 
     def _restored(self) -> None:
         """After the guard put the last good parameters back (policies with state derived
         from the parameters resynchronise it here)."""
 
-    def _keep_good(self) -> None:
-        buckets = self._buckets
-        buckets.copy_in()
-        if self._good is None:
-            self._good = [b.new() for b in buckets]
-        for b, good in zip(buckets, self._good):
-            copy_into(good, b.flat)
+    # ------------------------------------------------------------------ failure rule
+    def _tolerate(self, what: str, *, rank: int | None = None,
+                  drop: tuple[type[BaseException], ...] = PEER_FAILURES
+                  ) -> ContextManager[Attempt]:
+        """The failure rule of a step (see failures.py) around the exchange ``what``:
+        ``_exchange_failed`` says what a failure costs, given ``rank`` (the peer the
+        exchange was with) when the failure is one of ``drop``."""
+        return tolerate(lambda exc: self._exchange_failed(
+            what, exc, rank if isinstance(exc, drop) else None))
+
+    def _exchange_failed(self, what: str, exc: BaseException, rank: int | None) -> None:
+        """A round skipped: the buffers keep what they held (what reached the live
+        neighbours is theirs), the next round's plan leaves the lost peer out. Policies with
+        per-peer partners (background workers) drop ``rank`` instead."""
+        self._rounds_skipped += 1
+        log.warning("rank %d: %s %s skipped: %s", self._peer.rank, self.name, what, exc)
 
     def _after_backward(self) -> None:
         """Gradient-side work (only gradient policies have any)."""
@@ -288,7 +276,15 @@ class Policy(abc.ABC):
     # ------------------------------------------------------------------ attributes
     @property
     def peer(self) -> Any:
+        """The Peer the policy is attached to (None before attach)."""
         return self._peer
+
+    @property
+    def topology(self) -> Any:
+        """The graph the policy runs on: after attach the resolved one (default_topology
+        when none was given), before it the ``topology`` argument; None for policies on no
+        graph."""
+        return self._topology if self._topology is not None else self._topology_arg
 
     @property
     def buckets(self) -> BucketSet:
@@ -311,16 +307,19 @@ class Policy(abc.ABC):
 
     @property
     def timeout(self) -> float:
+        """Seconds any wait of the policy may take (default: the peer's)."""
         if self._timeout_arg is not None:
             return self._timeout_arg
         return float(self._peer.timeout) if self._peer is not None else 60.0
 
     @property
     def attached(self) -> bool:
+        """True between attach() and close()'s end (also after close: the peer stays)."""
         return self._peer is not None
 
     @property
     def closed(self) -> bool:
+        """True after close()."""
         return self._closed
 
     # ------------------------------------------------------------------ checkpoints
@@ -372,7 +371,7 @@ class Policy(abc.ABC):
             "comm_fraction": comm / (comm + compute) if comm + compute > 0 else 0.0,
             "parameters_bytes": self._buckets.nbytes,
             "lost_peers": sorted(self._peer.lost_peers()),
-            "skipped_steps": self._skipped_steps,
+            "skipped_steps": self._guard.skipped_steps,
         }
         out.update(self._extra_stats())
         if consensus:
@@ -393,30 +392,10 @@ class Policy(abc.ABC):
         allreduces on the peer's main channel: a collective, so every peer must call it at
         the same point. Allocates a copy of the parameters (a diagnostic, not a step)."""
         self._check_ready()
-        total = 0.0
-        for flat in self._consensus_buffers():
-            # In float64: a float32 mean rounds, and identical replicas would read as apart.
-            if isinstance(flat, np.ndarray):
-                mine = flat.astype(np.float64)
-            else:
-                mine = flat.detach().double().contiguous()
-            mean = mine.copy() if isinstance(mine, np.ndarray) else mine.clone()
-            self._peer.allreduce(mean, op="mean", timeout=self.timeout)
-            diff = mine - mean
-            total += float((diff * diff).sum())
-        distance = np.array([math.sqrt(total)], dtype=np.float64)
-        self._peer.allreduce(distance, op="mean", timeout=self.timeout)
-        return float(distance[0])
+        return consensus_distance(self._peer, self._consensus_buffers(), self.timeout)
 
     def __repr__(self) -> str:
         where = (f"attached to rank {self._peer.rank}/{self._peer.world_size}"
                  if self._peer is not None else "not attached")
         return f"<{type(self).__name__} {where}, step {self._step}>"
 
-
-
-def _finite(flat: Any) -> bool:
-    if isinstance(flat, np.ndarray):
-        return bool(np.isfinite(flat).all())
-    import torch
-    return bool(torch.isfinite(flat).all())

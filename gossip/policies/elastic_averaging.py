@@ -6,9 +6,10 @@ import math
 import threading
 import warnings
 
-from gossip.errors import GossipError, OperationTimeout, PeerLost
-from gossip.policies.base import Policy
-from gossip.policies.buckets import DEFAULT_BUCKET_BYTES, clone, copy_into, segment
+from collectives.arrays import adapter_for, segment
+from gossip.errors import GossipError
+from gossip.policies.buckets import DEFAULT_BUCKET_BYTES
+from gossip.policies.worker import BackgroundPolicy
 
 __all__ = ["ElasticAveraging", "CENTERS", "DEFAULT_BETA"]
 
@@ -19,7 +20,7 @@ CENTERS = ("replicated", "sharded")
 DEFAULT_BETA = 0.9
 
 
-class ElasticAveraging(Policy):
+class ElasticAveraging(BackgroundPolicy):
     """EASGD (Zhang, Choromanska, LeCun 2015). Each worker i trains its own x_i; every
     ``period`` (tau) steps it is pulled towards a centre c and the centre towards it:
     ``d_i = alpha (x_i - c); x_i -= d_i; c += d_i``. The workers explore around the centre,
@@ -57,12 +58,14 @@ class ElasticAveraging(Policy):
     """
 
     name = "elastic"
+    worker_name = "elastic-averaging server thread"
 
     def __init__(self, *, alpha: float | None = None, period: int = 4,
                  center: str = "replicated", channel: int = 2, poll_interval: float = 0.25,
                  bucket_bytes: int = DEFAULT_BUCKET_BYTES, timeout: float | None = None,
                  nan_guard: bool = False) -> None:
-        super().__init__(bucket_bytes=bucket_bytes, timeout=timeout, nan_guard=nan_guard)
+        super().__init__(channel=channel, poll_interval=poll_interval,
+                         bucket_bytes=bucket_bytes, timeout=timeout, nan_guard=nan_guard)
         if alpha is not None:
             if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) \
                     or not math.isfinite(alpha) or not 0 < alpha < 1:
@@ -77,27 +80,17 @@ class ElasticAveraging(Policy):
         if center not in CENTERS:
             raise ValueError(f"center must be one of {', '.join(map(repr, CENTERS))}, got "
                              f"{center!r}")
-        if isinstance(channel, bool) or not isinstance(channel, int) or channel < 1:
-            raise ValueError(f"channel must be an int >= 1 (0 is the peer's own), got "
-                             f"{channel!r}")
-        if not (isinstance(poll_interval, (int, float)) and 0 < poll_interval <= 1):
-            raise ValueError(f"poll_interval must be in (0, 1] seconds, got {poll_interval!r}")
         self._alpha_arg = None if alpha is None else float(alpha)
         self.period = period
         self.center_mode = center
-        self._channel_number = channel
-        self._poll = float(poll_interval)
-        self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-        self._error: BaseException | None = None
-        self._dropped: dict[int, str] = {}
+        self._lock = threading.Lock()   # the centre shard, between server and training thread
         self._served = 0
         self._rounds = 0
 
     # ------------------------------------------------------------------ set-up
     @property
     def alpha(self) -> float:
+        """The elastic rate (default 0.9 / n, known once attached: RuntimeError before)."""
         if self._alpha_arg is not None:
             return self._alpha_arg
         if self._peer is None:
@@ -135,8 +128,7 @@ class ElasticAveraging(Policy):
         # The centre starts at the workers' mean.
         means = []
         for b in buckets:
-            m = b.new()
-            copy_into(m, b.flat)
+            m = adapter_for(b.flat).clone(b.flat)
             peer.allreduce(m, op="mean", timeout=self.timeout)
             means.append(m)
         if self.center_mode == "replicated":
@@ -147,12 +139,12 @@ class ElasticAveraging(Policy):
         self._center = []
         for m, segs in zip(means, self._segs):
             lo, hi = segs[rank]
-            self._center.append(clone(m[lo:hi]))
-        self._own_diff = [clone(c) for c in self._center]
+            self._center.append(adapter_for(m).clone(m[lo:hi]))
+        self._own_diff = [adapter_for(c).clone(c) for c in self._center]
         self._replies = [[b.new(numel=hi - lo) if s != rank else None
                           for s, (lo, hi) in enumerate(segs)]
                          for b, segs in zip(buckets, self._segs)]
-        self._requests = [clone(c) for c in self._center]
+        self._requests = [adapter_for(c).clone(c) for c in self._center]
         self._req_comm = peer.channel(self._channel_number)
         self._rep_comm = peer.channel(self._channel_number + 1)
         # The buckets whose segment of this peer is not empty, in order: what every worker
@@ -161,25 +153,13 @@ class ElasticAveraging(Policy):
                                 if segs[rank][1] > segs[rank][0]]
         self._next_request = {j: 0 for j in range(n) if j != rank}
         if self._served_buckets and n > 1:
-            self._thread = threading.Thread(target=self._serve, daemon=True,
-                                            name=f"gossip-easgd-r{rank}")
-            self._thread.start()
-
-    def _shutdown(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(max(1.0, self._poll * 4))
-            if self._thread.is_alive():
-                log.warning("rank %d: elastic-averaging server thread still running after "
-                            "close()", self._peer.rank)
+            self._start(self._serve, "gossip-easgd")
 
     # ------------------------------------------------------------------ the step
     def _after_step(self, step: int) -> None:
         if (step + 1) % self.period:
             return
-        if self._error is not None:
-            raise RuntimeError(f"rank {self._peer.rank}: the elastic-averaging server thread "
-                               f"failed: {self._error!r}") from self._error
+        self._check_worker()
         self._buckets.copy_in()
         if self.center_mode == "replicated":
             self._replicated_round()
@@ -192,7 +172,7 @@ class ElasticAveraging(Policy):
         alpha = self.alpha
         work = []
         for b, c, d in zip(self._buckets, self._center, self._diff):
-            copy_into(d, b.flat)
+            adapter_for(d).copy(d, b.flat)
             d -= c
             d *= alpha          # d_i = alpha (x_i - c)
             b.flat -= d         # x_i -= d_i
@@ -203,6 +183,7 @@ class ElasticAveraging(Policy):
 
     def _sharded_round(self) -> None:
         rank, alpha = self._peer.rank, self.alpha
+        lost = self._peer.lost_peers()
         asked = []
         for k, (b, segs) in enumerate(zip(self._buckets, self._segs)):
             for s, (lo, hi) in enumerate(segs):
@@ -211,62 +192,36 @@ class ElasticAveraging(Policy):
                 if s == rank:
                     with self._lock:   # the server thread updates the same shard
                         d = self._own_diff[k]
-                        copy_into(d, b.flat[lo:hi])
+                        adapter_for(d).copy(d, b.flat[lo:hi])
                         d -= self._center[k]
                         d *= alpha
                         self._center[k] += d
                     b.flat[lo:hi] -= d
                     continue
-                if not self._owner_alive(s):
+                if not self._alive(s, lost):
                     continue
-                try:
+                with self._tolerate(f"request to centre shard owner {s}", rank=s):
                     self._req_comm.send(s, b.flat[lo:hi], timeout=self.timeout)
                     asked.append((k, s))
-                except (PeerLost, OperationTimeout) as exc:
-                    self._drop(s, exc)
         for k, s in asked:
             if s in self._dropped:
                 continue
             lo, hi = self._segs[k][s]
             reply = self._replies[k][s]
-            try:
+            with self._tolerate(f"reply of centre shard owner {s}", rank=s) as attempt:
                 self._rep_comm.recv(s, reply, timeout=self.timeout)
-            except (PeerLost, OperationTimeout) as exc:
-                self._drop(s, exc)
+            if attempt.failed:
                 continue
             self._buckets.buckets[k].flat[lo:hi] -= reply
 
-    def _owner_alive(self, rank: int) -> bool:
-        if rank in self._dropped:
-            return False
-        reason = self._peer.lost_peers().get(rank)
-        if reason is not None:
-            self._dropped[rank] = reason
-            return False
-        return True
-
-    def _drop(self, rank: int, exc: BaseException) -> None:
-        self._dropped[rank] = str(exc)
-        log.warning("rank %d: elastic averaging drops rank %d (its centre shard is no longer "
-                    "reachable): %s", self._peer.rank, rank, exc)
-
     # ------------------------------------------------------------------ shard server
     def _serve(self) -> None:
-        try:
-            while not self._stop.is_set():
-                if not self._serve_pending():
-                    # Sleep until a request arrives (the inbox wakes us; no polling), at most
-                    # poll_interval, to look at the stop flag and lost peers again.
-                    live = [j for j in self._next_request if j not in self._dropped
-                            and j not in self._peer.lost_peers()]
-                    if live:
-                        self._req_comm.wait_any(live, self._poll)
-                    else:
-                        self._stop.wait(self._poll)
-        except BaseException as exc:  # handed to the training loop at its next elastic step
-            if not self._stop.is_set():
-                log.exception("rank %d: elastic-averaging server failed", self._peer.rank)
-                self._error = exc
+        while not self._stop.is_set():
+            if not self._serve_pending():
+                lost = self._peer.lost_peers()
+                self._next_source(self._req_comm, [j for j in self._next_request
+                                                   if j not in self._dropped
+                                                   and j not in lost])
 
     def _serve_pending(self) -> bool:
         served = False
@@ -277,21 +232,21 @@ class ElasticAveraging(Policy):
                 k = self._served_buckets[pos]
                 req = self._requests[k]
                 try:
-                    self._req_comm.recv(src, req, timeout=self.timeout)
-                except (PeerLost, OperationTimeout):
-                    break
+                    with self._tolerate(f"request from rank {src}") as attempt:
+                        self._req_comm.recv(src, req, timeout=self.timeout)
                 except GossipError as exc:
                     log.warning("rank %d: elastic averaging: bad request from rank %d: %s",
                                 self._peer.rank, src, exc)
+                    break
+                if attempt.failed:
                     break
                 with self._lock:
                     req -= self._center[k]
                     req *= alpha          # d = alpha (x_s - c_s)
                     self._center[k] += req
-                try:
+                # A worker gone meanwhile misses its reply; the centre kept its pull.
+                with self._tolerate(f"reply to rank {src}"):
                     self._rep_comm.send(src, req, timeout=self.timeout)
-                except (PeerLost, OperationTimeout):
-                    pass  # the worker is gone; the centre kept its pull
                 pos = (pos + 1) % len(self._served_buckets)
                 self._next_request[src] = pos
                 self._served += 1
@@ -314,21 +269,21 @@ class ElasticAveraging(Policy):
         buckets = self._buckets
         if self.center_mode == "replicated":
             for b, c in zip(buckets, self._center):
-                copy_into(b.flat, c)
+                adapter_for(c).copy(b.flat, c)
         else:
             rank = self._peer.rank
             for b, segs, c in zip(buckets, self._segs, self._center):
                 lo, hi = segs[rank]
                 b.flat[:] = 0
                 with self._lock:
-                    copy_into(b.flat[lo:hi], c)
+                    adapter_for(c).copy(b.flat[lo:hi], c)
                 self._peer.allreduce(b.flat, op="sum", timeout=self.timeout)
         buckets.copy_out()
 
     # ------------------------------------------------------------------ state and stats
     def _extra_state(self) -> dict:
         with self._lock:
-            return {"center": [clone(c) for c in self._center],
+            return {"center": [adapter_for(c).clone(c) for c in self._center],
                     "center_mode": self.center_mode, "alpha": self.alpha}
 
     def _load_extra_state(self, state: dict) -> None:
@@ -345,7 +300,7 @@ class ElasticAveraging(Policy):
                                  f"{tuple(mine.shape)}")
         with self._lock:
             for mine, theirs in zip(self._center, center):
-                copy_into(mine, theirs)
+                adapter_for(mine).copy(mine, theirs)
 
     def _extra_stats(self) -> dict:
         return {"alpha": self.alpha, "beta": self.beta, "period": self.period,

@@ -1,35 +1,20 @@
 """Decentralized gossip SGD (D-PSGD): after each step, parameters mixed with the neighbours'."""
 from __future__ import annotations
 
-import logging
 import warnings
 from typing import Any
 
 import numpy as np
 
-from gossip.errors import OperationTimeout, PeerLost, TopologyError
-from gossip.policies.base import Policy
+from gossip.errors import TopologyError
 from gossip.policies.buckets import DEFAULT_BUCKET_BYTES
-from gossip.policies.healing import Healer
+from gossip.policies.neighborhood import PEER_TOPOLOGY, Neighborhood
+from gossip.policies.policy import Policy
 
-__all__ = ["Gossip", "check_topology"]
-
-log = logging.getLogger("gossip")
+__all__ = ["Gossip"]
 
 # Row and column sums of a mixing matrix may be this far from one and still count as exact.
 _STOCHASTIC_TOL = 1e-9
-
-
-def check_topology(topology: Any, world_size: int) -> Any:
-    """The topology, if it is one for ``world_size`` peers; TopologyError (a ValueError)
-    otherwise."""
-    for attr in ("weights", "push_weights", "in_neighbors", "out_neighbors", "size"):
-        if not hasattr(topology, attr):
-            raise TopologyError(f"{topology!r} is not a topology (see the topologies package)")
-    if topology.size != world_size:
-        raise TopologyError(f"topology {topology!r} has {topology.size} peers but the world "
-                            f"size is {world_size}")
-    return topology
 
 
 class Gossip(Policy):
@@ -58,20 +43,15 @@ class Gossip(Policy):
     """
 
     name = "gossip"
+    default_topology = PEER_TOPOLOGY
 
     def __init__(self, *, topology: Any = None, bucket_bytes: int = DEFAULT_BUCKET_BYTES,
                  timeout: float | None = None, nan_guard: bool = False) -> None:
         super().__init__(bucket_bytes=bucket_bytes, timeout=timeout, nan_guard=nan_guard)
         self._topology_arg = topology
-        self._rounds_skipped = 0
-
-    @property
-    def topology(self) -> Any:
-        return self._topology_arg if self._topology_arg is not None else (
-            self._peer.topology if self._peer is not None else None)
 
     def _setup(self) -> None:
-        topo = check_topology(self.topology, self._peer.world_size)
+        topo = self._topology
         for phase in range(getattr(topo, "period", 1)):
             w = topo.mixing_matrix(phase)
             if np.abs(w.sum(axis=1) - 1).max() > _STOCHASTIC_TOL:
@@ -86,46 +66,20 @@ class Gossip(Policy):
                               stacklevel=3)
                 break
         self._scratch = [b.new() for b in self._buckets]
-        self._topo = topo
-        self._healer = Healer(self._peer, topo, topo.mixing_matrix(0), timeout=self.timeout)
-
-    def _pattern(self, step: int) -> tuple[float, dict[int, float], list[int]]:
-        """(self weight, {in-neighbour: weight}, out-neighbours) of this round: lost
-        neighbours left out (their weight stays here), healed ones added."""
-        topo, rank = self._topo, self._peer.rank
-        self_weight, src_weights = topo.weights(rank, step)
-        dst_ranks = list(topo.out_neighbors(rank, step))
-        lost = self._peer.lost_peers()
-        if lost:
-            self_weight += sum(w for j, w in src_weights.items() if j in lost)
-            src_weights = {j: w for j, w in src_weights.items() if j not in lost}
-            dst_ranks = [j for j in dst_ranks if j not in lost]
-        src_weights = dict(src_weights)   # (the topology may hand out shared dicts)
-        for q, w in self._healer.extra(step).items():
-            self_weight -= w
-            src_weights[q] = src_weights.get(q, 0.0) + w
-            if q not in dst_ranks:
-                dst_ranks.append(q)
-        return self_weight, src_weights, dst_ranks
+        self._neighborhood = Neighborhood(self._peer, topo, push=False, timeout=self.timeout)
 
     def _after_step(self, step: int) -> None:
         buckets = self._buckets
         buckets.copy_in()
-        self._healer.update(step)
-        self_weight, src_weights, dst_ranks = self._pattern(step)
+        plan = self._neighborhood.round(step)
         for b, scratch in zip(buckets, self._scratch):
             # Every bucket's exchange is called even after one failed, so this peer's
             # sequence numbers stay in step with its neighbours'.
-            try:
-                self._peer.neighbor_allreduce(b.flat, self_weight, src_weights, dst_ranks,
-                                              scratch=scratch, timeout=self.timeout)
-            except (PeerLost, OperationTimeout) as exc:
-                self._rounds_skipped += 1
-                log.warning("rank %d: gossip round %d skipped for bucket %d: %s",
-                            self._peer.rank, step, b.index, exc)
+            with self._tolerate(f"round {step}, bucket {b.index}"):
+                plan.run(self._peer.neighbor_allreduce, b.flat, scratch=scratch,
+                         timeout=self.timeout)
         buckets.copy_out()
 
     def _extra_stats(self) -> dict:
         return {"rounds_skipped": self._rounds_skipped, "topology": repr(self.topology),
-                "healed_links": self._healer.linked()
-                if self._peer is not None else []}
+                "healed_links": self._neighborhood.linked()}
