@@ -8,7 +8,8 @@ HERE = Path(__file__).parent
 setup(
     name="gossip",
     version="0.1.0",
-    description="Decentralized gossip and allreduce runtime for distributed deep learning over ZeroMQ",
+    description=("Decentralized gossip and allreduce runtime for distributed deep learning over "
+                 "ZeroMQ"),
     long_description=(HERE / "README.md").read_text(encoding="utf-8"),
     long_description_content_type="text/markdown",
     python_requires=">=3.10",

@@ -33,7 +33,8 @@ def measure(peer, nbytes: int, rounds: int):
         peer.allreduce(x)
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # kB on Linux
     return {"rank": peer.rank, "before_mib": before / 2**20, "peak_mib": peak / 2**20,
-            "ratio": (peak - before) / nbytes, "correct": bool(np.all(x == peer.world_size ** rounds))}
+            "ratio": (peak - before) / nbytes,
+            "correct": bool(np.all(x == peer.world_size ** rounds))}
 
 
 def main() -> None:

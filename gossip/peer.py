@@ -6,7 +6,9 @@ import logging
 import threading
 from typing import Any
 
+from collectives import defaults
 from collectives.communicator import Communicator
+from collectives.transport.channels import channel_pair
 from collectives.transport.transport import Transport
 from gossip.policies.neighborhood import mixing_round
 from gossip.settings import LaunchSettings
@@ -73,7 +75,8 @@ class Peer:
             raise ValueError(f"channel {number}: use 1 or more (0 is the peer's own)")
         comm = self._channels.get(number)
         if comm is None:
-            comm = self._channels[number] = Communicator(self._transport, channel=2 * number)
+            comm = self._channels[number] = Communicator(self._transport,
+                                                         channel=channel_pair(number)[0])
         return comm
 
     def __repr__(self) -> str:
@@ -207,9 +210,10 @@ class Peer:
         self._closed = True
         # Transport first: closing it wakes every operation waiting in the inbox, so the
         # worker thread then stops at once.
-        self._transport.close(timeout=0.5)
+        # Half of close()'s budget each for the transport and the communicators' workers.
+        self._transport.close(timeout=defaults.CLOSE_TIMEOUT / 2)
         for comm in [self._comm, *self._channels.values()]:
-            comm.close(timeout=0.5)
+            comm.close(timeout=defaults.CLOSE_TIMEOUT / 2)
 
     @property
     def closed(self) -> bool:

@@ -22,6 +22,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from collectives import defaults
 from collectives.errors import GossipError
 from gossip.supervisor import PeerOutcome, after_report, first_failure, free_port, supervise
 
@@ -82,7 +83,7 @@ def _peer_main(rank: int, job: _Job) -> Any:
     return job.fn(peer, *job.args, **job.kwargs)
 
 
-def spawn(fn: Callable, n: int = 4, *, timeout: float = 60.0, topology: Any = None,
+def spawn(fn: Callable, n: int = 4, *, timeout: float = defaults.TIMEOUT, topology: Any = None,
           args: tuple = (), kwargs: dict | None = None, peer_timeout: float | None = None,
           env: dict[str, str] | None = None, tolerate=(), **init_kwargs) -> list[Any]:
     """Run ``fn(peer, *args, **kwargs)`` in ``n`` peer processes; return each rank's result.

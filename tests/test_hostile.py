@@ -25,8 +25,8 @@ import psutil
 import pytest
 import zmq
 
-from collectives.transport.wire import (ABORT, BYE, DATA, HELLO, PROTOCOL_VERSION, SHM, SHM_OPEN,
-                              encode_header)
+from collectives.transport.wire import (ABORT, BYE, CREDIT, DATA, PROTOCOL_VERSION, SHM,
+                                        SHM_OPEN, encode_header)
 from gossip.testing import spawn, wait_until
 from helpers import publish as _publish, read as _read
 from wire_relay import Relay
@@ -249,7 +249,7 @@ def hostile_frames(count: int, seed: int, corpus: list[list[bytes]]):
 
     @maker
     def control_with_payload():
-        return [encode_header(rng.choice([HELLO, BYE, ABORT, SHM_OPEN]), 2, 0, 1,
+        return [encode_header(rng.choice([CREDIT, BYE, ABORT, SHM_OPEN]), 2, 0, 1,
                               number=rng.randint(1, 2**40)), b"payload"]
 
     @maker

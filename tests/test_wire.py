@@ -4,7 +4,7 @@ import msgpack
 import pytest
 
 from collectives.transport.wire import (ABORT, BYE, DATA, PROTOCOL_VERSION, SHM, WireError,
-                              decode_header, encode_header)
+                                        decode_header, encode_header)
 
 GiB = 1 << 30
 
@@ -42,6 +42,7 @@ def test_allowed_dtypes(dtype):
 @pytest.mark.parametrize("fields, payload_len, match", [
     (valid(v=99), 80, "protocol version"),
     (valid(kind=17), 80, "kind"),
+    (valid(kind=2), 0, "kind"),  # the retired greeting's number: unused, so refused
     (valid(src=4), 80, "src"),
     (valid(src=-1), 80, "src"),
     (valid(src=True), 80, "src"),

@@ -37,7 +37,6 @@ class Arrivals:
         self._drops = drops
         self._identity_ranks = {IDENTITY_PREFIX + str(r).encode(): r for r in range(world_size)}
         self._heard = [0] * world_size  # last message number accepted from each source
-        # Kinds without a handler (the reserved HELLO) are valid, counted and ignored.
         self._handlers: dict[int, Handler] = {DATA: self._data, ABORT: self._abort,
                                               BYE: self._bye, **handlers}
 

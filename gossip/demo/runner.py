@@ -20,6 +20,7 @@ import tempfile
 from dataclasses import dataclass, field
 from typing import IO
 
+from collectives import defaults
 from gossip.demo.data import Dataset, load_digits, load_mnist
 from gossip.demo.progress import ProgressDisplay
 from gossip.demo.report import format_table, summarize, write_json, write_png
@@ -34,7 +35,7 @@ DEFAULT_EPOCHS = {"digits": 20, "mnist": 2}
 PNG_NAME = "demo.png"
 JSON_NAME = "demo.json"
 MAX_PEERS = 64
-_PEER_TIMEOUT_S = 60.0  # each blocking call of a peer; a dead peer is noticed at once anyway
+_PEER_TIMEOUT_S = defaults.TIMEOUT  # each blocking call; a dead peer is noticed at once anyway
 
 
 class DemoFailed(RuntimeError):

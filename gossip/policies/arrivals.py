@@ -47,7 +47,6 @@ class Arrivals:
         """(Receiving thread.) Absorb every message waiting from ``src`` on ``comm``. A
         malformed one is dropped (logged) and serving goes on; PeerLost and OperationTimeout
         propagate to the caller's failure rule."""
-        nb = len(self._in)
         while comm.probe(src):
             k = self._next_bucket.setdefault(src, 0)
             got = self._in[k]

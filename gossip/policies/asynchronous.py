@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 
 from collectives.arrays import adapter_for
+from gossip.channels import PeerChannel
 from gossip.errors import PeerLost
 from gossip.policies.arrivals import Arrivals
 from gossip.policies.buckets import DEFAULT_BUCKET_BYTES
@@ -87,7 +88,7 @@ class Asynchronous(BackgroundPolicy):
     worker_name = "asynchronous gossip thread"
 
     def __init__(self, *, topology: Any = None, max_staleness: int | None = None,
-                 min_weight: float = 1 / 16, channel: int = 1, poll_interval: float = 0.25,
+                 min_weight: float = 1 / 16, channel: int = PeerChannel.ASYNCHRONOUS, poll_interval: float = 0.25,
                  send_timeout: float | None = None, bucket_bytes: int = DEFAULT_BUCKET_BYTES,
                  timeout: float | None = None, nan_guard: bool = False) -> None:
         super().__init__(channel=channel, poll_interval=poll_interval,

@@ -7,6 +7,7 @@ import threading
 import warnings
 
 from collectives.arrays import adapter_for, segment
+from gossip.channels import PeerChannel
 from gossip.errors import GossipError
 from gossip.policies.buckets import DEFAULT_BUCKET_BYTES
 from gossip.policies.worker import BackgroundPolicy
@@ -61,7 +62,7 @@ class ElasticAveraging(BackgroundPolicy):
     worker_name = "elastic-averaging server thread"
 
     def __init__(self, *, alpha: float | None = None, period: int = 4,
-                 center: str = "replicated", channel: int = 2, poll_interval: float = 0.25,
+                 center: str = "replicated", channel: int = PeerChannel.ELASTIC_REQUESTS, poll_interval: float = 0.25,
                  bucket_bytes: int = DEFAULT_BUCKET_BYTES, timeout: float | None = None,
                  nan_guard: bool = False) -> None:
         super().__init__(channel=channel, poll_interval=poll_interval,

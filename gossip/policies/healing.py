@@ -21,14 +21,15 @@ from typing import Any, Collection
 
 import numpy as np
 
+from gossip.channels import PeerChannel
 from gossip.errors import GossipError
 
 __all__ = ["Healer", "HEAL_CHANNEL"]
 
 log = logging.getLogger("gossip")
 
-#: peer.channel() number of the healing proposals (1: Asynchronous, 2-3: ElasticAveraging).
-HEAL_CHANNEL = 6
+#: peer.channel() number of the healing proposals (see gossip/channels.py).
+HEAL_CHANNEL = PeerChannel.HEALING
 
 
 class Healer:

@@ -23,6 +23,7 @@ from typing import Any, ClassVar, ContextManager
 
 import numpy as np
 
+from collectives import defaults
 from gossip.policies.buckets import DEFAULT_BUCKET_BYTES, BucketSet
 from gossip.policies.consensus import consensus_distance
 from gossip.policies.failures import PEER_FAILURES, Attempt, tolerate
@@ -310,7 +311,7 @@ class Policy(abc.ABC):
         """Seconds any wait of the policy may take (default: the peer's)."""
         if self._timeout_arg is not None:
             return self._timeout_arg
-        return float(self._peer.timeout) if self._peer is not None else 60.0
+        return float(self._peer.timeout) if self._peer is not None else defaults.TIMEOUT
 
     @property
     def attached(self) -> bool:

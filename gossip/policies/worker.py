@@ -48,7 +48,7 @@ class BackgroundPolicy(Policy):
                              f"{channel!r}")
         if not (isinstance(poll_interval, (int, float)) and 0 < poll_interval <= 1):
             raise ValueError(f"poll_interval must be in (0, 1] seconds, got {poll_interval!r}")
-        self._channel_number = channel
+        self._channel_number = int(channel)
         self._poll = float(poll_interval)
         self._cond = threading.Condition(threading.Lock())   # state shared with the threads
         self._stop = threading.Event()

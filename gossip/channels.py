@@ -1,0 +1,31 @@
+"""The registry of ``peer.channel(number)`` numbers: which independent communicator each part
+of gossip uses.
+
+A policy whose threads communicate beside the training loop (or beside each other) needs its
+own sequence numbers, so its messages never meet the main thread's in one mailbox: it takes a
+communicator of its own through ``peer.channel(number)``, and every peer must use the same
+number for the same purpose. Number 0 is the peer's own communicator (``peer.allreduce`` and
+the other collectives). On the wire, communicator ``number`` uses the channel pair
+``collectives.transport.channels.channel_pair(number)``.
+
+Two policies that run at once in one group need different numbers: the policies take
+``channel=`` for that, defaulting to the numbers below.
+"""
+from __future__ import annotations
+
+import enum
+
+__all__ = ["PeerChannel"]
+
+
+class PeerChannel(enum.IntEnum):
+    #: The peer's own communicator: the collectives of Peer, the blocking policies.
+    PEER = 0
+    #: Asynchronous: pushes from the sending thread to the receiving threads.
+    ASYNCHRONOUS = 1
+    #: ElasticAveraging: requests to the centre's owners (this number) and their replies
+    #: (the next one).
+    ELASTIC_REQUESTS = 2
+    ELASTIC_REPLIES = 3
+    #: Healing: proposals of new edges around a lost neighbour (Gossip, PushSum).
+    HEALING = 6
