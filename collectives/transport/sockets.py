@@ -25,7 +25,7 @@ from collectives.errors import PeerLost, RendezvousError
 from collectives.security import ZapHandler
 from collectives.transport.link import Link
 from collectives.transport.liveness import MONITOR_EVENTS
-from collectives.transport.shm import shm_supported
+from collectives.transport.shm_ring import shm_supported
 
 __all__ = ["Sockets", "IDENTITY_PREFIX", "rank_of_identity", "host_id"]
 

@@ -1,0 +1,151 @@
+"""The memory of a shared-memory ring, one per sending peer and destination on one host: its
+layout, how the sender makes it and how the receiver maps it (the protocol that uses it is in
+shm.py).
+
+The ring is an anonymous ``memfd`` (no file name, so nothing is left in /dev/shm when a peer is
+killed); the receiver maps it through ``/proc/<pid>/fd/<fd>`` of the sender, which the kernel
+allows between processes of the same user. Memory is freed when the last process unmaps it.
+
+Layout: ``nslots`` one-byte busy flags, a "sender waiting" flag on its own cache line, then
+``nslots`` slots of ``slot_bytes``. The sender sets a busy flag before it writes a slot and the
+receiver clears it after it has read it: each flag has one writer per transition, and the data
+itself is published by the ZeroMQ message that follows the write (a system call, so a full
+memory barrier). Slots are released in any order, so concurrent operations can hold several.
+"""
+from __future__ import annotations
+
+import mmap
+import os
+import re
+import threading
+
+import numpy as np
+
+__all__ = ["ShmRing", "ShmView", "shm_supported", "parse_open", "ring_name"]
+
+_FLAGS_BYTES = 64 * 16  # busy flags of up to 512 slots, then the sender's "waiting" flag
+_WAITING = _FLAGS_BYTES - 64  # its own cache line
+_OPEN = re.compile(r"memfd:(\d{1,9}):(\d{1,9}):(\d{1,5}):(\d{1,12})")
+
+
+def shm_supported() -> bool:
+    """memfd and /proc: Linux."""
+    return hasattr(os, "memfd_create") and os.path.isdir("/proc/self/fd")
+
+
+def ring_name(src: int, dst: int) -> str:
+    """The memfd name of the ring rank ``src`` sends to rank ``dst`` through; the receiver
+    checks it before mapping what an announcement points to."""
+    return f"gossip-r{src}-to-r{dst}"
+
+
+def parse_open(text: str) -> tuple[int, int, int, int] | None:
+    """(pid, fd, nslots, slot_bytes) from a SHM_OPEN announcement, or None if malformed."""
+    match = _OPEN.fullmatch(text)
+    if not match:
+        return None
+    pid, fd, nslots, slot_bytes = (int(g) for g in match.groups())
+    if not 0 < nslots <= 512 or not 0 < slot_bytes <= 1 << 30:
+        return None
+    return pid, fd, nslots, slot_bytes
+
+
+class ShmRing:
+    """The sender's side: owns the memfd and hands out free slots."""
+
+    def __init__(self, nslots: int, slot_bytes: int, name: str = "gossip-ring") -> None:
+        self.nslots = nslots
+        self.slot_bytes = slot_bytes
+        self.fd = os.memfd_create(name, 0)  # inheritable off by default in Python
+        size = _FLAGS_BYTES + nslots * slot_bytes
+        os.ftruncate(self.fd, size)
+        self._mm = mmap.mmap(self.fd, size)
+        self.flags = np.frombuffer(self._mm, dtype=np.uint8, count=nslots)
+        self.waiting = np.frombuffer(self._mm, dtype=np.uint8, count=1, offset=_WAITING)
+        self.data = np.frombuffer(self._mm, dtype=np.uint8, offset=_FLAGS_BYTES)
+        self.lock = threading.Lock()
+
+    def announcement(self) -> str:
+        return f"memfd:{os.getpid()}:{self.fd}:{self.nslots}:{self.slot_bytes}"
+
+    def try_acquire(self) -> int | None:
+        """The lowest free slot, now marked busy, or None. Call with ``lock`` held.
+
+        Lowest first, not round robin: a peer that sends one message at a time reuses the
+        same slot or two, which stay in the caches of both ends (a rotation through every
+        slot would stream the whole ring, nslots * slot_bytes, through memory)."""
+        flags = self.flags
+        for slot in range(self.nslots):
+            if flags[slot] == 0:
+                flags[slot] = 1
+                return slot
+        return None
+
+    def write(self, slot: int, payload) -> int:
+        """Copy ``payload`` (a bytes-like object) into ``slot``; returns its length."""
+        src = np.frombuffer(payload, dtype=np.uint8)
+        start = slot * self.slot_bytes
+        self.data[start:start + src.size] = src
+        return src.size
+
+    def close(self) -> None:
+        self.flags = self.data = self.waiting = None
+        try:
+            self._mm.close()
+        except BufferError:
+            pass  # a view is still alive somewhere; the mapping goes with it
+        try:
+            os.close(self.fd)
+        except OSError:
+            pass
+
+
+class ShmView:
+    """The receiver's side: a mapping of another peer's ring."""
+
+    def __init__(self, pid: int, fd: int, nslots: int, slot_bytes: int, *,
+                 name: str | None = None) -> None:
+        self.nslots = nslots
+        self.slot_bytes = slot_bytes
+        size = _FLAGS_BYTES + nslots * slot_bytes
+        handle = os.open(f"/proc/{pid}/fd/{fd}", os.O_RDWR)
+        try:
+            # The announcement names any fd of any process of this user: without this check a
+            # forged SHM_OPEN would make us map (and write flags into) an arbitrary open file.
+            # Checked on the descriptor we hold, so the fd cannot be swapped after the check.
+            if name is not None:
+                target = os.readlink(f"/proc/self/fd/{handle}")
+                if target != f"/memfd:{name} (deleted)":
+                    raise ValueError(f"pid {pid} fd {fd} is {target[:80]!r}, not the "
+                                     f"shared-memory ring {name!r}")
+            if os.fstat(handle).st_size < size:
+                raise OSError(f"the shared ring of pid {pid} is smaller than announced")
+            self._mm = mmap.mmap(handle, size)
+        finally:
+            os.close(handle)
+        self.flags = np.frombuffer(self._mm, dtype=np.uint8, count=nslots)
+        self.waiting = np.frombuffer(self._mm, dtype=np.uint8, count=1, offset=_WAITING)
+        self._data = memoryview(self._mm)[_FLAGS_BYTES:]
+
+    def chunk(self, slot: int, length: int) -> memoryview:
+        start = slot * self.slot_bytes
+        return self._data[start:start + length]
+
+    def release(self, slot: int) -> bool:
+        """Free a slot; True if the sender was waiting for one (it wants a CREDIT message)."""
+        flags, waiting = self.flags, self.waiting
+        if flags is None:
+            return False
+        flags[slot] = 0
+        if waiting[0]:
+            waiting[0] = 0
+            return True
+        return False
+
+    def close(self) -> None:
+        self.flags = self.waiting = None
+        try:
+            self._data.release()
+            self._mm.close()
+        except BufferError:
+            pass
