@@ -9,7 +9,7 @@ this peer's earlier operations, so it implies they finished everywhere.
 
 When an operation fails on one peer (a lost peer, a mismatched call), that peer tells the others
 in the operation (ABORT), so they raise at once instead of waiting out their timeout.
-Point-to-point send/recv run on the communicator's second channel (point_to_point.py).
+Point-to-point send/recv run on the communicator's second channel (send_recv.py).
 """
 from __future__ import annotations
 
@@ -31,7 +31,7 @@ from collectives.algorithms.ring import ring_allreduce, ring_reduce_scatter, seg
 from collectives.algorithms.small import recursive_doubling_allreduce
 from collectives.arrays.adapter import ArrayAdapter, check_reduce_op
 from collectives.errors import GossipError, PeerLost
-from collectives.point_to_point import PointToPoint, flat_of
+from collectives.send_recv import PointToPoint, flat_of
 from collectives.transport.channels import Channel
 from collectives.transport.transport import Transport
 from collectives.transport.wire import dtype_itemsize
@@ -71,6 +71,7 @@ class Communicator:
 
     @property
     def timeout(self) -> float:
+        """The transport's timeout in seconds, for calls given none."""
         return self.transport.config.timeout
 
     # ------------------------------------------------------------------ plumbing
@@ -350,6 +351,8 @@ class Communicator:
         return self._p2p.wait_any(sources, timeout)
 
     def close(self, timeout: float = defaults.CLOSE_TIMEOUT) -> None:
+        """Stop the worker thread (queued operations get up to ``timeout`` seconds to finish) and
+        destroy the NCCL communicator; the transport is its owner's to close."""
         self._executor.close(timeout)
         if self._nccl is not None:
             self._nccl.close()

@@ -70,15 +70,19 @@ class TransportConfig:
 
     @property
     def effective_heartbeat_timeout(self) -> float:
+        """``heartbeat_timeout``, or when unset the one derived from ``timeout``."""
         if self.heartbeat_timeout is not None:
             return self.heartbeat_timeout
         return defaults.heartbeat_timeout(self.timeout)
 
     @property
     def effective_heartbeat_interval(self) -> float:
+        """``heartbeat_interval``, or when unset the one derived from the effective heartbeat
+        timeout."""
         if self.heartbeat_interval is not None:
             return self.heartbeat_interval
         return defaults.heartbeat_interval(self.effective_heartbeat_timeout)
 
     def with_(self, **changes) -> "TransportConfig":
+        """A copy with ``changes`` applied, validated again."""
         return replace(self, **changes)

@@ -37,11 +37,15 @@ class ClusterKey:
         return f"ClusterKey(public={self.public.decode()!r}, path={self.path!r})"
 
     def apply_server(self, sock: zmq.Socket) -> None:
+        """Make ``sock`` a CURVE server with the cluster key pair; before it binds (libzmq reads the
+        options then)."""
         sock.curve_secretkey = self.secret
         sock.curve_publickey = self.public
         sock.curve_server = True
 
     def apply_client(self, sock: zmq.Socket) -> None:
+        """Make ``sock`` a CURVE client that proves it holds the cluster key and expects the
+        cluster's public key from the server; before it connects."""
         sock.curve_serverkey = self.public
         sock.curve_publickey = self.public
         sock.curve_secretkey = self.secret
@@ -114,6 +118,9 @@ class ZapHandler:
         self.admitted = 0
 
     def handle(self) -> None:
+        """Answer every ZAP request waiting on ``socket``, without blocking: 200 for a CURVE client
+        with the cluster's public key, 400 (logged) for anyone else, counted in ``admitted`` /
+        ``denied``."""
         while True:
             try:
                 request = self.socket.recv_multipart(zmq.NOBLOCK)
@@ -134,4 +141,5 @@ class ZapHandler:
             self.socket.send_multipart(reply)
 
     def close(self) -> None:
+        """Close the REP socket; unanswered requests are dropped (linger 0)."""
         self.socket.close(linger=0)

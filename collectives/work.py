@@ -67,6 +67,9 @@ class Executor:
         self._last: Work | None = None
 
     def submit(self, fn: Callable[[], Any], work: Work) -> Work:
+        """Queue ``fn`` to run after every earlier submission and finish ``work`` with its result or
+        error; returns ``work``. RuntimeError after close(). The thread starts on the first submit,
+        so a communicator used only blocking never has one."""
         with self._lock:
             if self._closed:
                 raise RuntimeError(f"{self._name}: submit after close()")
@@ -93,6 +96,8 @@ class Executor:
                 work._finish(error=exc)
 
     def close(self, timeout: float = defaults.CLOSE_TIMEOUT) -> None:
+        """Refuse new submissions and let the thread run what is queued, waiting up to ``timeout``
+        (a warning if it is still running then). Idempotent."""
         with self._lock:
             if self._closed:
                 return

@@ -13,6 +13,7 @@ SUBCOMMANDS = ("topology", "keygen", "run", "bench", "demo")
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The `gossip` parser, with one subcommand from each module in SUBCOMMANDS."""
     parser = argparse.ArgumentParser(
         prog="gossip",
         description="Decentralized gossip and allreduce runtime for data-parallel training.",
@@ -24,6 +25,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run `gossip` with ``argv`` (default: sys.argv[1:]) and return the exit code: 2 without a
+    command or on a ValueError / OSError (one line, no traceback), 130 on Ctrl-C."""
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):

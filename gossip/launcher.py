@@ -357,6 +357,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def build_parser(prog: str = "gossip run") -> argparse.ArgumentParser:
+    """A parser of the `gossip run` options on its own, for `python -m gossip.run`."""
     parser = argparse.ArgumentParser(
         prog=prog, description="Start N gossip peers on this machine, torchrun-style.")
     add_arguments(parser)

@@ -94,6 +94,9 @@ class DistributedOptimizer:
 
     # ------------------------------------------------------------------ the step
     def step(self, closure: Callable[[], Any] | None = None) -> Any:
+        """Run ``closure`` (if given, with gradients on), policy.after_backward(), the optimizer's
+        step unless the policy skips it (nan_guard found non-finite gradients), then
+        policy.after_step(); returns the closure's loss."""
         loss = None
         if closure is not None:
             import torch
@@ -106,32 +109,43 @@ class DistributedOptimizer:
         return loss
 
     def zero_grad(self, set_to_none: bool = True) -> None:
+        """Zero the policy's gradient buckets in place if it has them (``param.grad`` stays a view
+        of them), else the optimizer's zero_grad(``set_to_none``)."""
         if not self.policy.zero_grad():
             self.optimizer.zero_grad(set_to_none=set_to_none)
 
     # ------------------------------------------------------------------ forwarded state
     @property
     def param_groups(self) -> list:
+        """The wrapped optimizer's param_groups, the same list (what an LR scheduler changes)."""
         return self.optimizer.param_groups
 
     @property
     def state(self) -> Any:
+        """The wrapped optimizer's per-parameter state."""
         return self.optimizer.state
 
     @property
     def defaults(self) -> dict:
+        """The wrapped optimizer's default hyperparameters."""
         return self.optimizer.defaults
 
     def add_param_group(self, param_group: dict) -> None:
+        """Always RuntimeError: the policy packed the parameters into buckets at construction, and
+        buckets cannot grow."""
         raise RuntimeError("parameters cannot be added after the policy packed them into "
                            "buckets; build the optimizer with every parameter group first")
 
     def state_dict(self) -> dict:
+        """The optimizer's state dict, plus the policy's state (its name, step count and own state)
+        under POLICY_STATE_KEY."""
         state = dict(self.optimizer.state_dict())
         state[POLICY_STATE_KEY] = self.policy.state_dict()
         return state
 
     def load_state_dict(self, state_dict: dict) -> None:
+        """Restore a state_dict(): the policy's part, if present, into the policy, the rest into the
+        optimizer; a plain optimizer state dict leaves the policy as it is."""
         if not isinstance(state_dict, dict):
             raise TypeError(f"state_dict must be a dict, got {type(state_dict).__name__}")
         state = dict(state_dict)

@@ -24,6 +24,8 @@ __all__ = ["gossip_spawn"]
 
 @pytest.fixture
 def gossip_spawn(request):
+    """``gossip_spawn(fn, n=4, **kwargs)``: gossip.testing.spawn, its timeout by default 10 s inside
+    the test's pytest-timeout (defaults.TIMEOUT without one)."""
     marker = request.node.get_closest_marker("timeout")
     test_timeout = marker.args[0] if marker and marker.args else None
     if test_timeout is None:

@@ -38,6 +38,7 @@ class LaunchSettings:
 
     @property
     def rendezvous(self) -> str:
+        """The rendezvous address, tcp://HOST:PORT (an IPv6 host in brackets)."""
         host = f"[{self.master_addr}]" if ":" in self.master_addr else self.master_addr
         return f"tcp://{host}:{self.master_port}"
 
@@ -77,6 +78,9 @@ def first_slurm_host(nodelist: str) -> str:
 def resolve_settings(*, rank: int | None = None, world_size: int | None = None,
                      local_rank: int | None = None, rendezvous: str | None = None,
                      env: Mapping[str, str] | None = None) -> LaunchSettings:
+    """This process's settings, each from the first source that has it (see the module docstring;
+    ``env`` defaults to os.environ). RendezvousError for a variable that is not an integer, a rank
+    outside the world or a malformed rendezvous address."""
     env = os.environ if env is None else env
     source = "arguments"
     if rank is None:

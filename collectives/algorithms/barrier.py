@@ -13,6 +13,8 @@ _EMPTY = np.empty(0, dtype=np.uint8)
 
 
 def dissemination_barrier(call: Call) -> None:
+    """Return only once every peer has called it: after round k this peer has heard, directly or
+    through the ranks it heard from, from the 2^(k+1) - 1 ranks below it."""
     t = call.transport
     n, r = t.world_size, t.rank
     adapter = adapter_for(_EMPTY)

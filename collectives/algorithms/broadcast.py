@@ -12,6 +12,8 @@ __all__ = ["pipelined_broadcast"]
 
 
 def pipelined_broadcast(call: Call, adapter: ArrayAdapter, flat: Any, root: int) -> None:
+    """Copy root's ``flat`` into every peer's ``flat``, in place; returns once this peer's own
+    forward is off the buffer, so the caller may change it."""
     t = call.transport
     n, r = t.world_size, t.rank
     size = adapter.size(flat)

@@ -63,6 +63,9 @@ class NcclGroup:
         self.enabled: bool | None = None  # decided on first use, identically on every peer
 
     def decide(self, device_id: int, host: str) -> bool:
+        """Whether NCCL is used, decided collectively on the first call (every peer makes it then):
+        every peer needs the bindings and a GPU of its own, (``host``, ``device_id``). If so it
+        creates the communicator; later calls return the decision."""
         if self.enabled is not None:
             return self.enabled
         ok = np.array([1 if nccl_available() else 0], dtype=np.int64)
@@ -86,10 +89,14 @@ class NcclGroup:
         return self.enabled
 
     def supports(self, op: str | None, dtype: str) -> bool:
+        """True when NCCL takes ``dtype`` with ``op`` (None: no reduction; "mean" is a sum the
+        caller divides)."""
         from cupy.cuda import nccl
         return _nccl_dtype(nccl, dtype) is not None and (op is None or op in _OPS or op == "mean")
 
     def allreduce(self, flat: Any, count: int, dtype: str, op: str) -> None:
+        """Reduce the ``count`` elements of ``flat`` in place, enqueued on its current stream;
+        "mean" only sums (the caller divides)."""
         from cupy.cuda import nccl
         ops = {"sum": nccl.NCCL_SUM, "mean": nccl.NCCL_SUM, "prod": nccl.NCCL_PROD,
                "max": nccl.NCCL_MAX, "min": nccl.NCCL_MIN}
@@ -97,17 +104,22 @@ class NcclGroup:
         self._nccl_comm.allReduce(ptr, ptr, count, _nccl_dtype(nccl, dtype), ops[op], stream)
 
     def broadcast(self, flat: Any, count: int, dtype: str, root: int) -> None:
+        """Copy root's ``flat`` into every peer's in place, enqueued on its current stream."""
         from cupy.cuda import nccl
         ptr, stream = _pointer_and_stream(flat)
         self._nccl_comm.bcast(ptr, count, _nccl_dtype(nccl, dtype), root, stream)
 
     def allgather(self, flat: Any, out: Any, count: int, dtype: str) -> None:
+        """Gather every peer's ``count`` elements of ``flat`` into ``out`` (n * count, in rank
+        order), enqueued on the current stream."""
         from cupy.cuda import nccl
         ptr, stream = _pointer_and_stream(flat)
         out_ptr, _ = _pointer_and_stream(out)
         self._nccl_comm.allGather(ptr, out_ptr, count, _nccl_dtype(nccl, dtype), stream)
 
     def close(self) -> None:
+        """Destroy the communicator if one was made; best effort, so closing a peer never fails
+        here."""
         if self._nccl_comm is not None:
             try:
                 self._nccl_comm.destroy()

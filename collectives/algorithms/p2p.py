@@ -42,17 +42,22 @@ class Call:
         self.deadline = deadline
 
     def describe(self) -> str:
+        """The call as errors word it: signature, dtype, shape and sequence number."""
         return f"{self.signature} {self.dtype} {self.shape} at sequence {self.seq}"
 
     __str__ = describe  # the transport words its errors with str(operation), only on error
 
     def mismatch(self, src: int, header: Header, what: str) -> ProtocolError:
+        """The ProtocolError for a ``header`` from ``src`` that does not fit this call, naming both
+        calls (``what``: the part that does not fit)."""
         theirs = f"{header.op} {header.dtype} {header.shape} at sequence {header.seq}"
         return ProtocolError(f"rank {self.transport.rank}: called {self.describe()}, but rank "
                              f"{src} sent {what} for {theirs}: the peers made different calls")
 
 
 def chunk_elements(chunk_bytes: int, itemsize: int) -> int:
+    """Elements per chunk of ``chunk_bytes``; at least one, so an element wider than a chunk still
+    travels."""
     return max(1, chunk_bytes // itemsize)
 
 

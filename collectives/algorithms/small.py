@@ -38,6 +38,8 @@ def _exchange(call: Call, adapter: ArrayAdapter, flat: Any, partner: int, op: st
 
 
 def recursive_doubling_allreduce(call: Call, adapter: ArrayAdapter, flat: Any, op: str) -> None:
+    """Reduce ``flat`` in place across all peers with ``op`` ("mean": a sum, divided at the end);
+    every peer ends with the same bytes."""
     t = call.transport
     n, r = t.world_size, t.rank
     size = adapter.size(flat)

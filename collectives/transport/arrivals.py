@@ -41,6 +41,8 @@ class Arrivals:
                                               BYE: self._bye, **handlers}
 
     def handle(self, frames: list) -> None:
+        """Validate one message read from the ROUTER (``frames``: identity, header, payload if any)
+        and dispatch it by kind; a message that fails is dropped and counted, never raised."""
         identity = frames[0].bytes
         src = self._identity_ranks.get(identity)  # the usual spelling, without parsing
         if src is None:

@@ -30,6 +30,8 @@ class DropLog:
         self._logged_at = (0.0, 0)  # (when, drop count) of the last drop log line
 
     def drop(self, reason: str, detail: str) -> None:
+        """Count one dropped message under ``reason`` and log it: one by one at first, then in
+        summaries (see the module docstring)."""
         self.count += 1
         self.by_reason[reason] = self.by_reason.get(reason, 0) + 1
         if self.count <= defaults.MAX_LOGGED_DROPS:

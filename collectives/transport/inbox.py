@@ -107,6 +107,8 @@ class Inbox:
             return True
 
     def post_error(self, key: Address, error: MailboxError) -> None:
+        """Post ``error`` to mailbox ``key`` and wake all its waiters; the first error stays, and a
+        retired mailbox ignores it."""
         with self._lock:
             retired = self._retired.get(key[:2])
             if retired is not None and key[2] in retired:
@@ -118,6 +120,8 @@ class Inbox:
             self._arrivals.notify_all()
 
     def mark_lost(self, src: int, lost: Lost) -> None:
+        """Record that ``src`` can deliver no more (the first reason stays) and wake everyone
+        waiting on it."""
         with self._lock:
             if src in self._lost:
                 return
@@ -128,6 +132,8 @@ class Inbox:
             self._arrivals.notify_all()
 
     def close(self) -> None:
+        """Close: every waiter wakes, mailboxes with nothing queued answer Lost (closed) and
+        wait_any returns None."""
         with self._lock:
             self._closed = True
             for box in self._boxes.values():
@@ -179,6 +185,7 @@ class Inbox:
             self._running.add((channel, seq))
 
     def end(self, channel: int, seq: int) -> None:
+        """The operation ``(channel, seq)`` ended: the twin of begin()."""
         with self._lock:
             self._running.discard((channel, seq))
 
@@ -234,10 +241,12 @@ class Inbox:
             return list(box.items) if box else []
 
     def lost(self, src: int) -> Lost | None:
+        """Why ``src`` can deliver no more, or None while it can."""
         with self._lock:
             return self._lost.get(src)
 
     def lost_ranks(self) -> dict[int, Lost]:
+        """A copy of every lost source and why (rank -> Lost)."""
         with self._lock:
             return dict(self._lost)
 

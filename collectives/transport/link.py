@@ -134,6 +134,8 @@ class Link:
             return "done"
 
     def pending_tickets(self) -> list:
+        """Empty the queue and return the tickets of what it held, for the caller to fail: none of
+        it will go out any more."""
         with self.lock:
             tickets = [e[1] if type(e) is tuple else e.ticket for e in self.queue]
             self.queue.clear()

@@ -88,6 +88,8 @@ class IoLoop:
 
     # ------------------------------------------------------------------ any thread
     def command(self, cmd: tuple) -> None:
+        """Queue ``cmd`` for the I/O thread (from any thread, without a lock), waking the thread if
+        it sleeps."""
         self._cmds.append(cmd)
         # The I/O thread sets _asleep before its last look at the queue, so either it sees
         # this command or we see _asleep and wake it: no lost wake-up.
@@ -98,9 +100,12 @@ class IoLoop:
                 pass  # pipe full (a wake-up is pending anyway) or already closed
 
     def request_flush(self, link) -> None:
+        """Ask the I/O thread to flush ``link``: from another thread, as flushing is the I/O
+        thread's."""
         self.command(("flush", link))
 
     def in_loop(self) -> bool:
+        """True in the I/O thread itself, where flush() may be called directly."""
         return threading.get_ident() == self._thread.ident
 
     def wait_on_inbox(self, wait: Callable, *args) -> Any:

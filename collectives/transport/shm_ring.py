@@ -66,6 +66,7 @@ class ShmRing:
         self.lock = threading.Lock()
 
     def announcement(self) -> str:
+        """The SHM_OPEN text that tells the receiver where to map this ring (read by parse_open)."""
         return f"memfd:{os.getpid()}:{self.fd}:{self.nslots}:{self.slot_bytes}"
 
     def try_acquire(self) -> int | None:
@@ -89,6 +90,8 @@ class ShmRing:
         return src.size
 
     def close(self) -> None:
+        """Unmap the ring here and close its memfd (the receiver's mapping keeps the memory); a view
+        still alive here keeps this mapping until it goes."""
         self.flags = self.data = self.waiting = None
         try:
             self._mm.close()
@@ -128,6 +131,8 @@ class ShmView:
         self._data = memoryview(self._mm)[_FLAGS_BYTES:]
 
     def chunk(self, slot: int, length: int) -> memoryview:
+        """The first ``length`` bytes of ``slot``, without a copy: valid until the slot is
+        released."""
         start = slot * self.slot_bytes
         return self._data[start:start + length]
 
@@ -143,6 +148,7 @@ class ShmView:
         return False
 
     def close(self) -> None:
+        """Unmap the sender's ring; a chunk still alive keeps the mapping until it goes."""
         self.flags = self.waiting = None
         try:
             self._data.release()

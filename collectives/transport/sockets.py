@@ -131,6 +131,8 @@ class Sockets:
         return endpoints
 
     def address(self, rank: int) -> str:
+        """The endpoint this peer reaches ``rank`` at; "<unknown address>" before the table has it,
+        so an error message can always name one."""
         return self.addresses.get(rank, "<unknown address>")
 
     def open_link(self, rank: int, prepare: Callable[[Link], None]) -> tuple[Link, bool]:
@@ -164,6 +166,7 @@ class Sockets:
 
     # -- closing (the I/O thread, as it stops) ----------------------------------------------
     def close_links(self) -> None:
+        """Close every link, lingering briefly so a goodbye already queued still leaves."""
         with self._links_lock:
             links = list(self.links.values())
         for link in links:
@@ -175,6 +178,7 @@ class Sockets:
         self.router.close(linger=0)
 
     def close_zap(self) -> None:
+        """Close the ZAP handler, if there is one (a cluster key is set)."""
         if self.zap:
             self.zap.close()
 

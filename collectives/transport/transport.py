@@ -126,6 +126,7 @@ class Transport:
         self._shm.answer_unanswered()
 
     def address(self, rank: int) -> str:
+        """The endpoint this peer reaches ``rank`` at ("<unknown address>" before set_peers)."""
         return self._sockets.address(rank)
 
     # ------------------------------------------------------------------ user-thread API
@@ -250,12 +251,15 @@ class Transport:
                     pass
 
     def retire(self, channel: int, seq: int, srcs) -> None:
+        """End mailbox ``(src, channel, seq)`` of each of ``srcs``: later arrivals are dropped as
+        stale, and unread shared-memory chunks give their slots back."""
         for src in srcs:
             for item in self.inbox.retire((src, channel, seq)):
                 if type(item) is tuple and item[2] is not None:
                     item[2]()  # free the shared-memory slot of a message never consumed
 
     def is_lost(self, rank: int) -> bool:
+        """True once ``rank`` can deliver no more (it died, closed or failed authentication)."""
         return self.inbox.lost(rank) is not None
 
     def reached(self, rank: int) -> bool:
@@ -264,6 +268,7 @@ class Transport:
         return rank in self._liveness.connected
 
     def lost_ranks(self) -> dict[int, str]:
+        """The lost ranks and why: rank -> reason."""
         return {r: lost.reason for r, lost in self.inbox.lost_ranks().items()}
 
     @property
@@ -273,9 +278,12 @@ class Transport:
 
     @property
     def dropped_by_reason(self) -> dict[str, int]:
+        """Dropped messages by reason (malformed, foreign, replay, stale); the live counters."""
         return self._drops.by_reason
 
     def stats(self) -> dict:
+        """A snapshot of this peer's traffic: endpoints, counters per peer and in total, drops, lost
+        ranks and refused CURVE clients."""
         return {
             "rank": self.rank,
             "endpoints": dict(self.endpoints),
@@ -310,6 +318,7 @@ class Transport:
 
     @property
     def closed(self) -> bool:
+        """True once close() began."""
         return self._closed
 
     # ------------------------------------------------------------------ errors

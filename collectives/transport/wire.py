@@ -121,6 +121,7 @@ class Header(NamedTuple):
 
 
 def dtype_itemsize(name: str) -> int:
+    """Bytes per element of the wire dtype ``name``; WireError if it is not on ALLOWED_DTYPES."""
     try:
         return ALLOWED_DTYPES[name]
     except KeyError:
@@ -133,6 +134,8 @@ _UINT64 = b"\xcf"  # msgpack's fixed-width uint64 marker
 def encode_header(kind: int, src: int, channel: int, seq: int, op: str = "", dtype: str = "uint8",
                   shape: tuple[int, ...] = (0,), nbytes: int = 0, offset: int = 0,
                   length: int = 0, slot: int = 0, number: int = 0) -> bytes:
+    """Pack a header (fields in the order of the module docstring); the link stamps ``number`` in
+    place when the socket takes the message, so callers leave it 0."""
     packed = msgpack.packb([PROTOCOL_VERSION, kind, src, channel, seq, op, dtype, list(shape),
                             nbytes, offset, length, slot], use_bin_type=True)
     # 12 fields pack as a fixarray (0x9c); make it 13 and append the number as a fixed-width

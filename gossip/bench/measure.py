@@ -18,6 +18,8 @@ __all__ = ["expected_allreduce", "timed_iterations", "run_gossip", "run_p2p"]
 
 
 def expected_allreduce(reduce_op: str, n: int) -> float:
+    """Every element's value after allreduce(``reduce_op``) over ``n`` peers, each contributing its
+    rank + 1: the result check before timing."""
     # Rank r contributes r + 1.
     return {"sum": n * (n + 1) / 2, "mean": (n + 1) / 2, "max": float(n), "min": 1.0,
             "prod": float(math.factorial(n))}[reduce_op]

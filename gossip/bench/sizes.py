@@ -51,6 +51,8 @@ def parse_sizes(spec: str | int | Iterable[str | int]) -> list[int]:
 
 
 def format_size(nbytes: int) -> str:
+    """``nbytes`` in the largest binary unit that divides it exactly ("4 KiB", "64 MiB"), else in
+    bytes."""
     for unit, f in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
         if nbytes >= f and nbytes % f == 0:
             return f"{nbytes // f} {unit}"

@@ -10,6 +10,7 @@ __all__ = ["register", "main"]
 
 
 def register(subparsers) -> argparse.ArgumentParser:
+    """Add the `bench` subcommand to the `gossip` parser."""
     parser = subparsers.add_parser(
         "bench", help="benchmark allreduce / allgather / broadcast / neighbor / p2p on this host",
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -70,6 +71,8 @@ def _int(name: str, text, minimum: int) -> int:
 
 
 def main(args: argparse.Namespace) -> int:
+    """Run `gossip bench`: the table, or one JSON row per line, on stdout. Bad arguments raise
+    ValueError; a failed run is one line and exit code 1."""
     from collectives.errors import GossipError
     from gossip.bench import (BenchError, check_args, format_table, header_line, parse_sizes,
                               run_bench)

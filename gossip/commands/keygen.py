@@ -7,6 +7,7 @@ __all__ = ["register", "main"]
 
 
 def register(subparsers) -> argparse.ArgumentParser:
+    """Add the `keygen` subcommand to the `gossip` parser."""
     parser = subparsers.add_parser(
         "keygen", help="write a cluster key that turns on CURVE encryption and authentication",
         description="Write a cluster key to PATH (mode 0600). Give the same file to every peer "
@@ -20,6 +21,8 @@ def register(subparsers) -> argparse.ArgumentParser:
 
 
 def main(args: argparse.Namespace) -> int:
+    """Run `gossip keygen`: write the key and print its public key; an existing file is a
+    FileExistsError (one line) unless --force."""
     from collectives.security import write_cluster_key
 
     key = write_cluster_key(args.path, overwrite=args.force)

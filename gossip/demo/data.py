@@ -43,9 +43,11 @@ class Dataset:
 
     @property
     def image_shape(self) -> tuple[int, int]:
+        """(height, width) of every image."""
         return tuple(self.train_images.shape[1:])
 
     def describe(self) -> str:
+        """One line for the demo's output: name, train and test counts, image size."""
         h, w = self.image_shape
         return (f"{self.name}: {len(self.train_labels)} train / {len(self.test_labels)} test "
                 f"images of {h}x{w}")

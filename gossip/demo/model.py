@@ -32,4 +32,5 @@ def make_cnn(image_shape: tuple[int, int], classes: int = 10, *,
 
 
 def count_parameters(model: Any) -> int:
+    """The number of elements in all of ``model``'s parameters."""
     return sum(p.numel() for p in model.parameters())

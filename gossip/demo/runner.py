@@ -95,10 +95,13 @@ class DemoOptions:
 
     @property
     def epochs_per_policy(self) -> int:
+        """``epochs``, or the data set's DEFAULT_EPOCHS when not given."""
         return self.epochs if self.epochs is not None else DEFAULT_EPOCHS[self.dataset]
 
 
 def load_dataset(options: DemoOptions) -> Dataset:
+    """The data set ``options`` name: MNIST from ``data_dir``, or the digits; DataError if it cannot
+    be loaded."""
     if options.dataset == "mnist":
         return load_mnist(options.data_dir)
     return load_digits()

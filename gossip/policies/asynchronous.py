@@ -13,6 +13,7 @@ import numpy as np
 from collectives.arrays import adapter_for
 from gossip.channels import PeerChannel
 from gossip.errors import PeerLost
+from gossip.policies.arguments import check_int, check_number
 from gossip.policies.arrivals import Arrivals
 from gossip.policies.buckets import DEFAULT_BUCKET_BYTES
 from gossip.policies.neighborhood import ONE_PEER_EXPONENTIAL
@@ -88,25 +89,17 @@ class Asynchronous(BackgroundPolicy):
     worker_name = "asynchronous gossip thread"
 
     def __init__(self, *, topology: Any = None, max_staleness: int | None = None,
-                 min_weight: float = 1 / 16, channel: int = PeerChannel.ASYNCHRONOUS, poll_interval: float = 0.25,
+                 min_weight: float = 1 / 16, channel: int = PeerChannel.ASYNCHRONOUS,
+                 poll_interval: float = 0.25,
                  send_timeout: float | None = None, bucket_bytes: int = DEFAULT_BUCKET_BYTES,
                  timeout: float | None = None, nan_guard: bool = False) -> None:
         super().__init__(channel=channel, poll_interval=poll_interval,
                          bucket_bytes=bucket_bytes, timeout=timeout, nan_guard=nan_guard)
-        if max_staleness is not None and (isinstance(max_staleness, bool)
-                                          or not isinstance(max_staleness, int)
-                                          or max_staleness < 0):
-            raise ValueError(f"max_staleness must be None or an int >= 0, got {max_staleness!r}")
-        if isinstance(min_weight, bool) or not isinstance(min_weight, (int, float)) \
-                or not 0 < min_weight <= 1:
-            raise ValueError(f"min_weight must be in (0, 1], got {min_weight!r}")
-        if send_timeout is not None and not (isinstance(send_timeout, (int, float))
-                                             and send_timeout > 0):
-            raise ValueError(f"send_timeout must be a positive number, got {send_timeout!r}")
         self._topology_arg = topology
-        self.max_staleness = max_staleness
-        self.min_weight = float(min_weight)
-        self._send_timeout_arg = send_timeout
+        self.max_staleness = check_int("max_staleness", max_staleness, 0, optional=True)
+        self.min_weight = check_number("min_weight", min_weight, lambda w: 0 < w <= 1, "in (0, 1]")
+        self._send_timeout_arg = check_number("send_timeout", send_timeout, lambda t: t > 0,
+                                              "a positive number", optional=True)
         self._kick = threading.Event()
         self._paused = False
         self._rescale = False  # a peer was dropped: restart the weights
@@ -393,10 +386,8 @@ class Asynchronous(BackgroundPolicy):
 
     def _extra_stats(self) -> dict:
         return {"background_rounds": self._rounds, "pushes_held_back": self._held_back,
-                "messages_absorbed": self._arrivals.absorbed,
-                "lightest_weight": self._lightest,
-                "min_weight": self.min_weight,
-                "background_seconds": self._background_seconds,
+                "messages_absorbed": self._arrivals.absorbed, "lightest_weight": self._lightest,
+                "min_weight": self.min_weight, "background_seconds": self._background_seconds,
                 "staleness_waits": self._staleness_waits,
                 "receiver_wakeups": self._receiver_wakeups,
                 "messages_sent_to": list(self._sent_to),

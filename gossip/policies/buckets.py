@@ -23,6 +23,7 @@ from typing import Any, Iterable
 import numpy as np
 
 from collectives.arrays import adapter_for
+from gossip.policies.arguments import check_int
 
 __all__ = ["DEFAULT_BUCKET_BYTES", "Slot", "Bucket", "BucketSet", "is_torch_tensor"]
 
@@ -94,9 +95,7 @@ class BucketSet:
         if not params:
             raise ValueError("no parameters to attach: pass a non-empty list of torch tensors "
                              "or numpy arrays (e.g. list(model.parameters()))")
-        if not isinstance(bucket_bytes, int) or isinstance(bucket_bytes, bool) \
-                or bucket_bytes < 1:
-            raise ValueError(f"bucket_bytes must be a positive int, got {bucket_bytes!r}")
+        check_int("bucket_bytes", bucket_bytes)
         kinds = {"torch" if is_torch_tensor(p) else "numpy" if isinstance(p, np.ndarray)
                  else type(p).__name__ for p in params}
         if len(kinds) > 1 or not kinds <= {"torch", "numpy"}:
@@ -128,10 +127,7 @@ class BucketSet:
                                     "can be packed into buckets")
         if first_bucket_bytes is None:
             first_bucket_bytes = bucket_bytes
-        elif isinstance(first_bucket_bytes, bool) or not isinstance(first_bucket_bytes, int) \
-                or first_bucket_bytes < 1:
-            raise ValueError(f"first_bucket_bytes must be a positive int, got "
-                             f"{first_bucket_bytes!r}")
+        check_int("first_bucket_bytes", first_bucket_bytes)
         self.buckets = self._pack(bucket_bytes, first_bucket_bytes)
         self._where: dict[int, tuple[Bucket, Slot]] = {
             id(self.params[s.index]): (b, s) for b in self.buckets for s in b.slots}

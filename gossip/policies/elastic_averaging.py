@@ -2,13 +2,13 @@
 from __future__ import annotations
 
 import logging
-import math
 import threading
 import warnings
 
 from collectives.arrays import adapter_for, segment
 from gossip.channels import PeerChannel
 from gossip.errors import GossipError
+from gossip.policies.arguments import check_int, check_number
 from gossip.policies.buckets import DEFAULT_BUCKET_BYTES
 from gossip.policies.worker import BackgroundPolicy
 
@@ -62,22 +62,21 @@ class ElasticAveraging(BackgroundPolicy):
     worker_name = "elastic-averaging server thread"
 
     def __init__(self, *, alpha: float | None = None, period: int = 4,
-                 center: str = "replicated", channel: int = PeerChannel.ELASTIC_REQUESTS, poll_interval: float = 0.25,
+                 center: str = "replicated", channel: int = PeerChannel.ELASTIC_REQUESTS,
+                 poll_interval: float = 0.25,
                  bucket_bytes: int = DEFAULT_BUCKET_BYTES, timeout: float | None = None,
                  nan_guard: bool = False) -> None:
         super().__init__(channel=channel, poll_interval=poll_interval,
                          bucket_bytes=bucket_bytes, timeout=timeout, nan_guard=nan_guard)
         if alpha is not None:
-            if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) \
-                    or not math.isfinite(alpha) or not 0 < alpha < 1:
-                raise ValueError(f"alpha must be in (0, 1), got {alpha!r}: the elastic move "
-                                 "x -= alpha (x - c) overshoots the centre for alpha >= 1")
+            check_number("alpha", alpha, lambda a: 0 < a < 1, "in (0, 1)",
+                         note=": the elastic move x -= alpha (x - c) overshoots the centre "
+                              "for alpha >= 1")
             if alpha < 1e-4:
                 warnings.warn(f"alpha={alpha:g} is so small that the workers barely feel the "
                               "centre: they train almost independently", UserWarning,
                               stacklevel=2)
-        if isinstance(period, bool) or not isinstance(period, int) or period < 1:
-            raise ValueError(f"period must be an int >= 1, got {period!r}")
+        check_int("period", period)
         if center not in CENTERS:
             raise ValueError(f"center must be one of {', '.join(map(repr, CENTERS))}, got "
                              f"{center!r}")

@@ -3,16 +3,11 @@ from __future__ import annotations
 
 import warnings
 
-from gossip.policies.policy import Policy
+from gossip.policies.arguments import check_int
 from gossip.policies.buckets import DEFAULT_BUCKET_BYTES
+from gossip.policies.policy import Policy
 
 __all__ = ["LocalSGD"]
-
-
-def _check_int(name: str, value: object, low: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < low:
-        raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
-    return value
 
 
 class LocalSGD(Policy):
@@ -36,8 +31,8 @@ class LocalSGD(Policy):
                  bucket_bytes: int = DEFAULT_BUCKET_BYTES, timeout: float | None = None,
                  nan_guard: bool = False) -> None:
         super().__init__(bucket_bytes=bucket_bytes, timeout=timeout, nan_guard=nan_guard)
-        self.period = _check_int("period", period, 1)
-        self.warmup_steps = _check_int("warmup_steps", warmup_steps, 0)
+        self.period = check_int("period", period, 1)
+        self.warmup_steps = check_int("warmup_steps", warmup_steps, 0)
         if period == 1:
             # As torch's PeriodicModelAverager: legal, but not what the user likely meant.
             warnings.warn("LocalSGD(period=1) averages the parameters after every step: that "

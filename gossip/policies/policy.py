@@ -17,13 +17,13 @@ from __future__ import annotations
 
 import abc
 import logging
-import math
 import time
 from typing import Any, ClassVar, ContextManager
 
 import numpy as np
 
 from collectives import defaults
+from gossip.policies.arguments import check_int, check_number
 from gossip.policies.buckets import DEFAULT_BUCKET_BYTES, BucketSet
 from gossip.policies.consensus import consensus_distance
 from gossip.policies.failures import PEER_FAILURES, Attempt, tolerate
@@ -77,14 +77,9 @@ class Policy(abc.ABC):
 
     def __init__(self, *, bucket_bytes: int = DEFAULT_BUCKET_BYTES,
                  timeout: float | None = None, nan_guard: bool = False) -> None:
-        if not isinstance(bucket_bytes, int) or isinstance(bucket_bytes, bool) \
-                or bucket_bytes < 1:
-            raise ValueError(f"bucket_bytes must be a positive int, got {bucket_bytes!r}")
-        if timeout is not None and not (isinstance(timeout, (int, float))
-                                        and math.isfinite(timeout) and timeout > 0):
-            raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
-        self._bucket_bytes = bucket_bytes
-        self._timeout_arg = None if timeout is None else float(timeout)
+        self._bucket_bytes = check_int("bucket_bytes", bucket_bytes)
+        self._timeout_arg = check_number("timeout", timeout, lambda t: t > 0,
+                                         "a positive number of seconds", optional=True)
         self._peer: Any = None
         self._buckets: BucketSet | None = None
         self._step = 0

@@ -22,6 +22,7 @@ import time
 from typing import Any, Callable, ClassVar
 
 from gossip.errors import OperationTimeout
+from gossip.policies.arguments import check_int, check_number
 from gossip.policies.buckets import DEFAULT_BUCKET_BYTES
 from gossip.policies.policy import Policy
 
@@ -43,11 +44,8 @@ class BackgroundPolicy(Policy):
                  bucket_bytes: int = DEFAULT_BUCKET_BYTES, timeout: float | None = None,
                  nan_guard: bool = False) -> None:
         super().__init__(bucket_bytes=bucket_bytes, timeout=timeout, nan_guard=nan_guard)
-        if isinstance(channel, bool) or not isinstance(channel, int) or channel < 1:
-            raise ValueError(f"channel must be an int >= 1 (0 is the peer's own), got "
-                             f"{channel!r}")
-        if not (isinstance(poll_interval, (int, float)) and 0 < poll_interval <= 1):
-            raise ValueError(f"poll_interval must be in (0, 1] seconds, got {poll_interval!r}")
+        check_int("channel", channel, note=" (0 is the peer's own)")
+        check_number("poll_interval", poll_interval, lambda s: 0 < s <= 1, "in (0, 1] seconds")
         self._channel_number = int(channel)
         self._poll = float(poll_interval)
         self._cond = threading.Condition(threading.Lock())   # state shared with the threads

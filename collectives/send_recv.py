@@ -43,6 +43,7 @@ class PointToPoint:
 
     @property
     def timeout(self) -> float:
+        """The transport's timeout in seconds, for calls given none."""
         return self.transport.config.timeout
 
     def send(self, dst: int, x: Any, *, timeout: float | None = None) -> None:
