@@ -15,7 +15,7 @@ from topologies._checks import check_rank, check_step, normalize_weights
 from topologies.errors import TopologyError
 from topologies.graph import Adjacency, freeze, reverse
 
-__all__ = ["Topology"]
+__all__ = ["Topology", "require_networkx"]
 
 _T = TypeVar("_T")
 
@@ -257,9 +257,20 @@ class Topology(abc.ABC):
         W[i, i]. An undirected graph with asymmetric weights ('uniform' on an irregular
         graph) gets no edge weights, since one number per edge cannot hold both.
         """
-        from topologies.interop import to_networkx
-
-        return to_networkx(self, step)
+        nx = require_networkx()
+        w = self.mixing_matrix(step)
+        graph = nx.DiGraph() if self.is_directed else nx.Graph()
+        graph.graph["name"] = repr(self)
+        graph.graph["step"] = step
+        for i in range(self.size):
+            graph.add_node(i, self_weight=float(w[i, i]))
+        symmetric = (w == w.T).all()
+        for sender, receiver in self.edges(step):
+            if self.is_directed or symmetric:
+                graph.add_edge(sender, receiver, weight=float(w[receiver, sender]))
+            else:
+                graph.add_edge(sender, receiver)
+        return graph
 
     # ------------------------------------------------------------------ value semantics
 
@@ -299,3 +310,14 @@ class Topology(abc.ABC):
 
     @abc.abstractmethod
     def __repr__(self) -> str: ...
+
+
+def require_networkx() -> Any:
+    """The networkx module, imported only when a conversion asks for it."""
+    try:
+        import networkx
+    except ImportError:
+        raise TopologyError(
+            "this needs networkx, which is not installed; pip install networkx"
+        ) from None
+    return networkx

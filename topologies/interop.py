@@ -2,48 +2,19 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from topologies.base import Topology, require_networkx
 from topologies.custom import CustomTopology, from_edges
 from topologies.errors import TopologyError
-
-if TYPE_CHECKING:  # pragma: no cover - for annotations only
-    from topologies.base import Topology
 
 __all__ = ["to_networkx", "from_networkx"]
 
 
-def _networkx() -> Any:
-    try:
-        import networkx
-    except ImportError:
-        raise TopologyError(
-            "this needs networkx, which is not installed; pip install networkx"
-        ) from None
-    return networkx
-
-
 def to_networkx(topology: Topology, step: int = 0) -> Any:
-    """The graph of `topology` at `step` as a networkx Graph, or DiGraph if directed.
-
-    Nodes are ranks 0..n-1 with attribute 'self_weight' = W[i, i]. A directed edge j -> i
-    carries 'weight' = W[i, j] (the share j sends to i). An undirected edge carries the
-    weight only when W is symmetric, since one number cannot hold two different weights.
-    """
-    nx = _networkx()
-    w = topology.mixing_matrix(step)
-    graph = nx.DiGraph() if topology.is_directed else nx.Graph()
-    graph.graph["name"] = repr(topology)
-    graph.graph["step"] = step
-    for i in range(topology.size):
-        graph.add_node(i, self_weight=float(w[i, i]))
-    symmetric = (w == w.T).all()
-    for sender, receiver in topology.edges(step):
-        if topology.is_directed or symmetric:
-            graph.add_edge(sender, receiver, weight=float(w[receiver, sender]))
-        else:
-            graph.add_edge(sender, receiver)
-    return graph
+    """The graph of `topology` at `step` as a networkx Graph, or DiGraph if directed (see
+    Topology.to_networkx)."""
+    return topology.to_networkx(step)
 
 
 def from_networkx(graph: Any, *, weights: str | None = None) -> CustomTopology:
@@ -53,7 +24,7 @@ def from_networkx(graph: Any, *, weights: str | None = None) -> CustomTopology:
     order. Edge attributes are ignored: to supply your own weights, build the matrix with
     networkx.to_numpy_array and use from_matrix.
     """
-    nx = _networkx()
+    nx = require_networkx()
     if not isinstance(graph, (nx.Graph, nx.DiGraph)):
         raise TopologyError(
             f"from_networkx needs a networkx Graph or DiGraph, got {type(graph).__name__}"
