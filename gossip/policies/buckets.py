@@ -25,7 +25,7 @@ import numpy as np
 from collectives.arrays import adapter_for
 from gossip.policies.arguments import check_int
 
-__all__ = ["DEFAULT_BUCKET_BYTES", "Slot", "Bucket", "BucketSet", "is_torch_tensor"]
+__all__ = ["DEFAULT_BUCKET_BYTES", "Placement", "Bucket", "BucketSet", "is_torch_tensor"]
 
 DEFAULT_BUCKET_BYTES = 25 << 20
 
@@ -37,7 +37,7 @@ def is_torch_tensor(x: Any) -> bool:
 
 
 @dataclass(frozen=True)
-class Slot:
+class Placement:
     """Where one parameter lives in its bucket."""
 
     index: int         # position of the parameter in the list given to BucketSet
@@ -50,10 +50,11 @@ class Bucket:
     """One flat buffer (a numpy array or a torch tensor) holding several parameters back to
     back, and, for torch with gradients, the matching flat gradient buffer."""
 
-    def __init__(self, index: int, flat: Any, slots: list[Slot], grad: Any = None) -> None:
+    def __init__(self, index: int, flat: Any, placements: list[Placement],
+                 grad: Any = None) -> None:
         self.index = index
         self.flat = flat
-        self.slots = slots
+        self.placements = placements
         self.grad = grad
         if isinstance(flat, np.ndarray):
             self.numel, self.itemsize = int(flat.size), int(flat.itemsize)
@@ -65,10 +66,10 @@ class Bucket:
         """Size of the parameter buffer in bytes."""
         return self.numel * self.itemsize
 
-    def view(self, slot: Slot, buffer: Any = None) -> Any:
-        """The slot's elements of ``buffer`` (default: the parameter bucket), in its shape."""
+    def view(self, place: Placement, buffer: Any = None) -> Any:
+        """The place's elements of ``buffer`` (default: the parameter bucket), in its shape."""
         buf = self.flat if buffer is None else buffer
-        return buf[slot.offset:slot.offset + slot.numel].reshape(slot.shape)
+        return buf[place.offset:place.offset + place.numel].reshape(place.shape)
 
     def new(self, extra: int = 0, *, numel: int | None = None) -> Any:
         """A zeroed flat buffer like the bucket (same kind, dtype, device) of ``numel``
@@ -78,7 +79,7 @@ class Bucket:
         return adapter_for(self.flat).zeros(count, self.flat)
 
     def __repr__(self) -> str:
-        return (f"Bucket({self.index}, {len(self.slots)} parameters, {self.numel} elements, "
+        return (f"Bucket({self.index}, {len(self.placements)} parameters, {self.numel} elements, "
                 f"{self.nbytes / 2**20:.2f} MiB)")
 
 
@@ -129,8 +130,8 @@ class BucketSet:
             first_bucket_bytes = bucket_bytes
         check_int("first_bucket_bytes", first_bucket_bytes)
         self.buckets = self._pack(bucket_bytes, first_bucket_bytes)
-        self._where: dict[int, tuple[Bucket, Slot]] = {
-            id(self.params[s.index]): (b, s) for b in self.buckets for s in b.slots}
+        self._where: dict[int, tuple[Bucket, Placement]] = {
+            id(self.params[s.index]): (b, s) for b in self.buckets for s in b.placements}
         if self.kind == "torch":
             self._rebind()
         else:
@@ -146,51 +147,51 @@ class BucketSet:
         order = range(len(self.params))
         if self.gradients:
             order = reversed(order)  # backward produces the last layers' gradients first
-        open_: dict[tuple, list[Slot]] = {}
-        closed: list[list[Slot]] = []
+        open_: dict[tuple, list[Placement]] = {}
+        closed: list[list[Placement]] = []
         sizes: dict[tuple, int] = {}
         for i in order:
             p = self.params[i]
             key = self._key(p)
             numel = int(p.size if self.kind == "numpy" else p.numel())
             itemsize = int(p.itemsize if self.kind == "numpy" else p.element_size())
-            slots = open_.get(key)
+            placements = open_.get(key)
             # The first bucket of each kind may be smaller (DDP's is 1 MiB), so that the first
             # allreduce starts early in the backward pass.
             first = not any(self._key(self.params[c[0].index]) == key for c in closed)
             cap = first_bucket_bytes if first else bucket_bytes
-            if slots is not None and (sizes[key] + numel) * itemsize > cap:
-                closed.append(slots)
-                slots = None
-            if slots is None:
-                slots = open_[key] = []
+            if placements is not None and (sizes[key] + numel) * itemsize > cap:
+                closed.append(placements)
+                placements = None
+            if placements is None:
+                placements = open_[key] = []
                 sizes[key] = 0
-            slots.append(Slot(i, sizes[key], numel, tuple(p.shape)))
+            placements.append(Placement(i, sizes[key], numel, tuple(p.shape)))
             sizes[key] += numel
         # Buckets in the order they were opened: the same on every peer for the same model.
         groups = sorted(closed + [s for s in open_.values() if s],
-                        key=lambda slots: self._rank_of(slots[0].index))
-        return [self._allocate(k, slots) for k, slots in enumerate(groups)]
+                        key=lambda placements: self._rank_of(placements[0].index))
+        return [self._allocate(k, placements) for k, placements in enumerate(groups)]
 
     def _rank_of(self, index: int) -> int:
         return len(self.params) - 1 - index if self.gradients else index
 
-    def _allocate(self, k: int, slots: list[Slot]) -> Bucket:
-        first = self.params[slots[0].index]
-        total = slots[-1].offset + slots[-1].numel
+    def _allocate(self, k: int, placements: list[Placement]) -> Bucket:
+        first = self.params[placements[0].index]
+        total = placements[-1].offset + placements[-1].numel
         if self.kind == "numpy":
-            return Bucket(k, np.empty(total, dtype=first.dtype), slots)
+            return Bucket(k, np.empty(total, dtype=first.dtype), placements)
         import torch
         with torch.no_grad():
             flat = torch.empty(total, dtype=first.dtype, device=first.device)
             grad = torch.zeros_like(flat) if self.gradients else None
-        return Bucket(k, flat, slots, grad)
+        return Bucket(k, flat, placements, grad)
 
     def _rebind(self) -> None:
         import torch
         with torch.no_grad():
             for b in self.buckets:
-                for s in b.slots:
+                for s in b.placements:
                     p = self.params[s.index]
                     view = b.view(s)
                     view.copy_(p.detach())
@@ -208,7 +209,7 @@ class BucketSet:
         if self.kind != "numpy":
             return
         for b in self.buckets:
-            for s in b.slots:
+            for s in b.placements:
                 np.copyto(b.view(s), self.params[s.index])
 
     def copy_out(self) -> None:
@@ -216,12 +217,12 @@ class BucketSet:
         if self.kind != "numpy":
             return
         for b in self.buckets:
-            for s in b.slots:
+            for s in b.placements:
                 np.copyto(self.params[s.index], b.view(s))
 
     # ------------------------------------------------------------------ torch upkeep
-    def locate(self, param: Any) -> tuple[Bucket, Slot]:
-        """The bucket and slot of one of the parameters."""
+    def locate(self, param: Any) -> tuple[Bucket, Placement]:
+        """The bucket and place of one of the parameters."""
         try:
             return self._where[id(param)]
         except KeyError:
@@ -235,7 +236,7 @@ class BucketSet:
             return
         for b in self.buckets:
             base = b.flat.data_ptr()
-            for s in b.slots:
+            for s in b.placements:
                 p = self.params[s.index]
                 if p.data_ptr() != base + s.offset * b.itemsize:
                     raise RuntimeError(
@@ -264,7 +265,7 @@ class BucketSet:
             if b.grad is not None:
                 b.grad.zero_()
         for b in self.buckets:
-            for s in b.slots:
+            for s in b.placements:
                 p = self.params[s.index]
                 if p.requires_grad and (p.grad is None
                                         or p.grad.data_ptr() != b.grad.data_ptr()

@@ -69,7 +69,7 @@ class Synchronous(Policy):
             return
         params = buckets.params
         # How many gradients each bucket waits for (parameters that require one).
-        self._need = [sum(1 for s in b.slots if params[s.index].requires_grad)
+        self._need = [sum(1 for s in b.placements if params[s.index].requires_grad)
                       for b in buckets]
         self._count = [0] * len(buckets)
         self._seen: set[int] = set()
