@@ -27,7 +27,7 @@ GOODBYE_LINGER           50 ms      -                     BYE leaves; dead peer 
 CLOSE_TIMEOUT            1 s        -                     close() returns within
 RING_MAPPED_SHARE        1/2        of close()'s timeout  wait for receivers to map rings
 REACH_POLL_MIN/MAX       0.5/20 ms  doubling              first connection back-off
-RENDEZVOUS_CLIENT_GRACE  3 s        -                     clients hear rank 0's verdict
+RENDEZVOUS_CLIENT_GRACE  0.5 s      -                     past rank 0's time: its verdict
 RENDEZVOUS_POLL          0.5 s      -                     rank 0 looks at its deadline
 LAUNCHER_GRACE           5 s        -                     polite signal, then SIGKILL
 =======================  =========  ====================  ==================================
@@ -92,9 +92,11 @@ RING_MAPPED_SHARE = 0.5
 # Back-off of a send waiting for the first connection to its peer (a millisecond on one host).
 REACH_POLL_MIN = 0.0005
 REACH_POLL_MAX = 0.02
-# Rendezvous clients wait this much longer than rank 0, so rank 0's verdict (which ranks are
-# missing) reaches them before their own deadline; rank 0 looks at its deadline this often.
-RENDEZVOUS_CLIENT_GRACE = 3.0
+# Rendezvous clients wait this much past rank 0's deadline (rank 0 tells each client how long
+# it still waits), so rank 0's verdict (which ranks are missing) reaches them before their own;
+# a client rank 0 never answers fails after its timeout plus this (issue: within timeout + 1 s).
+# Rank 0 looks at its deadline every RENDEZVOUS_POLL.
+RENDEZVOUS_CLIENT_GRACE = 0.5
 RENDEZVOUS_POLL = 0.5
 # The launcher's seconds between the polite signal (SIGTERM/SIGINT) and SIGKILL.
 LAUNCHER_GRACE = 5.0

@@ -27,8 +27,10 @@ log = logging.getLogger("collectives")
 
 RENDEZVOUS_VERSION = 1
 _MAX_MESSAGE = 64 * 1024
-# Clients wait this much longer than rank 0, so rank 0's verdict (which ranks are missing)
-# reaches them before their own deadline.
+# A client waits ``timeout`` plus this; once rank 0 has answered its registration with the time
+# rank 0 has left, the client waits that plus this, so rank 0's verdict (which ranks are
+# missing) reaches it even when rank 0 started later. A client that never hears from rank 0
+# (absent, or its port held by another program) fails after timeout + this, not later.
 _CLIENT_GRACE = defaults.RENDEZVOUS_CLIENT_GRACE
 
 
@@ -145,6 +147,10 @@ def _collect(sock, transport, address, timeout, me, n) -> dict[int, dict]:
                            "every peer must use the same setting")
         registered[rank] = msg
         identities[rank] = ident
+        # Tell the client how long rank 0 still waits: it stretches its own deadline to hear
+        # the verdict, instead of every client waiting a fixed, larger margin.
+        sock.send_multipart([ident, _pack({"wait": max(0.0, deadline - time.monotonic())})],
+                            zmq.NOBLOCK)
 
     table = {r: registered[r]["entry"] for r in range(n)}
     # Installed before anyone hears of it: peers start sending the moment they have it.
@@ -169,17 +175,23 @@ def _register(transport, address, timeout, me) -> dict[int, dict]:
     try:
         sock.connect(address)
         sock.send(_pack(me))
-        deadline = time.monotonic() + timeout + _CLIENT_GRACE
+        start = time.monotonic()
+        deadline = start + timeout + _CLIENT_GRACE
         while True:
             remaining = deadline - time.monotonic()
             if remaining <= 0 or not sock.poll(remaining * 1000):
+                waited = time.monotonic() - start
                 raise RendezvousError(
                     f"rank {transport.rank}: no answer from the rendezvous at {address} within "
-                    f"{timeout + _CLIENT_GRACE:g}s; is rank 0 running and reachable there"
+                    f"{waited:.3g}s; is rank 0 running and reachable there"
                     f"? (A peer without the group's cluster key, or with another one, gets no "
                     f"answer either: check GOSSIP_KEY / key= on every peer.)")
             msg = _unpack(sock.recv())
             if msg is None:
+                continue
+            wait = msg.get("wait")
+            if type(wait) in (int, float) and 0 <= wait < 1e6:  # NaN fails the comparison
+                deadline = max(deadline, time.monotonic() + wait + _CLIENT_GRACE)
                 continue
             if "error" in msg:
                 raise RendezvousError(f"rank {transport.rank}: rendezvous at {address} failed: "
