@@ -19,6 +19,7 @@ import zmq
 
 from collectives import defaults
 from collectives.errors import RendezvousError
+from collectives.transport.refusals import Refusals
 from collectives.transport.transport import Transport
 
 __all__ = ["rendezvous", "RENDEZVOUS_VERSION"]
@@ -83,10 +84,14 @@ def _serve(transport: Transport, address: str, timeout: float, me: dict) -> dict
     sock.linger = 0
     if transport.config.key is not None:
         transport.config.key.apply_server(sock)
+    # A client with another server key, or without CURVE, is refused in the handshake before
+    # any message: the monitor is how rank 0 can log it (see refusals.py).
+    refusals = Refusals(transport.rank, sock)
     bind = _bind_address(address)
     try:
         sock.bind(bind)
     except zmq.ZMQError as exc:
+        refusals.close()
         sock.close()
         hint = ("another job or a previous run still holds it; choose another port with "
                 "--master-port / MASTER_PORT / GOSSIP_MASTER_PORT"
@@ -94,13 +99,17 @@ def _serve(transport: Transport, address: str, timeout: float, me: dict) -> dict
         raise RendezvousError(f"rank 0: cannot bind the rendezvous at {bind} ({address}): "
                               f"{exc.strerror}; {hint}") from None
     try:
-        return _collect(sock, transport, address, timeout, me, n)
+        return _collect(sock, refusals, transport, address, timeout, me, n)
     finally:
+        refusals.close()
         sock.close(linger=0)
 
 
-def _collect(sock, transport, address, timeout, me, n) -> dict[int, dict]:
+def _collect(sock, refusals, transport, address, timeout, me, n) -> dict[int, dict]:
     deadline = time.monotonic() + timeout
+    poller = zmq.Poller()
+    poller.register(sock, zmq.POLLIN)
+    poller.register(refusals.monitor, zmq.POLLIN)
     registered: dict[int, dict] = {0: me}
     identities: dict[int, bytes] = {}
     everyone: list[bytes] = []  # every client heard from, so a failure reaches them all
@@ -117,7 +126,10 @@ def _collect(sock, transport, address, timeout, me, n) -> dict[int, dict]:
             raise fail(f"ranks {_ranges(missing)} never came within {timeout:g}s "
                        f"({len(registered)} of {n} registered); check that every peer was "
                        f"started with the same world size and rendezvous address")
-        if not sock.poll(min(remaining, defaults.RENDEZVOUS_POLL) * 1000):
+        events = dict(poller.poll(min(remaining, defaults.RENDEZVOUS_POLL) * 1000))
+        if refusals.monitor in events:
+            refusals.on_events()
+        if sock not in events:
             continue
         frames = sock.recv_multipart()
         if len(frames) != 2:

@@ -162,3 +162,73 @@ def test_peers_with_the_key_work_and_without_it_fail(tmp_path, key_path):
             value.close()
     assert isinstance(results[0], gossip.RendezvousError)
     assert isinstance(results[1], gossip.RendezvousError)
+
+
+def _refusals(caplog) -> list[str]:
+    return [r.getMessage() for r in caplog.records if "refused a handshake" in r.getMessage()]
+
+
+def test_every_refused_handshake_is_logged(tmp_path, key_path, caplog, no_leaks):
+    """Clients without CURVE or with another server key never reach ZAP (libzmq refuses them
+    in the handshake); they are logged and counted like ZAP's denials."""
+    caplog.set_level("WARNING", logger="collectives")
+    peer = gossip.init(rank=0, world_size=1, key=key_path, timeout=5)
+    ctx = zmq.Context()
+    try:
+        endpoint = peer.transport.endpoints["tcp"]
+        other_public, _ = zmq.curve_keypair()
+        own_public, own_secret = zmq.curve_keypair()
+        plain = ctx.socket(zmq.DEALER)                 # no CURVE at all
+        wrong_server = ctx.socket(zmq.DEALER)          # another server key
+        wrong_server.curve_serverkey = other_public
+        wrong_server.curve_publickey, wrong_server.curve_secretkey = own_public, own_secret
+        foreign = ctx.socket(zmq.DEALER)               # the right server key, its own pair
+        foreign.curve_serverkey = load_cluster_key(key_path).public
+        foreign.curve_publickey, foreign.curve_secretkey = zmq.curve_keypair()
+        for s in (plain, wrong_server, foreign):
+            s.linger = 0
+            s.connect(endpoint)
+            s.send(b"hello", zmq.NOBLOCK)
+
+        def logged():
+            text = "\n".join(_refusals(caplog))
+            return all(w in text for w in ("without CURVE", "does not decrypt",
+                                           "does not hold the cluster key"))
+        wait_until(logged, 20, what="three refusals in the log")
+        lines = _refusals(caplog)
+        assert all("rank 0" in line and "127.0.0.1" in line for line in lines), lines
+        assert peer.stats()["handshakes_refused"]["inbound"] >= 3
+        assert peer.stats()["dropped"] == 0  # nothing got through
+    finally:
+        ctx.destroy(linger=0)
+        peer.close()
+
+
+def test_refused_rendezvous_handshakes_are_logged(tmp_path, key_path, caplog, no_leaks):
+    """At the rendezvous too: rank 0 logs the peer with another key and the one without."""
+    caplog.set_level("WARNING", logger="collectives")
+    other = tmp_path / "other.key"
+    write_cluster_key(other)
+    port, results = free_port(), {}
+
+    def run(rank, key):
+        try:
+            results[rank] = gossip.init(rank=rank, world_size=3, key=key, timeout=3,
+                                        rendezvous=f"tcp://127.0.0.1:{port}")
+        except gossip.GossipError as exc:
+            results[rank] = exc
+
+    threads = [threading.Thread(target=run, args=(0, key_path)),
+               threading.Thread(target=run, args=(1, str(other))),
+               threading.Thread(target=run, args=(2, None))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    for value in results.values():
+        if isinstance(value, gossip.Peer):
+            value.close()
+    assert all(isinstance(results[r], gossip.RendezvousError) for r in range(3)), results
+    text = "\n".join(_refusals(caplog))
+    assert f"127.0.0.1:{port}" in text
+    assert "does not decrypt" in text and "without CURVE" in text, text

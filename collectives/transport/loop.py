@@ -220,10 +220,12 @@ class IoLoop:
     # ------------------------------------------------------------------ the I/O thread
     def _run(self) -> None:
         poller, zap = self._poller, self._sockets.zap
+        refusals = self._sockets.refusals
         suspects, monitors, blocked = self._liveness.suspects, self._liveness.monitors, \
             self._blocked
         poller.register(self._rx_fd, zmq.POLLIN)
         poller.register(self._wake_r, zmq.POLLIN)
+        poller.register(refusals.monitor, zmq.POLLIN)
         if zap:
             poller.register(zap.socket, zmq.POLLIN)
         try:
@@ -253,6 +255,8 @@ class IoLoop:
                     self._io_receive()
                 if zap and zap.socket in events:
                     zap.handle()
+                if refusals.monitor in events:
+                    refusals.on_events()
                 for sock in events:
                     rank = monitors.get(sock)
                     if rank is not None:

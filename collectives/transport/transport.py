@@ -97,7 +97,8 @@ class Transport:
         # The sockets' tables, bound here: every send looks its link up.
         self._links = self._sockets.links
         self._addresses = self._sockets.addresses
-        self._liveness = Liveness(self.inbox, self.config.effective_heartbeat_timeout)
+        self._liveness = Liveness(self.inbox, self.config.effective_heartbeat_timeout,
+                                  self._sockets.refusals)
         self._loop = IoLoop(rank, world_size, self._sockets, self.inbox, self._liveness)
         self._shm = SharedMemory(rank, self.config, self.inbox, self.counters, self._drops,
                                  self._loop, self._links, self._addresses, self._send_quietly)
@@ -297,6 +298,9 @@ class Transport:
             "dropped_by_reason": dict(self._drops.by_reason),
             "lost": self.lost_ranks(),
             "authentication_denied": self._sockets.zap.denied if self._sockets.zap else 0,
+            # Every refused handshake: ZAP's denials, those libzmq refuses before ZAP
+            # (no CURVE, another server key), and peers refusing this one ("outbound").
+            "handshakes_refused": dict(self._sockets.refusals.by_reason),
         }
 
     def close(self, timeout: float = defaults.CLOSE_TIMEOUT) -> None:
