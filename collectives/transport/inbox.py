@@ -15,6 +15,8 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
+from collectives import defaults
+
 __all__ = ["Inbox", "Lost", "MailboxError", "Address"]
 
 Address = tuple[int, int, int]  # a mailbox: (src, channel, seq)
@@ -41,13 +43,14 @@ class _Mailbox:
     condition is made only when a consumer has to wait: most small messages are read as soon
     as they arrive, and making one per message was a visible part of a 4 KiB allreduce."""
 
-    __slots__ = ("cond", "items", "error", "touched")
+    __slots__ = ("cond", "items", "error", "touched", "held")
 
     def __init__(self) -> None:
         self.cond: threading.Condition | None = None
         self.items: deque = deque()
         self.error: MailboxError | None = None
         self.touched = False  # a consumer has asked for this mailbox: its operation is running
+        self.held = 0  # bytes counted against the held bound until a consumer asks (see put)
 
     def notify(self, every: bool = False) -> None:
         if self.cond is not None:
@@ -83,9 +86,16 @@ class Inbox:
     """Every mailbox of one peer, the sources known lost, and the conditions consumers wait on
     (one lock for all: deliveries are short, and wait_any needs a view across mailboxes)."""
 
-    def __init__(self) -> None:
+    def __init__(self, held_per_link: int = defaults.HELD_PER_LINK,
+                 held_total: int = defaults.HELD_TOTAL) -> None:
         self._lock = threading.Lock()
         self._boxes: dict[Address, _Mailbox] = {}
+        # Bytes held for operations nobody has asked for yet, per source and in total, and
+        # their bounds (see put): what a sender can make this peer hold before it starts.
+        self._held: dict[int, int] = {}
+        self._held_total = 0
+        self._held_per_link = held_per_link
+        self._held_bound = held_total
         self._retired: dict[tuple[int, int], _Retired] = {}
         self._lost: dict[int, Lost] = {}
         self._running: set[tuple[int, int]] = set()  # (channel, seq) of operations under way
@@ -94,13 +104,30 @@ class Inbox:
         self._arrivals = threading.Condition(self._lock)
 
     # -- producer side (the I/O thread) ------------------------------------------------------
-    def put(self, key: Address, item: Any) -> bool:
-        """Deliver one message; False (and nothing kept) if its mailbox was already retired."""
+    def put(self, key: Address, item: Any, nbytes: int = 0) -> bool | None:
+        """Deliver one message; False (and nothing kept) if its mailbox was already retired;
+        None (nothing kept) if it is for an operation not started yet and its ``nbytes`` would
+        take what is held for such operations past the bound of its source or the total."""
         with self._lock:
             retired = self._retired.get(key[:2])
             if retired is not None and key[2] in retired:
                 return False
-            box = self._box(key)
+            box = self._boxes.get(key)
+            if nbytes and (box is None or not box.touched) \
+                    and (key[1], key[2]) not in self._running:
+                # Counted until a consumer asks for the mailbox (get/take) or it retires: a
+                # couple of integer additions per message, under the lock put holds anyway.
+                src = key[0]
+                held = self._held.get(src, 0) + nbytes
+                if held > self._held_per_link or self._held_total + nbytes > self._held_bound:
+                    return None
+                self._held[src] = held
+                self._held_total += nbytes
+                if box is None:
+                    box = self._boxes[key] = _Mailbox()
+                box.held += nbytes
+            elif box is None:
+                box = self._boxes[key] = _Mailbox()
             box.items.append(item)
             box.notify()
             self._arrivals.notify_all()
@@ -148,6 +175,8 @@ class Inbox:
         with self._lock:
             box = self._box(key)
             box.touched = True
+            if box.held:
+                self._release(key[0], box)
             while True:
                 ready = self._ready(key, box)
                 if ready is not None:
@@ -164,6 +193,8 @@ class Inbox:
         with self._lock:
             box = self._box(key)
             box.touched = True
+            if box.held:
+                self._release(key[0], box)
             return self._ready(key, box)
 
     def _ready(self, key: Address, box: _Mailbox) -> Any:
@@ -238,7 +269,35 @@ class Inbox:
         with self._lock:
             box = self._boxes.pop(key, None)
             self._retired.setdefault(key[:2], _Retired()).add(key[2])
+            if box is not None and box.held:
+                self._release(key[0], box)
             return list(box.items) if box else []
+
+    def drop_unclaimed(self, src: int) -> int:
+        """Empty every mailbox of ``src`` no operation has asked for (a cut connection's
+        leftovers); returns the bytes freed. Those mailboxes stay open: the operation, if it
+        ever starts, waits for its messages like any other."""
+        with self._lock:
+            freed = 0
+            for (s, channel, seq), box in list(self._boxes.items()):
+                # Only mailboxes holding socket payloads (counted bytes): a shared-memory item
+                # owns a ring slot that must be released by its reader, not dropped here.
+                if s == src and box.held and not box.touched \
+                        and (channel, seq) not in self._running:
+                    freed += box.held
+                    self._release(src, box)
+                    del self._boxes[(s, channel, seq)]
+            return freed
+
+    def held(self) -> tuple[dict[int, int], int]:
+        """Bytes held for operations not started: per source, and in total."""
+        with self._lock:
+            return dict(self._held), self._held_total
+
+    def _release(self, src: int, box: _Mailbox) -> None:
+        self._held[src] -= box.held
+        self._held_total -= box.held
+        box.held = 0
 
     def lost(self, src: int) -> Lost | None:
         """Why ``src`` can deliver no more, or None while it can."""
