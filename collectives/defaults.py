@@ -27,6 +27,8 @@ GOODBYE_LINGER           50 ms      -                     BYE leaves; dead peer 
 CLOSE_TIMEOUT            1 s        -                     close() returns within
 RING_MAPPED_SHARE        1/2        of close()'s timeout  wait for receivers to map rings
 REACH_POLL_MIN/MAX       0.5/20 ms  doubling              first connection back-off
+HELD_PAUSE               64 MiB     HELD_PER_LINK/4       then the sender is asked to wait
+HELD_RESUME              32 MiB     HELD_PAUSE/2          and below it, to go on
 HELD_PER_LINK            256 MiB    4 x a 64 MiB array    held for unstarted operations
 HELD_TOTAL               1 GiB      4 x HELD_PER_LINK     the same, all links together
 HELD_OVERHEAD            256 B      -                     counted per held message
@@ -43,7 +45,7 @@ __all__ = [
     "PARK_MIN", "PARK_MAX", "STARVED_REPEAT", "SLOT_RETRY", "SUSPECT_POLL", "IDLE_POLL",
     "MAX_LOGGED_DROPS", "DROP_SUMMARY_INTERVAL", "RECONNECT_INTERVAL", "GOODBYE_LINGER",
     "CLOSE_TIMEOUT", "RING_MAPPED_SHARE", "REACH_POLL_MIN", "REACH_POLL_MAX",
-    "HELD_PER_LINK", "HELD_TOTAL", "HELD_OVERHEAD", "MAX_STRIKES", "RENDEZVOUS_CLIENT_GRACE", "RENDEZVOUS_POLL", "LAUNCHER_GRACE",
+    "HELD_PAUSE", "HELD_RESUME", "HELD_PER_LINK", "HELD_TOTAL", "HELD_OVERHEAD", "MAX_STRIKES", "RENDEZVOUS_CLIENT_GRACE", "RENDEZVOUS_POLL", "LAUNCHER_GRACE",
 ]
 
 # Seconds any blocking wait may take before it raises (GOSSIP_TIMEOUT, init(timeout=)).
@@ -102,6 +104,12 @@ REACH_POLL_MAX = 0.02
 # message is dropped ("over-bound") instead of growing the process without bound.
 HELD_PER_LINK = 256 << 20
 HELD_TOTAL = 4 * HELD_PER_LINK
+# Flow control (collectives/transport/holds.py): past HELD_PAUSE from one source the receiver
+# asks it to hold its sends, below HELD_RESUME to go on. The gap to HELD_PER_LINK is for what
+# was in flight when it paused: up to send_hwm + recv_hwm (128) 1 MiB chunks and the kernel's
+# buffers, about 200 MiB in all.
+HELD_PAUSE = HELD_PER_LINK // 4
+HELD_RESUME = HELD_PAUSE // 2
 HELD_OVERHEAD = 256
 # After this many malformed or over-bound messages on one rank's connection, it is cut: all
 # it sends from then on is dropped unread and what it left in unstarted mailboxes is freed.

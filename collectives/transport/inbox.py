@@ -13,7 +13,7 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 from collectives import defaults
 
@@ -96,6 +96,12 @@ class Inbox:
         self._held_total = 0
         self._held_per_link = held_per_link
         self._held_bound = held_total
+        # Flow control (holds.py): sources asked to pause, the callback that asks
+        # (src, pause, generation), called after the lock is released, and the generation.
+        self._holding: set[int] = set()
+        self.on_hold: Callable[[int, bool, int], None] | None = None
+        self._hold_generation = 0
+        self.held_peak = 0  # the most ever held for one source (for tests and stats)
         self._retired: dict[tuple[int, int], _Retired] = {}
         self._lost: dict[int, Lost] = {}
         self._running: set[tuple[int, int]] = set()  # (channel, seq) of operations under way
@@ -108,6 +114,7 @@ class Inbox:
         """Deliver one message; False (and nothing kept) if its mailbox was already retired;
         None (nothing kept) if it is for an operation not started yet and its ``nbytes`` would
         take what is held for such operations past the bound of its source or the total."""
+        pause = None
         with self._lock:
             retired = self._retired.get(key[:2])
             if retired is not None and key[2] in retired:
@@ -123,6 +130,13 @@ class Inbox:
                     return None
                 self._held[src] = held
                 self._held_total += nbytes
+                if held > self.held_peak:
+                    self.held_peak = held
+                if held > defaults.HELD_PAUSE and src not in self._holding \
+                        and self.on_hold is not None:
+                    self._holding.add(src)
+                    self._hold_generation += 1
+                    pause = (src, True, self._hold_generation)
                 if box is None:
                     box = self._boxes[key] = _Mailbox()
                 box.held += nbytes
@@ -131,7 +145,9 @@ class Inbox:
             box.items.append(item)
             box.notify()
             self._arrivals.notify_all()
-            return True
+        if pause is not None:
+            self.on_hold(*pause)
+        return True
 
     def post_error(self, key: Address, error: MailboxError) -> None:
         """Post ``error`` to mailbox ``key`` and wake all its waiters; the first error stays, and a
@@ -172,30 +188,43 @@ class Inbox:
         """Next message of a mailbox. Returns the item, or raises nothing itself: returns one of
         ``Lost``/``MailboxError``/``None`` (deadline passed) so the caller can word the error with
         what it knows (operation, address)."""
+        resume = None
         with self._lock:
             box = self._box(key)
             box.touched = True
             if box.held:
-                self._release(key[0], box)
-            while True:
+                resume = self._release(key[0], box)
+            while resume is None:
                 ready = self._ready(key, box)
                 if ready is not None:
                     return ready
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     return None
+                if key[0] in self._holding:
+                    # An operation under way waits on a source we asked to pause: its
+                    # messages may be queued behind the held ones (another channel), so let
+                    # the source go on; the hard bound still applies.
+                    resume = self._resume(key[0])
+                    break
                 if box.cond is None:
                     box.cond = threading.Condition(self._lock)
                 box.cond.wait(remaining)
+        self.on_hold(*resume)
+        return self.get(key, deadline)
 
     def take(self, key: Address) -> Any:
         """What get() would return at once, or None where it would wait."""
+        resume = None
         with self._lock:
             box = self._box(key)
             box.touched = True
             if box.held:
-                self._release(key[0], box)
-            return self._ready(key, box)
+                resume = self._release(key[0], box)
+            ready = self._ready(key, box)
+        if resume is not None:
+            self.on_hold(*resume)
+        return ready
 
     def _ready(self, key: Address, box: _Mailbox) -> Any:
         if box.items:
@@ -250,6 +279,7 @@ class Inbox:
         """The first of ``keys`` whose mailbox holds a message or an error, waiting (without
         polling) until one does; None at ``deadline`` or once the inbox is closed. A lost
         source with nothing queued is not ready: get() would raise, not deliver."""
+        resumes = []
         with self._lock:
             while True:
                 for key in keys:
@@ -261,17 +291,27 @@ class Inbox:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     return None
+                # As in get(): a caller waiting on a paused source lets it go on.
+                resumes = [self._resume(s) for s in {k[0] for k in keys} & self._holding]
+                if resumes:
+                    break
                 self._arrivals.wait(remaining)
+        for resume in resumes:
+            self.on_hold(*resume)
+        return self.wait_any(keys, deadline)
 
     def retire(self, key: Address) -> list:
         """End a mailbox: drop what is left in it and refuse anything that arrives for it later.
         Returns the undelivered messages (their shared-memory slots must be released)."""
+        resume = None
         with self._lock:
             box = self._boxes.pop(key, None)
             self._retired.setdefault(key[:2], _Retired()).add(key[2])
             if box is not None and box.held:
-                self._release(key[0], box)
-            return list(box.items) if box else []
+                resume = self._release(key[0], box)
+        if resume is not None:
+            self.on_hold(*resume)
+        return list(box.items) if box else []
 
     def drop_unclaimed(self, src: int) -> int:
         """Empty every mailbox of ``src`` no operation has asked for (a cut connection's
@@ -279,6 +319,8 @@ class Inbox:
         ever starts, waits for its messages like any other."""
         with self._lock:
             freed = 0
+            # The source is cut: no resume for it, ever.
+            self._holding.discard(src)
             for (s, channel, seq), box in list(self._boxes.items()):
                 # Only mailboxes holding socket payloads (counted bytes): a shared-memory item
                 # owns a ring slot that must be released by its reader, not dropped here.
@@ -294,10 +336,20 @@ class Inbox:
         with self._lock:
             return dict(self._held), self._held_total
 
-    def _release(self, src: int, box: _Mailbox) -> None:
+    def _release(self, src: int, box: _Mailbox) -> tuple | None:
+        """Stop counting ``box``'s bytes (lock held); the resume to send, if that brings a
+        paused source below HELD_RESUME."""
         self._held[src] -= box.held
         self._held_total -= box.held
         box.held = 0
+        if src in self._holding and self._held[src] < defaults.HELD_RESUME:
+            return self._resume(src)
+        return None
+
+    def _resume(self, src: int) -> tuple:
+        self._holding.discard(src)
+        self._hold_generation += 1
+        return (src, False, self._hold_generation)
 
     def lost(self, src: int) -> Lost | None:
         """Why ``src`` can deliver no more, or None while it can."""

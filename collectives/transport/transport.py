@@ -28,6 +28,7 @@ from collectives.transport.arrivals import Arrivals
 from collectives.transport.drops import DropLog
 from collectives.transport.inbox import Inbox, Lost, MailboxError
 from collectives.transport.link import Link
+from collectives.transport.holds import Holds
 from collectives.transport.liveness import Liveness
 from collectives.transport.loop import IoLoop
 from collectives.transport.shm import SharedMemory
@@ -102,8 +103,13 @@ class Transport:
         self._loop = IoLoop(rank, world_size, self._sockets, self.inbox, self._liveness)
         self._shm = SharedMemory(rank, self.config, self.inbox, self.counters, self._drops,
                                  self._loop, self._links, self._addresses, self._send_quietly)
+        # What this peer holds for operations not started is bounded in the inbox; holds asks
+        # a source running ahead to wait, and obeys such requests from others.
+        self._holds = Holds(rank, self._links, self.connect, self._loop.command)
+        self.inbox.on_hold = self._holds.request
         arrivals = Arrivals(rank, world_size, self.config.max_message_bytes, self.inbox,
-                            self.counters, self._drops, self._shm.handlers())
+                            self.counters, self._drops,
+                            {**self._shm.handlers(), **self._holds.handlers()})
         self._command = self._loop.command
         self._pump = self._loop.pump
         self._loop.start(arrivals.handle, self._shm)
@@ -301,6 +307,10 @@ class Transport:
             # Every refused handshake: ZAP's denials, those libzmq refuses before ZAP
             # (no CURVE, another server key), and peers refusing this one ("outbound").
             "handshakes_refused": dict(self._sockets.refusals.by_reason),
+            # Flow control of messages for operations not started (holds.py).
+            "holds_sent": dict(self._holds.sent),
+            "holds_received": dict(self._holds.received),
+            "held_peak": self.inbox.held_peak,
         }
 
     def close(self, timeout: float = defaults.CLOSE_TIMEOUT) -> None:
