@@ -31,7 +31,7 @@ HELD_PAUSE               64 MiB     HELD_PER_LINK/4       then the sender is ask
 HELD_RESUME              32 MiB     HELD_PAUSE/2          and below it, to go on
 HELD_PER_LINK            256 MiB    4 x a 64 MiB array    held for unstarted operations
 HELD_TOTAL               1 GiB      4 x HELD_PER_LINK     the same, all links together
-HELD_OVERHEAD            256 B      -                     counted per held message
+HELD_OVERHEAD            2 KiB      measured 1.5 KiB      counted per held message
 MAX_STRIKES              8          -                     bad messages before a link is cut
 RENDEZVOUS_CLIENT_GRACE  0.5 s      -                     past rank 0's time: its verdict
 RENDEZVOUS_POLL          0.5 s      -                     rank 0 looks at its deadline
@@ -45,7 +45,8 @@ __all__ = [
     "PARK_MIN", "PARK_MAX", "STARVED_REPEAT", "SLOT_RETRY", "SUSPECT_POLL", "IDLE_POLL",
     "MAX_LOGGED_DROPS", "DROP_SUMMARY_INTERVAL", "RECONNECT_INTERVAL", "GOODBYE_LINGER",
     "CLOSE_TIMEOUT", "RING_MAPPED_SHARE", "REACH_POLL_MIN", "REACH_POLL_MAX",
-    "HELD_PAUSE", "HELD_RESUME", "HELD_PER_LINK", "HELD_TOTAL", "HELD_OVERHEAD", "MAX_STRIKES", "RENDEZVOUS_CLIENT_GRACE", "RENDEZVOUS_POLL", "LAUNCHER_GRACE",
+    "HELD_PAUSE", "HELD_RESUME", "HELD_PER_LINK", "HELD_TOTAL", "HELD_OVERHEAD", "MAX_STRIKES",
+    "RENDEZVOUS_CLIENT_GRACE", "RENDEZVOUS_POLL", "LAUNCHER_GRACE",
 ]
 
 # Seconds any blocking wait may take before it raises (GOSSIP_TIMEOUT, init(timeout=)).
@@ -99,7 +100,7 @@ RING_MAPPED_SHARE = 0.5
 REACH_POLL_MIN = 0.0005
 REACH_POLL_MAX = 0.02
 # What a receiver holds for operations it has not started (payload bytes plus HELD_OVERHEAD per
-# message, for the mailbox), per sending link and in total: a peer one blocking collective
+# message), per sending link and in total: a peer one blocking collective
 # ahead holds at most one operation's share, and four 64 MiB operations fit; beyond it a
 # message is dropped ("over-bound") instead of growing the process without bound.
 HELD_PER_LINK = 256 << 20
@@ -110,7 +111,9 @@ HELD_TOTAL = 4 * HELD_PER_LINK
 # buffers, about 200 MiB in all.
 HELD_PAUSE = HELD_PER_LINK // 4
 HELD_RESUME = HELD_PAUSE // 2
-HELD_OVERHEAD = 256
+# Measured (tracemalloc): a held message's mailbox, deque, header and frame objects cost about
+# 1.5 KiB besides its payload; counting 2 KiB keeps a flood of empty messages inside the bound.
+HELD_OVERHEAD = 2048
 # After this many malformed or over-bound messages on one rank's connection, it is cut: all
 # it sends from then on is dropped unread and what it left in unstarted mailboxes is freed.
 MAX_STRIKES = 8

@@ -124,8 +124,8 @@ class ZapHandler:
 
     def handle(self) -> None:
         """Answer every ZAP request waiting on ``socket``, without blocking: 200 for a CURVE client
-        with the cluster's public key, 400 (logged, or reported to ``on_denied``) for anyone else, counted in ``admitted`` /
-        ``denied``."""
+        with the cluster's public key, 400 (logged, or reported to ``on_denied``) for anyone
+        else, counted in ``admitted`` / ``denied``."""
         while True:
             try:
                 request = self.socket.recv_multipart(zmq.NOBLOCK)

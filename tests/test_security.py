@@ -134,25 +134,19 @@ def test_intruder_without_key_is_rejected(tmp_path, key_path):
     assert observed == {"auth_failed": True, "received": False}
 
 
-def check_key_matters(peer):
-    return peer.allreduce(np.ones(3)).tolist()
-
-
-def test_peers_with_the_key_work_and_without_it_fail(tmp_path, key_path):
-    assert spawn(check_key_matters, n=3, key=key_path) == [[3.0] * 3] * 3
-    # One peer without the key cannot even rendezvous.
-    port = free_port()
+def _rendezvous_with_keys(port: int, keys: list, *, timeout: float) -> dict:
+    """gossip.init for rank r with keys[r], every rank in its own thread, at once; returns
+    rank -> the error each got (a Peer that got through is closed and returned)."""
     results = {}
 
     def run(rank, key):
         try:
-            results[rank] = gossip.init(rank=rank, world_size=2, key=key, timeout=2,
-                                        rendezvous=f"tcp://127.0.0.1:{port}")
+            results[rank] = gossip.init(rank=rank, world_size=len(keys), key=key,
+                                        timeout=timeout, rendezvous=f"tcp://127.0.0.1:{port}")
         except gossip.GossipError as exc:
             results[rank] = exc
 
-    threads = [threading.Thread(target=run, args=(0, key_path)),
-               threading.Thread(target=run, args=(1, None))]
+    threads = [threading.Thread(target=run, args=(r, key)) for r, key in enumerate(keys)]
     for t in threads:
         t.start()
     for t in threads:
@@ -160,6 +154,17 @@ def test_peers_with_the_key_work_and_without_it_fail(tmp_path, key_path):
     for value in results.values():
         if isinstance(value, gossip.Peer):
             value.close()
+    return results
+
+
+def check_key_matters(peer):
+    return peer.allreduce(np.ones(3)).tolist()
+
+
+def test_peers_with_the_key_work_and_without_it_fail(tmp_path, key_path):
+    assert spawn(check_key_matters, n=3, key=key_path) == [[3.0] * 3] * 3
+    # One peer without the key cannot even rendezvous.
+    results = _rendezvous_with_keys(free_port(), [key_path, None], timeout=2)
     assert isinstance(results[0], gossip.RendezvousError)
     assert isinstance(results[1], gossip.RendezvousError)
 
@@ -209,25 +214,8 @@ def test_refused_rendezvous_handshakes_are_logged(tmp_path, key_path, caplog, no
     caplog.set_level("WARNING", logger="collectives")
     other = tmp_path / "other.key"
     write_cluster_key(other)
-    port, results = free_port(), {}
-
-    def run(rank, key):
-        try:
-            results[rank] = gossip.init(rank=rank, world_size=3, key=key, timeout=3,
-                                        rendezvous=f"tcp://127.0.0.1:{port}")
-        except gossip.GossipError as exc:
-            results[rank] = exc
-
-    threads = [threading.Thread(target=run, args=(0, key_path)),
-               threading.Thread(target=run, args=(1, str(other))),
-               threading.Thread(target=run, args=(2, None))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(30)
-    for value in results.values():
-        if isinstance(value, gossip.Peer):
-            value.close()
+    port = free_port()
+    results = _rendezvous_with_keys(port, [key_path, str(other), None], timeout=3)
     assert all(isinstance(results[r], gossip.RendezvousError) for r in range(3)), results
     text = "\n".join(_refusals(caplog))
     assert f"127.0.0.1:{port}" in text

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import logging
 
+from collectives.errors import PeerLost
 from collectives.transport.channels import Channel
 from collectives.transport.wire import HOLD, Header, encode_header
 
@@ -47,13 +48,12 @@ class Holds:
                                "pause" if pause else "resume")
         try:
             link = self._connect(src)
-        except Exception as exc:  # closing, or no address yet: the bound still holds
+        except (PeerLost, ValueError) as exc:  # closing, or no address: the bound still holds
             log.debug("rank %d: HOLD to rank %d not sent: %s", self.rank, src, exc)
             return
-        if not link.send_urgent((header,)):
-            # Its socket is full: behind the queue, then (a resume always gets out).
-            if link.send((header,), None):
-                self._command(("flush", link))
+        # Its socket full: behind the queue, then (a resume always gets out).
+        if not link.send_urgent((header,)) and link.send((header,), None):
+            self._command(("flush", link))
         self.sent["pause" if pause else "resume"] += 1
 
     def on_hold(self, src: int, header: Header, payload) -> bool:
