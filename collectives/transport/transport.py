@@ -7,9 +7,9 @@ peer, its address and the operation.
 what arrives (arrivals.py, drops.py), liveness (liveness.py), refused handshakes (refusals.py),
 the shared-memory protocol between peers on one host (shm.py), the inbox where operations wait
 (inbox.py) and the flow control of what it holds for operations not started (holds.py). It
-wires them together here, once, and adds what a caller needs on top: sends that pick the path (inline,
-shared memory or zero-copy frame), receives that read the socket themselves when it is free, and
-errors worded with what the transport knows.
+wires them together here, once, and adds what a caller needs on top: sends that pick the path
+(inline, shared memory or zero-copy frame), receives that read the socket themselves when it is
+free, and errors worded with what the transport knows.
 """
 from __future__ import annotations
 
