@@ -27,7 +27,13 @@ GOODBYE_LINGER           50 ms      -                     BYE leaves; dead peer 
 CLOSE_TIMEOUT            1 s        -                     close() returns within
 RING_MAPPED_SHARE        1/2        of close()'s timeout  wait for receivers to map rings
 REACH_POLL_MIN/MAX       0.5/20 ms  doubling              first connection back-off
-RENDEZVOUS_CLIENT_GRACE  3 s        -                     clients hear rank 0's verdict
+HELD_PAUSE               64 MiB     HELD_PER_LINK/4       then the sender is asked to wait
+HELD_RESUME              32 MiB     HELD_PAUSE/2          and below it, to go on
+HELD_PER_LINK            256 MiB    4 x a 64 MiB array    held for unstarted operations
+HELD_TOTAL               1 GiB      4 x HELD_PER_LINK     the same, all links together
+HELD_OVERHEAD            2 KiB      measured 1.5 KiB      counted per held message
+MAX_STRIKES              8          -                     bad messages before a link is cut
+RENDEZVOUS_CLIENT_GRACE  0.5 s      -                     past rank 0's time: its verdict
 RENDEZVOUS_POLL          0.5 s      -                     rank 0 looks at its deadline
 LAUNCHER_GRACE           5 s        -                     polite signal, then SIGKILL
 =======================  =========  ====================  ==================================
@@ -39,6 +45,7 @@ __all__ = [
     "PARK_MIN", "PARK_MAX", "STARVED_REPEAT", "SLOT_RETRY", "SUSPECT_POLL", "IDLE_POLL",
     "MAX_LOGGED_DROPS", "DROP_SUMMARY_INTERVAL", "RECONNECT_INTERVAL", "GOODBYE_LINGER",
     "CLOSE_TIMEOUT", "RING_MAPPED_SHARE", "REACH_POLL_MIN", "REACH_POLL_MAX",
+    "HELD_PAUSE", "HELD_RESUME", "HELD_PER_LINK", "HELD_TOTAL", "HELD_OVERHEAD", "MAX_STRIKES",
     "RENDEZVOUS_CLIENT_GRACE", "RENDEZVOUS_POLL", "LAUNCHER_GRACE",
 ]
 
@@ -92,9 +99,29 @@ RING_MAPPED_SHARE = 0.5
 # Back-off of a send waiting for the first connection to its peer (a millisecond on one host).
 REACH_POLL_MIN = 0.0005
 REACH_POLL_MAX = 0.02
-# Rendezvous clients wait this much longer than rank 0, so rank 0's verdict (which ranks are
-# missing) reaches them before their own deadline; rank 0 looks at its deadline this often.
-RENDEZVOUS_CLIENT_GRACE = 3.0
+# What a receiver holds for operations it has not started (payload bytes plus HELD_OVERHEAD per
+# message), per sending link and in total: a peer one blocking collective
+# ahead holds at most one operation's share, and four 64 MiB operations fit; beyond it a
+# message is dropped ("over-bound") instead of growing the process without bound.
+HELD_PER_LINK = 256 << 20
+HELD_TOTAL = 4 * HELD_PER_LINK
+# Flow control (collectives/transport/holds.py): past HELD_PAUSE from one source the receiver
+# asks it to hold its sends, below HELD_RESUME to go on. The gap to HELD_PER_LINK is for what
+# was in flight when it paused: up to send_hwm + recv_hwm (128) 1 MiB chunks and the kernel's
+# buffers, about 200 MiB in all.
+HELD_PAUSE = HELD_PER_LINK // 4
+HELD_RESUME = HELD_PAUSE // 2
+# Measured (tracemalloc): a held message's mailbox, deque, header and frame objects cost about
+# 1.5 KiB besides its payload; counting 2 KiB keeps a flood of empty messages inside the bound.
+HELD_OVERHEAD = 2048
+# After this many malformed or over-bound messages on one rank's connection, it is cut: all
+# it sends from then on is dropped unread and what it left in unstarted mailboxes is freed.
+MAX_STRIKES = 8
+# Rendezvous clients wait this much past rank 0's deadline (rank 0 tells each client how long
+# it still waits), so rank 0's verdict (which ranks are missing) reaches them before their own;
+# a client rank 0 never answers fails after its timeout plus this (issue: within timeout + 1 s).
+# Rank 0 looks at its deadline every RENDEZVOUS_POLL.
+RENDEZVOUS_CLIENT_GRACE = 0.5
 RENDEZVOUS_POLL = 0.5
 # The launcher's seconds between the polite signal (SIGTERM/SIGINT) and SIGKILL.
 LAUNCHER_GRACE = 5.0

@@ -19,6 +19,7 @@ import zmq
 
 from collectives import defaults
 from collectives.errors import RendezvousError
+from collectives.transport.refusals import Refusals
 from collectives.transport.transport import Transport
 
 __all__ = ["rendezvous", "RENDEZVOUS_VERSION"]
@@ -27,8 +28,10 @@ log = logging.getLogger("collectives")
 
 RENDEZVOUS_VERSION = 1
 _MAX_MESSAGE = 64 * 1024
-# Clients wait this much longer than rank 0, so rank 0's verdict (which ranks are missing)
-# reaches them before their own deadline.
+# A client waits ``timeout`` plus this; once rank 0 has answered its registration with the time
+# rank 0 has left, the client waits that plus this, so rank 0's verdict (which ranks are
+# missing) reaches it even when rank 0 started later. A client that never hears from rank 0
+# (absent, or its port held by another program) fails after timeout + this, not later.
 _CLIENT_GRACE = defaults.RENDEZVOUS_CLIENT_GRACE
 
 
@@ -81,10 +84,14 @@ def _serve(transport: Transport, address: str, timeout: float, me: dict) -> dict
     sock.linger = 0
     if transport.config.key is not None:
         transport.config.key.apply_server(sock)
+    # A client with another server key, or without CURVE, is refused in the handshake before
+    # any message: the monitor is how rank 0 can log it (see refusals.py).
+    refusals = Refusals(transport.rank, sock)
     bind = _bind_address(address)
     try:
         sock.bind(bind)
     except zmq.ZMQError as exc:
+        refusals.close()
         sock.close()
         hint = ("another job or a previous run still holds it; choose another port with "
                 "--master-port / MASTER_PORT / GOSSIP_MASTER_PORT"
@@ -92,13 +99,17 @@ def _serve(transport: Transport, address: str, timeout: float, me: dict) -> dict
         raise RendezvousError(f"rank 0: cannot bind the rendezvous at {bind} ({address}): "
                               f"{exc.strerror}; {hint}") from None
     try:
-        return _collect(sock, transport, address, timeout, me, n)
+        return _collect(sock, refusals, transport, address, timeout, me, n)
     finally:
+        refusals.close()
         sock.close(linger=0)
 
 
-def _collect(sock, transport, address, timeout, me, n) -> dict[int, dict]:
+def _collect(sock, refusals, transport, address, timeout, me, n) -> dict[int, dict]:
     deadline = time.monotonic() + timeout
+    poller = zmq.Poller()
+    poller.register(sock, zmq.POLLIN)
+    poller.register(refusals.monitor, zmq.POLLIN)
     registered: dict[int, dict] = {0: me}
     identities: dict[int, bytes] = {}
     everyone: list[bytes] = []  # every client heard from, so a failure reaches them all
@@ -115,7 +126,10 @@ def _collect(sock, transport, address, timeout, me, n) -> dict[int, dict]:
             raise fail(f"ranks {_ranges(missing)} never came within {timeout:g}s "
                        f"({len(registered)} of {n} registered); check that every peer was "
                        f"started with the same world size and rendezvous address")
-        if not sock.poll(min(remaining, defaults.RENDEZVOUS_POLL) * 1000):
+        events = dict(poller.poll(min(remaining, defaults.RENDEZVOUS_POLL) * 1000))
+        if refusals.monitor in events:
+            refusals.on_events()
+        if sock not in events:
             continue
         frames = sock.recv_multipart()
         if len(frames) != 2:
@@ -145,6 +159,10 @@ def _collect(sock, transport, address, timeout, me, n) -> dict[int, dict]:
                            "every peer must use the same setting")
         registered[rank] = msg
         identities[rank] = ident
+        # Tell the client how long rank 0 still waits: it stretches its own deadline to hear
+        # the verdict, instead of every client waiting a fixed, larger margin.
+        sock.send_multipart([ident, _pack({"wait": max(0.0, deadline - time.monotonic())})],
+                            zmq.NOBLOCK)
 
     table = {r: registered[r]["entry"] for r in range(n)}
     # Installed before anyone hears of it: peers start sending the moment they have it.
@@ -169,17 +187,23 @@ def _register(transport, address, timeout, me) -> dict[int, dict]:
     try:
         sock.connect(address)
         sock.send(_pack(me))
-        deadline = time.monotonic() + timeout + _CLIENT_GRACE
+        start = time.monotonic()
+        deadline = start + timeout + _CLIENT_GRACE
         while True:
             remaining = deadline - time.monotonic()
             if remaining <= 0 or not sock.poll(remaining * 1000):
+                waited = time.monotonic() - start
                 raise RendezvousError(
                     f"rank {transport.rank}: no answer from the rendezvous at {address} within "
-                    f"{timeout + _CLIENT_GRACE:g}s; is rank 0 running and reachable there"
+                    f"{waited:.3g}s; is rank 0 running and reachable there"
                     f"? (A peer without the group's cluster key, or with another one, gets no "
                     f"answer either: check GOSSIP_KEY / key= on every peer.)")
             msg = _unpack(sock.recv())
             if msg is None:
+                continue
+            wait = msg.get("wait")
+            if type(wait) in (int, float) and 0 <= wait < 1e6:  # NaN fails the comparison
+                deadline = max(deadline, time.monotonic() + wait + _CLIENT_GRACE)
                 continue
             if "error" in msg:
                 raise RendezvousError(f"rank {transport.rank}: rendezvous at {address} failed: "

@@ -13,6 +13,7 @@ import os
 import stat
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import zmq
 from zmq.utils import z85
@@ -109,8 +110,12 @@ class ZapHandler:
     else. It owns a REP socket bound at the context's ZAP endpoint; whoever owns the context's
     I/O loop polls ``socket`` and calls ``handle()``."""
 
-    def __init__(self, context: zmq.Context, key: ClusterKey) -> None:
+    def __init__(self, context: zmq.Context, key: ClusterKey,
+                 on_denied: Callable[[str, str], None] | None = None) -> None:
         self._allowed = z85.decode(key.public)
+        # (mechanism, client address) of each denial: the owner logs it with the handshakes
+        # libzmq refuses before ZAP is asked, throttled as one stream.
+        self._on_denied = on_denied
         self.socket = context.socket(zmq.REP)
         self.socket.linger = 0
         self.socket.bind(ZAP_ENDPOINT)
@@ -119,8 +124,8 @@ class ZapHandler:
 
     def handle(self) -> None:
         """Answer every ZAP request waiting on ``socket``, without blocking: 200 for a CURVE client
-        with the cluster's public key, 400 (logged) for anyone else, counted in ``admitted`` /
-        ``denied``."""
+        with the cluster's public key, 400 (logged, or reported to ``on_denied``) for anyone
+        else, counted in ``admitted`` / ``denied``."""
         while True:
             try:
                 request = self.socket.recv_multipart(zmq.NOBLOCK)
@@ -135,8 +140,12 @@ class ZapHandler:
                 reply = [version, request_id, b"200", b"OK", b"cluster", b""]
             else:
                 self.denied += 1
-                log.warning("refused a %s connection from %s: it does not hold the cluster key",
-                            mechanism.decode(errors="replace"), address.decode(errors="replace"))
+                mech, client = mechanism.decode(errors="replace"), address.decode(errors="replace")
+                if self._on_denied is not None:
+                    self._on_denied(mech, client)
+                else:
+                    log.warning("refused a %s connection from %s: it does not hold the cluster "
+                                "key", mech, client)
                 reply = [version, request_id, b"400", b"not a cluster member", b"", b""]
             self.socket.send_multipart(reply)
 

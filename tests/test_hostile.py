@@ -49,7 +49,7 @@ def target(peer, workdir: str, memory: bool = False):
         peer.transport._addresses[0] = relay
     if memory and peer.rank == 0:
         tracemalloc.start()
-    rss0 = psutil.Process().memory_info().rss
+    rss0 = rss_peak = psutil.Process().memory_info().rss
     rounds = 0
     deadline = time.monotonic() + 120
     while True:
@@ -59,6 +59,7 @@ def target(peer, workdir: str, memory: bool = False):
             raise AssertionError(f"round {rounds}: wrong allreduce result "
                                  f"({np.count_nonzero(x != EXPECTED)} elements differ)")
         rounds += 1
+        rss_peak = max(rss_peak, psutil.Process().memory_info().rss)  # sampled every round
         finished = 0.0
         if peer.rank == 0:
             sent = _read(wd / "sent")
@@ -73,7 +74,8 @@ def target(peer, workdir: str, memory: bool = False):
     result = {"rounds": rounds, "dropped": stats["dropped"],
               "by_reason": stats["dropped_by_reason"],
               "from_squatted": peer.transport.counters[2].messages_received,
-              "rss_growth": psutil.Process().memory_info().rss - rss0}
+              "rss_growth": psutil.Process().memory_info().rss - rss0,
+              "rss_peak_growth": rss_peak - rss0, "held_peak": stats["held_peak"]}
     if memory and peer.rank == 0:
         result["traced_peak"] = tracemalloc.get_traced_memory()[1]
         tracemalloc.stop()
@@ -425,3 +427,78 @@ def test_replayed_chunks_are_ignored_and_counted(tmp_path):
     assert all(r["dropped"] == 0 for r in results[1:])
     print(f"\nreplays: {attack.sent} injected, {victim['by_reason']}, "
           f"{victim['rounds']} exact rounds")
+
+
+# ---------------------------------------------------------------- floods
+FLOOD = 512  # well-formed 1 MiB chunks, each for an operation that does not exist (yet)
+
+
+def flood_attacker(endpoint: str, relay: Relay) -> int:
+    ctx = zmq.Context()
+    socks = _dealers(ctx, endpoint, [SQUAT])
+    chunk = bytes(1 << 20)
+    sent = 0
+    try:
+        for i in range(FLOOD):
+            header = encode_header(DATA, 2, 0, 1_000_000 + i, "allreduce", "uint8",
+                                   (1 << 20,), 1 << 20, 0, 1 << 20, number=i + 1)
+            socks[0].send_multipart([header, chunk])
+            sent += 1
+    finally:
+        _close(ctx, socks)
+    return sent
+
+
+def test_flood_for_future_operations_is_bounded_and_cut(tmp_path):
+    """512 MiB of valid chunks for operations nobody started: the target holds at most
+    HELD_PER_LINK of them, cuts the connection after MAX_STRIKES over-bound ones, and keeps
+    serving exact allreduces (checked in every round by the peers)."""
+    from collectives import defaults
+    attack = Attack(tmp_path)
+    results = attack.run(flood_attacker)
+    victim = results[0]
+    assert attack.sent == FLOOD
+    assert victim["dropped"] + victim["from_squatted"] == FLOOD, victim
+    assert victim["by_reason"].get("over-bound", 0) > 0, victim
+    assert victim["from_squatted"] <= defaults.HELD_PER_LINK >> 20, victim
+    assert victim["held_peak"] <= defaults.HELD_PER_LINK, victim
+    # RSS sampled every allreduce round during the flood: the bound plus libzmq's queues and
+    # the allocator's slack, far below the 512 MiB an unbounded receiver keeps.
+    assert victim["rss_peak_growth"] < defaults.HELD_PER_LINK + (128 << 20), victim
+    assert victim["rss_growth"] < defaults.HELD_PER_LINK + (128 << 20), victim
+    assert victim["rounds"] >= 1 and all(r["dropped"] == 0 for r in results[1:])
+    print(f"\nflood: {FLOOD} MiB sent, {victim['from_squatted']} chunks held, "
+          f"{victim['by_reason']}, held peak {victim['held_peak'] / 2**20:.1f} MiB, RSS peak "
+          f"+{victim['rss_peak_growth'] / 2**20:.1f} MiB, at the end "
+          f"+{victim['rss_growth'] / 2**20:.1f} MiB, {victim['rounds']} exact rounds")
+
+
+def malformed_attacker(endpoint: str, relay: Relay) -> int:
+    """A few malformed frames, then valid ones on the same connection: all dropped."""
+    ctx = zmq.Context()
+    socks = _dealers(ctx, endpoint, [SQUAT])
+    sent = 0
+    try:
+        for i in range(40):
+            if i < 10:
+                socks[0].send_multipart([b"\x93garbage", b"x"])
+            else:
+                socks[0].send_multipart([encode_header(DATA, 2, 0, 2_000_000 + i, "allreduce",
+                                                       "uint8", (8,), 8, 0, 8, number=i + 1),
+                                         bytes(8)])
+            sent += 1
+    finally:
+        _close(ctx, socks)
+    return sent
+
+
+def test_connection_sending_malformed_frames_is_cut(tmp_path):
+    from collectives import defaults
+    attack = Attack(tmp_path)
+    results = attack.run(malformed_attacker)
+    victim = results[0]
+    assert attack.sent == 40
+    # Everything after the MAX_STRIKES-th malformed frame is dropped unread, valid or not.
+    assert victim["from_squatted"] == 0, victim
+    assert victim["by_reason"] == {"malformed": 40}, victim
+    assert defaults.MAX_STRIKES < 10

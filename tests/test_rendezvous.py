@@ -150,3 +150,47 @@ def test_rank_zero_absent(no_leaks):
     with pytest.raises(gossip.RendezvousError, match="no answer from the rendezvous"):
         gossip.init(rank=1, world_size=2, rendezvous=f"tcp://127.0.0.1:{port}", timeout=1)
     assert time.monotonic() - start < 8
+
+
+def _timed_init(**kwargs) -> tuple[BaseException | None, float]:
+    start = time.monotonic()
+    try:
+        gossip.init(**kwargs).close()
+    except gossip.RendezvousError as exc:
+        return exc, time.monotonic() - start
+    return None, time.monotonic() - start
+
+
+def test_rank_zero_absent_fails_within_timeout_plus_one_second(no_leaks):
+    port, timeout = free_port(), 3
+    address = f"tcp://127.0.0.1:{port}"
+    error, elapsed = _timed_init(rank=1, world_size=2, rendezvous=address, timeout=timeout)
+    assert error is not None and address in str(error)
+    assert timeout <= elapsed < timeout + 1, elapsed
+
+
+def test_rank_zero_port_held_by_another_program(no_leaks):
+    """Rank 0 fails at once naming the port; the others fail within timeout + 1 s naming the
+    rendezvous address (the holder accepts TCP but never speaks ZMTP)."""
+    timeout, results = 3, {}
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        address = f"tcp://127.0.0.1:{port}"
+
+        def run(rank):
+            results[rank] = _timed_init(rank=rank, world_size=3, rendezvous=address,
+                                        timeout=timeout)
+        threads = [threading.Thread(target=run, args=(r,)) for r in range(3)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(30)
+    error, elapsed = results[0]
+    assert error is not None and str(port) in str(error) and "in use" in str(error)
+    assert elapsed < 1, elapsed
+    for r in (1, 2):
+        error, elapsed = results[r]
+        assert error is not None and address in str(error), error
+        assert elapsed < timeout + 1, elapsed

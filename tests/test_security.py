@@ -134,25 +134,19 @@ def test_intruder_without_key_is_rejected(tmp_path, key_path):
     assert observed == {"auth_failed": True, "received": False}
 
 
-def check_key_matters(peer):
-    return peer.allreduce(np.ones(3)).tolist()
-
-
-def test_peers_with_the_key_work_and_without_it_fail(tmp_path, key_path):
-    assert spawn(check_key_matters, n=3, key=key_path) == [[3.0] * 3] * 3
-    # One peer without the key cannot even rendezvous.
-    port = free_port()
+def _rendezvous_with_keys(port: int, keys: list, *, timeout: float) -> dict:
+    """gossip.init for rank r with keys[r], every rank in its own thread, at once; returns
+    rank -> the error each got (a Peer that got through is closed and returned)."""
     results = {}
 
     def run(rank, key):
         try:
-            results[rank] = gossip.init(rank=rank, world_size=2, key=key, timeout=2,
-                                        rendezvous=f"tcp://127.0.0.1:{port}")
+            results[rank] = gossip.init(rank=rank, world_size=len(keys), key=key,
+                                        timeout=timeout, rendezvous=f"tcp://127.0.0.1:{port}")
         except gossip.GossipError as exc:
             results[rank] = exc
 
-    threads = [threading.Thread(target=run, args=(0, key_path)),
-               threading.Thread(target=run, args=(1, None))]
+    threads = [threading.Thread(target=run, args=(r, key)) for r, key in enumerate(keys)]
     for t in threads:
         t.start()
     for t in threads:
@@ -160,5 +154,69 @@ def test_peers_with_the_key_work_and_without_it_fail(tmp_path, key_path):
     for value in results.values():
         if isinstance(value, gossip.Peer):
             value.close()
+    return results
+
+
+def check_key_matters(peer):
+    return peer.allreduce(np.ones(3)).tolist()
+
+
+def test_peers_with_the_key_work_and_without_it_fail(tmp_path, key_path):
+    assert spawn(check_key_matters, n=3, key=key_path) == [[3.0] * 3] * 3
+    # One peer without the key cannot even rendezvous.
+    results = _rendezvous_with_keys(free_port(), [key_path, None], timeout=2)
     assert isinstance(results[0], gossip.RendezvousError)
     assert isinstance(results[1], gossip.RendezvousError)
+
+
+def _refusals(caplog) -> list[str]:
+    return [r.getMessage() for r in caplog.records if "refused a handshake" in r.getMessage()]
+
+
+def test_every_refused_handshake_is_logged(tmp_path, key_path, caplog, no_leaks):
+    """Clients without CURVE or with another server key never reach ZAP (libzmq refuses them
+    in the handshake); they are logged and counted like ZAP's denials."""
+    caplog.set_level("WARNING", logger="collectives")
+    peer = gossip.init(rank=0, world_size=1, key=key_path, timeout=5)
+    ctx = zmq.Context()
+    try:
+        endpoint = peer.transport.endpoints["tcp"]
+        other_public, _ = zmq.curve_keypair()
+        own_public, own_secret = zmq.curve_keypair()
+        plain = ctx.socket(zmq.DEALER)                 # no CURVE at all
+        wrong_server = ctx.socket(zmq.DEALER)          # another server key
+        wrong_server.curve_serverkey = other_public
+        wrong_server.curve_publickey, wrong_server.curve_secretkey = own_public, own_secret
+        foreign = ctx.socket(zmq.DEALER)               # the right server key, its own pair
+        foreign.curve_serverkey = load_cluster_key(key_path).public
+        foreign.curve_publickey, foreign.curve_secretkey = zmq.curve_keypair()
+        for s in (plain, wrong_server, foreign):
+            s.linger = 0
+            s.connect(endpoint)
+            s.send(b"hello", zmq.NOBLOCK)
+
+        def logged():
+            text = "\n".join(_refusals(caplog))
+            return all(w in text for w in ("without CURVE", "does not decrypt",
+                                           "does not hold the cluster key"))
+        wait_until(logged, 20, what="three refusals in the log")
+        lines = _refusals(caplog)
+        assert all("rank 0" in line and "127.0.0.1" in line for line in lines), lines
+        assert peer.stats()["handshakes_refused"]["inbound"] >= 3
+        assert peer.stats()["dropped"] == 0  # nothing got through
+    finally:
+        ctx.destroy(linger=0)
+        peer.close()
+
+
+def test_refused_rendezvous_handshakes_are_logged(tmp_path, key_path, caplog, no_leaks):
+    """At the rendezvous too: rank 0 logs the peer with another key and the one without."""
+    caplog.set_level("WARNING", logger="collectives")
+    other = tmp_path / "other.key"
+    write_cluster_key(other)
+    port = free_port()
+    results = _rendezvous_with_keys(port, [key_path, str(other), None], timeout=3)
+    assert all(isinstance(results[r], gossip.RendezvousError) for r in range(3)), results
+    text = "\n".join(_refusals(caplog))
+    assert f"127.0.0.1:{port}" in text
+    assert "does not decrypt" in text and "without CURVE" in text, text

@@ -11,14 +11,18 @@ from a table. The shared-memory kinds are handled by shm.SharedMemory; the opera
 """
 from __future__ import annotations
 
+import logging
 from typing import Callable
 
+from collectives import defaults
 from collectives.transport.drops import DropLog
 from collectives.transport.inbox import Inbox, Lost, MailboxError
 from collectives.transport.sockets import IDENTITY_PREFIX, rank_of_identity
 from collectives.transport.wire import ABORT, BYE, DATA, Header, WireError, decode_header
 
 __all__ = ["Arrivals"]
+
+log = logging.getLogger("collectives")
 
 Handler = Callable[[int, Header, object], bool]  # (src, header, payload) -> counted as received
 
@@ -37,6 +41,12 @@ class Arrivals:
         self._drops = drops
         self._identity_ranks = {IDENTITY_PREFIX + str(r).encode(): r for r in range(world_size)}
         self._heard = [0] * world_size  # last message number accepted from each source
+        # Malformed or over-bound messages per rank's connection; at MAX_STRIKES it is cut:
+        # ``_cut[src]`` is then the reason it was cut, and everything further from it is
+        # dropped unread under that reason (a list lookup per message, nothing more).
+        self._strikes = [0] * world_size
+        self._cut: list[str | None] = [None] * world_size
+        self.cut_dropped = [0] * world_size  # messages dropped unread after the cut
         self._handlers: dict[int, Handler] = {DATA: self._data, ABORT: self._abort,
                                               BYE: self._bye, **handlers}
 
@@ -50,8 +60,13 @@ class Arrivals:
         if src is None:
             self._drops.drop("foreign", f"unknown sender identity {identity[:40]!r}")
             return
+        cut = self._cut[src]
+        if cut is not None:
+            self.cut_dropped[src] += 1
+            self._drops.drop(cut, f"rank {src}'s connection was cut; dropped unread")
+            return
         if len(frames) not in (2, 3):
-            self._drops.drop("malformed", f"{len(frames) - 1} frames from rank {src}")
+            self._strike(src, "malformed", f"{len(frames) - 1} frames from rank {src}")
             return
         payload = frames[2] if len(frames) == 3 else None
         try:
@@ -59,7 +74,7 @@ class Arrivals:
                                    max_bytes=self._max_bytes,
                                    payload_len=len(payload) if payload is not None else 0)
         except WireError as exc:
-            self._drops.drop("malformed", f"from rank {src}: {exc}")
+            self._strike(src, "malformed", f"from rank {src}: {exc}")
             return
         if header.src != src:
             self._drops.drop("foreign",
@@ -85,12 +100,34 @@ class Arrivals:
         if handler is None or handler(src, header, payload):
             self._counters[src].messages_received += 1
 
+    def _strike(self, src: int, reason: str, detail: str) -> None:
+        """Drop a bad message from ``src``; at MAX_STRIKES, cut its connection."""
+        self._drops.drop(reason, detail)
+        self._strikes[src] += 1
+        if self._strikes[src] == defaults.MAX_STRIKES:
+            # libzmq's ROUTER cannot close one peer's connection: the identity is cut here
+            # instead, before any decoding, and what it left unclaimed is freed.
+            self._cut[src] = reason
+            freed = self._inbox.drop_unclaimed(src)
+            log.error("rank %d: cut rank %d's connection after %d bad messages (last: %s): "
+                      "everything further from it is dropped unread; %d bytes it left for "
+                      "operations not started were freed", self.rank, src, self._strikes[src],
+                      detail, freed)
+
     def _data(self, src: int, header: Header, payload) -> bool:
-        if not self._inbox.put((src, header.channel, header.seq), (header, payload, None)):
-            self._drops.stale(src, header)
+        size = len(payload) if payload is not None else 0
+        put = self._inbox.put((src, header.channel, header.seq), (header, payload, None),
+                              size + defaults.HELD_OVERHEAD)
+        if not put:
+            if put is None:
+                self._strike(src, "over-bound", f"rank {src} sent more for operations not "
+                             f"started than this peer holds (channel {header.channel}, seq "
+                             f"{header.seq}; bounds {defaults.HELD_PER_LINK >> 20} MiB per "
+                             f"link, {defaults.HELD_TOTAL >> 20} MiB in total)")
+            else:
+                self._drops.stale(src, header)
             return False
-        if payload is not None:
-            self._counters[src].bytes_received += len(payload)
+        self._counters[src].bytes_received += size
         return True
 
     def _abort(self, src: int, header: Header, payload) -> bool:

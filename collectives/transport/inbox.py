@@ -13,7 +13,9 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
+
+from collectives import defaults
 
 __all__ = ["Inbox", "Lost", "MailboxError", "Address"]
 
@@ -41,13 +43,14 @@ class _Mailbox:
     condition is made only when a consumer has to wait: most small messages are read as soon
     as they arrive, and making one per message was a visible part of a 4 KiB allreduce."""
 
-    __slots__ = ("cond", "items", "error", "touched")
+    __slots__ = ("cond", "items", "error", "touched", "held")
 
     def __init__(self) -> None:
         self.cond: threading.Condition | None = None
         self.items: deque = deque()
         self.error: MailboxError | None = None
         self.touched = False  # a consumer has asked for this mailbox: its operation is running
+        self.held = 0  # bytes counted against the held bound until a consumer asks (see put)
 
     def notify(self, every: bool = False) -> None:
         if self.cond is not None:
@@ -83,9 +86,22 @@ class Inbox:
     """Every mailbox of one peer, the sources known lost, and the conditions consumers wait on
     (one lock for all: deliveries are short, and wait_any needs a view across mailboxes)."""
 
-    def __init__(self) -> None:
+    def __init__(self, held_per_link: int = defaults.HELD_PER_LINK,
+                 held_total: int = defaults.HELD_TOTAL) -> None:
         self._lock = threading.Lock()
         self._boxes: dict[Address, _Mailbox] = {}
+        # Bytes held for operations nobody has asked for yet, per source and in total, and
+        # their bounds (see put): what a sender can make this peer hold before it starts.
+        self._held: dict[int, int] = {}
+        self._held_total = 0
+        self._held_per_link = held_per_link
+        self._held_bound = held_total
+        # Flow control (holds.py): sources asked to pause, the callback that asks
+        # (src, pause, generation), called after the lock is released, and the generation.
+        self._holding: set[int] = set()
+        self.on_hold: Callable[[int, bool, int], None] | None = None
+        self._hold_generation = 0
+        self.held_peak = 0  # the most ever held for one source (for tests and stats)
         self._retired: dict[tuple[int, int], _Retired] = {}
         self._lost: dict[int, Lost] = {}
         self._running: set[tuple[int, int]] = set()  # (channel, seq) of operations under way
@@ -94,17 +110,44 @@ class Inbox:
         self._arrivals = threading.Condition(self._lock)
 
     # -- producer side (the I/O thread) ------------------------------------------------------
-    def put(self, key: Address, item: Any) -> bool:
-        """Deliver one message; False (and nothing kept) if its mailbox was already retired."""
+    def put(self, key: Address, item: Any, nbytes: int = 0) -> bool | None:
+        """Deliver one message; False (and nothing kept) if its mailbox was already retired;
+        None (nothing kept) if it is for an operation not started yet and its ``nbytes`` would
+        take what is held for such operations past the bound of its source or the total."""
+        pause = None
         with self._lock:
             retired = self._retired.get(key[:2])
             if retired is not None and key[2] in retired:
                 return False
-            box = self._box(key)
+            box = self._boxes.get(key)
+            if nbytes and (box is None or not box.touched) \
+                    and (key[1], key[2]) not in self._running:
+                # Counted until a consumer asks for the mailbox (get/take) or it retires: a
+                # couple of integer additions per message, under the lock put holds anyway.
+                src = key[0]
+                held = self._held.get(src, 0) + nbytes
+                if held > self._held_per_link or self._held_total + nbytes > self._held_bound:
+                    return None
+                self._held[src] = held
+                self._held_total += nbytes
+                if held > self.held_peak:
+                    self.held_peak = held
+                if held > defaults.HELD_PAUSE and src not in self._holding \
+                        and self.on_hold is not None:
+                    self._holding.add(src)
+                    self._hold_generation += 1
+                    pause = (src, True, self._hold_generation)
+                if box is None:
+                    box = self._boxes[key] = _Mailbox()
+                box.held += nbytes
+            elif box is None:
+                box = self._boxes[key] = _Mailbox()
             box.items.append(item)
             box.notify()
             self._arrivals.notify_all()
-            return True
+        if pause is not None:
+            self.on_hold(*pause)
+        return True
 
     def post_error(self, key: Address, error: MailboxError) -> None:
         """Post ``error`` to mailbox ``key`` and wake all its waiters; the first error stays, and a
@@ -145,26 +188,43 @@ class Inbox:
         """Next message of a mailbox. Returns the item, or raises nothing itself: returns one of
         ``Lost``/``MailboxError``/``None`` (deadline passed) so the caller can word the error with
         what it knows (operation, address)."""
+        resume = None
         with self._lock:
             box = self._box(key)
             box.touched = True
-            while True:
+            if box.held:
+                resume = self._release(key[0], box)
+            while resume is None:
                 ready = self._ready(key, box)
                 if ready is not None:
                     return ready
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     return None
+                if key[0] in self._holding:
+                    # An operation under way waits on a source we asked to pause: its
+                    # messages may be queued behind the held ones (another channel), so let
+                    # the source go on; the hard bound still applies.
+                    resume = self._resume(key[0])
+                    break
                 if box.cond is None:
                     box.cond = threading.Condition(self._lock)
                 box.cond.wait(remaining)
+        self.on_hold(*resume)
+        return self.get(key, deadline)
 
     def take(self, key: Address) -> Any:
         """What get() would return at once, or None where it would wait."""
+        resume = None
         with self._lock:
             box = self._box(key)
             box.touched = True
-            return self._ready(key, box)
+            if box.held:
+                resume = self._release(key[0], box)
+            ready = self._ready(key, box)
+        if resume is not None:
+            self.on_hold(*resume)
+        return ready
 
     def _ready(self, key: Address, box: _Mailbox) -> Any:
         if box.items:
@@ -219,6 +279,7 @@ class Inbox:
         """The first of ``keys`` whose mailbox holds a message or an error, waiting (without
         polling) until one does; None at ``deadline`` or once the inbox is closed. A lost
         source with nothing queued is not ready: get() would raise, not deliver."""
+        resumes = []
         with self._lock:
             while True:
                 for key in keys:
@@ -230,15 +291,65 @@ class Inbox:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     return None
+                # As in get(): a caller waiting on a paused source lets it go on.
+                resumes = [self._resume(s) for s in {k[0] for k in keys} & self._holding]
+                if resumes:
+                    break
                 self._arrivals.wait(remaining)
+        for resume in resumes:
+            self.on_hold(*resume)
+        return self.wait_any(keys, deadline)
 
     def retire(self, key: Address) -> list:
         """End a mailbox: drop what is left in it and refuse anything that arrives for it later.
         Returns the undelivered messages (their shared-memory slots must be released)."""
+        resume = None
         with self._lock:
             box = self._boxes.pop(key, None)
             self._retired.setdefault(key[:2], _Retired()).add(key[2])
-            return list(box.items) if box else []
+            if box is not None and box.held:
+                resume = self._release(key[0], box)
+        if resume is not None:
+            self.on_hold(*resume)
+        return list(box.items) if box else []
+
+    def drop_unclaimed(self, src: int) -> int:
+        """Empty every mailbox of ``src`` no operation has asked for (a cut connection's
+        leftovers); returns the bytes freed. Those mailboxes stay open: the operation, if it
+        ever starts, waits for its messages like any other."""
+        with self._lock:
+            freed = 0
+            # The source is cut: no resume for it, ever.
+            self._holding.discard(src)
+            for (s, channel, seq), box in list(self._boxes.items()):
+                # Only mailboxes holding socket payloads (counted bytes): a shared-memory item
+                # owns a ring slot that must be released by its reader, not dropped here.
+                if s == src and box.held and not box.touched \
+                        and (channel, seq) not in self._running:
+                    freed += box.held
+                    self._release(src, box)
+                    del self._boxes[(s, channel, seq)]
+            return freed
+
+    def held(self) -> tuple[dict[int, int], int]:
+        """Bytes held for operations not started: per source, and in total."""
+        with self._lock:
+            return dict(self._held), self._held_total
+
+    def _release(self, src: int, box: _Mailbox) -> tuple | None:
+        """Stop counting ``box``'s bytes (lock held); the resume to send, if that brings a
+        paused source below HELD_RESUME."""
+        self._held[src] -= box.held
+        self._held_total -= box.held
+        box.held = 0
+        if src in self._holding and self._held[src] < defaults.HELD_RESUME:
+            return self._resume(src)
+        return None
+
+    def _resume(self, src: int) -> tuple:
+        self._holding.discard(src)
+        self._hold_generation += 1
+        return (src, False, self._hold_generation)
 
     def lost(self, src: int) -> Lost | None:
         """Why ``src`` can deliver no more, or None while it can."""

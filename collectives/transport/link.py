@@ -44,6 +44,10 @@ class Link:
         self.created = time.monotonic()
         self.closed = False
         self.sent_number = 0  # number stamped on the last message the socket took
+        # The receiver asked us to hold our messages (holds.py): they queue, nothing leaves
+        # but urgent control messages; ``hold_generation`` is that request's, the newest wins.
+        self.paused = False
+        self.hold_generation = -1
         self._on_sent = on_sent  # counters: (rank, messages, payload bytes)
 
     def send(self, frames: tuple, ticket) -> bool:
@@ -56,10 +60,10 @@ class Link:
                                             rank=self.rank)
                     ticket.queued.set()
                 return False
-            if not self.queue and self._send_now(frames, ticket):
+            if not self.queue and not self.paused and self._send_now(frames, ticket):
                 return False
             self.queue.append((frames, ticket))
-            return len(self.queue) == 1
+            return len(self.queue) == 1 and not self.paused
 
     def post(self, staged) -> tuple[bool, bool]:
         """A staged message: sent now if nothing is queued and ``staged.stage(False)`` gets its
@@ -68,7 +72,7 @@ class Link:
         with self.lock:
             if self.closed:
                 return False, False  # the caller sees `closed` and raises
-            if not self.queue:
+            if not self.queue and not self.paused:
                 frames = staged.stage(False)
                 if frames is not None:
                     if not self._send_now(frames, None):
@@ -76,7 +80,7 @@ class Link:
                         return False, len(self.queue) == 1
                     return False, False
             self.queue.append(staged)
-            return True, len(self.queue) == 1
+            return True, len(self.queue) == 1 and not self.paused
 
     def send_urgent(self, frames: tuple) -> bool:
         """Send a control message ahead of the queue (it needs no order); False if the socket
@@ -112,10 +116,13 @@ class Link:
 
     def flush(self, fail: Callable[[Any], None] | None = None) -> str:
         """Drain the queue (I/O thread). Returns "done", "pollout" (the socket is full: poll
-        it for POLLOUT) or "blocked" (a staged message waits for its resource). With ``fail``
+        it for POLLOUT), "blocked" (a staged message waits for its resource) or "held" (the
+        receiver asked us to pause, see holds.py). With ``fail``
         (the peer is lost), every queued message's ticket is handed to it instead."""
         with self.lock:
             queue = self.queue
+            if self.paused and fail is None:
+                return "held"  # nothing to poll for: a resume flushes it
             while queue:
                 entry = queue[0]
                 if fail is not None:
@@ -132,6 +139,16 @@ class Link:
                     return "pollout"
                 queue.popleft()
             return "done"
+
+    def hold(self, pause: bool, generation: int) -> bool | None:
+        """The receiver's HOLD: pause or resume (a request older than the last one is
+        ignored: None). False when a resume leaves messages queued, to be flushed."""
+        with self.lock:
+            if generation <= self.hold_generation:
+                return None
+            self.hold_generation = generation
+            self.paused = pause
+            return pause or not self.queue
 
     def pending_tickets(self) -> list:
         """Empty the queue and return the tickets of what it held, for the caller to fail: none of

@@ -29,8 +29,9 @@ class Liveness:
     """The monitors of one peer's links, the peers reached, and the suspects (I/O thread;
     ``connected`` is read by callers)."""
 
-    def __init__(self, inbox: Inbox, heartbeat_timeout: float) -> None:
+    def __init__(self, inbox: Inbox, heartbeat_timeout: float, refusals) -> None:
         self._inbox = inbox
+        self._refusals = refusals  # Refusals: an outbound refusal is logged like an inbound one
         self._heartbeat_timeout = heartbeat_timeout
         self.monitors: dict[zmq.Socket, int] = {}  # monitor socket -> rank
         self.connected: set[int] = set()  # ranks a ZeroMQ handshake succeeded with
@@ -60,13 +61,15 @@ class Liveness:
                     # the last messages of a peer that finished and left are not lost.
                     self.suspects[rank] = time.monotonic() + defaults.DISCONNECT_GRACE
             elif kind == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
-                self._inbox.mark_lost(rank, Lost("the peer refused our cluster key (CURVE "
-                                                 "authentication failed)", kind="auth"))
+                reason = "the peer refused our cluster key (CURVE authentication failed)"
+                self._refusals.outbound(rank, reason)
+                self._inbox.mark_lost(rank, Lost(reason, kind="auth"))
             elif kind in (zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL,
                           zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL):
-                self._inbox.mark_lost(rank, Lost("security handshake failed (does every peer "
-                                                 "use the same cluster key, or none?)",
-                                                 kind="auth"))
+                reason = ("security handshake failed (does every peer use the same cluster "
+                          "key, or none?)")
+                self._refusals.outbound(rank, reason)
+                self._inbox.mark_lost(rank, Lost(reason, kind="auth"))
 
     def declare_lost(self) -> None:
         """Mark lost every suspect whose grace has passed."""

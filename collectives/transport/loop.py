@@ -220,10 +220,12 @@ class IoLoop:
     # ------------------------------------------------------------------ the I/O thread
     def _run(self) -> None:
         poller, zap = self._poller, self._sockets.zap
+        refusals = self._sockets.refusals
         suspects, monitors, blocked = self._liveness.suspects, self._liveness.monitors, \
             self._blocked
         poller.register(self._rx_fd, zmq.POLLIN)
         poller.register(self._wake_r, zmq.POLLIN)
+        poller.register(refusals.monitor, zmq.POLLIN)
         if zap:
             poller.register(zap.socket, zmq.POLLIN)
         try:
@@ -253,6 +255,8 @@ class IoLoop:
                     self._io_receive()
                 if zap and zap.socket in events:
                     zap.handle()
+                if refusals.monitor in events:
+                    refusals.on_events()
                 for sock in events:
                     rank = monitors.get(sock)
                     if rank is not None:
@@ -308,7 +312,10 @@ class IoLoop:
     def _say_goodbye(self) -> None:
         bye = (encode_header(BYE, self.rank, Channel.LINK, 0),)
         for link in list(self._sockets.links.values()):
-            link.send(bye, None)
+            # A link the receiver paused (holds.py) would keep the goodbye behind its queue,
+            # which is failed just below: it goes ahead instead.
+            if not (link.paused and link.send_urgent(bye)):
+                link.send(bye, None)
             for ticket in link.pending_tickets():
                 ticket.error = PeerLost(f"rank {self.rank}: closed with a send to rank "
                                         f"{link.rank} still queued", rank=link.rank)

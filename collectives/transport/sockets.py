@@ -25,6 +25,7 @@ from collectives.errors import PeerLost, RendezvousError
 from collectives.security import ZapHandler
 from collectives.transport.link import Link
 from collectives.transport.liveness import MONITOR_EVENTS
+from collectives.transport.refusals import Refusals
 from collectives.transport.shm_ring import shm_supported
 
 __all__ = ["Sockets", "IDENTITY_PREFIX", "rank_of_identity", "host_id"]
@@ -74,8 +75,11 @@ class Sockets:
         self._links_lock = threading.Lock()
         self._accepting = True
         self.context = zmq.Context()
-        self.zap = ZapHandler(self.context, config.key) if config.key else None
         self.router = self.socket(zmq.ROUTER, server=True)
+        # Monitored before it binds, so no refused handshake goes unseen.
+        self.refusals = Refusals(rank, self.router)
+        self.zap = (ZapHandler(self.context, config.key, on_denied=self.refusals.zap_denied)
+                    if config.key else None)
         self.router.rcvhwm = config.recv_hwm
         # libzmq allocates a frame before we can look at its header: cap what a connection
         # may make us allocate. Legitimate frames are chunks of at most whole_message_bytes
@@ -174,7 +178,8 @@ class Sockets:
             link.close(linger_ms=int(defaults.GOODBYE_LINGER * 1000))
 
     def close_router(self) -> None:
-        """Close the ROUTER (the caller holds the loop's reader lock)."""
+        """Close the ROUTER and its monitor (the caller holds the loop's reader lock)."""
+        self.refusals.close()
         self.router.close(linger=0)
 
     def close_zap(self) -> None:

@@ -4,11 +4,12 @@ peer, its address and the operation.
 
 ``Transport`` is a facade over the parts, each of which owns its state: the sockets
 (sockets.py), the I/O loop that owns them once running (loop.py), the validation and dispatch of
-what arrives (arrivals.py, drops.py), liveness (liveness.py), the shared-memory protocol between
-peers on one host (shm.py), and the inbox where operations wait (inbox.py). It wires them
-together here, once, and adds what a caller needs on top: sends that pick the path (inline,
-shared memory or zero-copy frame), receives that read the socket themselves when it is free, and
-errors worded with what the transport knows.
+what arrives (arrivals.py, drops.py), liveness (liveness.py), refused handshakes (refusals.py),
+the shared-memory protocol between peers on one host (shm.py), the inbox where operations wait
+(inbox.py) and the flow control of what it holds for operations not started (holds.py). It
+wires them together here, once, and adds what a caller needs on top: sends that pick the path
+(inline, shared memory or zero-copy frame), receives that read the socket themselves when it is
+free, and errors worded with what the transport knows.
 """
 from __future__ import annotations
 
@@ -28,6 +29,7 @@ from collectives.transport.arrivals import Arrivals
 from collectives.transport.drops import DropLog
 from collectives.transport.inbox import Inbox, Lost, MailboxError
 from collectives.transport.link import Link
+from collectives.transport.holds import Holds
 from collectives.transport.liveness import Liveness
 from collectives.transport.loop import IoLoop
 from collectives.transport.shm import SharedMemory
@@ -97,12 +99,18 @@ class Transport:
         # The sockets' tables, bound here: every send looks its link up.
         self._links = self._sockets.links
         self._addresses = self._sockets.addresses
-        self._liveness = Liveness(self.inbox, self.config.effective_heartbeat_timeout)
+        self._liveness = Liveness(self.inbox, self.config.effective_heartbeat_timeout,
+                                  self._sockets.refusals)
         self._loop = IoLoop(rank, world_size, self._sockets, self.inbox, self._liveness)
         self._shm = SharedMemory(rank, self.config, self.inbox, self.counters, self._drops,
                                  self._loop, self._links, self._addresses, self._send_quietly)
+        # What this peer holds for operations not started is bounded in the inbox; holds asks
+        # a source running ahead to wait, and obeys such requests from others.
+        self._holds = Holds(rank, self._links, self.connect, self._loop.command)
+        self.inbox.on_hold = self._holds.request
         arrivals = Arrivals(rank, world_size, self.config.max_message_bytes, self.inbox,
-                            self.counters, self._drops, self._shm.handlers())
+                            self.counters, self._drops,
+                            {**self._shm.handlers(), **self._holds.handlers()})
         self._command = self._loop.command
         self._pump = self._loop.pump
         self._loop.start(arrivals.handle, self._shm)
@@ -297,6 +305,13 @@ class Transport:
             "dropped_by_reason": dict(self._drops.by_reason),
             "lost": self.lost_ranks(),
             "authentication_denied": self._sockets.zap.denied if self._sockets.zap else 0,
+            # Every refused handshake: ZAP's denials, those libzmq refuses before ZAP
+            # (no CURVE, another server key), and peers refusing this one ("outbound").
+            "handshakes_refused": dict(self._sockets.refusals.by_reason),
+            # Flow control of messages for operations not started (holds.py).
+            "holds_sent": dict(self._holds.sent),
+            "holds_received": dict(self._holds.received),
+            "held_peak": self.inbox.held_peak,
         }
 
     def close(self, timeout: float = defaults.CLOSE_TIMEOUT) -> None:

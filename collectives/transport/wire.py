@@ -48,6 +48,7 @@ __all__ = [
     "CREDIT",
     "SHM_MAPPED",
     "STARVED",
+    "HOLD",
     "KIND_NAMES",
     "ALLOWED_DTYPES",
     "MAX_HEADER_BYTES",
@@ -75,11 +76,14 @@ class Kind(enum.IntEnum):
     CREDIT = 7
     SHM_MAPPED = 8
     STARVED = 9
+    # Flow control of what a receiver holds for operations not started (holds.py): op is
+    # "pause" or "resume", seq a generation (the newest wins).
+    HOLD = 12
 
 
 # Plain ints for the per-message comparisons and table lookups: against an int read from a
 # header, an enum member is slower to compare (1.2x) and to look up in a dict (1.6x), measured.
-DATA, BYE, ABORT, SHM, SHM_OPEN, CREDIT, SHM_MAPPED, STARVED = (int(k) for k in Kind)
+DATA, BYE, ABORT, SHM, SHM_OPEN, CREDIT, SHM_MAPPED, STARVED, HOLD = (int(k) for k in Kind)
 KIND_NAMES = {int(k): k.name.lower().replace("_", "-") for k in Kind}
 
 # dtype name -> itemsize. Names are numpy's, plus torch's bfloat16 (numpy has none).

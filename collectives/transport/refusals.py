@@ -1,0 +1,102 @@
+"""Refused handshakes, inbound and outbound: every one is counted and logged (throttled).
+
+A client without CURVE, or with another server key, never reaches the ZAP handler: libzmq
+refuses it in the handshake (mechanism mismatch, a box that does not decrypt) and only the
+ROUTER's socket monitor hears of it. This module reads that monitor, so an operator sees those
+refusals beside ZAP's (a client with a foreign key pair, reported by the handler) and the
+DEALERs' (this peer refused by another, reported by liveness.py).
+
+The monitor names the listening endpoint, not the client; the client's address is read from
+the connection's descriptor when it is accepted, and a failed handshake is followed at once
+by the disconnection of the same descriptor (one libzmq I/O thread emits both), which is how
+the two are paired.
+"""
+from __future__ import annotations
+
+import os
+import socket as pysocket
+
+import zmq
+from zmq.utils.monitor import recv_monitor_message
+
+from collectives.transport.throttle import ThrottledLog
+
+__all__ = ["Refusals"]
+
+_EVENTS = (zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
+           | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL)
+_PROTOCOL_ERRORS = {
+    zmq.PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH: "security mechanism mismatch (a client without "
+                                                "CURVE, or a keyed one to a keyless group)",
+    zmq.PROTOCOL_ERROR_ZMTP_CRYPTOGRAPHIC: "CURVE handshake does not decrypt (a client with "
+                                           "another server key)",
+}
+
+
+def _peer_name(fd: int) -> str:
+    """The remote address of an accepted connection's descriptor (a duplicate is read, so
+    libzmq's own is untouched)."""
+    try:
+        with pysocket.socket(fileno=os.dup(fd)) as s:
+            name = s.getpeername()
+    except OSError:
+        return "an unknown address"
+    if isinstance(name, tuple):
+        return f"{name[0]}:{name[1]}"
+    return name or "a local socket"
+
+
+class Refusals(ThrottledLog):
+    """The refused handshakes of one peer, by reason (the I/O thread writes, ``stats`` reads)."""
+
+    def __init__(self, rank: int, router: zmq.Socket) -> None:
+        super().__init__(rank, "refused a handshake", "refused handshakes:")
+        self._router = router
+        self.monitor = router.get_monitor_socket(_EVENTS)
+        self._clients: dict[int, str] = {}  # accepted descriptor -> client address
+        self._failed: str | None = None  # a failure waiting for its descriptor's disconnect
+
+    def on_events(self) -> None:
+        """Read what the ROUTER's monitor reported (I/O thread)."""
+        while True:
+            try:
+                event = recv_monitor_message(self.monitor, zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            kind, value = event["event"], event["value"]
+            if kind == zmq.EVENT_ACCEPTED:
+                self._clients[value] = _peer_name(value)
+            elif kind == zmq.EVENT_DISCONNECTED:
+                client = self._clients.pop(value, "an unknown address")
+                if self._failed is not None:
+                    self.note("inbound", f"from {client} on "
+                                         f"{event['endpoint'].decode(errors='replace')}: "
+                                         f"{self._failed}")
+                    self._failed = None
+            else:
+                if self._failed is not None:  # unpaired (should not happen): still logged
+                    self.note("inbound", f"from an unknown address: {self._failed}")
+                if kind == zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL:
+                    # The client hung up mid-handshake: what a client without CURVE (or with
+                    # it, to a keyless group) does when it sees the mismatch before we do.
+                    self._failed = (f"the client left in the handshake (errno {value}: a "
+                                    "client without CURVE, or a keyed one to a keyless group)")
+                else:
+                    self._failed = _PROTOCOL_ERRORS.get(value, f"handshake failed (ZMTP "
+                                                               f"error {value:#x})")
+
+    def zap_denied(self, mechanism: str, address: str) -> None:
+        """The ZAP handler refused a client (a CURVE key pair that is not the cluster's)."""
+        self.note("inbound", f"{mechanism} client from {address} does not hold the cluster key")
+
+    def outbound(self, rank: int, reason: str) -> None:
+        """Rank ``rank`` refused this peer's connection (its DEALER's monitor saw it)."""
+        self.note("outbound", f"rank {rank} refused our connection: {reason}")
+
+    def close(self) -> None:
+        """Stop the monitor and close its socket (before the ROUTER closes)."""
+        try:
+            self._router.disable_monitor()
+        except zmq.ZMQError:
+            pass
+        self.monitor.close(linger=0)

@@ -1,0 +1,47 @@
+"""A log that a flood cannot turn into one line per event: events of one kind are logged one by
+one up to MAX_LOGGED_DROPS, then as one summary line per DROP_SUMMARY_INTERVAL at most, with
+the count by reason so far and the latest event. Dropped messages (drops.py) and refused
+handshakes (refusals.py) both log through it.
+"""
+from __future__ import annotations
+
+import logging
+import time
+
+from collectives import defaults
+
+__all__ = ["ThrottledLog"]
+
+log = logging.getLogger("collectives")
+
+
+class ThrottledLog:
+    """Counts events by reason and logs them, one by one and then in summaries. ``what`` names
+    one event in the log ("dropped a message"), ``many`` starts a summary line
+    ("dropped messages:", then "N more in 10s")."""
+
+    def __init__(self, rank: int, what: str, many: str) -> None:
+        self.rank = rank
+        self.count = 0
+        self.by_reason: dict[str, int] = {}
+        self._what, self._many = what, many
+        self._logged_at = (0.0, 0)  # (when, count) of the last log line
+
+    def note(self, reason: str, detail: str) -> None:
+        """Count one event under ``reason`` and log it (see the module docstring)."""
+        self.count += 1
+        self.by_reason[reason] = self.by_reason.get(reason, 0) + 1
+        if self.count <= defaults.MAX_LOGGED_DROPS:
+            log.warning("rank %d: %s (%s): %s%s", self.rank, self._what, reason, detail,
+                        "; further ones are summarised every %gs"
+                        % defaults.DROP_SUMMARY_INTERVAL
+                        if self.count == defaults.MAX_LOGGED_DROPS else "")
+            self._logged_at = (time.monotonic(), self.count)
+            return
+        when, count = self._logged_at
+        now = time.monotonic()
+        if now - when >= defaults.DROP_SUMMARY_INTERVAL:
+            log.warning("rank %d: %s %d more in %.0fs (by reason so far: %s); latest (%s): %s",
+                        self.rank, self._many, self.count - count, now - when, self.by_reason,
+                        reason, detail)
+            self._logged_at = (now, self.count)
