@@ -54,16 +54,21 @@ class Asynchronous(BackgroundPolicy):
 
     Lost peers: a neighbour found lost (peer.lost_peers()), or one a push to it timed out
     (``send_timeout``), is dropped from the rotation and what was not delivered to it comes
-    back, so the pair stays consistent and training goes on; mass a dead peer held is lost
-    together with its weight, and so is what was pushed to it before its death was noticed.
-    A peer that drops a neighbour therefore restarts its weight (w <- 1: its model m is
-    unchanged), so flow control does not wait for mass that will never come. The graph
-    heals around the gap: the lost neighbour's own out-neighbours join the rotation (see
-    rotation.py).
+    back, so the pair stays consistent and training goes on. The graph heals around the gap:
+    the lost neighbour's own out-neighbours join the rotation (see rotation.py). Mass is
+    accounted for exactly: a dead peer d takes away *what d held*, its pair (w_d m_d, w_d),
+    the half it had handed to its pusher and not yet sent, and every push that reached it
+    (or that the transport accepted for it before its death was noticed) which it had not
+    yet folded in. The survivors keep the rest: pushes from d that reached them (absorbed
+    even after d is dropped) and the pushes to d that failed (they come back). So the
+    survivors' sum of w m and of w is the initial total minus what d held, and m converges
+    to their weighted mean; a survivor that waits until d is in peer.lost_peers() before
+    pushing again loses nothing to d after its death.
 
-    ``quiesce()`` (a collective) stops the pushes and waits until every push sent anywhere
-    has been absorbed, so the weights of the live peers add up to n exactly (push-sum keeps
-    mass); ``resume()`` starts pushing again.
+    ``quiesce()`` (a collective of the live peers) stops the pushes and waits until every
+    push a live peer sent has been absorbed, so no mass is in flight: the weights of the
+    peers add up to n exactly, or, after deaths, to n minus the weight the dead held;
+    ``resume()`` starts pushing again.
 
     Flow control: a push never leaves a peer with less than ``min_weight / 2`` of weight; a
     peer below ``min_weight`` skips its push until its in-neighbours' pushes arrive. Without
@@ -102,7 +107,6 @@ class Asynchronous(BackgroundPolicy):
                                               "a positive number", optional=True)
         self._kick = threading.Event()
         self._paused = False
-        self._rescale = False  # a peer was dropped: restart the weights
         self._job: tuple[int, int] | None = None   # (destination, step) the pusher is sending
         self._returned: int | None = None   # first bucket of a failed push not delivered
         self._mixed_step = 0     # steps included in the last push
@@ -191,7 +195,7 @@ class Asynchronous(BackgroundPolicy):
 
     def _fold_in(self, moved: bool) -> None:
         """(Training thread.) Fold what arrived since the last call into (m, w), with what a
-        failed push brought back, and restart the weights if a peer was dropped.
+        failed push brought back.
 
         Arrivals, averaged to (A, W), mix with the model as it was before this step's
         optimizer move, and the move applies on top, undiluted. Before the move (``moved``
@@ -202,7 +206,6 @@ class Asynchronous(BackgroundPolicy):
         arrivals = self._arrivals.take()
         with self._cond:
             returned, self._returned = self._returned, None
-            rescale, self._rescale = self._rescale, False
         for k, b in enumerate(self._buckets.buckets):
             got, weight = arrivals[k] or (None, 0.0)
             if returned is not None and k >= returned:   # a push that did not leave
@@ -222,12 +225,8 @@ class Asynchronous(BackgroundPolicy):
             else:
                 adapter.lerp(b.flat, got, weight / total)
             self._w[k] = total
-        if rescale:
-            # Pushes to a peer between its death and our noticing it took mass with them,
-            # and so did the dead peer's own share: the live peers' weights no longer add up
-            # to their number, and flow control would soon hold every push back for mass
-            # that never comes. Restart push-sum from the de-biased values: w <- 1.
-            self._w = [1.0] * len(self._w)
+        # No restart of the weights when a peer is dropped: w <- 1 would change the
+        # survivors' sum of w m and w (the mass), and x/w would no longer be their mean.
         self._lightest = min(self._lightest, min(self._w))
 
     def _hand_over(self, included: int) -> None:
@@ -293,9 +292,9 @@ class Asynchronous(BackgroundPolicy):
     def _receive(self) -> None:
         """The receiver: sleeps until a message from any peer is waiting, then absorbs it."""
         while not self._stop.is_set():
-            # Lost sources not dropped yet still count: what they sent before dying is mass.
-            src = self._next_source(self._comm,
-                                    [j for j in self._sources if j not in self._dropped])
+            # Dropped and lost sources too: what they sent before dying is mass (a lost
+            # source with nothing queued never wakes this thread).
+            src = self._next_source(self._comm, self._sources)
             self._receiver_wakeups += 1
             if self._stop.is_set():
                 break
@@ -305,9 +304,6 @@ class Asynchronous(BackgroundPolicy):
             with self._tolerate(f"receive from rank {src}", rank=src, drop=(PeerLost,)):
                 self._arrivals.absorb_from(self._comm, src, self.send_timeout)
             self._background_seconds += time.perf_counter() - start
-
-    def _dropped_peer(self, rank: int) -> None:
-        self._rescale = True   # see _fold_in
 
     def _push(self, dst: int, included: int) -> None:
         sent = 0
@@ -325,10 +321,12 @@ class Asynchronous(BackgroundPolicy):
 
     # ------------------------------------------------------------------ quiescence
     def quiesce(self, timeout: float | None = None) -> None:
-        """Stop pushing and wait until every push any peer made has been absorbed by its
-        destination: then no mass is in flight and the live peers' weights add up to n.
-        A collective on the peer's main channel (an allreduce of per-destination message
-        counts): every peer calls it together. ``resume()`` undoes it."""
+        """Stop pushing and wait until every push a live peer made to this one has been
+        absorbed: once every live peer has returned, no mass is in flight between them.
+        A collective of the live peers (those not in peer.lost_peers()), point to point on
+        the peer's main channel: each tells every other how many pushes it sent it, so a
+        dead peer does not stop it (one that dies during it is left out). ``resume()``
+        undoes it."""
         self._check_ready()
         timeout = self.timeout if timeout is None else timeout
         peer = self._peer
@@ -337,14 +335,25 @@ class Asynchronous(BackgroundPolicy):
             self._wait_locked(lambda: self._job is None, timeout, 0.5,
                               lambda: ("quiesce: the push in progress did not finish",
                                        "asynchronous quiesce"))
-            sent = np.array(self._sent_to, dtype=np.float64)
-        peer.allreduce(sent, op="sum", timeout=timeout)
-        expected = int(sent[peer.rank])
+            sent = list(self._sent_to)
+        lost = peer.lost_peers()
+        live = [j for j in range(peer.world_size) if j != peer.rank and j not in lost]
+        for j in live:
+            with self._tolerate(f"quiesce: count to rank {j}", rank=j):
+                peer.send(j, np.array([sent[j]], dtype=np.int64), timeout=timeout)
+        expected: dict[int, int] = {}
+        for j in live:
+            with self._tolerate(f"quiesce: count from rank {j}", rank=j):
+                expected[j] = int(peer.recv(j, np.zeros(1, dtype=np.int64),
+                                            timeout=timeout)[0])
+        absorbed = self._arrivals.absorbed_from
         with self._cond:
             self._wait_locked(
-                lambda: sum(self._arrivals.absorbed_from) >= expected, timeout, 0.5,
-                lambda: (f"quiesce: absorbed {sum(self._arrivals.absorbed_from)} of the "
-                         f"{expected} messages pushed to it", "asynchronous quiesce"))
+                lambda: all(absorbed[j] >= count for j, count in expected.items()),
+                timeout, 0.5,
+                lambda: (f"quiesce: absorbed {[absorbed[j] for j in expected]} of the "
+                         f"{list(expected.values())} messages ranks {list(expected)} pushed "
+                         "to it", "asynchronous quiesce"))
         # Fold the absorbed mass into the parameters (no move since the last step).
         self._buckets.copy_in()
         self._fold_in(moved=False)
