@@ -149,3 +149,52 @@ def test_asynchronous_survivors_keep_the_total_minus_what_the_dead_peer_held(tmp
     assert error_x < 1e-12 and error_w < 1e-12, (error_x, error_w, pushes)
     for r in (1, 2):   # the victim's in-neighbours: rank 3 is in their rotation
         assert n - 1 in out[r][2]["dropped_peers"], out[r][2]
+
+
+def test_live_mixing_round_stays_doubly_stochastic_on_an_irregular_graph():
+    from gossip.policies.neighborhood import live_mixing_round
+    # Irregular (degrees 1 to 4), Metropolis weights; ranks 1 and 5 lost.
+    graph = topologies.from_edges(7, [(0, 1), (0, 2), (0, 3), (1, 2), (2, 3), (3, 4), (4, 5),
+                                      (5, 6), (2, 6), (1, 6)])
+    lost = {1: "gone", 5: "gone"}
+    live = [r for r in range(7) if r not in lost]
+    w = np.zeros((7, 7))
+    for r in live:
+        plan = live_mixing_round(graph, r, 0, lost)
+        w[r, r] = plan.self_weight
+        for j, weight in plan.src_weights.items():
+            w[r, j] = weight
+        assert not set(plan.dst_ranks) & set(lost)
+    sub = w[np.ix_(live, live)]
+    assert np.allclose(sub, sub.T, rtol=0, atol=1e-15)
+    assert np.allclose(sub.sum(axis=1), 1, rtol=0, atol=1e-15) and (sub >= 0).all()
+    # More weight on the live neighbours than the old fold left them (the lost mass spread).
+    assert (sub - np.diag(np.diag(sub)) >= graph.mixing_matrix(0)[np.ix_(live, live)]
+            - np.diag(np.diag(graph.mixing_matrix(0)[np.ix_(live, live)])) - 1e-15).all()
+
+
+def partial_exchange(peer):
+    from gossip.errors import ExchangeIncomplete
+    quiet_point(peer, 2)
+    if peer.rank == 2:
+        os.kill(os.getpid(), signal.SIGKILL)
+    # A path 0 - 1 - 2, push weights 1/3 per edge; rank 1 has not noticed rank 2's death.
+    x = np.full(4, 3.0 * (peer.rank + 1))
+    if peer.rank == 0:
+        peer.neighbor_allreduce(x, 2 / 3, {1: 1.0}, [1], dst_weights={1: 1 / 3}, partial=True)
+        return x, None
+    try:
+        peer.neighbor_allreduce(x, 1 / 3, {0: 1.0, 2: 1.0}, [0, 2],
+                                dst_weights={0: 1 / 3, 2: 1 / 3}, partial=True)
+    except ExchangeIncomplete as exc:
+        return x, (sorted(exc.missing), exc.missing_destinations, exc.rank)
+    return x, "completed"
+
+
+def test_a_partial_exchange_completes_without_the_lost_peer_and_keeps_its_share():
+    out = spawn(partial_exchange, n=3, timeout=60, tolerate=[2], peer_timeout=10)
+    x0, _ = out[0]
+    x1, failure = out[1]
+    assert failure == ([2], [2], 2), failure
+    # Rank 1 kept the third meant for rank 2: 2/3 * 6 + 1/3 * 3; rank 0: 2/3 * 3 + 1/3 * 6.
+    assert np.allclose(x1, 5.0, rtol=0, atol=1e-15) and np.allclose(x0, 4.0, rtol=0, atol=1e-15)

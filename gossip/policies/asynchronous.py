@@ -60,15 +60,12 @@ class Asynchronous(BackgroundPolicy):
     the half it had handed to its pusher and not yet sent, and every push that reached it
     (or that the transport accepted for it before its death was noticed) which it had not
     yet folded in. The survivors keep the rest: pushes from d that reached them (absorbed
-    even after d is dropped) and the pushes to d that failed (they come back). So the
-    survivors' sum of w m and of w is the initial total minus what d held, and m converges
-    to their weighted mean; a survivor that waits until d is in peer.lost_peers() before
-    pushing again loses nothing to d after its death.
+    even after d is dropped) and the pushes to d that failed (they come back). So their sum
+    of w m and of w is the initial total minus what d held (no weight restart on a drop).
 
     ``quiesce()`` (a collective of the live peers) stops the pushes and waits until every
-    push a live peer sent has been absorbed, so no mass is in flight: the weights of the
-    peers add up to n exactly, or, after deaths, to n minus the weight the dead held;
-    ``resume()`` starts pushing again.
+    push a live peer sent has been absorbed: the weights then add up to n, less what the
+    dead held; ``resume()`` starts pushing again.
 
     Flow control: a push never leaves a peer with less than ``min_weight / 2`` of weight; a
     peer below ``min_weight`` skips its push until its in-neighbours' pushes arrive. Without

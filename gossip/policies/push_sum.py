@@ -53,9 +53,10 @@ class PushSum(Policy):
     others (``partial=True`` exchanges, counted in ``stats()["rounds_partial"]``). The last
     clause is empty on undirected graphs (a round that sends to d also receives from d), and
     on directed or time-varying ones covers at most one share per in-neighbour of d per
-    round until its death is noticed. A death in the middle of a round (part of a message
-    received), or a live neighbour silent past the timeout, abandons that round's exchange
-    with it and can cost the shares of that round in transit on the link.
+    round until its death is noticed. Not exact: a death in the middle of a round (part of
+    a message received: that bucket's round is abandoned), and a live neighbour silent past
+    the timeout (left out of the round like a lost one, though it may still absorb what
+    was sent to it): that round's shares on the link can be lost or counted twice.
 
     When to use it: directed or time-varying graphs (the default OnePeerExponential: one
     message per step, exact average every log2(n) steps for n a power of two), and
