@@ -335,14 +335,18 @@ class Asynchronous(BackgroundPolicy):
             sent = list(self._sent_to)
         lost = peer.lost_peers()
         live = [j for j in range(peer.world_size) if j != peer.rank and j not in lost]
-        for j in live:
-            with self._tolerate(f"quiesce: count to rank {j}", rank=j):
+        for j in live:   # one lost meanwhile is dropped; a slow one is OperationTimeout
+            try:
                 peer.send(j, np.array([sent[j]], dtype=np.int64), timeout=timeout)
+            except PeerLost as exc:
+                self._exchange_failed(f"quiesce: count to rank {j}", exc, j)
         expected: dict[int, int] = {}
         for j in live:
-            with self._tolerate(f"quiesce: count from rank {j}", rank=j):
+            try:
                 expected[j] = int(peer.recv(j, np.zeros(1, dtype=np.int64),
                                             timeout=timeout)[0])
+            except PeerLost as exc:
+                self._exchange_failed(f"quiesce: count from rank {j}", exc, j)
         absorbed = self._arrivals.absorbed_from
         with self._cond:
             self._wait_locked(
