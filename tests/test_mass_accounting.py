@@ -147,6 +147,8 @@ def test_asynchronous_survivors_keep_the_total_minus_what_the_dead_peer_held(tmp
     error_w = abs(total_w - (n - dead[-1])) / n
     pushes = [out[r][2]["background_rounds"] for r in survivors]
     assert error_x < 1e-12 and error_w < 1e-12, (error_x, error_w, pushes)
+    # Nothing was pushed to the victim after its death, so no survivor had to restart.
+    assert all(out[r][2]["weights_restarted"] == 0 for r in survivors), pushes
     for r in (1, 2):   # the victim's in-neighbours: rank 3 is in their rotation
         assert n - 1 in out[r][2]["dropped_peers"], out[r][2]
 

@@ -8,8 +8,6 @@ import threading
 import time
 from typing import Any
 
-import numpy as np
-
 from collectives.arrays import adapter_for
 from gossip.channels import PeerChannel
 from gossip.errors import PeerLost
@@ -18,6 +16,7 @@ from gossip.policies.arrivals import Arrivals
 from gossip.policies.buckets import DEFAULT_BUCKET_BYTES
 from gossip.policies.neighborhood import ONE_PEER_EXPONENTIAL
 from gossip.policies.push_sum_weights import weights_from_state
+from gossip.policies.quiescence import pushes_to_absorb
 from gossip.policies.rotation import Rotation
 from gossip.policies.worker import BackgroundPolicy
 
@@ -53,15 +52,16 @@ class Asynchronous(BackgroundPolicy):
     buffer and the threads never see a half-updated one.
 
     Lost peers: a neighbour found lost (peer.lost_peers()), or one a push to it timed out
-    (``send_timeout``), is dropped from the rotation and what was not delivered to it comes
-    back, so the pair stays consistent and training goes on. The graph heals around the gap:
-    the lost neighbour's own out-neighbours join the rotation (see rotation.py). Mass is
-    accounted for exactly: a dead peer d takes away *what d held*, its pair (w_d m_d, w_d),
-    the half it had handed to its pusher and not yet sent, and every push that reached it
-    (or that the transport accepted for it before its death was noticed) which it had not
-    yet folded in. The survivors keep the rest: pushes from d that reached them (absorbed
-    even after d is dropped) and the pushes to d that failed (they come back). So their sum
-    of w m and of w is the initial total minus what d held (no weight restart on a drop).
+    (``send_timeout``), is dropped from the rotation (its own out-neighbours join it: see
+    rotation.py) and what was not delivered to it comes back. A dead peer d takes away
+    exactly *what d held*: its pair (w_d m_d, w_d), the half handed to its pusher and not
+    sent, and every push that reached it (or that the transport took for it before its
+    death was noticed) not yet folded in; pushes from d that reached a survivor are the
+    survivor's, even after d is dropped. So the survivors' sum of w m and of w is the
+    initial total minus what d held. But pushes to d in the fraction of a second before its
+    death is noticed can take nearly all of a pusher's weight: a peer a drop leaves below
+    ``min_weight`` restarts its weights (w <- 1, m unchanged; ``weights_restarted`` in
+    stats()), or flow control would hold its pushes back for ever.
 
     ``quiesce()`` (a collective of the live peers) stops the pushes and waits until every
     push a live peer sent has been absorbed: the weights then add up to n, less what the
@@ -106,6 +106,8 @@ class Asynchronous(BackgroundPolicy):
         self._paused = False
         self._job: tuple[int, int] | None = None   # (destination, step) the pusher is sending
         self._returned: int | None = None   # first bucket of a failed push not delivered
+        self._drained_check = False   # a peer was dropped: did it take this peer's mass?
+        self._restarts = 0            # weight restarts after such drops
         self._mixed_step = 0     # steps included in the last push
         self._rounds = 0
         self._held_back = 0
@@ -203,6 +205,7 @@ class Asynchronous(BackgroundPolicy):
         arrivals = self._arrivals.take()
         with self._cond:
             returned, self._returned = self._returned, None
+            check, self._drained_check = self._drained_check, False
         for k, b in enumerate(self._buckets.buckets):
             got, weight = arrivals[k] or (None, 0.0)
             if returned is not None and k >= returned:   # a push that did not leave
@@ -222,8 +225,15 @@ class Asynchronous(BackgroundPolicy):
             else:
                 adapter.lerp(b.flat, got, weight / total)
             self._w[k] = total
-        # No restart of the weights when a peer is dropped: w <- 1 would change the
-        # survivors' sum of w m and w (the mass), and x/w would no longer be their mean.
+        if check and min(self._w) < self.min_weight:
+            # Pushes taken for a dead peer before its death was noticed went down with it,
+            # and flow control would hold every push back for mass that never comes. w <- 1
+            # changes the survivors' mass, so only then (a usable weight stays exact).
+            log.warning("rank %d: asynchronous gossip: weight %.3g below min_weight after "
+                        "a peer was dropped: restarting the push-sum weights", self._peer.rank,
+                        min(self._w))
+            self._w = [1.0] * len(self._w)
+            self._restarts += 1
         self._lightest = min(self._lightest, min(self._w))
 
     def _hand_over(self, included: int) -> None:
@@ -302,6 +312,9 @@ class Asynchronous(BackgroundPolicy):
                 self._arrivals.absorb_from(self._comm, src, self.send_timeout)
             self._background_seconds += time.perf_counter() - start
 
+    def _dropped_peer(self, rank: int) -> None:
+        self._drained_check = True   # see _fold_in
+
     def _push(self, dst: int, included: int) -> None:
         sent = 0
         with self._tolerate(f"push to rank {dst}", rank=dst):
@@ -319,34 +332,18 @@ class Asynchronous(BackgroundPolicy):
     # ------------------------------------------------------------------ quiescence
     def quiesce(self, timeout: float | None = None) -> None:
         """Stop pushing and wait until every push a live peer made to this one has been
-        absorbed: once every live peer has returned, no mass is in flight between them.
-        A collective of the live peers (those not in peer.lost_peers()), point to point on
-        the peer's main channel: each tells every other how many pushes it sent it, so a
-        dead peer does not stop it (one that dies during it is left out). ``resume()``
-        undoes it."""
+        absorbed: once every live peer has returned, no mass is in flight between them. A
+        collective of the live peers (see quiescence.py: a dead peer does not stop it).
+        ``resume()`` undoes it."""
         self._check_ready()
         timeout = self.timeout if timeout is None else timeout
-        peer = self._peer
         self._paused = True
         with self._cond:        # a push in progress completes first
             self._wait_locked(lambda: self._job is None, timeout, 0.5,
                               lambda: ("quiesce: the push in progress did not finish",
                                        "asynchronous quiesce"))
             sent = list(self._sent_to)
-        lost = peer.lost_peers()
-        live = [j for j in range(peer.world_size) if j != peer.rank and j not in lost]
-        for j in live:   # one lost meanwhile is dropped; a slow one is OperationTimeout
-            try:
-                peer.send(j, np.array([sent[j]], dtype=np.int64), timeout=timeout)
-            except PeerLost as exc:
-                self._exchange_failed(f"quiesce: count to rank {j}", exc, j)
-        expected: dict[int, int] = {}
-        for j in live:
-            try:
-                expected[j] = int(peer.recv(j, np.zeros(1, dtype=np.int64),
-                                            timeout=timeout)[0])
-            except PeerLost as exc:
-                self._exchange_failed(f"quiesce: count from rank {j}", exc, j)
+        expected = pushes_to_absorb(self._peer, sent, timeout, self._exchange_failed)
         absorbed = self._arrivals.absorbed_from
         with self._cond:
             self._wait_locked(
@@ -399,6 +396,7 @@ class Asynchronous(BackgroundPolicy):
                 "messages_absorbed": self._arrivals.absorbed, "lightest_weight": self._lightest,
                 "min_weight": self.min_weight, "background_seconds": self._background_seconds,
                 "staleness_waits": self._staleness_waits,
+                "weights_restarted": self._restarts,
                 "receiver_wakeups": self._receiver_wakeups,
                 "messages_sent_to": list(self._sent_to),
                 "messages_absorbed_from": list(self._arrivals.absorbed_from),
