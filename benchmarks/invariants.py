@@ -15,6 +15,10 @@ things with tolerances; this prints the figures themselves):
 - PushSum on a directed 5-peer graph whose push matrix is column- but not row-stochastic,
   with and without overlap, 60 rounds: the relative error of sum(x) and of sum(w), how far
   x / w is from the true mean, and how far x alone is (biased).
+- PushSum on Ring(8), with and without overlap, rank 5 SIGKILLed after round 3 (at a point
+  where nothing is in transit, having written its x and w), 40 more rounds: the relative
+  error of the survivors' sum of x against the initial total minus the dead peer's x, and of
+  their sum of w against 8 minus its w (exact accounting when a peer dies).
 - Asynchronous, 4 peers, 200 steps of a toy local update, then quiesce(): sum of the push-sum
   weights minus n (mass kept), and the pushes absorbed.
 - ElasticAveraging (replicated and sharded centre), 4 peers, 40 steps: the drift of
@@ -25,7 +29,10 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
+import signal
 import sys
+import tempfile
 
 import numpy as np
 
@@ -80,6 +87,33 @@ def push_sum_rounds(peer, overlap: bool, rounds: int):
             "sum_w": float(abs(z[-1] - peer.world_size) / peer.world_size),
             "debiased": float(np.abs(x - mean).max()),
             "numerator_alone": float(np.abs(numerator - mean).max())}
+
+
+def push_sum_killed(peer, overlap: bool, victim: int, path: str, rounds: int):
+    import topologies
+    from gossip.policies import PushSum
+    x = start_vector(peer.rank, 9)
+    policy = PushSum(topology=topologies.Ring(peer.world_size), overlap=overlap).attach(peer, [x])
+    for _ in range(3):
+        policy.after_step()
+    policy.flush()
+    # Quiet point: every round complete everywhere, and the victim dies only after every
+    # survivor has left the barrier (each tells it so): none of its messages is in transit.
+    peer.barrier()
+    if peer.rank == victim:
+        for r in range(peer.world_size):
+            if r != victim:
+                peer.recv(r, np.zeros(1))
+        np.save(path + ".tmp.npy", np.concatenate([policy.numerators[0], policy.weights[:1]]))
+        os.replace(path + ".tmp.npy", path)
+        os.kill(os.getpid(), signal.SIGKILL)
+    peer.send(victim, np.ones(1))
+    for _ in range(rounds):
+        policy.after_step()
+    policy.flush()
+    out = policy.numerators[0].copy(), policy.weights[0]
+    policy.close()
+    return out
 
 
 def asynchronous_mass(peer, steps: int):
@@ -169,6 +203,21 @@ def main(argv=None) -> int:
             f"sum x rel. error {r['sum_x']:.1e}, sum w {r['sum_w']:.1e}; |x/w - mean| "
             f"{r['debiased']:.1e}, |x - mean| {r['numerator_alone']:.2f} (biased)",
             overlap=overlap, **r)
+    for overlap in (False, True):
+        n, victim = 8, 5
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, "victim.npy")
+            results = spawn(push_sum_killed, n=n, timeout=120, tolerate=[victim],
+                            peer_timeout=10, args=(overlap, victim, path, 40))
+            dead = np.load(path)
+        initial = sum(start_vector(r, 9) for r in range(n))
+        live = [r for r in range(n) if r != victim]
+        sum_x = float(np.abs(sum(results[r][0] for r in live) - (initial - dead[:-1])).max()
+                      / np.abs(initial).max())
+        sum_w = abs(sum(results[r][1] for r in live) - (n - dead[-1])) / n
+        row(f"PushSum(overlap={overlap}), Ring(8), rank 5 killed after round 3, 40 rounds",
+            f"survivors' sum x vs initial - dead's: rel. error {sum_x:.1e}, sum w {sum_w:.1e}",
+            overlap=overlap, killed=victim, sum_x=sum_x, sum_w=sum_w)
     results = spawn(asynchronous_mass, n=4, timeout=120, args=(200,))
     worst = max(abs(r["weights_minus_n"]) for r in results)
     absorbed = sum(r["absorbed"] for r in results)

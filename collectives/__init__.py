@@ -2,8 +2,8 @@
 ring allreduce, neighbour exchange, array adapters. Never imports gossip or topologies."""
 from collectives.communicator import COLLECTIVE_CHANNEL, P2P_CHANNEL, Communicator
 from collectives.config import TransportConfig
-from collectives.errors import (AuthenticationError, GossipError, OperationTimeout, PeerLost,
-                                ProtocolError, RendezvousError)
+from collectives.errors import (AuthenticationError, ExchangeIncomplete, GossipError,
+                                OperationTimeout, PeerLost, ProtocolError, RendezvousError)
 from collectives.rendezvous import rendezvous
 from collectives.security import ClusterKey, load_cluster_key, write_cluster_key
 from collectives.transport.transport import Transport
@@ -13,5 +13,5 @@ __all__ = [
     "Communicator", "COLLECTIVE_CHANNEL", "P2P_CHANNEL", "TransportConfig", "Transport", "Work",
     "rendezvous", "ClusterKey", "load_cluster_key", "write_cluster_key",
     "GossipError", "PeerLost", "OperationTimeout", "RendezvousError", "ProtocolError",
-    "AuthenticationError",
+    "AuthenticationError", "ExchangeIncomplete",
 ]

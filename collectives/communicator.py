@@ -30,7 +30,7 @@ from collectives.algorithms.p2p import Call, wait_sent
 from collectives.algorithms.ring import ring_allreduce, ring_reduce_scatter, segments
 from collectives.algorithms.small import recursive_doubling_allreduce
 from collectives.arrays.adapter import ArrayAdapter, check_reduce_op
-from collectives.errors import GossipError, PeerLost
+from collectives.errors import ExchangeIncomplete, GossipError, PeerLost
 from collectives.send_recv import PointToPoint, flat_of
 from collectives.transport.channels import Channel
 from collectives.transport.transport import Transport
@@ -276,7 +276,7 @@ class Communicator:
     def neighbor_allreduce(self, x: Any, self_weight: float, src_weights: dict[int, float],
                            dst_ranks, *, dst_weights: dict[int, float] | None = None,
                            scratch: Any = None, out: Any = None, wait: bool = True,
-                           timeout: float | None = None) -> Any:
+                           timeout: float | None = None, partial: bool = False) -> Any:
         """x <- self_weight * x + sum_j src_weights[j] * x_j, sending x to ``dst_ranks``
         (each scaled by ``dst_weights[dst]`` if given). In place; returns x. With ``out`` (an
         array of x's size and dtype) the result goes there instead, x is only sent and stays
@@ -284,6 +284,12 @@ class Communicator:
 
         Only the peers named take part, so a pattern may be directed or change every round;
         peers must agree on it (j in my src_weights iff I am in j's dst_ranks).
+
+        ``partial=True``: a peer lost (or silent past the timeout) during the round is left
+        out instead of failing it: the round completes over the others (with
+        ``dst_weights``, a missing destination's share stays in ``self_weight``), nothing is
+        aborted, and ExchangeIncomplete (a PeerLost) is raised afterwards naming the missing
+        ranks, with the result in place (see algorithms/neighbor.py).
         """
         adapter, flat, dtype = self._flat(x)
         if not (dtype.startswith("float") or dtype.startswith("complex") or dtype == "bfloat16"):
@@ -320,16 +326,25 @@ class Communicator:
             key = (adapter.kind, dtype, adapter.size(flat), len(dst_ranks))
             buffers = self._take_buffers(key, adapter, flat) if dst_weights is not None else None
             try:
-                self._execute(seq, "neighbor_allreduce", dtype, tuple(x.shape), timeout, peers,
-                              lambda call: neighbor_exchange(call, adapter, flat,
-                                                             float(self_weight), src_weights,
-                                                             dst_ranks, dst_weights, scratch,
-                                                             buffers, out_flat))
+                missing = self._execute(
+                    seq, "neighbor_allreduce", dtype, tuple(x.shape), timeout, peers,
+                    lambda call: neighbor_exchange(call, adapter, flat, float(self_weight),
+                                                   src_weights, dst_ranks, dst_weights,
+                                                   scratch, buffers, out_flat, partial))
             finally:
                 if buffers is not None:
                     with self._seq_lock:
                         self._buffer_pool.setdefault(key, []).append(buffers)
             adapter.synchronize()
+            if missing:
+                # Raised after _execute: the round completed, so no peer is told to abort.
+                operation = f"neighbor_allreduce at sequence {seq}"
+                raise ExchangeIncomplete(
+                    f"rank {self.rank}: {operation} completed without rank(s) "
+                    f"{sorted(missing)}: " + "; ".join(str(e) for e in missing.values()),
+                    missing=missing,
+                    missing_destinations=sorted(d for d in dst_ranks if d in missing),
+                    operation=operation)
             return x if out is None else out
         return self._launch(f"neighbor_allreduce seq {seq}", body, wait)
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 __all__ = [
     "GossipError",
     "PeerLost",
+    "ExchangeIncomplete",
     "OperationTimeout",
     "RendezvousError",
     "ProtocolError",
@@ -34,6 +35,21 @@ class _AboutAPeer(GossipError):
 
 class PeerLost(_AboutAPeer):
     """A peer died, closed, or went silent (no heartbeat) past the timeout."""
+
+
+class ExchangeIncomplete(PeerLost):
+    """A neighbour exchange run with ``partial=True`` completed without some of its peers
+    (lost, or silent past the timeout): the result is in place, combined over the peers that
+    took part. ``missing``: rank -> the error that left it out; ``missing_destinations``: the
+    destinations among them (sorted), whose shares, with ``dst_weights``, stayed with the
+    sender. ``rank`` is the first missing rank."""
+
+    def __init__(self, message: str, *, missing: dict, missing_destinations: list,
+                 operation: str | None = None) -> None:
+        first = min(missing) if missing else None
+        super().__init__(message, rank=first, operation=operation)
+        self.missing = dict(missing)
+        self.missing_destinations = list(missing_destinations)
 
 
 class OperationTimeout(_AboutAPeer, TimeoutError):

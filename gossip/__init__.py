@@ -8,8 +8,9 @@
 torch is imported only where torch objects are handled, so ``import gossip`` stays light;
 ``gossip.testing`` (the multi-process harness) is imported on first use, for the same reason.
 """
-from gossip.errors import (AuthenticationError, GossipError, OperationTimeout, PeerLost,
-                           ProtocolError, RendezvousError, TopologyError)
+from gossip.errors import (AuthenticationError, ExchangeIncomplete, GossipError,
+                           OperationTimeout, PeerLost, ProtocolError, RendezvousError,
+                           TopologyError)
 from gossip.peer import Peer
 from gossip.runtime import init
 from gossip import policies
@@ -21,7 +22,7 @@ __all__ = [
     "init", "Peer",
     "policies", "DistributedOptimizer", "broadcast_parameters",
     "GossipError", "PeerLost", "OperationTimeout", "RendezvousError", "ProtocolError",
-    "AuthenticationError", "TopologyError",
+    "AuthenticationError", "TopologyError", "ExchangeIncomplete",
     "__version__",
 ]
 

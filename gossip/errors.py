@@ -4,12 +4,12 @@ GossipError is the one base. TopologyError is also a ValueError; the topologies 
 math, numpy only) raises topologies.TopologyError, and gossip re-raises it as this subclass,
 which is both, wherever a topology enters the runtime.
 """
-from collectives.errors import (AuthenticationError, GossipError, OperationTimeout, PeerLost,
-                                ProtocolError, RendezvousError)
+from collectives.errors import (AuthenticationError, ExchangeIncomplete, GossipError,
+                                OperationTimeout, PeerLost, ProtocolError, RendezvousError)
 from topologies.errors import TopologyError as _PureTopologyError
 
-__all__ = ["GossipError", "PeerLost", "OperationTimeout", "RendezvousError", "ProtocolError",
-           "AuthenticationError", "TopologyError"]
+__all__ = ["GossipError", "PeerLost", "ExchangeIncomplete", "OperationTimeout",
+           "RendezvousError", "ProtocolError", "AuthenticationError", "TopologyError"]
 
 
 class TopologyError(_PureTopologyError, GossipError):

@@ -10,7 +10,7 @@ from collectives import defaults
 from collectives.communicator import Communicator
 from collectives.transport.channels import channel_pair
 from collectives.transport.transport import Transport
-from gossip.policies.neighborhood import mixing_round
+from gossip.policies.neighborhood import live_mixing_round
 from gossip.settings import LaunchSettings
 
 __all__ = ["Peer"]
@@ -145,25 +145,34 @@ class Peer:
     def neighbor_allreduce(self, x: Any, self_weight: float, src_weights: dict[int, float],
                            dst_ranks, *, dst_weights: dict[int, float] | None = None,
                            scratch: Any = None, out: Any = None, wait: bool = True,
-                           timeout: float | None = None) -> Any:
+                           timeout: float | None = None, partial: bool = False) -> Any:
         """One neighbour exchange with explicit weights: ``x <- self_weight x +
         sum_j src_weights[j] x_j``, in place, sending ``x`` to ``dst_ranks`` (scaled by
         ``dst_weights[j]`` if given, as push-sum does). ``scratch``: a buffer like ``x`` for
         the received values (else allocated); ``out``: the result goes there and ``x`` is
         only sent. The peers' patterns must pair up (j in my src_weights iff I am in j's
-        dst_ranks); PeerLost or OperationTimeout if a neighbour dies or stalls."""
+        dst_ranks); PeerLost or OperationTimeout if a neighbour dies or stalls.
+        ``partial=True``: the round completes without the neighbours lost during it (a
+        missing destination's share stays with this peer), then ExchangeIncomplete names
+        them (Communicator.neighbor_allreduce)."""
         return self._comm.neighbor_allreduce(x, self_weight, src_weights, dst_ranks,
                                              dst_weights=dst_weights, scratch=scratch,
-                                             out=out, wait=wait, timeout=timeout)
+                                             out=out, wait=wait, timeout=timeout,
+                                             partial=partial)
 
     def neighbor_average(self, x: Any, step: int = 0, *, scratch: Any = None, wait: bool = True,
                          timeout: float | None = None) -> Any:
         """One gossip round with the topology's mixing weights: x <- sum_j W[rank, j] * x_j
         (D-PSGD) at ``step`` (time-varying topologies). Neighbours already lost are left out
-        and their weight stays with this peer, so the row still sums to one and training
-        goes on around a dead peer (the round plan of gossip.policies.neighborhood, which
-        the Gossip policy uses too). Errors as neighbor_allreduce."""
-        plan = mixing_round(self.topology, self.rank, step, self._transport.lost_ranks())
+        and the weight of the lost edges is spread over the live neighbourhood: a live
+        neighbour j gets W[rank, j] / max(r_rank, r_j), r being a row's weight on live peers
+        (self included), and this peer keeps the rest. A symmetric W so stays symmetric, hence
+        doubly stochastic, among the survivors: their mean is kept, and on a complete graph
+        one round gives every survivor their exact mean (gossip.policies.neighborhood's
+        live_mixing_round; it needs the survivors to agree on who is lost). Errors as
+        neighbor_allreduce."""
+        plan = live_mixing_round(self.topology, self.rank, step,
+                                 self._transport.lost_ranks())
         return plan.run(self._comm.neighbor_allreduce, x, scratch=scratch, wait=wait,
                         timeout=timeout)
 

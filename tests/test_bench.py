@@ -179,12 +179,15 @@ def test_invariants_script_measures_every_promise(tmp_path):
                          capture_output=True, text=True, timeout=280, cwd=ROOT)
     assert out.returncode == 0, out.stdout + out.stderr
     got = [json.loads(line) for line in rows.read_text().splitlines()]
-    assert len(got) == 7 and len(out.stdout.splitlines()) == 7, out.stdout
-    ring, one_peer, push, push_overlap, asynchronous, replicated, sharded = got
+    assert len(got) == 9 and len(out.stdout.splitlines()) == 9, out.stdout
+    (ring, one_peer, push, push_overlap, killed, killed_overlap, asynchronous, replicated,
+     sharded) = got
     assert abs(ring["rate"] - ring["predicted"]) < 0.01 * ring["predicted"]
     assert one_peer["gap"] < 1e-9 * one_peer["start"]
     for r in (push, push_overlap):
         assert r["sum_x"] < 1e-12 and r["sum_w"] < 1e-12 and r["debiased"] < 1e-9
         assert r["numerator_alone"] > 0.1
+    for r in (killed, killed_overlap):   # exact accounting when a peer dies
+        assert r["sum_x"] < 1e-12 and r["sum_w"] < 1e-12, r
     assert abs(asynchronous["weights_minus_n"]) < 1e-9 and asynchronous["absorbed"] > 0
     assert replicated["drift"] < 1e-13 and sharded["drift"] < 1e-13

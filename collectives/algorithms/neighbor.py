@@ -4,6 +4,16 @@ time-varying pattern, since the caller passes this round's ranks and weights exp
 
 With ``dst_weights`` each out-neighbour receives its own scaled copy (push-sum sends
 w_ij * x_j); without, every out-neighbour gets x itself, zero-copy.
+
+``partial=True`` (push-sum's rule for lost peers): a peer that is lost or silent past the
+timeout does not end the round. A source that delivered nothing of its message contributes
+nothing; a destination whose send failed, or that was a source and delivered nothing, is
+missing from the round, and with ``dst_weights`` its share stays with the sender (added to
+``self_weight``): a peer absorbs a round only once it has received every message of it and
+its own sends have left, so one that sent nothing this round absorbed nothing of it. The
+peers that took part are combined as usual, and the caller gets the missing ranks back.
+A source lost after part of its message arrived still fails the whole round (what arrived
+of it is already summed in): that is a death in the middle of a round.
 """
 from __future__ import annotations
 
@@ -11,28 +21,41 @@ from typing import Any
 
 from collectives.arrays.adapter import ArrayAdapter
 from collectives.algorithms.p2p import Call, post_range, recv_range, wait_reached, wait_sent
+from collectives.errors import OperationTimeout, PeerLost
 
 __all__ = ["neighbor_exchange"]
+
+# What leaves a peer out of a partial round instead of failing it.
+_MISSING = (PeerLost, OperationTimeout)
 
 
 def neighbor_exchange(call: Call, adapter: ArrayAdapter, flat: Any, self_weight: float,
                       src_weights: dict[int, float], dst_ranks: list[int],
                       dst_weights: dict[int, float] | None, scratch: Any,
-                      send_buffers: list | None = None, out: Any = None) -> None:
+                      send_buffers: list | None = None, out: Any = None,
+                      partial: bool = False) -> dict[int, Exception]:
     """Combine in place into ``flat``, or into ``out`` if given (``flat`` is then only sent);
     ``scratch`` is a caller-owned buffer of the same size (reused across rounds, so a round
     allocates nothing of the array's size; unused with ``out``). With ``dst_weights``,
     ``send_buffers`` holds one caller-owned buffer per destination for the scaled copies
-    (reused too; they are free again when this returns)."""
+    (reused too; they are free again when this returns). Returns the peers missing from the
+    round (rank -> error): always empty unless ``partial``."""
     size = adapter.size(flat)
+    missing: dict[int, Exception] = {}
     tickets = []
     for i, dst in enumerate(dst_ranks):
-        if dst_weights is None:
-            tickets.append(post_range(call, dst, adapter, flat, 0, size, track=True))
-        else:
-            scaled = send_buffers[i]
-            adapter.scaled_copy(scaled, dst_weights[dst], flat)
-            tickets.append(post_range(call, dst, adapter, scaled, 0, size, track=True))
+        try:
+            if dst_weights is None:
+                tickets.append(post_range(call, dst, adapter, flat, 0, size, track=True))
+            else:
+                scaled = send_buffers[i]
+                adapter.scaled_copy(scaled, dst_weights[dst], flat)
+                tickets.append(post_range(call, dst, adapter, scaled, 0, size, track=True))
+        except _MISSING as exc:
+            if not partial:
+                raise
+            missing[dst] = exc
+            tickets.append(None)
     # What the in-neighbours send adds up in `scratch` (the first one is written, not added,
     # so nothing clears it first); `flat` is still read by the sends, and is combined last,
     # in one pass: 3 passes over memory fewer per round than scaling a copy of `flat` first
@@ -41,19 +64,37 @@ def neighbor_exchange(call: Call, adapter: ArrayAdapter, flat: Any, self_weight:
     first = True
     for src in sorted(src_weights):
         weight = src_weights[src]
-        for a, b, chunk in recv_range(call, src, adapter, 0, size):
-            part = adapter.slice(acc, a, b)
-            if first:
-                adapter.scaled_copy(part, weight, chunk)
-            else:
-                adapter.axpy(part, weight, chunk)
+        got = False
+        try:
+            for a, b, chunk in recv_range(call, src, adapter, 0, size):
+                part = adapter.slice(acc, a, b)
+                if first:
+                    adapter.scaled_copy(part, weight, chunk)
+                else:
+                    adapter.axpy(part, weight, chunk)
+                got = True
+        except _MISSING as exc:
+            if not partial or got:
+                raise
+            missing[src] = exc
+            continue
         first = False
     for dst, ticket in zip(dst_ranks, tickets):
-        wait_sent(call, ticket)
-        if dst not in src_weights:
-            # A destination this round does not hear from: nothing else would notice that
-            # it died before it was ever reached.
-            wait_reached(call, dst)
+        if dst in missing:
+            continue
+        try:
+            wait_sent(call, ticket)
+            if dst not in src_weights:
+                # A destination this round does not hear from: nothing else would notice
+                # that it died before it was ever reached.
+                wait_reached(call, dst)
+        except _MISSING as exc:
+            if not partial:
+                raise
+            missing[dst] = exc
+    if missing and dst_weights is not None:
+        # The shares of the destinations missing from the round were not absorbed there.
+        self_weight += sum(dst_weights[d] for d in dst_ranks if d in missing)
     if out is not None:
         if first:
             adapter.scaled_copy(out, self_weight, flat)
@@ -63,3 +104,4 @@ def neighbor_exchange(call: Call, adapter: ArrayAdapter, flat: Any, self_weight:
         adapter.scale(flat, self_weight)  # no in-neighbours this round
     else:
         adapter.scale_add(flat, self_weight, scratch)
+    return missing

@@ -8,8 +8,6 @@ import threading
 import time
 from typing import Any
 
-import numpy as np
-
 from collectives.arrays import adapter_for
 from gossip.channels import PeerChannel
 from gossip.errors import PeerLost
@@ -18,6 +16,7 @@ from gossip.policies.arrivals import Arrivals
 from gossip.policies.buckets import DEFAULT_BUCKET_BYTES
 from gossip.policies.neighborhood import ONE_PEER_EXPONENTIAL
 from gossip.policies.push_sum_weights import weights_from_state
+from gossip.policies.quiescence import pushes_to_absorb
 from gossip.policies.rotation import Rotation
 from gossip.policies.worker import BackgroundPolicy
 
@@ -53,17 +52,20 @@ class Asynchronous(BackgroundPolicy):
     buffer and the threads never see a half-updated one.
 
     Lost peers: a neighbour found lost (peer.lost_peers()), or one a push to it timed out
-    (``send_timeout``), is dropped from the rotation and what was not delivered to it comes
-    back, so the pair stays consistent and training goes on; mass a dead peer held is lost
-    together with its weight, and so is what was pushed to it before its death was noticed.
-    A peer that drops a neighbour therefore restarts its weight (w <- 1: its model m is
-    unchanged), so flow control does not wait for mass that will never come. The graph
-    heals around the gap: the lost neighbour's own out-neighbours join the rotation (see
-    rotation.py).
+    (``send_timeout``), is dropped from the rotation (its own out-neighbours join it: see
+    rotation.py) and what was not delivered to it comes back. A dead peer d takes away
+    exactly *what d held*: its pair (w_d m_d, w_d), the half handed to its pusher and not
+    sent, and every push that reached it (or that the transport took for it before its
+    death was noticed) not yet folded in; pushes from d that reached a survivor are the
+    survivor's, even after d is dropped. So the survivors' sum of w m and of w is the
+    initial total minus what d held. But pushes to d in the fraction of a second before its
+    death is noticed can take nearly all of a pusher's weight: a peer a drop leaves below
+    ``min_weight`` restarts its weights (w <- 1, m unchanged; ``weights_restarted`` in
+    stats()), or flow control would hold its pushes back for ever.
 
-    ``quiesce()`` (a collective) stops the pushes and waits until every push sent anywhere
-    has been absorbed, so the weights of the live peers add up to n exactly (push-sum keeps
-    mass); ``resume()`` starts pushing again.
+    ``quiesce()`` (a collective of the live peers) stops the pushes and waits until every
+    push a live peer sent has been absorbed: the weights then add up to n, less what the
+    dead held; ``resume()`` starts pushing again.
 
     Flow control: a push never leaves a peer with less than ``min_weight / 2`` of weight; a
     peer below ``min_weight`` skips its push until its in-neighbours' pushes arrive. Without
@@ -102,9 +104,10 @@ class Asynchronous(BackgroundPolicy):
                                               "a positive number", optional=True)
         self._kick = threading.Event()
         self._paused = False
-        self._rescale = False  # a peer was dropped: restart the weights
         self._job: tuple[int, int] | None = None   # (destination, step) the pusher is sending
         self._returned: int | None = None   # first bucket of a failed push not delivered
+        self._drained_check = False   # a peer was dropped: did it take this peer's mass?
+        self._restarts = 0            # weight restarts after such drops
         self._mixed_step = 0     # steps included in the last push
         self._rounds = 0
         self._held_back = 0
@@ -191,7 +194,7 @@ class Asynchronous(BackgroundPolicy):
 
     def _fold_in(self, moved: bool) -> None:
         """(Training thread.) Fold what arrived since the last call into (m, w), with what a
-        failed push brought back, and restart the weights if a peer was dropped.
+        failed push brought back.
 
         Arrivals, averaged to (A, W), mix with the model as it was before this step's
         optimizer move, and the move applies on top, undiluted. Before the move (``moved``
@@ -202,7 +205,7 @@ class Asynchronous(BackgroundPolicy):
         arrivals = self._arrivals.take()
         with self._cond:
             returned, self._returned = self._returned, None
-            rescale, self._rescale = self._rescale, False
+            check, self._drained_check = self._drained_check, False
         for k, b in enumerate(self._buckets.buckets):
             got, weight = arrivals[k] or (None, 0.0)
             if returned is not None and k >= returned:   # a push that did not leave
@@ -222,12 +225,15 @@ class Asynchronous(BackgroundPolicy):
             else:
                 adapter.lerp(b.flat, got, weight / total)
             self._w[k] = total
-        if rescale:
-            # Pushes to a peer between its death and our noticing it took mass with them,
-            # and so did the dead peer's own share: the live peers' weights no longer add up
-            # to their number, and flow control would soon hold every push back for mass
-            # that never comes. Restart push-sum from the de-biased values: w <- 1.
+        if check and min(self._w) < self.min_weight:
+            # Pushes taken for a dead peer before its death was noticed went down with it,
+            # and flow control would hold every push back for mass that never comes. w <- 1
+            # changes the survivors' mass, so only then (a usable weight stays exact).
+            log.warning("rank %d: asynchronous gossip: weight %.3g below min_weight after "
+                        "a peer was dropped: restarting the push-sum weights", self._peer.rank,
+                        min(self._w))
             self._w = [1.0] * len(self._w)
+            self._restarts += 1
         self._lightest = min(self._lightest, min(self._w))
 
     def _hand_over(self, included: int) -> None:
@@ -293,9 +299,9 @@ class Asynchronous(BackgroundPolicy):
     def _receive(self) -> None:
         """The receiver: sleeps until a message from any peer is waiting, then absorbs it."""
         while not self._stop.is_set():
-            # Lost sources not dropped yet still count: what they sent before dying is mass.
-            src = self._next_source(self._comm,
-                                    [j for j in self._sources if j not in self._dropped])
+            # Dropped and lost sources too: what they sent before dying is mass (a lost
+            # source with nothing queued never wakes this thread).
+            src = self._next_source(self._comm, self._sources)
             self._receiver_wakeups += 1
             if self._stop.is_set():
                 break
@@ -307,7 +313,7 @@ class Asynchronous(BackgroundPolicy):
             self._background_seconds += time.perf_counter() - start
 
     def _dropped_peer(self, rank: int) -> None:
-        self._rescale = True   # see _fold_in
+        self._drained_check = True   # see _fold_in
 
     def _push(self, dst: int, included: int) -> None:
         sent = 0
@@ -325,26 +331,27 @@ class Asynchronous(BackgroundPolicy):
 
     # ------------------------------------------------------------------ quiescence
     def quiesce(self, timeout: float | None = None) -> None:
-        """Stop pushing and wait until every push any peer made has been absorbed by its
-        destination: then no mass is in flight and the live peers' weights add up to n.
-        A collective on the peer's main channel (an allreduce of per-destination message
-        counts): every peer calls it together. ``resume()`` undoes it."""
+        """Stop pushing and wait until every push a live peer made to this one has been
+        absorbed: once every live peer has returned, no mass is in flight between them. A
+        collective of the live peers (see quiescence.py: a dead peer does not stop it).
+        ``resume()`` undoes it."""
         self._check_ready()
         timeout = self.timeout if timeout is None else timeout
-        peer = self._peer
         self._paused = True
         with self._cond:        # a push in progress completes first
             self._wait_locked(lambda: self._job is None, timeout, 0.5,
                               lambda: ("quiesce: the push in progress did not finish",
                                        "asynchronous quiesce"))
-            sent = np.array(self._sent_to, dtype=np.float64)
-        peer.allreduce(sent, op="sum", timeout=timeout)
-        expected = int(sent[peer.rank])
+            sent = list(self._sent_to)
+        expected = pushes_to_absorb(self._peer, sent, timeout, self._exchange_failed)
+        absorbed = self._arrivals.absorbed_from
         with self._cond:
             self._wait_locked(
-                lambda: sum(self._arrivals.absorbed_from) >= expected, timeout, 0.5,
-                lambda: (f"quiesce: absorbed {sum(self._arrivals.absorbed_from)} of the "
-                         f"{expected} messages pushed to it", "asynchronous quiesce"))
+                lambda: all(absorbed[j] >= count for j, count in expected.items()),
+                timeout, 0.5,
+                lambda: (f"quiesce: absorbed {[absorbed[j] for j in expected]} of the "
+                         f"{list(expected.values())} messages ranks {list(expected)} pushed "
+                         "to it", "asynchronous quiesce"))
         # Fold the absorbed mass into the parameters (no move since the last step).
         self._buckets.copy_in()
         self._fold_in(moved=False)
@@ -389,6 +396,7 @@ class Asynchronous(BackgroundPolicy):
                 "messages_absorbed": self._arrivals.absorbed, "lightest_weight": self._lightest,
                 "min_weight": self.min_weight, "background_seconds": self._background_seconds,
                 "staleness_waits": self._staleness_waits,
+                "weights_restarted": self._restarts,
                 "receiver_wakeups": self._receiver_wakeups,
                 "messages_sent_to": list(self._sent_to),
                 "messages_absorbed_from": list(self._arrivals.absorbed_from),

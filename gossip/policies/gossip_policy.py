@@ -29,9 +29,12 @@ class Gossip(Policy):
     default Metropolis weights, or OnePeerExponential). On directed graphs whose W is not
     doubly stochastic the mean drifts: use PushSum there.
 
-    Lost peers: neighbours already lost are left out (their weight stays with this peer); a
-    neighbour lost during a round costs that round (the parameters stay as they were) and
-    training goes on. On a static undirected graph the survivors heal it: the lost peer's
+    Lost peers: neighbours already lost are left out (their weight stays with this peer: on
+    a symmetric W both ends of a lost edge keep its weight, so the survivors' mixing stays
+    symmetric, hence doubly stochastic, and the weight is free for the healed edges below;
+    Peer.neighbor_average, with no later rounds to heal in, spreads it over the live
+    neighbours instead); a neighbour lost during a round costs that round (the parameters
+    stay as they were) and training goes on. On a static undirected graph the survivors heal it: the lost peer's
     neighbours become neighbours of each other a few rounds later (see
     gossip/policies/healing.py), so a ring stays a ring and the mean is still kept.
 

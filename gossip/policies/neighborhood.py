@@ -12,7 +12,19 @@ transport for its lost peers once:
 Folding: a lost peer's weight stays with this peer, so a mixing row (gossip) or a push column
 (push-sum) still sums to one. Gossip weights its sources (row i of W), push-sum its
 destinations (column i of the push matrix), so the weighted side differs and the fold is the
-same.
+same. For push-sum this is the only mass-conserving rule: the share kept is mass this peer
+still holds. For gossip on a symmetric W it keeps the survivors' mixing symmetric, hence
+doubly stochastic (each lost edge's weight returns to the diagonal at both ends), and the
+Gossip policy heals the graph around the gap over the next rounds (healing.py), which needs
+the weight of the lost edges kept free for the new ones.
+
+``live_mixing_round`` (Peer.neighbor_average, one round with no state to heal with)
+renormalises over the live neighbourhood instead: with r_i = W_ii + sum of W_ik over live k
+(row i's live mass), a live neighbour j gets ``W_ij / max(r_i, r_j)`` and the peer keeps
+the rest. max(r_i, r_j) is the same at both ends of an edge, so a symmetric W stays
+symmetric among the survivors (doubly stochastic: their mean is kept), and no row exceeds
+one; on a complete graph every survivor gets the survivors' exact mean in one round. Both
+ends must agree on who is lost (r_j is computed from this peer's view of j's neighbours).
 """
 from __future__ import annotations
 
@@ -24,7 +36,8 @@ import numpy as np
 from gossip.errors import TopologyError
 from gossip.policies.healing import Healer
 
-__all__ = ["Round", "Neighborhood", "mixing_round", "push_round", "check_topology",
+__all__ = ["Round", "Neighborhood", "mixing_round", "live_mixing_round", "push_round",
+           "check_topology",
            "resolve_topology", "PEER_TOPOLOGY", "ONE_PEER_EXPONENTIAL"]
 
 #: Values of a policy's ``default_topology``: what ``topology=None`` stands for.
@@ -101,6 +114,25 @@ def mixing_round(topology: Any, rank: int, step: int, lost: Collection[int] = ()
     self_weight, src_weights, dst_ranks = _fold(self_weight, src_weights, dst_ranks, lost,
                                                 healed)
     return Round(self_weight, src_weights, dst_ranks)
+
+
+def live_mixing_round(topology: Any, rank: int, step: int,
+                      lost: Collection[int] = ()) -> Round:
+    """Gossip over the live neighbourhood (the module's docstring): row ``rank`` of the
+    mixing matrix at ``step`` with the lost peers' weight spread over the live neighbours
+    symmetrically, W_ij / max(r_i, r_j). Without lost peers, mixing_round's plan."""
+    self_weight, src_weights = topology.weights(rank, step)
+    dst_ranks = topology.out_neighbors(rank, step)
+    if not any(j in lost for j in src_weights):
+        return mixing_round(topology, rank, step, lost)
+
+    def live_mass(own: float, weights: dict[int, float]) -> float:
+        return own + sum(w for k, w in weights.items() if k not in lost)
+
+    mine = live_mass(self_weight, src_weights)
+    live = {j: w / max(mine, live_mass(*topology.weights(j, step)))
+            for j, w in src_weights.items() if j not in lost}
+    return Round(1.0 - sum(live.values()), live, [j for j in dst_ranks if j not in lost])
 
 
 def push_round(topology: Any, rank: int, step: int, lost: Collection[int] = (),

@@ -23,6 +23,7 @@ from typing import Any, ClassVar, ContextManager
 import numpy as np
 
 from collectives import defaults
+from gossip.errors import ExchangeIncomplete
 from gossip.policies.arguments import check_int, check_number
 from gossip.policies.buckets import DEFAULT_BUCKET_BYTES, BucketSet
 from gossip.policies.consensus import consensus_distance
@@ -94,6 +95,7 @@ class Policy(abc.ABC):
         self._topology_arg: Any = None   # graph policies: the topology= argument
         self._topology: Any = None       # ... resolved at attach (default_topology)
         self._rounds_skipped = 0         # exchanges abandoned by the failure rule
+        self._rounds_partial = 0         # exchanges completed without a lost peer (push-sum)
 
     # ------------------------------------------------------------------ lifetime
     def attach(self, peer: Any, params: Any) -> "Policy":
@@ -225,7 +227,13 @@ class Policy(abc.ABC):
     def _exchange_failed(self, what: str, exc: BaseException, rank: int | None) -> None:
         """A round skipped: the buffers keep what they held (what reached the live
         neighbours is theirs), the next round's plan leaves the lost peer out. Policies with
-        per-peer partners (background workers) drop ``rank`` instead."""
+        per-peer partners drop ``rank`` instead. A partial exchange (ExchangeIncomplete,
+        push-sum) completed over the peers that took part: it is counted, not skipped."""
+        if isinstance(exc, ExchangeIncomplete):
+            self._rounds_partial += 1
+            log.warning("rank %d: %s %s completed without rank(s) %s: %s", self._peer.rank,
+                        self.name, what, sorted(exc.missing), exc)
+            return
         self._rounds_skipped += 1
         log.warning("rank %d: %s %s skipped: %s", self._peer.rank, self.name, what, exc)
 

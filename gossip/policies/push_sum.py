@@ -5,6 +5,7 @@ import logging
 from typing import Any
 
 from collectives.arrays import adapter_for
+from gossip.errors import ExchangeIncomplete
 from gossip.policies.buckets import DEFAULT_BUCKET_BYTES
 from gossip.policies.neighborhood import ONE_PEER_EXPONENTIAL, Neighborhood, Round
 from gossip.policies.policy import Policy
@@ -38,10 +39,28 @@ class PushSum(Policy):
     (the received numerators folded in, m <- (w m + sum x_j) / (w + sum w_j), and the
     scaled copy that is sent) instead of five.
 
+    Lost peers, exactly: push-sum keeps sum x and sum w over the peers plus what is in
+    transit, so a dead peer d takes away exactly *what d held*: its pair (x_d, w_d) as of
+    the last round it completed (a round is complete when its messages have reached their
+    destinations), plus any share that left a survivor for d without the survivor's round
+    failing on d. Everything else stays with the survivors: a share d sent that a survivor
+    absorbed is the survivor's; a share a survivor meant for d in a round that failed on d
+    (the receive from d, or the send to it, failed) stays with that survivor, since d
+    absorbs a round only after its own sends of that round left, and it sent nothing; a
+    neighbour known lost when the round is planned gets no share (the fold of
+    neighborhood.py). So the survivors' total is the initial total minus (x_d, w_d), and x/w
+    converges to their true mean. A round with a neighbour lost during it completes over the
+    others (``partial=True`` exchanges, counted in ``stats()["rounds_partial"]``). The last
+    clause is empty on undirected graphs (a round that sends to d also receives from d), and
+    on directed or time-varying ones covers at most one share per in-neighbour of d per
+    round until its death is noticed. Not exact: a death in the middle of a round (part of
+    a message received: that bucket's round is abandoned), and a live neighbour silent past
+    the timeout (left out of the round like a lost one, though it may still absorb what
+    was sent to it): that round's shares on the link can be lost or counted twice.
+
     When to use it: directed or time-varying graphs (the default OnePeerExponential: one
     message per step, exact average every log2(n) steps for n a power of two), and
-    unreliable peers (a lost neighbour's share is kept, mass it held is lost together with
-    its weight, so x/w stays unbiased).
+    unreliable peers.
 
     Cost per step: one message per out-neighbour, ``deg_out * (P + one element)`` bytes per
     peer for P bytes of parameters; extra memory: two buffers of the parameters' size (the
@@ -63,6 +82,7 @@ class PushSum(Policy):
         self._topology_arg = topology
         self.overlap = bool(overlap)
         self._inflight: list[Any] | None = None
+        self._inflight_equal = True   # the exchange in flight sent one scaled copy to all
 
     # ------------------------------------------------------------------ set-up
     def _setup(self) -> None:
@@ -146,11 +166,12 @@ class PushSum(Policy):
             self._local_update()
             plan = self._neighborhood.round(step)
             for k, (z, scratch) in enumerate(zip(self._z, self._scratch)):
-                # A failed bucket is left as it was; what reached the live neighbours is
-                # theirs. Every bucket is still called, to keep sequence numbers in step.
+                # partial: a neighbour lost during the round is left out of it and the
+                # share meant for it stays here (see "Lost peers" above). Every bucket is
+                # still called, to keep sequence numbers in step.
                 with self._tolerate(f"round {step}, bucket {k}"):
                     plan.run(self._peer.neighbor_allreduce, z, scratch=scratch,
-                             timeout=self.timeout)
+                             timeout=self.timeout, partial=True)
             self._debias()
         self._buckets.copy_out()
 
@@ -181,8 +202,9 @@ class PushSum(Policy):
             work.append(self._peer.neighbor_allreduce(
                 s, 0.0, plan.src_weights, plan.dst_ranks,
                 dst_weights=None if equal else shares, out=received, wait=False,
-                timeout=self.timeout))
+                timeout=self.timeout, partial=True))
         self._inflight = work
+        self._inflight_equal = equal
 
     def _absorb(self) -> None:
         """(Overlap.) Complete the exchange in flight and fold what arrived, the sum of the
@@ -192,11 +214,18 @@ class PushSum(Policy):
         if work is None:
             return
         for i, (exchange, b, received) in enumerate(zip(work, self._buckets, self._scratch)):
-            # What reached the live neighbours is theirs; this peer keeps its own share.
             with self._tolerate(f"exchange of bucket {i}") as attempt:
                 exchange.wait(self.timeout)
-            if attempt.failed:
-                continue
+            if isinstance(attempt.error, ExchangeIncomplete):
+                # Completed without a lost neighbour: what the others sent is in received.
+                # With equal shares the exchange sent s itself, so the share of a missing
+                # destination comes back here as its weight (x / w is unchanged by it);
+                # with unequal ones the exchange added it to received already.
+                if self._inflight_equal:
+                    self._w[i] += len(attempt.error.missing_destinations) * float(
+                        self._send[i][-1])
+            elif attempt.failed:
+                continue   # abandoned mid-message (a death mid-round): see "Lost peers"
             kept, arrived = self._w[i], float(received[-1])
             total = kept + arrived
             adapter_for(b.flat).scale_add(b.flat, kept, received[:-1])   # w m + sum x_j
@@ -235,7 +264,8 @@ class PushSum(Policy):
 
     def _extra_stats(self) -> dict:
         return {"weights": self.weights if self._peer is not None else [],
-                "rounds_skipped": self._rounds_skipped, "overlap": self.overlap,
+                "rounds_skipped": self._rounds_skipped,
+                "rounds_partial": self._rounds_partial, "overlap": self.overlap,
                 "topology": repr(self.topology),
                 "healed_links": self._neighborhood.linked()
                 if self._peer is not None else []}
