@@ -53,19 +53,17 @@ class Asynchronous(BackgroundPolicy):
 
     Lost peers: a neighbour found lost (peer.lost_peers()), or one a push to it timed out
     (``send_timeout``), is dropped from the rotation (its own out-neighbours join it: see
-    rotation.py) and what was not delivered to it comes back. A dead peer d takes away
-    exactly *what d held*: its pair (w_d m_d, w_d), the half handed to its pusher and not
-    sent, and every push that reached it (or that the transport took for it before its
-    death was noticed) not yet folded in; pushes from d that reached a survivor are the
-    survivor's, even after d is dropped. So the survivors' sum of w m and of w is the
-    initial total minus what d held. But pushes to d in the fraction of a second before its
-    death is noticed can take nearly all of a pusher's weight: a peer a drop leaves below
-    ``min_weight`` restarts its weights (w <- 1, m unchanged; ``weights_restarted`` in
-    stats()), or flow control would hold its pushes back for ever.
+    rotation.py) and what was not delivered to it comes back. The survivors' sums of w m
+    and of w are the initial totals minus exactly what the dead peer d held: its pair, its
+    unsent half, and the pushes that reached it (or that the transport took for it before
+    its death was noticed) not yet folded in; pushes from d that reached a survivor stay
+    the survivor's. A peer that such pushes to d left below ``min_weight`` restarts its
+    weights (w <- 1, m unchanged; ``weights_restarted`` in stats()), or flow control
+    would hold its pushes back for ever.
 
     ``quiesce()`` (a collective of the live peers) stops the pushes and waits until every
-    push a live peer sent has been absorbed: the weights then add up to n, less what the
-    dead held; ``resume()`` starts pushing again.
+    push a live peer sent has been absorbed (the weights then add up to n, less what the
+    dead held); ``resume()`` starts pushing again.
 
     Flow control: a push never leaves a peer with less than ``min_weight / 2`` of weight; a
     peer below ``min_weight`` skips its push until its in-neighbours' pushes arrive. Without
@@ -78,8 +76,7 @@ class Asynchronous(BackgroundPolicy):
 
     When to use it: heterogeneous or unreliable peers (stragglers, preemption). Cost: one
     message of P bytes (+ one element) per peer per step, sent in the background; memory:
-    four buffers of the parameters' size (send, receive, and two for the average of
-    arrivals), five for a loop without after_backward().
+    four buffers of P (send, receive, two for the arrivals), five without after_backward().
 
     ``topology``: default ``OnePeerExponential(n)``. ``close()`` (also called by
     ``peer.close()``) wakes both threads and stops them within an operation in progress.
@@ -226,12 +223,10 @@ class Asynchronous(BackgroundPolicy):
                 adapter.lerp(b.flat, got, weight / total)
             self._w[k] = total
         if check and min(self._w) < self.min_weight:
-            # Pushes taken for a dead peer before its death was noticed went down with it,
-            # and flow control would hold every push back for mass that never comes. w <- 1
-            # changes the survivors' mass, so only then (a usable weight stays exact).
-            log.warning("rank %d: asynchronous gossip: weight %.3g below min_weight after "
-                        "a peer was dropped: restarting the push-sum weights", self._peer.rank,
-                        min(self._w))
+            # Pushes taken for a dead peer went down with it; flow control would wait for
+            # ever. w <- 1 changes the survivors' mass, so only then.
+            log.warning("rank %d: asynchronous gossip: weight %.3g below min_weight after a "
+                        "drop: restarting the weights", self._peer.rank, min(self._w))
             self._w = [1.0] * len(self._w)
             self._restarts += 1
         self._lightest = min(self._lightest, min(self._w))
@@ -332,9 +327,8 @@ class Asynchronous(BackgroundPolicy):
     # ------------------------------------------------------------------ quiescence
     def quiesce(self, timeout: float | None = None) -> None:
         """Stop pushing and wait until every push a live peer made to this one has been
-        absorbed: once every live peer has returned, no mass is in flight between them. A
-        collective of the live peers (see quiescence.py: a dead peer does not stop it).
-        ``resume()`` undoes it."""
+        absorbed, so no mass is in flight: a collective of the live peers (quiescence.py: a
+        dead peer does not stop it). ``resume()`` undoes it."""
         self._check_ready()
         timeout = self.timeout if timeout is None else timeout
         self._paused = True

@@ -34,8 +34,8 @@ class Gossip(Policy):
     symmetric, hence doubly stochastic, and the weight is free for the healed edges below;
     Peer.neighbor_average, with no later rounds to heal in, spreads it over the live
     neighbours instead); a neighbour lost during a round costs that round (the parameters
-    stay as they were) and training goes on. On a static undirected graph the survivors heal it: the lost peer's
-    neighbours become neighbours of each other a few rounds later (see
+    stay as they were) and training goes on. On a static undirected graph the survivors heal
+    it: the lost peer's neighbours become neighbours of each other a few rounds later (see
     gossip/policies/healing.py), so a ring stays a ring and the mean is still kept.
 
     Cost per step: one neighbour exchange, ``deg_out * P`` bytes sent per peer for P bytes

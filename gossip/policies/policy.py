@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import abc
 import logging
-import time
 from typing import Any, ClassVar, ContextManager
 
 import numpy as np
@@ -26,6 +25,7 @@ from collectives import defaults
 from gossip.errors import ExchangeIncomplete
 from gossip.policies.arguments import check_int, check_number
 from gossip.policies.buckets import DEFAULT_BUCKET_BYTES, BucketSet
+from gossip.policies.clock import PolicyClock
 from gossip.policies.consensus import consensus_distance
 from gossip.policies.failures import PEER_FAILURES, Attempt, tolerate
 from gossip.policies.nan_guard import NanGuard
@@ -85,9 +85,7 @@ class Policy(abc.ABC):
         self._buckets: BucketSet | None = None
         self._step = 0
         self._closed = False
-        self._comm_seconds = 0.0
-        self._compute_seconds = 0.0
-        self._last_exit: float | None = None
+        self._clock = PolicyClock()
         self._bytes0 = 0
         self._messages0 = 0
         self.nan_guard = bool(nan_guard)
@@ -171,13 +169,10 @@ class Policy(abc.ABC):
         """Gradient-side communication: call after ``loss.backward()``, before
         ``optimizer.step()``. With nan_guard, then check the gradients: see skip_update."""
         self._check_ready()
-        start = self._enter()
-        try:
+        with self._clock.inside():
             self._after_backward()
             if self.nan_guard and not self._guard.gradients_finite():
                 self._guard.skip("gradients")
-        finally:
-            self._exit(start)
 
     @property
     def skip_update(self) -> bool:
@@ -189,8 +184,7 @@ class Policy(abc.ABC):
     def after_step(self) -> None:
         """Parameter-side communication: call after ``optimizer.step()``."""
         self._check_ready()
-        start = self._enter()
-        try:
+        with self._clock.inside():
             self._buckets.check_bound()
             guard = self.nan_guard
             if guard and not self._guard_after_communication:
@@ -202,8 +196,6 @@ class Policy(abc.ABC):
                 self._guard.keep()
             self._guard.skip_update = False
             self._step += 1
-        finally:
-            self._exit(start)
 
     # ------------------------------------------------------------------ nan guard
     def _guard_parameters(self) -> None:
@@ -259,17 +251,6 @@ class Policy(abc.ABC):
     @abc.abstractmethod
     def _after_step(self, step: int) -> None:
         """Parameter-side work of step ``step`` (0 for the first call)."""
-
-    def _enter(self) -> float:
-        now = time.perf_counter()
-        if self._last_exit is not None:
-            self._compute_seconds += now - self._last_exit
-        return now
-
-    def _exit(self, start: float) -> None:
-        now = time.perf_counter()
-        self._comm_seconds += now - start
-        self._last_exit = now
 
     def _check_ready(self) -> None:
         if self._peer is None:
@@ -362,7 +343,7 @@ class Policy(abc.ABC):
         self._check_ready()
         counters = self._peer.stats()
         sent = counters["bytes_sent"] - self._bytes0
-        comm, compute = self._comm_seconds, self._compute_seconds
+        comm, compute = self._clock.comm_seconds, self._clock.compute_seconds
         out = {
             "policy": self.name,
             "rank": self._peer.rank,
