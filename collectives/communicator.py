@@ -132,6 +132,20 @@ class Communicator:
     def _all_peers(self) -> tuple[int, ...]:
         return self._peers
 
+    def _out_like(self, adapter: ArrayAdapter, dtype: str, count: int, out: Any, what: str,
+                  needs: str) -> Any:
+        """The flat view of a caller's ``out``, which must be of x's family and dtype, with
+        ``count`` elements, contiguous and writable (else TypeError/ValueError, before any
+        sequence number is taken). A different dtype of the same itemsize would otherwise be
+        filled with the bytes of another type, silently."""
+        out_adapter, out_flat, out_dtype = self._flat(out)
+        got = out_adapter.size(out_flat)
+        if out_adapter.kind != adapter.kind or out_dtype != dtype or got != count:
+            raise ValueError(f"rank {self.rank}: {what}: out must be a {adapter.kind} array "
+                             f"of {count} {dtype} elements ({needs}), got {out_adapter.kind} "
+                             f"{out_dtype} of {got}")
+        return out_flat
+
     # ------------------------------------------------------------------ collectives
     def allreduce(self, x: Any, op: str = "sum", *, wait: bool = True,
                   timeout: float | None = None, algorithm: str = "auto") -> Any:
@@ -205,15 +219,20 @@ class Communicator:
             gathered = adapter.empty(n * count, dtype, flat)
             self._nccl.allgather(flat, gathered, count, dtype)
             return self._done(gathered.reshape((n,) + tuple(x.shape)), "allgather(nccl)", wait)
-        seq = self._next_seq()
         if not variable:
+            # Checked before the call takes a sequence number: a refused out= leaves this peer
+            # in step with the others (their next call meets this peer's next call).
             if out is None:
                 out = adapter.empty(n * count, dtype, flat)
                 out = out.reshape((n,) + tuple(x.shape))
-            out_flat = adapter.flat(out)
-            if adapter.size(out_flat) != n * count:
-                raise ValueError(f"out has {adapter.size(out_flat)} elements; allgather of "
-                                 f"{count} elements from {n} peers needs {n * count}")
+                out_flat = adapter.flat(out)
+            else:
+                out_flat = self._out_like(adapter, dtype, n * count, out, "allgather",
+                                          f"{count} elements from {n} peers")
+        elif out is not None:
+            raise ValueError(f"rank {self.rank}: allgather(variable=True) returns a list of "
+                             "arrays; it takes no out=")
+        seq = self._next_seq()
         signature = "allgather(variable)" if variable else "allgather"
         shape = (count,) if variable else tuple(x.shape)
 
@@ -301,16 +320,13 @@ class Communicator:
         if out is x:
             out = None   # in place, as without out (a separate out must not overlap x)
         if out is not None:
-            out_adapter, out_flat, out_dtype = self._flat(out)
-            if out_adapter.kind != adapter.kind or out_dtype != dtype or \
-                    out_adapter.size(out_flat) != adapter.size(flat):
-                raise ValueError(f"out must be a {adapter.kind} array of {adapter.size(flat)} "
-                                 f"{dtype} elements like x, got {out_adapter.kind} "
-                                 f"{out_dtype} of {out_adapter.size(out_flat)}")
+            out_flat = self._out_like(adapter, dtype, adapter.size(flat), out,
+                                      "neighbor_allreduce", "like x")
         elif scratch is None:
             scratch = adapter.empty(adapter.size(flat), dtype, flat)
         if scratch is not None:
-            scratch = adapter.flat(scratch)
+            scratch = self._out_like(adapter, dtype, adapter.size(flat), scratch,
+                                     "neighbor_allreduce", "scratch like x")
         seq = self._next_seq()
         peers = sorted(set(dst_ranks) | set(src_weights))
 

@@ -92,7 +92,8 @@ class Peer:
     def recv(self, src: int, out: Any = None, *, timeout: float | None = None) -> Any:
         """The next array rank ``src`` sent (into ``out`` if given, which must match its
         dtype and size). Raises PeerLost if ``src`` is gone with nothing queued,
-        OperationTimeout past ``timeout``, ProtocolError for a message that does not fit."""
+        OperationTimeout past ``timeout``, ValueError for an ``out`` that does not fit (the
+        message stays receivable)."""
         return self._comm.recv(src, out, timeout=timeout)
 
     def probe(self, src: int) -> bool:
