@@ -87,18 +87,29 @@ class Communicator:
         return self._executor.submit(body, Work(f"rank {self.rank}: {description}"))
 
     def _execute(self, seq: int, signature: str, dtype: str, shape: tuple, timeout: float | None,
-                 peers, body: Callable[[Call], Any]) -> Any:
+                 peers, body: Callable[[Call], Any], *, neighbours: bool = False) -> Any:
+        """Run ``body`` as operation ``seq`` with ``peers`` (``neighbours``: only they take part,
+        a neighbour exchange; else every peer)."""
         deadline = time.monotonic() + (self.timeout if timeout is None else timeout)
         call = Call(self.transport, self.channel, seq, signature, dtype, shape, deadline)
-        inbox = self.transport.inbox
+        inbox, activity = self.transport.inbox, self.transport.activity
         inbox.begin(self.channel, seq)
+        for src in activity.begin(self.channel, seq, signature,
+                                  frozenset(peers) if neighbours else None):
+            # It named this call before it began, though this call does not name it: it waits
+            # for the answer (see algorithms/pattern.py); this call refuses itself there too.
+            self.transport.answer_plan(src, self.channel, seq)
+        failed = True
         try:
-            return body(call)
+            result = body(call)
+            failed = False
+            return result
         except GossipError as exc:
             lost = exc.rank if isinstance(exc, PeerLost) else None
             self.transport.abort(peers, self.channel, seq, str(exc), lost_rank=lost)
             raise
         finally:
+            activity.end(self.channel, seq, failed)
             inbox.end(self.channel, seq)
             self.transport.retire(self.channel, seq, peers)
 
@@ -340,7 +351,8 @@ class Communicator:
                               lambda call: neighbor_exchange(call, adapter, flat,
                                                              float(self_weight), src_weights,
                                                              dst_ranks, dst_weights, scratch,
-                                                             buffers, out_flat))
+                                                             buffers, out_flat),
+                              neighbours=True)
             finally:
                 if buffers is not None:
                     with self._seq_lock:

@@ -130,3 +130,52 @@ def test_the_root_of_a_broadcast_learns_of_a_mismatch():
         assert elapsed < QUICK
         if other != "root":  # else rank 2 agrees with rank 1 and may return before the abort
             assert all(r[0] == "ProtocolError" for r in results), (other, results)
+
+
+# ---------------------------------------------------------------- defect 5: patterns that never pair
+def unpaired_pattern(peer, case):
+    n, r = peer.world_size, peer.rank
+    x = np.ones(256)
+    if case == "shifted":  # everyone hears from r-1, everyone sends to r+2
+        src, dst = {(r - 1) % n: 0.5}, [(r + 2) % n]
+    elif case == "stranger":  # rank 0 expects rank 2, whose call names nobody
+        src, dst = ({2: 0.5} if r == 0 else {}), []
+    else:  # "one-sided": rank 1 sends to rank 0 on top of a valid ring that rank 0 keeps
+        src, dst = {(r - 1) % n: 0.5}, [(r + 1) % n] + ([0] if r == 1 else [])
+    first = outcome(lambda: peer.neighbor_allreduce(x, 0.5, src, dst))
+    # The group stays usable: a pattern that pairs works next.
+    ok = outcome(lambda: peer.neighbor_allreduce(np.full(4, float(r)), 0.5,
+                                                 {(r - 1) % n: 0.5}, [(r + 1) % n]))
+    return first, ok[0]
+
+
+def test_patterns_that_can_never_pair_are_refused_up_front():
+    n = 4
+    results = spawn(unpaired_pattern, n=n, timeout=120, args=("shifted",),
+                    peer_timeout=PEER_TIMEOUT)
+    for r, ((kind, message, elapsed), after) in enumerate(results):
+        assert kind == "ValueError", message
+        assert "do not pair" in message and f"rank {r}" in message, message
+        assert f"rank {(r - 1) % n}" in message or f"rank {(r + 2) % n}" in message, message
+        assert elapsed < QUICK
+        assert after == "ok"
+
+
+def test_a_peer_named_by_a_call_that_it_does_not_name_answers_at_once():
+    results = spawn(unpaired_pattern, n=3, timeout=120, args=("stranger",),
+                    peer_timeout=PEER_TIMEOUT)
+    kind, message, elapsed = results[0][0]
+    assert kind == "ValueError" and "rank 2" in message and "does not involve" in message
+    assert elapsed < QUICK
+    assert all(after == "ok" for _, after in results)
+
+
+def test_a_send_nobody_expects_is_refused_on_both_ends():
+    results = spawn(unpaired_pattern, n=3, timeout=120, args=("one-sided",),
+                    peer_timeout=PEER_TIMEOUT)
+    for r in (0, 1):
+        kind, message, elapsed = results[r][0]
+        assert kind == "ValueError", message
+        assert "rank 1 plans to send to rank 0" in message, message
+        assert elapsed < QUICK
+    assert all(after == "ok" for _, after in results)

@@ -11,6 +11,7 @@ from typing import Any
 
 from collectives.arrays.adapter import ArrayAdapter
 from collectives.algorithms.p2p import Call, post_range, recv_range, wait_reached, wait_sent
+from collectives.algorithms.pattern import announce, check_pairing
 
 __all__ = ["neighbor_exchange"]
 
@@ -25,6 +26,8 @@ def neighbor_exchange(call: Call, adapter: ArrayAdapter, flat: Any, self_weight:
     ``send_buffers`` holds one caller-owned buffer per destination for the scaled copies
     (reused too; they are free again when this returns)."""
     size = adapter.size(flat)
+    peers = sorted(set(src_weights) | set(dst_ranks))
+    announce(call, peers, src_weights, dst_ranks)
     tickets = []
     for i, dst in enumerate(dst_ranks):
         if dst_weights is None:
@@ -33,6 +36,10 @@ def neighbor_exchange(call: Call, adapter: ArrayAdapter, flat: Any, self_weight:
             scaled = send_buffers[i]
             adapter.scaled_copy(scaled, dst_weights[dst], flat)
             tickets.append(post_range(call, dst, adapter, scaled, 0, size, track=True))
+    # The plans are read after the data went out: checking costs no round trip before it.
+    problems = check_pairing(call, peers, src_weights, dst_ranks)
+    if problems:
+        _refuse(call, peers, problems, tickets)
     # What the in-neighbours send adds up in `scratch` (the first one is written, not added,
     # so nothing clears it first); `flat` is still read by the sends, and is combined last,
     # in one pass: 3 passes over memory fewer per round than scaling a copy of `flat` first
@@ -63,3 +70,19 @@ def neighbor_exchange(call: Call, adapter: ArrayAdapter, flat: Any, self_weight:
         adapter.scale(flat, self_weight)  # no in-neighbours this round
     else:
         adapter.scale_add(flat, self_weight, scratch)
+
+
+def _refuse(call: Call, peers, problems: list[str], tickets) -> None:
+    """Raise the ValueError of a pattern that does not pair, once the peers involved were told
+    (those whose own check passed would otherwise wait for this peer's data) and this peer's
+    sends are off its buffer (the caller may change it once this raises)."""
+    t = call.transport
+    message = (f"rank {t.rank}: {call.signature} at sequence {call.seq}: the send and "
+               f"receive patterns do not pair: {'; '.join(problems)}")
+    t.abort(peers, call.channel, call.seq, message)
+    for ticket in tickets:
+        try:
+            wait_sent(call, ticket)
+        except Exception:  # the pattern error is the one to report
+            pass
+    raise ValueError(message)

@@ -7,20 +7,32 @@ and carries a message number above the last one heard from that source (replays 
 are refused before anything reaches the inbox, so a chunk is never reduced twice). A message
 that fails is dropped and counted (drops.py); one that passes goes to the handler of its kind,
 from a table. The shared-memory kinds are handled by shm.SharedMemory; the operation kinds
-(DATA, ABORT) and BYE here.
+(DATA, ABORT) and BYE here, and the two questions this peer's I/O thread answers itself from
+its activity record (activity.py), so a peer busy in Python or idle between calls still
+answers: PLAN (a neighbour exchange names this peer; if this peer's call does not name the
+sender, the answer says so at once) and STATUS (which operation this peer is inside).
 """
 from __future__ import annotations
 
 from typing import Callable
 
+from collectives.transport.activity import Activity
 from collectives.transport.drops import DropLog
 from collectives.transport.inbox import Inbox, Lost, MailboxError
 from collectives.transport.sockets import IDENTITY_PREFIX, rank_of_identity
-from collectives.transport.wire import ABORT, BYE, DATA, Header, WireError, decode_header
+from collectives.transport.wire import (ABORT, BYE, DATA, PLAN, PLAN_ANSWER, STATUS, Header,
+                                        WireError, decode_header, encode_header)
 
-__all__ = ["Arrivals"]
+__all__ = ["Arrivals", "status_channel"]
 
 Handler = Callable[[int, Header, object], bool]  # (src, header, payload) -> counted as received
+# A STATUS answer waits for its asker in this mailbox: (src, status_channel(channel), seq).
+# Negative, so no message's own channel (validated >= 0) can ever reach it.
+
+
+def status_channel(channel: int) -> int:
+    """The mailbox channel where the answer to a STATUS question about ``channel`` waits."""
+    return -1 - channel
 
 
 class Arrivals:
@@ -28,7 +40,8 @@ class Arrivals:
     ROUTER). ``handlers`` adds kinds handled elsewhere (shm.SharedMemory.handlers())."""
 
     def __init__(self, rank: int, world_size: int, max_message_bytes: int, inbox: Inbox,
-                 counters: list, drops: DropLog, handlers: dict[int, Handler]) -> None:
+                 counters: list, drops: DropLog, handlers: dict[int, Handler],
+                 activity: Activity, answer: Callable[[int, bytes], None]) -> None:
         self.rank = rank
         self._world_size = world_size
         self._max_bytes = max_message_bytes
@@ -37,8 +50,11 @@ class Arrivals:
         self._drops = drops
         self._identity_ranks = {IDENTITY_PREFIX + str(r).encode(): r for r in range(world_size)}
         self._heard = [0] * world_size  # last message number accepted from each source
+        self._activity = activity
+        self._answer = answer  # send one header-only message to a rank, quietly
         self._handlers: dict[int, Handler] = {DATA: self._data, ABORT: self._abort,
-                                              BYE: self._bye, **handlers}
+                                              BYE: self._bye, PLAN: self._plan,
+                                              STATUS: self._status, **handlers}
 
     def handle(self, frames: list) -> None:
         """Validate one message read from the ROUTER (``frames``: identity, header, payload if any)
@@ -105,4 +121,25 @@ class Arrivals:
 
     def _bye(self, src: int, header: Header, payload) -> bool:
         self._inbox.mark_lost(src, Lost("it closed its peer (left the group)", kind="closed"))
+        return True
+
+    def _plan(self, src: int, header: Header, payload) -> bool:
+        channel, seq = header.channel, header.seq
+        if header.slot == PLAN_ANSWER or self._activity.plan_arrived(src, channel, seq):
+            return self._data(src, header, payload)  # ahead of the data that follows it
+        # This peer's call at that sequence does not involve src: say so now (src waits for
+        # it), and refuse what src sends there after the plan.
+        self._inbox.retire((src, channel, seq))
+        self._answer(src, encode_header(PLAN, self.rank, channel, seq, header.op, header.dtype,
+                                        header.shape, header.nbytes, slot=PLAN_ANSWER))
+        return True
+
+    def _status(self, src: int, header: Header, payload) -> bool:
+        channel, seq = header.channel, header.seq
+        if header.slot:  # an answer to this peer's question
+            self._inbox.put((src, status_channel(channel), seq), (header, None, None))
+            return True
+        state, current, signature, waiting_on = self._activity.status(channel, seq)
+        self._answer(src, encode_header(STATUS, self.rank, channel, seq, signature[:200],
+                                        slot=state, offset=current + 1, length=waiting_on + 1))
         return True

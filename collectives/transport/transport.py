@@ -24,7 +24,8 @@ from collectives import defaults
 from collectives.config import TransportConfig
 from collectives.errors import (AuthenticationError, OperationTimeout, PeerLost, ProtocolError,
                                 RendezvousError)
-from collectives.transport.arrivals import Arrivals
+from collectives.transport.activity import Activity, Status
+from collectives.transport.arrivals import Arrivals, status_channel
 from collectives.transport.drops import DropLog
 from collectives.transport.inbox import Inbox, Lost, MailboxError
 from collectives.transport.link import Link
@@ -32,7 +33,8 @@ from collectives.transport.liveness import Liveness
 from collectives.transport.loop import IoLoop
 from collectives.transport.shm import SharedMemory
 from collectives.transport.sockets import Sockets, host_id
-from collectives.transport.wire import ABORT, DATA, SHM, Header, encode_header
+from collectives.transport.wire import (ABORT, DATA, PLAN, PLAN_ANSWER, SHM, STATUS, Header,
+                                        encode_header)
 
 __all__ = ["Transport", "PeerCounters", "SendTicket", "host_id"]
 
@@ -101,8 +103,11 @@ class Transport:
         self._loop = IoLoop(rank, world_size, self._sockets, self.inbox, self._liveness)
         self._shm = SharedMemory(rank, self.config, self.inbox, self.counters, self._drops,
                                  self._loop, self._links, self._addresses, self._send_quietly)
+        # What this peer's operations are doing, for the peers that ask (activity.py).
+        self.activity = Activity()
         arrivals = Arrivals(rank, world_size, self.config.max_message_bytes, self.inbox,
-                            self.counters, self._drops, self._shm.handlers())
+                            self.counters, self._drops, self._shm.handlers(), self.activity,
+                            self._send_quietly)
         self._command = self._loop.command
         self._pump = self._loop.pump
         self._loop.start(arrivals.handle, self._shm)
@@ -205,6 +210,44 @@ class Transport:
                                      offset, length), payload, ticket=ticket)
         return ticket
 
+    def post_plan(self, dst: int, channel: int, seq: int, op: str, dtype: str, shape: tuple,
+                  nbytes: int, bits: int) -> None:
+        """Tell ``dst`` this peer's pattern towards it in neighbour exchange ``(channel, seq)``
+        (wire.PLAN_* bits), ahead of any data of the call (one pipe keeps the order)."""
+        self.send(dst, encode_header(PLAN, self.rank, channel, seq, op, dtype, shape, nbytes,
+                                     slot=bits))
+
+    def answer_plan(self, src: int, channel: int, seq: int) -> None:
+        """Answer the plan ``src`` sent for ``(channel, seq)``, which this peer's call there does
+        not involve: "not involved" (wire.PLAN_ANSWER); what it sent there is dropped."""
+        item = self.inbox.take((src, channel, seq))
+        self.retire(channel, seq, [src])
+        if type(item) is tuple:
+            header = item[0]
+            if item[2] is not None:
+                item[2]()
+            self._send_quietly(src, encode_header(PLAN, self.rank, channel, seq, header.op,
+                                                  header.dtype, header.shape, header.nbytes,
+                                                  slot=PLAN_ANSWER))
+
+    def ask_status(self, rank: int, channel: int, seq: int, deadline: float) -> Status | None:
+        """What ``rank`` says it is doing about operation ``(channel, seq)`` (its I/O thread
+        answers, even while its Python is busy or idle); None if no answer by ``deadline``."""
+        key = (rank, status_channel(channel), seq)
+        try:
+            self.send(rank, encode_header(STATUS, self.rank, channel, seq))
+        except PeerLost:
+            return None
+        try:
+            item = self._loop.wait_on_inbox(self.inbox.get, key, deadline) \
+                if not self._pump(key, deadline) else self.inbox.get(key, deadline)
+        finally:
+            self.inbox.retire(key)
+        if type(item) is not tuple:
+            return None
+        header = item[0]
+        return Status(header.slot, header.offset - 1, header.op, header.length - 1)
+
     def chunk_bytes(self, dst: int) -> int:
         """How big the chunks sent to ``dst`` are: shared-memory slots are cheap to fill in
         bigger pieces (fewer messages per byte); socket chunks stay small enough for the
@@ -222,6 +265,8 @@ class Transport:
             self.connect(src)
         key = (src, channel, seq)
         item = self.inbox.take(key)
+        if item is None:
+            self.activity.waiting(channel, seq, src)  # for a peer that asks (STATUS)
         if item is None and self._pump(key, deadline):
             item = self.inbox.get(key, deadline)
         elif item is None:

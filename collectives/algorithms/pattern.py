@@ -1,0 +1,65 @@
+"""The pairing check of a neighbour exchange: who sends to whom must pair up (j in my sources iff
+I am in j's destinations), or some peer waits for data nobody sends, until its timeout.
+
+A neighbour exchange involves only neighbours, so each peer tells every peer it names (as a
+source or a destination) what it plans towards it, in one header-only PLAN message ahead of its
+data: "I send to you", "I expect from you". Each side reads the other's plan and compares; a
+pair that disagrees is a ValueError on both ends, naming both ranks. A peer named by someone its
+own call does not name could never tell by itself: its I/O thread answers such a plan at once
+("my call does not involve you"), see transport/activity.py, so the naming peer raises too.
+Cost: one tiny message per neighbour and direction per call, sent before the data so that a
+neighbour's plan is always the first message of its mailbox.
+"""
+from __future__ import annotations
+
+from collectives.algorithms.p2p import Call
+from collectives.transport.wire import PLAN, PLAN_ANSWER, PLAN_RECEIVES, PLAN_SENDS
+
+__all__ = ["announce", "check_pairing"]
+
+
+def announce(call: Call, peers, sources, destinations) -> None:
+    """Send every peer of ``peers`` this peer's plan towards it."""
+    t = call.transport
+    for p in peers:
+        bits = (PLAN_SENDS if p in destinations else 0) | (PLAN_RECEIVES if p in sources else 0)
+        t.post_plan(p, call.channel, call.seq, call.signature, call.dtype, call.shape,
+                    call.nbytes, bits)
+
+
+def check_pairing(call: Call, peers, sources, destinations) -> list[str]:
+    """Read each peer's plan and return what does not pair (an empty list when all do).
+    A peer that made another call entirely is a ProtocolError naming both calls."""
+    t = call.transport
+    r, seq, problems = t.rank, call.seq, []
+    for p in peers:
+        header, _, release = t.recv(p, call.channel, seq, deadline=call.deadline,
+                                    operation=call)
+        if release is not None:
+            release()
+        if header.kind != PLAN or header.op != call.signature or \
+                header.dtype != call.dtype or header.shape != call.shape:
+            raise call.mismatch(p, header, "a chunk" if header.kind != PLAN else "a plan")
+        bits = header.slot
+        if bits == PLAN_ANSWER:
+            problems.append(f"rank {r} {_names(p in sources, p in destinations)} rank {p}, "
+                            f"but rank {p}'s call at sequence {seq} does not involve rank {r}")
+            continue
+        if bool(bits & PLAN_SENDS) != (p in sources):
+            problems.append(f"rank {p} plans to send to rank {r}, which does not expect it"
+                            if bits & PLAN_SENDS else
+                            f"rank {r} expects data from rank {p}, which does not send to it")
+        if bool(bits & PLAN_RECEIVES) != (p in destinations):
+            problems.append(f"rank {p} expects data from rank {r}, which does not send to it"
+                            if bits & PLAN_RECEIVES else
+                            f"rank {r} plans to send to rank {p}, which does not expect it")
+    for p in t.activity.strangers(call.channel, seq):
+        problems.append(f"rank {p} names rank {r} in its pattern, but rank {r}'s call at "
+                        f"sequence {seq} does not involve rank {p}")
+    return problems
+
+
+def _names(receives: bool, sends: bool) -> str:
+    if receives and sends:
+        return "exchanges with"
+    return "expects data from" if receives else "plans to send to"
