@@ -30,7 +30,7 @@ from collectives.algorithms.p2p import Call, wait_sent
 from collectives.algorithms.ring import ring_allreduce, ring_reduce_scatter, segments
 from collectives.algorithms.small import recursive_doubling_allreduce
 from collectives.arrays.adapter import ArrayAdapter, check_reduce_op
-from collectives.errors import GossipError, PeerLost
+from collectives.errors import GossipError, OperationTimeout, PeerLost
 from collectives.send_recv import PointToPoint, flat_of
 from collectives.transport.channels import Channel
 from collectives.transport.transport import Transport
@@ -106,7 +106,9 @@ class Communicator:
             return result
         except GossipError as exc:
             lost = exc.rank if isinstance(exc, PeerLost) else None
-            self.transport.abort(peers, self.channel, seq, str(exc), lost_rank=lost)
+            late = exc.rank if isinstance(exc, OperationTimeout) else None
+            self.transport.abort(peers, self.channel, seq, str(exc), lost_rank=lost,
+                                 late_rank=late)
             raise
         finally:
             activity.end(self.channel, seq, failed)

@@ -179,3 +179,63 @@ def test_a_send_nobody_expects_is_refused_on_both_ends():
         assert "rank 1 plans to send to rank 0" in message, message
         assert elapsed < QUICK
     assert all(after == "ok" for _, after in results)
+
+
+# ---------------------------------------------------------------- defect 6: who is missing
+def one_rank_idle(peer, rounds):
+    x = np.ones(4)
+    for _ in range(rounds):
+        peer.allreduce(x)
+    if peer.rank == 3:
+        # Rank 3 makes no more calls: it only waits (on its point-to-point channel) for every
+        # survivor's note that it has raised; its I/O thread still answers questions.
+        for src in range(3):
+            peer.recv(src, timeout=60)
+        return None
+    start = time.monotonic()
+    try:
+        peer.allreduce(x)
+        result = None
+    except gossip.GossipError as exc:
+        result = type(exc).__name__, str(exc), getattr(exc, "rank", None), \
+            time.monotonic() - start
+    peer.send(3, np.zeros(1))
+    return result
+
+
+def test_a_timeout_names_the_rank_that_never_started_the_call():
+    timeout = 6.0
+    results = spawn(one_rank_idle, n=4, timeout=120, args=(20,), peer_timeout=timeout)
+    for r in range(3):
+        kind, message, rank, elapsed = results[r]
+        assert kind == "OperationTimeout", message
+        assert rank == 3, message
+        assert "rank 3 has not started allreduce" in message, message
+        assert "at sequence 20" in message and "idle since allreduce" in message, message
+        assert "alive but sent nothing" not in message, message
+        assert elapsed < timeout + 5
+
+
+def broadcast_among_allreduces(peer):
+    x = np.ones(16, dtype=np.float32)
+    start = time.monotonic()
+    try:
+        if peer.rank == 2:
+            peer.broadcast(x, root=0)
+        else:
+            peer.allreduce(x)
+    except gossip.GossipError as exc:
+        return type(exc).__name__, str(exc), time.monotonic() - start
+    return None
+
+
+def test_mismatched_calls_name_both_calls_on_every_rank():
+    timeout = 6.0
+    for _ in range(3):
+        results = spawn(broadcast_among_allreduces, n=4, timeout=120, peer_timeout=timeout)
+        for result in results:
+            assert result is not None, results
+            kind, message, elapsed = result
+            assert kind == "ProtocolError", message
+            assert "broadcast(root=0)" in message and "allreduce" in message, message
+            assert elapsed < timeout + 5

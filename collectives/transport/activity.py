@@ -22,7 +22,7 @@ import threading
 from collections import OrderedDict
 from typing import NamedTuple
 
-__all__ = ["Activity", "Status", "IDLE", "INSIDE", "FINISHED", "BUSY", "RECENT"]
+__all__ = ["Activity", "Status", "IDLE", "INSIDE", "FINISHED", "BUSY", "RECENT", "same_call"]
 
 # The states a STATUS answer reports for the operation asked about (wire values: the reply's
 # ``slot``; 0 is the question itself): not started and idle since the operation it names, inside
@@ -30,6 +30,12 @@ __all__ = ["Activity", "Status", "IDLE", "INSIDE", "FINISHED", "BUSY", "RECENT"]
 IDLE, INSIDE, FINISHED, BUSY = 1, 2, 3, 4
 RECENT = 1024  # finished operations remembered per peer (plans and status questions are late
 # by a few operations at most)
+
+
+def same_call(theirs: str, ours: str) -> bool:
+    """Whether two signatures are one call; a phase of a call carries a suffix
+    ("allgather(variable)[counts]") and is the same call."""
+    return theirs == ours or theirs.split("[", 1)[0] == ours.split("[", 1)[0]
 
 
 class Status(NamedTuple):
@@ -43,10 +49,11 @@ class Status(NamedTuple):
 
 
 class _Op:
-    __slots__ = ("signature", "neighbours", "waiting_on", "strangers", "finished")
+    __slots__ = ("signature", "neighbours", "waiting_on", "strangers", "finished", "mismatch")
 
     def __init__(self, signature: str, neighbours: frozenset | None) -> None:
         self.signature = signature
+        self.mismatch: str | None = None  # a message of another call arrived for this one
         self.neighbours = neighbours  # None: every peer takes part
         self.waiting_on = -1
         self.strangers: list[int] = []  # peers that named this one though it does not name them
@@ -96,11 +103,34 @@ class Activity:
             op = self._ops.get((channel, seq))
             return list(op.strangers) if op is not None else []
 
-    def waiting(self, channel: int, seq: int, src: int) -> None:
-        """Operation ``(channel, seq)`` now waits on ``src`` (-1: on nobody in particular)."""
+    def waiting(self, channel: int, seq: int, src: int) -> str | None:
+        """Operation ``(channel, seq)`` now waits on ``src`` (-1: on nobody in particular).
+        Returns the mismatch found for it meanwhile (see arrived), if any: set before this
+        reads it, or read by arrived after this set waiting_on, so it is never missed."""
         op = self._ops.get((channel, seq))  # one dict read, no lock: a torn read is harmless
-        if op is not None:
-            op.waiting_on = src
+        if op is None:
+            return None
+        op.waiting_on = src
+        return op.mismatch
+
+    def mismatch_of(self, channel: int, seq: int) -> str | None:
+        """The mismatch recorded for operation ``(channel, seq)`` (see arrived), if any."""
+        op = self._ops.get((channel, seq))
+        return None if op is None else op.mismatch
+
+    def arrived(self, src: int, channel: int, seq: int, their_call: str) -> int | None:
+        """A message of ``their_call`` from ``src`` arrived for ``(channel, seq)``: if this
+        peer's operation there is another call, record the mismatch and return the rank the
+        operation waits on (-1: none yet), whose mailbox should wake it; else None. Runs for
+        every arriving chunk, so no lock: one dict read and a string comparison."""
+        op = self._ops.get((channel, seq))
+        if op is None or op.finished or op.mismatch is not None or \
+                same_call(their_call, op.signature):
+            return None
+        op.mismatch = (f"called {op.signature} at sequence {seq}, but rank {src} sent a "
+                       f"chunk for {their_call} at that sequence: the peers made different "
+                       "calls")
+        return op.waiting_on
 
     def plan_arrived(self, src: int, channel: int, seq: int) -> bool:
         """A PLAN from ``src`` for ``(channel, seq)``: True to deliver it to the mailbox, False

@@ -20,12 +20,13 @@ from collectives.transport.activity import Activity
 from collectives.transport.drops import DropLog
 from collectives.transport.inbox import Inbox, Lost, MailboxError
 from collectives.transport.sockets import IDENTITY_PREFIX, rank_of_identity
-from collectives.transport.wire import (ABORT, BYE, DATA, PLAN, PLAN_ANSWER, STATUS, Header,
-                                        WireError, decode_header, encode_header)
+from collectives.transport.wire import (ABORT, BYE, DATA, PLAN, PLAN_ANSWER, SHM, STATUS,
+                                        Header, WireError, decode_header, encode_header)
 
 __all__ = ["Arrivals", "status_channel"]
 
 Handler = Callable[[int, Header, object], bool]  # (src, header, payload) -> counted as received
+_CHUNKS = (DATA, SHM, PLAN)  # the kinds that belong to an operation's call
 # A STATUS answer waits for its asker in this mailbox: (src, status_channel(channel), seq).
 # Negative, so no message's own channel (validated >= 0) can ever reach it.
 
@@ -100,28 +101,45 @@ class Arrivals:
         handler = self._handlers.get(header.kind)
         if handler is None or handler(src, header, payload):
             self._counters[src].messages_received += 1
+            if header.kind in _CHUNKS:
+                self._check_call(src, header)
 
     def _data(self, src: int, header: Header, payload) -> bool:
-        if not self._inbox.put((src, header.channel, header.seq), (header, payload, None)):
+        key = (src, header.channel, header.seq)
+        if not self._inbox.put(key, (header, payload, None)):
             self._drops.stale(src, header)
             return False
+        self._check_call(src, header)
         if payload is not None:
             self._counters[src].bytes_received += len(payload)
         return True
 
     def _abort(self, src: int, header: Header, payload) -> bool:
-        reason, lost_rank = header.op, None
-        if reason.startswith("lost:"):
-            rank_text, _, reason = reason[5:].partition("|")
-            lost_rank = int(rank_text) if rank_text.isdigit() else None
+        reason, named = header.op, None
+        if reason.startswith(("lost:", "late:")):
+            rank_text, _, rest = reason[5:].partition("|")
+            if rank_text.isdigit() and int(rank_text) < self._world_size:
+                named, reason = int(rank_text), rest
+        lost = named if header.op.startswith("lost:") else None
+        late = named if header.op.startswith("late:") else None
         self._inbox.post_error((src, header.channel, header.seq),
                                MailboxError(f"rank {src} abandoned the operation: {reason}",
-                                            lost_rank))
+                                            lost, late))
         return True
 
     def _bye(self, src: int, header: Header, payload) -> bool:
         self._inbox.mark_lost(src, Lost("it closed its peer (left the group)", kind="closed"))
         return True
+
+    def _check_call(self, src: int, header: Header) -> None:
+        # A chunk of another call for an operation under way here: the operation may never
+        # read this mailbox (it waits on another peer), so wake it where it waits, at once.
+        waiting_on = self._activity.arrived(src, header.channel, header.seq, header.op)
+        if waiting_on is not None and waiting_on >= 0:
+            message = self._activity.mismatch_of(header.channel, header.seq)
+            if message is not None:
+                self._inbox.post_error((waiting_on, header.channel, header.seq),
+                                       MailboxError(message, local=True))
 
     def _plan(self, src: int, header: Header, payload) -> bool:
         channel, seq = header.channel, header.seq

@@ -33,6 +33,7 @@ from collectives.transport.liveness import Liveness
 from collectives.transport.loop import IoLoop
 from collectives.transport.shm import SharedMemory
 from collectives.transport.sockets import Sockets, host_id
+from collectives.transport.wait_chain import find_missing
 from collectives.transport.wire import (ABORT, DATA, PLAN, PLAN_ANSWER, SHM, STATUS, Header,
                                         encode_header)
 
@@ -266,14 +267,17 @@ class Transport:
         key = (src, channel, seq)
         item = self.inbox.take(key)
         if item is None:
-            self.activity.waiting(channel, seq, src)  # for a peer that asks (STATUS)
+            # For a peer that asks (STATUS); and a chunk of another call may have come already.
+            mismatch = self.activity.waiting(channel, seq, src)
+            if mismatch is not None:
+                raise ProtocolError(f"rank {self.rank}: {mismatch}")
         if item is None and self._pump(key, deadline):
             item = self.inbox.get(key, deadline)
         elif item is None:
             item = self._loop.wait_on_inbox(self.inbox.get, key, deadline)
         if type(item) is tuple:
             return item
-        raise self._wait_error(item, src, operation)
+        raise self._wait_error(item, src, operation, channel, seq)
 
     def wait_any(self, keys, deadline: float):
         """The first of the mailboxes ``keys`` that holds a message or an error, or None at
@@ -282,11 +286,14 @@ class Transport:
         return self._loop.wait_on_inbox(self.inbox.wait_any, keys, deadline)
 
     def abort(self, dsts, channel: int, seq: int, reason: str,
-              lost_rank: int | None = None) -> None:
+              lost_rank: int | None = None, late_rank: int | None = None) -> None:
         """Tell peers that operation ``(channel, seq)`` is abandoned, so they raise instead of
-        waiting out their timeout; with ``lost_rank`` they raise PeerLost naming that rank."""
+        waiting out their timeout; with ``lost_rank`` they raise PeerLost naming that rank,
+        with ``late_rank`` OperationTimeout naming the rank found missing."""
         if lost_rank is not None:
             reason = f"lost:{lost_rank}|{reason}"
+        elif late_rank is not None:
+            reason = f"late:{late_rank}|{reason}"
         header = encode_header(ABORT, self.rank, channel, seq, reason[:250])
         for dst in dsts:
             if dst != self.rank and self.inbox.lost(dst) is None:
@@ -367,10 +374,20 @@ class Transport:
         return self._closed
 
     # ------------------------------------------------------------------ errors
-    def _wait_error(self, item, src: int, operation: Any) -> Exception:
+    def _wait_error(self, item, src: int, operation: Any, channel: int = -1,
+                    seq: int = -1) -> Exception:
+        # A collective's Call has a signature: its peers can be asked where they are.
+        signature = getattr(operation, "signature", None)
         operation = str(operation)  # a string, or an object worded only now (a p2p Call)
         where = f"rank {self.rank}: {operation}: rank {src} at {self.address(src)}"
         if isinstance(item, MailboxError):
+            if item.local:
+                return ProtocolError(f"rank {self.rank}: {item.message}")
+            if item.late_rank is not None:
+                late = item.late_rank
+                return OperationTimeout(f"rank {self.rank}: {operation}: rank {late} is missing "
+                                        f"(found by rank {src}): {item.message}", rank=late,
+                                        address=self.address(late), operation=operation)
             if item.lost_rank is not None:
                 # Lead with the rank that was lost; the peer that relayed the news comes second.
                 lost = item.lost_rank
@@ -392,6 +409,24 @@ class Transport:
         if src not in self._liveness.connected and not connecting:
             return PeerLost(f"{where}: never reachable within the timeout", rank=src,
                             address=self.address(src), operation=operation)
+        verdict = None
+        if signature is not None and signature != "send" and not self._closed:
+            verdict = find_missing(self, src, channel, seq, signature)
+            # While this peer asked, the peer it waited on may have timed out too and told it
+            # whom it found missing (an ABORT naming the late rank): that answer is the better.
+            late = self.inbox.take((src, channel, seq))
+            if isinstance(late, MailboxError):
+                return self._wait_error(late, src, operation)
+        if verdict is not None:
+            # Name the rank that is missing, not the neighbour that was waiting on it too.
+            waits = "".join(f", which waited on rank {r}" for r in verdict.chain[1:])
+            message = (f"rank {self.rank}: {operation}: {verdict.reason}; this peer waited on "
+                       f"rank {src}{waits}; rank {verdict.rank} is at "
+                       f"{self.address(verdict.rank)}")
+            if verdict.mismatch:
+                return ProtocolError(message)
+            return OperationTimeout(message, rank=verdict.rank,
+                                    address=self.address(verdict.rank), operation=operation)
         return OperationTimeout(f"{where}: alive but sent nothing for this operation within "
                                 f"the timeout (is it still computing, or did it make a "
                                 f"different call?)", rank=src, address=self.address(src),
