@@ -132,7 +132,7 @@ def test_the_root_of_a_broadcast_learns_of_a_mismatch():
             assert all(r[0] == "ProtocolError" for r in results), (other, results)
 
 
-# ---------------------------------------------------------------- defect 5: patterns that never pair
+# ---------------------------------------------------------------- defect 5: unpaired patterns
 def unpaired_pattern(peer, case):
     n, r = peer.world_size, peer.rank
     x = np.ones(256)

@@ -22,18 +22,17 @@ import zmq
 
 from collectives import defaults
 from collectives.config import TransportConfig
-from collectives.errors import (AuthenticationError, OperationTimeout, PeerLost, ProtocolError,
-                                RendezvousError)
+from collectives.errors import PeerLost, ProtocolError, RendezvousError
 from collectives.transport.activity import Activity, Status
 from collectives.transport.arrivals import Arrivals, status_channel
 from collectives.transport.drops import DropLog
-from collectives.transport.inbox import Inbox, Lost, MailboxError
+from collectives.transport.inbox import Inbox
 from collectives.transport.link import Link
 from collectives.transport.liveness import Liveness
 from collectives.transport.loop import IoLoop
 from collectives.transport.shm import SharedMemory
 from collectives.transport.sockets import Sockets, host_id
-from collectives.transport.wait_chain import find_missing
+from collectives.transport.wait_errors import wait_error
 from collectives.transport.wire import (ABORT, DATA, PLAN, PLAN_ANSWER, SHM, STATUS, Header,
                                         encode_header)
 
@@ -376,59 +375,11 @@ class Transport:
     # ------------------------------------------------------------------ errors
     def _wait_error(self, item, src: int, operation: Any, channel: int = -1,
                     seq: int = -1) -> Exception:
-        # A collective's Call has a signature: its peers can be asked where they are.
-        signature = getattr(operation, "signature", None)
-        operation = str(operation)  # a string, or an object worded only now (a p2p Call)
-        where = f"rank {self.rank}: {operation}: rank {src} at {self.address(src)}"
-        if isinstance(item, MailboxError):
-            if item.local:
-                return ProtocolError(f"rank {self.rank}: {item.message}")
-            if item.late_rank is not None:
-                late = item.late_rank
-                return OperationTimeout(f"rank {self.rank}: {operation}: rank {late} is missing "
-                                        f"(found by rank {src}): {item.message}", rank=late,
-                                        address=self.address(late), operation=operation)
-            if item.lost_rank is not None:
-                # Lead with the rank that was lost; the peer that relayed the news comes second.
-                lost = item.lost_rank
-                return PeerLost(f"rank {self.rank}: {operation}: lost rank {lost} at "
-                                f"{self.address(lost)} (reported by rank {src}): {item.message}",
-                                rank=lost, address=self.address(lost), operation=operation)
-            return ProtocolError(f"{where}: {item.message}")
-        if isinstance(item, Lost):
-            if item.kind == "auth":
-                return AuthenticationError(f"{where}: {item.reason}")
-            return PeerLost(f"{where}: {item.reason}", rank=src, address=self.address(src),
-                            operation=operation)
-        # Deadline passed: a peer we never reached (for as long as a silent peer is given) is
-        # lost; one that answers heartbeats is merely late (still computing, or it never made
-        # the matching call).
-        link = self._links.get(src)
-        connecting = (link is not None and time.monotonic() - link.created
-                      < self.config.effective_heartbeat_timeout)
-        if src not in self._liveness.connected and not connecting:
-            return PeerLost(f"{where}: never reachable within the timeout", rank=src,
-                            address=self.address(src), operation=operation)
-        verdict = None
-        if signature is not None and signature != "send" and not self._closed:
-            verdict = find_missing(self, src, channel, seq, signature)
-            # While this peer asked, the peer it waited on may have timed out too and told it
-            # whom it found missing (an ABORT naming the late rank): that answer is the better.
-            late = self.inbox.take((src, channel, seq))
-            if isinstance(late, MailboxError):
-                return self._wait_error(late, src, operation)
-        if verdict is not None:
-            # Name the rank that is missing, not the neighbour that was waiting on it too.
-            waits = "".join(f", which waited on rank {r}" for r in verdict.chain[1:])
-            message = (f"rank {self.rank}: {operation}: {verdict.reason}; this peer waited on "
-                       f"rank {src}{waits}; rank {verdict.rank} is at "
-                       f"{self.address(verdict.rank)}")
-            if verdict.mismatch:
-                return ProtocolError(message)
-            return OperationTimeout(message, rank=verdict.rank,
-                                    address=self.address(verdict.rank), operation=operation)
-        return OperationTimeout(f"{where}: alive but sent nothing for this operation within "
-                                f"the timeout (is it still computing, or did it make a "
-                                f"different call?)", rank=src, address=self.address(src),
-                                operation=operation)
+        return wait_error(self, item, src, operation, channel, seq)
 
+    def connecting(self, rank: int) -> bool:
+        """True while the connection to ``rank`` is younger than a silent peer is given: not
+        reached yet is no sign of a dead peer then."""
+        link = self._links.get(rank)
+        return (link is not None and time.monotonic() - link.created
+                < self.config.effective_heartbeat_timeout)
