@@ -38,6 +38,11 @@ def same_call(theirs: str, ours: str) -> bool:
     return theirs == ours or theirs.split("[", 1)[0] == ours.split("[", 1)[0]
 
 
+def _mismatch(ours: str, seq: int, src: int, theirs: str) -> str:
+    return (f"called {ours} at sequence {seq}, but rank {src} sent a chunk for {theirs} at "
+            "that sequence: the peers made different calls")
+
+
 class Status(NamedTuple):
     """A peer's answer about operation ``seq`` of one channel: ``state`` (IDLE, INSIDE,
     FINISHED, BUSY); the operation it is inside or last began (``current_seq``, ``signature``; -1
@@ -69,6 +74,9 @@ class Activity:
         self._ops: OrderedDict[tuple[int, int], _Op] = OrderedDict()
         self._current: dict[int, int] = {}  # channel -> the latest sequence begun
         self._pending: dict[tuple[int, int], set[int]] = {}  # plans before their operation
+        # The first chunk's (src, call) of each collective operation not begun yet: a chunk of
+        # another call that came early is a mismatch found when the operation begins.
+        self._early: dict[tuple[int, int], tuple[int, str]] = {}
 
     def begin(self, channel: int, seq: int, signature: str,
               neighbours: frozenset | None = None) -> list[int]:
@@ -81,6 +89,9 @@ class Activity:
                 self._current[channel] = seq
             while len(self._ops) > RECENT:
                 self._ops.popitem(last=False)
+            first = self._early.pop((channel, seq), None)
+            if first is not None and not same_call(first[1], signature):
+                op.mismatch = _mismatch(signature, seq, *first)
             early = self._pending.pop((channel, seq), ())
             if neighbours is None:
                 return []
@@ -123,13 +134,22 @@ class Activity:
         peer's operation there is another call, record the mismatch and return the rank the
         operation waits on (-1: none yet), whose mailbox should wake it; else None. Runs for
         every arriving chunk, so no lock: one dict read and a string comparison."""
-        op = self._ops.get((channel, seq))
-        if op is None or op.finished or op.mismatch is not None or \
-                same_call(their_call, op.signature):
+        key = (channel, seq)
+        op = self._ops.get(key)
+        if op is None:
+            # Collective channels are even (channels.py); point-to-point ones have no begin.
+            if channel % 2 or key in self._early:
+                return None
+            with self._lock:  # begin() may be registering it right now
+                op = self._ops.get(key)
+                if op is None:
+                    self._early[key] = (src, their_call)
+                    if len(self._early) > RECENT:  # operations that never begin here
+                        self._early.pop(next(iter(self._early)))
+                    return None
+        if op.finished or op.mismatch is not None or same_call(their_call, op.signature):
             return None
-        op.mismatch = (f"called {op.signature} at sequence {seq}, but rank {src} sent a "
-                       f"chunk for {their_call} at that sequence: the peers made different "
-                       "calls")
+        op.mismatch = _mismatch(op.signature, seq, src, their_call)
         return op.waiting_on
 
     def plan_arrived(self, src: int, channel: int, seq: int) -> bool:
