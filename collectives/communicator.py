@@ -25,7 +25,7 @@ from collectives import defaults
 from collectives.algorithms.allgather import exchange_counts, ring_allgather_into
 from collectives.algorithms.barrier import dissemination_barrier
 from collectives.algorithms.broadcast import pipelined_broadcast
-from collectives.algorithms.neighbor import neighbor_exchange
+from collectives.algorithms.neighbor import UNCHECKED, neighbor_exchange
 from collectives.algorithms.p2p import Call, wait_sent
 from collectives.algorithms.ring import ring_allreduce, ring_reduce_scatter, segments
 from collectives.algorithms.small import recursive_doubling_allreduce
@@ -308,14 +308,21 @@ class Communicator:
     def neighbor_allreduce(self, x: Any, self_weight: float, src_weights: dict[int, float],
                            dst_ranks, *, dst_weights: dict[int, float] | None = None,
                            scratch: Any = None, out: Any = None, wait: bool = True,
-                           timeout: float | None = None) -> Any:
+                           timeout: float | None = None, check_pattern: bool = True) -> Any:
         """x <- self_weight * x + sum_j src_weights[j] * x_j, sending x to ``dst_ranks``
         (each scaled by ``dst_weights[dst]`` if given). In place; returns x. With ``out`` (an
         array of x's size and dtype) the result goes there instead, x is only sent and stays
         as it was, and out is returned.
 
         Only the peers named take part, so a pattern may be directed or change every round;
-        peers must agree on it (j in my src_weights iff I am in j's dst_ranks).
+        peers must agree on it (j in my src_weights iff I am in j's dst_ranks). With
+        ``check_pattern`` (the default) that is checked before the data is combined: a pattern
+        that does not pair is a ValueError on the peers involved, naming both ranks, instead of
+        a wait for the timeout (algorithms/pattern.py). The plan rides in the data's header, so
+        on a ring it costs nothing measurable; on a directed pattern a peer also waits for its
+        destinations to begin, and peers it only hears from get one tiny message more.
+        ``check_pattern=False`` skips the check; every peer of the exchange must pass the same
+        value (a peer that checks meets a call of another signature: ProtocolError).
         """
         adapter, flat, dtype = self._flat(x)
         if not (dtype.startswith("float") or dtype.startswith("complex") or dtype == "bfloat16"):
@@ -342,6 +349,7 @@ class Communicator:
                                      "neighbor_allreduce", "scratch like x")
         seq = self._next_seq()
         peers = sorted(set(dst_ranks) | set(src_weights))
+        signature = "neighbor_allreduce" + ("" if check_pattern else UNCHECKED)
 
         def body() -> Any:
             # Push-sum scales a copy per destination every round: those buffers come from a
@@ -349,7 +357,7 @@ class Communicator:
             key = (adapter.kind, dtype, adapter.size(flat), len(dst_ranks))
             buffers = self._take_buffers(key, adapter, flat) if dst_weights is not None else None
             try:
-                self._execute(seq, "neighbor_allreduce", dtype, tuple(x.shape), timeout, peers,
+                self._execute(seq, signature, dtype, tuple(x.shape), timeout, peers,
                               lambda call: neighbor_exchange(call, adapter, flat,
                                                              float(self_weight), src_weights,
                                                              dst_ranks, dst_weights, scratch,

@@ -146,16 +146,20 @@ class Peer:
     def neighbor_allreduce(self, x: Any, self_weight: float, src_weights: dict[int, float],
                            dst_ranks, *, dst_weights: dict[int, float] | None = None,
                            scratch: Any = None, out: Any = None, wait: bool = True,
-                           timeout: float | None = None) -> Any:
+                           timeout: float | None = None, check_pattern: bool = True) -> Any:
         """One neighbour exchange with explicit weights: ``x <- self_weight x +
         sum_j src_weights[j] x_j``, in place, sending ``x`` to ``dst_ranks`` (scaled by
         ``dst_weights[j]`` if given, as push-sum does). ``scratch``: a buffer like ``x`` for
         the received values (else allocated); ``out``: the result goes there and ``x`` is
         only sent. The peers' patterns must pair up (j in my src_weights iff I am in j's
-        dst_ranks); PeerLost or OperationTimeout if a neighbour dies or stalls."""
+        dst_ranks): checked before the data is combined, ValueError naming both ranks if not
+        (``check_pattern=False`` skips the check, on every peer alike; see
+        Communicator.neighbor_allreduce for its cost); PeerLost or OperationTimeout if a
+        neighbour dies or stalls."""
         return self._comm.neighbor_allreduce(x, self_weight, src_weights, dst_ranks,
                                              dst_weights=dst_weights, scratch=scratch,
-                                             out=out, wait=wait, timeout=timeout)
+                                             out=out, wait=wait, timeout=timeout,
+                                             check_pattern=check_pattern)
 
     def neighbor_average(self, x: Any, step: int = 0, *, scratch: Any = None, wait: bool = True,
                          timeout: float | None = None) -> Any:

@@ -272,3 +272,24 @@ def test_a_chunk_of_another_call_that_came_first_is_a_mismatch_at_once():
         assert kind == "ProtocolError", message
         assert "broadcast(root=0)" in message and "allreduce" in message, message
         assert elapsed < QUICK
+
+
+def unchecked_rounds(peer, mixed):
+    n, r = peer.world_size, peer.rank
+    x = np.full(8, float(r))
+    check = not (mixed and r == 0)
+    return outcome(lambda: peer.neighbor_allreduce(
+        x, 0.5, {(r - 1) % n: 0.25, (r + 1) % n: 0.25}, [(r - 1) % n, (r + 1) % n],
+        check_pattern=check).tolist())
+
+
+def test_the_pattern_check_can_be_skipped_by_every_peer_alike():
+    n = 3
+    for r, (kind, value, _) in enumerate(spawn(unchecked_rounds, n=n, timeout=90,
+                                               args=(False,), peer_timeout=PEER_TIMEOUT)):
+        assert kind == "ok", value
+        assert value == [0.5 * r + 0.25 * ((r - 1) % n) + 0.25 * ((r + 1) % n)] * 8
+    for kind, message, elapsed in spawn(unchecked_rounds, n=n, timeout=90, args=(True,),
+                                        peer_timeout=PEER_TIMEOUT):
+        assert kind == "ProtocolError" and "(unchecked)" in message, message
+        assert elapsed < QUICK

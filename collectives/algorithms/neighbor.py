@@ -11,9 +11,13 @@ from typing import Any
 
 from collectives.arrays.adapter import ArrayAdapter
 from collectives.algorithms.p2p import Call, post_range, recv_range, wait_reached, wait_sent
-from collectives.algorithms.pattern import announce, check_pairing
+from collectives.algorithms.pattern import announce, check_pairing, plan_bits
 
-__all__ = ["neighbor_exchange"]
+__all__ = ["neighbor_exchange", "UNCHECKED"]
+
+# The signature's suffix of an exchange called with check_pattern=False: no plans travel and
+# no pairing is checked (a peer that checks meets a call of another signature instead).
+UNCHECKED = "(unchecked)"
 
 
 def neighbor_exchange(call: Call, adapter: ArrayAdapter, flat: Any, self_weight: float,
@@ -27,17 +31,23 @@ def neighbor_exchange(call: Call, adapter: ArrayAdapter, flat: Any, self_weight:
     (reused too; they are free again when this returns)."""
     size = adapter.size(flat)
     peers = sorted(set(src_weights) | set(dst_ranks))
-    announce(call, peers, src_weights, dst_ranks)
+    checked = not call.signature.endswith(UNCHECKED)
+    if checked:
+        announce(call, peers, src_weights, dst_ranks)
     tickets = []
     for i, dst in enumerate(dst_ranks):
+        # The plan rides on the data.
+        plan = plan_bits(dst, src_weights, dst_ranks) if checked else 0
         if dst_weights is None:
-            tickets.append(post_range(call, dst, adapter, flat, 0, size, track=True))
+            tickets.append(post_range(call, dst, adapter, flat, 0, size, track=True,
+                                      plan=plan))
         else:
             scaled = send_buffers[i]
             adapter.scaled_copy(scaled, dst_weights[dst], flat)
-            tickets.append(post_range(call, dst, adapter, scaled, 0, size, track=True))
+            tickets.append(post_range(call, dst, adapter, scaled, 0, size, track=True,
+                                      plan=plan))
     # The plans are read after the data went out: checking costs no round trip before it.
-    problems = check_pairing(call, peers, src_weights, dst_ranks)
+    problems = check_pairing(call, peers, src_weights, dst_ranks) if checked else None
     if problems:
         _refuse(call, peers, problems, tickets)
     # What the in-neighbours send adds up in `scratch` (the first one is written, not added,

@@ -2,29 +2,39 @@
 I am in j's destinations), or some peer waits for data nobody sends, until its timeout.
 
 A neighbour exchange involves only neighbours, so each peer tells every peer it names (as a
-source or a destination) what it plans towards it, in one header-only PLAN message ahead of its
-data: "I send to you", "I expect from you". Each side reads the other's plan and compares; a
+source or a destination) what it plans towards it: "I send to you", "I expect from you". To a
+destination the plan rides in the header of the first data chunk (free: no extra message on a
+ring); only a source this peer does not send to gets a header-only PLAN message (and a
+shared-memory chunk, whose header field holds its slot, is preceded by one). Each side reads
+the other's plan (the first message of its mailbox) and compares; a
 pair that disagrees is a ValueError on both ends, naming both ranks. A peer named by someone its
 own call does not name could never tell by itself: its I/O thread answers such a plan at once
 ("my call does not involve you"), see transport/activity.py, so the naming peer raises too.
-Cost: one tiny message per neighbour and direction per call, sent before the data so that a
-neighbour's plan is always the first message of its mailbox.
+Cost: a header field per data message; one tiny message per neighbour heard from but not sent
+to; and a peer now waits for each destination's plan, i.e. until its destinations have begun
+the call too (on directed graphs this couples a round to the out-neighbours' start).
 """
 from __future__ import annotations
 
 from collectives.algorithms.p2p import Call
-from collectives.transport.wire import PLAN, PLAN_ANSWER, PLAN_RECEIVES, PLAN_SENDS
+from collectives.transport.wire import DATA, PLAN, PLAN_ANSWER, PLAN_RECEIVES, PLAN_SENDS
 
-__all__ = ["announce", "check_pairing"]
+__all__ = ["announce", "check_pairing", "plan_bits"]
+
+
+def plan_bits(p: int, sources, destinations) -> int:
+    """This peer's PLAN bits towards peer ``p``."""
+    return (PLAN_SENDS if p in destinations else 0) | (PLAN_RECEIVES if p in sources else 0)
 
 
 def announce(call: Call, peers, sources, destinations) -> None:
-    """Send every peer of ``peers`` this peer's plan towards it."""
+    """Send the peers of ``peers`` that get no data from this call their header-only PLAN (the
+    destinations get theirs with the data)."""
     t = call.transport
     for p in peers:
-        bits = (PLAN_SENDS if p in destinations else 0) | (PLAN_RECEIVES if p in sources else 0)
-        t.post_plan(p, call.channel, call.seq, call.signature, call.dtype, call.shape,
-                    call.nbytes, bits)
+        if p not in destinations:
+            t.post_plan(p, call.channel, call.seq, call.signature, call.dtype, call.shape,
+                        call.nbytes, plan_bits(p, sources, destinations))
 
 
 def check_pairing(call: Call, peers, sources, destinations) -> list[str]:
@@ -33,11 +43,14 @@ def check_pairing(call: Call, peers, sources, destinations) -> list[str]:
     t = call.transport
     r, seq, problems = t.rank, call.seq, []
     for p in peers:
-        header, _, release = t.recv(p, call.channel, seq, deadline=call.deadline,
-                                    operation=call)
-        if release is not None:
+        item = t.recv(p, call.channel, seq, deadline=call.deadline, operation=call)
+        header, _, release = item
+        carried = header.kind == DATA and header.slot & PLAN_SENDS and header.offset == 0
+        if carried:
+            t.inbox.unget((p, call.channel, seq), item)  # the data, for recv_range
+        elif release is not None:
             release()
-        if header.kind != PLAN or header.op != call.signature or \
+        if not (carried or header.kind == PLAN) or header.op != call.signature or \
                 header.dtype != call.dtype or header.shape != call.shape:
             raise call.mismatch(p, header, "a chunk" if header.kind != PLAN else "a plan")
         bits = header.slot

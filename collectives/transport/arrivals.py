@@ -105,11 +105,14 @@ class Arrivals:
                 self._check_call(src, header)
 
     def _data(self, src: int, header: Header, payload) -> bool:
-        key = (src, header.channel, header.seq)
-        if not self._inbox.put(key, (header, payload, None)):
+        if header.slot:  # the first chunk of a neighbour exchange, with its plan
+            return self._plan(src, header, payload)
+        return self._deliver(src, header, payload)
+
+    def _deliver(self, src: int, header: Header, payload) -> bool:
+        if not self._inbox.put((src, header.channel, header.seq), (header, payload, None)):
             self._drops.stale(src, header)
             return False
-        self._check_call(src, header)
         if payload is not None:
             self._counters[src].bytes_received += len(payload)
         return True
@@ -144,12 +147,15 @@ class Arrivals:
     def _plan(self, src: int, header: Header, payload) -> bool:
         channel, seq = header.channel, header.seq
         if header.slot == PLAN_ANSWER or self._activity.plan_arrived(src, channel, seq):
-            return self._data(src, header, payload)  # ahead of the data that follows it
+            return self._deliver(src, header, payload)  # ahead of the data that follows it
         # This peer's call at that sequence does not involve src: say so now (src waits for
         # it), and refuse what src sends there after the plan.
         self._inbox.retire((src, channel, seq))
         self._answer(src, encode_header(PLAN, self.rank, channel, seq, header.op, header.dtype,
                                         header.shape, header.nbytes, slot=PLAN_ANSWER))
+        if header.kind == DATA:
+            self._drops.stale(src, header)  # counted: a data chunk this call does not take
+            return False
         return True
 
     def _status(self, src: int, header: Header, payload) -> bool:

@@ -176,13 +176,15 @@ class Transport:
 
     def post_chunk(self, dst: int, channel: int, seq: int, op: str, dtype: str,
                    shape: tuple, nbytes: int, offset: int, payload: Any, *, deadline: float,
-                   track: bool = False) -> SendTicket | None:
+                   track: bool = False, plan: int = 0) -> SendTicket | None:
         """Send one chunk of an array (bytes ``[offset, offset + len(payload))``) to ``dst``.
 
         To a peer on this host the chunk is copied into a shared-memory slot (or, if none is
         free, queued until one is; the ticket then says when the buffer was copied); otherwise
         it is sent zero-copy, and with ``track`` the ticket says when the buffer may change.
-        Never blocks: a full ring or socket queues, in order."""
+        Never blocks: a full ring or socket queues, in order. ``plan``: a neighbour exchange's
+        PLAN bits, carried in the DATA header (a shared-memory chunk's header holds its slot
+        there, so a separate PLAN goes first)."""
         if self._closed:
             raise PeerLost(f"rank {self.rank}: send to rank {dst} after close()", rank=dst)
         length = payload.nbytes if isinstance(payload, memoryview) else len(payload)
@@ -191,10 +193,12 @@ class Transport:
             # Small: ZeroMQ copies it anyway, so the buffer is free at once (no tracking).
             # Straight to the link: this is the path of every latency-bound operation.
             if link.send((encode_header(DATA, self.rank, channel, seq, op, dtype, shape, nbytes,
-                                        offset, length), bytes(payload)), None):
+                                        offset, length, plan), bytes(payload)), None):
                 self._command(("flush", link))
             return None
         if self._shm.has_ring(dst):
+            if plan:
+                self.post_plan(dst, channel, seq, op, dtype, shape, nbytes, plan)
             ticket = SendTicket() if track else None
             fields = (SHM, self.rank, channel, seq, op, dtype, shape, nbytes, offset, length)
             queued, wake = self._shm.post(link, fields, payload, ticket)
@@ -207,7 +211,7 @@ class Transport:
             return ticket
         ticket = SendTicket() if track else None
         self.send(dst, encode_header(DATA, self.rank, channel, seq, op, dtype, shape, nbytes,
-                                     offset, length), payload, ticket=ticket)
+                                     offset, length, plan), payload, ticket=ticket)
         return ticket
 
     def post_plan(self, dst: int, channel: int, seq: int, op: str, dtype: str, shape: tuple,

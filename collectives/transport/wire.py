@@ -22,6 +22,8 @@ Header (a msgpack array, in this order; arrays pack smaller and parse faster tha
 - ``dtype``/``shape``/``nbytes``: the whole logical array the chunk belongs to.
 - ``offset``/``length``: the byte range of this chunk in that array (for DATA, ``length`` must
   equal the payload frame's length).
+- ``slot``: SHM's slot; PLAN's bits; a DATA chunk's PLAN bits (a neighbour exchange's plan,
+  carried by its first chunk; 0 otherwise).
 - ``number``: the message's place on its connection (1, 2, 3, ... in the order the sender's
   socket took them; stamped by the link at send time, see ``stamp_number``). A ZeroMQ pipe never
   reorders or duplicates, so a number that does not exceed the last one heard from that source is
@@ -255,6 +257,8 @@ def decode_header(raw: bytes | memoryview, *, world_size: int, max_bytes: int,
         if offset + length > nbytes:
             raise WireError(f"chunk [{offset}, {offset + length}) overruns the "
                             f"{nbytes}-byte array")
+        if kind == DATA and slot > PLAN_SENDS | PLAN_RECEIVES:
+            raise WireError(f"plan bits {slot} of a data chunk are not a plan")
     elif kind == PLAN:
         if slot > PLAN_SENDS | PLAN_RECEIVES | PLAN_ANSWER or \
                 slot & PLAN_ANSWER and slot != PLAN_ANSWER:
