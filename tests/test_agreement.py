@@ -218,60 +218,46 @@ def test_a_timeout_names_the_rank_that_never_started_the_call():
 
 def broadcast_among_allreduces(peer):
     x = np.ones(16, dtype=np.float32)
-    start = time.monotonic()
-    try:
-        if peer.rank == 2:
-            peer.broadcast(x, root=0)
-        else:
-            peer.allreduce(x)
-    except gossip.GossipError as exc:
-        return type(exc).__name__, str(exc), time.monotonic() - start
-    return None
+    if peer.rank == 2:
+        return outcome(lambda: peer.broadcast(x, root=0))
+    return outcome(lambda: peer.allreduce(x))
+
+
+def assert_both_calls_named(results, within: float) -> None:
+    """Every rank raised ProtocolError naming the broadcast and the allreduce, in time."""
+    for kind, message, elapsed in results:
+        assert kind == "ProtocolError", (kind, message)
+        assert "broadcast(root=0)" in message and "allreduce" in message, message
+        assert elapsed < within
 
 
 def test_mismatched_calls_name_both_calls_on_every_rank():
     timeout = 6.0
     for _ in range(3):
-        results = spawn(broadcast_among_allreduces, n=4, timeout=120, peer_timeout=timeout)
-        for result in results:
-            assert result is not None, results
-            kind, message, elapsed = result
-            assert kind == "ProtocolError", message
-            assert "broadcast(root=0)" in message and "allreduce" in message, message
-            assert elapsed < timeout + 5
+        assert_both_calls_named(spawn(broadcast_among_allreduces, n=4, timeout=120,
+                                      peer_timeout=timeout), timeout + 5)
 
 
 def mismatch_that_arrived_first(peer):
     """Rank 3's allreduce chunks reach rank 2 before rank 2 makes its (other) call."""
     from gossip.testing import wait_until
     x = np.ones(16, dtype=np.float32)
-    start = time.monotonic()
-    try:
-        if peer.rank == 3:
-            before = peer.stats()["messages_sent"]
-            handle = peer.allreduce(x, wait=False)
-            wait_until(lambda: peer.stats()["messages_sent"] > before, 10,
-                       what="rank 3's first allreduce chunk leaving")
-            peer.send(2, np.zeros(1))  # behind the chunk on the same connection
-            handle.wait()
-        elif peer.rank == 2:
-            peer.recv(3)
-            peer.broadcast(x, root=0)
-        else:
-            peer.allreduce(x)
-    except gossip.GossipError as exc:
-        return type(exc).__name__, str(exc), time.monotonic() - start
-    return None
+    if peer.rank == 3:
+        before = peer.stats()["messages_sent"]
+        handle = peer.allreduce(x, wait=False)
+        wait_until(lambda: peer.stats()["messages_sent"] > before, 10,
+                   what="rank 3's first allreduce chunk leaving")
+        peer.send(2, np.zeros(1))  # behind the chunk on the same connection
+        return outcome(handle.wait)
+    if peer.rank == 2:
+        peer.recv(3)
+        return outcome(lambda: peer.broadcast(x, root=0))
+    return outcome(lambda: peer.allreduce(x))
 
 
 def test_a_chunk_of_another_call_that_came_first_is_a_mismatch_at_once():
-    results = spawn(mismatch_that_arrived_first, n=4, timeout=120, peer_timeout=PEER_TIMEOUT)
-    for result in results:
-        assert result is not None, results
-        kind, message, elapsed = result
-        assert kind == "ProtocolError", message
-        assert "broadcast(root=0)" in message and "allreduce" in message, message
-        assert elapsed < QUICK
+    assert_both_calls_named(spawn(mismatch_that_arrived_first, n=4, timeout=120,
+                                  peer_timeout=PEER_TIMEOUT), QUICK)
 
 
 def unchecked_rounds(peer, mixed):
