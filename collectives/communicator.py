@@ -25,12 +25,12 @@ from collectives import defaults
 from collectives.algorithms.allgather import exchange_counts, ring_allgather_into
 from collectives.algorithms.barrier import dissemination_barrier
 from collectives.algorithms.broadcast import pipelined_broadcast
-from collectives.algorithms.neighbor import neighbor_exchange
+from collectives.algorithms.neighbor import UNCHECKED, neighbor_exchange
 from collectives.algorithms.p2p import Call, wait_sent
 from collectives.algorithms.ring import ring_allreduce, ring_reduce_scatter, segments
 from collectives.algorithms.small import recursive_doubling_allreduce
 from collectives.arrays.adapter import ArrayAdapter, check_reduce_op
-from collectives.errors import ExchangeIncomplete, GossipError, PeerLost
+from collectives.errors import ExchangeIncomplete, GossipError, OperationTimeout, PeerLost
 from collectives.send_recv import PointToPoint, flat_of
 from collectives.transport.channels import Channel
 from collectives.transport.transport import Transport
@@ -87,18 +87,31 @@ class Communicator:
         return self._executor.submit(body, Work(f"rank {self.rank}: {description}"))
 
     def _execute(self, seq: int, signature: str, dtype: str, shape: tuple, timeout: float | None,
-                 peers, body: Callable[[Call], Any]) -> Any:
+                 peers, body: Callable[[Call], Any], *, neighbours: bool = False) -> Any:
+        """Run ``body`` as operation ``seq`` with ``peers`` (``neighbours``: only they take part,
+        a neighbour exchange; else every peer)."""
         deadline = time.monotonic() + (self.timeout if timeout is None else timeout)
         call = Call(self.transport, self.channel, seq, signature, dtype, shape, deadline)
-        inbox = self.transport.inbox
+        inbox, activity = self.transport.inbox, self.transport.activity
         inbox.begin(self.channel, seq)
+        for src in activity.begin(self.channel, seq, signature,
+                                  frozenset(peers) if neighbours else None):
+            # It named this call before it began, though this call does not name it: it waits
+            # for the answer (see algorithms/pattern.py); this call refuses itself there too.
+            self.transport.answer_plan(src, self.channel, seq)
+        failed = True
         try:
-            return body(call)
+            result = body(call)
+            failed = False
+            return result
         except GossipError as exc:
             lost = exc.rank if isinstance(exc, PeerLost) else None
-            self.transport.abort(peers, self.channel, seq, str(exc), lost_rank=lost)
+            late = exc.rank if isinstance(exc, OperationTimeout) else None
+            self.transport.abort(peers, self.channel, seq, str(exc), lost_rank=lost,
+                                 late_rank=late)
             raise
         finally:
+            activity.end(self.channel, seq, failed)
             inbox.end(self.channel, seq)
             self.transport.retire(self.channel, seq, peers)
 
@@ -131,6 +144,20 @@ class Communicator:
 
     def _all_peers(self) -> tuple[int, ...]:
         return self._peers
+
+    def _out_like(self, adapter: ArrayAdapter, dtype: str, count: int, out: Any, what: str,
+                  needs: str) -> Any:
+        """The flat view of a caller's ``out``, which must be of x's family and dtype, with
+        ``count`` elements, contiguous and writable (else TypeError/ValueError, before any
+        sequence number is taken). A different dtype of the same itemsize would otherwise be
+        filled with the bytes of another type, silently."""
+        out_adapter, out_flat, out_dtype = self._flat(out)
+        got = out_adapter.size(out_flat)
+        if out_adapter.kind != adapter.kind or out_dtype != dtype or got != count:
+            raise ValueError(f"rank {self.rank}: {what}: out must be a {adapter.kind} array "
+                             f"of {count} {dtype} elements ({needs}), got {out_adapter.kind} "
+                             f"{out_dtype} of {got}")
+        return out_flat
 
     # ------------------------------------------------------------------ collectives
     def allreduce(self, x: Any, op: str = "sum", *, wait: bool = True,
@@ -205,15 +232,20 @@ class Communicator:
             gathered = adapter.empty(n * count, dtype, flat)
             self._nccl.allgather(flat, gathered, count, dtype)
             return self._done(gathered.reshape((n,) + tuple(x.shape)), "allgather(nccl)", wait)
-        seq = self._next_seq()
         if not variable:
+            # Checked before the call takes a sequence number: a refused out= leaves this peer
+            # in step with the others (their next call meets this peer's next call).
             if out is None:
                 out = adapter.empty(n * count, dtype, flat)
                 out = out.reshape((n,) + tuple(x.shape))
-            out_flat = adapter.flat(out)
-            if adapter.size(out_flat) != n * count:
-                raise ValueError(f"out has {adapter.size(out_flat)} elements; allgather of "
-                                 f"{count} elements from {n} peers needs {n * count}")
+                out_flat = adapter.flat(out)
+            else:
+                out_flat = self._out_like(adapter, dtype, n * count, out, "allgather",
+                                          f"{count} elements from {n} peers")
+        elif out is not None:
+            raise ValueError(f"rank {self.rank}: allgather(variable=True) returns a list of "
+                             "arrays; it takes no out=")
+        seq = self._next_seq()
         signature = "allgather(variable)" if variable else "allgather"
         shape = (count,) if variable else tuple(x.shape)
 
@@ -276,14 +308,22 @@ class Communicator:
     def neighbor_allreduce(self, x: Any, self_weight: float, src_weights: dict[int, float],
                            dst_ranks, *, dst_weights: dict[int, float] | None = None,
                            scratch: Any = None, out: Any = None, wait: bool = True,
-                           timeout: float | None = None, partial: bool = False) -> Any:
+                           timeout: float | None = None, partial: bool = False,
+                           check_pattern: bool = True) -> Any:
         """x <- self_weight * x + sum_j src_weights[j] * x_j, sending x to ``dst_ranks``
         (each scaled by ``dst_weights[dst]`` if given). In place; returns x. With ``out`` (an
         array of x's size and dtype) the result goes there instead, x is only sent and stays
         as it was, and out is returned.
 
         Only the peers named take part, so a pattern may be directed or change every round;
-        peers must agree on it (j in my src_weights iff I am in j's dst_ranks).
+        peers must agree on it (j in my src_weights iff I am in j's dst_ranks). With
+        ``check_pattern`` (the default) that is checked before the data is combined: a pattern
+        that does not pair is a ValueError on the peers involved, naming both ranks, instead of
+        a wait for the timeout (algorithms/pattern.py). The plan rides in the data's header, so
+        on a ring it costs nothing measurable; on a directed pattern a peer also waits for its
+        destinations to begin, and peers it only hears from get one tiny message more.
+        ``check_pattern=False`` skips the check; every peer of the exchange must pass the same
+        value (a peer that checks meets a call of another signature: ProtocolError).
 
         ``partial=True``: a peer lost (or silent past the timeout) during the round is left
         out instead of failing it: the round completes over the others (with
@@ -307,18 +347,16 @@ class Communicator:
         if out is x:
             out = None   # in place, as without out (a separate out must not overlap x)
         if out is not None:
-            out_adapter, out_flat, out_dtype = self._flat(out)
-            if out_adapter.kind != adapter.kind or out_dtype != dtype or \
-                    out_adapter.size(out_flat) != adapter.size(flat):
-                raise ValueError(f"out must be a {adapter.kind} array of {adapter.size(flat)} "
-                                 f"{dtype} elements like x, got {out_adapter.kind} "
-                                 f"{out_dtype} of {out_adapter.size(out_flat)}")
+            out_flat = self._out_like(adapter, dtype, adapter.size(flat), out,
+                                      "neighbor_allreduce", "like x")
         elif scratch is None:
             scratch = adapter.empty(adapter.size(flat), dtype, flat)
         if scratch is not None:
-            scratch = adapter.flat(scratch)
+            scratch = self._out_like(adapter, dtype, adapter.size(flat), scratch,
+                                     "neighbor_allreduce", "scratch like x")
         seq = self._next_seq()
         peers = sorted(set(dst_ranks) | set(src_weights))
+        signature = "neighbor_allreduce" + ("" if check_pattern else UNCHECKED)
 
         def body() -> Any:
             # Push-sum scales a copy per destination every round: those buffers come from a
@@ -327,10 +365,11 @@ class Communicator:
             buffers = self._take_buffers(key, adapter, flat) if dst_weights is not None else None
             try:
                 missing = self._execute(
-                    seq, "neighbor_allreduce", dtype, tuple(x.shape), timeout, peers,
+                    seq, signature, dtype, tuple(x.shape), timeout, peers,
                     lambda call: neighbor_exchange(call, adapter, flat, float(self_weight),
                                                    src_weights, dst_ranks, dst_weights,
-                                                   scratch, buffers, out_flat, partial))
+                                                   scratch, buffers, out_flat, partial),
+                    neighbours=True)
             finally:
                 if buffers is not None:
                     with self._seq_lock:

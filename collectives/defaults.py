@@ -36,6 +36,7 @@ MAX_STRIKES              8          -                     bad messages before a 
 RENDEZVOUS_CLIENT_GRACE  0.5 s      -                     past rank 0's time: its verdict
 RENDEZVOUS_POLL          0.5 s      -                     rank 0 looks at its deadline
 LAUNCHER_GRACE           5 s        -                     polite signal, then SIGKILL
+STATUS_WAIT              2 s        -                     a timed-out wait asks who is missing
 =======================  =========  ====================  ==================================
 """
 from __future__ import annotations
@@ -46,7 +47,7 @@ __all__ = [
     "MAX_LOGGED_DROPS", "DROP_SUMMARY_INTERVAL", "RECONNECT_INTERVAL", "GOODBYE_LINGER",
     "CLOSE_TIMEOUT", "RING_MAPPED_SHARE", "REACH_POLL_MIN", "REACH_POLL_MAX",
     "HELD_PAUSE", "HELD_RESUME", "HELD_PER_LINK", "HELD_TOTAL", "HELD_OVERHEAD", "MAX_STRIKES",
-    "RENDEZVOUS_CLIENT_GRACE", "RENDEZVOUS_POLL", "LAUNCHER_GRACE",
+    "RENDEZVOUS_CLIENT_GRACE", "RENDEZVOUS_POLL", "LAUNCHER_GRACE", "STATUS_WAIT",
 ]
 
 # Seconds any blocking wait may take before it raises (GOSSIP_TIMEOUT, init(timeout=)).
@@ -125,3 +126,8 @@ RENDEZVOUS_CLIENT_GRACE = 0.5
 RENDEZVOUS_POLL = 0.5
 # The launcher's seconds between the polite signal (SIGTERM/SIGINT) and SIGKILL.
 LAUNCHER_GRACE = 5.0
+
+# After a wait timed out, how long in all the peer asks along the chain of waiting peers which
+# one is missing (each answer is one round trip to an I/O thread: milliseconds on one host), so
+# an error is at most this late.
+STATUS_WAIT = 2.0

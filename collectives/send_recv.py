@@ -16,8 +16,8 @@ import numpy as np
 
 from collectives.algorithms.p2p import Call, post_range, recv_range, wait_reached, wait_sent
 from collectives.arrays.adapter import ArrayAdapter, adapter_for
-from collectives.errors import ProtocolError
 from collectives.transport.transport import Transport
+from collectives.transport.wire import dtype_itemsize
 
 __all__ = ["PointToPoint", "flat_of"]
 
@@ -70,6 +70,8 @@ class PointToPoint:
         if not 0 <= src < self.world_size or src == self.rank:
             raise ValueError(f"rank {self.rank}: cannot receive from rank {src} (world size "
                              f"{self.world_size})")
+        # out's own checks (family, contiguity) come before anything is taken from the mailbox.
+        target = flat_of(out) if out is not None else None
         seq = self._recv_seq[src]
         t = self.transport
         deadline = time.monotonic() + (self.timeout if timeout is None else timeout)
@@ -79,6 +81,17 @@ class PointToPoint:
         # poll with timeout=0) waits for the same message and the sequence stays in step.
         item = t.recv(src, channel, seq, deadline=deadline,
                       operation=f"recv from rank {src}")
+        header = item[0]
+        if target is not None:
+            adapter, flat, dtype = target
+            if dtype != header.dtype or \
+                    adapter.size(flat) * dtype_itemsize(dtype) != header.nbytes:
+                # The caller's out does not fit: the message stays first in its mailbox, so a
+                # recv with a fitting out still gets it and the sequence stays in step.
+                t.inbox.unget(key, item)
+                raise ValueError(f"rank {self.rank}: recv #{seq} from rank {src}: it sent "
+                                 f"{header.dtype} {header.shape} but out is {dtype} "
+                                 f"{tuple(out.shape)}")
         self._recv_seq[src] = seq + 1
         try:
             header, frame, release = item
@@ -89,13 +102,8 @@ class PointToPoint:
                     # The whole array in one ZeroMQ frame: hand it over without a copy.
                     return np.frombuffer(frame, dtype=header.dtype).reshape(header.shape)
                 out = _empty_for(header.dtype, header.shape)
-            adapter, flat, dtype = flat_of(out)
-            if dtype != header.dtype or adapter.size(flat) * call.itemsize != header.nbytes:
-                if release is not None:
-                    release()
-                raise ProtocolError(f"rank {self.rank}: recv from rank {src}: it sent "
-                                    f"{header.dtype} {header.shape} but out is {dtype} "
-                                    f"{tuple(out.shape)}")
+                target = flat_of(out)
+            adapter, flat, dtype = target
             t.inbox.unget(key, item)
             for lo, hi, chunk in recv_range(call, src, adapter, 0, adapter.size(flat)):
                 adapter.copy(adapter.slice(flat, lo, hi), chunk)

@@ -92,7 +92,8 @@ class Peer:
     def recv(self, src: int, out: Any = None, *, timeout: float | None = None) -> Any:
         """The next array rank ``src`` sent (into ``out`` if given, which must match its
         dtype and size). Raises PeerLost if ``src`` is gone with nothing queued,
-        OperationTimeout past ``timeout``, ProtocolError for a message that does not fit."""
+        OperationTimeout past ``timeout``, ValueError for an ``out`` that does not fit (the
+        message stays receivable)."""
         return self._comm.recv(src, out, timeout=timeout)
 
     def probe(self, src: int) -> bool:
@@ -145,20 +146,23 @@ class Peer:
     def neighbor_allreduce(self, x: Any, self_weight: float, src_weights: dict[int, float],
                            dst_ranks, *, dst_weights: dict[int, float] | None = None,
                            scratch: Any = None, out: Any = None, wait: bool = True,
-                           timeout: float | None = None, partial: bool = False) -> Any:
+                           timeout: float | None = None, partial: bool = False,
+                           check_pattern: bool = True) -> Any:
         """One neighbour exchange with explicit weights: ``x <- self_weight x +
         sum_j src_weights[j] x_j``, in place, sending ``x`` to ``dst_ranks`` (scaled by
         ``dst_weights[j]`` if given, as push-sum does). ``scratch``: a buffer like ``x`` for
         the received values (else allocated); ``out``: the result goes there and ``x`` is
         only sent. The peers' patterns must pair up (j in my src_weights iff I am in j's
-        dst_ranks); PeerLost or OperationTimeout if a neighbour dies or stalls.
-        ``partial=True``: the round completes without the neighbours lost during it (a
-        missing destination's share stays with this peer), then ExchangeIncomplete names
-        them (Communicator.neighbor_allreduce)."""
+        dst_ranks): checked before the data is combined, ValueError naming both ranks if not
+        (``check_pattern=False`` skips the check, on every peer alike; see
+        Communicator.neighbor_allreduce for its cost); PeerLost or OperationTimeout if a
+        neighbour dies or stalls. ``partial=True``: the round completes without the
+        neighbours lost during it (a missing destination's share stays with this peer), then
+        ExchangeIncomplete names them (Communicator.neighbor_allreduce)."""
         return self._comm.neighbor_allreduce(x, self_weight, src_weights, dst_ranks,
                                              dst_weights=dst_weights, scratch=scratch,
                                              out=out, wait=wait, timeout=timeout,
-                                             partial=partial)
+                                             partial=partial, check_pattern=check_pattern)
 
     def neighbor_average(self, x: Any, step: int = 0, *, scratch: Any = None, wait: bool = True,
                          timeout: float | None = None) -> Any:

@@ -19,14 +19,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from collectives.arrays.adapter import ArrayAdapter
 from collectives.algorithms.p2p import Call, post_range, recv_range, wait_reached, wait_sent
-from collectives.errors import OperationTimeout, PeerLost
+from collectives.algorithms.pattern import MISSING, announce, check_pairing, plan_bits
+from collectives.arrays.adapter import ArrayAdapter
 
-__all__ = ["neighbor_exchange"]
+__all__ = ["neighbor_exchange", "UNCHECKED"]
 
-# What leaves a peer out of a partial round instead of failing it.
-_MISSING = (PeerLost, OperationTimeout)
+# The signature's suffix of an exchange called with check_pattern=False: no plans travel and
+# no pairing is checked (a peer that checks meets a call of another signature instead).
+UNCHECKED = "(unchecked)"
 
 
 def neighbor_exchange(call: Call, adapter: ArrayAdapter, flat: Any, self_weight: float,
@@ -41,21 +42,34 @@ def neighbor_exchange(call: Call, adapter: ArrayAdapter, flat: Any, self_weight:
     (reused too; they are free again when this returns). Returns the peers missing from the
     round (rank -> error): always empty unless ``partial``."""
     size = adapter.size(flat)
-    missing: dict[int, Exception] = {}
+    missing: dict[int, Exception] | None = {} if partial else None
+    peers = sorted(set(src_weights) | set(dst_ranks))
+    checked = not call.signature.endswith(UNCHECKED)
+    if checked:
+        announce(call, peers, src_weights, dst_ranks, missing)
     tickets = []
     for i, dst in enumerate(dst_ranks):
+        # The plan rides on the data.
+        plan = plan_bits(dst, src_weights, dst_ranks) if checked else 0
         try:
             if dst_weights is None:
-                tickets.append(post_range(call, dst, adapter, flat, 0, size, track=True))
+                tickets.append(post_range(call, dst, adapter, flat, 0, size, track=True,
+                                          plan=plan))
             else:
                 scaled = send_buffers[i]
                 adapter.scaled_copy(scaled, dst_weights[dst], flat)
-                tickets.append(post_range(call, dst, adapter, scaled, 0, size, track=True))
-        except _MISSING as exc:
-            if not partial:
+                tickets.append(post_range(call, dst, adapter, scaled, 0, size, track=True,
+                                          plan=plan))
+        except MISSING as exc:
+            if missing is None:
                 raise
             missing[dst] = exc
             tickets.append(None)
+    # The plans are read after the data went out: checking costs no round trip before it.
+    problems = check_pairing(call, peers, src_weights, dst_ranks, missing) if checked else None
+    if problems:
+        _refuse(call, peers, problems, tickets)
+    missing = missing if missing is not None else {}
     # What the in-neighbours send adds up in `scratch` (the first one is written, not added,
     # so nothing clears it first); `flat` is still read by the sends, and is combined last,
     # in one pass: 3 passes over memory fewer per round than scaling a copy of `flat` first
@@ -63,6 +77,8 @@ def neighbor_exchange(call: Call, adapter: ArrayAdapter, flat: Any, self_weight:
     acc = scratch if out is None else out
     first = True
     for src in sorted(src_weights):
+        if src in missing:
+            continue
         weight = src_weights[src]
         got = False
         try:
@@ -73,7 +89,7 @@ def neighbor_exchange(call: Call, adapter: ArrayAdapter, flat: Any, self_weight:
                 else:
                     adapter.axpy(part, weight, chunk)
                 got = True
-        except _MISSING as exc:
+        except MISSING as exc:
             if not partial or got:
                 raise
             missing[src] = exc
@@ -88,7 +104,7 @@ def neighbor_exchange(call: Call, adapter: ArrayAdapter, flat: Any, self_weight:
                 # A destination this round does not hear from: nothing else would notice
                 # that it died before it was ever reached.
                 wait_reached(call, dst)
-        except _MISSING as exc:
+        except MISSING as exc:
             if not partial:
                 raise
             missing[dst] = exc
@@ -105,3 +121,21 @@ def neighbor_exchange(call: Call, adapter: ArrayAdapter, flat: Any, self_weight:
     else:
         adapter.scale_add(flat, self_weight, scratch)
     return missing
+
+
+def _refuse(call: Call, peers, problems: list[str], tickets) -> None:
+    """Raise the ValueError of a pattern that does not pair, once the peers involved were told
+    (those whose own check passed would otherwise wait for this peer's data) and this peer's
+    sends are off its buffer (the caller may change it once this raises)."""
+    t = call.transport
+    message = (f"rank {t.rank}: {call.signature} at sequence {call.seq}: the send and "
+               f"receive patterns do not pair: {'; '.join(problems)}")
+    t.abort(peers, call.channel, call.seq, message)
+    for ticket in tickets:
+        if ticket is None:
+            continue
+        try:
+            wait_sent(call, ticket)
+        except Exception:  # the pattern error is the one to report
+            pass
+    raise ValueError(message)

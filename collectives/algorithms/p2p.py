@@ -62,10 +62,11 @@ def chunk_elements(chunk_bytes: int, itemsize: int) -> int:
 
 
 def post_range(call: Call, dst: int, adapter: ArrayAdapter, flat: Any, start: int, stop: int,
-               *, track: bool = False) -> SendTicket | None:
+               *, track: bool = False, plan: int = 0) -> SendTicket | None:
     """Queue elements [start, stop) of ``flat`` to ``dst``. With ``track``, returns a ticket that
     says when the buffer may be reused (the last chunk is tracked: one pipe keeps order); None
-    means it may be reused at once (the chunks were copied, e.g. into shared memory)."""
+    means it may be reused at once (the chunks were copied, e.g. into shared memory).
+    ``plan``: a neighbour exchange's PLAN bits, carried by the first chunk (pattern.py)."""
     t = call.transport
     size = call.itemsize
     ticket = None
@@ -73,7 +74,7 @@ def post_range(call: Call, dst: int, adapter: ArrayAdapter, flat: Any, start: in
         # An empty range still sends one empty chunk, so the receiver's walk stays in step.
         return t.post_chunk(dst, call.channel, call.seq, call.signature, call.dtype,
                             call.shape, call.nbytes, start * size, b"",
-                            deadline=call.deadline, track=track)
+                            deadline=call.deadline, track=track, plan=plan)
     if (stop - start) * size <= t.config.whole_message_bytes:
         step = stop - start
     else:
@@ -83,7 +84,7 @@ def post_range(call: Call, dst: int, adapter: ArrayAdapter, flat: Any, start: in
         ticket = t.post_chunk(dst, call.channel, call.seq, call.signature, call.dtype,
                               call.shape, call.nbytes, lo * size,
                               adapter.send_buffer(flat, lo, hi), deadline=call.deadline,
-                              track=track and hi == stop)
+                              track=track and hi == stop, plan=plan if lo == start else 0)
     return ticket
 
 

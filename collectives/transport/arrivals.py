@@ -7,7 +7,10 @@ and carries a message number above the last one heard from that source (replays 
 are refused before anything reaches the inbox, so a chunk is never reduced twice). A message
 that fails is dropped and counted (drops.py); one that passes goes to the handler of its kind,
 from a table. The shared-memory kinds are handled by shm.SharedMemory; the operation kinds
-(DATA, ABORT) and BYE here.
+(DATA, ABORT) and BYE here, and the two questions this peer's I/O thread answers itself from
+its activity record (activity.py), so a peer busy in Python or idle between calls still
+answers: PLAN (a neighbour exchange names this peer; if this peer's call does not name the
+sender, the answer says so at once) and STATUS (which operation this peer is inside).
 """
 from __future__ import annotations
 
@@ -15,16 +18,26 @@ import logging
 from typing import Callable
 
 from collectives import defaults
+from collectives.transport.activity import Activity
 from collectives.transport.drops import DropLog
 from collectives.transport.inbox import Inbox, Lost, MailboxError
 from collectives.transport.sockets import IDENTITY_PREFIX, rank_of_identity
-from collectives.transport.wire import ABORT, BYE, DATA, Header, WireError, decode_header
+from collectives.transport.wire import (ABORT, BYE, DATA, PLAN, PLAN_ANSWER, SHM, STATUS,
+                                        Header, WireError, decode_header, encode_header)
 
-__all__ = ["Arrivals"]
+__all__ = ["Arrivals", "status_channel"]
 
 log = logging.getLogger("collectives")
 
 Handler = Callable[[int, Header, object], bool]  # (src, header, payload) -> counted as received
+_CHUNKS = (DATA, SHM, PLAN)  # the kinds that belong to an operation's call
+# A STATUS answer waits for its asker in this mailbox: (src, status_channel(channel), seq).
+# Negative, so no message's own channel (validated >= 0) can ever reach it.
+
+
+def status_channel(channel: int) -> int:
+    """The mailbox channel where the answer to a STATUS question about ``channel`` waits."""
+    return -1 - channel
 
 
 class Arrivals:
@@ -32,7 +45,8 @@ class Arrivals:
     ROUTER). ``handlers`` adds kinds handled elsewhere (shm.SharedMemory.handlers())."""
 
     def __init__(self, rank: int, world_size: int, max_message_bytes: int, inbox: Inbox,
-                 counters: list, drops: DropLog, handlers: dict[int, Handler]) -> None:
+                 counters: list, drops: DropLog, handlers: dict[int, Handler],
+                 activity: Activity, answer: Callable[[int, bytes], None]) -> None:
         self.rank = rank
         self._world_size = world_size
         self._max_bytes = max_message_bytes
@@ -47,8 +61,11 @@ class Arrivals:
         self._strikes = [0] * world_size
         self._cut: list[str | None] = [None] * world_size
         self.cut_dropped = [0] * world_size  # messages dropped unread after the cut
+        self._activity = activity
+        self._answer = answer  # send one header-only message to a rank, quietly
         self._handlers: dict[int, Handler] = {DATA: self._data, ABORT: self._abort,
-                                              BYE: self._bye, **handlers}
+                                              BYE: self._bye, PLAN: self._plan,
+                                              STATUS: self._status, **handlers}
 
     def handle(self, frames: list) -> None:
         """Validate one message read from the ROUTER (``frames``: identity, header, payload if any)
@@ -99,6 +116,8 @@ class Arrivals:
         handler = self._handlers.get(header.kind)
         if handler is None or handler(src, header, payload):
             self._counters[src].messages_received += 1
+            if header.kind in _CHUNKS:
+                self._check_call(src, header)
 
     def _strike(self, src: int, reason: str, detail: str) -> None:
         """Drop a bad message from ``src``; at MAX_STRIKES, cut its connection."""
@@ -115,6 +134,11 @@ class Arrivals:
                       detail, freed)
 
     def _data(self, src: int, header: Header, payload) -> bool:
+        if header.slot:  # the first chunk of a neighbour exchange, with its plan
+            return self._plan(src, header, payload)
+        return self._deliver(src, header, payload)
+
+    def _deliver(self, src: int, header: Header, payload) -> bool:
         size = len(payload) if payload is not None else 0
         put = self._inbox.put((src, header.channel, header.seq), (header, payload, None),
                               size + defaults.HELD_OVERHEAD)
@@ -131,15 +155,53 @@ class Arrivals:
         return True
 
     def _abort(self, src: int, header: Header, payload) -> bool:
-        reason, lost_rank = header.op, None
-        if reason.startswith("lost:"):
-            rank_text, _, reason = reason[5:].partition("|")
-            lost_rank = int(rank_text) if rank_text.isdigit() else None
+        reason, named = header.op, None
+        if reason.startswith(("lost:", "late:")):
+            rank_text, _, rest = reason[5:].partition("|")
+            if rank_text.isdigit() and int(rank_text) < self._world_size:
+                named, reason = int(rank_text), rest
+        lost = named if header.op.startswith("lost:") else None
+        late = named if header.op.startswith("late:") else None
         self._inbox.post_error((src, header.channel, header.seq),
                                MailboxError(f"rank {src} abandoned the operation: {reason}",
-                                            lost_rank))
+                                            lost, late))
         return True
 
     def _bye(self, src: int, header: Header, payload) -> bool:
         self._inbox.mark_lost(src, Lost("it closed its peer (left the group)", kind="closed"))
+        return True
+
+    def _check_call(self, src: int, header: Header) -> None:
+        # A chunk of another call for an operation under way here: the operation may never
+        # read this mailbox (it waits on another peer), so wake it where it waits, at once.
+        waiting_on = self._activity.arrived(src, header.channel, header.seq, header.op)
+        if waiting_on is not None and waiting_on >= 0:
+            message = self._activity.mismatch_of(header.channel, header.seq)
+            if message is not None:
+                self._inbox.post_error((waiting_on, header.channel, header.seq),
+                                       MailboxError(message, local=True))
+
+    def _plan(self, src: int, header: Header, payload) -> bool:
+        channel, seq = header.channel, header.seq
+        if header.slot == PLAN_ANSWER or self._activity.plan_arrived(src, channel, seq):
+            return self._deliver(src, header, payload)  # ahead of the data that follows it
+        # This peer's call at that sequence does not involve src: say so now (src waits for
+        # it), and refuse what src sends there after the plan.
+        self._inbox.retire((src, channel, seq))
+        self._answer(src, encode_header(PLAN, self.rank, channel, seq, header.op, header.dtype,
+                                        header.shape, header.nbytes, slot=PLAN_ANSWER))
+        if header.kind == DATA:
+            self._drops.stale(src, header)  # counted: a data chunk this call does not take
+            return False
+        return True
+
+    def _status(self, src: int, header: Header, payload) -> bool:
+        channel, seq = header.channel, header.seq
+        if header.slot:  # an answer to this peer's question
+            self._inbox.put((src, status_channel(channel), seq), (header, None, None),
+                            defaults.HELD_OVERHEAD)
+            return True
+        state, current, signature, waiting_on = self._activity.status(channel, seq)
+        self._answer(src, encode_header(STATUS, self.rank, channel, seq, signature[:200],
+                                        slot=state, offset=current + 1, length=waiting_on + 1))
         return True

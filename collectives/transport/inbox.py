@@ -36,6 +36,8 @@ class MailboxError:
     so the error can travel on as PeerLost naming the dead peer."""
     message: str
     lost_rank: int | None = None
+    late_rank: int | None = None  # the source timed out and found this rank missing
+    local: bool = False  # this peer's own finding (a chunk of another call), not the source's
 
 
 class _Mailbox:

@@ -23,18 +23,20 @@ import zmq
 
 from collectives import defaults
 from collectives.config import TransportConfig
-from collectives.errors import (AuthenticationError, OperationTimeout, PeerLost, ProtocolError,
-                                RendezvousError)
-from collectives.transport.arrivals import Arrivals
+from collectives.errors import PeerLost, ProtocolError, RendezvousError
+from collectives.transport.activity import Activity, Status
+from collectives.transport.arrivals import Arrivals, status_channel
 from collectives.transport.drops import DropLog
-from collectives.transport.inbox import Inbox, Lost, MailboxError
+from collectives.transport.inbox import Inbox
 from collectives.transport.link import Link
 from collectives.transport.holds import Holds
 from collectives.transport.liveness import Liveness
 from collectives.transport.loop import IoLoop
 from collectives.transport.shm import SharedMemory
 from collectives.transport.sockets import Sockets, host_id
-from collectives.transport.wire import ABORT, DATA, SHM, Header, encode_header
+from collectives.transport.wait_errors import wait_error
+from collectives.transport.wire import (ABORT, DATA, PLAN, PLAN_ANSWER, SHM, STATUS, Header,
+                                        encode_header)
 
 __all__ = ["Transport", "PeerCounters", "SendTicket", "host_id"]
 
@@ -108,9 +110,12 @@ class Transport:
         # a source running ahead to wait, and obeys such requests from others.
         self._holds = Holds(rank, self._links, self.connect, self._loop.command)
         self.inbox.on_hold = self._holds.request
+        # What this peer's operations are doing, for the peers that ask (activity.py).
+        self.activity = Activity()
         arrivals = Arrivals(rank, world_size, self.config.max_message_bytes, self.inbox,
                             self.counters, self._drops,
-                            {**self._shm.handlers(), **self._holds.handlers()})
+                            {**self._shm.handlers(), **self._holds.handlers()}, self.activity,
+                            self._send_quietly)
         self._command = self._loop.command
         self._pump = self._loop.pump
         self._loop.start(arrivals.handle, self._shm)
@@ -179,13 +184,15 @@ class Transport:
 
     def post_chunk(self, dst: int, channel: int, seq: int, op: str, dtype: str,
                    shape: tuple, nbytes: int, offset: int, payload: Any, *, deadline: float,
-                   track: bool = False) -> SendTicket | None:
+                   track: bool = False, plan: int = 0) -> SendTicket | None:
         """Send one chunk of an array (bytes ``[offset, offset + len(payload))``) to ``dst``.
 
         To a peer on this host the chunk is copied into a shared-memory slot (or, if none is
         free, queued until one is; the ticket then says when the buffer was copied); otherwise
         it is sent zero-copy, and with ``track`` the ticket says when the buffer may change.
-        Never blocks: a full ring or socket queues, in order."""
+        Never blocks: a full ring or socket queues, in order. ``plan``: a neighbour exchange's
+        PLAN bits, carried in the DATA header (a shared-memory chunk's header holds its slot
+        there, so a separate PLAN goes first)."""
         if self._closed:
             raise PeerLost(f"rank {self.rank}: send to rank {dst} after close()", rank=dst)
         length = payload.nbytes if isinstance(payload, memoryview) else len(payload)
@@ -194,10 +201,12 @@ class Transport:
             # Small: ZeroMQ copies it anyway, so the buffer is free at once (no tracking).
             # Straight to the link: this is the path of every latency-bound operation.
             if link.send((encode_header(DATA, self.rank, channel, seq, op, dtype, shape, nbytes,
-                                        offset, length), bytes(payload)), None):
+                                        offset, length, plan), bytes(payload)), None):
                 self._command(("flush", link))
             return None
         if self._shm.has_ring(dst):
+            if plan:
+                self.post_plan(dst, channel, seq, op, dtype, shape, nbytes, plan)
             ticket = SendTicket() if track else None
             fields = (SHM, self.rank, channel, seq, op, dtype, shape, nbytes, offset, length)
             queued, wake = self._shm.post(link, fields, payload, ticket)
@@ -210,8 +219,46 @@ class Transport:
             return ticket
         ticket = SendTicket() if track else None
         self.send(dst, encode_header(DATA, self.rank, channel, seq, op, dtype, shape, nbytes,
-                                     offset, length), payload, ticket=ticket)
+                                     offset, length, plan), payload, ticket=ticket)
         return ticket
+
+    def post_plan(self, dst: int, channel: int, seq: int, op: str, dtype: str, shape: tuple,
+                  nbytes: int, bits: int) -> None:
+        """Tell ``dst`` this peer's pattern towards it in neighbour exchange ``(channel, seq)``
+        (wire.PLAN_* bits), ahead of any data of the call (one pipe keeps the order)."""
+        self.send(dst, encode_header(PLAN, self.rank, channel, seq, op, dtype, shape, nbytes,
+                                     slot=bits))
+
+    def answer_plan(self, src: int, channel: int, seq: int) -> None:
+        """Answer the plan ``src`` sent for ``(channel, seq)``, which this peer's call there does
+        not involve: "not involved" (wire.PLAN_ANSWER); what it sent there is dropped."""
+        item = self.inbox.take((src, channel, seq))
+        self.retire(channel, seq, [src])
+        if type(item) is tuple:
+            header = item[0]
+            if item[2] is not None:
+                item[2]()
+            self._send_quietly(src, encode_header(PLAN, self.rank, channel, seq, header.op,
+                                                  header.dtype, header.shape, header.nbytes,
+                                                  slot=PLAN_ANSWER))
+
+    def ask_status(self, rank: int, channel: int, seq: int, deadline: float) -> Status | None:
+        """What ``rank`` says it is doing about operation ``(channel, seq)`` (its I/O thread
+        answers, even while its Python is busy or idle); None if no answer by ``deadline``."""
+        key = (rank, status_channel(channel), seq)
+        try:
+            self.send(rank, encode_header(STATUS, self.rank, channel, seq))
+        except PeerLost:
+            return None
+        try:
+            item = self._loop.wait_on_inbox(self.inbox.get, key, deadline) \
+                if not self._pump(key, deadline) else self.inbox.get(key, deadline)
+        finally:
+            self.inbox.retire(key)
+        if type(item) is not tuple:
+            return None
+        header = item[0]
+        return Status(header.slot, header.offset - 1, header.op, header.length - 1)
 
     def chunk_bytes(self, dst: int) -> int:
         """How big the chunks sent to ``dst`` are: shared-memory slots are cheap to fill in
@@ -230,13 +277,18 @@ class Transport:
             self.connect(src)
         key = (src, channel, seq)
         item = self.inbox.take(key)
+        if item is None:
+            # For a peer that asks (STATUS); and a chunk of another call may have come already.
+            mismatch = self.activity.waiting(channel, seq, src)
+            if mismatch is not None:
+                raise ProtocolError(f"rank {self.rank}: {mismatch}")
         if item is None and self._pump(key, deadline):
             item = self.inbox.get(key, deadline)
         elif item is None:
             item = self._loop.wait_on_inbox(self.inbox.get, key, deadline)
         if type(item) is tuple:
             return item
-        raise self._wait_error(item, src, operation)
+        raise self._wait_error(item, src, operation, channel, seq)
 
     def wait_any(self, keys, deadline: float):
         """The first of the mailboxes ``keys`` that holds a message or an error, or None at
@@ -245,11 +297,14 @@ class Transport:
         return self._loop.wait_on_inbox(self.inbox.wait_any, keys, deadline)
 
     def abort(self, dsts, channel: int, seq: int, reason: str,
-              lost_rank: int | None = None) -> None:
+              lost_rank: int | None = None, late_rank: int | None = None) -> None:
         """Tell peers that operation ``(channel, seq)`` is abandoned, so they raise instead of
-        waiting out their timeout; with ``lost_rank`` they raise PeerLost naming that rank."""
+        waiting out their timeout; with ``lost_rank`` they raise PeerLost naming that rank,
+        with ``late_rank`` OperationTimeout naming the rank found missing."""
         if lost_rank is not None:
             reason = f"lost:{lost_rank}|{reason}"
+        elif late_rank is not None:
+            reason = f"late:{late_rank}|{reason}"
         header = encode_header(ABORT, self.rank, channel, seq, reason[:250])
         for dst in dsts:
             if dst != self.rank and self.inbox.lost(dst) is None:
@@ -337,33 +392,13 @@ class Transport:
         return self._closed
 
     # ------------------------------------------------------------------ errors
-    def _wait_error(self, item, src: int, operation: Any) -> Exception:
-        operation = str(operation)  # a string, or an object worded only now (a p2p Call)
-        where = f"rank {self.rank}: {operation}: rank {src} at {self.address(src)}"
-        if isinstance(item, MailboxError):
-            if item.lost_rank is not None:
-                # Lead with the rank that was lost; the peer that relayed the news comes second.
-                lost = item.lost_rank
-                return PeerLost(f"rank {self.rank}: {operation}: lost rank {lost} at "
-                                f"{self.address(lost)} (reported by rank {src}): {item.message}",
-                                rank=lost, address=self.address(lost), operation=operation)
-            return ProtocolError(f"{where}: {item.message}")
-        if isinstance(item, Lost):
-            if item.kind == "auth":
-                return AuthenticationError(f"{where}: {item.reason}")
-            return PeerLost(f"{where}: {item.reason}", rank=src, address=self.address(src),
-                            operation=operation)
-        # Deadline passed: a peer we never reached (for as long as a silent peer is given) is
-        # lost; one that answers heartbeats is merely late (still computing, or it never made
-        # the matching call).
-        link = self._links.get(src)
-        connecting = (link is not None and time.monotonic() - link.created
-                      < self.config.effective_heartbeat_timeout)
-        if src not in self._liveness.connected and not connecting:
-            return PeerLost(f"{where}: never reachable within the timeout", rank=src,
-                            address=self.address(src), operation=operation)
-        return OperationTimeout(f"{where}: alive but sent nothing for this operation within "
-                                f"the timeout (is it still computing, or did it make a "
-                                f"different call?)", rank=src, address=self.address(src),
-                                operation=operation)
+    def _wait_error(self, item, src: int, operation: Any, channel: int = -1,
+                    seq: int = -1) -> Exception:
+        return wait_error(self, item, src, operation, channel, seq)
 
+    def connecting(self, rank: int) -> bool:
+        """True while the connection to ``rank`` is younger than a silent peer is given: not
+        reached yet is no sign of a dead peer then."""
+        link = self._links.get(rank)
+        return (link is not None and time.monotonic() - link.created
+                < self.config.effective_heartbeat_timeout)

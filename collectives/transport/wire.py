@@ -11,13 +11,21 @@ Header (a msgpack array, in this order; arrays pack smaller and parse faster tha
   may exit without taking queued chunks with it), STARVED (the sender has no free slot: the
   receiver copies out chunks of operations it has not started yet), BYE (a peer is closing),
   ABORT (a peer abandons operation ``(channel, seq)``; ``op`` holds the
-  reason). Any other kind is malformed.
+  reason), PLAN (a neighbour exchange's pattern, before its data: ``slot`` holds PLAN_SENDS,
+  PLAN_RECEIVES and PLAN_ANSWER bits; ``op``/``dtype``/``shape`` are the call's), STATUS (a
+  question about operation ``(channel, seq)``, ``slot`` 0, or its answer: ``slot`` the state,
+  ``offset`` 1 + the sequence the answer names, ``length`` 1 + the rank it waits on, 0 for
+  none; ``op`` that operation's signature), HOLD (flow control: the receiver holds too much
+  for operations it has not started; ``op`` "pause" or "resume", ``seq`` a generation).
+  Any other kind is malformed.
 - ``channel``/``seq``: which operation the message belongs to; concurrent operations use
   different (channel, seq) mailboxes and never mix (channel numbers: channels.py).
 - ``op``: the signature of the call that sent it ("allreduce(sum)"), to detect mismatched calls.
 - ``dtype``/``shape``/``nbytes``: the whole logical array the chunk belongs to.
 - ``offset``/``length``: the byte range of this chunk in that array (for DATA, ``length`` must
   equal the payload frame's length).
+- ``slot``: SHM's slot; PLAN's bits; a DATA chunk's PLAN bits (a neighbour exchange's plan,
+  carried by its first chunk; 0 otherwise).
 - ``number``: the message's place on its connection (1, 2, 3, ... in the order the sender's
   socket took them; stamped by the link at send time, see ``stamp_number``). A ZeroMQ pipe never
   reorders or duplicates, so a number that does not exceed the last one heard from that source is
@@ -49,6 +57,11 @@ __all__ = [
     "SHM_MAPPED",
     "STARVED",
     "HOLD",
+    "PLAN",
+    "STATUS",
+    "PLAN_SENDS",
+    "PLAN_RECEIVES",
+    "PLAN_ANSWER",
     "KIND_NAMES",
     "ALLOWED_DTYPES",
     "MAX_HEADER_BYTES",
@@ -76,14 +89,18 @@ class Kind(enum.IntEnum):
     CREDIT = 7
     SHM_MAPPED = 8
     STARVED = 9
+    # 10 and 11 are left unused (tests/test_hostile.py sends them as unknown kinds).
+    PLAN = 12
+    STATUS = 13
     # Flow control of what a receiver holds for operations not started (holds.py): op is
     # "pause" or "resume", seq a generation (the newest wins).
-    HOLD = 12
+    HOLD = 14
 
 
 # Plain ints for the per-message comparisons and table lookups: against an int read from a
 # header, an enum member is slower to compare (1.2x) and to look up in a dict (1.6x), measured.
-DATA, BYE, ABORT, SHM, SHM_OPEN, CREDIT, SHM_MAPPED, STARVED, HOLD = (int(k) for k in Kind)
+(DATA, BYE, ABORT, SHM, SHM_OPEN, CREDIT, SHM_MAPPED, STARVED, PLAN, STATUS,
+ HOLD) = (int(k) for k in Kind)
 KIND_NAMES = {int(k): k.name.lower().replace("_", "-") for k in Kind}
 
 # dtype name -> itemsize. Names are numpy's, plus torch's bfloat16 (numpy has none).
@@ -94,6 +111,12 @@ ALLOWED_DTYPES: dict[str, int] = {
     "float16": 2, "bfloat16": 2, "float32": 4, "float64": 8,
     "complex64": 8, "complex128": 16,
 }
+
+# A PLAN's bits: the sender sends data to the receiver in this call; it expects data from the
+# receiver; it is an answer from a peer whose call at this sequence does not involve the
+# receiver at all (then the other two are 0).
+PLAN_SENDS, PLAN_RECEIVES, PLAN_ANSWER = 1, 2, 4
+_STATUS_STATES = 4  # activity.py's IDLE .. BUSY
 
 MAX_HEADER_BYTES = 512
 _MAX_NDIM = 32
@@ -240,6 +263,16 @@ def decode_header(raw: bytes | memoryview, *, world_size: int, max_bytes: int,
         if offset + length > nbytes:
             raise WireError(f"chunk [{offset}, {offset + length}) overruns the "
                             f"{nbytes}-byte array")
+        if kind == DATA and slot > PLAN_SENDS | PLAN_RECEIVES:
+            raise WireError(f"plan bits {slot} of a data chunk are not a plan")
+    elif kind == PLAN:
+        if slot > PLAN_SENDS | PLAN_RECEIVES | PLAN_ANSWER or \
+                slot & PLAN_ANSWER and slot != PLAN_ANSWER:
+            raise WireError(f"plan bits {slot} are not a plan")
+    elif kind == STATUS:
+        if slot > _STATUS_STATES or length > world_size or (slot == 0 and (offset or length)):
+            raise WireError(f"status state {slot}, rank {length - 1} or sequence "
+                            f"{offset - 1} out of range")
     if kind != DATA and payload_len:
         raise WireError(f"a {KIND_NAMES[kind]} message carries no payload frame")
     return Header(kind, src, channel, seq, op, dtype, shape, nbytes, offset, length, slot, number)

@@ -1,0 +1,281 @@
+"""Agreement between ranks (DESIGN.md): every collective call is checked against the other
+peers' calls, so a disagreement is an error on the peers involved, in about one exchange's
+time, never silent garbage or a wait for the timeout; a call refused by its local checks leaves
+the group in step. Real peers, real sockets; the peers' timeout is 20 s and every error must
+come well before it."""
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+import gossip
+from gossip.testing import spawn
+
+PEER_TIMEOUT = 20.0
+QUICK = 10.0  # an agreement error comes well before the peers' timeout
+
+
+def outcome(fn):
+    """(error type name, message, seconds) of ``fn()``, or ("ok", result, seconds)."""
+    start = time.monotonic()
+    try:
+        result = fn()
+    except (gossip.GossipError, ValueError, TypeError) as exc:
+        return type(exc).__name__, str(exc), time.monotonic() - start
+    return "ok", result, time.monotonic() - start
+
+
+# ---------------------------------------------------------------- defect 1: out= is checked
+def wrong_outs(peer):
+    n, r = peer.world_size, peer.rank
+    x = np.array([1, 2], dtype=np.int32) + 10 * r
+    same_itemsize = outcome(lambda: peer.allgather(x, out=np.empty((n, 2), np.float32)))
+    narrower = outcome(lambda: peer.allgather(x.astype(np.float32),
+                                              out=np.empty((n, 2), np.float16)))
+    strided = outcome(lambda: peer.allgather(x, out=np.empty((n, 4), np.int32)[:, ::2]))
+    y = np.ones(8)
+    bad_scratch = outcome(lambda: peer.neighbor_allreduce(
+        y, 0.5, {(r - 1) % n: 0.5}, [(r + 1) % n], scratch=np.empty(8, np.float32)))
+    bad_out = outcome(lambda: peer.neighbor_allreduce(
+        y, 0.5, {(r - 1) % n: 0.5}, [(r + 1) % n], out=np.empty(7)))
+    # Nothing above took a sequence number: the group is still in step.
+    good = peer.allgather(x, out=np.empty((n, 2), np.int32))
+    return [same_itemsize[:2], narrower[:2], strided[:2], bad_scratch[:2], bad_out[:2],
+            good.tolist()]
+
+
+def test_an_out_of_another_dtype_size_or_layout_is_refused_on_every_rank():
+    n = 3
+    for result in spawn(wrong_outs, n=n, timeout=90, peer_timeout=PEER_TIMEOUT):
+        *refusals, good = result
+        for kind, message in refusals[:2] + refusals[3:]:
+            assert kind == "ValueError", (kind, message)
+            assert "out must be" in message or "scratch" in message, message
+        assert refusals[2][0] == "TypeError" and "contiguous" in refusals[2][1]
+        assert "allgather" in refusals[0][1] and "int32" in refusals[0][1]
+        assert "float32" in refusals[0][1]
+        assert good == [[1 + 10 * r, 2 + 10 * r] for r in range(n)]
+
+
+def recv_into_wrong_out(peer):
+    if peer.rank == 0:
+        peer.send(1, np.arange(4, dtype=np.float32))
+        return None
+    refused = outcome(lambda: peer.recv(0, out=np.empty(4, np.int32)))
+    got = peer.recv(0, out=np.empty(4, np.float32))  # the message is still there
+    return refused[:2], got.tolist()
+
+
+def test_recv_into_a_wrong_out_is_refused_and_the_message_stays():
+    _, (refused, got) = spawn(recv_into_wrong_out, n=2, timeout=60, peer_timeout=PEER_TIMEOUT)
+    assert refused[0] == "ValueError" and "float32" in refused[1] and "int32" in refused[1]
+    assert got == [0.0, 1.0, 2.0, 3.0]
+
+
+# ---------------------------------------------------------------- defect 4: a refused call
+def one_rank_refused(peer):
+    n = peer.world_size
+    x = np.ones(3, dtype=np.float64)
+    refused = None
+    if peer.rank == 0:
+        refused = outcome(lambda: peer.allgather(x, out=np.empty(3 * n + 1)))[:2]
+    result = outcome(lambda: peer.allreduce(np.full(4, float(peer.rank))))
+    return refused, result[0], result[1].tolist() if result[0] == "ok" else result[1], result[2]
+
+
+def test_a_call_refused_by_its_local_checks_leaves_the_group_in_step():
+    n = 4
+    results = spawn(one_rank_refused, n=n, timeout=90, peer_timeout=PEER_TIMEOUT)
+    assert results[0][0][0] == "ValueError" and "allgather" in results[0][0][1]
+    for _, kind, value, elapsed in results:
+        assert kind == "ok", value
+        assert value == [float(sum(range(n)))] * 4
+        assert elapsed < QUICK
+
+
+# ---------------------------------------------------------------- defects 2 and 3: broadcast
+def broadcast_own_root(peer):
+    x = np.full(16, float(peer.rank))
+    return outcome(lambda: peer.broadcast(x, root=peer.rank))
+
+
+def test_ranks_that_pass_different_roots_all_raise():
+    for kind, message, elapsed in spawn(broadcast_own_root, n=3, timeout=90,
+                                        peer_timeout=PEER_TIMEOUT):
+        assert kind == "ProtocolError", message
+        assert "broadcast(root=" in message
+        assert elapsed < QUICK
+
+
+def broadcast_against(peer, other):
+    x = np.full(1000, float(peer.rank), dtype=np.float32)
+    if peer.rank == 0:
+        return outcome(lambda: peer.broadcast(x, root=0))
+    if other == "dtype":
+        return outcome(lambda: peer.broadcast(x.astype(np.float64), root=0))
+    if other == "root":
+        return outcome(lambda: peer.broadcast(x, root=1))
+    return outcome(lambda: peer.allreduce(x))
+
+
+def test_the_root_of_a_broadcast_learns_of_a_mismatch():
+    for other, names in (("dtype", ("float32", "float64")), ("collective", ("allreduce",)),
+                         ("root", ("root=0", "root=1"))):
+        results = spawn(broadcast_against, n=3, timeout=90, args=(other,),
+                        peer_timeout=PEER_TIMEOUT)
+        kind, message, elapsed = results[0]
+        assert kind == "ProtocolError", (other, results)
+        assert "broadcast" in message and all(name in message for name in names), message
+        assert elapsed < QUICK
+        if other != "root":  # else rank 2 agrees with rank 1 and may return before the abort
+            assert all(r[0] == "ProtocolError" for r in results), (other, results)
+
+
+# ---------------------------------------------------------------- defect 5: unpaired patterns
+def unpaired_pattern(peer, case):
+    n, r = peer.world_size, peer.rank
+    x = np.ones(256)
+    if case == "shifted":  # everyone hears from r-1, everyone sends to r+2
+        src, dst = {(r - 1) % n: 0.5}, [(r + 2) % n]
+    elif case == "stranger":  # rank 0 expects rank 2, whose call names nobody
+        src, dst = ({2: 0.5} if r == 0 else {}), []
+    else:  # "one-sided": rank 1 sends to rank 0 on top of a valid ring that rank 0 keeps
+        src, dst = {(r - 1) % n: 0.5}, [(r + 1) % n] + ([0] if r == 1 else [])
+    first = outcome(lambda: peer.neighbor_allreduce(x, 0.5, src, dst))
+    # The group stays usable: a pattern that pairs works next.
+    ok = outcome(lambda: peer.neighbor_allreduce(np.full(4, float(r)), 0.5,
+                                                 {(r - 1) % n: 0.5}, [(r + 1) % n]))
+    return first, ok[0]
+
+
+def test_patterns_that_can_never_pair_are_refused_up_front():
+    n = 4
+    results = spawn(unpaired_pattern, n=n, timeout=120, args=("shifted",),
+                    peer_timeout=PEER_TIMEOUT)
+    for r, ((kind, message, elapsed), after) in enumerate(results):
+        assert kind == "ValueError", message
+        assert "do not pair" in message and f"rank {r}" in message, message
+        assert f"rank {(r - 1) % n}" in message or f"rank {(r + 2) % n}" in message, message
+        assert elapsed < QUICK
+        assert after == "ok"
+
+
+def test_a_peer_named_by_a_call_that_it_does_not_name_answers_at_once():
+    results = spawn(unpaired_pattern, n=3, timeout=120, args=("stranger",),
+                    peer_timeout=PEER_TIMEOUT)
+    kind, message, elapsed = results[0][0]
+    assert kind == "ValueError" and "rank 2" in message and "does not involve" in message
+    assert elapsed < QUICK
+    assert all(after == "ok" for _, after in results)
+
+
+def test_a_send_nobody_expects_is_refused_on_both_ends():
+    results = spawn(unpaired_pattern, n=3, timeout=120, args=("one-sided",),
+                    peer_timeout=PEER_TIMEOUT)
+    for r in (0, 1):
+        kind, message, elapsed = results[r][0]
+        assert kind == "ValueError", message
+        assert "rank 1 plans to send to rank 0" in message, message
+        assert elapsed < QUICK
+    assert all(after == "ok" for _, after in results)
+
+
+# ---------------------------------------------------------------- defect 6: who is missing
+def one_rank_idle(peer, rounds):
+    x = np.ones(4)
+    for _ in range(rounds):
+        peer.allreduce(x)
+    if peer.rank == 3:
+        # Rank 3 makes no more calls: it only waits (on its point-to-point channel) for every
+        # survivor's note that it has raised; its I/O thread still answers questions.
+        for src in range(3):
+            peer.recv(src, timeout=60)
+        return None
+    start = time.monotonic()
+    try:
+        peer.allreduce(x)
+        result = None
+    except gossip.GossipError as exc:
+        result = type(exc).__name__, str(exc), getattr(exc, "rank", None), \
+            time.monotonic() - start
+    peer.send(3, np.zeros(1))
+    return result
+
+
+def test_a_timeout_names_the_rank_that_never_started_the_call():
+    timeout = 6.0
+    results = spawn(one_rank_idle, n=4, timeout=120, args=(20,), peer_timeout=timeout)
+    for r in range(3):
+        kind, message, rank, elapsed = results[r]
+        assert kind == "OperationTimeout", message
+        assert rank == 3, message
+        assert "rank 3 has not started allreduce" in message, message
+        assert "at sequence 20" in message and "idle since allreduce" in message, message
+        assert "alive but sent nothing" not in message, message
+        assert elapsed < timeout + 5
+
+
+def broadcast_among_allreduces(peer):
+    x = np.ones(16, dtype=np.float32)
+    if peer.rank == 2:
+        return outcome(lambda: peer.broadcast(x, root=0))
+    return outcome(lambda: peer.allreduce(x))
+
+
+def assert_both_calls_named(results, within: float) -> None:
+    """Every rank raised ProtocolError naming the broadcast and the allreduce, in time."""
+    for kind, message, elapsed in results:
+        assert kind == "ProtocolError", (kind, message)
+        assert "broadcast(root=0)" in message and "allreduce" in message, message
+        assert elapsed < within
+
+
+def test_mismatched_calls_name_both_calls_on_every_rank():
+    timeout = 6.0
+    for _ in range(3):
+        assert_both_calls_named(spawn(broadcast_among_allreduces, n=4, timeout=120,
+                                      peer_timeout=timeout), timeout + 5)
+
+
+def mismatch_that_arrived_first(peer):
+    """Rank 3's allreduce chunks reach rank 2 before rank 2 makes its (other) call."""
+    from gossip.testing import wait_until
+    x = np.ones(16, dtype=np.float32)
+    if peer.rank == 3:
+        before = peer.stats()["messages_sent"]
+        handle = peer.allreduce(x, wait=False)
+        wait_until(lambda: peer.stats()["messages_sent"] > before, 10,
+                   what="rank 3's first allreduce chunk leaving")
+        peer.send(2, np.zeros(1))  # behind the chunk on the same connection
+        return outcome(handle.wait)
+    if peer.rank == 2:
+        peer.recv(3)
+        return outcome(lambda: peer.broadcast(x, root=0))
+    return outcome(lambda: peer.allreduce(x))
+
+
+def test_a_chunk_of_another_call_that_came_first_is_a_mismatch_at_once():
+    assert_both_calls_named(spawn(mismatch_that_arrived_first, n=4, timeout=120,
+                                  peer_timeout=PEER_TIMEOUT), QUICK)
+
+
+def unchecked_rounds(peer, mixed):
+    n, r = peer.world_size, peer.rank
+    x = np.full(8, float(r))
+    check = not (mixed and r == 0)
+    return outcome(lambda: peer.neighbor_allreduce(
+        x, 0.5, {(r - 1) % n: 0.25, (r + 1) % n: 0.25}, [(r - 1) % n, (r + 1) % n],
+        check_pattern=check).tolist())
+
+
+def test_the_pattern_check_can_be_skipped_by_every_peer_alike():
+    n = 3
+    for r, (kind, value, _) in enumerate(spawn(unchecked_rounds, n=n, timeout=90,
+                                               args=(False,), peer_timeout=PEER_TIMEOUT)):
+        assert kind == "ok", value
+        assert value == [0.5 * r + 0.25 * ((r - 1) % n) + 0.25 * ((r + 1) % n)] * 8
+    for kind, message, elapsed in spawn(unchecked_rounds, n=n, timeout=90, args=(True,),
+                                        peer_timeout=PEER_TIMEOUT):
+        assert kind == "ProtocolError" and "(unchecked)" in message, message
+        assert elapsed < QUICK
