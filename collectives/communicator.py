@@ -25,12 +25,13 @@ from collectives import defaults
 from collectives.algorithms.allgather import exchange_counts, ring_allgather_into
 from collectives.algorithms.barrier import dissemination_barrier
 from collectives.algorithms.broadcast import pipelined_broadcast
-from collectives.algorithms.neighbor import UNCHECKED, neighbor_exchange
+from collectives.algorithms.neighbor import (UNCHECKED, check_pattern_arguments, incomplete,
+                                            neighbor_exchange)
 from collectives.algorithms.p2p import Call, wait_sent
 from collectives.algorithms.ring import ring_allreduce, ring_reduce_scatter, segments
 from collectives.algorithms.small import recursive_doubling_allreduce
 from collectives.arrays.adapter import ArrayAdapter, check_reduce_op
-from collectives.errors import ExchangeIncomplete, GossipError, OperationTimeout, PeerLost
+from collectives.errors import GossipError, OperationTimeout, PeerLost
 from collectives.send_recv import PointToPoint, flat_of
 from collectives.transport.channels import Channel
 from collectives.transport.transport import Transport
@@ -332,17 +333,8 @@ class Communicator:
         ranks, with the result in place (see algorithms/neighbor.py).
         """
         adapter, flat, dtype = self._flat(x)
-        if not (dtype.startswith("float") or dtype.startswith("complex") or dtype == "bfloat16"):
-            raise TypeError(f"neighbor_allreduce averages with real weights; {dtype} arrays "
-                            "cannot hold the result (use a floating-point array)")
-        dst_ranks = sorted(set(int(d) for d in dst_ranks))
-        src_weights = {int(k): float(v) for k, v in src_weights.items()}
-        for r in list(dst_ranks) + list(src_weights):
-            if not 0 <= r < self.world_size or r == self.rank:
-                raise ValueError(f"rank {self.rank}: neighbour {r} is not another peer of the "
-                                 f"{self.world_size}")
-        if dst_weights is not None and set(dst_weights) != set(dst_ranks):
-            raise ValueError("dst_weights must have exactly one weight per destination rank")
+        src_weights, dst_ranks = check_pattern_arguments(self.rank, self.world_size, dtype,
+                                                         src_weights, dst_ranks, dst_weights)
         out_flat = None
         if out is x:
             out = None   # in place, as without out (a separate out must not overlap x)
@@ -377,13 +369,7 @@ class Communicator:
             adapter.synchronize()
             if missing:
                 # Raised after _execute: the round completed, so no peer is told to abort.
-                operation = f"neighbor_allreduce at sequence {seq}"
-                raise ExchangeIncomplete(
-                    f"rank {self.rank}: {operation} completed without rank(s) "
-                    f"{sorted(missing)}: " + "; ".join(str(e) for e in missing.values()),
-                    missing=missing,
-                    missing_destinations=sorted(d for d in dst_ranks if d in missing),
-                    operation=operation)
+                raise incomplete(self.rank, seq, missing, dst_ranks)
             return x if out is None else out
         return self._launch(f"neighbor_allreduce seq {seq}", body, wait)
 

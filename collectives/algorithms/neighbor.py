@@ -22,12 +22,43 @@ from typing import Any
 from collectives.algorithms.p2p import Call, post_range, recv_range, wait_reached, wait_sent
 from collectives.algorithms.pattern import MISSING, announce, check_pairing, plan_bits
 from collectives.arrays.adapter import ArrayAdapter
+from collectives.errors import ExchangeIncomplete
 
-__all__ = ["neighbor_exchange", "UNCHECKED"]
+__all__ = ["neighbor_exchange", "check_pattern_arguments", "incomplete", "UNCHECKED"]
 
 # The signature's suffix of an exchange called with check_pattern=False: no plans travel and
 # no pairing is checked (a peer that checks meets a call of another signature instead).
 UNCHECKED = "(unchecked)"
+
+
+def check_pattern_arguments(rank: int, world_size: int, dtype: str,
+                            src_weights: dict[int, float], dst_ranks,
+                            dst_weights: dict[int, float] | None
+                            ) -> tuple[dict[int, float], list[int]]:
+    """The local checks of a neighbour exchange, before it takes a sequence number: (the
+    sources' weights as floats, the sorted destinations); TypeError or ValueError otherwise."""
+    if not (dtype.startswith("float") or dtype.startswith("complex") or dtype == "bfloat16"):
+        raise TypeError(f"neighbor_allreduce averages with real weights; {dtype} arrays "
+                        "cannot hold the result (use a floating-point array)")
+    dst_ranks = sorted(set(int(d) for d in dst_ranks))
+    src_weights = {int(k): float(v) for k, v in src_weights.items()}
+    for r in list(dst_ranks) + list(src_weights):
+        if not 0 <= r < world_size or r == rank:
+            raise ValueError(f"rank {rank}: neighbour {r} is not another peer of the "
+                             f"{world_size}")
+    if dst_weights is not None and set(dst_weights) != set(dst_ranks):
+        raise ValueError("dst_weights must have exactly one weight per destination rank")
+    return src_weights, dst_ranks
+
+
+def incomplete(rank: int, seq: int, missing: dict[int, Exception],
+               dst_ranks) -> ExchangeIncomplete:
+    """The error of a partial round that completed without the ``missing`` peers."""
+    operation = f"neighbor_allreduce at sequence {seq}"
+    return ExchangeIncomplete(
+        f"rank {rank}: {operation} completed without rank(s) {sorted(missing)}: "
+        + "; ".join(str(e) for e in missing.values()), missing=missing,
+        missing_destinations=sorted(d for d in dst_ranks if d in missing), operation=operation)
 
 
 def neighbor_exchange(call: Call, adapter: ArrayAdapter, flat: Any, self_weight: float,

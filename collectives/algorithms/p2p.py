@@ -16,7 +16,8 @@ from typing import Any, Iterator
 from collectives import defaults
 from collectives.arrays.adapter import ArrayAdapter
 from collectives.errors import PeerLost, ProtocolError
-from collectives.transport.transport import SendTicket, Transport
+from collectives.transport.link import SendTicket
+from collectives.transport.transport import Transport
 from collectives.transport.wire import Header, dtype_itemsize
 
 __all__ = ["Call", "post_range", "recv_range", "chunk_elements", "wait_sent", "wait_reached"]

@@ -2,6 +2,7 @@
 format, what arrives (validated, then dispatched by kind), liveness, the shared-memory protocol
 between peers on one host, and the inbox. The algorithms above see only ``Transport``."""
 from collectives.transport.channels import Channel
-from collectives.transport.transport import PeerCounters, SendTicket, Transport, host_id
+from collectives.transport.link import SendTicket
+from collectives.transport.transport import PeerCounters, Transport, host_id
 
 __all__ = ["Transport", "SendTicket", "PeerCounters", "Channel", "host_id"]

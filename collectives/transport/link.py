@@ -19,6 +19,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import zmq
@@ -26,9 +27,32 @@ import zmq
 from collectives.errors import PeerLost
 from collectives.transport.wire import stamp_number
 
-__all__ = ["Link"]
+__all__ = ["Link", "SendTicket"]
 
 _NOBLOCK, _SNDMORE = int(zmq.NOBLOCK), int(zmq.SNDMORE)
+
+
+@dataclass
+class SendTicket:
+    """Completion of one queued send: ``queued`` is set once libzmq has the message; then
+    ``tracker`` (if tracking was asked for) says when libzmq no longer reads the buffer."""
+    queued: threading.Event = field(default_factory=threading.Event)
+    tracker: Any = None
+    error: Exception | None = None
+
+    def wait(self, deadline: float) -> bool:
+        """True when the buffer may be reused; False at the deadline. Raises the send's error."""
+        if not self.queued.wait(max(0.0, deadline - time.monotonic())):
+            return False
+        if self.error is not None:
+            raise self.error
+        if self.tracker is None:
+            return True
+        try:
+            self.tracker.wait(max(1e-3, deadline - time.monotonic()))
+        except zmq.NotDone:
+            return False
+        return True
 
 
 class Link:

@@ -16,10 +16,9 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
-import zmq
 
 from collectives import defaults
 from collectives.config import TransportConfig
@@ -28,7 +27,7 @@ from collectives.transport.activity import Activity, Status
 from collectives.transport.arrivals import Arrivals, status_channel
 from collectives.transport.drops import DropLog
 from collectives.transport.inbox import Inbox
-from collectives.transport.link import Link
+from collectives.transport.link import Link, SendTicket
 from collectives.transport.holds import Holds
 from collectives.transport.liveness import Liveness
 from collectives.transport.loop import IoLoop
@@ -38,7 +37,7 @@ from collectives.transport.wait_errors import wait_error
 from collectives.transport.wire import (ABORT, DATA, PLAN, PLAN_ANSWER, SHM, STATUS, Header,
                                         encode_header)
 
-__all__ = ["Transport", "PeerCounters", "SendTicket", "host_id"]
+__all__ = ["Transport", "PeerCounters", "host_id"]
 
 log = logging.getLogger("collectives")
 
@@ -54,29 +53,6 @@ class PeerCounters:
     messages_sent: int = 0
     bytes_received: int = 0
     messages_received: int = 0
-
-
-@dataclass
-class SendTicket:
-    """Completion of one queued send: ``queued`` is set once libzmq has the message; then
-    ``tracker`` (if tracking was asked for) says when libzmq no longer reads the buffer."""
-    queued: threading.Event = field(default_factory=threading.Event)
-    tracker: Any = None
-    error: Exception | None = None
-
-    def wait(self, deadline: float) -> bool:
-        """True when the buffer may be reused; False at the deadline. Raises the send's error."""
-        if not self.queued.wait(max(0.0, deadline - time.monotonic())):
-            return False
-        if self.error is not None:
-            raise self.error
-        if self.tracker is None:
-            return True
-        try:
-            self.tracker.wait(max(1e-3, deadline - time.monotonic()))
-        except zmq.NotDone:
-            return False
-        return True
 
 
 class Transport:
