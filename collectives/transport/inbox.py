@@ -186,16 +186,20 @@ class Inbox:
             self._arrivals.notify_all()
 
     # -- consumer side (operations) ----------------------------------------------------------
+    def _claim(self, key: Address) -> tuple[Any, Any]:
+        """(Under the lock.) The mailbox ``key``, claimed by its operation: what it holds no
+        longer counts as held for operations not started. Returns it and the resume request
+        that releasing made due (None if none)."""
+        box = self._box(key)
+        box.touched = True
+        return box, (self._release(key[0], box) if box.held else None)
+
     def get(self, key: Address, deadline: float) -> Any:
         """Next message of a mailbox. Returns the item, or raises nothing itself: returns one of
         ``Lost``/``MailboxError``/``None`` (deadline passed) so the caller can word the error with
         what it knows (operation, address)."""
-        resume = None
         with self._lock:
-            box = self._box(key)
-            box.touched = True
-            if box.held:
-                resume = self._release(key[0], box)
+            box, resume = self._claim(key)
             while resume is None:
                 ready = self._ready(key, box)
                 if ready is not None:
@@ -217,12 +221,8 @@ class Inbox:
 
     def take(self, key: Address) -> Any:
         """What get() would return at once, or None where it would wait."""
-        resume = None
         with self._lock:
-            box = self._box(key)
-            box.touched = True
-            if box.held:
-                resume = self._release(key[0], box)
+            box, resume = self._claim(key)
             ready = self._ready(key, box)
         if resume is not None:
             self.on_hold(*resume)
