@@ -141,7 +141,6 @@ class PointToPoint:
                              f"{self.world_size})")
 
 
-
 def _empty_for(dtype: str, shape: tuple) -> Any:
     if dtype == "bfloat16":
         import torch

@@ -82,7 +82,6 @@ def find_missing(transport, src: int, channel: int, seq: int, signature: str,
                            tuple(chain), False)
 
 
-
 def wait_error(t, item, src: int, operation: Any, channel: int, seq: int) -> Exception:
     """The error of a wait on mailbox ``(src, channel, seq)`` of transport ``t`` that ended
     with ``item``: a MailboxError (an ABORT, a mismatch), a Lost source, or None (deadline)."""

@@ -76,7 +76,6 @@ __all__ = [
 PROTOCOL_VERSION = 2  # 2: the trailing message number
 
 
-
 class Kind(enum.IntEnum):
     """The message kinds (the header's second field), the registry of the protocol."""
     DATA = 1
