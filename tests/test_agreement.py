@@ -128,8 +128,26 @@ def test_the_root_of_a_broadcast_learns_of_a_mismatch():
         assert kind == "ProtocolError", (other, results)
         assert "broadcast" in message and all(name in message for name in names), message
         assert elapsed < QUICK
-        if other != "root":  # else rank 2 agrees with rank 1 and may return before the abort
-            assert all(r[0] == "ProtocolError" for r in results), (other, results)
+        # Every rank, rank 2 too when it agrees with rank 1 on root 1: the barrier that closes
+        # a broadcast lets no rank return before it heard from every other.
+        assert all(r[0] == "ProtocolError" and r[2] < QUICK for r in results), (other, results)
+
+
+def broadcast_tail_disagrees(peer):
+    x = np.full(4096, float(peer.rank), dtype=np.float32)
+    if peer.rank == peer.world_size - 1:   # the ring's last rank: its predecessors all agree
+        x = x.astype(np.float64)
+    results = [outcome(lambda: peer.broadcast(x, root=0))[0] for _ in range(3)]
+    return results, peer.allreduce(np.ones(1)).tolist()
+
+
+def test_no_rank_returns_from_a_broadcast_that_a_later_rank_refuses():
+    # Ranks 1 and 2 agree with the root; only rank 3 does not. Before the closing barrier,
+    # ranks 1 and 2 returned the root's data while rank 3 raised.
+    for results, after in spawn(broadcast_tail_disagrees, n=4, timeout=120,
+                                peer_timeout=PEER_TIMEOUT):
+        assert results == ["ProtocolError"] * 3, results
+        assert after == [4.0]  # and the group is still in step
 
 
 # ---------------------------------------------------------------- defect 5: unpaired patterns
