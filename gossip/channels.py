@@ -21,11 +21,14 @@ __all__ = ["PeerChannel"]
 class PeerChannel(enum.IntEnum):
     #: The peer's own communicator: the collectives of Peer, the blocking policies.
     PEER = 0
-    #: Asynchronous: pushes from the sending thread to the receiving threads.
+    #: Asynchronous: pushes from the sending thread to the receiving threads (this number),
+    #: and quiesce()'s counts of them (the next one: a count must never be taken for a push,
+    #: nor meet a send of the user's own on the peer's communicator).
     ASYNCHRONOUS = 1
+    ASYNCHRONOUS_COUNTS = 2
     #: ElasticAveraging: requests to the centre's owners (this number) and their replies
     #: (the next one).
-    ELASTIC_REQUESTS = 2
-    ELASTIC_REPLIES = 3
+    ELASTIC_REQUESTS = 4
+    ELASTIC_REPLIES = 5
     #: Healing: proposals of new edges around a lost neighbour (Gossip, PushSum).
     HEALING = 6

@@ -441,6 +441,27 @@ def test_asynchronous_move_counts_fully_with_or_without_after_backward():
         assert np.allclose(result, 0.5 + move, rtol=0, atol=1e-15)
 
 
+def quiesce_beside_a_user_send(peer):
+    n, r = peer.world_size, peer.rank
+    x = np.full(100, float(r))
+    policy = Asynchronous().attach(peer, [x])
+    for _ in range(5):
+        policy.after_step()
+    # The user's own message, of the very dtype and size of quiesce()'s counts, still waiting
+    # on the peer's communicator: quiesce() must neither take it for a count nor consume it.
+    peer.send((r + 1) % n, np.array([999], dtype=np.int64))
+    policy.quiesce(timeout=20)
+    mine = peer.recv((r - 1) % n, np.zeros(1, dtype=np.int64))
+    policy.close()
+    return int(mine[0])
+
+
+def test_quiesce_leaves_the_users_own_messages_alone():
+    # Before quiesce() had a communicator of its own, it took the 999 for a count and waited
+    # for 999 pushes until its timeout.
+    assert spawn(quiesce_beside_a_user_send, n=3, timeout=90, peer_timeout=30) == [999] * 3
+
+
 def send_to_a_peer_that_never_was(peer, marker):
     import os
     import signal

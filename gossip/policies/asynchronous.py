@@ -38,7 +38,8 @@ class Asynchronous(BackgroundPolicy):
     w <- w + W (push-sum's x_i + sum x_j, de-biased); (2) ``after_step()``, if the pushing
     thread is idle, keeps half of the pair and hands the other half, m and w/2, to that
     thread (one copy), which sends it to one out-neighbour (rotating through the topology's
-    out-neighbours) through ``peer.channel(channel)``. A thread that is still sending skips
+    out-neighbours) through ``peer.channel(channel)`` (``quiesce()`` counts on the next
+    number). A thread that is still sending skips
     the round. A receiving thread sleeps in the inbox (never polling) and averages each
     message into what the next step folds in (see arrivals.py).
 
@@ -60,10 +61,6 @@ class Asynchronous(BackgroundPolicy):
     the survivor's. A peer that such pushes to d left below ``min_weight`` restarts its
     weights (w <- 1, m unchanged; ``weights_restarted`` in stats()), or flow control
     would hold its pushes back for ever.
-
-    ``quiesce()`` (a collective of the live peers) stops the pushes and waits until every
-    push a live peer sent has been absorbed (the weights then add up to n, less what the
-    dead held); ``resume()`` starts pushing again.
 
     Flow control: a push never leaves a peer with less than ``min_weight / 2`` of weight; a
     peer below ``min_weight`` skips its push until its in-neighbours' pushes arrive. Without
@@ -131,6 +128,7 @@ class Asynchronous(BackgroundPolicy):
         self._sources = [j for j in range(n) if j != rank]
         self._sent_to = [0] * n
         self._comm = self._peer.channel(self._channel_number)
+        self._counts = self._peer.channel(self._channel_number + 1)   # quiesce()'s
         nb = len(self._buckets)
         self._w = [1.0] * nb   # the push-sum weight of each bucket (training thread's)
         # For loops without after_backward(): the parameters as the last after_step left
@@ -327,8 +325,9 @@ class Asynchronous(BackgroundPolicy):
     # ------------------------------------------------------------------ quiescence
     def quiesce(self, timeout: float | None = None) -> None:
         """Stop pushing and wait until every push a live peer made to this one has been
-        absorbed, so no mass is in flight: a collective of the live peers (quiescence.py: a
-        dead peer does not stop it). ``resume()`` undoes it."""
+        absorbed, so no mass is in flight (the weights then add up to n, less what the dead
+        held): a collective of the live peers (quiescence.py: a dead peer does not stop it).
+        ``resume()`` undoes it."""
         self._check_ready()
         timeout = self.timeout if timeout is None else timeout
         self._paused = True
@@ -337,7 +336,8 @@ class Asynchronous(BackgroundPolicy):
                               lambda: ("quiesce: the push in progress did not finish",
                                        "asynchronous quiesce"))
             sent = list(self._sent_to)
-        expected = pushes_to_absorb(self._peer, sent, timeout, self._exchange_failed)
+        expected = pushes_to_absorb(self._peer, self._counts, sent, timeout,
+                                    self._exchange_failed)
         absorbed = self._arrivals.absorbed_from
         with self._cond:
             self._wait_locked(

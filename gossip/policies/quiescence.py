@@ -1,7 +1,8 @@
 """Quiescence of push gossip among the live peers: how many pushes each live peer must still
 absorb before no mass is in flight. Each peer tells every other live peer how many pushes it
-sent it (point to point on the peer's main channel), so a dead peer stops nothing, where an
-allreduce of the counts would fail on it."""
+sent it (point to point), so a dead peer stops nothing, where an allreduce of the counts would
+fail on it. The counts travel on a communicator of their own (``comm``, a ``peer.channel()``),
+never the peer's: a user's own ``peer.send`` still outstanding there would meet them."""
 from __future__ import annotations
 
 from typing import Any, Callable
@@ -13,23 +14,24 @@ from gossip.errors import PeerLost
 __all__ = ["pushes_to_absorb"]
 
 
-def pushes_to_absorb(peer: Any, sent_to: list[int], timeout: float,
+def pushes_to_absorb(peer: Any, comm: Any, sent_to: list[int], timeout: float,
                      on_lost: Callable[[str, PeerLost, int], None]) -> dict[int, int]:
     """Every live peer j (not in peer.lost_peers()) -> the pushes j sent to this peer, given
-    ``sent_to`` (this peer's pushes per destination). A collective of the live peers. A peer
+    ``sent_to`` (this peer's pushes per destination), exchanged over ``comm``. A collective of
+    the live peers. A peer
     lost meanwhile is left out and handed to ``on_lost(what, error, rank)``; a live one too
     slow to answer raises OperationTimeout, as any collective."""
     lost = peer.lost_peers()
     live = [j for j in range(peer.world_size) if j != peer.rank and j not in lost]
     for j in live:   # all sends first: no peer waits for another's receive
         try:
-            peer.send(j, np.array([sent_to[j]], dtype=np.int64), timeout=timeout)
+            comm.send(j, np.array([sent_to[j]], dtype=np.int64), timeout=timeout)
         except PeerLost as exc:
             on_lost(f"quiesce: count to rank {j}", exc, j)
     expected: dict[int, int] = {}
     for j in live:
         try:
-            expected[j] = int(peer.recv(j, np.zeros(1, dtype=np.int64), timeout=timeout)[0])
+            expected[j] = int(comm.recv(j, np.zeros(1, dtype=np.int64), timeout=timeout)[0])
         except PeerLost as exc:
             on_lost(f"quiesce: count from rank {j}", exc, j)
     return expected
