@@ -155,6 +155,11 @@ class Activity:
     def plan_arrived(self, src: int, channel: int, seq: int) -> bool:
         """A PLAN from ``src`` for ``(channel, seq)``: True to deliver it to the mailbox, False
         when this peer's call there does not involve ``src`` (answer it as a stranger)."""
+        # The usual case, a plan for an operation under way that involves src, without the
+        # lock: one dict read (atomic), as in arrived(); an op is never mutated to exclude src.
+        op = self._ops.get((channel, seq))
+        if op is not None and (op.neighbours is None or src in op.neighbours):
+            return True
         with self._lock:
             op = self._ops.get((channel, seq))
             if op is None:
