@@ -2,12 +2,27 @@
 in collectives/defaults.py), so a single ``timeout`` is usually all a user sets."""
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field, replace
 
 from collectives import defaults
 from collectives.security import ClusterKey
 
-__all__ = ["TransportConfig"]
+__all__ = ["TransportConfig", "check_job_id", "MAX_JOB_ID"]
+
+# A job id travels in every connection's routing id (at most 255 bytes with the rank) and in
+# log lines: short, printable, no separators of our own spelling ("/").
+MAX_JOB_ID = 64
+_JOB_ID = re.compile(r"[A-Za-z0-9._:@+-]*")
+
+
+def check_job_id(job_id: str) -> str:
+    """``job_id`` if it can name a job (up to MAX_JOB_ID of letters, digits and ``._:@+-``;
+    empty: an unnamed job), else ValueError saying why."""
+    if not isinstance(job_id, str) or len(job_id) > MAX_JOB_ID or not _JOB_ID.fullmatch(job_id):
+        raise ValueError(f"job id {job_id!r}: use at most {MAX_JOB_ID} letters, digits and "
+                         "'._:@+-'")
+    return job_id
 
 
 @dataclass(frozen=True)
@@ -54,6 +69,10 @@ class TransportConfig:
     data_ports: tuple[int, int] = (20000, 64999)
     # Cluster key: when set, every socket uses CURVE and admits only key holders.
     key: ClusterKey | None = field(default=None, repr=False)
+    # The job this peer belongs to (gossip.settings says where it comes from): part of the
+    # rendezvous and of every connection's routing id, so peers of two jobs never mix, even
+    # when they meet at one address. Empty: an unnamed job (meets only unnamed ones).
+    job_id: str = ""
 
     def __post_init__(self) -> None:
         if not self.timeout > 0:
@@ -65,6 +84,7 @@ class TransportConfig:
         if not 1 <= lo <= hi <= 65535:
             raise ValueError(f"data_ports must be (lo, hi) with 1 <= lo <= hi <= 65535, got "
                              f"{self.data_ports!r}")
+        check_job_id(self.job_id)
         if self.chunk_bytes < 4096:
             raise ValueError(f"chunk_bytes must be at least 4096, got {self.chunk_bytes}")
 

@@ -6,6 +6,12 @@ own ZeroMQ context, so a cluster key secures the rendezvous exactly like the dat
 Every failure is a RendezvousError that says what went wrong and who was involved: ranks that
 never came (named), a duplicate rank, a world size or configuration that disagrees, a port
 already in use.
+
+Every registration names its job (TransportConfig.job_id). Rank 0 refuses a peer of another
+job (that peer only: it is not a failure of this job) and tells it why; the refused peer tries
+again until its own deadline, since its own rank 0 may take the address once the other job's
+rendezvous is over. Two jobs started at one address at the same moment thus never mix; a peer
+that never meets its own job's rank 0 fails naming both jobs.
 """
 from __future__ import annotations
 
@@ -33,6 +39,8 @@ _MAX_MESSAGE = 64 * 1024
 # missing) reaches it even when rank 0 started later. A client that never hears from rank 0
 # (absent, or its port held by another program) fails after timeout + this, not later.
 _CLIENT_GRACE = defaults.RENDEZVOUS_CLIENT_GRACE
+# A peer refused by another job's rank 0 asks again this often.
+_REFUSED_RETRY = 0.05
 
 
 def _pack(obj: dict) -> bytes:
@@ -60,7 +68,7 @@ def rendezvous(transport: Transport, address: str, *, timeout: float,
     """
     entry = dict(transport.endpoints, pid=os.getpid())
     me = {"v": RENDEZVOUS_VERSION, "rank": transport.rank, "world_size": transport.world_size,
-          "entry": entry, "info": info or {}}
+          "job": transport.config.job_id, "entry": entry, "info": info or {}}
     if transport.world_size == 1:
         table = {0: entry}
     elif transport.rank == 0:
@@ -112,6 +120,7 @@ def _collect(sock, refusals, transport, address, timeout, me, n) -> dict[int, di
     poller.register(refusals.monitor, zmq.POLLIN)
     registered: dict[int, dict] = {0: me}
     identities: dict[int, bytes] = {}
+    refused: set = set()  # (job, rank) of other jobs' peers refused, each logged once
     everyone: list[bytes] = []  # every client heard from, so a failure reaches them all
 
     def fail(reason: str) -> RendezvousError:
@@ -141,6 +150,10 @@ def _collect(sock, refusals, transport, address, timeout, me, n) -> dict[int, di
             continue
         rank, size = msg.get("rank"), msg.get("world_size")
         if type(rank) is not int or type(size) is not int:
+            continue
+        if msg.get("job", "") != me["job"]:
+            _refuse_other_job(sock, ident, msg, me, rank, address, refused)
+            everyone.pop()   # not one of ours: our failure is none of its business
             continue
         if size != n:
             raise fail(f"rank {rank} says world size {size}, rank 0 says {n}")
@@ -179,20 +192,50 @@ def _collect(sock, refusals, transport, address, timeout, me, n) -> dict[int, di
     return table
 
 
-def _register(transport, address, timeout, me) -> dict[int, dict]:
+def _job_name(job: Any) -> str:
+    return repr(job) if job else "(unnamed)"
+
+
+def _refuse_other_job(sock, ident: bytes, msg: dict, me: dict, rank: int, address: str,
+                      refused: set) -> None:
+    """Tell a peer of another job that this rendezvous is not its job's (it tries again)."""
+    theirs = msg.get("job", "")
+    theirs = theirs[:80] if isinstance(theirs, str) else "?"
+    reason = (f"the rendezvous at {address} is job {_job_name(me['job'])}'s; this peer is of "
+              f"job {_job_name(theirs)}")
+    if (theirs, rank) not in refused:
+        refused.add((theirs, rank))
+        log.warning("rank 0 of job %s: refused rank %d of job %s at the rendezvous %s",
+                    _job_name(me["job"]), rank, _job_name(theirs), address)
+    sock.send_multipart([ident, _pack({"refused": reason})], zmq.NOBLOCK)
+
+
+def _client_socket(transport, address):
     sock = transport.context.socket(zmq.DEALER)
     sock.linger = 0
     if transport.config.key is not None:
         transport.config.key.apply_client(sock)
+    sock.connect(address)
+    return sock
+
+
+def _register(transport, address, timeout, me) -> dict[int, dict]:
+    start = time.monotonic()
+    deadline = start + timeout + _CLIENT_GRACE
+    refusal = None   # the last "not your job" heard, for the error at the deadline
+    sock = _client_socket(transport, address)
     try:
-        sock.connect(address)
         sock.send(_pack(me))
-        start = time.monotonic()
-        deadline = start + timeout + _CLIENT_GRACE
         while True:
             remaining = deadline - time.monotonic()
             if remaining <= 0 or not sock.poll(remaining * 1000):
                 waited = time.monotonic() - start
+                if refusal is not None:
+                    raise RendezvousError(
+                        f"rank {transport.rank} of job {_job_name(me['job'])}: never met its "
+                        f"own job's rank 0 at {address} within {waited:.3g}s: {refusal} (two "
+                        "jobs on one address: give each its own --master-port, or the same "
+                        "GOSSIP_JOB_ID to every peer of one job)")
                 raise RendezvousError(
                     f"rank {transport.rank}: no answer from the rendezvous at {address} within "
                     f"{waited:.3g}s; is rank 0 running and reachable there"
@@ -204,6 +247,16 @@ def _register(transport, address, timeout, me) -> dict[int, dict]:
             wait = msg.get("wait")
             if type(wait) in (int, float) and 0 <= wait < 1e6:  # NaN fails the comparison
                 deadline = max(deadline, time.monotonic() + wait + _CLIENT_GRACE)
+                continue
+            if "refused" in msg:
+                # Another job's rank 0 holds the address: ours may take it once that job's
+                # rendezvous is over. Ask again on a fresh connection (the old one is that
+                # rank 0's until it closes).
+                refusal = str(msg["refused"])[:300]
+                sock.close()
+                time.sleep(min(_REFUSED_RETRY, max(0.0, deadline - time.monotonic())))
+                sock = _client_socket(transport, address)
+                sock.send(_pack(me))
                 continue
             if "error" in msg:
                 raise RendezvousError(f"rank {transport.rank}: rendezvous at {address} failed: "

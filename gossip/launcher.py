@@ -6,104 +6,38 @@
 
 Each peer gets torchrun's variables (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE,
 MASTER_ADDR, MASTER_PORT, GROUP_RANK), so ``gossip.init()`` (or torch.distributed) finds the
-group. Every output line is prefixed with the peer's rank. The first peer to fail stops the
-others (SIGTERM, then SIGKILL after ``grace`` seconds) and its exit code becomes the
-launcher's (128+N for death by signal N, like a shell). SIGINT/SIGTERM/SIGHUP to the launcher
+group, and GOSSIP_JOB_ID (``--job-id``, or one made here: see _job_id), so peers of two runs
+that meet at one port never mix. Every output line is prefixed with the peer's rank. The
+first peer to fail stops the others (SIGTERM, then SIGKILL after ``grace`` seconds) and its
+exit code becomes the launcher's (128+N for death by signal N, like a shell). SIGINT/SIGTERM/SIGHUP to the launcher
 are forwarded to every peer, with the same escalation, and the launcher exits 128+signal.
 
 This module must not import torch: it only starts processes, and should start fast.
 
-Why not gossip.supervisor: that one runs Python functions and brings their results back
-through pipes, asking each child for a faulthandler stack dump (SIGUSR1) before terminating
-it. Here the peers are arbitrary commands: the unit is a process group (a peer's own
-children go too), the output is streamed, not collected, SIGUSR1 would kill a program that
-did not register it, and the grace between signal and SIGKILL is cut short by a second
-signal to the launcher, which only this event loop sees.
+The processes themselves (start, watch, stop, reap) are local_peers.py's.
 """
 from __future__ import annotations
 
 import argparse
 import os
-import queue
-import signal
-import subprocess
+import re
+import secrets
 import sys
-import threading
-import time
-from typing import IO, Callable, Mapping, Sequence
+from typing import Mapping, Sequence
 
 from collectives import defaults
+from collectives.config import MAX_JOB_ID, check_job_id
+from gossip.local_peers import LocalPeers
 from gossip.supervisor import free_port
 
 __all__ = ["launch", "main", "build_parser", "add_arguments", "run_from_args", "DEFAULT_GRACE"]
 
 DEFAULT_GRACE = defaults.LAUNCHER_GRACE  # seconds between the polite signal and SIGKILL
 _MULTI_NODE_PORT = 29500  # torchrun's default, for runs where every node must agree on it
-_FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 # These outrank torchrun's variables in gossip.settings: a stale one inherited from the
 # launcher's own environment would override the ranks we hand out, so peers never see them.
 _OVERRIDES = ("GOSSIP_RANK", "GOSSIP_WORLD_SIZE", "GOSSIP_LOCAL_RANK", "GOSSIP_RENDEZVOUS",
               "GOSSIP_MASTER_ADDR", "GOSSIP_MASTER_PORT")
-_READER_JOIN_S = 2.0  # a grandchild holding a pipe open must not hold the launcher too
-# Python runs signal handlers in the main thread, but the kernel may deliver a signal to any
-# thread; then the handler waits until the main thread next runs bytecode. Helper threads
-# block our signals, and the main thread never sleeps longer than this, as a safety net.
-_POLL_S = 0.25
-
-
-def _exit_code(returncode: int) -> int:
-    """Popen's -N (killed by signal N) as a shell reports it: 128+N."""
-    return 128 - returncode if returncode < 0 else returncode
-
-
-def _signal_name(signum: int) -> str:
-    try:
-        return signal.Signals(signum).name
-    except ValueError:
-        return f"signal {signum}"
-
-
-def _death_signal_hook(parent: int) -> Callable[[], None] | None:
-    """A preexec_fn that makes the kernel SIGTERM the child if the launcher dies (even by
-    SIGKILL, when no cleanup of ours can run). None where prctl is unavailable. The kernel
-    ties this to the forking thread, so a peer may get one SIGTERM per launcher thread."""
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        import ctypes
-        prctl = ctypes.CDLL(None, use_errno=True).prctl  # resolved here, not after fork
-    except (OSError, AttributeError):
-        return None
-    pr_set_pdeathsig = 1
-
-    def hook() -> None:
-        prctl(pr_set_pdeathsig, int(signal.SIGTERM), 0, 0, 0)
-        if os.getppid() != parent:  # the launcher died before prctl took effect
-            os._exit(1)
-    return hook
-
-
-def _pump(src: IO[bytes], dst: IO[str], prefix: bytes, lock: threading.Lock) -> None:
-    """Copy whole lines from a child's pipe to ``dst``; the lock keeps lines of different
-    peers (and of stdout vs stderr on one terminal) from interleaving mid-line."""
-    out = getattr(dst, "buffer", None)
-    broken = False
-    for line in iter(src.readline, b""):
-        if broken:
-            continue  # keep draining, or the child blocks on a full pipe
-        if not line.endswith(b"\n"):
-            line += b"\n"
-        try:
-            with lock:
-                if out is not None:
-                    out.write(prefix + line)
-                    out.flush()
-                else:  # a text-only stream (e.g. replaced in tests)
-                    dst.write((prefix + line).decode(errors="replace"))
-                    dst.flush()
-        except (BrokenPipeError, ValueError):
-            broken = True  # our reader went away; peers may still be finishing
-    src.close()
 
 
 def _check(nprocs: int, nnodes: int, node_rank: int, master_addr: str | None,
@@ -134,11 +68,27 @@ def _check(nprocs: int, nnodes: int, node_rank: int, master_addr: str | None,
             raise ValueError(f"--topology {topology!r}: {exc}") from None
 
 
+def _job_id(job_id: str | None, env: Mapping[str, str], nnodes: int, addr: str,
+            port: int) -> str:
+    """The job id every peer gets (GOSSIP_JOB_ID): --job-id, else an inherited GOSSIP_JOB_ID,
+    else one made here: on one node a fresh random one, so two runs that meet at one port
+    never mix; across nodes every node must derive the same, so one from the rendezvous
+    address (two jobs cannot share that address across nodes anyway: give --job-id to tell
+    them apart for certain)."""
+    chosen = job_id if job_id is not None else env.get("GOSSIP_JOB_ID")
+    if chosen is not None:
+        return chosen
+    if nnodes == 1:
+        return f"run-{secrets.token_hex(6)}"
+    return re.sub(r"[^A-Za-z0-9._:@+-]", "_", f"run-{addr}-{port}")[-MAX_JOB_ID:]
+
+
 def launch(cmd: list[str], nprocs: int, *, nnodes: int = 1, node_rank: int = 0,
            master_addr: str | None = None, master_port: int | None = None,
            env: Mapping[str, str] | None = None, topology: str | None = None,
            timeout: float | None = None, key: str | None = None, prefix: bool = True,
-           grace: float = DEFAULT_GRACE, keep_going: bool = False) -> int:
+           grace: float = DEFAULT_GRACE, keep_going: bool = False,
+           job_id: str | None = None) -> int:
     """Run ``cmd`` as ``nprocs`` peers of this node; return the launcher's exit code.
 
     ``cmd`` is the full command line (e.g. ``[sys.executable, "train.py"]``). ``env`` adds to
@@ -149,6 +99,11 @@ def launch(cmd: list[str], nprocs: int, *, nnodes: int = 1, node_rank: int = 0,
     starts. Signal forwarding is installed only when called from the main thread.
     """
     _check(nprocs, nnodes, node_rank, master_addr, master_port, topology, timeout, key, grace)
+    if job_id is not None:
+        try:
+            check_job_id(job_id)
+        except ValueError as exc:
+            raise ValueError(f"--job-id: {exc}") from None
     if not cmd:
         raise ValueError("nothing to run: give a script or -m module")
     addr = master_addr or "127.0.0.1"
@@ -157,7 +112,8 @@ def launch(cmd: list[str], nprocs: int, *, nnodes: int = 1, node_rank: int = 0,
     base = {k: v for k, v in os.environ.items() if k not in _OVERRIDES}
     base.update(env or {})
     base.update(WORLD_SIZE=str(world), LOCAL_WORLD_SIZE=str(nprocs), MASTER_ADDR=addr,
-                MASTER_PORT=str(port), GROUP_RANK=str(node_rank))
+                MASTER_PORT=str(port), GROUP_RANK=str(node_rank),
+                GOSSIP_JOB_ID=_job_id(job_id, base, nnodes, addr, port))
     if prefix:
         # Lines reach us through pipes, where Python would hold them in a block buffer (and
         # lose them if the peer is killed). Passed-through output keeps the user's buffering.
@@ -171,160 +127,7 @@ def launch(cmd: list[str], nprocs: int, *, nnodes: int = 1, node_rank: int = 0,
         base["GOSSIP_TIMEOUT"] = str(timeout)
     if key is not None:
         base["GOSSIP_KEY"] = os.path.abspath(key)  # peers may chdir; the path must hold
-    return _Group(cmd, nprocs, node_rank * nprocs, base, prefix, grace, keep_going).run()
-
-
-class _Group:
-    """The peers of this node: starts them, watches them, stops them, reaps them."""
-
-    def __init__(self, cmd: list[str], nprocs: int, first_rank: int, env: dict[str, str],
-                 prefix: bool, grace: float, keep_going: bool = False) -> None:
-        self.cmd, self.nprocs, self.first_rank = cmd, nprocs, first_rank
-        self.env, self.prefix, self.grace = env, prefix, grace
-        self.keep_going = keep_going
-        self.procs: list[subprocess.Popen] = []
-        self.running: set[int] = set()
-        # SimpleQueue.put is reentrant, so signal handlers may post to it safely.
-        self.events: queue.SimpleQueue = queue.SimpleQueue()
-        self.threads: list[threading.Thread] = []
-        self.lock = threading.Lock()  # one line at a time on our stdout/stderr
-
-    def _say(self, message: str) -> None:
-        with self.lock:
-            print(f"gossip run: {message}", file=sys.stderr, flush=True)
-
-    def run(self) -> int:
-        saved = self._install_handlers()
-        try:
-            self._start()
-            return self._watch()
-        finally:
-            try:
-                self._reap()
-            finally:
-                for signum, handler in saved.items():
-                    signal.signal(signum, handler)
-
-    def _install_handlers(self) -> dict[int, object]:
-        if threading.current_thread() is not threading.main_thread():
-            return {}
-        saved = {}
-        for signum in _FORWARDED:
-            if signal.getsignal(signum) is signal.SIG_IGN:
-                continue  # e.g. SIGHUP under nohup: peers inherit the ignore, as they should
-            saved[signum] = signal.signal(
-                signum, lambda s, _frame: self.events.put(("signal", s, 0)))
-        return saved
-
-    def _start(self) -> None:
-        hook = _death_signal_hook(os.getpid())
-        pipe = subprocess.PIPE if self.prefix else None
-        for local in range(self.nprocs):
-            rank = self.first_rank + local
-            env = dict(self.env, RANK=str(rank), LOCAL_RANK=str(local))
-            # Own session: a terminal's Ctrl-C reaches only the launcher, which forwards it
-            # once (otherwise peers would get it twice). That also takes peers off the
-            # terminal, so stdin could not be read anyway: give them /dev/null.
-            p = subprocess.Popen(self.cmd, env=env, stdin=subprocess.DEVNULL, stdout=pipe,
-                                 stderr=pipe, start_new_session=True, preexec_fn=hook)
-            self.procs.append(p)
-            self.running.add(local)
-        # Threads start after every fork: preexec_fn is only safe while we are single-threaded.
-        for local, p in enumerate(self.procs):
-            self._thread(self._wait_one, local, p)
-            if self.prefix:
-                tag = f"[rank {self.first_rank + local}] ".encode()
-                self._thread(_pump, p.stdout, sys.stdout, tag, self.lock)
-                self._thread(_pump, p.stderr, sys.stderr, tag, self.lock)
-
-    def _thread(self, target: Callable, *args: object) -> None:
-        def body() -> None:
-            if hasattr(signal, "pthread_sigmask"):
-                signal.pthread_sigmask(signal.SIG_BLOCK, _FORWARDED)  # see _POLL_S
-            target(*args)
-        t = threading.Thread(target=body, daemon=True)
-        t.start()
-        self.threads.append(t)
-
-    def _next_event(self, deadline: float | None = None) -> tuple[str, int, int]:
-        """The next exit or signal; queue.Empty once ``deadline`` (monotonic) passes."""
-        while True:
-            wait = _POLL_S if deadline is None else min(_POLL_S, deadline - time.monotonic())
-            if wait <= 0:
-                raise queue.Empty
-            try:
-                return self.events.get(timeout=wait)
-            except queue.Empty:
-                pass  # a moment of bytecode, for a handler held up by another thread
-
-    def _wait_one(self, local: int, p: subprocess.Popen) -> None:
-        self.events.put(("exit", local, p.wait()))
-
-    def _watch(self) -> int:
-        """Wait for every peer; on the first failure (unless keep_going) or signal, stop the
-        rest."""
-        failed = 0
-        while self.running:
-            kind, who, code = self._next_event()
-            if kind == "signal":
-                self._say(f"got {_signal_name(who)}, stopping {len(self.running)} peer(s)")
-                # SIGINT goes on as SIGINT, so Python peers raise KeyboardInterrupt and clean up.
-                self._stop(who)
-                return 128 + who
-            self.running.discard(who)
-            if code != 0:
-                rank = self.first_rank + who
-                how = (f" (killed by {_signal_name(-code)})" if code < 0 else "")
-                if self.keep_going:
-                    self._say(f"rank {rank} failed with exit code {_exit_code(code)}{how}; "
-                              f"{len(self.running)} peer(s) go on (--keep-going)")
-                    failed = failed or _exit_code(code)
-                    continue
-                self._say(f"rank {rank} failed with exit code {_exit_code(code)}{how}; "
-                          f"stopping the other peers")
-                self._stop(signal.SIGTERM)
-                return _exit_code(code)
-        return failed
-
-    def _signal(self, signum: int) -> None:
-        for local in sorted(self.running):
-            try:
-                # The whole process group: a peer's own children (data loaders) go too.
-                os.killpg(self.procs[local].pid, signum)
-            except (ProcessLookupError, PermissionError):
-                pass
-
-    def _stop(self, signum: int) -> None:
-        """Send ``signum``, give peers ``grace`` seconds, then SIGKILL; a second signal to
-        the launcher skips the wait."""
-        self._signal(signum)
-        deadline = time.monotonic() + self.grace
-        while self.running:
-            try:
-                kind, who, _ = self._next_event(deadline)
-            except queue.Empty:
-                break
-            if kind == "signal":
-                break
-            self.running.discard(who)
-        if self.running:
-            ranks = ", ".join(str(self.first_rank + r) for r in sorted(self.running))
-            self._say(f"rank(s) {ranks} still running after {self.grace:g} s: killing")
-            self._signal(signal.SIGKILL)
-
-    def _reap(self) -> None:
-        """No orphans: whatever happened above, every peer is dead and waited for."""
-        for p in self.procs:
-            if p.poll() is None:
-                try:
-                    os.killpg(p.pid, signal.SIGKILL)
-                except (ProcessLookupError, PermissionError):
-                    p.kill()
-            p.wait()
-        # Let the last lines through; a grandchild still holding a pipe is not waited for.
-        deadline = time.monotonic() + _READER_JOIN_S
-        for t in self.threads:
-            t.join(max(0.0, deadline - time.monotonic()))
+    return LocalPeers(cmd, nprocs, node_rank * nprocs, base, prefix, grace, keep_going).run()
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -342,6 +145,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--timeout", type=float, default=None,
                         help="each peer's operation timeout in seconds (GOSSIP_TIMEOUT)")
     parser.add_argument("--key", default=None, help="cluster key file for CURVE (GOSSIP_KEY)")
+    parser.add_argument("--job-id", default=None,
+                        help="the job's id (GOSSIP_JOB_ID; default: a fresh one on one node, "
+                             "one from the rendezvous address across nodes): peers of other "
+                             "jobs are refused")
     parser.add_argument("--grace", type=float, default=DEFAULT_GRACE, help="seconds between "
                         f"SIGTERM/SIGINT and SIGKILL (default {DEFAULT_GRACE:g})")
     parser.add_argument("--keep-going", action="store_true",
@@ -375,7 +182,8 @@ def run_from_args(args: argparse.Namespace) -> int:
     return launch(cmd, args.nprocs, nnodes=args.nnodes, node_rank=args.node_rank,
                   master_addr=args.master_addr, master_port=args.master_port,
                   topology=args.topology, timeout=args.timeout, key=args.key,
-                  prefix=args.prefix, grace=args.grace, keep_going=args.keep_going)
+                  prefix=args.prefix, grace=args.grace, keep_going=args.keep_going,
+                  job_id=args.job_id)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -52,6 +52,11 @@ class Peer:
         return self.settings.local_rank
 
     @property
+    def job_id(self) -> str:
+        """The job this peer belongs to ("" when unnamed; see gossip.settings)."""
+        return self._transport.config.job_id
+
+    @property
     def timeout(self) -> float:
         """Default seconds of every blocking call (``init(timeout=...)``)."""
         return self._transport.config.timeout

@@ -65,7 +65,7 @@ def _port_range(text: str) -> tuple[int, int]:
 def init(*, rank: int | None = None, world_size: int | None = None,
          rendezvous: str | None = None, topology: Any = None, timeout: float | None = None,
          key: str | os.PathLike | ClusterKey | None = None, transport: str | None = None,
-         config: TransportConfig | None = None) -> Peer:
+         config: TransportConfig | None = None, job_id: str | None = None) -> Peer:
     """Join the group and return this process's Peer.
 
     Every argument defaults from the environment (see gossip.settings for the order of
@@ -73,10 +73,13 @@ def init(*, rank: int | None = None, world_size: int | None = None,
     Topology or spec string (GOSSIP_TOPOLOGY, default "ring"), ``timeout`` the deadline of
     every blocking call (GOSSIP_TIMEOUT, default 60 s), ``key`` a cluster key file that turns
     on CURVE encryption and authentication for every socket (GOSSIP_KEY), ``transport``
-    "auto" | "tcp" | "ipc" (GOSSIP_TRANSPORT).
+    "auto" | "tcp" | "ipc" (GOSSIP_TRANSPORT), ``job_id`` the job this peer belongs to
+    (GOSSIP_JOB_ID, or the launcher's: see gossip.settings): peers of another job are refused
+    at the rendezvous and on every connection.
     """
     configure_logging()
-    settings = resolve_settings(rank=rank, world_size=world_size, rendezvous=rendezvous)
+    settings = resolve_settings(rank=rank, world_size=world_size, rendezvous=rendezvous,
+                                job_id=job_id)
     topo = resolve_topology(topology, settings.world_size)
     if timeout is None:
         timeout = float(os.environ.get("GOSSIP_TIMEOUT") or DEFAULT_TIMEOUT)
@@ -85,6 +88,8 @@ def init(*, rank: int | None = None, world_size: int | None = None,
         key = load_cluster_key(key)
     transport = transport or os.environ.get("GOSSIP_TRANSPORT") or None
     changes: dict[str, Any] = {"timeout": timeout}
+    if settings.job_source != "none":   # else a config= of the caller's may name the job
+        changes["job_id"] = settings.job_id
     if key is not None:
         changes["key"] = key
     if transport:
@@ -110,6 +115,7 @@ def init(*, rank: int | None = None, world_size: int | None = None,
     except BaseException:
         tr.close()
         raise
-    log.info("rank %d/%d joined via %s (%s), topology %r", settings.rank,
-             settings.world_size, settings.rendezvous, settings.source, topo)
+    log.info("rank %d/%d of job %s joined via %s (%s), topology %r", settings.rank,
+             settings.world_size, cfg.job_id or "(unnamed)", settings.rendezvous,
+             settings.source, topo)
     return Peer(tr, topo, settings)

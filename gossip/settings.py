@@ -5,6 +5,12 @@ Each setting comes from the first source that has it, in this order: explicit ar
 SLURM's (SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID; the master is the job's first node),
 OpenMPI's (OMPI_COMM_WORLD_RANK, _SIZE, _LOCAL_RANK). With none of them, a process is a world of
 one, so a script runs unchanged without a launcher.
+
+The job id follows the same order: ``job_id=``, GOSSIP_JOB_ID (``gossip run`` sets it),
+torchrun's TORCHELASTIC_RUN_ID (its ``--rdzv-id``; "none", torchrun's default, names no job),
+SLURM's SLURM_JOB_ID (with the step: SLURM_STEP_ID), OpenMPI's PMIX_NAMESPACE or
+OMPI_MCA_ess_base_jobid. Without any, the job is unnamed: it meets only unnamed peers, and two
+unnamed jobs on one rendezvous address are not told apart (set GOSSIP_JOB_ID).
 """
 from __future__ import annotations
 
@@ -13,9 +19,11 @@ import re
 from dataclasses import dataclass
 from typing import Mapping
 
+from collectives.config import MAX_JOB_ID, check_job_id
 from collectives.errors import RendezvousError
 
-__all__ = ["LaunchSettings", "resolve_settings", "first_slurm_host", "DEFAULT_PORT"]
+__all__ = ["LaunchSettings", "resolve_settings", "resolve_job_id", "first_slurm_host",
+           "DEFAULT_PORT"]
 
 DEFAULT_PORT = 29500
 
@@ -35,6 +43,8 @@ class LaunchSettings:
     master_addr: str
     master_port: int
     source: str  # which convention gave the rank, for logs and error messages
+    job_id: str = ""  # "" : an unnamed job
+    job_source: str = "none"  # which convention gave the job id
 
     @property
     def rendezvous(self) -> str:
@@ -75,8 +85,43 @@ def first_slurm_host(nodelist: str) -> str:
     return prefix + first
 
 
+def resolve_job_id(job_id: str | None = None,
+                   env: Mapping[str, str] | None = None) -> tuple[str, str]:
+    """(job id, where it came from), from the first source that has one (module docstring).
+    A launcher's id is made fit for a routing id (other characters become '_', a long one is
+    cut, keeping its end: the distinct part of generated ids); an id the user gave that does
+    not fit is a RendezvousError."""
+    env = os.environ if env is None else env
+    if job_id is not None:
+        return _user_job_id(job_id, "job_id="), "arguments"
+    if "GOSSIP_JOB_ID" in env:
+        return _user_job_id(env["GOSSIP_JOB_ID"], "GOSSIP_JOB_ID"), "GOSSIP_JOB_ID"
+    run_id = env.get("TORCHELASTIC_RUN_ID", "")
+    if run_id and run_id != "none":
+        return _fit(f"torchrun-{run_id}"), "torchrun"
+    if env.get("SLURM_JOB_ID"):
+        step = env.get("SLURM_STEP_ID")
+        return _fit(f"slurm-{env['SLURM_JOB_ID']}" + (f".{step}" if step else "")), "SLURM"
+    for name in ("PMIX_NAMESPACE", "OMPI_MCA_ess_base_jobid"):
+        if env.get(name) and env.get("OMPI_COMM_WORLD_SIZE"):
+            return _fit(f"mpi-{env[name]}"), "OpenMPI"
+    return "", "none"
+
+
+def _user_job_id(value: str, where: str) -> str:
+    try:
+        return check_job_id(value.strip())
+    except ValueError as exc:
+        raise RendezvousError(f"{where}: {exc}") from None
+
+
+def _fit(value: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._:@+-]", "_", value)[-MAX_JOB_ID:]
+
+
 def resolve_settings(*, rank: int | None = None, world_size: int | None = None,
                      local_rank: int | None = None, rendezvous: str | None = None,
+                     job_id: str | None = None,
                      env: Mapping[str, str] | None = None) -> LaunchSettings:
     """This process's settings, each from the first source that has it (see the module docstring;
     ``env`` defaults to os.environ). RendezvousError for a variable that is not an integer, a rank
@@ -98,7 +143,8 @@ def resolve_settings(*, rank: int | None = None, world_size: int | None = None,
         raise RendezvousError(f"rank {rank!r} (from {source}) is outside world size {world_size}")
 
     addr, port = _master(env, rendezvous)
-    return LaunchSettings(rank, world_size, local_rank, addr, port, source)
+    job, job_source = resolve_job_id(job_id, env)
+    return LaunchSettings(rank, world_size, local_rank, addr, port, source, job, job_source)
 
 
 def _master(env: Mapping[str, str], rendezvous: str | None) -> tuple[str, int]:

@@ -21,7 +21,7 @@ from collectives import defaults
 from collectives.transport.activity import Activity
 from collectives.transport.drops import DropLog
 from collectives.transport.inbox import Inbox, Lost, MailboxError
-from collectives.transport.sockets import IDENTITY_PREFIX, rank_of_identity
+from collectives.transport.sockets import identity_of, job_of_identity, rank_of_identity
 from collectives.transport.wire import (ABORT, BYE, DATA, PLAN, PLAN_ANSWER, SHM, STATUS,
                                         Header, WireError, decode_header, encode_header)
 
@@ -46,14 +46,16 @@ class Arrivals:
 
     def __init__(self, rank: int, world_size: int, max_message_bytes: int, inbox: Inbox,
                  counters: list, drops: DropLog, handlers: dict[int, Handler],
-                 activity: Activity, answer: Callable[[int, bytes], None]) -> None:
+                 activity: Activity, answer: Callable[[int, bytes], None],
+                 job_id: str = "") -> None:
         self.rank = rank
         self._world_size = world_size
+        self._job_id = job_id
         self._max_bytes = max_message_bytes
         self._inbox = inbox
         self._counters = counters
         self._drops = drops
-        self._identity_ranks = {IDENTITY_PREFIX + str(r).encode(): r for r in range(world_size)}
+        self._identity_ranks = {identity_of(job_id, r): r for r in range(world_size)}
         self._heard = [0] * world_size  # last message number accepted from each source
         # Malformed or over-bound messages per rank's connection; at MAX_STRIKES it is cut:
         # ``_cut[src]`` is then the reason it was cut, and everything further from it is
@@ -73,9 +75,9 @@ class Arrivals:
         identity = frames[0].bytes
         src = self._identity_ranks.get(identity)  # the usual spelling, without parsing
         if src is None:
-            src = rank_of_identity(identity, self._world_size)
+            src = rank_of_identity(identity, self._world_size, self._job_id)
         if src is None:
-            self._drops.drop("foreign", f"unknown sender identity {identity[:40]!r}")
+            self._foreign(identity)
             return
         cut = self._cut[src]
         if cut is not None:
@@ -118,6 +120,16 @@ class Arrivals:
             self._counters[src].messages_received += 1
             if header.kind in _CHUNKS:
                 self._check_call(src, header)
+
+    def _foreign(self, identity: bytes) -> None:
+        job = job_of_identity(identity)
+        if job is not None and job != self._job_id:
+            # Two jobs met at one address (a reused port, a stale table): say which two.
+            self._drops.drop("foreign", f"a peer of job {job or '(unnamed)'!r} "
+                             f"({identity[:80]!r}) reached this peer of job "
+                             f"{self._job_id or '(unnamed)'!r}; its messages are dropped")
+            return
+        self._drops.drop("foreign", f"unknown sender identity {identity[:40]!r}")
 
     def _strike(self, src: int, reason: str, detail: str) -> None:
         """Drop a bad message from ``src``; at MAX_STRIKES, cut its connection."""

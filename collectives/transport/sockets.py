@@ -28,7 +28,8 @@ from collectives.transport.liveness import MONITOR_EVENTS
 from collectives.transport.refusals import Refusals
 from collectives.transport.shm_ring import shm_supported
 
-__all__ = ["Sockets", "IDENTITY_PREFIX", "rank_of_identity", "host_id"]
+__all__ = ["Sockets", "IDENTITY_PREFIX", "identity_of", "rank_of_identity", "job_of_identity",
+           "host_id"]
 
 log = logging.getLogger("collectives")
 
@@ -49,11 +50,35 @@ def host_id() -> str:
     return f"{pysocket.gethostname()}/{boot}/{netns}"
 
 
-def rank_of_identity(identity: bytes, world_size: int) -> int | None:
-    """The rank a DEALER's routing id names, or None if it names none of this group."""
+def identity_of(job_id: str, rank: int) -> bytes:
+    """The routing id of ``rank``'s connections in job ``job_id``: ``gossip:RANK`` for an
+    unnamed job, ``gossip:JOB/RANK`` otherwise. A ROUTER hands it over with every message, so
+    a receiver knows sender and job by one dict lookup."""
+    job = f"{job_id}/" if job_id else ""
+    return IDENTITY_PREFIX + f"{job}{rank}".encode()
+
+
+def job_of_identity(identity: bytes) -> str | None:
+    """The job a routing id of our spelling names ("" for an unnamed job), or None if it is
+    not of our spelling: for the log line that names both jobs."""
     if not identity.startswith(IDENTITY_PREFIX):
         return None
-    digits = identity[len(IDENTITY_PREFIX):]
+    job, slash, digits = identity[len(IDENTITY_PREFIX):].rpartition(b"/")
+    if not digits.isdigit():
+        return None
+    try:
+        return job.decode("ascii") if slash else ""
+    except UnicodeDecodeError:
+        return None
+
+
+def rank_of_identity(identity: bytes, world_size: int, job_id: str = "") -> int | None:
+    """The rank a DEALER's routing id names, or None if it names none of this group (of job
+    ``job_id``)."""
+    prefix = identity_of(job_id, 0)[:-1]
+    if not identity.startswith(prefix):
+        return None
+    digits = identity[len(prefix):]
     if not digits.isdigit() or len(digits) > 9:
         return None
     rank = int(digits)
@@ -153,7 +178,7 @@ class Sockets:
                 raise ValueError(f"rank {self.rank}: no address for rank {rank}; the rendezvous "
                                  f"table has ranks {sorted(self.addresses)}")
             dealer = self.socket(zmq.DEALER)
-            dealer.routing_id = IDENTITY_PREFIX + str(self.rank).encode()
+            dealer.routing_id = identity_of(self.config.job_id, self.rank)
             dealer.sndhwm = self.config.send_hwm
             dealer.setsockopt(zmq.RECONNECT_IVL, int(defaults.RECONNECT_INTERVAL * 1000))
             monitor = dealer.get_monitor_socket(MONITOR_EVENTS)
