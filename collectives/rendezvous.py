@@ -28,7 +28,7 @@ from collectives.errors import RendezvousError
 from collectives.transport.refusals import Refusals
 from collectives.transport.transport import Transport
 
-__all__ = ["rendezvous", "RENDEZVOUS_VERSION"]
+__all__ = ["rendezvous", "bind_address", "RENDEZVOUS_VERSION", "JobRunning"]
 
 log = logging.getLogger("collectives")
 
@@ -41,6 +41,24 @@ _MAX_MESSAGE = 64 * 1024
 _CLIENT_GRACE = defaults.RENDEZVOUS_CLIENT_GRACE
 # A peer refused by another job's rank 0 asks again this often.
 _REFUSED_RETRY = 0.05
+# A restarted rank 0 whose port is held asks this long whether its own job holds it (a door
+# answers in milliseconds; rank 0 must still fail at once when another program holds it).
+_PROBE_HELD = 0.3
+
+
+class JobRunning(RendezvousError):
+    """The rendezvous address is held by a running member of this job (a door, see
+    collectives/membership/door.py): this process should join it. ``view`` is the job's view
+    (its wire form) and ``doors`` where its members listen."""
+
+    def __init__(self, message: str, view: dict, doors: list[str]) -> None:
+        super().__init__(message)
+        self.view = view
+        self.doors = doors
+
+
+class _PortHeld(RendezvousError):
+    """Rank 0 found the rendezvous port taken (by a member of its own running job, or not)."""
 
 
 def _pack(obj: dict) -> bytes:
@@ -59,27 +77,37 @@ def _unpack(raw: bytes) -> dict | None:
 
 
 def rendezvous(transport: Transport, address: str, *, timeout: float,
-               info: dict[str, Any] | None = None) -> dict[int, dict]:
+               info: dict[str, Any] | None = None,
+               extra: dict[str, Any] | None = None) -> dict[int, dict]:
     """Exchange endpoints with every peer through ``address`` (``tcp://host:port``).
 
     ``info`` is compared across peers: any key whose value differs (a topology spec, a
     protocol setting) fails the rendezvous on every peer, naming the ranks that disagree.
-    Returns rank -> {"tcp", "ipc", "host", "pid"} and installs it in the transport.
+    ``extra`` joins this peer's entry (its membership door and identity). Returns rank ->
+    {"tcp", "ipc", "host", "pid", ...} and installs it in the transport. JobRunning if a
+    running member of the job answers at ``address`` instead of a rank 0 that gathers.
     """
-    entry = dict(transport.endpoints, pid=os.getpid())
+    entry = dict(transport.endpoints, pid=os.getpid(), **(extra or {}))
     me = {"v": RENDEZVOUS_VERSION, "rank": transport.rank, "world_size": transport.world_size,
           "job": transport.config.job_id, "entry": entry, "info": info or {}}
     if transport.world_size == 1:
         table = {0: entry}
     elif transport.rank == 0:
-        table = _serve(transport, address, timeout, me)
+        try:
+            table = _serve(transport, address, timeout, me)
+        except _PortHeld as held:
+            # A restarted rank 0: a running member of its job may hold the address (a door
+            # listening there). Ask briefly as a client; anything else holds it: say so.
+            _probe_running(transport, address, me)
+            raise RendezvousError(str(held)) from None
     else:
         table = _register(transport, address, timeout, me)
     transport.set_peers(table)
     return table
 
 
-def _bind_address(address: str) -> str:
+def bind_address(address: str) -> str:
+    """What to bind to listen at ``address`` (loopback stays loopback)."""
     host, _, port = address[len("tcp://"):].rpartition(":")
     if host in ("localhost", "127.0.0.1", "::1", "[::1]") or host.startswith("127."):
         return f"tcp://{'127.0.0.1' if host == 'localhost' else host}:{port}"
@@ -95,7 +123,7 @@ def _serve(transport: Transport, address: str, timeout: float, me: dict) -> dict
     # A client with another server key, or without CURVE, is refused in the handshake before
     # any message: the monitor is how rank 0 can log it (see refusals.py).
     refusals = Refusals(transport.rank, sock)
-    bind = _bind_address(address)
+    bind = bind_address(address)
     try:
         sock.bind(bind)
     except zmq.ZMQError as exc:
@@ -104,8 +132,9 @@ def _serve(transport: Transport, address: str, timeout: float, me: dict) -> dict
         hint = ("another job or a previous run still holds it; choose another port with "
                 "--master-port / MASTER_PORT / GOSSIP_MASTER_PORT"
                 if exc.errno == zmq.EADDRINUSE else "is the address one of this host's?")
-        raise RendezvousError(f"rank 0: cannot bind the rendezvous at {bind} ({address}): "
-                              f"{exc.strerror}; {hint}") from None
+        error = _PortHeld if exc.errno == zmq.EADDRINUSE else RendezvousError
+        raise error(f"rank 0: cannot bind the rendezvous at {bind} ({address}): "
+                    f"{exc.strerror}; {hint}") from None
     try:
         return _collect(sock, refusals, transport, address, timeout, me, n)
     finally:
@@ -210,6 +239,29 @@ def _refuse_other_job(sock, ident: bytes, msg: dict, me: dict, rank: int, addres
     sock.send_multipart([ident, _pack({"refused": reason})], zmq.NOBLOCK)
 
 
+def _running(msg: dict, transport, address: str, me: dict) -> JobRunning | None:
+    """The JobRunning a running member's answer ``msg`` means, or None if it is not one."""
+    if not (isinstance(msg.get("running"), dict) and isinstance(msg.get("doors"), list)):
+        return None
+    return JobRunning(f"rank {transport.rank}: job {_job_name(me['job'])} is already running "
+                      f"at {address}", msg["running"],
+                      [d for d in msg["doors"] if isinstance(d, str)][:64])
+
+
+def _probe_running(transport, address: str, me: dict) -> None:
+    """Raise JobRunning if a running member of this job answers at ``address`` within
+    _PROBE_HELD; return otherwise."""
+    sock = _client_socket(transport, address)
+    try:
+        sock.send(_pack(me))
+        if sock.poll(_PROBE_HELD * 1000):
+            running = _running(_unpack(sock.recv()) or {}, transport, address, me)
+            if running is not None:
+                raise running
+    finally:
+        sock.close()
+
+
 def _client_socket(transport, address):
     sock = transport.context.socket(zmq.DEALER)
     sock.linger = 0
@@ -248,6 +300,9 @@ def _register(transport, address, timeout, me) -> dict[int, dict]:
             if type(wait) in (int, float) and 0 <= wait < 1e6:  # NaN fails the comparison
                 deadline = max(deadline, time.monotonic() + wait + _CLIENT_GRACE)
                 continue
+            running = _running(msg, transport, address, me)
+            if running is not None:
+                raise running
             if "refused" in msg:
                 # Another job's rank 0 holds the address: ours may take it once that job's
                 # rendezvous is over. Ask again on a fresh connection (the old one is that

@@ -32,3 +32,6 @@ class PeerChannel(enum.IntEnum):
     ELASTIC_REPLIES = 5
     #: Healing: proposals of new edges around a lost neighbour (Gossip, PushSum).
     HEALING = 6
+    #: Membership: a member's state sent to the members that take it after a view change
+    #: (gossip/state_transfer.py).
+    MEMBERSHIP = 8

@@ -10,6 +10,7 @@ from collectives import defaults
 from collectives.communicator import Communicator
 from collectives.transport.channels import channel_pair
 from collectives.transport.transport import Transport
+from gossip import elastic
 from gossip.policies.neighborhood import live_mixing_round
 from gossip.settings import LaunchSettings
 
@@ -23,13 +24,19 @@ class Peer:
     raises PeerLost / OperationTimeout / ProtocolError naming the rank, address and operation
     instead of hanging. Use as a context manager, or call close()."""
 
-    def __init__(self, transport: Transport, topology: Any, settings: LaunchSettings) -> None:
+    def __init__(self, transport: Transport, topology: Any, settings: LaunchSettings, *,
+                 membership: Any = None, joined: Any = None) -> None:
         self._transport = transport
         self._comm = Communicator(transport)
         self._channels: dict[int, Communicator] = {}
         self.topology = topology
         self.settings = settings
         self._closed = False
+        # The door and view changes (gossip/membership.py); None for a bare Peer.
+        self._membership = membership
+        # A joiner's admission: the state it takes when its policy attaches.
+        self._joined = joined
+        self._view_callbacks: list[Any] = []
         # Policies attached to this peer (they register themselves): close() stops them first,
         # so no background thread of theirs outlives the sockets.
         self._policies: list[Any] = []
@@ -214,6 +221,49 @@ class Peer:
         with self._policies_lock:
             return list(self._policies)
 
+    # -- membership ---------------------------------------------------------------------------
+    @property
+    def view(self) -> Any:
+        """The current membership view (collectives.membership.View: number, members with
+        name and incarnation, in rank order), or None for a peer without membership."""
+        return self._membership.view if self._membership is not None else None
+
+    @property
+    def joining(self) -> bool:
+        """True from a join until the state of the running job arrived (at the first
+        policy's attach): broadcast_parameters and a policy's start broadcast are skipped."""
+        return self._joined is not None
+
+    def on_view_change(self, callback: Any) -> None:
+        """Call ``callback(view)`` after every view change, in the thread that took it."""
+        self._view_callbacks.append(callback)
+
+    def at_boundary(self, policy: Any, step: int) -> bool:
+        """Called by a policy after each step (``step`` completed): take a view change that
+        takes effect here. True if the view changed."""
+        if self._membership is None:
+            return False
+        switch = self._membership.boundary(step)
+        if switch is None:
+            return False
+        elastic.take_switch(self, switch, policy)
+        return True
+
+    def recover(self, policy: Any, step: int) -> int:
+        """After a peer was lost mid-step (an elastic policy): agree with the survivors on the
+        next view, take the state of the one that completed most steps, and return the step
+        count to go on from."""
+        if self._membership is None:
+            raise RuntimeError("this peer has no membership (made without gossip.init())")
+        switch = self._membership.recover(step)
+        return elastic.take_switch(self, switch, policy)
+
+    def attached(self, policy: Any) -> None:
+        """Called by Policy.attach: a joiner takes the running job's state now."""
+        if self._joined is not None:
+            switch, self._joined = self._joined, None
+            elastic.take_state(self, switch, policy)
+
     def close(self) -> None:
         """Close the attached policies (their background threads stop), then stop the worker
         and I/O threads and close every socket (linger 0). Prompt (about a second at most,
@@ -226,6 +276,8 @@ class Peer:
             except Exception as exc:  # closing the peer must not fail on a policy
                 log.warning("rank %d: closing %r failed: %s", self.rank, policy, exc)
         self._closed = True
+        if self._membership is not None:
+            self._membership.close()
         # Transport first: closing it wakes every operation waiting in the inbox, so the
         # worker thread then stops at once.
         # Half of close()'s budget each for the transport and the communicators' workers.

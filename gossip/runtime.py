@@ -9,11 +9,12 @@ from typing import Any
 
 from collectives import defaults
 from collectives.config import TransportConfig
-from collectives.rendezvous import rendezvous as exchange_addresses
+from collectives.rendezvous import JobRunning, rendezvous as exchange_addresses
 from collectives.security import ClusterKey, load_cluster_key
 from collectives.transport.transport import Transport
 from gossip.errors import TopologyError
 from gossip.logs import configure_logging
+from gossip.membership import PeerMembership, member_identity, resize_topology
 from gossip.peer import Peer
 from gossip.settings import resolve_settings
 
@@ -65,7 +66,8 @@ def _port_range(text: str) -> tuple[int, int]:
 def init(*, rank: int | None = None, world_size: int | None = None,
          rendezvous: str | None = None, topology: Any = None, timeout: float | None = None,
          key: str | os.PathLike | ClusterKey | None = None, transport: str | None = None,
-         config: TransportConfig | None = None, job_id: str | None = None) -> Peer:
+         config: TransportConfig | None = None, job_id: str | None = None,
+         join: bool | str | None = None) -> Peer:
     """Join the group and return this process's Peer.
 
     Every argument defaults from the environment (see gossip.settings for the order of
@@ -76,6 +78,11 @@ def init(*, rank: int | None = None, world_size: int | None = None,
     "auto" | "tcp" | "ipc" (GOSSIP_TRANSPORT), ``job_id`` the job this peer belongs to
     (GOSSIP_JOB_ID, or the launcher's: see gossip.settings): peers of another job are refused
     at the rendezvous and on every connection.
+
+    ``join`` (GOSSIP_JOIN): join a running job instead of forming one: True asks the members
+    at the rendezvous address, a string lists member doors (``tcp://h:p,tcp://h2:p2``). A
+    process started again with the variables of its first start needs no flag: a running
+    member answers at the rendezvous address and it joins (gossip/membership.py).
     """
     configure_logging()
     settings = resolve_settings(rank=rank, world_size=world_size, rendezvous=rendezvous,
@@ -104,18 +111,50 @@ def init(*, rank: int | None = None, world_size: int | None = None,
                                                        settings.master_port))
     cfg = (config or TransportConfig()).with_(**changes)
 
-    tr = Transport(settings.rank, settings.world_size, cfg)
+    name, incarnation = member_identity(settings.rank)
+
+    def make_transport(rank: int, size: int, view: int) -> Transport:
+        return Transport(rank, size, cfg.with_(view=view))
+
+    membership = PeerMembership(name, incarnation, cfg, make_transport, timeout)
     try:
-        exchange_addresses(tr, settings.rendezvous, timeout=timeout, info={
-            # A digest of the actual neighbour lists and weights: equal on every peer that
-            # built the same graph, whatever way it was described.
-            "topology": f"{topo!r} [{topo.fingerprint}]",
-            "encrypted": key is not None,
-        })
+        join = join if join is not None else (os.environ.get("GOSSIP_JOIN") or None)
+        if join not in (None, False, "0", ""):
+            doors = [settings.rendezvous] if join in (True, "1") else str(join).split(",")
+            return _join(membership, doors, topo, settings, cfg)
+        tr = Transport(settings.rank, settings.world_size, cfg)
+        try:
+            table = exchange_addresses(tr, settings.rendezvous, timeout=timeout, info={
+                # A digest of the actual neighbour lists and weights: equal on every peer
+                # that built the same graph, whatever way it was described.
+                "topology": f"{topo!r} [{topo.fingerprint}]",
+                "encrypted": key is not None,
+            }, extra=membership.entry_fields())
+        except JobRunning as running:
+            tr.close()
+            log.info("rank %d of job %s: the job is running (view %s): joining it",
+                     settings.rank, cfg.job_id or "(unnamed)", running.view.get("number"))
+            return _join(membership, running.doors, topo, settings, cfg)
+        except BaseException:
+            tr.close()
+            raise
     except BaseException:
-        tr.close()
+        membership.close()
         raise
+    membership.start(tr, table, cfg.job_id, settings.rendezvous)
     log.info("rank %d/%d of job %s joined via %s (%s), topology %r", settings.rank,
              settings.world_size, cfg.job_id or "(unnamed)", settings.rendezvous,
              settings.source, topo)
-    return Peer(tr, topo, settings)
+    return Peer(tr, topo, settings, membership=membership)
+
+
+def _join(membership: PeerMembership, doors: list[str], topology: Any, settings: Any,
+          cfg: TransportConfig) -> Peer:
+    """Join a running job through ``doors``: admitted at a step boundary of its members, with
+    a rank in the new view; the state comes when a policy attaches (Peer.attached)."""
+    switch = membership.join(doors)
+    membership.use(switch.transport)
+    topo = resize_topology(topology, len(switch.view))
+    log.info("%s joined job %s as rank %d of %s", membership.name, cfg.job_id or "(unnamed)",
+             switch.transport.rank, switch.view.describe())
+    return Peer(switch.transport, topo, settings, membership=membership, joined=switch)

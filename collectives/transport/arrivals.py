@@ -47,15 +47,16 @@ class Arrivals:
     def __init__(self, rank: int, world_size: int, max_message_bytes: int, inbox: Inbox,
                  counters: list, drops: DropLog, handlers: dict[int, Handler],
                  activity: Activity, answer: Callable[[int, bytes], None],
-                 job_id: str = "") -> None:
+                 job_id: str = "", view: int = 0) -> None:
         self.rank = rank
         self._world_size = world_size
         self._job_id = job_id
+        self._view = view
         self._max_bytes = max_message_bytes
         self._inbox = inbox
         self._counters = counters
         self._drops = drops
-        self._identity_ranks = {identity_of(job_id, r): r for r in range(world_size)}
+        self._identity_ranks = {identity_of(job_id, r, view): r for r in range(world_size)}
         self._heard = [0] * world_size  # last message number accepted from each source
         # Malformed or over-bound messages per rank's connection; at MAX_STRIKES it is cut:
         # ``_cut[src]`` is then the reason it was cut, and everything further from it is
@@ -75,7 +76,7 @@ class Arrivals:
         identity = frames[0].bytes
         src = self._identity_ranks.get(identity)  # the usual spelling, without parsing
         if src is None:
-            src = rank_of_identity(identity, self._world_size, self._job_id)
+            src = rank_of_identity(identity, self._world_size, self._job_id, self._view)
         if src is None:
             self._foreign(identity)
             return
@@ -122,12 +123,17 @@ class Arrivals:
                 self._check_call(src, header)
 
     def _foreign(self, identity: bytes) -> None:
-        job = job_of_identity(identity)
-        if job is not None and job != self._job_id:
+        group = job_of_identity(identity)
+        job, _, view = (group or "").partition("#")
+        if group is not None and job != self._job_id:
             # Two jobs met at one address (a reused port, a stale table): say which two.
             self._drops.drop("foreign", f"a peer of job {job or '(unnamed)'!r} "
                              f"({identity[:80]!r}) reached this peer of job "
                              f"{self._job_id or '(unnamed)'!r}; its messages are dropped")
+            return
+        if group is not None and view != (str(self._view) if self._view else ""):
+            self._drops.drop("stale", f"a message of view {view or 0} ({identity[:80]!r}) "
+                             f"reached this peer's transport of view {self._view}")
             return
         self._drops.drop("foreign", f"unknown sender identity {identity[:40]!r}")
 

@@ -50,17 +50,19 @@ def host_id() -> str:
     return f"{pysocket.gethostname()}/{boot}/{netns}"
 
 
-def identity_of(job_id: str, rank: int) -> bytes:
-    """The routing id of ``rank``'s connections in job ``job_id``: ``gossip:RANK`` for an
-    unnamed job, ``gossip:JOB/RANK`` otherwise. A ROUTER hands it over with every message, so
-    a receiver knows sender and job by one dict lookup."""
-    job = f"{job_id}/" if job_id else ""
-    return IDENTITY_PREFIX + f"{job}{rank}".encode()
+def identity_of(job_id: str, rank: int, view: int = 0) -> bytes:
+    """The routing id of ``rank``'s connections in view ``view`` of job ``job_id``:
+    ``gossip:RANK`` for view 0 of an unnamed job, ``gossip:JOB/RANK`` of a named one,
+    ``gossip:JOB#VIEW/RANK`` after a view change. A ROUTER hands it over with every message,
+    so a receiver knows sender, job and view by one dict lookup: nothing of another job or of
+    an old view reaches a mailbox."""
+    group = f"{job_id}#{view}" if view else job_id
+    return IDENTITY_PREFIX + (f"{group}/{rank}" if group else str(rank)).encode()
 
 
 def job_of_identity(identity: bytes) -> str | None:
-    """The job a routing id of our spelling names ("" for an unnamed job), or None if it is
-    not of our spelling: for the log line that names both jobs."""
+    """The job a routing id of our spelling names ("" for an unnamed job; ``JOB#VIEW`` after a
+    view change), or None if it is not of our spelling: for the log line naming both jobs."""
     if not identity.startswith(IDENTITY_PREFIX):
         return None
     job, slash, digits = identity[len(IDENTITY_PREFIX):].rpartition(b"/")
@@ -72,10 +74,11 @@ def job_of_identity(identity: bytes) -> str | None:
         return None
 
 
-def rank_of_identity(identity: bytes, world_size: int, job_id: str = "") -> int | None:
-    """The rank a DEALER's routing id names, or None if it names none of this group (of job
-    ``job_id``)."""
-    prefix = identity_of(job_id, 0)[:-1]
+def rank_of_identity(identity: bytes, world_size: int, job_id: str = "",
+                     view: int = 0) -> int | None:
+    """The rank a DEALER's routing id names, or None if it names none of this group (view
+    ``view`` of job ``job_id``)."""
+    prefix = identity_of(job_id, 0, view)[:-1]
     if not identity.startswith(prefix):
         return None
     digits = identity[len(prefix):]
@@ -178,7 +181,7 @@ class Sockets:
                 raise ValueError(f"rank {self.rank}: no address for rank {rank}; the rendezvous "
                                  f"table has ranks {sorted(self.addresses)}")
             dealer = self.socket(zmq.DEALER)
-            dealer.routing_id = identity_of(self.config.job_id, self.rank)
+            dealer.routing_id = identity_of(self.config.job_id, self.rank, self.config.view)
             dealer.sndhwm = self.config.send_hwm
             dealer.setsockopt(zmq.RECONNECT_IVL, int(defaults.RECONNECT_INTERVAL * 1000))
             monitor = dealer.get_monitor_socket(MONITOR_EVENTS)

@@ -91,7 +91,8 @@ class Transport:
         arrivals = Arrivals(rank, world_size, self.config.max_message_bytes, self.inbox,
                             self.counters, self._drops,
                             {**self._shm.handlers(), **self._holds.handlers()}, self.activity,
-                            self._send_quietly, job_id=self.config.job_id)
+                            self._send_quietly, job_id=self.config.job_id,
+                            view=self.config.view)
         self._command = self._loop.command
         self._pump = self._loop.pump
         self._loop.start(arrivals.handle, self._shm)

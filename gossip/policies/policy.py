@@ -22,7 +22,7 @@ from typing import Any, ClassVar, ContextManager
 import numpy as np
 
 from collectives import defaults
-from gossip.errors import ExchangeIncomplete
+from gossip.errors import ExchangeIncomplete, PeerLost
 from gossip.policies.arguments import check_int, check_number
 from gossip.policies.buckets import DEFAULT_BUCKET_BYTES, BucketSet
 from gossip.policies.clock import PolicyClock
@@ -32,6 +32,11 @@ from gossip.policies.nan_guard import NanGuard
 from gossip.policies.neighborhood import resolve_topology
 
 __all__ = ["Policy"]
+
+
+def _as_numpy(flat: Any) -> np.ndarray:
+    """A numpy view of a bucket's flat buffer (a torch CPU tensor shares its memory)."""
+    return flat if isinstance(flat, np.ndarray) else flat.detach().numpy()
 
 log = logging.getLogger("gossip")
 
@@ -94,6 +99,9 @@ class Policy(abc.ABC):
         self._topology: Any = None       # ... resolved at attach (default_topology)
         self._rounds_skipped = 0         # exchanges abandoned by the failure rule
         self._rounds_partial = 0         # exchanges completed without a lost peer (push-sum)
+        self._recovered = False          # the step in progress was taken over by a recovery
+        self.elastic = False             # policies that can re-form the group set it
+        self.min_peers = 1
 
     # ------------------------------------------------------------------ lifetime
     def attach(self, peer: Any, params: Any) -> "Policy":
@@ -133,6 +141,9 @@ class Policy(abc.ABC):
         if register is not None:
             try:
                 register(self)   # peer.close() closes the policy first
+                attached = getattr(peer, "attached", None)
+                if attached is not None:
+                    attached(self)   # a joiner takes the running job's state here
             except BaseException:
                 self.close()
                 raise
@@ -170,7 +181,11 @@ class Policy(abc.ABC):
         ``optimizer.step()``. With nan_guard, then check the gradients: see skip_update."""
         self._check_ready()
         with self._clock.inside():
-            self._after_backward()
+            try:
+                self._after_backward()
+            except PeerLost as exc:
+                self._recover(exc)
+                return
             if self.nan_guard and not self._guard.gradients_finite():
                 self._guard.skip("gradients")
 
@@ -179,23 +194,75 @@ class Policy(abc.ABC):
         """True between an after_backward() that found non-finite gradients (nan_guard) and
         the next after_step(): the optimizer step must be skipped (DistributedOptimizer
         does)."""
-        return self._guard is not None and self._guard.skip_update
+        return self._recovered or self._guard is not None and self._guard.skip_update
 
     def after_step(self) -> None:
-        """Parameter-side communication: call after ``optimizer.step()``."""
+        """Parameter-side communication: call after ``optimizer.step()``. Then, at this step
+        boundary, a membership change that takes effect here (a joiner enters)."""
         self._check_ready()
         with self._clock.inside():
+            if self._recovered:   # the step was taken over by the recovery: nothing to add
+                self._recovered = False
+                return
             self._buckets.check_bound()
             guard = self.nan_guard
             if guard and not self._guard_after_communication:
                 self._guard_parameters()   # before anything is sent
-            self._after_step(self._step)
+            try:
+                self._after_step(self._step)
+            except PeerLost as exc:
+                self._recover(exc)
+                self._recovered = False
+                return
             if guard:
                 if self._guard_after_communication:
                     self._guard_parameters()
                 self._guard.keep()
             self._guard.skip_update = False
             self._step += 1
+            at_boundary = getattr(self._peer, "at_boundary", None)
+            if at_boundary is not None:
+                at_boundary(self, self._step)
+
+    # ------------------------------------------------------------------ membership
+    def _recover(self, exc: PeerLost) -> None:
+        """A peer was lost mid-step: without ``elastic``, that is the step's error; with it,
+        agree with the survivors on the next view and go on from the state of the survivor
+        that completed most steps (the same on every survivor), below ``min_peers`` raise."""
+        if not self.elastic:
+            raise exc
+        log.warning("rank %d: %s lost a peer in step %d (%s): re-forming the group",
+                    self._peer.rank, self.name, self._step, exc)
+        self._step = self._peer.recover(self, self._step)
+        self._recovered = True
+        if self._peer.world_size < self.min_peers:
+            raise PeerLost(f"rank {self._peer.rank}: {self.name}: {self._peer.world_size} "
+                           f"members left, fewer than min_peers={self.min_peers}") from exc
+
+    def _transfer_state(self) -> Any:
+        """What a member hands a joiner (gossip/state_transfer.py): the parameters' buckets
+        and the step; policies with state of their own add it (``_transfer_values``)."""
+        from gossip.state_transfer import TransferState
+        self._buckets.copy_in()
+        arrays = {f"bucket{b.index}": _as_numpy(b.flat) for b in self._buckets}
+        return TransferState(arrays, self._transfer_values())
+
+    def _transfer_values(self) -> dict:
+        return {}
+
+    def _load_transferred(self, step: int, values: dict) -> None:
+        """The buckets were overwritten with the source's (in place): go on from ``step``."""
+        self._buckets.copy_out()
+        self._step = int(step)
+        if self.nan_guard:
+            self._guard.keep()
+
+    def _view_changed(self) -> None:
+        """The group's view changed (the peer has its new transport and topology): graph
+        policies follow the topology; policies with per-peer state override this."""
+        if self.default_topology is not None:
+            from gossip.membership import resize_topology
+            self._topology = resize_topology(self._topology, self._peer.world_size)
 
     # ------------------------------------------------------------------ nan guard
     def _guard_parameters(self) -> None:

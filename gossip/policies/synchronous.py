@@ -5,6 +5,7 @@ import contextlib
 import threading
 from typing import Any, Iterator
 
+from gossip.policies.arguments import check_int
 from gossip.policies.policy import Policy
 from gossip.policies.buckets import DEFAULT_BUCKET_BYTES
 
@@ -35,7 +36,15 @@ class Synchronous(Policy):
     With numpy arrays there is no autograd: ``after_step()`` averages the parameters instead.
 
     ``broadcast_start``: at attach, copy rank 0's parameters to every peer, as DDP does, since
-    synchronous replicas must start identical. For gradient accumulation over several
+    synchronous replicas must start identical.
+
+    ``elastic=True``: a lost peer does not end training. The survivors agree on a new view
+    (gossip/membership.py) and go on from the state of the survivor that completed most steps
+    (the step some finished and others did not is skipped identically everywhere); fewer
+    than ``min_peers`` left raise PeerLost. Processes that join later (or a restarted one)
+    take the running state at a step boundary. Drive the loop by ``policy.step`` (or
+    ``opt.policy.step``), not by a counter of your own: after a recovery every replica goes
+    on from the same step count. For gradient accumulation over several
     backward passes, run all but the last inside ``with policy.no_sync():``.
     """
 
@@ -47,8 +56,10 @@ class Synchronous(Policy):
 
     def __init__(self, *, broadcast_start: bool = True,
                  bucket_bytes: int = DEFAULT_BUCKET_BYTES, timeout: float | None = None,
-                 nan_guard: bool = False) -> None:
+                 nan_guard: bool = False, elastic: bool = False, min_peers: int = 1) -> None:
         super().__init__(bucket_bytes=bucket_bytes, timeout=timeout, nan_guard=nan_guard)
+        self.elastic = bool(elastic)
+        self.min_peers = check_int("min_peers", min_peers, 1)
         self._first_bucket_bytes = min(FIRST_BUCKET_BYTES, bucket_bytes)
         self._broadcast_start = bool(broadcast_start)
         self._hooks: list[Any] = []
@@ -58,7 +69,9 @@ class Synchronous(Policy):
     # ------------------------------------------------------------------ set-up
     def _setup(self) -> None:
         buckets = self._buckets
-        if self._broadcast_start and self._peer.world_size > 1:
+        # A joiner takes the running job's state instead (Peer.attached, after this).
+        if self._broadcast_start and self._peer.world_size > 1 and \
+                not getattr(self._peer, "joining", False):
             buckets.copy_in()
             for b in buckets:
                 self._peer.broadcast(b.flat, root=0, timeout=self.timeout)

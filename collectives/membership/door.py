@@ -1,0 +1,243 @@
+"""A member's door: where the other members and joining processes reach it about membership.
+
+Every member (and every process asking to join) has one: a ROUTER socket in a ZeroMQ context
+of its own (the transport of a view is replaced when the view changes; the door stays), read by
+a thread of its own so a join is heard while the training loop computes. Messages are one-way
+msgpack maps ``{"v", "kind", "job", "from", ...}`` where ``from`` is the sender's door: every
+answer is a message to that door, so no request waits on a socket and a dead member is noticed
+by the protocol's deadlines, never by a hang. ``tell(address, message)`` sends; handlers,
+registered by kind, run in the door's thread.
+
+Nothing is unpickled; every message is size-capped and must carry this door's job id, or it is
+dropped (counted, logged once per sender). With a cluster key the door is a CURVE server and
+its outgoing sockets CURVE clients, like the data sockets: only key holders can knock.
+A door may also listen at a second address (``listen_also``): the lowest live member on the
+rendezvous host takes the rendezvous address over, so a restarted process that starts the way
+it started the first time finds the running job there.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Any, Callable
+
+import msgpack
+import zmq
+
+from collectives.config import TransportConfig
+from collectives.rendezvous import bind_address
+from collectives.security import ZapHandler
+
+__all__ = ["Door", "DOOR_VERSION", "MAX_DOOR_MESSAGE"]
+
+log = logging.getLogger("collectives")
+
+DOOR_VERSION = 1
+MAX_DOOR_MESSAGE = 1 << 20   # a view of many members fits; a state chunk never comes here
+_POLL_MS = 100               # the thread looks at close() this often
+
+
+class Door:
+    """One process's membership endpoint: ``address`` is where others reach it."""
+
+    def __init__(self, config: TransportConfig, who: str) -> None:
+        self.config = config
+        self.who = who  # for log lines: "rank 3" or "joiner rank3#2"
+        self._context = zmq.Context()
+        self._zap = ZapHandler(self._context, config.key) if config.key is not None else None
+        self._router = self._context.socket(zmq.ROUTER)
+        self._router.linger = 0
+        self._router.maxmsgsize = MAX_DOOR_MESSAGE
+        if config.key is not None:
+            config.key.apply_server(self._router)
+        lo, hi = config.data_ports
+        host = config.advertise_host or config.bind_host
+        if host in ("0.0.0.0", "*"):
+            host = "127.0.0.1"
+        port = self._router.bind_to_random_port(f"tcp://{config.bind_host}", min_port=lo,
+                                                max_port=hi + 1, max_tries=200)
+        self.address = f"tcp://{host}:{port}"
+        self._handlers: dict[str, Callable[[dict], None]] = {}
+        # A rendezvous registration (a restarted process starting as it did the first time)
+        # reaching a door at the rendezvous address: answered on its own connection.
+        self.on_registration: Callable[[dict], dict | None] | None = None
+        self._tickers: list[Callable[[], None]] = []
+        self._out: dict[str, zmq.Socket] = {}
+        self._out_lock = threading.Lock()   # tell() runs in any thread; sockets are not shared
+        self._also: list[str] = []
+        self._commands: list[tuple[str, str]] = []   # (verb, address) for the door's thread
+        self._closing = threading.Event()
+        self.dropped = 0
+        self._warned: set = set()
+        self._thread = threading.Thread(target=self._serve, name=f"gossip door ({who})",
+                                        daemon=True)
+        self._thread.start()
+
+    # ------------------------------------------------------------------ receiving
+    def on(self, kind: str, handler: Callable[[dict], None]) -> None:
+        """Run ``handler(message)`` in the door's thread for every valid message of ``kind``."""
+        self._handlers[kind] = handler
+
+    def every_poll(self, ticker: Callable[[], None]) -> None:
+        """Run ``ticker()`` in the door's thread at least every 100 ms (protocol deadlines)."""
+        self._tickers.append(ticker)
+
+    def listen_also(self, address: str) -> None:
+        """Listen at ``address`` too (the rendezvous address, once its first holder is gone);
+        the door's thread binds it. A failure to bind is logged, not raised: another member
+        may hold it already."""
+        with self._out_lock:
+            self._commands.append(("bind", address))
+
+    def _serve(self) -> None:
+        poller = zmq.Poller()
+        poller.register(self._router, zmq.POLLIN)
+        if self._zap is not None:
+            poller.register(self._zap.socket, zmq.POLLIN)
+        while not self._closing.is_set():
+            self._run_commands()
+            for ticker in self._tickers:
+                try:
+                    ticker()
+                except Exception:
+                    log.exception("%s: a door ticker failed", self.who)
+            try:
+                events = dict(poller.poll(_POLL_MS))
+            except zmq.ZMQError:
+                return
+            if self._zap is not None and self._zap.socket in events:
+                self._zap.handle()
+            if self._router not in events:
+                continue
+            while True:
+                try:
+                    frames = self._router.recv_multipart(zmq.NOBLOCK)
+                except zmq.Again:
+                    break
+                except zmq.ZMQError:
+                    return
+                self._dispatch(frames)
+
+    def _run_commands(self) -> None:
+        with self._out_lock:
+            commands, self._commands = self._commands, []
+        for verb, address in commands:
+            if verb == "bind" and address not in self._also:
+                try:
+                    self._router.bind(bind_address(address))
+                    self._also.append(address)
+                    log.info("%s: the door now also listens at %s", self.who, address)
+                except zmq.ZMQError as exc:
+                    log.info("%s: cannot listen at %s too (%s)", self.who, address,
+                             exc.strerror)
+
+    def _dispatch(self, frames: list) -> None:
+        if len(frames) == 2 and self.on_registration is not None:
+            registration = _registration(frames[1])
+            if registration is not None:
+                reply = self.on_registration(registration)
+                if reply is not None:
+                    self._router.send_multipart([frames[0], msgpack.packb(reply)],
+                                                zmq.NOBLOCK)
+                return
+        message = self._decode(frames[-1]) if len(frames) == 2 else None
+        if message is None:
+            self._drop(f"a malformed message ({len(frames)} frames)")
+            return
+        if message.get("job", "") != self.config.job_id:
+            self._drop(f"a message of job {message.get('job')!r} (this door is job "
+                       f"{self.config.job_id or '(unnamed)'!r})", key=message.get("from"))
+            return
+        handler = self._handlers.get(message.get("kind"))
+        if handler is None:
+            self._drop(f"a message of unknown kind {message.get('kind')!r}")
+            return
+        try:
+            handler(message)
+        except Exception:  # a handler's bug must not stop the door
+            log.exception("%s: the door's %r handler failed", self.who, message.get("kind"))
+
+    @staticmethod
+    def _decode(raw: bytes) -> dict | None:
+        if len(raw) > MAX_DOOR_MESSAGE:
+            return None
+        try:
+            obj = msgpack.unpackb(raw, raw=False, strict_map_key=True,
+                                  max_bin_len=MAX_DOOR_MESSAGE, max_str_len=MAX_DOOR_MESSAGE)
+        except Exception:
+            return None
+        if not isinstance(obj, dict) or obj.get("v") != DOOR_VERSION:
+            return None
+        if not isinstance(obj.get("from"), str) or not isinstance(obj.get("kind"), str):
+            return None
+        return obj
+
+    def _drop(self, what: str, key: Any = None) -> None:
+        self.dropped += 1
+        key = key if isinstance(key, str) else what
+        if key not in self._warned and len(self._warned) < 64:
+            self._warned.add(key)
+            log.warning("%s: the door dropped %s", self.who, what)
+
+    # ------------------------------------------------------------------ sending
+    def tell(self, address: str, kind: str, **fields: Any) -> bool:
+        """Send ``{kind, fields}`` to the door at ``address`` (any thread). False if it could
+        not even be queued (the door is closing, or the connection's queue is full): the
+        protocol's deadlines handle a message that is lost after that."""
+        message = dict(fields, v=DOOR_VERSION, kind=kind, job=self.config.job_id,
+                       **{"from": self.address})
+        raw = msgpack.packb(message, use_bin_type=True)
+        with self._out_lock:
+            if self._closing.is_set():
+                return False
+            sock = self._out.get(address)
+            if sock is None:
+                sock = self._context.socket(zmq.DEALER)
+                sock.linger = 0
+                sock.sndhwm = 1000
+                if self.config.key is not None:
+                    self.config.key.apply_client(sock)
+                sock.connect(address)
+                self._out[address] = sock
+            try:
+                sock.send(raw, zmq.NOBLOCK)
+                return True
+            except zmq.ZMQError:
+                return False
+
+    def forget(self, address: str) -> None:
+        """Close the connection to ``address`` (a member that left)."""
+        with self._out_lock:
+            sock = self._out.pop(address, None)
+        if sock is not None:
+            sock.close(linger=0)
+
+    def close(self) -> None:
+        """Stop the thread and close every socket (linger: what was told in the last moments
+        may still leave, briefly)."""
+        if self._closing.is_set():
+            return
+        with self._out_lock:
+            self._closing.set()
+            out, self._out = list(self._out.values()), {}
+        self._thread.join(2.0)
+        for sock in out:
+            sock.close(linger=200)
+        self._router.close(linger=0)
+        if self._zap is not None:
+            self._zap.close()
+        self._context.term()
+
+
+def _registration(raw: bytes) -> dict | None:
+    """A rendezvous registration (rendezvous.py's format), or None."""
+    if len(raw) > MAX_DOOR_MESSAGE:
+        return None
+    try:
+        obj = msgpack.unpackb(raw, raw=False, strict_map_key=True,
+                              max_bin_len=MAX_DOOR_MESSAGE, max_str_len=MAX_DOOR_MESSAGE)
+    except Exception:
+        return None
+    if isinstance(obj, dict) and "kind" not in obj and type(obj.get("rank")) is int:
+        return obj
+    return None

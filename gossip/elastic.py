@@ -1,0 +1,72 @@
+"""What a committed view change does to a Peer (gossip/membership.py has the why): the new
+transport and communicators take over, the topology is recomputed over the new size, the
+attached policies are told, the members named stale take the source's state, and everybody
+meets in a barrier of the new view before the old transport closes (so nothing of the old
+view is read as a loss in the new one, and a joiner enters at the boundary itself).
+"""
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from collectives.communicator import Communicator
+from gossip.membership import resize_topology
+from gossip.state_transfer import receive_state, send_state
+
+__all__ = ["take_switch", "take_state"]
+
+log = logging.getLogger("gossip")
+
+
+def take_switch(peer: Any, switch: Any, policy: Any = None) -> int:
+    """Install ``switch`` (a member's view change) on ``peer``; ``policy``: the policy whose
+    state moves (the one at whose boundary or recovery this happens). Returns the step count
+    to go on from."""
+    old_transport, old_comms = peer._transport, [peer._comm, *peer._channels.values()]
+    _install(peer, switch)
+    rank = switch.transport.rank
+    try:
+        if policy is not None and switch.receivers:
+            if rank == switch.source:
+                send_state(peer, policy._transfer_state(), switch.receivers, switch.step,
+                           policy.timeout)
+            elif rank in switch.receivers:
+                step, values = receive_state(peer, switch.source, policy._transfer_state(),
+                                             policy.timeout)
+                policy._load_transferred(step, values)
+        peer.barrier()
+    finally:
+        for comm in old_comms:
+            comm.close(timeout=0.5)
+        old_transport.close()
+    for callback in list(peer._view_callbacks):
+        callback(switch.view)
+    return switch.step
+
+
+def take_state(peer: Any, switch: Any, policy: Any) -> None:
+    """A joiner's first policy attached: take the source's state, then meet the members at
+    the boundary where they admitted it."""
+    step, values = receive_state(peer, switch.source, policy._transfer_state(), policy.timeout)
+    policy._load_transferred(step, values)
+    peer.barrier()
+    log.info("rank %d: took rank %d's state at step %d; training from there", peer.rank,
+             switch.source, step)
+
+
+def _install(peer: Any, switch: Any) -> None:
+    peer._transport = switch.transport
+    peer._comm = Communicator(switch.transport)
+    peer._channels = {}
+    peer._membership.use(switch.transport)
+    topology = resize_topology(peer.topology, len(switch.view))
+    if topology.size != getattr(peer.topology, "size", topology.size):
+        try:
+            gap = f"{topology.spectral_gap():.4f}"
+        except Exception:  # a time-varying graph may have none
+            gap = "n/a"
+        log.info("rank %d: topology recomputed for %d peers: %r (spectral gap %s)",
+                 peer.rank, topology.size, topology, gap)
+    peer.topology = topology
+    for p in peer.policies:
+        p._view_changed()
