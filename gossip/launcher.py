@@ -88,7 +88,7 @@ def launch(cmd: list[str], nprocs: int, *, nnodes: int = 1, node_rank: int = 0,
            env: Mapping[str, str] | None = None, topology: str | None = None,
            timeout: float | None = None, key: str | None = None, prefix: bool = True,
            grace: float = DEFAULT_GRACE, keep_going: bool = False,
-           job_id: str | None = None) -> int:
+           job_id: str | None = None, max_restarts: int = 0) -> int:
     """Run ``cmd`` as ``nprocs`` peers of this node; return the launcher's exit code.
 
     ``cmd`` is the full command line (e.g. ``[sys.executable, "train.py"]``). ``env`` adds to
@@ -99,6 +99,8 @@ def launch(cmd: list[str], nprocs: int, *, nnodes: int = 1, node_rank: int = 0,
     starts. Signal forwarding is installed only when called from the main thread.
     """
     _check(nprocs, nnodes, node_rank, master_addr, master_port, topology, timeout, key, grace)
+    if type(max_restarts) is not int or max_restarts < 0:
+        raise ValueError(f"--max-restarts must be >= 0, got {max_restarts}")
     if job_id is not None:
         try:
             check_job_id(job_id)
@@ -127,7 +129,8 @@ def launch(cmd: list[str], nprocs: int, *, nnodes: int = 1, node_rank: int = 0,
         base["GOSSIP_TIMEOUT"] = str(timeout)
     if key is not None:
         base["GOSSIP_KEY"] = os.path.abspath(key)  # peers may chdir; the path must hold
-    return LocalPeers(cmd, nprocs, node_rank * nprocs, base, prefix, grace, keep_going).run()
+    return LocalPeers(cmd, nprocs, node_rank * nprocs, base, prefix, grace, keep_going,
+                      max_restarts).run()
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -145,6 +148,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--timeout", type=float, default=None,
                         help="each peer's operation timeout in seconds (GOSSIP_TIMEOUT)")
     parser.add_argument("--key", default=None, help="cluster key file for CURVE (GOSSIP_KEY)")
+    parser.add_argument("--max-restarts", type=int, default=0, metavar="K",
+                        help="start a failed peer again, up to K times per peer; it rejoins "
+                             "the running job (policies with elastic=True, or gossip ones, "
+                             "go on meanwhile)")
     parser.add_argument("--job-id", default=None,
                         help="the job's id (GOSSIP_JOB_ID; default: a fresh one on one node, "
                              "one from the rendezvous address across nodes): peers of other "
@@ -183,7 +190,7 @@ def run_from_args(args: argparse.Namespace) -> int:
                   master_addr=args.master_addr, master_port=args.master_port,
                   topology=args.topology, timeout=args.timeout, key=args.key,
                   prefix=args.prefix, grace=args.grace, keep_going=args.keep_going,
-                  job_id=args.job_id)
+                  job_id=args.job_id, max_restarts=args.max_restarts)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

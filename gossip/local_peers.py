@@ -64,6 +64,14 @@ def _death_signal_hook(parent: int) -> Callable[[], None] | None:
     return hook
 
 
+# A restarted peer is started by the launcher's main thread while its helper threads run, where
+# a preexec_fn is unsafe: this tiny program sets the same death signal, then becomes the peer.
+_GUARD = ("import ctypes, os, signal, sys\n"
+          "ctypes.CDLL(None).prctl(1, int(signal.SIGTERM), 0, 0, 0)\n"
+          "os.getppid() == int(sys.argv[1]) or os._exit(1)\n"
+          "os.execvp(sys.argv[2], sys.argv[2:])\n")
+
+
 def _pump(src: IO[bytes], dst: IO[str], prefix: bytes, lock: threading.Lock) -> None:
     """Copy whole lines from a child's pipe to ``dst``; the lock keeps lines of different
     peers (and of stdout vs stderr on one terminal) from interleaving mid-line."""
@@ -91,10 +99,15 @@ class LocalPeers:
     """The peers of this node: starts them, watches them, stops them, reaps them."""
 
     def __init__(self, cmd: list[str], nprocs: int, first_rank: int, env: dict[str, str],
-                 prefix: bool, grace: float, keep_going: bool = False) -> None:
+                 prefix: bool, grace: float, keep_going: bool = False,
+                 max_restarts: int = 0) -> None:
         self.cmd, self.nprocs, self.first_rank = cmd, nprocs, first_rank
         self.env, self.prefix, self.grace = env, prefix, grace
         self.keep_going = keep_going
+        # A failed peer is started again, up to this many times per slot, with the same
+        # variables and the next GOSSIP_INCARNATION: it rejoins the running job.
+        self.max_restarts = max_restarts
+        self.restarts = [0] * nprocs
         self.procs: list[subprocess.Popen] = []
         self.running: set[int] = set()
         # SimpleQueue.put is reentrant, so signal handlers may post to it safely.
@@ -131,24 +144,39 @@ class LocalPeers:
 
     def _start(self) -> None:
         hook = _death_signal_hook(os.getpid())
-        pipe = subprocess.PIPE if self.prefix else None
         for local in range(self.nprocs):
-            rank = self.first_rank + local
-            env = dict(self.env, RANK=str(rank), LOCAL_RANK=str(local))
-            # Own session: a terminal's Ctrl-C reaches only the launcher, which forwards it
-            # once (otherwise peers would get it twice). That also takes peers off the
-            # terminal, so stdin could not be read anyway: give them /dev/null.
-            p = subprocess.Popen(self.cmd, env=env, stdin=subprocess.DEVNULL, stdout=pipe,
-                                 stderr=pipe, start_new_session=True, preexec_fn=hook)
-            self.procs.append(p)
+            self.procs.append(self._popen(local, self.cmd, hook))
             self.running.add(local)
         # Threads start after every fork: preexec_fn is only safe while we are single-threaded.
         for local, p in enumerate(self.procs):
-            self._thread(self._wait_one, local, p)
-            if self.prefix:
-                tag = f"[rank {self.first_rank + local}] ".encode()
-                self._thread(_pump, p.stdout, sys.stdout, tag, self.lock)
-                self._thread(_pump, p.stderr, sys.stderr, tag, self.lock)
+            self._follow(local, p)
+
+    def _popen(self, local: int, cmd: list[str], hook=None) -> subprocess.Popen:
+        rank = self.first_rank + local
+        env = dict(self.env, RANK=str(rank), LOCAL_RANK=str(local),
+                   GOSSIP_INCARNATION=str(self.restarts[local]))
+        pipe = subprocess.PIPE if self.prefix else None
+        # Own session: a terminal's Ctrl-C reaches only the launcher, which forwards it
+        # once (otherwise peers would get it twice). That also takes peers off the
+        # terminal, so stdin could not be read anyway: give them /dev/null.
+        return subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, stdout=pipe,
+                                stderr=pipe, start_new_session=True, preexec_fn=hook)
+
+    def _follow(self, local: int, p: subprocess.Popen) -> None:
+        self._thread(self._wait_one, local, p)
+        if self.prefix:
+            tag = f"[rank {self.first_rank + local}] ".encode()
+            self._thread(_pump, p.stdout, sys.stdout, tag, self.lock)
+            self._thread(_pump, p.stderr, sys.stderr, tag, self.lock)
+
+    def _restart(self, local: int) -> None:
+        self.restarts[local] += 1
+        guarded = self.cmd
+        if sys.platform.startswith("linux"):
+            guarded = [sys.executable, "-c", _GUARD, str(os.getpid()), *self.cmd]
+        p = self.procs[local] = self._popen(local, guarded)
+        self.running.add(local)
+        self._follow(local, p)
 
     def _thread(self, target: Callable, *args: object) -> None:
         def body() -> None:
@@ -188,6 +216,12 @@ class LocalPeers:
             if code != 0:
                 rank = self.first_rank + who
                 how = (f" (killed by {_signal_name(-code)})" if code < 0 else "")
+                if self.restarts[who] < self.max_restarts:
+                    self._say(f"rank {rank} failed with exit code {_exit_code(code)}{how}; "
+                              f"starting it again (restart {self.restarts[who] + 1} of "
+                              f"{self.max_restarts}): it rejoins the running job")
+                    self._restart(who)
+                    continue
                 if self.keep_going:
                     self._say(f"rank {rank} failed with exit code {_exit_code(code)}{how}; "
                               f"{len(self.running)} peer(s) go on (--keep-going)")

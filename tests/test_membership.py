@@ -147,3 +147,113 @@ def test_the_death_of_rank_0_the_first_coordinator_stops_nothing():
     for world, number, names, steps, _ in survivors:
         assert (world, number, names, steps) == (3, 1, ["rank1", "rank2", "rank3"], 40)
     assert survivors[0][4] == survivors[1][4] == survivors[2][4]
+
+
+# ---------------------------------------------------------------- a restart
+def elastic_with_restart(peer, workdir, victim, kill_at, total):
+    from gossip.policies import Synchronous
+    if peer.rank == 0:
+        with open(os.path.join(workdir, "address.tmp"), "w") as f:
+            f.write(peer.settings.rendezvous)
+        os.replace(os.path.join(workdir, "address.tmp"), os.path.join(workdir, "address"))
+    x = np.arange(1000, dtype=np.float64)
+    policy = Synchronous(elastic=True).attach(peer, [x])
+    first_rank = peer.rank
+    sizes = set()
+    while (policy.step < total or peer.world_size < 4) and policy.step < 3000:
+        if first_rank == victim and policy.step == kill_at:
+            with open(os.path.join(workdir, "victim"), "w") as f:
+                f.write(str(os.getpid()))
+            os.kill(os.getpid(), signal.SIGKILL)
+        x += first_rank + 1.0
+        policy.after_step()
+        sizes.add(peer.world_size)
+        time.sleep(0.002)
+    return peer.world_size, peer.view.number, sorted(sizes), policy.step, x.tobytes()
+
+
+RESTARTED = textwrap.dedent("""
+    import sys, time, numpy as np, gossip
+    from gossip.policies import Synchronous
+    total = int(sys.argv[1])
+    peer = gossip.init(timeout=30)       # started exactly as the first time
+    x = np.zeros(1000)
+    policy = Synchronous(elastic=True).attach(peer, [x])
+    while (policy.step < total or peer.world_size < 4) and policy.step < 3000:
+        x += 4.0
+        policy.after_step()
+        time.sleep(0.002)
+    sys.stdout.write("RESTARTED %d %d %d %d %s\\n" % (peer.rank, peer.world_size,
+                     peer.view.number, policy.step, x.tobytes().hex()))
+    peer.close()
+""")
+
+
+def test_a_killed_peer_started_again_the_same_way_rejoins(tmp_path):
+    workdir, box = str(tmp_path), {}
+
+    def restart():
+        wait_until(lambda: os.path.exists(os.path.join(workdir, "victim")), 60,
+                   what="the victim's death")
+        address = open(os.path.join(workdir, "address")).read()
+        script = os.path.join(workdir, "restarted.py")
+        with open(script, "w") as f:
+            f.write(RESTARTED)
+        proc = subprocess.Popen([sys.executable, script, "40"], stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True,
+                                env=_env(GOSSIP_RANK="3", GOSSIP_WORLD_SIZE="4",
+                                         GOSSIP_RENDEZVOUS=address))
+        box["out"], _ = proc.communicate(timeout=120)
+
+    thread = threading.Thread(target=restart)
+    thread.start()
+    try:
+        results = spawn(elastic_with_restart, n=4, timeout=150, args=(workdir, 3, 15, 40),
+                        tolerate=(3,), peer_timeout=PEER_TIMEOUT)
+    finally:
+        thread.join(150)
+    line = [ln for ln in box.get("out", "").splitlines() if ln.startswith("RESTARTED")]
+    assert line, box.get("out")
+    _, rank, size, number, steps, data = line[0].split()
+    # Either the survivors re-formed without it first (view 1 of 3, then view 2 with it
+    # back), or its new incarnation asked to join before they noticed the death and took
+    # the old one's place at once (view 1, n stays 4).
+    assert (int(rank), int(size)) == (3, 4) and int(number) in (1, 2)
+    for world, views, sizes, member_steps, x in results[:3]:
+        assert (world, views, member_steps) == (4, int(number), int(steps))
+        assert x.hex() == data        # the restarted peer is a bitwise replica again
+
+
+# ---------------------------------------------------------------- gossip run --max-restarts
+ELASTIC_SCRIPT = textwrap.dedent("""
+    import os, signal, time, hashlib, numpy as np, gossip
+    from gossip.policies import Synchronous
+    peer = gossip.init(timeout=30)
+    first = os.environ["GOSSIP_INCARNATION"] == "0"
+    x = np.arange(1000, dtype=np.float64)
+    policy = Synchronous(elastic=True).attach(peer, [x])
+    while (policy.step < 60 or peer.world_size < 3) and policy.step < 3000:
+        if first and os.environ["RANK"] == "2" and policy.step == 10:
+            os.kill(os.getpid(), signal.SIGKILL)
+        x += 1.0
+        policy.after_step()
+        time.sleep(0.002)
+    print("FINAL", peer.world_size, policy.step, hashlib.sha1(x.tobytes()).hexdigest(),
+          flush=True)
+    peer.close()
+""")
+
+
+def test_gossip_run_restarts_a_killed_peer_which_rejoins(tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text(ELASTIC_SCRIPT)
+    run = subprocess.run([sys.executable, "-m", "gossip", "run", "-n", "3", "--max-restarts",
+                          "1", str(script)], env=_env(), capture_output=True, text=True,
+                         timeout=180)
+    out = run.stdout + run.stderr
+    assert run.returncode == 0, out
+    assert "starting it again (restart 1 of 1)" in out, out
+    finals = [line.split("FINAL ", 1)[1].split() for line in out.splitlines() if "FINAL " in line]
+    assert len(finals) == 3, out
+    assert len({tuple(f) for f in finals}) == 1, finals   # same size, step and bytes
+    assert finals[0][0] == "3"
