@@ -173,6 +173,12 @@ def _collect(sock, refusals, transport, address, timeout, me, n) -> dict[int, di
         if len(frames) != 2:
             continue
         ident, msg = frames[0], _unpack(frames[1])
+        if msg is not None and msg.get("job", "") == me["job"]:
+            running = _running(msg, transport, address, me)
+            if running is not None:
+                # A running member of this job: this rank 0 was started again while the
+                # others went on (its old address was free); it joins them instead.
+                raise running
         everyone.append(ident)
         if msg is None or msg.get("v") != RENDEZVOUS_VERSION:
             log.warning("rendezvous: ignored a malformed registration")

@@ -55,6 +55,9 @@ def take_state(peer: Any, switch: Any, policy: Any) -> None:
 
 
 def _install(peer: Any, switch: Any) -> None:
+    old = peer._transport.stats()
+    for name in peer._earlier_totals:
+        peer._earlier_totals[name] += old[name]
     peer._transport = switch.transport
     peer._comm = Communicator(switch.transport)
     peer._channels = {}

@@ -75,6 +75,7 @@ class PeerMembership:
         self.changes = ViewChanges(name, incarnation, self.door, None, make_transport,
                                    self._lost_names, timeout, host=host)
         self.rendezvous_address: str | None = None
+        self._rendezvous_host = ""
 
     # ------------------------------------------------------------------ views
     @property
@@ -98,17 +99,35 @@ class PeerMembership:
         self.rendezvous_address = rendezvous_address
         self.changes.margin = max(4, len(view) + 1)   # lockstep members stay within that
         self.door.on_registration = self._registration
-        if transport.rank == 0 and rendezvous_address:
-            self.door.listen_also(rendezvous_address)
+        self.door.on_held = self._announce
+        self._rendezvous_host = members[0].host   # where the rendezvous address lives
+        self.door.every_poll(self._hold_rendezvous)
         return view
 
     def use(self, transport: Any) -> None:
         """The transport of the current view (after a switch)."""
         self._transport = transport
         self.changes.margin = max(4, transport.world_size + 1)
-        c = self.changes.coordinator()
-        if c is not None and c.name == self.name and self.rendezvous_address:
-            self.door.listen_also(self.rendezvous_address)   # a no-op if already listening
+
+    def _hold_rendezvous(self) -> None:
+        """Door thread: the coordinator of the moment, if on the rendezvous host, listens at
+        the rendezvous address, so a process started again as it first started (rank 0's
+        too) finds the running job there, whoever died."""
+        address = self.rendezvous_address
+        if not address or address in self.door.listening_also or self._transport is None:
+            return
+        if self._transport.endpoints.get("host") != self._rendezvous_host:
+            return
+        if self.changes.is_coordinator():
+            self.door.listen_also(address)
+
+    def _announce(self, address: str) -> None:
+        """Door thread: someone else holds the rendezvous address (a restarted rank 0's
+        rendezvous, waiting for peers that are running): tell it the job runs."""
+        reply = self._registration({"job": self.changes.view.job_id if self.changes.view
+                                    else ""})
+        if reply is not None and "running" in reply:
+            self.door.announce(address, reply)
 
     def _lost_names(self) -> set:
         view, transport = self.changes.view, self._transport

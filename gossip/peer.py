@@ -37,6 +37,11 @@ class Peer:
         # A joiner's admission: the state it takes when its policy attaches.
         self._joined = joined
         self._view_callbacks: list[Any] = []
+        if membership is not None:
+            membership.changes.refusal = self._refusal
+        # Traffic totals of the transports of earlier views (stats() adds them).
+        self._earlier_totals = dict.fromkeys(
+            ("bytes_sent", "bytes_received", "messages_sent", "messages_received", "dropped"), 0)
         # Policies attached to this peer (they register themselves): close() stops them first,
         # so no background thread of theirs outlives the sockets.
         self._policies: list[Any] = []
@@ -198,8 +203,14 @@ class Peer:
         return self._transport.lost_ranks()
 
     def stats(self) -> dict:
-        """Traffic counters (bytes and messages per peer, dropped bad messages, lost peers)."""
-        return self._transport.stats()
+        """Traffic counters (bytes and messages per peer, dropped bad messages, lost peers) of
+        the current view's transport; the totals include the earlier views' too."""
+        stats = self._transport.stats()
+        for name, value in self._earlier_totals.items():
+            stats[name] += value
+        if self._membership is not None:
+            stats["view"] = self._membership.view.number if self._membership.view else None
+        return stats
 
     def register_policy(self, policy: Any) -> None:
         """Called by Policy.attach: close() will close ``policy`` first."""
@@ -237,6 +248,14 @@ class Peer:
     def on_view_change(self, callback: Any) -> None:
         """Call ``callback(view)`` after every view change, in the thread that took it."""
         self._view_callbacks.append(callback)
+
+    def _refusal(self) -> str | None:
+        """Why this peer cannot take a view change now (None: it can)."""
+        stuck = [p.name for p in self.policies if not p.follows_view_changes]
+        if stuck:
+            return (f"the group runs policy {stuck[0]!r}, which does not follow membership "
+                    "changes yet (synchronous, local-sgd and gossip do)")
+        return None
 
     def at_boundary(self, policy: Any, step: int) -> bool:
         """Called by a policy after each step (``step`` completed): take a view change that

@@ -33,50 +33,20 @@ Joiners are processes with a door and no view yet (``view`` None here): they wai
 """
 from __future__ import annotations
 
-import itertools
 import logging
 import threading
 import time
-from dataclasses import dataclass
 from typing import Any, Callable
 
 from collectives.errors import OperationTimeout, PeerLost, RendezvousError
+from collectives.membership.coordinator import Coordinator
 from collectives.membership.door import Door
+from collectives.membership.proposal import Proposal, Switch
 from collectives.membership.view import Member, View, ViewError
 
 __all__ = ["ViewChanges", "Proposal", "Switch"]
 
 log = logging.getLogger("collectives")
-
-
-@dataclass(frozen=True)
-class Proposal:
-    pid: str
-    number: int                 # the view number it proposes
-    members: tuple[Member, ...]
-    at_step: int | None         # None: at once (a recovery)
-    coordinator: str            # its door
-
-    def rank_of(self, name: str) -> int | None:
-        for rank, m in enumerate(self.members):
-            if m.name == name:
-                return rank
-        return None
-
-    def to_wire(self) -> dict:
-        return {"pid": self.pid, "number": self.number, "at": self.at_step,
-                "members": [m.to_wire() for m in self.members]}
-
-
-@dataclass
-class Switch:
-    """A committed change, as this process takes it: the new view, this process's transport
-    for it (endpoints installed), whose state the receivers take and at which step."""
-    view: View
-    transport: Any
-    source: int                 # rank (in the new view) whose state the receivers take
-    step: int                   # the step count everyone continues from
-    receivers: list[int]        # ranks that must take the source's state
 
 
 class ViewChanges:
@@ -94,28 +64,24 @@ class ViewChanges:
         self._lost = lost
         self.timeout = timeout
         self.margin = margin
-        self._cond = threading.Condition()
+        self.cond = threading.Condition()
         self._proposal: Proposal | None = None     # the latest prepare heard
         self._commit: dict | None = None           # the latest commit heard
         self._answer: dict | None = None           # a joiner's latest pending/redirect/refused
-        # Coordinator's state (door thread, under the condition's lock).
-        self._pending: dict[str, Member] = {}
         # Members of the current view reported lost by others (a recovery request) or left
         # out for silence: this process counts them lost too, until the next view.
-        self._reported_lost: set[str] = set()
-        self._active: Proposal | None = None
-        self._ready: dict[str, dict] = {}
-        self._deadline = 0.0
-        self._counter = itertools.count(1)
-        for kind in ("join", "prepare", "late", "ready", "commit", "recover", "pending",
-                     "redirect", "refused"):
+        self.reported_lost: set[str] = set()
+        for kind in ("prepare", "commit", "pending", "redirect", "refused"):
             door.on(kind, getattr(self, "_on_" + kind))
-        door.every_poll(self._tick)
+        # Why this process cannot take a view change now (None: it can): joiners are refused
+        # with the reason. The peer sets it (an attached policy that cannot follow one).
+        self.refusal: Callable[[], str | None] = lambda: None
+        self.coordinating = Coordinator(self)
 
     # ------------------------------------------------------------------ who coordinates
     def known_lost(self) -> set:
         """Names of the current view's members this process counts as lost."""
-        return set(self._lost()) | self._reported_lost
+        return set(self._lost()) | self.reported_lost
 
     def coordinator(self) -> Member | None:
         """The lowest-ranked member of the current view not known lost (None for a joiner)."""
@@ -127,21 +93,22 @@ class ViewChanges:
                 return m
         return None
 
-    def _is_coordinator(self) -> bool:
+    def is_coordinator(self) -> bool:
         c = self.coordinator()
         return c is not None and c.name == self.name
 
     # ------------------------------------------------------------------ member side
     def has_pending(self) -> bool:
         """True when a change concerns this member at a coming boundary (cheap)."""
-        return self._proposal is not None or bool(self._pending)
+        return self._proposal is not None or bool(self.coordinating.pending)
 
     def boundary(self, step: int) -> Switch | None:
         """Called by the member at every step boundary (``step``: steps completed). Returns
         the committed switch when this boundary is where a change takes effect."""
-        with self._cond:
-            if self._pending and self._active is None and self._is_coordinator():
-                self._propose(step + self.margin)
+        with self.cond:
+            c = self.coordinating
+            if c.pending and c.active is None and self.is_coordinator():
+                c.propose(step + self.margin)
             p = self._proposal
         if p is None or p.at_step is None or step < p.at_step:
             return None
@@ -154,8 +121,8 @@ class ViewChanges:
         """Stop at once after a peer was lost mid-step; returns the recovery's switch. A
         coordinator that does not propose within a quarter of the timeout is counted lost
         too, and the next one is asked."""
-        with self._cond:
-            self._reported_lost |= set(lost)
+        with self.cond:
+            self.reported_lost |= set(lost)
         deadline = time.monotonic() + self.timeout
         while True:
             c = self.coordinator()
@@ -164,14 +131,14 @@ class ViewChanges:
             self.door.tell(c.door, "recover", step=step, lost=sorted(self.known_lost()),
                            name=self.name)
             wait_until = min(deadline, time.monotonic() + self.timeout / 4)
-            with self._cond:
+            with self.cond:
                 while self._proposal is None and time.monotonic() < wait_until:
-                    self._cond.wait(0.1)
+                    self.cond.wait(0.1)
                 proposed = self._proposal is not None
                 if not proposed and c.name != self.name:
                     log.warning("%s: coordinator %s did not answer the recovery: counted lost",
                                 self.name, c)
-                    self._reported_lost.add(c.name)
+                    self.reported_lost.add(c.name)
             if proposed:
                 return self._stopped(step, recovering=True)
             if time.monotonic() >= deadline:
@@ -185,7 +152,7 @@ class ViewChanges:
         answered: str | None = None
         transport = None
         while True:
-            with self._cond:
+            with self.cond:
                 p, commit = self._proposal, self._commit
                 if commit is not None and p is not None and commit["pid"] == p.pid \
                         and answered == p.pid:
@@ -205,7 +172,7 @@ class ViewChanges:
                         f"{self.name}: no view change committed within {self.timeout:g}s "
                         f"(coordinator {self._coordinator_text()}, step {step})")
                 else:
-                    self._cond.wait(min(0.1, max(0.0, deadline - time.monotonic())))
+                    self.cond.wait(min(0.1, max(0.0, deadline - time.monotonic())))
                     continue
             self._close(transport)
             rank = p.rank_of(self.name)
@@ -220,7 +187,7 @@ class ViewChanges:
         table = {int(r): e for r, e in commit["table"].items()}
         transport.set_peers(table)
         self.view = view
-        self._reported_lost = set()
+        self.reported_lost = set()
         log.info("%s: now rank %d of %s", self.name, view.rank_of(self.name), view.describe())
         return Switch(view, transport, commit["source"], commit["step"],
                       list(commit["receivers"]))
@@ -248,11 +215,11 @@ class ViewChanges:
             address = queue.pop(0)
             tried.append(address)
             self.door.tell(address, "join", member=self.me.to_wire())
-            with self._cond:
+            with self.cond:
                 wait_until = min(deadline, time.monotonic() + self.timeout / 4)
                 while self._answer is None and self._proposal is None \
                         and time.monotonic() < wait_until:
-                    self._cond.wait(0.1)
+                    self.cond.wait(0.1)
                 answer, self._answer = self._answer, None
                 proposed = self._proposal is not None
             if proposed or answer is not None and answer["kind"] == "pending":
@@ -269,9 +236,9 @@ class ViewChanges:
                               f"(asked {', '.join(tried) or 'nobody'})")
 
     def _on_pending(self, msg: dict) -> None:
-        with self._cond:
+        with self.cond:
             self._answer = msg
-            self._cond.notify_all()
+            self.cond.notify_all()
 
     _on_redirect = _on_refused = _on_pending
 
@@ -284,133 +251,13 @@ class ViewChanges:
         except (KeyError, TypeError, ValueError, ViewError) as exc:
             log.warning("%s: dropped a malformed prepare: %s", self.name, exc)
             return
-        with self._cond:
+        with self.cond:
             if self.view is not None and p.number <= self.view.number:
                 return   # of a change already taken
             self._proposal = p
-            self._cond.notify_all()
+            self.cond.notify_all()
 
     def _on_commit(self, msg: dict) -> None:
-        with self._cond:
+        with self.cond:
             self._commit = msg
-            self._cond.notify_all()
-
-    # ------------------------------------------------------------------ door thread: coordinator
-    def _on_join(self, msg: dict) -> None:
-        try:
-            member = Member.from_wire(msg.get("member"))
-        except ViewError as exc:
-            self.door.tell(msg["from"], "refused", reason=f"malformed join: {exc}")
-            return
-        with self._cond:
-            c = self.coordinator()
-            if c is None:
-                return
-            if c.name != self.name:
-                self.door.tell(msg["from"], "redirect", to=c.door)
-                return
-            rank = self.view.rank_of(member.name)
-            if rank is not None and self.view.member(rank).incarnation >= member.incarnation \
-                    and member.name not in self.known_lost():
-                self.door.tell(msg["from"], "refused",
-                               reason=f"{member.name} is a live member already "
-                                      f"(incarnation {self.view.member(rank).incarnation})")
-                return
-            self._pending[member.name] = member
-            log.info("%s: %s asks to join %s", self.name, member, self.view.describe())
-            self.door.tell(msg["from"], "pending", view=self.view.to_wire())
-
-    def _propose(self, at_step: int | None, also_lost: frozenset = frozenset()) -> None:
-        """Propose the next view (caller holds the lock): the live members, a restarted one in
-        its old place, then the new joiners."""
-        self._reported_lost |= set(also_lost)
-        lost = self.known_lost()
-        members = []
-        for m in self.view.members:
-            if m.name in self._pending:
-                members.append(self._pending[m.name])
-            elif m.name not in lost:
-                members.append(m)
-        names = {m.name for m in members}
-        members += [m for n, m in self._pending.items() if n not in names]
-        p = Proposal(f"{self.view.number + 1}.{next(self._counter)}", self.view.number + 1,
-                     tuple(members), at_step, self.door.address)
-        self._active, self._ready = p, {}
-        self._deadline = time.monotonic() + self.timeout / 2
-        log.info("%s: proposes view %d at step %s: %s", self.name, p.number,
-                 "now" if at_step is None else at_step, [str(m) for m in members])
-        for m in members:
-            self.door.tell(m.door, "prepare", **p.to_wire())
-
-    def _on_late(self, msg: dict) -> None:
-        with self._cond:
-            p = self._active
-            if p is None or msg.get("pid") != p.pid or p.at_step is None:
-                return
-            step = msg.get("step")
-            if type(step) is int and step >= p.at_step:
-                self._propose(step + self.margin)
-
-    def _on_recover(self, msg: dict) -> None:
-        lost = msg.get("lost")
-        lost = frozenset(x for x in lost if isinstance(x, str)) if isinstance(lost, list) \
-            else frozenset()
-        with self._cond:
-            if self.view is None:
-                return
-            self._reported_lost |= lost - {self.name}
-            if not self._is_coordinator():
-                return   # the sender asks the one it counts as coordinator after a deadline
-            p = self._active
-            if p is not None and p.at_step is None and not (lost & {m.name for m in p.members}):
-                return   # the recovery under way already leaves those out
-            self._propose(None, lost)
-
-    def _on_ready(self, msg: dict) -> None:
-        with self._cond:
-            p = self._active
-            if p is None or msg.get("pid") != p.pid:
-                return
-            name, entry, step = msg.get("name"), msg.get("entry"), msg.get("step")
-            if p.rank_of(name) is None or not isinstance(entry, dict) or type(step) is not int:
-                return
-            self._ready[name] = {"entry": entry, "step": step}
-            if len(self._ready) == len(p.members):
-                self._commit_active()
-
-    def _commit_active(self) -> None:
-        p = self._active
-        ranks = range(len(p.members))
-        old = self.view.names()
-        # The state everyone continues from: the old member that completed most steps.
-        olds = [r for r in ranks if p.members[r].name in old
-                and p.members[r].incarnation == self.view.member(
-                    self.view.rank_of(p.members[r].name)).incarnation]
-        steps = {r: self._ready[p.members[r].name]["step"] for r in ranks}
-        source = max(olds, key=lambda r: (steps[r], -r)) if olds else 0
-        step = steps[source]
-        receivers = [r for r in ranks if r not in olds or steps[r] != step]
-        view = View(self.view.job_id, p.number, p.members,
-                    step if p.at_step is None else p.at_step)
-        table = {str(r): self._ready[p.members[r].name]["entry"] for r in ranks}
-        commit = {"pid": p.pid, "view": view.to_wire(), "table": table, "source": source,
-                  "step": step, "receivers": receivers}
-        for m in p.members:
-            self.door.tell(m.door, "commit", **commit)
-        for m in p.members:
-            self._pending.pop(m.name, None)
-        self._active = None
-        log.info("%s: committed %s (state from rank %d at step %d to ranks %s)", self.name,
-                 view.describe(), source, step, receivers)
-
-    def _tick(self) -> None:
-        with self._cond:
-            p = self._active
-            if p is None or time.monotonic() < self._deadline:
-                return
-            silent = [m.name for m in p.members if m.name not in self._ready]
-            log.warning("%s: no answer to view %d's proposal from %s: proposing without them",
-                        self.name, p.number, silent)
-            for name in silent:
-                self._pending.pop(name, None)
-            self._propose(p.at_step, frozenset(silent))
+            self.cond.notify_all()

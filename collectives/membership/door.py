@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from typing import Any, Callable
 
 import msgpack
@@ -35,6 +36,7 @@ log = logging.getLogger("collectives")
 DOOR_VERSION = 1
 MAX_DOOR_MESSAGE = 1 << 20   # a view of many members fits; a state chunk never comes here
 _POLL_MS = 100               # the thread looks at close() this often
+_RETRY_BIND = 0.5            # seconds between tries to bind a wanted address
 
 
 class Door:
@@ -64,8 +66,12 @@ class Door:
         self._tickers: list[Callable[[], None]] = []
         self._out: dict[str, zmq.Socket] = {}
         self._out_lock = threading.Lock()   # tell() runs in any thread; sockets are not shared
-        self._also: list[str] = []
-        self._commands: list[tuple[str, str]] = []   # (verb, address) for the door's thread
+        self._also: list[str] = []          # addresses bound besides its own
+        self._wanted: list[str] = []        # ... and those it tries to bind (door thread)
+        self._next_try = 0.0
+        # Called (door thread) with an address it wants but someone else holds: the holder
+        # may be a restarted process's rendezvous, waiting for a group that is running.
+        self.on_held: Callable[[str], None] | None = None
         self._closing = threading.Event()
         self.dropped = 0
         self._warned: set = set()
@@ -83,11 +89,18 @@ class Door:
         self._tickers.append(ticker)
 
     def listen_also(self, address: str) -> None:
-        """Listen at ``address`` too (the rendezvous address, once its first holder is gone);
-        the door's thread binds it. A failure to bind is logged, not raised: another member
-        may hold it already."""
+        """Listen at ``address`` too (the rendezvous address, once its first holder is gone).
+        The door's thread binds it, trying again twice a second while someone else holds it
+        (telling the holder through ``on_held``)."""
         with self._out_lock:
-            self._commands.append(("bind", address))
+            if address not in self._wanted:
+                self._wanted.append(address)
+                self._next_try = 0.0
+
+    @property
+    def listening_also(self) -> list[str]:
+        """The addresses bound besides the door's own."""
+        return list(self._also)
 
     def _serve(self) -> None:
         poller = zmq.Poller()
@@ -95,7 +108,7 @@ class Door:
         if self._zap is not None:
             poller.register(self._zap.socket, zmq.POLLIN)
         while not self._closing.is_set():
-            self._run_commands()
+            self._bind_wanted()
             for ticker in self._tickers:
                 try:
                     ticker()
@@ -118,18 +131,23 @@ class Door:
                     return
                 self._dispatch(frames)
 
-    def _run_commands(self) -> None:
+    def _bind_wanted(self) -> None:
+        now = time.monotonic()
+        if now < self._next_try:
+            return
         with self._out_lock:
-            commands, self._commands = self._commands, []
-        for verb, address in commands:
-            if verb == "bind" and address not in self._also:
-                try:
-                    self._router.bind(bind_address(address))
-                    self._also.append(address)
-                    log.info("%s: the door now also listens at %s", self.who, address)
-                except zmq.ZMQError as exc:
-                    log.info("%s: cannot listen at %s too (%s)", self.who, address,
-                             exc.strerror)
+            wanted = [a for a in self._wanted if a not in self._also]
+        for address in wanted:
+            try:
+                self._router.bind(bind_address(address))
+                self._also.append(address)
+                log.info("%s: the door now also listens at %s", self.who, address)
+            except zmq.ZMQError as exc:
+                self._next_try = now + _RETRY_BIND
+                log.debug("%s: cannot listen at %s yet (%s)", self.who, address,
+                          exc.strerror)
+                if self.on_held is not None:
+                    self.on_held(address)
 
     def _dispatch(self, frames: list) -> None:
         if len(frames) == 2 and self.on_registration is not None:
@@ -204,6 +222,25 @@ class Door:
                 return True
             except zmq.ZMQError:
                 return False
+
+    def announce(self, address: str, message: dict) -> None:
+        """Send ``message`` as-is (not a door message: a rendezvous answer) to ``address``
+        from a short-lived socket, for a restarted rank 0's rendezvous (rendezvous.py)."""
+        with self._out_lock:
+            if self._closing.is_set():
+                return
+            sock = self._context.socket(zmq.DEALER)
+        sock.linger = 200
+        if self.config.key is not None:
+            self.config.key.apply_client(sock)
+        sock.connect(address)
+        try:
+            sock.send(msgpack.packb(dict(message, job=self.config.job_id), use_bin_type=True),
+                      zmq.NOBLOCK)
+        except zmq.ZMQError:
+            pass
+        finally:
+            sock.close()
 
     def forget(self, address: str) -> None:
         """Close the connection to ``address`` (a member that left)."""

@@ -81,6 +81,7 @@ class Asynchronous(BackgroundPolicy):
     """
 
     name = "asynchronous"
+    follows_view_changes = False   # its state does not follow a view change yet
     default_topology = ONE_PEER_EXPONENTIAL
     worker_name = "asynchronous gossip thread"
 
@@ -324,10 +325,9 @@ class Asynchronous(BackgroundPolicy):
 
     # ------------------------------------------------------------------ quiescence
     def quiesce(self, timeout: float | None = None) -> None:
-        """Stop pushing and wait until every push a live peer made to this one has been
-        absorbed, so no mass is in flight (the weights then add up to n, less what the dead
-        held): a collective of the live peers (quiescence.py: a dead peer does not stop it).
-        ``resume()`` undoes it."""
+        """Stop pushing until every push a live peer made to this one is absorbed (the weights
+        then add up to n, less what the dead held): a collective of the live peers
+        (quiescence.py: a dead peer does not stop it). ``resume()`` undoes it."""
         self._check_ready()
         timeout = self.timeout if timeout is None else timeout
         self._paused = True

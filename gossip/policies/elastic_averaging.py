@@ -59,6 +59,7 @@ class ElasticAveraging(BackgroundPolicy):
     """
 
     name = "elastic"
+    follows_view_changes = False   # its state does not follow a view change yet
     worker_name = "elastic-averaging server thread"
 
     def __init__(self, *, alpha: float | None = None, period: int = 4,

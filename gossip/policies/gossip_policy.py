@@ -83,6 +83,12 @@ class Gossip(Policy):
                          timeout=self.timeout)
         buckets.copy_out()
 
+    def _view_changed(self) -> None:
+        # The graph over the new view, and healing starts afresh (no lost peer in a new view).
+        super()._view_changed()
+        self._neighborhood = Neighborhood(self._peer, self._topology, push=False,
+                                          timeout=self.timeout)
+
     def _extra_stats(self) -> dict:
         return {"rounds_skipped": self._rounds_skipped, "topology": repr(self.topology),
                 "healed_links": self._neighborhood.linked()}

@@ -18,7 +18,9 @@ class LocalSGD(Policy):
 
     When to use it: communication is the bottleneck and the peers are of equal speed; a
     larger period trades accuracy for bandwidth. A lost peer fails the averaging step with
-    PeerLost. Optimizer state (momentum, Adam moments) stays local and is not averaged.
+    PeerLost, unless ``elastic=True``: then the survivors re-form the group as Synchronous's do
+    (fewer than ``min_peers``: PeerLost), and joiners take a member's state at a step
+    boundary. Optimizer state (momentum, Adam moments) stays local and is not averaged.
 
     Cost: one allreduce of the parameters every ``period`` steps, i.e. about
     ``2 (n-1)/n * P / period`` bytes sent per peer per step for P bytes of parameters; the
@@ -29,8 +31,10 @@ class LocalSGD(Policy):
 
     def __init__(self, period: int = 4, *, warmup_steps: int = 0,
                  bucket_bytes: int = DEFAULT_BUCKET_BYTES, timeout: float | None = None,
-                 nan_guard: bool = False) -> None:
+                 nan_guard: bool = False, elastic: bool = False, min_peers: int = 1) -> None:
         super().__init__(bucket_bytes=bucket_bytes, timeout=timeout, nan_guard=nan_guard)
+        self.elastic = bool(elastic)
+        self.min_peers = check_int("min_peers", min_peers, 1)
         self.period = check_int("period", period, 1)
         self.warmup_steps = check_int("warmup_steps", warmup_steps, 0)
         if period == 1:

@@ -26,22 +26,19 @@ from gossip.errors import ExchangeIncomplete, PeerLost
 from gossip.policies.arguments import check_int, check_number
 from gossip.policies.buckets import DEFAULT_BUCKET_BYTES, BucketSet
 from gossip.policies.clock import PolicyClock
-from gossip.policies.consensus import consensus_distance
+from gossip.policies.membership_hooks import MembershipHooks
+from gossip.policies.observability import PolicyStats
 from gossip.policies.failures import PEER_FAILURES, Attempt, tolerate
 from gossip.policies.nan_guard import NanGuard
 from gossip.policies.neighborhood import resolve_topology
 
 __all__ = ["Policy"]
 
-
-def _as_numpy(flat: Any) -> np.ndarray:
-    """A numpy view of a bucket's flat buffer (a torch CPU tensor shares its memory)."""
-    return flat if isinstance(flat, np.ndarray) else flat.detach().numpy()
-
 log = logging.getLogger("gossip")
 
 
-class Policy(abc.ABC):
+
+class Policy(PolicyStats, MembershipHooks, abc.ABC):
     """Base of the averaging policies.
 
     ``attach(peer, params)`` packs ``params`` (a list of torch tensors or numpy arrays, or a
@@ -100,8 +97,6 @@ class Policy(abc.ABC):
         self._rounds_skipped = 0         # exchanges abandoned by the failure rule
         self._rounds_partial = 0         # exchanges completed without a lost peer (push-sum)
         self._recovered = False          # the step in progress was taken over by a recovery
-        self.elastic = False             # policies that can re-form the group set it
-        self.min_peers = 1
 
     # ------------------------------------------------------------------ lifetime
     def attach(self, peer: Any, params: Any) -> "Policy":
@@ -223,46 +218,6 @@ class Policy(abc.ABC):
             at_boundary = getattr(self._peer, "at_boundary", None)
             if at_boundary is not None:
                 at_boundary(self, self._step)
-
-    # ------------------------------------------------------------------ membership
-    def _recover(self, exc: PeerLost) -> None:
-        """A peer was lost mid-step: without ``elastic``, that is the step's error; with it,
-        agree with the survivors on the next view and go on from the state of the survivor
-        that completed most steps (the same on every survivor), below ``min_peers`` raise."""
-        if not self.elastic:
-            raise exc
-        log.warning("rank %d: %s lost a peer in step %d (%s): re-forming the group",
-                    self._peer.rank, self.name, self._step, exc)
-        self._step = self._peer.recover(self, self._step)
-        self._recovered = True
-        if self._peer.world_size < self.min_peers:
-            raise PeerLost(f"rank {self._peer.rank}: {self.name}: {self._peer.world_size} "
-                           f"members left, fewer than min_peers={self.min_peers}") from exc
-
-    def _transfer_state(self) -> Any:
-        """What a member hands a joiner (gossip/state_transfer.py): the parameters' buckets
-        and the step; policies with state of their own add it (``_transfer_values``)."""
-        from gossip.state_transfer import TransferState
-        self._buckets.copy_in()
-        arrays = {f"bucket{b.index}": _as_numpy(b.flat) for b in self._buckets}
-        return TransferState(arrays, self._transfer_values())
-
-    def _transfer_values(self) -> dict:
-        return {}
-
-    def _load_transferred(self, step: int, values: dict) -> None:
-        """The buckets were overwritten with the source's (in place): go on from ``step``."""
-        self._buckets.copy_out()
-        self._step = int(step)
-        if self.nan_guard:
-            self._guard.keep()
-
-    def _view_changed(self) -> None:
-        """The group's view changed (the peer has its new transport and topology): graph
-        policies follow the topology; policies with per-peer state override this."""
-        if self.default_topology is not None:
-            from gossip.membership import resize_topology
-            self._topology = resize_topology(self._topology, self._peer.world_size)
 
     # ------------------------------------------------------------------ nan guard
     def _guard_parameters(self) -> None:
@@ -402,49 +357,6 @@ class Policy(abc.ABC):
 
     def _load_extra_state(self, state: dict) -> None:
         pass
-
-    # ------------------------------------------------------------------ observability
-    def stats(self, consensus: bool = False) -> dict:
-        """Counters of this peer's policy. ``consensus=True`` also measures the consensus
-        distance, which is a collective: every peer must call it together."""
-        self._check_ready()
-        counters = self._peer.stats()
-        sent = counters["bytes_sent"] - self._bytes0
-        comm, compute = self._clock.comm_seconds, self._clock.compute_seconds
-        out = {
-            "policy": self.name,
-            "rank": self._peer.rank,
-            "steps": self._step,
-            "bytes_sent": sent,
-            "messages_sent": counters["messages_sent"] - self._messages0,
-            "bytes_per_step": sent / self._step if self._step else 0.0,
-            "comm_seconds": comm,
-            "compute_seconds": compute,
-            "comm_fraction": comm / (comm + compute) if comm + compute > 0 else 0.0,
-            "parameters_bytes": self._buckets.nbytes,
-            "lost_peers": sorted(self._peer.lost_peers()),
-            "skipped_steps": self._guard.skipped_steps,
-        }
-        out.update(self._extra_stats())
-        if consensus:
-            out["consensus_distance"] = self.consensus_distance()
-        return out
-
-    def _extra_stats(self) -> dict:
-        return {}
-
-    def _consensus_buffers(self) -> list:
-        """The flat buffers whose disagreement consensus_distance() measures: the
-        parameters the model uses (de-biased ones, for push-sum)."""
-        self._buckets.copy_in()
-        return [b.flat for b in self._buckets]
-
-    def consensus_distance(self) -> float:
-        """||x_i - mean_j x_j|| (over every parameter) averaged over the peers, by two
-        allreduces on the peer's main channel: a collective, so every peer must call it at
-        the same point. Allocates a copy of the parameters (a diagnostic, not a step)."""
-        self._check_ready()
-        return consensus_distance(self._peer, self._consensus_buffers(), self.timeout)
 
     def __repr__(self) -> str:
         where = (f"attached to rank {self._peer.rank}/{self._peer.world_size}"

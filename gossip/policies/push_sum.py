@@ -73,6 +73,7 @@ class PushSum(Policy):
     """
 
     name = "push-sum"
+    follows_view_changes = False   # its state does not follow a view change yet
     default_topology = ONE_PEER_EXPONENTIAL
 
     def __init__(self, *, topology: Any = None, overlap: bool = False,

@@ -1,0 +1,156 @@
+"""The coordinator's side of the view-change protocol (changes.py describes it): admitting
+joiners, proposing the next view, gathering the members' answers, committing. Whichever member
+is the coordinator of the moment runs it, in its door's thread, under the protocol's lock.
+"""
+from __future__ import annotations
+
+import itertools
+import logging
+import time
+from typing import Any
+
+from collectives.membership.proposal import Proposal
+from collectives.membership.view import Member, View, ViewError
+
+__all__ = ["Coordinator"]
+
+log = logging.getLogger("collectives")
+
+
+class Coordinator:
+    """The coordinating state of one process's ViewChanges (``changes``)."""
+
+    def __init__(self, changes: Any) -> None:
+        self.changes = changes
+        self.pending: dict[str, Member] = {}     # joiners admitted, not yet in a view
+        self.active: Proposal | None = None      # the proposal under way
+        self.ready: dict[str, dict] = {}         # its members' answers
+        self.deadline = 0.0
+        self.counter = itertools.count(1)
+        door = changes.door
+        for kind in ("join", "late", "ready", "recover"):
+            door.on(kind, getattr(self, "on_" + kind))
+        door.every_poll(self.tick)
+
+    def on_join(self, msg: dict) -> None:
+        try:
+            member = Member.from_wire(msg.get("member"))
+        except ViewError as exc:
+            self.changes.door.tell(msg["from"], "refused", reason=f"malformed join: {exc}")
+            return
+        with self.changes.cond:
+            c = self.changes.coordinator()
+            if c is None:
+                return
+            if c.name != self.changes.name:
+                self.changes.door.tell(msg["from"], "redirect", to=c.door)
+                return
+            rank = self.changes.view.rank_of(member.name)
+            if rank is not None and self.changes.view.member(rank).incarnation >= member.incarnation \
+                    and member.name not in self.changes.known_lost():
+                self.changes.door.tell(msg["from"], "refused",
+                               reason=f"{member.name} is a live member already "
+                                      f"(incarnation {self.changes.view.member(rank).incarnation})")
+                return
+            reason = self.changes.refusal()
+            if reason is not None:
+                self.changes.door.tell(msg["from"], "refused", reason=reason)
+                return
+            self.pending[member.name] = member
+            log.info("%s: %s asks to join %s", self.changes.name, member, self.changes.view.describe())
+            self.changes.door.tell(msg["from"], "pending", view=self.changes.view.to_wire())
+
+    def propose(self, at_step: int | None, also_lost: frozenset = frozenset()) -> None:
+        """Propose the next view (caller holds the lock): the live members, a restarted one in
+        its old place, then the new joiners."""
+        self.changes.reported_lost |= set(also_lost)
+        lost = self.changes.known_lost()
+        members = []
+        for m in self.changes.view.members:
+            if m.name in self.pending:
+                members.append(self.pending[m.name])
+            elif m.name not in lost:
+                members.append(m)
+        names = {m.name for m in members}
+        members += [m for n, m in self.pending.items() if n not in names]
+        p = Proposal(f"{self.changes.view.number + 1}.{next(self.counter)}", self.changes.view.number + 1,
+                     tuple(members), at_step, self.changes.door.address)
+        self.active, self.ready = p, {}
+        self.deadline = time.monotonic() + self.changes.timeout / 2
+        log.info("%s: proposes view %d at step %s: %s", self.changes.name, p.number,
+                 "now" if at_step is None else at_step, [str(m) for m in members])
+        for m in members:
+            self.changes.door.tell(m.door, "prepare", **p.to_wire())
+
+    def on_late(self, msg: dict) -> None:
+        with self.changes.cond:
+            p = self.active
+            if p is None or msg.get("pid") != p.pid or p.at_step is None:
+                return
+            step = msg.get("step")
+            if type(step) is int and step >= p.at_step:
+                self.propose(step + self.changes.margin)
+
+    def on_recover(self, msg: dict) -> None:
+        lost = msg.get("lost")
+        lost = frozenset(x for x in lost if isinstance(x, str)) if isinstance(lost, list) \
+            else frozenset()
+        with self.changes.cond:
+            if self.changes.view is None:
+                return
+            self.changes.reported_lost |= lost - {self.changes.name}
+            if not self.changes.is_coordinator():
+                return   # the sender asks the one it counts as coordinator after a deadline
+            p = self.active
+            if p is not None and p.at_step is None and not (lost & {m.name for m in p.members}):
+                return   # the recovery under way already leaves those out
+            self.propose(None, lost)
+
+    def on_ready(self, msg: dict) -> None:
+        with self.changes.cond:
+            p = self.active
+            if p is None or msg.get("pid") != p.pid:
+                return
+            name, entry, step = msg.get("name"), msg.get("entry"), msg.get("step")
+            if p.rank_of(name) is None or not isinstance(entry, dict) or type(step) is not int:
+                return
+            self.ready[name] = {"entry": entry, "step": step}
+            if len(self.ready) == len(p.members):
+                self._commit_active()
+
+    def _commit_active(self) -> None:
+        p = self.active
+        ranks = range(len(p.members))
+        old = self.changes.view.names()
+        # The state everyone continues from: the old member that completed most steps.
+        olds = [r for r in ranks if p.members[r].name in old
+                and p.members[r].incarnation == self.changes.view.member(
+                    self.changes.view.rank_of(p.members[r].name)).incarnation]
+        steps = {r: self.ready[p.members[r].name]["step"] for r in ranks}
+        source = max(olds, key=lambda r: (steps[r], -r)) if olds else 0
+        step = steps[source]
+        receivers = [r for r in ranks if r not in olds or steps[r] != step]
+        view = View(self.changes.view.job_id, p.number, p.members,
+                    step if p.at_step is None else p.at_step)
+        table = {str(r): self.ready[p.members[r].name]["entry"] for r in ranks}
+        commit = {"pid": p.pid, "view": view.to_wire(), "table": table, "source": source,
+                  "step": step, "receivers": receivers}
+        for m in p.members:
+            self.changes.door.tell(m.door, "commit", **commit)
+        for m in p.members:
+            self.pending.pop(m.name, None)
+        self.active = None
+        log.info("%s: committed %s (state from rank %d at step %d to ranks %s)", self.changes.name,
+                 view.describe(), source, step, receivers)
+
+    def tick(self) -> None:
+        with self.changes.cond:
+            p = self.active
+            if p is None or time.monotonic() < self.deadline:
+                return
+            silent = [m.name for m in p.members if m.name not in self.ready]
+            log.warning("%s: no answer to view %d's proposal from %s: proposing without them",
+                        self.changes.name, p.number, silent)
+            for name in silent:
+                self.pending.pop(name, None)
+            self.propose(p.at_step, frozenset(silent))

@@ -1,0 +1,40 @@
+"""The two records of a view change: a coordinator's proposal, and a committed switch as one
+process takes it (changes.py has the protocol)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from collectives.membership.view import Member, View
+
+__all__ = ["Proposal", "Switch"]
+
+
+@dataclass(frozen=True)
+class Proposal:
+    pid: str
+    number: int                 # the view number it proposes
+    members: tuple[Member, ...]
+    at_step: int | None         # None: at once (a recovery)
+    coordinator: str            # its door
+
+    def rank_of(self, name: str) -> int | None:
+        for rank, m in enumerate(self.members):
+            if m.name == name:
+                return rank
+        return None
+
+    def to_wire(self) -> dict:
+        return {"pid": self.pid, "number": self.number, "at": self.at_step,
+                "members": [m.to_wire() for m in self.members]}
+
+
+@dataclass
+class Switch:
+    """A committed change, as this process takes it: the new view, this process's transport
+    for it (endpoints installed), whose state the receivers take and at which step."""
+    view: View
+    transport: Any
+    source: int                 # rank (in the new view) whose state the receivers take
+    step: int                   # the step count everyone continues from
+    receivers: list[int]        # ranks that must take the source's state
