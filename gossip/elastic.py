@@ -10,6 +10,7 @@ import logging
 from typing import Any
 
 from collectives.communicator import Communicator
+from gossip.errors import PeerLost
 from gossip.membership import resize_topology
 from gossip.state_transfer import receive_state, send_state
 
@@ -21,7 +22,9 @@ log = logging.getLogger("gossip")
 def take_switch(peer: Any, switch: Any, policy: Any = None) -> int:
     """Install ``switch`` (a member's view change) on ``peer``; ``policy``: the policy whose
     state moves (the one at whose boundary or recovery this happens). Returns the step count
-    to go on from."""
+    to go on from. A member lost while the state moves (a joiner that dies, or refuses the
+    state: another model) is left out by a recovery at once, whatever the policy: the
+    others' state is untouched, so the group goes on as before."""
     old_transport, old_comms = peer._transport, [peer._comm, *peer._channels.values()]
     _install(peer, switch)
     rank = switch.transport.rank
@@ -35,6 +38,10 @@ def take_switch(peer: Any, switch: Any, policy: Any = None) -> int:
                                              policy.timeout)
                 policy._load_transferred(step, values)
         peer.barrier()
+    except PeerLost as exc:
+        log.warning("rank %d: a member was lost while view %d settled (%s): leaving it out",
+                    peer.rank, switch.view.number, exc)
+        return take_switch(peer, peer._membership.recover(switch.step), policy)
     finally:
         for comm in old_comms:
             comm.close(timeout=0.5)
@@ -46,10 +53,16 @@ def take_switch(peer: Any, switch: Any, policy: Any = None) -> int:
 
 def take_state(peer: Any, switch: Any, policy: Any) -> None:
     """A joiner's first policy attached: take the source's state, then meet the members at
-    the boundary where they admitted it."""
-    step, values = receive_state(peer, switch.source, policy._transfer_state(), policy.timeout)
-    policy._load_transferred(step, values)
-    peer.barrier()
+    the boundary where they admitted it. If the state does not fit (another model) or does
+    not arrive, the joiner closes at once, so the members leave it out without waiting."""
+    try:
+        step, values = receive_state(peer, switch.source, policy._transfer_state(),
+                                     policy.timeout)
+        policy._load_transferred(step, values)
+        peer.barrier()
+    except BaseException:
+        peer.close()
+        raise
     log.info("rank %d: took rank %d's state at step %d; training from there", peer.rank,
              switch.source, step)
 

@@ -74,6 +74,7 @@ class PeerMembership:
         self._transport: Any = None
         self.changes = ViewChanges(name, incarnation, self.door, None, make_transport,
                                    self._lost_names, timeout, host=host)
+        self.changes.on_interrupt = self._interrupt
         self.rendezvous_address: str | None = None
         self._rendezvous_host = ""
 
@@ -129,6 +130,10 @@ class PeerMembership:
         if reply is not None and "running" in reply:
             self.door.announce(address, reply)
 
+    def _interrupt(self) -> None:
+        if self._transport is not None:
+            self._transport.interrupt()
+
     def _lost_names(self) -> set:
         view, transport = self.changes.view, self._transport
         if view is None or transport is None:
@@ -155,6 +160,9 @@ class PeerMembership:
         return self.changes.boundary(step)
 
     def recover(self, step: int) -> Switch:
+        log.info("%s: recovering at step %d; lost in view %s: %s", self.name, step,
+                 self.view.number if self.view else None,
+                 self._transport.lost_ranks() if self._transport is not None else {})
         return self.changes.recover(step, self._lost_names())
 
     def join(self, doors: list[str]) -> Switch:

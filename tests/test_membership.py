@@ -261,3 +261,101 @@ def test_gossip_run_restarts_a_killed_peer_which_rejoins(tmp_path, victim):
     assert len(finals) == 3, out
     assert len({tuple(f) for f in finals}) == 1, finals   # same size, step and bytes
     assert finals[0][0] == "3"
+
+
+# ---------------------------------------------------------------- joiners that fail
+def members_until_view(peer, workdir, view_number, steps):
+    from gossip.policies import Synchronous
+    if peer.rank == 0:
+        with open(os.path.join(workdir, "address.tmp"), "w") as f:
+            f.write(peer.settings.rendezvous)
+        os.replace(os.path.join(workdir, "address.tmp"), os.path.join(workdir, "address"))
+    x = np.full(1000, float(peer.rank))
+    policy = Synchronous().attach(peer, [x])
+    done = np.zeros(1)
+    # Until the joiner's process has ended (the test says so; rank 0 tells the others, so
+    # every member stops at the same step).
+    while (policy.step < steps or peer.view.number < view_number or not done[0]) \
+            and policy.step < 3000:
+        x += 1.0
+        policy.after_step()
+        done[0] = peer.rank == 0 and os.path.exists(os.path.join(workdir, "done"))
+        peer.allreduce(done, op="max")
+        time.sleep(0.005)
+    return peer.world_size, peer.view.number, policy.step, float(x[0]), float(np.ptp(x))
+
+
+BAD_JOINER = textwrap.dedent("""
+    import os, signal, sys, numpy as np, gossip
+    from gossip.policies import Synchronous
+    how = sys.argv[1]
+    try:
+        peer = gossip.init(join=True, timeout=20)
+    except gossip.GossipError as exc:
+        print("REFUSED", type(exc).__name__, exc, flush=True)
+        sys.exit(3)
+    if how == "die":
+        os.kill(os.getpid(), signal.SIGKILL)   # admitted, dead before it takes the state
+    try:
+        Synchronous().attach(peer, [np.zeros(999)])   # the members' model has 1000
+    except ValueError as exc:
+        print("MISMATCH", exc, flush=True)
+        sys.exit(4)
+""")
+
+
+def _bad_joiner(workdir, how, **env):
+    address = wait_until(lambda: os.path.exists(os.path.join(workdir, "address"))
+                         and open(os.path.join(workdir, "address")).read(), 60,
+                         what="rank 0's rendezvous address")
+    script = os.path.join(workdir, "bad.py")
+    with open(script, "w") as f:
+        f.write(BAD_JOINER)
+    try:
+        proc = subprocess.run([sys.executable, script, how], capture_output=True, text=True,
+                              timeout=120, env=_env(GOSSIP_RENDEZVOUS=address,
+                                                    GOSSIP_MEMBER_NAME="stranger", **env))
+    finally:
+        open(os.path.join(workdir, "done"), "w").close()
+    return proc.returncode, proc.stdout + proc.stderr
+
+
+def _with_bad_joiner(tmp_path, how, view_number, **env):
+    workdir, box = str(tmp_path), {}
+    thread = threading.Thread(target=lambda: box.update(out=_bad_joiner(workdir, how, **env)))
+    thread.start()
+    try:
+        results = spawn(members_until_view, n=3, timeout=150,
+                        args=(workdir, view_number, 40), peer_timeout=PEER_TIMEOUT)
+    finally:
+        thread.join(150)
+    return results, box["out"]
+
+
+def test_a_joiner_with_another_model_is_refused_naming_the_tensor_and_the_group_goes_on(
+        tmp_path):
+    results, (code, out) = _with_bad_joiner(tmp_path, "mismatch", view_number=2)
+    assert code == 4 and "MISMATCH" in out, out
+    assert "'bucket0'" in out and "(1000,)" in out and "(999,)" in out, out
+    for world, number, steps, x0, spread in results:
+        # Admitted (view 1), then left out again at once (view 2): the members' own state
+        # never changed, and they agree to the last bit.
+        assert (world, number, spread) == (3, 2, 0.0)
+        assert x0 == float(steps)
+
+
+def test_a_joiner_that_dies_before_taking_the_state_leaves_the_group_as_it_was(tmp_path):
+    results, (code, out) = _with_bad_joiner(tmp_path, "die", view_number=2)
+    assert code == -signal.SIGKILL, out
+    for world, number, steps, x0, spread in results:
+        assert (world, number, spread) == (3, 2, 0.0)
+        assert x0 == float(steps)
+
+
+def test_a_joiner_of_another_job_is_refused_naming_both(tmp_path):
+    results, (code, out) = _with_bad_joiner(tmp_path, "mismatch", view_number=0,
+                                            GOSSIP_JOB_ID="other-job")
+    assert code == 3 and "REFUSED" in out, out
+    assert "'other-job'" in out and "(unnamed)" in out, out
+    for world, number, steps, x0, spread in results:
+        assert (world, number, spread) == (3, 0, 0.0)

@@ -76,6 +76,11 @@ class ViewChanges:
         # Why this process cannot take a view change now (None: it can): joiners are refused
         # with the reason. The peer sets it (an attached policy that cannot follow one).
         self.refusal: Callable[[], str | None] = lambda: None
+        # Called (door thread) when a recovery is proposed while this member is not stopped
+        # at a boundary (it may wait in an operation that never ends: on a dead joiner, or
+        # on a member that already stopped): the peer ends its transport's waits.
+        self.on_interrupt: Callable[[], None] = lambda: None
+        self._stopped_now = False
         self.coordinating = Coordinator(self)
 
     # ------------------------------------------------------------------ who coordinates
@@ -149,6 +154,13 @@ class ViewChanges:
         """Stopped at a boundary: answer each proposal that includes this member with a fresh
         transport, until one is committed (or a proposal moves the boundary further on)."""
         deadline = time.monotonic() + self.timeout
+        self._stopped_now = True
+        try:
+            return self._answer_proposals(step, recovering, deadline)
+        finally:
+            self._stopped_now = False
+
+    def _answer_proposals(self, step: int, recovering: bool, deadline: float) -> Switch | None:
         answered: str | None = None
         transport = None
         while True:
@@ -256,6 +268,11 @@ class ViewChanges:
                 return   # of a change already taken
             self._proposal = p
             self.cond.notify_all()
+            interrupt = p.at_step is None and not self._stopped_now and self.view is not None
+        if interrupt:
+            log.info("%s: a recovery is proposed (view %d): ending this member's waits",
+                     self.name, p.number)
+            self.on_interrupt()
 
     def _on_commit(self, msg: dict) -> None:
         with self.cond:

@@ -77,8 +77,9 @@ class Coordinator:
                      tuple(members), at_step, self.changes.door.address)
         self.active, self.ready = p, {}
         self.deadline = time.monotonic() + self.changes.timeout / 2
-        log.info("%s: proposes view %d at step %s: %s", self.changes.name, p.number,
-                 "now" if at_step is None else at_step, [str(m) for m in members])
+        log.info("%s: proposes view %d at step %s (lost: %s): %s", self.changes.name,
+                 p.number, "now" if at_step is None else at_step, sorted(lost),
+                 [str(m) for m in members])
         for m in members:
             self.changes.door.tell(m.door, "prepare", **p.to_wire())
 
@@ -92,6 +93,8 @@ class Coordinator:
                 self.propose(step + self.changes.margin)
 
     def on_recover(self, msg: dict) -> None:
+        log.info("%s: recovery asked by %s (lost: %s)", self.changes.name, msg.get("name"),
+                 msg.get("lost"))
         lost = msg.get("lost")
         lost = frozenset(x for x in lost if isinstance(x, str)) if isinstance(lost, list) \
             else frozenset()
@@ -144,13 +147,33 @@ class Coordinator:
                  view.describe(), source, step, receivers)
 
     def tick(self) -> None:
+        """Door thread: a proposal whose answers are late. A silent member is left out only
+        once this process counts it lost (its transport saw it die, or another member said
+        so); one that is merely slow is asked again, never dropped for slowness, or two
+        coordinators could commit two different views."""
         with self.changes.cond:
             p = self.active
             if p is None or time.monotonic() < self.deadline:
                 return
             silent = [m.name for m in p.members if m.name not in self.ready]
-            log.warning("%s: no answer to view %d's proposal from %s: proposing without them",
-                        self.changes.name, p.number, silent)
-            for name in silent:
+            lost = self.changes.known_lost() | self._joiners_silent(p, silent)
+            gone = [name for name in silent if name in lost]
+            if not gone:
+                self.deadline = time.monotonic() + self.changes.timeout / 4
+                log.info("%s: view %d's proposal waits for %s: asking again", self.changes.name,
+                         p.number, silent)
+                for m in p.members:
+                    if m.name in silent:
+                        self.changes.door.tell(m.door, "prepare", **p.to_wire())
+                return
+            log.warning("%s: no answer to view %d's proposal from %s, counted lost: "
+                        "proposing without them", self.changes.name, p.number, gone)
+            for name in gone:
                 self.pending.pop(name, None)
-            self.propose(p.at_step, frozenset(silent))
+            self.propose(p.at_step, frozenset(gone))
+
+    def _joiners_silent(self, p: Proposal, silent: list[str]) -> set:
+        """Joiners (not members of the current view) that did not answer: no transport of
+        ours watches them, so their silence past the deadline is all there is to go by."""
+        members = set(self.changes.view.names())
+        return {name for name in silent if name not in members}

@@ -163,8 +163,14 @@ class Door:
             self._drop(f"a malformed message ({len(frames)} frames)")
             return
         if message.get("job", "") != self.config.job_id:
-            self._drop(f"a message of job {message.get('job')!r} (this door is job "
-                       f"{self.config.job_id or '(unnamed)'!r})", key=message.get("from"))
+            theirs = message.get("job")
+            reason = (f"this door is job {self.config.job_id or '(unnamed)'!r}'s, the message "
+                      f"of job {theirs or '(unnamed)'!r}")
+            self._drop(f"a message of another job: {reason}", key=message.get("from"))
+            if message.get("kind") == "join" and isinstance(theirs, str):
+                # A joiner of another job hears why (in its own job's name, or its door
+                # would drop the answer too).
+                self._tell_as(theirs, message["from"], "refused", reason=reason)
             return
         handler = self._handlers.get(message.get("kind"))
         if handler is None:
@@ -202,8 +208,10 @@ class Door:
         """Send ``{kind, fields}`` to the door at ``address`` (any thread). False if it could
         not even be queued (the door is closing, or the connection's queue is full): the
         protocol's deadlines handle a message that is lost after that."""
-        message = dict(fields, v=DOOR_VERSION, kind=kind, job=self.config.job_id,
-                       **{"from": self.address})
+        return self._tell_as(self.config.job_id, address, kind, **fields)
+
+    def _tell_as(self, job: str, address: str, kind: str, **fields: Any) -> bool:
+        message = dict(fields, v=DOOR_VERSION, kind=kind, job=job, **{"from": self.address})
         raw = msgpack.packb(message, use_bin_type=True)
         with self._out_lock:
             if self._closing.is_set():

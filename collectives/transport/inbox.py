@@ -275,7 +275,8 @@ class Inbox:
         """True when get() would return at once."""
         with self._lock:
             box = self._boxes.get(key)
-            return bool(box and (box.items or box.error)) or key[0] in self._lost
+            return bool(box and (box.items or box.error)) or key[0] in self._lost \
+                or self._closed
 
     def wait_any(self, keys, deadline: float) -> Address | None:
         """The first of ``keys`` whose mailbox holds a message or an error, waiting (without

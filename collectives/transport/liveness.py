@@ -64,12 +64,19 @@ class Liveness:
                 reason = "the peer refused our cluster key (CURVE authentication failed)"
                 self._refusals.outbound(rank, reason)
                 self._inbox.mark_lost(rank, Lost(reason, kind="auth"))
-            elif kind in (zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL,
-                          zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL):
+            elif kind == zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL:
                 reason = ("security handshake failed (does every peer use the same cluster "
                           "key, or none?)")
                 self._refusals.outbound(rank, reason)
                 self._inbox.mark_lost(rank, Lost(reason, kind="auth"))
+            elif kind == zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL:
+                # The connection closed before the handshake ended: most often the peer died
+                # at that moment (a joiner killed as it starts); a foreign key shows so too,
+                # so say both, and count it a loss, not a configuration error.
+                reason = ("the connection closed during its handshake: the peer died, or it "
+                          "does not hold this group's cluster key")
+                self._refusals.outbound(rank, reason)
+                self._inbox.mark_lost(rank, Lost(reason))
 
     def declare_lost(self) -> None:
         """Mark lost every suspect whose grace has passed."""

@@ -346,6 +346,12 @@ class Transport:
             "held_peak": self.inbox.held_peak,
         }
 
+    def interrupt(self) -> None:
+        """End every wait at once (each raises PeerLost: this peer was closed), leaving the
+        sockets up, so aborts still go out: the membership replaces this transport by the
+        next view's (collectives/membership), and a member waiting here must answer."""
+        self.inbox.close()
+
     def close(self, timeout: float = defaults.CLOSE_TIMEOUT) -> None:
         """Say goodbye to connected peers, stop the I/O thread, close every socket with
         linger 0 and remove the ipc socket file. Idempotent; returns within about ``timeout``
