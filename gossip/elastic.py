@@ -37,6 +37,9 @@ def take_switch(peer: Any, switch: Any, policy: Any = None) -> int:
                 step, values = receive_state(peer, switch.source, policy._transfer_state(),
                                              policy.timeout)
                 policy._load_transferred(step, values)
+        if policy is not None:
+            # One step count in the new view (a time-varying graph's phase depends on it).
+            policy._step = switch.step
         peer.barrier()
     except PeerLost as exc:
         log.warning("rank %d: a member was lost while view %d settled (%s): leaving it out",

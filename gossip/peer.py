@@ -39,6 +39,7 @@ class Peer:
         self._view_callbacks: list[Any] = []
         if membership is not None:
             membership.changes.refusal = self._refusal
+            membership.changes.replicated = self._replicated
         # Traffic totals of the transports of earlier views (stats() adds them).
         self._earlier_totals = dict.fromkeys(
             ("bytes_sent", "bytes_received", "messages_sent", "messages_received", "dropped"), 0)
@@ -256,6 +257,22 @@ class Peer:
             return (f"the group runs policy {stuck[0]!r}, which does not follow membership "
                     "changes yet (synchronous, local-sgd and gossip do)")
         return None
+
+    def _replicated(self) -> bool:
+        return all(p.replicated_state for p in self.policies)
+
+    def changing_now(self) -> bool:
+        """True while a membership change that takes effect at once is proposed to this peer
+        (a recovery, a leave): a PeerLost meanwhile is that change, not a failure."""
+        return self._membership is not None and self._membership.changes.changing_now()
+
+    def leave(self) -> None:
+        """Leave the group for good, between steps: the others go on in a view without this
+        peer (at once: their operations in progress are ended and each policy takes the
+        change), then this peer closes."""
+        if self._membership is not None and not self._closed:
+            self._membership.changes.leave()
+        self.close()
 
     def at_boundary(self, policy: Any, step: int) -> bool:
         """Called by a policy after each step (``step`` completed): take a view change that

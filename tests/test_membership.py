@@ -359,3 +359,168 @@ def test_a_joiner_of_another_job_is_refused_naming_both(tmp_path):
     assert "'other-job'" in out and "(unnamed)" in out, out
     for world, number, steps, x0, spread in results:
         assert (world, number, spread) == (3, 0, 0.0)
+
+
+# ---------------------------------------------------------------- gossip, leaves, many joins
+def gossip_members(peer, workdir, size, leaver):
+    from gossip.policies import Gossip
+    if peer.rank == 0:
+        with open(os.path.join(workdir, "address.tmp"), "w") as f:
+            f.write(peer.settings.rendezvous)
+        os.replace(os.path.join(workdir, "address.tmp"), os.path.join(workdir, "address"))
+    first_rank = peer.rank
+    x = np.full(100, float(peer.rank))
+    policy = Gossip().attach(peer, [x])
+    while (policy.step < 60 or peer.world_size != size) and policy.step < 3000:
+        if first_rank == leaver and policy.step == 20:
+            peer.leave()
+            return "left"
+        policy.after_step()     # lr 0: pure averaging
+        time.sleep(0.003)
+    for _ in range(40):         # settle the consensus in the final view
+        policy.after_step()
+    return peer.world_size, peer.view.number, repr(policy.topology), float(x.mean())
+
+
+GOSSIP_JOINER = textwrap.dedent("""
+    import sys, time, numpy as np, gossip
+    from gossip.policies import Gossip
+    size = int(sys.argv[1])
+    peer = gossip.init(join=True, timeout=30)
+    x = np.zeros(100)
+    policy = Gossip().attach(peer, [x])          # takes one member's model
+    while (policy.step < 60 or peer.world_size != size) and policy.step < 3000:
+        policy.after_step()
+        time.sleep(0.003)
+    for _ in range(40):
+        policy.after_step()
+    print("JOINED", peer.world_size, repr(policy.topology), float(x.mean()), flush=True)
+    peer.close()
+""")
+
+
+def test_a_joiner_enters_a_gossip_ring_which_is_recomputed_over_the_view(tmp_path):
+    workdir, box = str(tmp_path), {}
+
+    def joiner():
+        address = wait_until(lambda: os.path.exists(os.path.join(workdir, "address"))
+                             and open(os.path.join(workdir, "address")).read(), 60,
+                             what="the address")
+        script = os.path.join(workdir, "gj.py")
+        with open(script, "w") as f:
+            f.write(GOSSIP_JOINER)
+        proc = subprocess.run([sys.executable, script, "4"], capture_output=True, text=True,
+                              timeout=120, env=_env(GOSSIP_RENDEZVOUS=address,
+                                                    GOSSIP_MEMBER_NAME="joiner"))
+        box["out"] = proc.stdout + proc.stderr
+
+    thread = threading.Thread(target=joiner)
+    thread.start()
+    try:
+        results = spawn(gossip_members, n=3, timeout=150, args=(workdir, 4, None),
+                        peer_timeout=PEER_TIMEOUT)
+    finally:
+        thread.join(150)
+    line = [ln for ln in box["out"].splitlines() if ln.startswith("JOINED")]
+    assert line, box["out"]
+    means = [float(line[0].split()[-1])] + [r[3] for r in results]
+    for world, number, topology, _ in results:
+        assert (world, number, topology) == (4, 1, "Ring(4)")
+    # Every round paired (no pattern error), and the four converge to one value.
+    assert max(means) - min(means) < 1e-6, means
+
+
+def test_a_member_leaves_a_gossip_ring_and_the_others_go_on_in_a_smaller_one():
+    results = spawn(gossip_members, n=4, timeout=150, args=("/tmp", 3, 3),
+                    peer_timeout=PEER_TIMEOUT)
+    assert results[3] == "left"
+    means = [r[3] for r in results[:3]]
+    for world, number, topology, _ in results[:3]:
+        assert (world, number, topology) == (3, 1, "Ring(3)")
+    assert max(means) - min(means) < 1e-6, means
+
+
+def synchronous_leaver(peer, leaver):
+    from gossip.policies import Synchronous
+    first_rank = peer.rank
+    x = np.arange(100, dtype=np.float64)
+    policy = Synchronous().attach(peer, [x])      # not elastic: a leave is no failure
+    while policy.step < 40:
+        if first_rank == leaver and policy.step == 10:
+            peer.leave()
+            return "left"
+        x += first_rank + 1.0
+        policy.after_step()
+    return peer.world_size, peer.view.number, policy.step, x.tobytes()
+
+
+def test_a_member_leaves_a_synchronous_group_which_goes_on_without_error():
+    results = spawn(synchronous_leaver, n=4, timeout=150, args=(1,),
+                    peer_timeout=PEER_TIMEOUT)
+    assert results[1] == "left"
+    rest = [results[0], results[2], results[3]]
+    for world, number, steps, _ in rest:
+        assert (world, number, steps) == (3, 1, 40)
+    assert rest[0][3] == rest[1][3] == rest[2][3]
+
+
+def test_two_processes_join_at_once(tmp_path):
+    workdir, outs = str(tmp_path), []
+
+    def joiner(name):
+        proc = _start_joiner(workdir, 5, name=name)
+        outs.append(proc.communicate(timeout=120)[0])
+
+    threads = [threading.Thread(target=joiner, args=(f"joiner{i}",)) for i in range(2)]
+    for t in threads:
+        t.start()
+    try:
+        results = spawn(members_until_joined, n=3, timeout=150, args=(workdir, 5),
+                        peer_timeout=PEER_TIMEOUT)
+    finally:
+        for t in threads:
+            t.join(150)
+    lines = [ln.split() for out in outs for ln in out.splitlines() if ln.startswith("JOINED")]
+    assert len(lines) == 2, outs
+    assert sorted(int(ln[1]) for ln in lines) == [3, 4]    # ranks 3 and 4 of the view
+    steps = {int(ln[5]) for ln in lines} | {r[2] for r in results}
+    assert len(steps) == 1                                  # all five stopped together
+    for world, _, member_steps, x0, spread in results:
+        assert world == 5 and x0 == float(member_steps) and spread == 0.0
+
+
+FLAPPING = textwrap.dedent("""
+    import os, signal, time, hashlib, numpy as np, gossip
+    from gossip.policies import Synchronous
+    peer = gossip.init(timeout=30)
+    incarnation = int(os.environ["GOSSIP_INCARNATION"])
+    x = np.arange(1000, dtype=np.float64)
+    policy = Synchronous(elastic=True).attach(peer, [x])
+    start = policy.step
+
+    def settled():   # the last incarnation of rank1 is back in the view
+        return any(m.name == "rank1" and m.incarnation == 5 for m in peer.view.members)
+
+    while (policy.step < 40 or not settled()) and policy.step < 5000:
+        if os.environ["RANK"] == "1" and incarnation < 5 and policy.step == start + 8:
+            os.kill(os.getpid(), signal.SIGKILL)
+        x += 1.0
+        policy.after_step()
+        time.sleep(0.002)
+    print("FINAL", peer.world_size, policy.step, hashlib.sha1(x.tobytes()).hexdigest(),
+          flush=True)
+    peer.close()
+""")
+
+
+def test_a_peer_killed_and_restarted_five_times_rejoins_each_time(tmp_path):
+    script = tmp_path / "flap.py"
+    script.write_text(FLAPPING)
+    run = subprocess.run([sys.executable, "-m", "gossip", "run", "-n", "3", "--max-restarts",
+                          "5", str(script)], env=_env(), capture_output=True, text=True,
+                         timeout=300)
+    out = run.stdout + run.stderr
+    assert run.returncode == 0, out[-5000:]
+    assert out.count("starting it again") == 5, out[-5000:]
+    finals = [line.split("FINAL ", 1)[1].split() for line in out.splitlines() if "FINAL " in line]
+    assert len(finals) == 3 and len({tuple(f) for f in finals}) == 1, finals

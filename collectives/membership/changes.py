@@ -71,7 +71,7 @@ class ViewChanges:
         # Members of the current view reported lost by others (a recovery request) or left
         # out for silence: this process counts them lost too, until the next view.
         self.reported_lost: set[str] = set()
-        for kind in ("prepare", "commit", "pending", "redirect", "refused"):
+        for kind in ("prepare", "commit", "pending", "redirect", "refused", "left"):
             door.on(kind, getattr(self, "_on_" + kind))
         # Why this process cannot take a view change now (None: it can): joiners are refused
         # with the reason. The peer sets it (an attached policy that cannot follow one).
@@ -80,6 +80,10 @@ class ViewChanges:
         # at a boundary (it may wait in an operation that never ends: on a dead joiner, or
         # on a member that already stopped): the peer ends its transport's waits.
         self.on_interrupt: Callable[[], None] = lambda: None
+        # Whether this member's state is meant to equal the others' (synchronous policies):
+        # then members that fell a step behind take the source's state too, else only
+        # joiners do (a gossip member's model is its own).
+        self.replicated: Callable[[], bool] = lambda: True
         self._stopped_now = False
         self.coordinating = Coordinator(self)
 
@@ -115,12 +119,22 @@ class ViewChanges:
             if c.pending and c.active is None and self.is_coordinator():
                 c.propose(step + self.margin)
             p = self._proposal
-        if p is None or p.at_step is None or step < p.at_step:
+        if p is None:
             return None
-        if step > p.at_step:   # the door thread told the coordinator; wait for its new plan
+        if p.at_step is None:   # a change under way at once (a recovery, a leave): answer
+            return self._stopped(step, recovering=True)
+        if step < p.at_step:
+            return None
+        if step > p.at_step:   # past the boundary: the coordinator names a later one
             self.door.tell(p.coordinator, "late", pid=p.pid, step=step)
-            return self._stopped(step)
         return self._stopped(step)
+
+    def changing_now(self) -> bool:
+        """True while a change that takes effect at once (a recovery, a leave) is proposed
+        to this member: an operation that failed meanwhile was ended for it, not by a
+        failure of the group."""
+        p = self._proposal
+        return p is not None and p.at_step is None
 
     def recover(self, step: int, lost: set) -> Switch:
         """Stop at once after a peer was lost mid-step; returns the recovery's switch. A
@@ -191,7 +205,8 @@ class ViewChanges:
             transport = self._make_transport(rank, len(p.members), p.number)
             entry = dict(transport.endpoints)
             self.door.tell(p.coordinator, "ready", pid=p.pid, name=self.name, entry=entry,
-                           step=step, lost=sorted(self.known_lost()))
+                           step=step, lost=sorted(self.known_lost()),
+                           replicated=bool(self.replicated()))
             answered = p.pid
 
     def _take(self, commit: dict, p: Proposal, transport: Any) -> Switch:
@@ -215,6 +230,31 @@ class ViewChanges:
             return p.coordinator
         c = self.coordinator()
         return c.door if c is not None else "(none)"
+
+    def leave(self) -> None:
+        """Leave the group: the coordinator proposes at once the view without this member,
+        which waits (at most the timeout) until that view is committed."""
+        deadline = time.monotonic() + self.timeout
+        while time.monotonic() < deadline:
+            c = self.coordinator()
+            others = [m for m in self.view.members if m.name != self.name
+                      and m.name not in self.known_lost()]
+            if c is None or not others:
+                return   # the last member: nobody to tell
+            self.door.tell(c.door, "leave", name=self.name)
+            wait_until = min(deadline, time.monotonic() + self.timeout / 4)
+            with self.cond:
+                while self._answer is None and time.monotonic() < wait_until:
+                    self.cond.wait(0.1)
+                answer, self._answer = self._answer, None
+            if answer is not None and answer["kind"] == "left":
+                log.info("%s: left the group (view %s goes on without it)", self.name,
+                         answer.get("number"))
+                return
+            if c.name != self.name:
+                self.reported_lost.add(c.name)   # silent: ask the next one
+        raise OperationTimeout(f"{self.name}: no coordinator confirmed its leave within "
+                               f"{self.timeout:g}s")
 
     # ------------------------------------------------------------------ joiner side
     def join(self, doors: list[str]) -> Switch:
@@ -252,7 +292,7 @@ class ViewChanges:
             self._answer = msg
             self.cond.notify_all()
 
-    _on_redirect = _on_refused = _on_pending
+    _on_redirect = _on_refused = _on_left = _on_pending
 
     # ------------------------------------------------------------------ door thread: all
     def _on_prepare(self, msg: dict) -> None:

@@ -27,8 +27,9 @@ class Coordinator:
         self.ready: dict[str, dict] = {}         # its members' answers
         self.deadline = 0.0
         self.counter = itertools.count(1)
+        self.leaving: dict[str, str] = {}        # name -> door of a member that leaves
         door = changes.door
-        for kind in ("join", "late", "ready", "recover"):
+        for kind in ("join", "late", "ready", "recover", "leave"):
             door.on(kind, getattr(self, "on_" + kind))
         door.every_poll(self.tick)
 
@@ -109,6 +110,18 @@ class Coordinator:
                 return   # the recovery under way already leaves those out
             self.propose(None, lost)
 
+    def on_leave(self, msg: dict) -> None:
+        name = msg.get("name")
+        with self.changes.cond:
+            view = self.changes.view
+            if view is None or not isinstance(name, str) or view.rank_of(name) is None:
+                return
+            if not self.changes.is_coordinator() and name != self.changes.name:
+                return   # the leaver asks the next one after a deadline
+            self.leaving[name] = msg["from"]
+            log.info("%s: %s leaves %s", self.changes.name, name, view.describe())
+            self.propose(None, frozenset({name}))
+
     def on_ready(self, msg: dict) -> None:
         with self.changes.cond:
             p = self.active
@@ -132,7 +145,8 @@ class Coordinator:
         steps = {r: self.ready[p.members[r].name]["step"] for r in ranks}
         source = max(olds, key=lambda r: (steps[r], -r)) if olds else 0
         step = steps[source]
-        receivers = [r for r in ranks if r not in olds or steps[r] != step]
+        replicated = all(self.ready[m.name].get("replicated", True) for m in p.members)
+        receivers = [r for r in ranks if r not in olds or replicated and steps[r] != step]
         view = View(self.changes.view.job_id, p.number, p.members,
                     step if p.at_step is None else p.at_step)
         table = {str(r): self.ready[p.members[r].name]["entry"] for r in ranks}
@@ -142,6 +156,10 @@ class Coordinator:
             self.changes.door.tell(m.door, "commit", **commit)
         for m in p.members:
             self.pending.pop(m.name, None)
+        for name, door in list(self.leaving.items()):
+            if name not in {m.name for m in p.members}:
+                self.changes.door.tell(door, "left", number=p.number)
+                del self.leaving[name]
         self.active = None
         log.info("%s: committed %s (state from rank %d at step %d to ranks %s)", self.changes.name,
                  view.describe(), source, step, receivers)

@@ -32,13 +32,17 @@ class MembershipHooks:
     #: Whether the policy follows a view change (a join, a restart, an elastic recovery).
     #: Those that do not yet make the group refuse joiners while they are attached.
     follows_view_changes: ClassVar[bool] = True
+    #: Whether the replicas are meant to hold the same state (synchronous policies): after
+    #: a recovery, members a step behind then take the source's state too.
+    replicated_state: ClassVar[bool] = True
 
     def _recover(self, exc: PeerLost) -> None:
         """A peer was lost mid-step: without ``elastic``, that is the step's error; with it,
         agree with the survivors on the next view and go on from the state of the survivor
         that completed most steps (the same on every survivor), below ``min_peers`` raise."""
-        if not self.elastic:
-            raise exc
+        changing = getattr(self._peer, "changing_now", lambda: False)()
+        if not self.elastic and not changing:
+            raise exc   # a failure of the group; a planned change (a leave) any policy takes
         log.warning("rank %d: %s lost a peer in step %d (%s): re-forming the group",
                     self._peer.rank, self.name, self._step, exc)
         self._step = self._peer.recover(self, self._step)
