@@ -210,7 +210,10 @@ class Peer:
         for name, value in self._earlier_totals.items():
             stats[name] += value
         if self._membership is not None:
+            door = self._membership.door
             stats["view"] = self._membership.view.number if self._membership.view else None
+            stats["door"] = {"dropped": door.dropped,
+                             "handshakes_refused": dict(door.refusals.by_reason)}
         return stats
 
     def register_policy(self, policy: Any) -> None:

@@ -282,7 +282,9 @@ def members_until_view(peer, workdir, view_number, steps):
         done[0] = peer.rank == 0 and os.path.exists(os.path.join(workdir, "done"))
         peer.allreduce(done, op="max")
         time.sleep(0.005)
-    return peer.world_size, peer.view.number, policy.step, float(x[0]), float(np.ptp(x))
+    refused = peer.stats()["door"]["handshakes_refused"].get("inbound", 0)
+    return peer.world_size, peer.view.number, policy.step, float(x[0]), float(np.ptp(x)), \
+        refused
 
 
 BAD_JOINER = textwrap.dedent("""
@@ -290,7 +292,7 @@ BAD_JOINER = textwrap.dedent("""
     from gossip.policies import Synchronous
     how = sys.argv[1]
     try:
-        peer = gossip.init(join=True, timeout=20)
+        peer = gossip.init(join=True, timeout=float(os.environ.get("JOIN_TIMEOUT", "20")))
     except gossip.GossipError as exc:
         print("REFUSED", type(exc).__name__, exc, flush=True)
         sys.exit(3)
@@ -312,7 +314,7 @@ def _bad_joiner(workdir, how, **env):
     with open(script, "w") as f:
         f.write(BAD_JOINER)
     try:
-        proc = subprocess.run([sys.executable, script, how], capture_output=True, text=True,
+            proc = subprocess.run([sys.executable, script, how], capture_output=True, text=True,
                               timeout=120, env=_env(GOSSIP_RENDEZVOUS=address,
                                                     GOSSIP_MEMBER_NAME="stranger", **env))
     finally:
@@ -320,13 +322,14 @@ def _bad_joiner(workdir, how, **env):
     return proc.returncode, proc.stdout + proc.stderr
 
 
-def _with_bad_joiner(tmp_path, how, view_number, **env):
+def _with_bad_joiner(tmp_path, how, view_number, key=None, **env):
     workdir, box = str(tmp_path), {}
     thread = threading.Thread(target=lambda: box.update(out=_bad_joiner(workdir, how, **env)))
     thread.start()
     try:
         results = spawn(members_until_view, n=3, timeout=150,
-                        args=(workdir, view_number, 40), peer_timeout=PEER_TIMEOUT)
+                        args=(workdir, view_number, 40), peer_timeout=PEER_TIMEOUT,
+                        **({"key": key} if key else {}))
     finally:
         thread.join(150)
     return results, box["out"]
@@ -337,7 +340,7 @@ def test_a_joiner_with_another_model_is_refused_naming_the_tensor_and_the_group_
     results, (code, out) = _with_bad_joiner(tmp_path, "mismatch", view_number=2)
     assert code == 4 and "MISMATCH" in out, out
     assert "'bucket0'" in out and "(1000,)" in out and "(999,)" in out, out
-    for world, number, steps, x0, spread in results:
+    for world, number, steps, x0, spread, _ in results:
         # Admitted (view 1), then left out again at once (view 2): the members' own state
         # never changed, and they agree to the last bit.
         assert (world, number, spread) == (3, 2, 0.0)
@@ -347,7 +350,7 @@ def test_a_joiner_with_another_model_is_refused_naming_the_tensor_and_the_group_
 def test_a_joiner_that_dies_before_taking_the_state_leaves_the_group_as_it_was(tmp_path):
     results, (code, out) = _with_bad_joiner(tmp_path, "die", view_number=2)
     assert code == -signal.SIGKILL, out
-    for world, number, steps, x0, spread in results:
+    for world, number, steps, x0, spread, _ in results:
         assert (world, number, spread) == (3, 2, 0.0)
         assert x0 == float(steps)
 
@@ -357,7 +360,7 @@ def test_a_joiner_of_another_job_is_refused_naming_both(tmp_path):
                                             GOSSIP_JOB_ID="other-job")
     assert code == 3 and "REFUSED" in out, out
     assert "'other-job'" in out and "(unnamed)" in out, out
-    for world, number, steps, x0, spread in results:
+    for world, number, steps, x0, spread, _ in results:
         assert (world, number, spread) == (3, 0, 0.0)
 
 
@@ -524,3 +527,22 @@ def test_a_peer_killed_and_restarted_five_times_rejoins_each_time(tmp_path):
     assert out.count("starting it again") == 5, out[-5000:]
     finals = [line.split("FINAL ", 1)[1].split() for line in out.splitlines() if "FINAL " in line]
     assert len(finals) == 3 and len({tuple(f) for f in finals}) == 1, finals
+
+
+def test_only_holders_of_the_cluster_key_can_join(tmp_path):
+    from collectives.security import write_cluster_key
+    key = str(tmp_path / "cluster.key")
+    write_cluster_key(key)
+    (tmp_path / "without").mkdir()
+    (tmp_path / "with").mkdir()
+    # Without the key: no answer at all (the CURVE handshake fails), logged by the door.
+    results, (code, out) = _with_bad_joiner(tmp_path / "without", "mismatch", view_number=0,
+                                            key=key, JOIN_TIMEOUT="8")
+    assert code == 3 and "no member admitted it" in out and "cluster key" in out, out
+    assert sum(r[5] for r in results) >= 1          # a member's door logged the refusal
+    for world, number, steps, x0, spread, _ in results:
+        assert (world, number, spread) == (3, 0, 0.0)
+    # With it: admitted (and then refused the state: the model has another size).
+    results, (code, out) = _with_bad_joiner(tmp_path / "with", "mismatch", view_number=2,
+                                            key=key, GOSSIP_KEY=key)
+    assert code == 4 and "MISMATCH" in out, out

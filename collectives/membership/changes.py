@@ -285,7 +285,9 @@ class ViewChanges:
             if time.monotonic() >= deadline:
                 break
         raise RendezvousError(f"{self.name}: no member admitted it within {self.timeout:g}s "
-                              f"(asked {', '.join(tried) or 'nobody'})")
+                              f"(asked {', '.join(tried) or 'nobody'}; is the job running "
+                              "there? A process without the group's cluster key gets no "
+                              "answer at all)")
 
     def _on_pending(self, msg: dict) -> None:
         with self.cond:

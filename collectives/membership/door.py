@@ -28,6 +28,7 @@ import zmq
 from collectives.config import TransportConfig
 from collectives.rendezvous import bind_address
 from collectives.security import ZapHandler
+from collectives.transport.refusals import Refusals
 
 __all__ = ["Door", "DOOR_VERSION", "MAX_DOOR_MESSAGE"]
 
@@ -46,12 +47,16 @@ class Door:
         self.config = config
         self.who = who  # for log lines: "rank 3" or "joiner rank3#2"
         self._context = zmq.Context()
-        self._zap = ZapHandler(self._context, config.key) if config.key is not None else None
         self._router = self._context.socket(zmq.ROUTER)
         self._router.linger = 0
         self._router.maxmsgsize = MAX_DOOR_MESSAGE
         if config.key is not None:
             config.key.apply_server(self._router)
+        # A joiner without the cluster key is refused in the handshake, before any message:
+        # the monitor is how the members log it (as the data sockets' refusals.py does).
+        self.refusals = Refusals(f"{who}'s door", self._router)
+        self._zap = (ZapHandler(self._context, config.key, on_denied=self.refusals.zap_denied)
+                     if config.key is not None else None)
         lo, hi = config.data_ports
         host = config.advertise_host or config.bind_host
         if host in ("0.0.0.0", "*"):
@@ -105,6 +110,7 @@ class Door:
     def _serve(self) -> None:
         poller = zmq.Poller()
         poller.register(self._router, zmq.POLLIN)
+        poller.register(self.refusals.monitor, zmq.POLLIN)
         if self._zap is not None:
             poller.register(self._zap.socket, zmq.POLLIN)
         while not self._closing.is_set():
@@ -120,6 +126,8 @@ class Door:
                 return
             if self._zap is not None and self._zap.socket in events:
                 self._zap.handle()
+            if self.refusals.monitor in events:
+                self.refusals.on_events()
             if self._router not in events:
                 continue
             while True:
@@ -268,6 +276,7 @@ class Door:
         self._thread.join(2.0)
         for sock in out:
             sock.close(linger=200)
+        self.refusals.close()
         self._router.close(linger=0)
         if self._zap is not None:
             self._zap.close()

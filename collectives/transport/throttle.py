@@ -20,8 +20,10 @@ class ThrottledLog:
     one event in the log ("dropped a message"), ``many`` starts a summary line
     ("dropped messages:", then "N more in 10s")."""
 
-    def __init__(self, rank: int, what: str, many: str) -> None:
+    def __init__(self, rank: int | str, what: str, many: str) -> None:
         self.rank = rank
+        # Who logs: a peer's rank, or another name (a membership door's: its member).
+        self._who = f"rank {rank}" if isinstance(rank, int) else str(rank)
         self.count = 0
         self.by_reason: dict[str, int] = {}
         self._what, self._many = what, many
@@ -32,7 +34,7 @@ class ThrottledLog:
         self.count += 1
         self.by_reason[reason] = self.by_reason.get(reason, 0) + 1
         if self.count <= defaults.MAX_LOGGED_DROPS:
-            log.warning("rank %d: %s (%s): %s%s", self.rank, self._what, reason, detail,
+            log.warning("%s: %s (%s): %s%s", self._who, self._what, reason, detail,
                         "; further ones are summarised every %gs"
                         % defaults.DROP_SUMMARY_INTERVAL
                         if self.count == defaults.MAX_LOGGED_DROPS else "")
@@ -41,7 +43,7 @@ class ThrottledLog:
         when, count = self._logged_at
         now = time.monotonic()
         if now - when >= defaults.DROP_SUMMARY_INTERVAL:
-            log.warning("rank %d: %s %d more in %.0fs (by reason so far: %s); latest (%s): %s",
-                        self.rank, self._many, self.count - count, now - when, self.by_reason,
+            log.warning("%s: %s %d more in %.0fs (by reason so far: %s); latest (%s): %s",
+                        self._who, self._many, self.count - count, now - when, self.by_reason,
                         reason, detail)
             self._logged_at = (now, self.count)
