@@ -1,0 +1,148 @@
+#!/usr/bin/env python3
+"""How long a process that joins a running group takes to count: from its start to its first
+step, split into start-up (Python and ``import gossip``), admission (the view change) and the
+state transfer, against the point-to-point bandwidth measured in the same run.
+
+Usage:
+  python benchmarks/elastic.py [-n 4] [--sizes 4M,64M,256M] [--repeats 3] [--json rows.jsonl]
+
+``n - 1`` members train ``Synchronous`` on float32 parameters of each size (numpy: an
+allreduce of the parameters per step, every step a few milliseconds apart); a new process
+then joins with ``gossip.init(join=True)``. The joiner stamps: its start (first line of the
+script), ``init()`` returned (admitted: it has a rank in the new view), ``attach()`` returned
+(it holds the state, verified by digest) and its first ``after_step()``. Before the join, rank
+0 sends rank 1 the same bytes point to point (``peer.send``, 3 times, median): the bandwidth
+the transfer is compared with. Medians over ``--repeats``. On this 2-core machine the
+members and the joiner contend for the cores: compare within a run.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import textwrap
+import threading
+import time
+
+import numpy as np
+
+from gossip.testing import spawn, wait_until
+
+JOINER = textwrap.dedent("""
+    import time
+    t0 = time.time()
+    import json, sys, numpy as np
+    import gossip
+    from gossip.policies import Synchronous
+    t_import = time.time()
+    peer = gossip.init(join=True, timeout=120)
+    t_admitted = time.time()
+    x = np.zeros(int(sys.argv[1]), dtype=np.float32)
+    policy = Synchronous().attach(peer, [x])
+    t_state = time.time()
+    policy.after_step()
+    t_step = time.time()
+    print("ROW", json.dumps({"start": t_import - t0, "admission": t_admitted - t_import,
+                             "transfer": t_state - t_admitted, "first_step": t_step - t_state,
+                             "total": t_step - t0, "view": peer.view.number}), flush=True)
+    peer.close()
+""")
+
+
+def member(peer, workdir: str, count: int):
+    from gossip.policies import Synchronous
+    x = np.ones(count, dtype=np.float32)
+    bandwidth = []
+    if peer.world_size > 1:   # the point-to-point rate of these bytes, here and now
+        buf = np.empty_like(x)
+        for _ in range(3):
+            peer.barrier()
+            t = time.perf_counter()
+            if peer.rank == 0:
+                peer.send(1, x)
+                peer.recv(1, out=buf[:1])
+            elif peer.rank == 1:
+                peer.recv(0, out=buf)
+                peer.send(0, buf[:1])
+            bandwidth.append(x.nbytes / (time.perf_counter() - t))
+    policy = Synchronous().attach(peer, [x])
+    if peer.rank == 0:
+        with open(os.path.join(workdir, "address.tmp"), "w") as f:
+            f.write(peer.settings.rendezvous)
+        os.replace(os.path.join(workdir, "address.tmp"), os.path.join(workdir, "address"))
+    n0 = peer.world_size
+    while peer.world_size == n0 and policy.step < 100_000:
+        policy.after_step()
+        time.sleep(0.002)
+    policy.after_step()   # the joiner's first step
+    return statistics.median(bandwidth) if bandwidth else 0.0
+
+
+def run_once(n: int, nbytes: int) -> dict:
+    count = nbytes // 4
+    workdir = tempfile.mkdtemp(prefix="gossip-elastic-")
+    out: dict = {}
+
+    def joiner() -> None:
+        address = wait_until(lambda: os.path.exists(os.path.join(workdir, "address"))
+                             and open(os.path.join(workdir, "address")).read(), 300,
+                             what="the members' address")
+        script = os.path.join(workdir, "joiner.py")
+        with open(script, "w") as f:
+            f.write(JOINER)
+        env = dict(os.environ, GOSSIP_RENDEZVOUS=address, GOSSIP_MEMBER_NAME="joiner")
+        proc = subprocess.run([sys.executable, script, str(count)],
+                              capture_output=True, text=True, env=env, timeout=600)
+        out["text"] = proc.stdout + proc.stderr
+
+    thread = threading.Thread(target=joiner)
+    thread.start()
+    try:
+        results = spawn(member, n=n - 1, timeout=900, args=(workdir, count),
+                        peer_timeout=300)
+    finally:
+        thread.join(600)
+    rows = [line[4:] for line in out.get("text", "").splitlines() if line.startswith("ROW ")]
+    if not rows:
+        raise RuntimeError(f"the joiner reported nothing:\n{out.get('text', '')[-3000:]}")
+    row = json.loads(rows[0])
+    row.update(bytes=nbytes, n=n, p2p_GBps=results[0] / 1e9,
+               transfer_GBps=nbytes / row["transfer"] / 1e9 if row["transfer"] > 0 else 0.0)
+    row["transfer_vs_p2p"] = row["transfer_GBps"] / row["p2p_GBps"] if row["p2p_GBps"] else 0.0
+    return row
+
+
+def _size(text: str) -> int:
+    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+    text = text.strip().upper()
+    return int(float(text[:-1]) * units[text[-1]]) if text[-1] in units else int(text)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("-n", type=int, default=4, help="group size after the join")
+    parser.add_argument("--sizes", default="4M,64M,256M")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--json", default=None, help="append every row to this file")
+    args = parser.parse_args(argv)
+    print(f"{'bytes':>10} {'start s':>8} {'admit s':>8} {'state s':>8} {'1st step s':>10} "
+          f"{'total s':>8} {'state GB/s':>10} {'p2p GB/s':>9} {'ratio':>6}")
+    for size in args.sizes.split(","):
+        rows = [run_once(args.n, _size(size)) for _ in range(args.repeats)]
+        med = {k: statistics.median(r[k] for r in rows) for k in rows[0] if k != "view"}
+        print(f"{size:>10} {med['start']:8.2f} {med['admission']:8.2f} {med['transfer']:8.2f} "
+              f"{med['first_step']:10.3f} {med['total']:8.2f} {med['transfer_GBps']:10.2f} "
+              f"{med['p2p_GBps']:9.2f} {med['transfer_vs_p2p']:6.2f}", flush=True)
+        if args.json:
+            with open(args.json, "a") as f:
+                for r in rows:
+                    f.write(json.dumps(r) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
