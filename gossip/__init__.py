@@ -15,12 +15,13 @@ from gossip.peer import Peer
 from gossip.runtime import init
 from gossip import policies
 from gossip.optim import DistributedOptimizer, broadcast_parameters
+from gossip.sampler import ElasticSampler
 
 __version__ = "0.1.0"
 
 __all__ = [
     "init", "Peer",
-    "policies", "DistributedOptimizer", "broadcast_parameters",
+    "policies", "DistributedOptimizer", "broadcast_parameters", "ElasticSampler",
     "GossipError", "PeerLost", "OperationTimeout", "RendezvousError", "ProtocolError",
     "AuthenticationError", "TopologyError", "ExchangeIncomplete",
     "__version__",

@@ -37,6 +37,9 @@ class Peer:
         # A joiner's admission: the state it takes when its policy attaches.
         self._joined = joined
         self._view_callbacks: list[Any] = []
+        # Objects whose state_dict() travels with the state a joiner takes (an
+        # ElasticSampler's cursor): name -> object.
+        self.tracked_state: dict[str, Any] = {}
         if membership is not None:
             membership.changes.refusal = self._refusal
             membership.changes.replicated = self._replicated
@@ -248,6 +251,11 @@ class Peer:
         """True from a join until the state of the running job arrived (at the first
         policy's attach): broadcast_parameters and a policy's start broadcast are skipped."""
         return self._joined is not None
+
+    def track_state(self, name: str, obj: Any) -> None:
+        """Send ``obj.state_dict()`` (plain values) with the state a joiner (or a member a
+        step behind) takes, and load it there with ``obj.load_state_dict``."""
+        self.tracked_state[name] = obj
 
     def on_view_change(self, callback: Any) -> None:
         """Call ``callback(view)`` after every view change, in the thread that took it."""

@@ -51,7 +51,8 @@ def send_state(peer: Any, state: TransferState, receivers: list[int], step: int,
                timeout: float) -> None:
     """Send ``state`` to each of ``receivers`` (ranks of the peer's current view)."""
     comm = peer.channel(PeerChannel.MEMBERSHIP)
-    manifest = {"step": step, "values": state.values,
+    tracked = {name: obj.state_dict() for name, obj in peer.tracked_state.items()}
+    manifest = {"step": step, "values": state.values, "tracked": tracked,
                 "arrays": [[name, a.dtype.str, list(a.shape), digest_of(a)]
                            for name, a in state.arrays.items()]}
     raw = np.frombuffer(msgpack.packb(manifest, use_bin_type=True), dtype=np.uint8).copy()
@@ -96,4 +97,8 @@ def receive_state(peer: Any, source: int, mine: TransferState,
         if digest_of(a) != digest:
             raise ProtocolError(f"rank {peer.rank}: {name!r} from rank {source} does not "
                                 "match its digest: corrupted in transfer")
+    tracked = manifest.get("tracked") or {}
+    for name, obj in peer.tracked_state.items():
+        if name in tracked:
+            obj.load_state_dict(tracked[name])
     return step, manifest.get("values", {})

@@ -546,3 +546,82 @@ def test_only_holders_of_the_cluster_key_can_join(tmp_path):
     results, (code, out) = _with_bad_joiner(tmp_path / "with", "mismatch", view_number=2,
                                             key=key, GOSSIP_KEY=key)
     assert code == 4 and "MISMATCH" in out, out
+
+
+# ---------------------------------------------------------------- the elastic sampler
+def sampled_epochs(peer, workdir, length, size):
+    import gossip
+    from gossip.policies import Synchronous
+    if peer.rank == 0:
+        with open(os.path.join(workdir, "address.tmp"), "w") as f:
+            f.write(peer.settings.rendezvous)
+        os.replace(os.path.join(workdir, "address.tmp"), os.path.join(workdir, "address"))
+    sampler = gossip.ElasticSampler(length, batch_size=4, peer=peer, seed=7)
+    x = np.zeros(10)
+    policy = Synchronous().attach(peer, [x])
+    seen = []
+    epoch = 0
+    while True:
+        sampler.set_epoch(epoch)
+        for batch in sampler:
+            seen.append((epoch, batch))
+            policy.after_step()
+            time.sleep(0.004)
+        if peer.world_size == size or epoch > 50:
+            return seen, peer.world_size
+        epoch += 1
+
+
+SAMPLING_JOINER = textwrap.dedent("""
+    import json, sys, numpy as np, gossip
+    from gossip.policies import Synchronous
+    peer = gossip.init(join=True, timeout=30)
+    sampler = gossip.ElasticSampler(int(sys.argv[1]), batch_size=4, peer=peer, seed=7)
+    policy = Synchronous().attach(peer, [np.zeros(10)])   # takes the cursor too
+    seen, epoch = [], sampler.epoch
+    sampler.set_epoch(epoch)                                # the epoch in progress
+    for batch in sampler:
+        seen.append([epoch, batch])
+        policy.after_step()
+    print("SEEN", json.dumps(seen), flush=True)
+    peer.close()
+""")
+
+
+def test_no_sample_is_seen_twice_or_skipped_in_an_epoch_a_peer_joined_in(tmp_path):
+    import json
+    workdir, box, length = str(tmp_path), {}, 4000
+
+    def joiner():
+        address = wait_until(lambda: os.path.exists(os.path.join(workdir, "address"))
+                             and open(os.path.join(workdir, "address")).read(), 60,
+                             what="the address")
+        script = os.path.join(workdir, "sj.py")
+        with open(script, "w") as f:
+            f.write(SAMPLING_JOINER)
+        proc = subprocess.run([sys.executable, script, str(length)], capture_output=True,
+                              text=True, timeout=120,
+                              env=_env(GOSSIP_RENDEZVOUS=address, GOSSIP_MEMBER_NAME="late"))
+        box["out"] = proc.stdout + proc.stderr
+
+    thread = threading.Thread(target=joiner)
+    thread.start()
+    try:
+        results = spawn(sampled_epochs, n=3, timeout=150, args=(workdir, length, 4),
+                        peer_timeout=PEER_TIMEOUT)
+    finally:
+        thread.join(150)
+    line = [ln for ln in box["out"].splitlines() if ln.startswith("SEEN ")]
+    assert line, box["out"]
+    joiner_seen = json.loads(line[0][5:])
+    last = max(epoch for r in results for epoch, _ in r[0])   # the joiner's epoch
+    assert all(epoch == last for epoch, _ in joiner_seen)
+    assert all(world == 4 for _, world in results)
+    by_epoch: dict[int, list[int]] = {}
+    for seen in [r[0] for r in results] + [joiner_seen]:
+        for epoch, batch in seen:
+            by_epoch.setdefault(epoch, []).extend(batch)
+    assert sorted(by_epoch) == list(range(last + 1))
+    for epoch, indices in by_epoch.items():
+        assert sorted(indices) == list(range(length)), (epoch, len(indices),
+                                                         len(set(indices)))
