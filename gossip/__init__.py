@@ -16,6 +16,9 @@ from gossip.runtime import init
 from gossip import policies
 from gossip.optim import DistributedOptimizer, broadcast_parameters
 from gossip.sampler import ElasticSampler
+from gossip.errors import SnapshotCorrupt, SnapshotError, SnapshotMismatch
+from gossip.snapshot import Snapshot, SnapshotReceiver
+from gossip.checkpoint import load_checkpoint, save_checkpoint
 
 __version__ = "0.1.0"
 
@@ -24,6 +27,8 @@ __all__ = [
     "policies", "DistributedOptimizer", "broadcast_parameters", "ElasticSampler",
     "GossipError", "PeerLost", "OperationTimeout", "RendezvousError", "ProtocolError",
     "AuthenticationError", "TopologyError", "ExchangeIncomplete",
+    "Snapshot", "SnapshotReceiver", "save_checkpoint", "load_checkpoint",
+    "SnapshotError", "SnapshotMismatch", "SnapshotCorrupt",
     "__version__",
 ]
 

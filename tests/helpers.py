@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
-__all__ = ["publish", "read", "batch_plan"]
+__all__ = ["publish", "read", "batch_plan", "mlp", "regression_batch", "train"]
 
 
 def publish(path: Path, text: str) -> None:
@@ -36,3 +36,32 @@ def batch_plan(n: int, n_train: int, epochs: int, batch: int) -> list[list[np.nd
         for k in range(steps):
             plan.append([o[k * batch:(k + 1) * batch] for o in orders])
     return plan
+
+
+def mlp(seed: int, sizes=(20, 32, 5)):
+    """A small tanh MLP with weights drawn from ``seed`` (torch imported here: the other
+    helpers serve numpy-only tests)."""
+    import torch
+    torch.manual_seed(seed)
+    layers = []
+    for a, b in zip(sizes[:-1], sizes[1:]):
+        layers += [torch.nn.Linear(a, b), torch.nn.Tanh()]
+    return torch.nn.Sequential(*layers[:-1])
+
+
+def regression_batch(rank: int, step: int):
+    """Peer ``rank``'s batch of step ``step``: the same on every run (a deterministic loop)."""
+    import torch
+    g = torch.Generator().manual_seed(1000 * rank + step)
+    x = torch.randn(16, 20, generator=g)
+    return x, x[:, :5].sin() + 0.1 * torch.randn(16, 5, generator=g)
+
+
+def train(model, opt, rank: int, steps) -> None:
+    """MSE steps on regression_batch(rank, t) for t in ``steps`` (an int: range(steps))."""
+    import torch
+    for t in range(steps) if isinstance(steps, int) else steps:
+        x, y = regression_batch(rank, t)
+        opt.zero_grad()
+        torch.nn.functional.mse_loss(model(x), y).backward()
+        opt.step()

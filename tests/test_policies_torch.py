@@ -15,17 +15,9 @@ import pytest
 
 import gossip
 from gossip.testing import spawn
-from helpers import batch_plan
+from helpers import batch_plan, mlp, regression_batch, train
 
 torch = pytest.importorskip("torch")
-
-
-def mlp(seed: int, sizes=(20, 32, 5)):
-    torch.manual_seed(seed)
-    layers = []
-    for a, b in zip(sizes[:-1], sizes[1:]):
-        layers += [torch.nn.Linear(a, b), torch.nn.Tanh()]
-    return torch.nn.Sequential(*layers[:-1])
 
 
 def digest(model) -> str:
@@ -33,20 +25,6 @@ def digest(model) -> str:
     for p in model.parameters():
         h.update(p.detach().numpy().tobytes())
     return h.hexdigest()
-
-
-def regression_batch(rank: int, step: int):
-    g = torch.Generator().manual_seed(1000 * rank + step)
-    x = torch.randn(16, 20, generator=g)
-    return x, x[:, :5].sin() + 0.1 * torch.randn(16, 5, generator=g)
-
-
-def train(model, opt, rank, steps):
-    for t in range(steps):
-        x, y = regression_batch(rank, t)
-        opt.zero_grad()
-        torch.nn.functional.mse_loss(model(x), y).backward()
-        opt.step()
 
 
 # ---------------------------------------------------------------------------- synchronous

@@ -69,6 +69,9 @@ class Policy(PolicyStats, MembershipHooks, abc.ABC):
     name: ClassVar[str] = "policy"
     #: True if the policy averages gradients, so torch gradients are packed into buckets too.
     uses_gradients: ClassVar[bool] = False
+    #: True if every replica holds the same bytes after each step, so one peer's checkpoint
+    #: serves them all (gossip.save_checkpoint then has rank 0 write alone).
+    identical_replicas: ClassVar[bool] = False
 
     #: What ``topology=None`` stands for (neighborhood.PEER_TOPOLOGY or
     #: ONE_PEER_EXPONENTIAL); None: the policy runs on no graph (allreduce policies).

@@ -50,6 +50,7 @@ class Synchronous(Policy):
 
     name = "synchronous"
     uses_gradients = True
+    identical_replicas = True
     # The averaged gradients/parameters are the same bytes everywhere: judged after the
     # allreduce, every replica skips the same steps.
     _guard_after_communication = True

@@ -1,0 +1,144 @@
+"""The receiving end of a snapshot sent in chunks: arrays allocated from a manifest, byte
+ranges written as they come (from one donor or several, in any order, overlaps allowed),
+what is still missing, and a check of every array's digest at the end.
+
+    receiver = SnapshotReceiver(donor_manifest)
+    for offset, length in receiver.missing():        # e.g. split over several donors
+        receiver.write(offset, donor.read(offset, length))
+    snapshot = receiver.finish()                     # SnapshotCorrupt names a bad tensor
+"""
+from __future__ import annotations
+
+import bisect
+import threading
+from typing import Any
+
+from gossip.errors import SnapshotError
+from gossip.snapshot import manifest as mf
+from gossip.snapshot.arrays import allocate, byte_view, digests_of, verify
+from gossip.snapshot.layout import Layout
+from gossip.snapshot.snapshot import Snapshot
+
+__all__ = ["SnapshotReceiver"]
+
+
+class _Ranges:
+    """Disjoint, sorted, merged [start, end) byte ranges."""
+
+    def __init__(self) -> None:
+        self.starts: list[int] = []
+        self.ends: list[int] = []
+
+    def add(self, lo: int, hi: int) -> None:
+        if lo >= hi:
+            return
+        # Every range that overlaps or touches [lo, hi) merges with it.
+        i = bisect.bisect_left(self.ends, lo)
+        j = bisect.bisect_right(self.starts, hi)
+        if i < j:
+            lo, hi = min(lo, self.starts[i]), max(hi, self.ends[j - 1])
+        self.starts[i:j], self.ends[i:j] = [lo], [hi]
+
+    def remove(self, lo: int, hi: int) -> None:
+        i = bisect.bisect_right(self.ends, lo)
+        j = bisect.bisect_left(self.starts, hi)
+        keep_s, keep_e = [], []
+        if i < j and self.starts[i] < lo:
+            keep_s.append(self.starts[i])
+            keep_e.append(lo)
+        if i < j and self.ends[j - 1] > hi:
+            keep_s.append(hi)
+            keep_e.append(self.ends[j - 1])
+        self.starts[i:j], self.ends[i:j] = keep_s, keep_e
+
+    def gaps(self, total: int) -> list[tuple[int, int]]:
+        out, at = [], 0
+        for s, e in zip(self.starts, self.ends):
+            if s > at:
+                out.append((at, s - at))
+            at = e
+        if at < total:
+            out.append((at, total - at))
+        return out
+
+
+class SnapshotReceiver:
+    """Assemble the snapshot ``manifest`` describes from byte ranges of its flat space
+    (Snapshot.layout(); the receiver's own ``layout`` is the same, computed from the
+    manifest). The manifest is checked before anything is allocated (it may come from
+    another peer); the arrays are allocated once and written in place.
+
+    ``write`` may be called from several threads (one per donor). ``finish()`` checks every
+    array's digest and returns the Snapshot; a corrupted array raises SnapshotCorrupt naming
+    the first, and every corrupted array's range counts as missing again, so the caller can
+    fetch it from another donor and call finish() again.
+    """
+
+    def __init__(self, manifest: dict) -> None:
+        self._specs, self._digests, self._parts = mf.parse(manifest)
+        self._digest = mf.digest(manifest)
+        self._layout = Layout.of([s.name for s in self._specs],
+                                 [s.nbytes for s in self._specs])
+        self._arrays = [allocate(s) for s in self._specs]
+        self._views = [byte_view(a) for a in self._arrays]
+        self._have = _Ranges()
+        self._lock = threading.Lock()
+        self._finished = False
+
+    @property
+    def layout(self) -> Layout:
+        """Where each array lies in the flat byte space (``total`` bytes in all)."""
+        return self._layout
+
+    @property
+    def digest(self) -> str:
+        """The snapshot's digest, from the manifest: compare it with the donors'."""
+        return self._digest
+
+    def write(self, offset: int, data: Any) -> None:
+        """Copy ``data`` (bytes, a memoryview, a contiguous array: any buffer) into bytes
+        [offset, offset + len) of the flat space."""
+        if self._finished:
+            raise RuntimeError("the receiver has finished: its arrays are the snapshot's")
+        src = memoryview(data).cast("B")
+        at = 0
+        for i, lo, hi in self._layout.pieces(offset, src.nbytes):
+            self._views[i][lo:hi] = src[at:at + hi - lo]
+            at += hi - lo
+        with self._lock:
+            self._have.add(offset, offset + src.nbytes)
+
+    def missing(self) -> list[tuple[int, int]]:
+        """The (offset, length) ranges not written yet, in order."""
+        with self._lock:
+            return self._have.gaps(self._layout.total)
+
+    @property
+    def complete(self) -> bool:
+        """Every byte has been written (not yet checked: see finish())."""
+        return not self.missing()
+
+    def finish(self) -> Snapshot:
+        """The snapshot, after every array's digest was checked. SnapshotError if ranges are
+        still missing; SnapshotCorrupt naming the first corrupted tensor (its range is then
+        missing again)."""
+        gaps = self.missing()
+        if gaps:
+            offset, length = gaps[0]
+            raise SnapshotError(f"{sum(n for _, n in gaps)} bytes in {len(gaps)} ranges not "
+                                f"received yet, the first [{offset}, {offset + length}) in "
+                                f"{self._name_at(offset)!r}")
+        got = digests_of(self._specs, self._views)
+        with self._lock:
+            for i, (g, want) in enumerate(zip(got, self._digests)):
+                if g != want:
+                    lo = self._layout.offsets[i]
+                    self._have.remove(lo, lo + self._layout.sizes[i])
+        verify(self._specs, got, self._digests, self._layout.offsets, "the chunks received")
+        self._finished = True
+        return Snapshot(list(zip(self._layout.names, self._arrays)), self._parts,
+                        digests=self._digests)
+
+    def _name_at(self, offset: int) -> str:
+        i, _, _ = next(self._layout.pieces(offset, 1))
+        return self._layout.names[i]
