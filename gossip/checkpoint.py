@@ -109,7 +109,12 @@ def _agree(peer: Any, error: BaseException | None, what: str, value: int,
             raise error
         return [value]
     mine = np.array([0 if error is None else 1, value], dtype=np.int64)
-    table = peer.allgather(mine, timeout=timeout)
+    try:
+        table = peer.allgather(mine, timeout=timeout)
+    except Exception:
+        if error is not None:   # this peer's own failure says more than a lost neighbour
+            raise error from None
+        raise
     if error is not None:
         raise error
     failed = [r for r in range(peer.world_size) if table[r, 0]]

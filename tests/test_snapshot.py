@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import hashlib
 import os
+import subprocess
+import sys
 import threading
 
 import msgpack
@@ -69,6 +71,17 @@ def test_numpy_arrays_and_extra_round_trip_through_disk(tmp_path):
     assert data.startswith(b"".join(a.tobytes() for a in arrays))   # params first, then extra
     head = msgpack.unpackb((tmp_path / names[1]).read_bytes(), raw=False)
     assert head["manifest"] == snap.manifest and head["digest"] == snap.digest
+
+
+def test_numpy_snapshots_never_import_torch(tmp_path):
+    code = ("import sys, numpy as np, gossip; s = gossip.Snapshot.of(params=[np.ones(3)], "
+            f"extra={{'step': 1}}); s.save({str(tmp_path)!r}); "
+            f"r = gossip.SnapshotReceiver(gossip.Snapshot.load({str(tmp_path)!r}).manifest); "
+            "r.write(0, s.read(0, 24)); r.finish(); print('torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["False"]
 
 
 def test_snapshot_refers_to_live_arrays_unless_copied():
@@ -336,22 +349,22 @@ def run(peer, where, steps, *, resume=False, save=False):
         out[name] = hashlib.sha1(b"".join(p.detach().numpy().tobytes()
                                           for p in model.parameters())).hexdigest()
         opt.close()
-    # numpy arrays under Gossip, in a hand-written loop
-    params = [np.full(6, float(peer.rank)), np.full((2, 2), 1.0 + peer.rank)]
-    policy = gossip.policies.Gossip().attach(peer, params)
-    if resume:
-        gossip.load_checkpoint(os.path.join(where, "numpy"), peer=peer, params=params,
-                               policy=policy)
-    for t in steps:
-        for p in params:
-            p -= 0.1 * numpy_grad(peer.rank, t, p)
-        policy.after_step()
-    if save:
-        gossip.save_checkpoint(os.path.join(where, "numpy"), peer=peer, params=params,
-                               policy=policy)
-    out["numpy-gossip"] = (hashlib.sha1(b"".join(p.tobytes() for p in params)).hexdigest(),
-                           policy.step)
-    policy.close()
+    # numpy arrays in a hand-written loop
+    for name in ("gossip", "push-sum"):
+        params = [np.full(6, float(peer.rank)), np.full((2, 2), 1.0 + peer.rank)]
+        policy = gossip.policies.make(name).attach(peer, params)
+        where_numpy = os.path.join(where, f"numpy-{name}")
+        if resume:
+            gossip.load_checkpoint(where_numpy, peer=peer, params=params, policy=policy)
+        for t in steps:
+            for p in params:
+                p -= 0.1 * numpy_grad(peer.rank, t, p)
+            policy.after_step()
+        if save:
+            gossip.save_checkpoint(where_numpy, peer=peer, params=params, policy=policy)
+        out[f"numpy-{name}"] = (hashlib.sha1(b"".join(p.tobytes() for p in params))
+                                .hexdigest(), policy.step)
+        policy.close()
     return out
 
 
@@ -376,7 +389,7 @@ def test_a_job_saved_by_two_peers_resumes_exactly_as_if_it_never_stopped(tmp_pat
     straight = [never_stopped for never_stopped, _ in first]
     assert resumed == straight   # bit for bit, for every policy and both ranks
     assert straight[0]["synchronous"] == straight[1]["synchronous"]
-    assert straight[0]["numpy-gossip"][1] == 2 * STEPS
+    assert straight[0]["numpy-push-sum"][1] == 2 * STEPS
 
 
 def mixed_saves(peer, directory):
