@@ -30,7 +30,7 @@ __all__ = ["write", "read", "base_name"]
 _HEAD_KEYS = {"manifest", "digest", "data", "bytes"}
 # A manifest file is small (names, shapes, digests); anything larger is not one of ours.
 _MAX_HEAD_BYTES = 64 << 20
-# Reads go in pieces: one syscall may not return 2 GiB, and pieces let hashing start early.
+# Reads go in pieces: one read() syscall returns at most about 2 GiB.
 _READ_BYTES = 64 << 20
 
 

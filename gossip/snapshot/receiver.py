@@ -66,7 +66,9 @@ class SnapshotReceiver:
     """Assemble the snapshot ``manifest`` describes from byte ranges of its flat space
     (Snapshot.layout(); the receiver's own ``layout`` is the same, computed from the
     manifest). The manifest is checked before anything is allocated (it may come from
-    another peer); the arrays are allocated once and written in place.
+    another peer), but what it describes is what gets allocated: check a donor's manifest
+    against your own state first (Snapshot.check_compatible). The arrays are allocated once
+    and written in place.
 
     ``write`` may be called from several threads (one per donor). ``finish()`` checks every
     array's digest and returns the Snapshot; a corrupted array raises SnapshotCorrupt naming
