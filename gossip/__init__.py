@@ -10,13 +10,12 @@ torch is imported only where torch objects are handled, so ``import gossip`` sta
 """
 from gossip.errors import (AuthenticationError, ExchangeIncomplete, GossipError,
                            OperationTimeout, PeerLost, ProtocolError, RendezvousError,
-                           TopologyError)
+                           SnapshotCorrupt, SnapshotError, SnapshotMismatch, TopologyError)
 from gossip.peer import Peer
 from gossip.runtime import init
 from gossip import policies
 from gossip.optim import DistributedOptimizer, broadcast_parameters
 from gossip.sampler import ElasticSampler
-from gossip.errors import SnapshotCorrupt, SnapshotError, SnapshotMismatch
 from gossip.snapshot import Snapshot, SnapshotReceiver
 from gossip.checkpoint import load_checkpoint, save_checkpoint
 
