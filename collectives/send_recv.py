@@ -22,10 +22,16 @@ from collectives.transport.wire import dtype_itemsize
 __all__ = ["PointToPoint", "flat_of"]
 
 
-def flat_of(x: Any) -> tuple[ArrayAdapter, Any, str]:
-    """An array's adapter, its flat view and its dtype's wire name."""
+def flat_of(x: Any, *, read_only: bool = False) -> tuple[ArrayAdapter, Any, str]:
+    """An array's adapter, its flat view and its dtype's wire name. ``read_only``: the caller
+    only reads it (a send), so a read-only numpy array (a snapshot's zero-copy bytes) will do;
+    collectives refuse one, since they write their result in place."""
     adapter = adapter_for(x)
-    flat = adapter.flat(x)
+    if read_only and isinstance(x, np.ndarray) and not x.flags.writeable \
+            and x.flags.c_contiguous:
+        flat = x.reshape(-1)
+    else:
+        flat = adapter.flat(x)
     return adapter, flat, adapter.dtype_name(flat)
 
 
@@ -52,7 +58,7 @@ class PointToPoint:
         if not 0 <= dst < self.world_size or dst == self.rank:
             raise ValueError(f"rank {self.rank}: cannot send to rank {dst} (world size "
                              f"{self.world_size})")
-        adapter, flat, dtype = flat_of(x)
+        adapter, flat, dtype = flat_of(x, read_only=True)
         with self._lock:
             seq = self._send_seq[dst]
             self._send_seq[dst] += 1

@@ -34,9 +34,9 @@ def take_switch(peer: Any, switch: Any, policy: Any = None) -> int:
                 send_state(peer, policy._transfer_state(), switch.receivers, switch.step,
                            policy.timeout)
             elif rank in switch.receivers:
-                step, values = receive_state(peer, switch.source, policy._transfer_state(),
-                                             policy.timeout)
-                policy._load_transferred(step, values)
+                step, snapshot = receive_state(peer, switch.source, policy._transfer_state(),
+                                               policy.timeout)
+                policy._take_state(snapshot, step)
         if policy is not None:
             # One step count in the new view (a time-varying graph's phase depends on it).
             policy._step = switch.step
@@ -59,9 +59,9 @@ def take_state(peer: Any, switch: Any, policy: Any) -> None:
     the boundary where they admitted it. If the state does not fit (another model) or does
     not arrive, the joiner closes at once, so the members leave it out without waiting."""
     try:
-        step, values = receive_state(peer, switch.source, policy._transfer_state(),
-                                     policy.timeout)
-        policy._load_transferred(step, values)
+        step, snapshot = receive_state(peer, switch.source, policy._transfer_state(),
+                                       policy.timeout)
+        policy._take_state(snapshot, step)
         peer.barrier()
     except BaseException:
         peer.close()

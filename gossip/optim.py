@@ -87,7 +87,11 @@ class DistributedOptimizer:
                 raise ValueError("the policy is attached to other parameters than the "
                                  "optimizer's; attach a new policy (or pass it unattached)")
         else:
+            # Before attach: a joining peer takes the running job's state there, and the
+            # optimizer's state (momentum, moments) must come with the parameters.
+            policy._transfer_optimizer = optimizer
             policy.attach(_require_peer(peer, "DistributedOptimizer"), params)
+        policy._transfer_optimizer = optimizer
         self.optimizer = optimizer
         self.policy = policy
         self.peer = policy.peer

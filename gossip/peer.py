@@ -270,7 +270,7 @@ class Peer:
         return None
 
     def _replicated(self) -> bool:
-        return all(p.replicated_state for p in self.policies)
+        return all(p.identical_replicas for p in self.policies)
 
     def changing_now(self) -> bool:
         """True while a membership change that takes effect at once is proposed to this peer

@@ -46,7 +46,6 @@ class Gossip(Policy):
     """
 
     name = "gossip"
-    replicated_state = False   # each peer's model is its own
     default_topology = PEER_TOPOLOGY
 
     def __init__(self, *, topology: Any = None, bucket_bytes: int = DEFAULT_BUCKET_BYTES,

@@ -32,10 +32,6 @@ class MembershipHooks:
     #: Whether the policy follows a view change (a join, a restart, an elastic recovery).
     #: Those that do not yet make the group refuse joiners while they are attached.
     follows_view_changes: ClassVar[bool] = True
-    #: Whether the replicas are meant to hold the same state (synchronous policies): after
-    #: a recovery, members a step behind then take the source's state too.
-    replicated_state: ClassVar[bool] = True
-
     def _recover(self, exc: PeerLost) -> None:
         """A peer was lost mid-step: without ``elastic``, that is the step's error; with it,
         agree with the survivors on the next view and go on from the state of the survivor
@@ -51,19 +47,25 @@ class MembershipHooks:
             raise PeerLost(f"rank {self._peer.rank}: {self.name}: {self._peer.world_size} "
                            f"members left, fewer than min_peers={self.min_peers}") from exc
 
+    #: The torch optimizer whose state travels with the policy's (DistributedOptimizer sets
+    #: it): a joiner's momentum must be the replicas', or its steps would differ.
+    _transfer_optimizer: Any = None
+
     def _transfer_state(self) -> Any:
-        """What a member hands a joiner (gossip/state_transfer.py): the parameters' buckets
-        and the step; policies with state of their own add it (``_transfer_values``)."""
-        from gossip.state_transfer import TransferState
+        """This member's state as a Snapshot (gossip/state_transfer.py): the parameters'
+        buckets, the optimizer's state if a DistributedOptimizer drives the policy, and the
+        policy's own state (step included)."""
+        from gossip.snapshot import Snapshot
         self._buckets.copy_in()
-        arrays = {f"bucket{b.index}": _as_numpy(b.flat) for b in self._buckets}
-        return TransferState(arrays, self._transfer_values())
+        return Snapshot.of(params=[_as_numpy(b.flat) for b in self._buckets],
+                           optimizer=self._transfer_optimizer, policy=self)
 
-    def _transfer_values(self) -> dict:
-        return {}
-
-    def _load_transferred(self, step: int, values: dict) -> None:
-        """The buckets were overwritten with the source's (in place): go on from ``step``."""
+    def _take_state(self, snapshot: Any, step: int) -> None:
+        """Load the source's ``snapshot`` (checked already) into the buckets, the optimizer
+        and the policy, and go on from ``step``."""
+        snapshot.restore_into(params=[_as_numpy(b.flat) for b in self._buckets],
+                              optimizer=self._transfer_optimizer
+                              if "optimizer" in snapshot.parts else None, policy=self)
         self._buckets.copy_out()
         self._step = int(step)
         if self.nan_guard:

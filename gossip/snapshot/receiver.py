@@ -110,6 +110,24 @@ class SnapshotReceiver:
         with self._lock:
             self._have.add(offset, offset + src.nbytes)
 
+    def target(self, offset: int, length: int) -> memoryview:
+        """The receiver's own bytes [offset, offset + length), writable, for a range within
+        one array (Layout.ranges() cuts them so): receive straight into it, then say so with
+        ``wrote``; no copy."""
+        if self._finished:
+            raise RuntimeError("the receiver has finished: its arrays are the snapshot's")
+        pieces = list(self._layout.pieces(offset, length))
+        if len(pieces) != 1:
+            raise ValueError(f"bytes [{offset}, {offset + length}) cross an array's end: use "
+                             "write(), or ranges from Layout.ranges()")
+        i, lo, hi = pieces[0]
+        return self._views[i][lo:hi]
+
+    def wrote(self, offset: int, length: int) -> None:
+        """Bytes [offset, offset + length) were written through ``target``."""
+        with self._lock:
+            self._have.add(offset, offset + length)
+
     def missing(self) -> list[tuple[int, int]]:
         """The (offset, length) ranges not written yet, in order."""
         with self._lock:
