@@ -30,6 +30,8 @@ REACH_POLL_MIN/MAX       0.5/20 ms  doubling              first connection back-
 HELD_PAUSE               64 MiB     HELD_PER_LINK/4       then the sender is asked to wait
 HELD_RESUME              32 MiB     HELD_PAUSE/2          and below it, to go on
 HELD_PER_LINK            256 MiB    4 x a 64 MiB array    held for unstarted operations
+SEND_WINDOW              32 MiB     see below             unacknowledged bytes per link
+ACK_EVERY                8 MiB      SEND_WINDOW/4         receiver acknowledges this often
 HELD_TOTAL               1 GiB      4 x HELD_PER_LINK     the same, all links together
 HELD_OVERHEAD            2 KiB      measured 1.5 KiB      counted per held message
 MAX_STRIKES              8          -                     bad messages before a link is cut
@@ -38,6 +40,20 @@ RENDEZVOUS_POLL          0.5 s      -                     rank 0 looks at its de
 LAUNCHER_GRACE           5 s        -                     polite signal, then SIGKILL
 STATUS_WAIT              2 s        -                     a timed-out wait asks who is missing
 =======================  =========  ====================  ==================================
+
+The held bound, derived (collectives/transport/window.py, holds.py). A receiver pauses a source
+once it holds more than HELD_PAUSE from it, so at most HELD_PAUSE + one message M then; from
+then on it acknowledges nothing to that source until it resumes it, and the source never has
+more than max(SEND_WINDOW, ACK_EVERY + M) unacknowledged. So what it can hold from an honest
+source is HELD_PAUSE + M + max(SEND_WINDOW, ACK_EVERY + M): 64 + 4 + 32 = 100 MiB with whole
+messages of 4 MiB (whole_message_bytes), 200 MiB even for frames of 64 MiB (the ROUTER's
+maxmsgsize), both under HELD_PER_LINK (256 MiB), and an honest sender is never cut. (An operation
+that waits on a paused source resumes it, and each such resume may let one more window land:
+the hard bound applies then.) SEND_WINDOW is 32 MiB: four times the two 4 MiB kernel buffers of
+a connection (socket_buffer_bytes), so the sockets stay full while an ACK travels (measured: a
+64 MiB p2p stream or allreduce over tcp as fast as without a window), and small against the
+192 MiB between HELD_PAUSE and HELD_PER_LINK. ACK_EVERY = SEND_WINDOW/4 keeps three quarters of the
+window in flight while an ACK is on its way, for one small message per 8 MiB read.
 """
 from __future__ import annotations
 
@@ -47,6 +63,7 @@ __all__ = [
     "MAX_LOGGED_DROPS", "DROP_SUMMARY_INTERVAL", "RECONNECT_INTERVAL", "GOODBYE_LINGER",
     "CLOSE_TIMEOUT", "RING_MAPPED_SHARE", "REACH_POLL_MIN", "REACH_POLL_MAX",
     "HELD_PAUSE", "HELD_RESUME", "HELD_PER_LINK", "HELD_TOTAL", "HELD_OVERHEAD", "MAX_STRIKES",
+    "SEND_WINDOW", "ACK_EVERY",
     "RENDEZVOUS_CLIENT_GRACE", "RENDEZVOUS_POLL", "LAUNCHER_GRACE", "STATUS_WAIT",
 ]
 
@@ -108,10 +125,16 @@ HELD_PER_LINK = 256 << 20
 HELD_TOTAL = 4 * HELD_PER_LINK
 # Flow control (collectives/transport/holds.py): past HELD_PAUSE from one source the receiver
 # asks it to hold its sends, below HELD_RESUME to go on. The gap to HELD_PER_LINK is for what
-# was in flight when it paused: up to send_hwm + recv_hwm (128) 1 MiB chunks and the kernel's
-# buffers, about 200 MiB in all.
+# was in flight when it paused, which the send window bounds in bytes (the derivation is in the
+# docstring above): libzmq's queues bound it only in messages, and 128 whole 4 MiB messages
+# are 512 MiB.
 HELD_PAUSE = HELD_PER_LINK // 4
 HELD_RESUME = HELD_PAUSE // 2
+# The send window (collectives/transport/window.py): bytes a link may have sent and not had
+# acknowledged (payloads plus HELD_OVERHEAD per message, the held bound's units), and how
+# often a receiver acknowledges what it read from a source.
+SEND_WINDOW = 32 << 20
+ACK_EVERY = SEND_WINDOW // 4
 # Measured (tracemalloc): a held message's mailbox, deque, header and frame objects cost about
 # 1.5 KiB besides its payload; counting 2 KiB keeps a flood of empty messages inside the bound.
 HELD_OVERHEAD = 2048

@@ -12,7 +12,7 @@ from typing import Any
 from collectives.communicator import Communicator
 from gossip.errors import PeerLost
 from gossip.membership import resize_topology
-from gossip.state_transfer import receive_state, send_state
+from gossip.state_transfer import load_state, receive_state, send_state, state_of
 
 __all__ = ["take_switch", "take_state"]
 
@@ -31,12 +31,12 @@ def take_switch(peer: Any, switch: Any, policy: Any = None) -> int:
     try:
         if policy is not None and switch.receivers:
             if rank == switch.source:
-                send_state(peer, policy._transfer_state(), switch.receivers, switch.step,
+                send_state(peer, state_of(policy), switch.receivers, switch.step,
                            policy.timeout)
             elif rank in switch.receivers:
-                step, snapshot = receive_state(peer, switch.source, policy._transfer_state(),
+                step, snapshot = receive_state(peer, switch.source, state_of(policy),
                                                policy.timeout)
-                policy._take_state(snapshot, step)
+                load_state(policy, snapshot, step)
         if policy is not None:
             # One step count in the new view (a time-varying graph's phase depends on it).
             policy._step = switch.step
@@ -59,9 +59,8 @@ def take_state(peer: Any, switch: Any, policy: Any) -> None:
     the boundary where they admitted it. If the state does not fit (another model) or does
     not arrive, the joiner closes at once, so the members leave it out without waiting."""
     try:
-        step, snapshot = receive_state(peer, switch.source, policy._transfer_state(),
-                                       policy.timeout)
-        policy._take_state(snapshot, step)
+        step, snapshot = receive_state(peer, switch.source, state_of(policy), policy.timeout)
+        load_state(policy, snapshot, step)
         peer.barrier()
     except BaseException:
         peer.close()

@@ -26,13 +26,36 @@ from gossip.channels import PeerChannel
 from gossip.errors import ProtocolError
 from gossip.snapshot import Snapshot, SnapshotReceiver
 
-__all__ = ["send_state", "receive_state", "CHUNK_BYTES"]
+__all__ = ["send_state", "receive_state", "state_of", "load_state", "CHUNK_BYTES"]
 
 log = logging.getLogger("gossip")
 
 # Bytes per message of a transfer: the transport's whole-message size, so none is cut again.
 CHUNK_BYTES = 4 << 20
 _MAX_MANIFEST = 64 << 20
+
+
+def _flats(policy: Any) -> list:
+    """numpy views of a policy's bucket buffers (a torch CPU tensor shares its memory)."""
+    return [b.flat if isinstance(b.flat, np.ndarray) else b.flat.detach().numpy()
+            for b in policy.buckets]
+
+
+def state_of(policy: Any) -> Snapshot:
+    """A member's state as a Snapshot: the parameters' buckets, the optimizer's state if a
+    DistributedOptimizer drives the policy (``policy._transfer_optimizer``), and the policy's
+    own state (its step included)."""
+    policy.buckets.copy_in()
+    return Snapshot.of(params=_flats(policy), optimizer=policy._transfer_optimizer,
+                       policy=policy)
+
+
+def load_state(policy: Any, snapshot: Snapshot, step: int) -> None:
+    """Load the source's ``snapshot`` (checked already) into the policy's buckets, its
+    optimizer and itself, then go on from ``step``."""
+    optimizer = policy._transfer_optimizer if "optimizer" in snapshot.parts else None
+    snapshot.restore_into(params=_flats(policy), optimizer=optimizer, policy=policy)
+    policy._took_state(step)
 
 
 def send_state(peer: Any, snapshot: Snapshot, receivers: list[int], step: int,

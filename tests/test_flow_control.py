@@ -1,8 +1,13 @@
 """An honest sender running far ahead of its receiver: the receiver holds what arrives for
 operations it has not started up to HELD_PAUSE, then asks the sender to wait (HOLD), and lets
 it go on once it catches up. Nothing is dropped, every array arrives exact, and the receiver
-never holds more than HELD_PER_LINK from that sender."""
+never holds more than HELD_PER_LINK from that sender: what the sender still has in flight is
+bounded in bytes by its send window (ACKs), even for whole 4 MiB messages posted at once, in
+both directions at once, and when it closes with its window full. Over tcp: shared-memory
+chunks are bounded by their ring instead."""
 from __future__ import annotations
+
+import time
 
 import numpy as np
 
@@ -41,3 +46,215 @@ def test_fast_sender_waits_instead_of_being_dropped():
     assert received["pause"] >= 1 and received["resume"] >= 1, received
     print(f"\nrun ahead: {MESSAGES} x {SIZE >> 20} MiB, held peak {peak / 2**20:.1f} MiB, "
           f"holds {sent}, 0 dropped")
+
+
+# ---------------------------------------------------------------- the send window
+# Whole messages: up to whole_message_bytes (4 MiB) an array travels as one frame, so libzmq's
+# queues (send_hwm + recv_hwm messages) alone would let 512 MiB of them be in flight past a
+# pause. The send window bounds that in bytes (collectives/transport/window.py).
+WHOLE = 4 << 20
+POSTED = 160  # 640 MiB posted at once, without waiting: more than twice HELD_PER_LINK
+BASE = (np.arange(WHOLE) % 251).astype(np.uint8)
+# What a receiver may hold from an honest source (defaults.py's derivation): HELD_PAUSE, the
+# message that crossed it, and one send window.
+HONEST_BOUND = defaults.HELD_PAUSE + WHOLE + defaults.HELD_OVERHEAD + defaults.SEND_WINDOW
+
+
+def isend(peer, dst: int, x, seq: int):
+    """A non-blocking send (mpi4py's isend): the messages peer.send(dst, x) would send as its
+    ``seq``-th to ``dst``, posted at once; wait with ``wait_sent(call, ticket)``. The peer
+    must make no peer.send of its own to ``dst`` (it would take the same sequence numbers)."""
+    from collectives.algorithms.p2p import Call, post_range
+    from collectives.communicator import P2P_CHANNEL
+    from collectives.send_recv import flat_of
+
+    adapter, flat, dtype = flat_of(x)
+    call = Call(peer.transport, P2P_CHANNEL, seq, "send", dtype, tuple(x.shape),
+                time.monotonic() + peer.timeout)
+    return call, post_range(call, dst, adapter, flat, 0, adapter.size(flat), track=True)
+
+
+def message(i: int) -> np.ndarray:
+    return BASE + np.uint8(i % 256)  # a different array per message, wrapping in uint8
+
+
+def wait_all(sent) -> None:
+    from collectives.algorithms.p2p import wait_sent
+    for call, ticket in sent:
+        wait_sent(call, ticket)
+
+
+def receive_all(peer, src: int, count: int) -> int:
+    """Receive ``count`` messages from ``src``; how many were not exactly what was sent."""
+    wrong = 0
+    for i in range(count):
+        x = peer.recv(src)
+        wrong += not (x.shape == (WHOLE,) and np.array_equal(x, message(i)))
+    return wrong
+
+
+def posted_ahead(peer):
+    """Rank 1 posts POSTED whole 4 MiB messages without waiting; rank 0 receives none of them
+    until it has asked rank 1 to pause and then slept, so everything rank 1 could get in flight
+    has landed: rank 0 then holds as much from rank 1 as it ever will before it reads."""
+    t = peer.transport
+    if peer.rank == 1:
+        arrays = [message(i) for i in range(POSTED)]
+        sent = [isend(peer, 0, x, i) for i, x in enumerate(arrays)]
+        wait_all(sent)  # returns once rank 0 took everything: nobody was cut
+        return {"acks": t.stats()["acks_received"], "holds": t.stats()["holds_received"],
+                "queued": len(t._links[0].queue)}
+    wait_until(lambda: t.stats()["holds_sent"]["pause"] >= 1, 60, what="a pause")
+    time.sleep(2)  # what rank 1 has in flight lands meanwhile
+    held_before_reading = t.inbox.held()[0].get(1, 0)
+    wrong = receive_all(peer, 1, POSTED)
+    stats = t.stats()
+    return {"wrong": wrong, "dropped": stats["dropped"], "by_reason": stats["dropped_by_reason"],
+            "peak": stats["held_peak"], "held": held_before_reading,
+            "acks": stats["acks_sent"]}
+
+
+def test_posted_sends_of_whole_messages_wait_in_the_window_and_all_arrive():
+    receiver, sender = spawn(posted_ahead, n=2, timeout=240, peer_timeout=120, transport="tcp")
+    assert receiver["wrong"] == 0, receiver
+    assert receiver["dropped"] == 0 and not receiver["by_reason"], receiver  # never cut
+    assert defaults.HELD_PAUSE < receiver["peak"] <= HONEST_BOUND < defaults.HELD_PER_LINK, \
+        receiver
+    assert defaults.HELD_PAUSE < receiver["held"] <= receiver["peak"], receiver
+    assert sender["holds"]["pause"] >= 1 and sender["acks"] >= 1, sender
+    assert sender["queued"] == 0, sender
+    print(f"\nposted ahead: {POSTED} x 4 MiB, held peak {receiver['peak'] / 2**20:.1f} MiB "
+          f"(bound {HONEST_BOUND / 2**20:.1f}), {receiver['held'] / 2**20:.1f} MiB held before "
+          f"reading, {sender['acks']} ACKs, holds {sender['holds']}, 0 dropped")
+
+
+STREAM = 48  # 4 MiB messages, then 64 MiB arrays (in 1 MiB chunks)
+BIG = 4
+
+
+def plain_stream(peer):
+    """A stream the receiver keeps up with: whole messages posted at once, then sends of
+    chunked 64 MiB arrays one at a time; every one exact. The window is in use (ACKs) and
+    changes nothing else here: no drop."""
+    t = peer.transport
+    if peer.rank == 1:
+        wait_all([isend(peer, 0, message(i), i) for i in range(STREAM)])
+        for k in range(BIG):
+            x = np.full(64 << 20, 7 + k, dtype=np.uint8)
+            wait_all([isend(peer, 0, x, STREAM + k)])  # what peer.send does
+        return {"acks": t.stats()["acks_received"]}
+    wrong = receive_all(peer, 1, STREAM)
+    for k in range(BIG):
+        x = peer.recv(1)
+        wrong += not (x.size == 64 << 20 and int(x.min()) == int(x.max()) == 7 + k)
+    stats = t.stats()
+    return {"wrong": wrong, "dropped": stats["dropped"], "acks": stats["acks_sent"]}
+
+
+def test_the_window_keeps_a_plain_stream_exact():
+    receiver, sender = spawn(plain_stream, n=2, timeout=240, peer_timeout=120, transport="tcp")
+    assert receiver["wrong"] == 0 and receiver["dropped"] == 0, receiver
+    # The window was in use: 448 MiB is 14 windows. (How many ACKs exactly depends on
+    # timing: a receiver that falls behind pauses, and one ACK then covers more.)
+    assert sender["acks"] >= 1 and receiver["acks"] >= sender["acks"], (sender, receiver)
+
+
+BOTH = 100
+
+
+def both_ways(peer):
+    """Both peers post BOTH whole messages to each other before receiving any: each pauses the
+    other and withholds its ACKs, each one's data waits in its window, and the pauses, resumes
+    and ACKs (ahead of the queued data) still let everything through: no deadlock."""
+    other = 1 - peer.rank
+    arrays = [message(i) for i in range(BOTH)]
+    sent = [isend(peer, other, x, i) for i, x in enumerate(arrays)]
+    wrong = receive_all(peer, other, BOTH)
+    wait_all(sent)
+    stats = peer.stats()
+    return {"wrong": wrong, "dropped": stats["dropped"], "peak": stats["held_peak"],
+            "holds": stats["holds_sent"]}
+
+
+def test_both_directions_heavy_at_once_do_not_deadlock():
+    results = spawn(both_ways, n=2, timeout=240, peer_timeout=120, transport="tcp")
+    for r in results:
+        assert r["wrong"] == 0 and r["dropped"] == 0, results
+        assert r["peak"] <= HONEST_BOUND, results
+    print(f"\nboth ways: {BOTH} x 4 MiB each way, held peaks "
+          f"{[round(r['peak'] / 2**20, 1) for r in results]} MiB, pauses "
+          f"{[r['holds']['pause'] for r in results]}, 0 dropped")
+
+
+def close_with_full_window(peer):
+    """Rank 1 posts more to rank 0 than the pause and the window let through, then closes with
+    its window full: close() returns (the harness would see a hang) and the queued sends fail
+    with PeerLost instead of waiting."""
+    import gossip
+    t = peer.transport
+    if peer.rank == 0:
+        wait_until(lambda: t.is_lost(1), 60, what="rank 1 gone")
+        return t.lost_ranks()[1]
+    arrays = [message(i) for i in range(40)]  # 160 MiB
+    sent = [isend(peer, 0, x, i) for i, x in enumerate(arrays)]
+    link = t._links[0]
+    cost = WHOLE + defaults.HELD_OVERHEAD
+    wait_until(lambda: link.queue and not link.window.room(cost), 60, what="a full window")
+    peer.close()
+    return sum(isinstance(ticket.error, gossip.PeerLost) for _, ticket in sent)
+
+
+def test_close_with_a_full_window_fails_the_queued_sends():
+    lost, failed = spawn(close_with_full_window, n=2, timeout=120, transport="tcp")
+    assert failed > 0 and lost
+    print(f"\nclosed with a full window: {failed} queued sends failed; rank 0: {lost}")
+
+
+def forged_acks(peer):
+    """Rank 1 acknowledges what rank 0 never sent, and goes backwards: each is dropped as a
+    strike, a sound one still applies, and after MAX_STRIKES rank 0 cuts rank 1."""
+    from collectives.transport.channels import Channel
+    from collectives.transport.wire import ACK, encode_header
+    t = peer.transport
+    if peer.rank == 0:
+        for i in range(3):
+            peer.send(1, np.full(10, i))
+        wait_until(lambda: t.stats()["dropped_by_reason"].get("malformed", 0)
+                   >= defaults.MAX_STRIKES, 60, what="the strikes")
+        link = t._links[1]
+        result = (t.stats()["dropped_by_reason"], link.window.acked_number, link.sent_number,
+                  t.stats()["acks_received"])
+        peer.send(1, np.zeros(1))  # rank 1 may go (its goodbye would be one more drop)
+        return result
+    for _ in range(3):
+        peer.recv(0)
+    numbers = [1, 10**9, 0, 1] + [10**9] * (defaults.MAX_STRIKES - 2)
+    for number in numbers:
+        t.send(0, encode_header(ACK, 1, Channel.LINK, number))
+    peer.recv(0)
+    return None
+
+
+def test_forged_acks_are_strikes_and_never_open_the_window():
+    (reasons, acked, sent_number, acks), _ = spawn(forged_acks, n=2, timeout=120,
+                                                   transport="tcp")
+    assert reasons == {"malformed": defaults.MAX_STRIKES}, reasons
+    assert acked == 1 and sent_number >= 3 and acks == 2, (acked, sent_number, acks)
+
+
+def test_window_accounts_by_message_number():
+    from collectives.transport.window import Acks, SendWindow, message_cost
+    w = SendWindow(limit=100, every=25)
+    assert w.room(1000)  # nothing unacknowledged: even a message larger than the window
+    for cost in (40, 40, 10):
+        w.on_sent(cost)
+    assert w.in_flight == 90 and w.room(10) and not w.room(11)
+    w.on_ack(1)
+    assert w.in_flight == 50 and w.acked_number == 1
+    w.on_ack(3)
+    assert w.in_flight == 0
+    w.on_sent(24)
+    assert w.room(10**6)  # below `every` the receiver may owe no ACK: a big one may go
+    assert message_cost((b"h", memoryview(bytes(10)))) == 10 + defaults.HELD_OVERHEAD
+    acks = Acks(0, 2, {}, None, None, lambda src: False)
+    assert acks.on_ack(1, 5) is None and acks.received == 0  # no link: nothing to open

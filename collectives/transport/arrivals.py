@@ -10,7 +10,9 @@ from a table. The shared-memory kinds are handled by shm.SharedMemory; the opera
 (DATA, ABORT) and BYE here, and the two questions this peer's I/O thread answers itself from
 its activity record (activity.py), so a peer busy in Python or idle between calls still
 answers: PLAN (a neighbour exchange names this peer; if this peer's call does not name the
-sender, the answer says so at once) and STATUS (which operation this peer is inside).
+sender, the answer says so at once) and STATUS (which operation this peer is inside). Every
+message that passes is counted for the send window's acknowledgements, and an ACK that does not
+fit what this peer sent is a strike (window.py).
 """
 from __future__ import annotations
 
@@ -22,7 +24,7 @@ from collectives.transport.activity import Activity
 from collectives.transport.drops import DropLog
 from collectives.transport.inbox import Inbox, Lost, MailboxError
 from collectives.transport.sockets import identity_of, job_of_identity, rank_of_identity
-from collectives.transport.wire import (ABORT, BYE, DATA, PLAN, PLAN_ANSWER, SHM, STATUS,
+from collectives.transport.wire import (ABORT, ACK, BYE, DATA, PLAN, PLAN_ANSWER, SHM, STATUS,
                                         Header, WireError, decode_header, encode_header)
 
 __all__ = ["Arrivals", "status_channel"]
@@ -46,7 +48,7 @@ class Arrivals:
 
     def __init__(self, rank: int, world_size: int, max_message_bytes: int, inbox: Inbox,
                  counters: list, drops: DropLog, handlers: dict[int, Handler],
-                 activity: Activity, answer: Callable[[int, bytes], None],
+                 activity: Activity, answer: Callable[[int, bytes], None], acks,
                  job_id: str = "", view: int = 0) -> None:
         self.rank = rank
         self._world_size = world_size
@@ -66,9 +68,10 @@ class Arrivals:
         self.cut_dropped = [0] * world_size  # messages dropped unread after the cut
         self._activity = activity
         self._answer = answer  # send one header-only message to a rank, quietly
+        self._acks = acks  # window.Acks: what is read is acknowledged, ACKs are judged
         self._handlers: dict[int, Handler] = {DATA: self._data, ABORT: self._abort,
                                               BYE: self._bye, PLAN: self._plan,
-                                              STATUS: self._status, **handlers}
+                                              STATUS: self._status, ACK: self._ack, **handlers}
 
     def handle(self, frames: list) -> None:
         """Validate one message read from the ROUTER (``frames``: identity, header, payload if any)
@@ -121,6 +124,8 @@ class Arrivals:
             self._counters[src].messages_received += 1
             if header.kind in _CHUNKS:
                 self._check_call(src, header)
+        # Read, so acknowledged (after the handler: a pause it decided holds this ACK back).
+        self._acks.read(src, len(payload) if payload is not None else 0, header.number)
 
     def _foreign(self, identity: bytes) -> None:
         group = job_of_identity(identity)
@@ -184,6 +189,13 @@ class Arrivals:
                                MailboxError(f"rank {src} abandoned the operation: {reason}",
                                             lost, late))
         return True
+
+    def _ack(self, src: int, header: Header, payload) -> bool:
+        wrong = self._acks.on_ack(src, header.seq)
+        if wrong is None:
+            return True
+        self._strike(src, "malformed", wrong)  # never trusted: it could open our window
+        return False
 
     def _bye(self, src: int, header: Header, payload) -> bool:
         self._inbox.mark_lost(src, Lost("it closed its peer (left the group)", kind="closed"))

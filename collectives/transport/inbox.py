@@ -334,6 +334,12 @@ class Inbox:
                     del self._boxes[(s, channel, seq)]
             return freed
 
+    def holding(self, src: int) -> bool:
+        """True while ``src`` is asked to pause. Read without the lock (a set lookup, for every
+        message that would be acknowledged): a stale answer only moves one ACK by a message,
+        and the thread that pauses a source (it reads the ROUTER) sees its own pause."""
+        return src in self._holding
+
     def held(self) -> tuple[dict[int, int], int]:
         """Bytes held for operations not started: per source, and in total."""
         with self._lock:

@@ -13,6 +13,11 @@ A queued entry is either ``(frames, ticket)`` or a *staged* message: an object w
 ``ticket`` and a ``stage(retry)`` method that returns its frames once the resource it needs is
 free (None: not yet). The shared-memory chunks of collectives/transport/shm.py are the staged
 messages; the link knows nothing else about them.
+
+Messages also queue while the receiver asked this peer to pause (holds.py) or while the send
+window is full (window.py: the bytes sent and not yet acknowledged). Control messages that
+unblock the other side (HOLD, ACK) go ahead of all that (``send_control``): one pending per
+purpose, the newest replacing an older one, sent before anything queued.
 """
 from __future__ import annotations
 
@@ -25,11 +30,13 @@ from typing import Any, Callable
 import zmq
 
 from collectives.errors import PeerLost
+from collectives.transport.window import SendWindow, message_cost
 from collectives.transport.wire import stamp_number
 
 __all__ = ["Link", "SendTicket"]
 
 _NOBLOCK, _SNDMORE = int(zmq.NOBLOCK), int(zmq.SNDMORE)
+_HEADER_ONLY = message_cost(())  # a staged (shared-memory) message: its SHM header only
 
 
 @dataclass
@@ -72,6 +79,10 @@ class Link:
         # but urgent control messages; ``hold_generation`` is that request's, the newest wins.
         self.paused = False
         self.hold_generation = -1
+        # Bytes sent and not acknowledged (window.py), and the control messages waiting for
+        # room in the socket, by purpose ("hold", "ack"): they go before anything queued.
+        self.window = SendWindow()
+        self.control: dict[str, tuple] = {}
         self._on_sent = on_sent  # counters: (rank, messages, payload bytes)
 
     def send(self, frames: tuple, ticket) -> bool:
@@ -84,7 +95,8 @@ class Link:
                                             rank=self.rank)
                     ticket.queued.set()
                 return False
-            if not self.queue and not self.paused and self._send_now(frames, ticket):
+            if not self.queue and not self.paused \
+                    and self.window.room(message_cost(frames)) and self._send_now(frames, ticket):
                 return False
             self.queue.append((frames, ticket))
             return len(self.queue) == 1 and not self.paused
@@ -96,7 +108,7 @@ class Link:
         with self.lock:
             if self.closed:
                 return False, False  # the caller sees `closed` and raises
-            if not self.queue and not self.paused:
+            if not self.queue and not self.paused and self.window.room(_HEADER_ONLY):
                 frames = staged.stage(False)
                 if frames is not None:
                     if not self._send_now(frames, None):
@@ -111,6 +123,20 @@ class Link:
         is full (the caller retries later)."""
         with self.lock:
             return not self.closed and self._send_now(frames, None)
+
+    def send_control(self, purpose: str, frames: tuple) -> bool:
+        """A control message that must get out whatever is queued, paused or out of window
+        (it is what unblocks the other side): sent now, or, while the socket is full or one of
+        the same ``purpose`` already waits for it, kept as the one pending for that purpose
+        (the newest says all an older one did), so two of one purpose never overtake each
+        other. True if the I/O thread must flush."""
+        with self.lock:
+            if self.closed:
+                return False
+            if purpose not in self.control and self._send_now(frames, None):
+                return False
+            self.control[purpose] = frames
+            return True
 
     def _send_now(self, frames: tuple, ticket) -> bool:
         # Every message is numbered here, under the lock, in the order the socket takes it
@@ -132,6 +158,7 @@ class Link:
         except zmq.Again:
             return False
         self.sent_number = number
+        self.window.on_sent(message_cost(frames))
         self._on_sent(self.rank, 1, len(frames[1]) if len(frames) > 1 else 0)
         if ticket is not None:
             ticket.tracker = tracker
@@ -140,11 +167,18 @@ class Link:
 
     def flush(self, fail: Callable[[Any], None] | None = None) -> str:
         """Drain the queue (I/O thread). Returns "done", "pollout" (the socket is full: poll
-        it for POLLOUT), "blocked" (a staged message waits for its resource) or "held" (the
-        receiver asked us to pause, see holds.py). With ``fail``
-        (the peer is lost), every queued message's ticket is handed to it instead."""
+        it for POLLOUT), "blocked" (a staged message waits for its resource), "held" (the
+        receiver asked us to pause, see holds.py) or "windowed" (the send window is full, see
+        window.py). With ``fail`` (the peer is lost), every queued message's ticket is handed
+        to it instead."""
         with self.lock:
-            queue = self.queue
+            control = self.control
+            while control and fail is None:
+                purpose = next(iter(control))
+                if not self._send_now(control[purpose], None):
+                    return "pollout"
+                del control[purpose]
+            queue, window = self.queue, self.window
             if self.paused and fail is None:
                 return "held"  # nothing to poll for: a resume flushes it
             while queue:
@@ -153,6 +187,9 @@ class Link:
                     queue.popleft()
                     fail(entry[1] if type(entry) is tuple else entry.ticket)
                     continue
+                if not window.room(message_cost(entry[0]) if type(entry) is tuple
+                                   else _HEADER_ONLY):
+                    return "windowed"  # nothing to poll for: an ACK flushes it
                 if type(entry) is not tuple:
                     frames = entry.stage(True)
                     if frames is None:
@@ -173,6 +210,19 @@ class Link:
             self.hold_generation = generation
             self.paused = pause
             return pause or not self.queue
+
+    def ack(self, number: int) -> bool | str:
+        """The receiver's ACK of every message up to ``number``: why it cannot be (a string: it
+        names a message not sent yet, or goes backwards), else True when messages wait in the
+        queue and may now have room (to be flushed)."""
+        with self.lock:
+            window = self.window
+            if number > self.sent_number:
+                return f"only {self.sent_number} were sent"
+            if number < window.acked_number:
+                return f"after message {window.acked_number} was acknowledged"
+            window.on_ack(number)
+            return bool(self.queue) and not self.paused and not self.closed
 
     def pending_tickets(self) -> list:
         """Empty the queue and return the tickets of what it held, for the caller to fail: none of

@@ -312,9 +312,10 @@ class IoLoop:
     def _say_goodbye(self) -> None:
         bye = (encode_header(BYE, self.rank, Channel.LINK, 0),)
         for link in list(self._sockets.links.values()):
-            # A link the receiver paused (holds.py) would keep the goodbye behind its queue,
-            # which is failed just below: it goes ahead instead.
-            if not (link.paused and link.send_urgent(bye)):
+            # A link with messages still queued (its receiver paused it, holds.py, or its send
+            # window is full, window.py) would keep the goodbye behind them, and they are
+            # failed just below: it goes ahead instead.
+            if not link.send_urgent(bye):
                 link.send(bye, None)
             for ticket in link.pending_tickets():
                 ticket.error = PeerLost(f"rank {self.rank}: closed with a send to rank "

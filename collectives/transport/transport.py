@@ -29,6 +29,7 @@ from collectives.transport.drops import DropLog
 from collectives.transport.inbox import Inbox
 from collectives.transport.link import Link, SendTicket
 from collectives.transport.holds import Holds
+from collectives.transport.window import Acks
 from collectives.transport.liveness import Liveness
 from collectives.transport.loop import IoLoop
 from collectives.transport.shm import SharedMemory
@@ -83,15 +84,18 @@ class Transport:
         self._shm = SharedMemory(rank, self.config, self.inbox, self.counters, self._drops,
                                  self._loop, self._links, self._addresses, self._send_quietly)
         # What this peer holds for operations not started is bounded in the inbox; holds asks
-        # a source running ahead to wait, and obeys such requests from others.
-        self._holds = Holds(rank, self._links, self.connect, self._loop.command)
+        # a source running ahead to wait, and obeys such requests from others; the send
+        # window bounds in bytes what each link has in flight, paused or not.
+        self._acks = Acks(rank, world_size, self._links, self.connect, self._loop.command,
+                          self.inbox.holding)
+        self._holds = Holds(rank, self._links, self.connect, self._loop.command, self._acks)
         self.inbox.on_hold = self._holds.request
         # What this peer's operations are doing, for the peers that ask (activity.py).
         self.activity = Activity()
         arrivals = Arrivals(rank, world_size, self.config.max_message_bytes, self.inbox,
                             self.counters, self._drops,
                             {**self._shm.handlers(), **self._holds.handlers()}, self.activity,
-                            self._send_quietly, job_id=self.config.job_id,
+                            self._send_quietly, self._acks, job_id=self.config.job_id,
                             view=self.config.view)
         self._command = self._loop.command
         self._pump = self._loop.pump
@@ -344,6 +348,9 @@ class Transport:
             "holds_sent": dict(self._holds.sent),
             "holds_received": dict(self._holds.received),
             "held_peak": self.inbox.held_peak,
+            # The send window (window.py): acknowledgements sent and received.
+            "acks_sent": self._acks.sent,
+            "acks_received": self._acks.received,
         }
 
     def interrupt(self) -> None:

@@ -16,8 +16,9 @@ Header (a msgpack array, in this order; arrays pack smaller and parse faster tha
   question about operation ``(channel, seq)``, ``slot`` 0, or its answer: ``slot`` the state,
   ``offset`` 1 + the sequence the answer names, ``length`` 1 + the rank it waits on, 0 for
   none; ``op`` that operation's signature), HOLD (flow control: the receiver holds too much
-  for operations it has not started; ``op`` "pause" or "resume", ``seq`` a generation).
-  Any other kind is malformed.
+  for operations it has not started; ``op`` "pause" or "resume", ``seq`` a generation), ACK
+  (the send window: the receiver read every message of this connection up to number ``seq``,
+  see window.py). Any other kind is malformed.
 - ``channel``/``seq``: which operation the message belongs to; concurrent operations use
   different (channel, seq) mailboxes and never mix (channel numbers: channels.py).
 - ``op``: the signature of the call that sent it ("allreduce(sum)"), to detect mismatched calls.
@@ -57,6 +58,7 @@ __all__ = [
     "SHM_MAPPED",
     "STARVED",
     "HOLD",
+    "ACK",
     "PLAN",
     "STATUS",
     "PLAN_SENDS",
@@ -94,12 +96,15 @@ class Kind(enum.IntEnum):
     # Flow control of what a receiver holds for operations not started (holds.py): op is
     # "pause" or "resume", seq a generation (the newest wins).
     HOLD = 14
+    # The send window (window.py): seq is the number of the last message read from the
+    # receiving peer's connection.
+    ACK = 15
 
 
 # Plain ints for the per-message comparisons and table lookups: against an int read from a
 # header, an enum member is slower to compare (1.2x) and to look up in a dict (1.6x), measured.
 (DATA, BYE, ABORT, SHM, SHM_OPEN, CREDIT, SHM_MAPPED, STARVED, PLAN, STATUS,
- HOLD) = (int(k) for k in Kind)
+ HOLD, ACK) = (int(k) for k in Kind)
 KIND_NAMES = {int(k): k.name.lower().replace("_", "-") for k in Kind}
 
 # dtype name -> itemsize. Names are numpy's, plus torch's bfloat16 (numpy has none).

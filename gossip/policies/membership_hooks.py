@@ -1,24 +1,15 @@
 """What every policy does when the group's membership changes (gossip/membership.py): recover
-from a death (elastic policies), hand its state to a joiner, take a joiner's state, follow the
-new view. A mixin of Policy; the attributes it reads (_peer, _buckets, _step, ...) are Policy's.
+from a death (elastic policies), take the state a source sent it (gossip/state_transfer.py
+builds and loads it), follow the new view. A mixin of Policy; the attributes it reads (_peer, _buckets, _step, ...) are Policy's.
 """
 from __future__ import annotations
 
 import logging
 from typing import Any, ClassVar
 
-import numpy as np
-
 from gossip.errors import PeerLost
 
 __all__ = ["MembershipHooks"]
-
-log = logging.getLogger("gossip")
-
-
-def _as_numpy(flat: Any) -> np.ndarray:
-    """A numpy view of a bucket's flat buffer (a torch CPU tensor shares its memory)."""
-    return flat if isinstance(flat, np.ndarray) else flat.detach().numpy()
 
 log = logging.getLogger("gossip")
 
@@ -32,6 +23,7 @@ class MembershipHooks:
     #: Whether the policy follows a view change (a join, a restart, an elastic recovery).
     #: Those that do not yet make the group refuse joiners while they are attached.
     follows_view_changes: ClassVar[bool] = True
+
     def _recover(self, exc: PeerLost) -> None:
         """A peer was lost mid-step: without ``elastic``, that is the step's error; with it,
         agree with the survivors on the next view and go on from the state of the survivor
@@ -51,21 +43,9 @@ class MembershipHooks:
     #: it): a joiner's momentum must be the replicas', or its steps would differ.
     _transfer_optimizer: Any = None
 
-    def _transfer_state(self) -> Any:
-        """This member's state as a Snapshot (gossip/state_transfer.py): the parameters'
-        buckets, the optimizer's state if a DistributedOptimizer drives the policy, and the
-        policy's own state (step included)."""
-        from gossip.snapshot import Snapshot
-        self._buckets.copy_in()
-        return Snapshot.of(params=[_as_numpy(b.flat) for b in self._buckets],
-                           optimizer=self._transfer_optimizer, policy=self)
-
-    def _take_state(self, snapshot: Any, step: int) -> None:
-        """Load the source's ``snapshot`` (checked already) into the buckets, the optimizer
-        and the policy, and go on from ``step``."""
-        snapshot.restore_into(params=[_as_numpy(b.flat) for b in self._buckets],
-                              optimizer=self._transfer_optimizer
-                              if "optimizer" in snapshot.parts else None, policy=self)
+    def _took_state(self, step: int) -> None:
+        """The source's state was loaded into the buckets (state_transfer.load_state): push it
+        to the user's arrays and go on from ``step``."""
         self._buckets.copy_out()
         self._step = int(step)
         if self.nan_guard:

@@ -1,0 +1,170 @@
+"""The send window: how many bytes a sender may have on their way to one peer, counted in bytes,
+not messages, and the acknowledgements (ACK) that free them.
+
+libzmq bounds a pipe in messages (send_hwm + recv_hwm), and the kernel adds its buffers, so
+what a sender has in flight once its receiver asks it to pause (holds.py) depends on message
+sizes: 128 whole 4 MiB messages are 512 MiB, past what the receiver may hold from one source
+(HELD_PER_LINK), and an honest sender would be cut as a hostile one. So every link counts what
+it sent (payload bytes plus HELD_OVERHEAD per message, the units the receiver's held bound
+counts in) and keeps its later messages in its own queue (link.py) while that, less what the
+receiver acknowledged, would pass SEND_WINDOW; the receiver's ROUTER reader counts what it read
+from each source and acknowledges every ACK_EVERY bytes. A message may always go while less
+than ACK_EVERY is unacknowledged: the receiver owes no ACK then, and a message larger than the
+window still travels.
+
+An ACK names the *message number* of the last message read from that source (wire.py: numbers
+are stamped by the link as its socket takes them, 1, 2, 3, ...), not a byte count: the sender
+maps numbers to its own running total, so a message lost with a dropped connection is
+forgiven by the next one read, and nothing needs resetting per connection. The sender checks
+an ACK before it trusts it: one naming a message not sent yet, or one going backwards, is
+dropped and counted as a strike (arrivals.py); one from a peer this peer has no link to opens
+nothing and is ignored (as HOLD is).
+
+While a receiver has a source paused (holds.py) it sends it no ACK, so once it pauses, what can
+still land is at most one window: the bound of defaults.py's table (HELD_PAUSE + one message +
+SEND_WINDOW under HELD_PER_LINK). The resume carries an ACK. ACKs travel ahead of queued data
+and of a pause (Link.send_control), so two peers both sending heavily never wait on each other's
+data for the acknowledgement that would unblock it.
+
+Shared-memory chunks count only their header-only SHM message (HELD_OVERHEAD): their payload is
+bounded by the ring's slots, not by this window.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+from collections import deque
+
+from collectives import defaults
+from collectives.errors import PeerLost
+from collectives.transport.channels import Channel
+from collectives.transport.wire import ACK, encode_header
+
+__all__ = ["SendWindow", "Acks", "message_cost"]
+
+log = logging.getLogger("collectives")
+
+_OVERHEAD = defaults.HELD_OVERHEAD
+
+
+def message_cost(frames: tuple) -> int:
+    """What one message costs the window: its payload bytes plus HELD_OVERHEAD (the receiver
+    counts the same for what it reads)."""
+    if len(frames) < 2:
+        return _OVERHEAD
+    payload = frames[1]
+    return _OVERHEAD + (payload.nbytes if type(payload) is memoryview else len(payload))
+
+
+class SendWindow:
+    """The sender's account of one link (used under the link's lock): its running total of what
+    the socket took, and the total at each message number not acknowledged yet."""
+
+    __slots__ = ("limit", "every", "sent", "acked", "acked_number", "_marks", "_first")
+
+    def __init__(self, limit: int = defaults.SEND_WINDOW,
+                 every: int = defaults.ACK_EVERY) -> None:
+        self.limit = limit
+        self.every = every
+        self.sent = 0            # cost of every message the socket took
+        self.acked = 0           # ... up to and including message ``acked_number``
+        self.acked_number = 0
+        self._marks: deque = deque()  # ``sent`` after each message from number ``_first`` on
+        self._first = 1
+
+    @property
+    def in_flight(self) -> int:
+        """Bytes sent and not acknowledged."""
+        return self.sent - self.acked
+
+    def room(self, cost: int) -> bool:
+        """May a message of ``cost`` go now? While less than ``every`` is unacknowledged the
+        receiver may owe no ACK (it could have read everything), so it always may then."""
+        in_flight = self.sent - self.acked
+        return in_flight < self.every or in_flight + cost <= self.limit
+
+    def on_sent(self, cost: int) -> None:
+        """The socket took the next message (numbers are consecutive on a link)."""
+        self.sent += cost
+        self._marks.append(self.sent)
+
+    def on_ack(self, number: int) -> None:
+        """The receiver read every message up to ``number`` (checked by the caller)."""
+        marks, acked = self._marks, self.acked
+        while self._first <= number:
+            acked = marks.popleft()
+            self._first += 1
+        self.acked = acked
+        self.acked_number = number
+
+
+class Acks:
+    """Both ends of the protocol for one peer: ``read`` counts what the ROUTER's reader took
+    from a source and acknowledges it (receiver side); ``check``/``on_ack`` judge and apply
+    an ACK from a peer this peer sends to (sender side)."""
+
+    def __init__(self, rank: int, world_size: int, links: dict, connect, command,
+                 holding) -> None:
+        self.rank = rank
+        self._links = links        # rank -> Link, the transport's table
+        self._connect = connect    # rank -> Link, opening it if needed
+        self._command = command    # the I/O loop's command queue (to flush a freed link)
+        self._holding = holding    # src -> True while this peer has asked it to pause
+        self._every = defaults.ACK_EVERY
+        # Receiver side. ``_unacked`` and ``_last`` are written only by the ROUTER's reader
+        # (one thread at a time); ``_sent`` (the number last acknowledged to each source) under
+        # ``_lock``, which also keeps ACKs to one source in order when a resume sends one from
+        # another thread: an ACK that went backwards would be a strike.
+        self._unacked = [0] * world_size
+        self._last = [0] * world_size
+        self._sent = [0] * world_size
+        self._lock = threading.Lock()
+        self.sent = 0       # ACKs sent and received, for stats
+        self.received = 0
+
+    # -- receiver side ----------------------------------------------------------------------
+    def read(self, src: int, nbytes: int, number: int) -> None:
+        """The ROUTER's reader took message ``number`` with ``nbytes`` of payload from ``src``."""
+        self._last[src] = number
+        unacked = self._unacked[src] + nbytes + _OVERHEAD
+        if unacked >= self._every and not self._holding(src):
+            self._send(src)
+            unacked = 0
+        self._unacked[src] = unacked
+
+    def resume(self, src: int) -> None:
+        """``src`` may go on (holds.py): acknowledge what was read while it was paused."""
+        self._send(src)
+
+    def _send(self, src: int) -> None:
+        with self._lock:
+            number = self._last[src]
+            if number <= self._sent[src]:
+                return
+            try:
+                link = self._connect(src)
+            except (PeerLost, ValueError) as exc:  # closing, or no address yet
+                log.debug("rank %d: ACK to rank %d not sent: %s", self.rank, src, exc)
+                return
+            self._sent[src] = number
+            if link.send_control("ack", (encode_header(ACK, self.rank, Channel.LINK, number),)):
+                self._command(("flush", link))
+            self.sent += 1
+
+    # -- sender side ------------------------------------------------------------------------
+    def on_ack(self, src: int, number: int) -> str | None:
+        """Apply ``src``'s ACK of message ``number``; None if it was sound, else why it is not
+        (the caller drops it and counts a strike)."""
+        link = self._links.get(src)
+        if link is None:
+            # No window to open: ignored, as HOLD for a link that does not exist. Not a strike:
+            # without a cluster key a squatter under this rank's identity at ``src`` makes
+            # ``src`` acknowledge what the squatter sent, and ``src`` is honest.
+            return None
+        verdict = link.ack(number)
+        if type(verdict) is str:
+            return f"rank {src} acknowledged message {number}: {verdict}"
+        self.received += 1
+        if verdict:
+            self._command(("flush", link))  # room again for what waits in its queue
+        return None
