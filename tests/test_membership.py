@@ -625,3 +625,86 @@ def test_no_sample_is_seen_twice_or_skipped_in_an_epoch_a_peer_joined_in(tmp_pat
     for epoch, indices in by_epoch.items():
         assert sorted(indices) == list(range(length)), (epoch, len(indices),
                                                          len(set(indices)))
+
+
+# ---------------------------------------------------------------- torch: optimizer state
+def torch_step(model, opt, rank, step):
+    import torch
+    g = torch.Generator().manual_seed(1000 * rank + step)
+    x = torch.randn(16, 8, generator=g)
+    y = x.sum(dim=1, keepdim=True)
+    opt.zero_grad()
+    torch.nn.functional.mse_loss(model(x), y).backward()
+    opt.step()
+
+
+def torch_members(peer, workdir, size):
+    import torch
+    import gossip
+    from gossip.policies import Synchronous
+    if peer.rank == 0:
+        with open(os.path.join(workdir, "address.tmp"), "w") as f:
+            f.write(peer.settings.rendezvous)
+        os.replace(os.path.join(workdir, "address.tmp"), os.path.join(workdir, "address"))
+    torch.manual_seed(peer.rank)
+    model = torch.nn.Linear(8, 1)
+    opt = gossip.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.01,
+                                                      momentum=0.9),
+                                      peer=peer, policy=Synchronous())
+    while (opt.policy.step < 30 or peer.world_size < size) and opt.policy.step < 3000:
+        torch_step(model, opt, peer.rank, opt.policy.step)
+        time.sleep(0.005)
+    for _ in range(10):   # in the final view, momentum matters
+        torch_step(model, opt, peer.rank, opt.policy.step)
+    return b"".join(p.detach().numpy().tobytes() for p in model.parameters())
+
+
+TORCH_JOINER = textwrap.dedent("""
+    import sys, time, torch, gossip
+    sys.path.insert(0, sys.argv[2])
+    from test_membership import torch_step
+    from gossip.policies import Synchronous
+    peer = gossip.init(join=True, timeout=30)
+    torch.manual_seed(99)
+    model = torch.nn.Linear(8, 1)
+    opt = gossip.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.01,
+                                                      momentum=0.9),
+                                      peer=peer, policy=Synchronous())   # takes the state
+    while (opt.policy.step < 30 or peer.world_size < int(sys.argv[1])) \\
+            and opt.policy.step < 3000:
+        torch_step(model, opt, peer.rank, opt.policy.step)
+        time.sleep(0.005)
+    for _ in range(10):
+        torch_step(model, opt, peer.rank, opt.policy.step)
+    print("PARAMS", b"".join(p.detach().numpy().tobytes() for p in model.parameters()).hex(),
+          flush=True)
+    peer.close()
+""")
+
+
+def test_a_joiner_takes_the_optimizers_momentum_and_stays_a_bitwise_replica(tmp_path):
+    workdir, box = str(tmp_path), {}
+
+    def joiner():
+        wait_until(lambda: os.path.exists(os.path.join(workdir, "address")), 60,
+                   what="the address")
+        address = open(os.path.join(workdir, "address")).read()
+        script = os.path.join(workdir, "tj.py")
+        with open(script, "w") as f:
+            f.write(TORCH_JOINER)
+        proc = subprocess.run([sys.executable, script, "4", os.path.dirname(__file__)],
+                              capture_output=True, text=True, timeout=150,
+                              env=_env(GOSSIP_RENDEZVOUS=address, GOSSIP_MEMBER_NAME="tj"))
+        box["out"] = proc.stdout + proc.stderr
+
+    thread = threading.Thread(target=joiner)
+    thread.start()
+    try:
+        results = spawn(torch_members, n=3, timeout=180, args=(workdir, 4),
+                        peer_timeout=PEER_TIMEOUT)
+    finally:
+        thread.join(180)
+    line = [ln for ln in box["out"].splitlines() if ln.startswith("PARAMS")]
+    assert line, box["out"][-3000:]
+    assert results[0] == results[1] == results[2]
+    assert results[0].hex() == line[0].split()[1]
