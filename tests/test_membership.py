@@ -20,6 +20,48 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PEER_TIMEOUT = 30.0
 
 
+def _publish_address(peer, workdir) -> None:
+    """Rank 0 writes the group's rendezvous address where a process of the test can read it
+    (atomically: a reader never sees half of it)."""
+    if peer.rank == 0:
+        with open(os.path.join(workdir, "address.tmp"), "w") as f:
+            f.write(peer.settings.rendezvous)
+        os.replace(os.path.join(workdir, "address.tmp"), os.path.join(workdir, "address"))
+
+
+def _wait_address(workdir) -> str:
+    path = os.path.join(workdir, "address")
+    return wait_until(lambda: os.path.exists(path) and open(path).read(), 60,
+                      what="rank 0's rendezvous address")
+
+
+def _run_joiner(workdir, source: str, args: list, name: str, timeout: float = 120,
+                **env) -> tuple[int, str]:
+    """Once rank 0 published the address: run ``source`` as a process of its own (a joiner)
+    with ``args``, as member ``name``; its exit code and output."""
+    address = _wait_address(workdir)
+    script = os.path.join(workdir, f"{name}.py")
+    with open(script, "w") as f:
+        f.write(source)
+    proc = subprocess.run([sys.executable, script, *map(str, args)], capture_output=True,
+                          text=True, timeout=timeout,
+                          env=_env(GOSSIP_RENDEZVOUS=address, GOSSIP_MEMBER_NAME=name, **env))
+    return proc.returncode, proc.stdout + proc.stderr
+
+
+def _members_beside(joiner, box: dict, members, args: tuple, tag: str, timeout: float):
+    """Spawn 3 members running ``members(peer, *args)`` while ``joiner()`` runs in a thread
+    (it leaves its process's output in ``box["out"]``); the members' results and the
+    joiner's lines that start with ``tag``."""
+    thread = threading.Thread(target=joiner)
+    thread.start()
+    try:
+        results = spawn(members, n=3, timeout=timeout, args=args, peer_timeout=PEER_TIMEOUT)
+    finally:
+        thread.join(timeout)
+    return results, [ln for ln in box.get("out", "").splitlines() if ln.startswith(tag)]
+
+
 def _env(**extra) -> dict:
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("GOSSIP_", "RANK", "WORLD_SIZE", "MASTER_", "SLURM_", "OMPI_"))}
@@ -43,10 +85,7 @@ def test_every_peer_reads_the_same_first_view():
 # ---------------------------------------------------------------- a joiner
 def members_until_joined(peer, workdir, size):
     from gossip.policies import Synchronous
-    if peer.rank == 0:
-        with open(os.path.join(workdir, "address.tmp"), "w") as f:
-            f.write(peer.settings.rendezvous)
-        os.replace(os.path.join(workdir, "address.tmp"), os.path.join(workdir, "address"))
+    _publish_address(peer, workdir)
     x = np.full(1000, float(peer.rank))
     policy = Synchronous().attach(peer, [x])      # every replica starts from rank 0's x
     # The same condition on every replica (they switch views at the same boundary).
@@ -78,9 +117,7 @@ JOINER = textwrap.dedent("""
 
 
 def _start_joiner(workdir, size, name="joiner"):
-    address = wait_until(lambda: os.path.exists(os.path.join(workdir, "address"))
-                         and open(os.path.join(workdir, "address")).read(), 60,
-                         what="rank 0's rendezvous address")
+    address = _wait_address(workdir)
     script = os.path.join(workdir, "joiner.py")
     with open(script, "w") as f:
         f.write(JOINER)
@@ -97,14 +134,8 @@ def test_a_process_joins_a_running_synchronous_group_and_takes_its_state(tmp_pat
         box["proc"] = proc = _start_joiner(workdir, 4)
         box["out"], _ = proc.communicate(timeout=120)
 
-    thread = threading.Thread(target=joiner)
-    thread.start()
-    try:
-        results = spawn(members_until_joined, n=3, timeout=150, args=(workdir, 4),
-                        peer_timeout=PEER_TIMEOUT)
-    finally:
-        thread.join(150)
-    line = [ln for ln in box["out"].splitlines() if ln.startswith("JOINED")]
+    results, line = _members_beside(joiner, box, members_until_joined, (workdir, 4), "JOINED",
+                                    timeout=150)
     assert line, box["out"]
     _, rank, size, number, start, steps, value = line[0].split()
     assert (int(rank), int(size), int(number)) == (3, 4, 1)
@@ -153,10 +184,7 @@ def test_the_death_of_rank_0_the_first_coordinator_stops_nothing():
 # ---------------------------------------------------------------- a restart
 def elastic_with_restart(peer, workdir, victim, kill_at, total):
     from gossip.policies import Synchronous
-    if peer.rank == 0:
-        with open(os.path.join(workdir, "address.tmp"), "w") as f:
-            f.write(peer.settings.rendezvous)
-        os.replace(os.path.join(workdir, "address.tmp"), os.path.join(workdir, "address"))
+    _publish_address(peer, workdir)
     x = np.arange(1000, dtype=np.float64)
     policy = Synchronous(elastic=True).attach(peer, [x])
     first_rank = peer.rank
@@ -196,7 +224,7 @@ def test_a_killed_peer_started_again_the_same_way_rejoins(tmp_path):
     def restart():
         wait_until(lambda: os.path.exists(os.path.join(workdir, "victim")), 60,
                    what="the victim's death")
-        address = open(os.path.join(workdir, "address")).read()
+        address = _wait_address(workdir)
         script = os.path.join(workdir, "restarted.py")
         with open(script, "w") as f:
             f.write(RESTARTED)
@@ -266,10 +294,7 @@ def test_gossip_run_restarts_a_killed_peer_which_rejoins(tmp_path, victim):
 # ---------------------------------------------------------------- joiners that fail
 def members_until_view(peer, workdir, view_number, steps):
     from gossip.policies import Synchronous
-    if peer.rank == 0:
-        with open(os.path.join(workdir, "address.tmp"), "w") as f:
-            f.write(peer.settings.rendezvous)
-        os.replace(os.path.join(workdir, "address.tmp"), os.path.join(workdir, "address"))
+    _publish_address(peer, workdir)
     x = np.full(1000, float(peer.rank))
     policy = Synchronous().attach(peer, [x])
     done = np.zeros(1)
@@ -307,19 +332,10 @@ BAD_JOINER = textwrap.dedent("""
 
 
 def _bad_joiner(workdir, how, **env):
-    address = wait_until(lambda: os.path.exists(os.path.join(workdir, "address"))
-                         and open(os.path.join(workdir, "address")).read(), 60,
-                         what="rank 0's rendezvous address")
-    script = os.path.join(workdir, "bad.py")
-    with open(script, "w") as f:
-        f.write(BAD_JOINER)
     try:
-            proc = subprocess.run([sys.executable, script, how], capture_output=True, text=True,
-                              timeout=120, env=_env(GOSSIP_RENDEZVOUS=address,
-                                                    GOSSIP_MEMBER_NAME="stranger", **env))
+        return _run_joiner(workdir, BAD_JOINER, [how], "stranger", **env)
     finally:
-        open(os.path.join(workdir, "done"), "w").close()
-    return proc.returncode, proc.stdout + proc.stderr
+        open(os.path.join(workdir, "done"), "w").close()   # the members may stop now
 
 
 def _with_bad_joiner(tmp_path, how, view_number, key=None, **env):
@@ -367,10 +383,7 @@ def test_a_joiner_of_another_job_is_refused_naming_both(tmp_path):
 # ---------------------------------------------------------------- gossip, leaves, many joins
 def gossip_members(peer, workdir, size, leaver):
     from gossip.policies import Gossip
-    if peer.rank == 0:
-        with open(os.path.join(workdir, "address.tmp"), "w") as f:
-            f.write(peer.settings.rendezvous)
-        os.replace(os.path.join(workdir, "address.tmp"), os.path.join(workdir, "address"))
+    _publish_address(peer, workdir)
     first_rank = peer.rank
     x = np.full(100, float(peer.rank))
     policy = Gossip().attach(peer, [x])
@@ -406,25 +419,10 @@ def test_a_joiner_enters_a_gossip_ring_which_is_recomputed_over_the_view(tmp_pat
     workdir, box = str(tmp_path), {}
 
     def joiner():
-        address = wait_until(lambda: os.path.exists(os.path.join(workdir, "address"))
-                             and open(os.path.join(workdir, "address")).read(), 60,
-                             what="the address")
-        script = os.path.join(workdir, "gj.py")
-        with open(script, "w") as f:
-            f.write(GOSSIP_JOINER)
-        proc = subprocess.run([sys.executable, script, "4"], capture_output=True, text=True,
-                              timeout=120, env=_env(GOSSIP_RENDEZVOUS=address,
-                                                    GOSSIP_MEMBER_NAME="joiner"))
-        box["out"] = proc.stdout + proc.stderr
+        box["out"] = _run_joiner(workdir, GOSSIP_JOINER, [4], "joiner")[1]
 
-    thread = threading.Thread(target=joiner)
-    thread.start()
-    try:
-        results = spawn(gossip_members, n=3, timeout=150, args=(workdir, 4, None),
-                        peer_timeout=PEER_TIMEOUT)
-    finally:
-        thread.join(150)
-    line = [ln for ln in box["out"].splitlines() if ln.startswith("JOINED")]
+    results, line = _members_beside(joiner, box, gossip_members, (workdir, 4, None), "JOINED",
+                                    timeout=150)
     assert line, box["out"]
     means = [float(line[0].split()[-1])] + [r[3] for r in results]
     for world, number, topology, _ in results:
@@ -552,10 +550,7 @@ def test_only_holders_of_the_cluster_key_can_join(tmp_path):
 def sampled_epochs(peer, workdir, length, size):
     import gossip
     from gossip.policies import Synchronous
-    if peer.rank == 0:
-        with open(os.path.join(workdir, "address.tmp"), "w") as f:
-            f.write(peer.settings.rendezvous)
-        os.replace(os.path.join(workdir, "address.tmp"), os.path.join(workdir, "address"))
+    _publish_address(peer, workdir)
     sampler = gossip.ElasticSampler(length, batch_size=4, peer=peer, seed=7)
     x = np.zeros(10)
     policy = Synchronous().attach(peer, [x])
@@ -593,25 +588,10 @@ def test_no_sample_is_seen_twice_or_skipped_in_an_epoch_a_peer_joined_in(tmp_pat
     workdir, box, length = str(tmp_path), {}, 4000
 
     def joiner():
-        address = wait_until(lambda: os.path.exists(os.path.join(workdir, "address"))
-                             and open(os.path.join(workdir, "address")).read(), 60,
-                             what="the address")
-        script = os.path.join(workdir, "sj.py")
-        with open(script, "w") as f:
-            f.write(SAMPLING_JOINER)
-        proc = subprocess.run([sys.executable, script, str(length)], capture_output=True,
-                              text=True, timeout=120,
-                              env=_env(GOSSIP_RENDEZVOUS=address, GOSSIP_MEMBER_NAME="late"))
-        box["out"] = proc.stdout + proc.stderr
+        box["out"] = _run_joiner(workdir, SAMPLING_JOINER, [length], "late")[1]
 
-    thread = threading.Thread(target=joiner)
-    thread.start()
-    try:
-        results = spawn(sampled_epochs, n=3, timeout=150, args=(workdir, length, 4),
-                        peer_timeout=PEER_TIMEOUT)
-    finally:
-        thread.join(150)
-    line = [ln for ln in box["out"].splitlines() if ln.startswith("SEEN ")]
+    results, line = _members_beside(joiner, box, sampled_epochs, (workdir, length, 4), "SEEN ",
+                                    timeout=150)
     assert line, box["out"]
     joiner_seen = json.loads(line[0][5:])
     last = max(epoch for r in results for epoch, _ in r[0])   # the joiner's epoch
@@ -642,10 +622,7 @@ def torch_members(peer, workdir, size):
     import torch
     import gossip
     from gossip.policies import Synchronous
-    if peer.rank == 0:
-        with open(os.path.join(workdir, "address.tmp"), "w") as f:
-            f.write(peer.settings.rendezvous)
-        os.replace(os.path.join(workdir, "address.tmp"), os.path.join(workdir, "address"))
+    _publish_address(peer, workdir)
     torch.manual_seed(peer.rank)
     model = torch.nn.Linear(8, 1)
     opt = gossip.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.01,
@@ -686,25 +663,11 @@ def test_a_joiner_takes_the_optimizers_momentum_and_stays_a_bitwise_replica(tmp_
     workdir, box = str(tmp_path), {}
 
     def joiner():
-        wait_until(lambda: os.path.exists(os.path.join(workdir, "address")), 60,
-                   what="the address")
-        address = open(os.path.join(workdir, "address")).read()
-        script = os.path.join(workdir, "tj.py")
-        with open(script, "w") as f:
-            f.write(TORCH_JOINER)
-        proc = subprocess.run([sys.executable, script, "4", os.path.dirname(__file__)],
-                              capture_output=True, text=True, timeout=150,
-                              env=_env(GOSSIP_RENDEZVOUS=address, GOSSIP_MEMBER_NAME="tj"))
-        box["out"] = proc.stdout + proc.stderr
+        box["out"] = _run_joiner(workdir, TORCH_JOINER, [4, os.path.dirname(__file__)], "tj",
+                                 timeout=150)[1]
 
-    thread = threading.Thread(target=joiner)
-    thread.start()
-    try:
-        results = spawn(torch_members, n=3, timeout=180, args=(workdir, 4),
-                        peer_timeout=PEER_TIMEOUT)
-    finally:
-        thread.join(180)
-    line = [ln for ln in box["out"].splitlines() if ln.startswith("PARAMS")]
+    results, line = _members_beside(joiner, box, torch_members, (workdir, 4), "PARAMS",
+                                    timeout=180)
     assert line, box["out"][-3000:]
     assert results[0] == results[1] == results[2]
     assert results[0].hex() == line[0].split()[1]

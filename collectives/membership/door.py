@@ -191,14 +191,8 @@ class Door:
 
     @staticmethod
     def _decode(raw: bytes) -> dict | None:
-        if len(raw) > MAX_DOOR_MESSAGE:
-            return None
-        try:
-            obj = msgpack.unpackb(raw, raw=False, strict_map_key=True,
-                                  max_bin_len=MAX_DOOR_MESSAGE, max_str_len=MAX_DOOR_MESSAGE)
-        except Exception:
-            return None
-        if not isinstance(obj, dict) or obj.get("v") != DOOR_VERSION:
+        obj = _unpack(raw)
+        if obj is None or obj.get("v") != DOOR_VERSION:
             return None
         if not isinstance(obj.get("from"), str) or not isinstance(obj.get("kind"), str):
             return None
@@ -283,8 +277,8 @@ class Door:
         self._context.term()
 
 
-def _registration(raw: bytes) -> dict | None:
-    """A rendezvous registration (rendezvous.py's format), or None."""
+def _unpack(raw: bytes) -> dict | None:
+    """A size-capped msgpack map off the wire, or None (never anything but plain values)."""
     if len(raw) > MAX_DOOR_MESSAGE:
         return None
     try:
@@ -292,6 +286,12 @@ def _registration(raw: bytes) -> dict | None:
                               max_bin_len=MAX_DOOR_MESSAGE, max_str_len=MAX_DOOR_MESSAGE)
     except Exception:
         return None
-    if isinstance(obj, dict) and "kind" not in obj and type(obj.get("rank")) is int:
+    return obj if isinstance(obj, dict) else None
+
+
+def _registration(raw: bytes) -> dict | None:
+    """A rendezvous registration (rendezvous.py's format), or None."""
+    obj = _unpack(raw)
+    if obj is not None and "kind" not in obj and type(obj.get("rank")) is int:
         return obj
     return None
