@@ -12,9 +12,9 @@ from typing import Any
 from collectives.communicator import Communicator
 from gossip.errors import PeerLost
 from gossip.membership import resize_topology
-from gossip.state_transfer import load_state, receive_state, send_state, state_of
+from gossip.state_transfer import Prefetch, load_state, receive_state, send_state, state_of
 
-__all__ = ["take_switch", "take_state"]
+__all__ = ["take_switch", "take_state", "prefetch"]
 
 log = logging.getLogger("gossip")
 
@@ -54,12 +54,18 @@ def take_switch(peer: Any, switch: Any, policy: Any = None) -> int:
     return switch.step
 
 
-def take_state(peer: Any, switch: Any, policy: Any) -> None:
-    """A joiner's first policy attached: take the source's state, then meet the members at
-    the boundary where they admitted it. If the state does not fit (another model) or does
-    not arrive, the joiner closes at once, so the members leave it out without waiting."""
+def prefetch(peer: Any, switch: Any) -> Prefetch:
+    """A joiner starts receiving the source's state as soon as it is admitted."""
+    return Prefetch(peer, switch.source, peer._membership.changes.timeout)
+
+
+def take_state(peer: Any, switch: Any, policy: Any, fetched: Prefetch) -> None:
+    """A joiner's first policy attached: take the source's state (``fetched`` since the
+    admission), then meet the members at the boundary where they admitted it. If the state
+    does not fit (another model) or does not arrive, the joiner closes at once, so the
+    members leave it out without waiting."""
     try:
-        step, snapshot = receive_state(peer, switch.source, state_of(policy), policy.timeout)
+        step, snapshot = fetched.result(peer, state_of(policy))
         load_state(policy, snapshot, step)
         peer.barrier()
     except BaseException:

@@ -40,6 +40,9 @@ class Peer:
         # Objects whose state_dict() travels with the state a joiner takes (an
         # ElasticSampler's cursor): name -> object.
         self.tracked_state: dict[str, Any] = {}
+        self.pending_tracked: dict[str, Any] = {}   # received before their object existed
+        if joined is not None:   # the state starts coming now, while the model is built
+            self._prefetch = elastic.prefetch(self, joined)
         if membership is not None:
             membership.changes.refusal = self._refusal
             membership.changes.replicated = self._replicated
@@ -256,6 +259,8 @@ class Peer:
         """Send ``obj.state_dict()`` (plain values) with the state a joiner (or a member a
         step behind) takes, and load it there with ``obj.load_state_dict``."""
         self.tracked_state[name] = obj
+        if name in self.pending_tracked:
+            obj.load_state_dict(self.pending_tracked.pop(name))
 
     def on_view_change(self, callback: Any) -> None:
         """Call ``callback(view)`` after every view change, in the thread that took it."""
@@ -309,7 +314,7 @@ class Peer:
         """Called by Policy.attach: a joiner takes the running job's state now."""
         if self._joined is not None:
             switch, self._joined = self._joined, None
-            elastic.take_state(self, switch, policy)
+            elastic.take_state(self, switch, policy, self._prefetch)
 
     def close(self) -> None:
         """Close the attached policies (their background threads stop), then stop the worker

@@ -17,6 +17,7 @@ one), then loads the optimizer and the policy.
 from __future__ import annotations
 
 import logging
+import threading
 from typing import Any
 
 import msgpack
@@ -26,7 +27,7 @@ from gossip.channels import PeerChannel
 from gossip.errors import ProtocolError
 from gossip.snapshot import Snapshot, SnapshotReceiver
 
-__all__ = ["send_state", "receive_state", "state_of", "load_state", "CHUNK_BYTES"]
+__all__ = ["send_state", "receive_state", "Prefetch", "state_of", "load_state", "CHUNK_BYTES"]
 
 log = logging.getLogger("gossip")
 
@@ -78,8 +79,48 @@ def send_state(peer: Any, snapshot: Snapshot, receivers: list[int], step: int,
 def receive_state(peer: Any, source: int, mine: Snapshot,
                   timeout: float) -> tuple[int, Snapshot]:
     """Receive ``source``'s state, checked against ``mine`` (this peer's own, for the
-    parameters' names, dtypes and shapes); returns (the source's step, its snapshot), and
-    loads the tracked objects' state."""
+    parameters' names, dtypes and shapes) before anything is allocated; returns (the
+    source's step, its snapshot), and loads the tracked objects' state."""
+    step, snapshot, tracked = _receive(peer, source, timeout, mine)
+    _load_tracked(peer, tracked)
+    return step, snapshot
+
+
+class Prefetch:
+    """A joiner's state, received in a thread of its own from the moment it is admitted, so
+    the transfer overlaps the joiner building its model (its arrays are the snapshot's, then
+    copied into the model at attach). ``result(mine)`` waits for it, then checks it against
+    this peer's own state as receive_state does."""
+
+    def __init__(self, peer: Any, source: int, timeout: float) -> None:
+        self._outcome: tuple | BaseException | None = None
+        self._timeout = timeout
+        self._thread = threading.Thread(target=self._run, args=(peer, source, timeout),
+                                        name="gossip state prefetch", daemon=True)
+        self._thread.start()
+
+    def _run(self, peer: Any, source: int, timeout: float) -> None:
+        try:
+            self._outcome = _receive(peer, source, timeout, None)
+        except BaseException as exc:  # handed to result()
+            self._outcome = exc
+
+    def result(self, peer: Any, mine: Snapshot) -> tuple[int, Snapshot]:
+        self._thread.join(self._timeout)
+        outcome = self._outcome
+        if outcome is None:
+            raise ProtocolError(f"rank {peer.rank}: the running job's state did not arrive "
+                                f"within {self._timeout:g}s")
+        if isinstance(outcome, BaseException):
+            raise outcome
+        step, snapshot, tracked = outcome
+        mine.check_compatible(snapshot.manifest, parts=("params",))
+        _load_tracked(peer, tracked)
+        return step, snapshot
+
+
+def _receive(peer: Any, source: int, timeout: float,
+             mine: Snapshot | None) -> tuple[int, Snapshot, dict]:
     comm = peer.channel(PeerChannel.MEMBERSHIP)
     raw = comm.recv(source, timeout=timeout)
     if raw.nbytes > _MAX_MANIFEST:
@@ -91,16 +132,23 @@ def receive_state(peer: Any, source: int, mine: Snapshot,
     except Exception as exc:
         raise ProtocolError(f"rank {peer.rank}: rank {source}'s state manifest is "
                             f"malformed: {exc}") from None
-    # This peer's fresh optimizer has no state yet: only the parameters must agree.
-    mine.check_compatible(theirs, parts=("params",))
+    if mine is not None:
+        # This peer's fresh optimizer has no state yet: only the parameters must agree.
+        mine.check_compatible(theirs, parts=("params",))
     receiver = SnapshotReceiver(theirs)
     for offset, length in receiver.layout.ranges(CHUNK_BYTES):
         comm.recv(source, out=np.frombuffer(receiver.target(offset, length), dtype=np.uint8),
                   timeout=timeout)
         receiver.wrote(offset, length)
-    snapshot = receiver.finish()
-    tracked = manifest.get("tracked") or {}
-    for name, obj in peer.tracked_state.items():
-        if name in tracked:
-            obj.load_state_dict(tracked[name])
-    return step, snapshot
+    return step, receiver.finish(), manifest.get("tracked") or {}
+
+
+def _load_tracked(peer: Any, tracked: dict) -> None:
+    """The tracked objects' state (an ElasticSampler's cursor) into those registered; the
+    others' waits in ``peer.pending_tracked`` for their registration."""
+    for name, state in tracked.items():
+        obj = peer.tracked_state.get(name)
+        if obj is not None:
+            obj.load_state_dict(state)
+        else:
+            peer.pending_tracked[name] = state
