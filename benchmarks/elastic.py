@@ -46,9 +46,11 @@ JOINER = textwrap.dedent("""
     t_state = time.time()
     policy.after_step()
     t_step = time.time()
+    join = peer.stats()["join"]
     print("ROW", json.dumps({"start": t_import - t0, "admission": t_admitted - t_import,
                              "transfer": t_state - t_admitted, "first_step": t_step - t_state,
-                             "total": t_step - t0, "view": peer.view.number}), flush=True)
+                             "total": t_step - t0, "view": peer.view.number,
+                             "receive": join["receive_seconds"]}), flush=True)
     peer.close()
 """)
 
@@ -111,8 +113,8 @@ def run_once(n: int, nbytes: int) -> dict:
         raise RuntimeError(f"the joiner reported nothing:\n{out.get('text', '')[-3000:]}")
     row = json.loads(rows[0])
     row.update(bytes=nbytes, n=n, p2p_GBps=results[0] / 1e9,
-               transfer_GBps=nbytes / row["transfer"] / 1e9 if row["transfer"] > 0 else 0.0)
-    row["transfer_vs_p2p"] = row["transfer_GBps"] / row["p2p_GBps"] if row["p2p_GBps"] else 0.0
+               receive_GBps=nbytes / row["receive"] / 1e9 if row["receive"] > 0 else 0.0)
+    row["receive_vs_p2p"] = row["receive_GBps"] / row["p2p_GBps"] if row["p2p_GBps"] else 0.0
     return row
 
 
@@ -129,14 +131,15 @@ def main(argv=None) -> int:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--json", default=None, help="append every row to this file")
     args = parser.parse_args(argv)
-    print(f"{'bytes':>10} {'start s':>8} {'admit s':>8} {'state s':>8} {'1st step s':>10} "
-          f"{'total s':>8} {'state GB/s':>10} {'p2p GB/s':>9} {'ratio':>6}")
+    print(f"{'bytes':>10} {'start s':>8} {'admit s':>8} {'attach s':>8} {'1st step s':>10} "
+          f"{'total s':>8} {'recv s':>7} {'recv GB/s':>9} {'p2p GB/s':>9} {'ratio':>6}")
     for size in args.sizes.split(","):
         rows = [run_once(args.n, _size(size)) for _ in range(args.repeats)]
         med = {k: statistics.median(r[k] for r in rows) for k in rows[0] if k != "view"}
         print(f"{size:>10} {med['start']:8.2f} {med['admission']:8.2f} {med['transfer']:8.2f} "
-              f"{med['first_step']:10.3f} {med['total']:8.2f} {med['transfer_GBps']:10.2f} "
-              f"{med['p2p_GBps']:9.2f} {med['transfer_vs_p2p']:6.2f}", flush=True)
+              f"{med['first_step']:10.3f} {med['total']:8.2f} {med['receive']:7.2f} "
+              f"{med['receive_GBps']:9.2f} {med['p2p_GBps']:9.2f} {med['receive_vs_p2p']:6.2f}",
+              flush=True)
         if args.json:
             with open(args.json, "a") as f:
                 for r in rows:

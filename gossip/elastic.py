@@ -71,8 +71,10 @@ def take_state(peer: Any, switch: Any, policy: Any, fetched: Prefetch) -> None:
     except BaseException:
         peer.close()
         raise
-    log.info("rank %d: took rank %d's state at step %d; training from there", peer.rank,
-             switch.source, step)
+    peer.join_stats = {"state_bytes": fetched.nbytes, "receive_seconds": fetched.seconds}
+    log.info("rank %d: took rank %d's state at step %d (%.1f MiB received in %.3f s); "
+             "training from there", peer.rank, switch.source, step, fetched.nbytes / 2**20,
+             fetched.seconds)
 
 
 def _install(peer: Any, switch: Any) -> None:

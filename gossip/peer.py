@@ -41,6 +41,7 @@ class Peer:
         # ElasticSampler's cursor): name -> object.
         self.tracked_state: dict[str, Any] = {}
         self.pending_tracked: dict[str, Any] = {}   # received before their object existed
+        self.join_stats: dict[str, Any] = {}
         if joined is not None:   # the state starts coming now, while the model is built
             self._prefetch = elastic.prefetch(self, joined)
         if membership is not None:
@@ -220,6 +221,8 @@ class Peer:
             stats["view"] = self._membership.view.number if self._membership.view else None
             stats["door"] = {"dropped": door.dropped,
                              "handshakes_refused": dict(door.refusals.by_reason)}
+            if self.join_stats:   # a joiner: how its state came
+                stats["join"] = dict(self.join_stats)
         return stats
 
     def register_policy(self, policy: Any) -> None:

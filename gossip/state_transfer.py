@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from typing import Any
 
 import msgpack
@@ -95,15 +96,20 @@ class Prefetch:
     def __init__(self, peer: Any, source: int, timeout: float) -> None:
         self._outcome: tuple | BaseException | None = None
         self._timeout = timeout
+        self.seconds = 0.0   # from the admission to the last digest checked
+        self.nbytes = 0
         self._thread = threading.Thread(target=self._run, args=(peer, source, timeout),
                                         name="gossip state prefetch", daemon=True)
         self._thread.start()
 
     def _run(self, peer: Any, source: int, timeout: float) -> None:
+        start = time.monotonic()
         try:
             self._outcome = _receive(peer, source, timeout, None)
+            self.nbytes = self._outcome[1].nbytes
         except BaseException as exc:  # handed to result()
             self._outcome = exc
+        self.seconds = time.monotonic() - start
 
     def result(self, peer: Any, mine: Snapshot) -> tuple[int, Snapshot]:
         self._thread.join(self._timeout)
