@@ -671,3 +671,33 @@ def test_a_joiner_takes_the_optimizers_momentum_and_stays_a_bitwise_replica(tmp_
     assert line, box["out"][-3000:]
     assert results[0] == results[1] == results[2]
     assert results[0].hex() == line[0].split()[1]
+
+
+# ---------------------------------------------------------------- torchrun --max-restarts
+TORCHRUN_SCRIPT = textwrap.dedent("""
+    import os, numpy as np, gossip
+    peer = gossip.init(timeout=20)
+    attempt = int(os.environ["TORCHELASTIC_RESTART_COUNT"])
+    x = np.full(4, float(peer.rank))
+    peer.allreduce(x)
+    if attempt == 0 and peer.rank == 1:
+        os._exit(3)        # the first attempt of rank 1 fails: torchrun restarts every worker
+    peer.allreduce(x)
+    print("DONE", attempt, peer.world_size, peer.job_id, x.tolist(), flush=True)
+    peer.close()
+""")
+
+
+def test_torchrun_max_restarts_re_forms_the_group(tmp_path):
+    from gossip.testing import free_port
+    script = tmp_path / "tr.py"
+    script.write_text(TORCHRUN_SCRIPT)
+    run = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node",
+                          "2", "--max-restarts", "1", "--rdzv-backend", "c10d", "--rdzv-id",
+                          "exp7", "--rdzv-endpoint", f"127.0.0.1:{free_port()}", str(script)],
+                         env=_env(), capture_output=True, text=True, timeout=180)
+    out = run.stdout + run.stderr
+    assert run.returncode == 0, out[-4000:]
+    done = [line.split("DONE ", 1)[1] for line in out.splitlines() if "DONE " in line]
+    # The second attempt: both workers, one group of two, torchrun's run id as the job id.
+    assert sorted(done) == ["1 2 torchrun-exp7 [2.0, 2.0, 2.0, 2.0]"] * 2, out[-4000:]
