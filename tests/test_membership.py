@@ -698,6 +698,7 @@ def test_torchrun_max_restarts_re_forms_the_group(tmp_path):
                          env=_env(), capture_output=True, text=True, timeout=180)
     out = run.stdout + run.stderr
     assert run.returncode == 0, out[-4000:]
-    done = [line.split("DONE ", 1)[1] for line in out.splitlines() if "DONE " in line]
     # The second attempt: both workers, one group of two, torchrun's run id as the job id.
-    assert sorted(done) == ["1 2 torchrun-exp7 [2.0, 2.0, 2.0, 2.0]"] * 2, out[-4000:]
+    # (torchrun passes the workers' output through unprefixed: lines may run together.)
+    assert out.count("DONE 1 2 torchrun-exp7 [2.0, 2.0, 2.0, 2.0]") == 2, out[-4000:]
+    assert out.count("DONE") == 2, out[-4000:]
