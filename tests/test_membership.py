@@ -683,7 +683,8 @@ TORCHRUN_SCRIPT = textwrap.dedent("""
     if attempt == 0 and peer.rank == 1:
         os._exit(3)        # the first attempt of rank 1 fails: torchrun restarts every worker
     peer.allreduce(x)
-    print("DONE", attempt, peer.world_size, peer.job_id, x.tolist(), flush=True)
+    with open(os.path.join(os.environ["OUT_DIR"], f"done-{peer.rank}-{attempt}"), "w") as f:
+        f.write(f"{peer.world_size} {peer.job_id} {x.tolist()}")
     peer.close()
 """)
 
@@ -695,10 +696,13 @@ def test_torchrun_max_restarts_re_forms_the_group(tmp_path):
     run = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node",
                           "2", "--max-restarts", "1", "--rdzv-backend", "c10d", "--rdzv-id",
                           "exp7", "--rdzv-endpoint", f"127.0.0.1:{free_port()}", str(script)],
-                         env=_env(), capture_output=True, text=True, timeout=180)
+                         env=_env(OUT_DIR=str(tmp_path)), capture_output=True, text=True,
+                         timeout=180)
     out = run.stdout + run.stderr
     assert run.returncode == 0, out[-4000:]
     # The second attempt: both workers, one group of two, torchrun's run id as the job id.
-    # (torchrun passes the workers' output through unprefixed: lines may run together.)
-    assert out.count("DONE 1 2 torchrun-exp7 [2.0, 2.0, 2.0, 2.0]") == 2, out[-4000:]
-    assert out.count("DONE") == 2, out[-4000:]
+    # (Each worker writes a file: torchrun passes their output through unprefixed.)
+    done = sorted(p.name for p in tmp_path.glob("done-*"))
+    assert done == ["done-0-1", "done-1-1"], out[-4000:]
+    assert {(tmp_path / name).read_text() for name in done} == \
+        {"2 torchrun-exp7 [2.0, 2.0, 2.0, 2.0]"}
