@@ -79,7 +79,7 @@ def killed_mid_training(peer, policy_name, neighbours_of_3):
         if peer.rank == 3 and step == 15:
             os.kill(os.getpid(), signal.SIGKILL)
         x -= 0.01 * x
-        time.sleep(0.003)
+        np.ones((96, 96)) @ np.ones((96, 96))   # a step's compute
         policy.after_step()
     if peer.rank in neighbours_of_3:   # only peers connected to rank 3 can notice its death
         try:
