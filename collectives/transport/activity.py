@@ -19,7 +19,6 @@ that is all a late plan or a status question needs.
 from __future__ import annotations
 
 import threading
-from collections import OrderedDict
 from typing import NamedTuple
 
 __all__ = ["Activity", "Status", "IDLE", "INSIDE", "FINISHED", "BUSY", "RECENT", "same_call"]
@@ -71,7 +70,7 @@ class Activity:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._ops: OrderedDict[tuple[int, int], _Op] = OrderedDict()
+        self._ops: dict[tuple[int, int], _Op] = {}  # in the order begun (oldest dropped)
         self._current: dict[int, int] = {}  # channel -> the latest sequence begun
         self._pending: dict[tuple[int, int], set[int]] = {}  # plans before their operation
         # The first chunk's (src, call) of each collective operation not begun yet: a chunk of
@@ -83,16 +82,20 @@ class Activity:
         """Operation ``(channel, seq)`` starts; ``neighbours``: the peers a neighbour exchange
         involves (None: all). Returns the peers whose plans arrived first although this call
         does not involve them (the caller answers them and refuses the call)."""
+        key, op = (channel, seq), _Op(signature, neighbours)
         with self._lock:
-            op = self._ops[(channel, seq)] = _Op(signature, neighbours)
+            ops = self._ops
+            ops[key] = op
             if seq > self._current.get(channel, -1):
                 self._current[channel] = seq
-            while len(self._ops) > RECENT:
-                self._ops.popitem(last=False)
-            first = self._early.pop((channel, seq), None)
-            if first is not None and not same_call(first[1], signature):
-                op.mismatch = _mismatch(signature, seq, *first)
-            early = self._pending.pop((channel, seq), ())
+            while len(ops) > RECENT:
+                del ops[next(iter(ops))]
+            # Both are empty but for calls that came early (a dict's truth is cheaper than a pop).
+            if self._early:
+                first = self._early.pop(key, None)
+                if first is not None and not same_call(first[1], signature):
+                    op.mismatch = _mismatch(signature, seq, *first)
+            early = self._pending.pop(key, ()) if self._pending else ()
             if neighbours is None:
                 return []
             op.strangers = sorted(src for src in early if src not in neighbours)
@@ -100,13 +103,13 @@ class Activity:
 
     def end(self, channel: int, seq: int, failed: bool = False) -> None:
         """Operation ``(channel, seq)`` ended. A failed one keeps the rank it was waiting on:
-        a peer asking later follows it there (this peer gave up waiting on that rank)."""
-        with self._lock:
-            op = self._ops.get((channel, seq))
-            if op is not None:
-                op.finished = True
-                if not failed:
-                    op.waiting_on = -1
+        a peer asking later follows it there (this peer gave up waiting on that rank). No lock:
+        one dict read and two attribute writes; a status() read between them is as good."""
+        op = self._ops.get((channel, seq))
+        if op is not None:
+            if not failed:
+                op.waiting_on = -1
+            op.finished = True
 
     def strangers(self, channel: int, seq: int) -> list[int]:
         """The peers that named operation ``(channel, seq)`` though it does not name them."""
@@ -147,7 +150,8 @@ class Activity:
                     if len(self._early) > RECENT:  # operations that never begin here
                         self._early.pop(next(iter(self._early)))
                     return None
-        if op.finished or op.mismatch is not None or same_call(their_call, op.signature):
+        if their_call == op.signature or op.finished or op.mismatch is not None \
+                or same_call(their_call, op.signature):
             return None
         op.mismatch = _mismatch(op.signature, seq, src, their_call)
         return op.waiting_on

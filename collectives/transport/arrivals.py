@@ -119,10 +119,15 @@ class Arrivals:
         self._heard[src] = header.number
         # Every message is either dropped (and counted as such) or received, never both:
         # dropped + received accounts for every message that arrived.
-        handler = self._handlers.get(header.kind)
-        if handler is None or handler(src, header, payload):
+        kind = header.kind
+        if kind == DATA and not header.slot:  # the usual message, without the table
+            counted = self._deliver(src, header, payload)
+        else:
+            handler = self._handlers.get(kind)
+            counted = handler is None or handler(src, header, payload)
+        if counted:
             self._counters[src].messages_received += 1
-            if header.kind in _CHUNKS:
+            if kind in _CHUNKS:
                 self._check_call(src, header)
         # Read, so acknowledged (after the handler: a pause it decided holds this ACK back).
         self._acks.read(src, len(payload) if payload is not None else 0, header.number)

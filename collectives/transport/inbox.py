@@ -73,6 +73,9 @@ class _Retired:
         self.above: set[int] = set()
 
     def add(self, seq: int) -> None:
+        if seq == self.low and not self.above:  # in order: the usual case
+            self.low = seq + 1
+            return
         if seq < self.low:
             return
         self.above.add(seq)
@@ -110,6 +113,7 @@ class Inbox:
         self._closed = False
         # Woken by every delivery, error, loss and close: what wait_any() sleeps on.
         self._arrivals = threading.Condition(self._lock)
+        self._any_waiters = 0  # callers inside wait_any: only they need _arrivals notified
 
     # -- producer side (the I/O thread) ------------------------------------------------------
     def put(self, key: Address, item: Any, nbytes: int = 0) -> bool | None:
@@ -146,7 +150,8 @@ class Inbox:
                 box = self._boxes[key] = _Mailbox()
             box.items.append(item)
             box.notify()
-            self._arrivals.notify_all()
+            if self._any_waiters:  # (a Condition's notify is Python code: skipped when idle)
+                self._arrivals.notify_all()
         if pause is not None:
             self.on_hold(*pause)
         return True
@@ -298,7 +303,11 @@ class Inbox:
                 resumes = [self._resume(s) for s in {k[0] for k in keys} & self._holding]
                 if resumes:
                     break
-                self._arrivals.wait(remaining)
+                self._any_waiters += 1
+                try:
+                    self._arrivals.wait(remaining)
+                finally:
+                    self._any_waiters -= 1
         for resume in resumes:
             self.on_hold(*resume)
         return self.wait_any(keys, deadline)
@@ -306,15 +315,30 @@ class Inbox:
     def retire(self, key: Address) -> list:
         """End a mailbox: drop what is left in it and refuse anything that arrives for it later.
         Returns the undelivered messages (their shared-memory slots must be released)."""
-        resume = None
+        return self.retire_all(key[1], key[2], (key[0],))
+
+    def retire_all(self, channel: int, seq: int, srcs) -> list:
+        """retire() the mailbox ``(src, channel, seq)`` of every one of ``srcs``, under one
+        lock (an operation's end retires one per peer); the undelivered messages of all."""
+        left, resumes = [], []
         with self._lock:
-            box = self._boxes.pop(key, None)
-            self._retired.setdefault(key[:2], _Retired()).add(key[2])
-            if box is not None and box.held:
-                resume = self._release(key[0], box)
-        if resume is not None:
+            boxes, retired = self._boxes, self._retired
+            for src in srcs:
+                box = boxes.pop((src, channel, seq), None)
+                marks = retired.get((src, channel))
+                if marks is None:
+                    marks = retired[(src, channel)] = _Retired()
+                marks.add(seq)
+                if box is not None:
+                    if box.held:
+                        resume = self._release(src, box)
+                        if resume is not None:
+                            resumes.append(resume)
+                    if box.items:
+                        left.extend(box.items)
+        for resume in resumes:
             self.on_hold(*resume)
-        return list(box.items) if box else []
+        return left
 
     def drop_unclaimed(self, src: int) -> int:
         """Empty every mailbox of ``src`` no operation has asked for (a cut connection's

@@ -95,9 +95,10 @@ class Link:
                                             rank=self.rank)
                     ticket.queued.set()
                 return False
-            if not self.queue and not self.paused \
-                    and self.window.room(message_cost(frames)) and self._send_now(frames, ticket):
-                return False
+            if not self.queue and not self.paused:
+                cost = message_cost(frames)
+                if self.window.room(cost) and self._send_now(frames, ticket, cost):
+                    return False
             self.queue.append((frames, ticket))
             return len(self.queue) == 1 and not self.paused
 
@@ -138,7 +139,7 @@ class Link:
             self.control[purpose] = frames
             return True
 
-    def _send_now(self, frames: tuple, ticket) -> bool:
+    def _send_now(self, frames: tuple, ticket, cost: int = 0) -> bool:
         # Every message is numbered here, under the lock, in the order the socket takes it
         # (urgent control messages included), so the receiver can refuse a replayed or
         # duplicated message by its number alone (see collectives/transport/wire.py).
@@ -158,7 +159,7 @@ class Link:
         except zmq.Again:
             return False
         self.sent_number = number
-        self.window.on_sent(message_cost(frames))
+        self.window.on_sent(cost or message_cost(frames))
         self._on_sent(self.rank, 1, len(frames[1]) if len(frames) > 1 else 0)
         if ticket is not None:
             ticket.tracker = tracker

@@ -297,10 +297,9 @@ class Transport:
     def retire(self, channel: int, seq: int, srcs) -> None:
         """End mailbox ``(src, channel, seq)`` of each of ``srcs``: later arrivals are dropped as
         stale, and unread shared-memory chunks give their slots back."""
-        for src in srcs:
-            for item in self.inbox.retire((src, channel, seq)):
-                if type(item) is tuple and item[2] is not None:
-                    item[2]()  # free the shared-memory slot of a message never consumed
+        for item in self.inbox.retire_all(channel, seq, srcs):
+            if type(item) is tuple and item[2] is not None:
+                item[2]()  # free the shared-memory slot of a message never consumed
 
     def is_lost(self, rank: int) -> bool:
         """True once ``rank`` can deliver no more (it died, closed or failed authentication)."""
