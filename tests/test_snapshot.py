@@ -280,6 +280,44 @@ def test_chunked_transfer_from_two_donors_reassembles_and_names_a_bad_chunk():
     assert receiver.finish().digest == donors[0].digest
 
 
+def test_pieces_are_checksummed_as_they_land_and_received_in_place_into_given_arrays():
+    from gossip.snapshot.arrays import PIECE_BYTES
+    rng = np.random.default_rng(7)
+    big = rng.standard_normal((5 * PIECE_BYTES) // 8 + 3)   # 5 pieces and a short one
+    donor = Snapshot.of(params=[big, np.arange(10, dtype=np.int64)], copy=True)
+    mine = [np.zeros_like(big), np.zeros(10, dtype=np.int64)]
+
+    receiver = SnapshotReceiver(donor.manifest, into={"params/0": mine[0],
+                                                     "params/1": mine[1][::2]})
+    layout = receiver.layout
+    for offset, length in layout.ranges(PIECE_BYTES):      # whole pieces: summed as written
+        receiver.target(offset, length)[:] = donor.read(offset, length)
+        receiver.wrote(offset, length)
+    # A piece written again in part after it was summed: summed again at finish().
+    receiver.write(PIECE_BYTES + 8, donor.read(PIECE_BYTES + 8, 16))
+    copy = receiver.finish()
+    assert copy.digest == donor.digest
+    # Received in place into the array that fits; the strided one was not used.
+    assert copy.arrays["params/0"] is mine[0] and np.array_equal(mine[0], big)
+    assert copy.arrays["params/1"] is not mine[1] and not mine[1].any()
+    pointer = mine[0].__array_interface__["data"][0]
+    copy.restore_into(params=mine)
+    assert mine[0].__array_interface__["data"][0] == pointer
+    assert np.array_equal(mine[0], big) and np.array_equal(mine[1], np.arange(10))
+
+    # One flipped bit in the fourth piece of a whole-piece transfer names the tensor.
+    receiver = SnapshotReceiver(donor.manifest)
+    for offset, length in layout.ranges(PIECE_BYTES):
+        data = bytearray(donor.read(offset, length))
+        if offset == 3 * PIECE_BYTES:
+            data[100] ^= 0x01
+        receiver.target(offset, length)[:] = data
+        receiver.wrote(offset, length)
+    with pytest.raises(SnapshotCorrupt) as info:
+        receiver.finish()
+    assert info.value.tensor == "params/0"
+
+
 # ---------------------------------------------------------------------------- disk
 def test_torn_or_corrupted_files_are_errors_and_a_crashed_save_keeps_the_old_one(tmp_path):
     model, opt = donor_state()

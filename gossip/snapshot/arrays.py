@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import math
 import os
+import zlib
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Sequence
@@ -20,10 +21,20 @@ from gossip.errors import SnapshotCorrupt, SnapshotError
 from gossip.policies.buckets import is_torch_tensor
 
 __all__ = ["ArraySpec", "spec_of", "prepare", "byte_view", "allocate", "digest_of",
-           "digests_of", "verify", "is_array", "DIGEST_BYTES"]
+           "digests_of", "piece_crcs", "digest_of_pieces", "verify", "is_array",
+           "DIGEST_BYTES", "PIECE_BYTES"]
 
-#: blake2b digest size: 32 bytes, far beyond any chance of an accidental collision.
+#: The digest's size: 32 bytes of blake2b (hex in a manifest).
 DIGEST_BYTES = 32
+#: An array's digest is taken over the CRC-32 of each of its PIECE_BYTES pieces (from its
+#: first byte; the last one shorter): zlib's CRC runs at several GB/s where blake2b runs at
+#: ~1.4 (on this project's 2-core machine: 7 against 1.4 GB/s), and pieces can be checked in
+#: any order, each as soon as it lands (a chunk of a transfer is one piece), by any thread
+#: (zlib releases the GIL). A CRC-32 catches every burst error up to 32 bits and any other
+#: accidental damage of a piece but with a chance of 2**-32: this is a check against
+#: corruption (a torn file, a wrong offset, a bad copy), not against an attacker, whom CURVE
+#: keeps off the wire and file permissions off the disk.
+PIECE_BYTES = 4 << 20
 # numpy kinds a snapshot may hold: bool, ints, floats, complex. Never objects or records
 # (a manifest from a donor must not make us build an object array).
 _NUMPY_KINDS = frozenset("biufc")
@@ -152,24 +163,39 @@ def allocate(spec: ArraySpec) -> Any:
     return torch.empty(spec.shape, dtype=getattr(torch, spec.dtype))
 
 
-def digest_of(spec: ArraySpec, data: memoryview) -> str:
-    """blake2b over the array's kind, dtype and shape, then its bytes: the same bytes under
-    another dtype or shape are another array. hashlib releases the GIL on large buffers, so
-    digests of several arrays run in parallel threads."""
+def piece_crcs(data: memoryview) -> list[int]:
+    """The CRC-32 of each PIECE_BYTES piece of an array's bytes (none for an empty array)."""
+    return [zlib.crc32(data[at:at + PIECE_BYTES]) for at in range(0, len(data), PIECE_BYTES)]
+
+
+def digest_of_pieces(spec: ArraySpec, crcs: Sequence[int]) -> str:
+    """The array's digest from its pieces' CRCs: blake2b over its kind, dtype and shape (the
+    same bytes under another dtype or shape are another array), then the CRCs in order."""
     h = hashlib.blake2b(digest_size=DIGEST_BYTES)
     h.update(f"{spec.kind}:{spec.dtype}:{list(spec.shape)}\n".encode())
-    h.update(data)
+    h.update(b"".join(c.to_bytes(4, "big") for c in crcs))
     return h.hexdigest()
 
 
+def digest_of(spec: ArraySpec, data: memoryview) -> str:
+    """The digest of one array's bytes (see PIECE_BYTES)."""
+    return digest_of_pieces(spec, piece_crcs(data))
+
+
 def digests_of(specs: Sequence[ArraySpec], views: Sequence[memoryview]) -> list[str]:
-    """Every array's digest, in threads when there is enough to hash."""
+    """Every array's digest; the pieces are checksummed in threads when there is enough (the
+    pieces of one large array too)."""
     total = sum(len(v) for v in views)
-    workers = min(os.cpu_count() or 1, len(views), 8)
+    workers = min(os.cpu_count() or 1, 8)
     if total < _PARALLEL_BYTES or workers < 2:
         return [digest_of(s, v) for s, v in zip(specs, views)]
+    pieces = [(i, v[at:at + PIECE_BYTES]) for i, v in enumerate(views)
+              for at in range(0, len(v), PIECE_BYTES)]
+    crcs: list[list[int]] = [[] for _ in views]
     with ThreadPoolExecutor(workers, thread_name_prefix="snapshot-digest") as pool:
-        return list(pool.map(digest_of, specs, views))
+        for (i, _), crc in zip(pieces, pool.map(lambda p: zlib.crc32(p[1]), pieces)):
+            crcs[i].append(crc)
+    return [digest_of_pieces(s, c) for s, c in zip(specs, crcs)]
 
 
 def verify(specs: Sequence[ArraySpec], got: Sequence[str], want: Sequence[str],

@@ -2,7 +2,7 @@
 kinds, dtypes, shapes and digests, and the trees of its parts), what the snapshot's digest is
 taken over, and the one comparison of two snapshots' arrays.
 
-    {"format": "gossip-snapshot", "version": 1,
+    {"format": "gossip-snapshot", "version": 2,
      "arrays": [{"name": "model/0.weight", "kind": "torch", "dtype": "float32",
                  "shape": [32, 20], "digest": "<64 hex>"}, ...],
      "parts": {"model": {...}, "optimizer": {...}, "policy": {...}, "params": [...],
@@ -22,7 +22,7 @@ __all__ = ["FORMAT", "VERSION", "PARTS", "build", "parse", "digest", "pack", "un
            "compare"]
 
 FORMAT = "gossip-snapshot"
-VERSION = 1
+VERSION = 2  # 2: array digests over pieces' CRC-32 (arrays.PIECE_BYTES); 1: blake2b of the bytes
 #: The parts a snapshot may hold, in the order they are stored and restored.
 PARTS = ("model", "params", "optimizer", "policy", "extra")
 # A manifest describes, it does not carry: 64 MiB of msgpack is millions of arrays.

@@ -11,11 +11,16 @@ from __future__ import annotations
 
 import bisect
 import threading
+import zlib
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
+
+import numpy as np
 
 from gossip.errors import SnapshotError
 from gossip.snapshot import manifest as mf
-from gossip.snapshot.arrays import allocate, byte_view, digests_of, verify
+from gossip.snapshot.arrays import (PIECE_BYTES, allocate, byte_view, digest_of_pieces,
+                                    spec_of, verify)
 from gossip.snapshot.layout import Layout
 from gossip.snapshot.snapshot import Snapshot
 
@@ -70,20 +75,34 @@ class SnapshotReceiver:
     against your own state first (Snapshot.check_compatible). The arrays are allocated once
     and written in place.
 
+    ``into``: arrays of the caller's to receive into, by name (a joiner's own parameters:
+    memory its model has touched already, where fresh pages would cost a page fault each,
+    and no copy afterwards); one whose kind, dtype or shape differ from the manifest's, or
+    that is not contiguous and writable, is not used (a fresh array is allocated instead).
+
     ``write`` may be called from several threads (one per donor). ``finish()`` checks every
     array's digest and returns the Snapshot; a corrupted array raises SnapshotCorrupt naming
     the first, and every corrupted array's range counts as missing again, so the caller can
     fetch it from another donor and call finish() again.
+
+    A write (or ``wrote``) that covers whole pieces of an array (arrays.PIECE_BYTES from its
+    start: what Layout.ranges(PIECE_BYTES) cuts) has them checksummed at once, in a thread
+    of the receiver's while the writer receives the next chunk, so finish() has little left
+    to do; pieces written partly are checksummed at finish().
     """
 
-    def __init__(self, manifest: dict) -> None:
+    def __init__(self, manifest: dict, into: dict[str, Any] | None = None) -> None:
         self._specs, self._digests, self._parts = mf.parse(manifest)
         self._digest = mf.digest(manifest)
         self._layout = Layout.of([s.name for s in self._specs],
                                  [s.nbytes for s in self._specs])
-        self._arrays = [allocate(s) for s in self._specs]
+        into = into or {}
+        self._arrays = [_own(into.get(s.name), s) for s in self._specs]
         self._views = [byte_view(a) for a in self._arrays]
         self._have = _Ranges()
+        # piece -> the future of its CRC-32 (checksummed in _pool's thread as written)
+        self._crcs: list[dict[int, Future]] = [{} for _ in self._specs]
+        self._pool: ThreadPoolExecutor | None = None
         self._lock = threading.Lock()
         self._finished = False
 
@@ -107,8 +126,7 @@ class SnapshotReceiver:
         for i, lo, hi in self._layout.pieces(offset, src.nbytes):
             self._views[i][lo:hi] = src[at:at + hi - lo]
             at += hi - lo
-        with self._lock:
-            self._have.add(offset, offset + src.nbytes)
+        self.wrote(offset, src.nbytes)
 
     def target(self, offset: int, length: int) -> memoryview:
         """The receiver's own bytes [offset, offset + length), writable, for a range within
@@ -125,8 +143,31 @@ class SnapshotReceiver:
 
     def wrote(self, offset: int, length: int) -> None:
         """Bytes [offset, offset + length) were written through ``target``."""
+        sums = []
+        for i, lo, hi in self._layout.pieces(offset, length):
+            size = self._layout.sizes[i]
+            for first in range(lo - lo % PIECE_BYTES, hi, PIECE_BYTES):
+                end = min(first + PIECE_BYTES, size)
+                whole = lo <= first and end <= hi
+                sums.append((i, first // PIECE_BYTES,
+                             self._checksummer().submit(zlib.crc32, self._views[i][first:end])
+                             if whole else None))
         with self._lock:
+            for i, piece, crc in sums:
+                if crc is None:
+                    self._crcs[i].pop(piece, None)   # written in part: summed at finish()
+                else:
+                    self._crcs[i][piece] = crc
             self._have.add(offset, offset + length)
+
+    def _checksummer(self) -> ThreadPoolExecutor:
+        # One thread, so a piece written twice is summed in the order written (the newer
+        # future replaces the older); zlib releases the GIL, so it sums while the writer
+        # receives the next chunk.
+        with self._lock:
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(1, thread_name_prefix="snapshot-crc")
+            return self._pool
 
     def missing(self) -> list[tuple[int, int]]:
         """The (offset, length) ranges not written yet, in order."""
@@ -148,12 +189,24 @@ class SnapshotReceiver:
             raise SnapshotError(f"{sum(n for _, n in gaps)} bytes in {len(gaps)} ranges not "
                                 f"received yet, the first [{offset}, {offset + length}) in "
                                 f"{self._name_at(offset)!r}")
-        got = digests_of(self._specs, self._views)
+        got = []
+        for i, (spec, view) in enumerate(zip(self._specs, self._views)):
+            with self._lock:
+                known = dict(self._crcs[i])
+            crcs = [known.get(p) for p in range(-(-len(view) // PIECE_BYTES))]
+            got.append(digest_of_pieces(spec, [
+                zlib.crc32(view[p * PIECE_BYTES:(p + 1) * PIECE_BYTES]) if crc is None
+                else crc.result() for p, crc in enumerate(crcs)]))
+        with self._lock:
+            pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown(wait=False)   # every piece's future was waited for above
         with self._lock:
             for i, (g, want) in enumerate(zip(got, self._digests)):
                 if g != want:
                     lo = self._layout.offsets[i]
                     self._have.remove(lo, lo + self._layout.sizes[i])
+                    self._crcs[i].clear()
         verify(self._specs, got, self._digests, self._layout.offsets, "the chunks received")
         self._finished = True
         return Snapshot(list(zip(self._layout.names, self._arrays)), self._parts,
@@ -162,3 +215,22 @@ class SnapshotReceiver:
     def _name_at(self, offset: int) -> str:
         i, _, _ = next(self._layout.pieces(offset, 1))
         return self._layout.names[i]
+
+
+def _own(array: Any, spec: Any) -> Any:
+    """``array`` if it can hold ``spec``'s bytes in place, else a fresh array."""
+    if array is None:
+        return allocate(spec)
+    contiguous = array.flags.c_contiguous if isinstance(array, np.ndarray) else (
+        getattr(array, "is_contiguous", lambda: False)()
+        and getattr(getattr(array, "device", None), "type", "") == "cpu")
+    if not contiguous:   # byte_view would be of a copy
+        return allocate(spec)
+    try:
+        mine = spec_of(spec.name, array)
+        view = byte_view(array)
+    except (TypeError, ValueError):
+        return allocate(spec)
+    if not mine.same_as(spec) or view.readonly:
+        return allocate(spec)
+    return array
