@@ -4,8 +4,8 @@
 For each of ``--repeats`` rounds (medians printed) on a model of ``--mib`` MiB (16 linear
 layers): the numpy copy rate of one array of the model's size (the memory's bound: a copy
 reads and writes each byte once), and the same copy into fresh memory (what a receiver or a
-load pays too: page faults); the digest of a fresh snapshot (blake2b of every array, in
-threads); read(): the byte space handed out in 4 MiB ranges (zero-copy views), and copied
+load pays too: page faults); the digest of a fresh snapshot (the CRC-32 of every 4 MiB piece,
+in threads); read(): the byte space handed out in 4 MiB ranges (zero-copy views), and copied
 into a SnapshotReceiver, whose finish() checks the digests (an in-memory transfer); save()
 and load() through a directory (default: a fresh one under /dev/shm, so the disk is not what
 is measured; pass --dir for a real one). Usage:
