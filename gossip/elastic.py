@@ -30,11 +30,11 @@ def take_switch(peer: Any, switch: Any, policy: Any = None) -> int:
     rank = switch.transport.rank
     try:
         if policy is not None and switch.receivers:
-            if rank == switch.source:
+            if rank in switch.senders:
                 send_state(peer, state_of(policy), switch.receivers, switch.step,
-                           policy.timeout)
+                           policy.timeout, switch.senders)
             elif rank in switch.receivers:
-                step, snapshot = receive_state(peer, switch.source, state_of(policy),
+                step, snapshot = receive_state(peer, switch.senders, state_of(policy),
                                                policy.timeout)
                 load_state(policy, snapshot, step)
         if policy is not None:
@@ -56,7 +56,7 @@ def take_switch(peer: Any, switch: Any, policy: Any = None) -> int:
 
 def prefetch(peer: Any, switch: Any) -> Prefetch:
     """A joiner starts receiving the source's state as soon as it is admitted."""
-    return Prefetch(peer, switch.source, peer._membership.changes.timeout)
+    return Prefetch(peer, switch.senders, peer._membership.changes.timeout)
 
 
 def take_state(peer: Any, switch: Any, policy: Any, fetched: Prefetch) -> None:
@@ -71,9 +71,10 @@ def take_state(peer: Any, switch: Any, policy: Any, fetched: Prefetch) -> None:
     except BaseException:
         peer.close()
         raise
-    peer.join_stats = {"state_bytes": fetched.nbytes, "receive_seconds": fetched.seconds}
-    log.info("rank %d: took rank %d's state at step %d (%.1f MiB received in %.3f s); "
-             "training from there", peer.rank, switch.source, step, fetched.nbytes / 2**20,
+    peer.join_stats = {"state_bytes": fetched.nbytes, "receive_seconds": fetched.seconds,
+                       "donors": fetched.donors}
+    log.info("rank %d: took the state at step %d from ranks %s (%.1f MiB received in %.3f s);"
+             " training from there", peer.rank, step, fetched.donors, fetched.nbytes / 2**20,
              fetched.seconds)
 
 

@@ -25,7 +25,7 @@ import msgpack
 import numpy as np
 
 from gossip.channels import PeerChannel
-from gossip.errors import ProtocolError
+from gossip.errors import ProtocolError, SnapshotCorrupt
 from gossip.snapshot import Snapshot, SnapshotReceiver
 from gossip.snapshot.arrays import PIECE_BYTES
 
@@ -63,28 +63,38 @@ def load_state(policy: Any, snapshot: Snapshot, step: int) -> None:
 
 
 def send_state(peer: Any, snapshot: Snapshot, receivers: list[int], step: int,
-               timeout: float) -> None:
-    """Send ``snapshot`` to each of ``receivers`` (ranks of the peer's current view)."""
+               timeout: float, donors: list[int] | None = None) -> None:
+    """Send ``snapshot`` to each of ``receivers`` (ranks of the peer's current view): all of
+    it, or with ``donors`` (identical replicas, the source first) this peer's share of the
+    chunks (every len(donors)-th from its place); the source also sends the manifest, which
+    the receivers check every donor's chunks by."""
     comm = peer.channel(PeerChannel.MEMBERSHIP)
-    tracked = {name: obj.state_dict() for name, obj in peer.tracked_state.items()}
-    manifest = {"snapshot": snapshot.manifest, "step": step, "tracked": tracked}
-    raw = np.frombuffer(msgpack.packb(manifest, use_bin_type=True), dtype=np.uint8)
-    ranges = snapshot.layout().ranges(CHUNK_BYTES)
+    donors = donors or [peer.rank]
+    share = donors.index(peer.rank)
+    raw = None
+    if share == 0:   # only the source's manifest (and so its digests) is ever read
+        tracked = {name: obj.state_dict() for name, obj in peer.tracked_state.items()}
+        manifest = {"snapshot": snapshot.manifest, "step": step, "tracked": tracked}
+        raw = np.frombuffer(msgpack.packb(manifest, use_bin_type=True), dtype=np.uint8)
+    ranges = snapshot.layout().ranges(CHUNK_BYTES)[share::len(donors)]
     for r in receivers:
-        comm.send(r, raw, timeout=timeout)
+        if raw is not None:
+            comm.send(r, raw, timeout=timeout)
         for offset, length in ranges:
             comm.send(r, np.frombuffer(snapshot.read(offset, length), dtype=np.uint8),
                       timeout=timeout)
-    log.info("rank %d: sent its state (%d arrays, %.1f MiB) to ranks %s", peer.rank,
+    log.info("rank %d: sent %s of its state (%d arrays, %.1f MiB) to ranks %s", peer.rank,
+             "all" if len(donors) == 1 else f"share {share + 1} of {len(donors)}",
              len(snapshot.names), snapshot.nbytes / 2**20, receivers)
 
 
-def receive_state(peer: Any, source: int, mine: Snapshot,
+def receive_state(peer: Any, donors: list[int], mine: Snapshot,
                   timeout: float) -> tuple[int, Snapshot]:
-    """Receive ``source``'s state, checked against ``mine`` (this peer's own, for the
-    parameters' names, dtypes and shapes) before anything is allocated; returns (the
-    source's step, its snapshot), and loads the tracked objects' state."""
-    step, snapshot, tracked = _receive(peer, source, timeout, mine)
+    """Receive the state ``donors`` send (the source first: its manifest, then each donor's
+    share of the chunks), checked against ``mine`` (this peer's own, for the parameters'
+    names, dtypes and shapes) before anything is allocated; returns (the source's step, its
+    snapshot), and loads the tracked objects' state."""
+    step, snapshot, tracked = _receive(peer, donors, timeout, mine)
     _load_tracked(peer, tracked)
     return step, snapshot
 
@@ -97,20 +107,21 @@ class Prefetch:
     each, on this project's 2-core machine 0.8 GB/s against a copy's 20), with no copy
     afterwards. Until then the source's chunks wait in its send window (32 MiB), not here."""
 
-    def __init__(self, peer: Any, source: int, timeout: float) -> None:
+    def __init__(self, peer: Any, donors: list[int], timeout: float) -> None:
         self._outcome: tuple | BaseException | None = None
+        self.donors = list(donors)
         self._timeout = timeout
         self._mine: Snapshot | None = None
         self._ready = threading.Event()   # set with _mine by result()
         self.seconds = 0.0   # from the targets named to the last digest checked
         self.nbytes = 0
-        self._thread = threading.Thread(target=self._run, args=(peer, source, timeout),
+        self._thread = threading.Thread(target=self._run, args=(peer, self.donors, timeout),
                                         name="gossip state prefetch", daemon=True)
         self._thread.start()
 
-    def _run(self, peer: Any, source: int, timeout: float) -> None:
+    def _run(self, peer: Any, donors: list[int], timeout: float) -> None:
         try:
-            step, theirs, manifest = _manifest(peer, source, timeout)
+            step, theirs, manifest = _manifest(peer, donors[0], timeout)
             if not self._ready.wait(timeout):
                 raise ProtocolError(f"rank {peer.rank}: no policy attached within "
                                     f"{timeout:g}s to take the running job's state")
@@ -118,7 +129,7 @@ class Prefetch:
             self._mine.check_compatible(theirs, parts=("params",))
             into = {name: a for name, a in self._mine.arrays.items()
                     if name.startswith("params/")}
-            snapshot = _arrays(peer, source, timeout, theirs, into)
+            snapshot = _arrays(peer, donors, timeout, theirs, into)
             self.seconds = time.monotonic() - start
             self.nbytes = snapshot.nbytes
             self._outcome = (step, snapshot, manifest.get("tracked") or {})
@@ -142,13 +153,13 @@ class Prefetch:
         return step, snapshot
 
 
-def _receive(peer: Any, source: int, timeout: float,
+def _receive(peer: Any, donors: list[int], timeout: float,
              mine: Snapshot | None) -> tuple[int, Snapshot, dict]:
-    step, theirs, manifest = _manifest(peer, source, timeout)
+    step, theirs, manifest = _manifest(peer, donors[0], timeout)
     if mine is not None:
         # This peer's fresh optimizer has no state yet: only the parameters must agree.
         mine.check_compatible(theirs, parts=("params",))
-    return step, _arrays(peer, source, timeout, theirs, None), manifest.get("tracked") or {}
+    return step, _arrays(peer, donors, timeout, theirs, None), manifest.get("tracked") or {}
 
 
 def _manifest(peer: Any, source: int, timeout: float) -> tuple[int, dict, dict]:
@@ -166,17 +177,32 @@ def _manifest(peer: Any, source: int, timeout: float) -> tuple[int, dict, dict]:
                             f"malformed: {exc}") from None
 
 
-def _arrays(peer: Any, source: int, timeout: float, theirs: dict,
+def _arrays(peer: Any, donors: list[int], timeout: float, theirs: dict,
             into: dict | None) -> Snapshot:
     """The arrays of ``theirs``, each chunk received in place (into ``into``'s arrays where
-    they fit) and checksummed as it lands; every digest checked."""
+    they fit) and checksummed as it lands, from each donor in turn (its share: every
+    len(donors)-th chunk from its place, as send_state cuts them); every digest checked,
+    and a bad one names the donors of the tensor's chunks."""
     comm = peer.channel(PeerChannel.MEMBERSHIP)
     receiver = SnapshotReceiver(theirs, into)
-    for offset, length in receiver.layout.ranges(CHUNK_BYTES):
-        comm.recv(source, out=np.frombuffer(receiver.target(offset, length), dtype=np.uint8),
+    ranges = receiver.layout.ranges(CHUNK_BYTES)
+    for i, (offset, length) in enumerate(ranges):
+        # Chunk i comes from donor i mod k: taken in that order, every donor's link is busy.
+        comm.recv(donors[i % len(donors)],
+                  out=np.frombuffer(receiver.target(offset, length), dtype=np.uint8),
                   timeout=timeout)
         receiver.wrote(offset, length)
-    return receiver.finish()
+    try:
+        return receiver.finish()
+    except SnapshotCorrupt as exc:
+        if len(donors) == 1 or exc.offset is None:
+            raise
+        lo, hi = exc.offset, exc.offset + (exc.nbytes or 0)
+        senders = sorted({donors[i % len(donors)] for i, (o, n) in enumerate(ranges)
+                          if o < hi and o + n > lo})
+        raise SnapshotCorrupt(f"{exc} (its chunks came from ranks {senders}: replicas that "
+                              "should be identical are not)", tensor=exc.tensor,
+                              offset=exc.offset, nbytes=exc.nbytes) from None
 
 
 def _load_tracked(peer: Any, tracked: dict) -> None:

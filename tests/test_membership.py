@@ -82,10 +82,10 @@ def test_every_peer_reads_the_same_first_view():
 
 
 # ---------------------------------------------------------------- a joiner
-def members_until_joined(peer, workdir, size):
+def members_until_joined(peer, workdir, size, count=1000):
     from gossip.policies import Synchronous
     _publish_address(peer, workdir)
-    x = np.full(1000, float(peer.rank))
+    x = np.full(count, float(peer.rank))
     policy = Synchronous().attach(peer, [x])      # every replica starts from rank 0's x
     # The same condition on every replica (they switch views at the same boundary).
     while (policy.step < 40 or peer.world_size < size) and policy.step < 100_000:
@@ -101,8 +101,9 @@ JOINER = textwrap.dedent("""
     import sys, time, numpy as np, gossip
     from gossip.policies import Synchronous
     size = int(sys.argv[1])
+    count = int(sys.argv[2]) if len(sys.argv) > 2 else 1000
     peer = gossip.init(join=True, timeout=30)
-    x = np.zeros(1000)
+    x = np.zeros(count)
     policy = Synchronous().attach(peer, [x])      # takes the running state here
     start = policy.step
     while (policy.step < 40 or peer.world_size < size) and policy.step < 100_000:
@@ -110,17 +111,19 @@ JOINER = textwrap.dedent("""
         policy.after_step()
         np.ones((96, 96)) @ np.ones((96, 96))   # a step's compute
     print("JOINED", peer.rank, peer.world_size, peer.view.number, start, policy.step,
-          float(x[0]), flush=True)
+          float(x[0]), float(x.max() - x.min()),
+          ",".join(map(str, peer.stats()["join"]["donors"])), flush=True)
     peer.close()
 """)
 
 
-def _start_joiner(workdir, size, name="joiner"):
+def _start_joiner(workdir, size, name="joiner", count=1000):
     address = _wait_address(workdir)
     script = os.path.join(workdir, "joiner.py")
     with open(script, "w") as f:
         f.write(JOINER)
-    return subprocess.Popen([sys.executable, script, str(size)], stdout=subprocess.PIPE,
+    return subprocess.Popen([sys.executable, script, str(size), str(count)],
+                            stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True,
                             env=_env(GOSSIP_RENDEZVOUS=address, GOSSIP_MEMBER_NAME=name))
 
@@ -136,14 +139,34 @@ def test_a_process_joins_a_running_synchronous_group_and_takes_its_state(tmp_pat
     results, line = _members_beside(joiner, box, members_until_joined, (workdir, 4), "JOINED",
                                     timeout=150)
     assert line, box["out"]
-    _, rank, size, number, start, steps, value = line[0].split()
+    _, rank, size, number, start, steps, value, _, donors = line[0].split()
     assert (int(rank), int(size), int(number)) == (3, 4, 1)
     assert int(start) > 0                       # it entered at a boundary, with the state
+    assert donors == "0,1,2"                    # the three replicas each sent a share
     for world, views, member_steps, x0, spread in results:
         assert (world, views) == (4, 1)
         assert member_steps == int(steps)       # everyone stopped at the same step
         assert x0 == float(value) == float(member_steps)   # x = 0 + 1 per step, exactly
         assert spread == 0.0
+
+
+def test_a_joiner_takes_its_state_in_shares_from_every_replica_and_is_one_of_them(tmp_path):
+    # 1.6 M float64 = 4 chunks of up to 4 MiB: ranks 0, 1, 2 send chunks 0 and 3, 1, 2.
+    workdir, count = str(tmp_path), 1_600_000
+    box = {}
+
+    def joiner():
+        box["proc"] = proc = _start_joiner(workdir, 4, count=count)
+        box["out"], _ = proc.communicate(timeout=120)
+
+    results, line = _members_beside(joiner, box, members_until_joined, (workdir, 4, count),
+                                    "JOINED", timeout=150)
+    assert line, box["out"]
+    _, rank, size, number, start, steps, value, spread, donors = line[0].split()
+    assert (int(rank), int(size), donors) == (3, 4, "0,1,2")
+    assert float(spread) == 0.0
+    for world, views, member_steps, x0, member_spread in results:
+        assert member_steps == int(steps) and x0 == float(value) and member_spread == 0.0
 
 
 # ---------------------------------------------------------------- a death, elastic

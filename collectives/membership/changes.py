@@ -216,8 +216,13 @@ class ViewChanges:
         self.view = view
         self.reported_lost = set()
         log.info("%s: now rank %d of %s", self.name, view.rank_of(self.name), view.describe())
-        return Switch(view, transport, commit["source"], commit["step"],
-                      list(commit["receivers"]))
+        source, donors = commit["source"], commit.get("donors")
+        if not (isinstance(donors, list) and donors and donors[0] == source
+                and all(type(r) is int and 0 <= r < len(view) for r in donors)
+                and len(set(donors)) == len(donors)):
+            donors = [source]   # (the coordinator always sends a sound list)
+        return Switch(view, transport, source, commit["step"], list(commit["receivers"]),
+                      donors)
 
     @staticmethod
     def _close(transport: Any) -> None:

@@ -12,7 +12,11 @@ from typing import Any
 from collectives.membership.proposal import Proposal
 from collectives.membership.view import Member, View, ViewError
 
-__all__ = ["Coordinator"]
+__all__ = ["Coordinator", "MAX_DONORS"]
+
+#: The most members a receiver takes its state from at once (identical replicas only):
+#: more would split each donor's share thinner than the links need.
+MAX_DONORS = 4
 
 log = logging.getLogger("collectives")
 
@@ -147,11 +151,16 @@ class Coordinator:
         step = steps[source]
         replicated = all(self.ready[m.name].get("replicated", True) for m in p.members)
         receivers = [r for r in ranks if r not in olds or replicated and steps[r] != step]
+        # Identical replicas at the source's step can all send it: each a share of the
+        # chunks, the source first (it alone sends the manifest the receivers check all by).
+        donors = [source]
+        if replicated and receivers:
+            donors += [r for r in olds if r != source and steps[r] == step][:MAX_DONORS - 1]
         view = View(self.changes.view.job_id, p.number, p.members,
                     step if p.at_step is None else p.at_step)
         table = {str(r): self.ready[p.members[r].name]["entry"] for r in ranks}
         commit = {"pid": p.pid, "view": view.to_wire(), "table": table, "source": source,
-                  "step": step, "receivers": receivers}
+                  "step": step, "receivers": receivers, "donors": donors}
         for m in p.members:
             self.changes.door.tell(m.door, "commit", **commit)
         for m in p.members:
@@ -161,8 +170,8 @@ class Coordinator:
                 self.changes.door.tell(door, "left", number=p.number)
                 del self.leaving[name]
         self.active = None
-        log.info("%s: committed %s (state from rank %d at step %d to ranks %s)", self.changes.name,
-                 view.describe(), source, step, receivers)
+        log.info("%s: committed %s (state from ranks %s at step %d to ranks %s)",
+                 self.changes.name, view.describe(), donors, step, receivers)
 
     def tick(self) -> None:
         """Door thread: a proposal whose answers are late. A silent member is left out only

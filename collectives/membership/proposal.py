@@ -2,7 +2,7 @@
 process takes it (changes.py has the protocol)."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from collectives.membership.view import Member, View
@@ -38,3 +38,11 @@ class Switch:
     source: int                 # rank (in the new view) whose state the receivers take
     step: int                   # the step count everyone continues from
     receivers: list[int]        # ranks that must take the source's state
+    # The ranks that send it, the source first (it sends the manifest): identical replicas at
+    # the source's step, each a share of the chunks. Empty: the source alone.
+    donors: list[int] = field(default_factory=list)
+
+    @property
+    def senders(self) -> list[int]:
+        """Who sends the state: the donors, or the source alone."""
+        return list(self.donors) or [self.source]
