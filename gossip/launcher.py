@@ -3,6 +3,15 @@
     gossip run -n 4 train.py --lr 0.1          # or: python -m gossip.run -n 4 train.py ...
     gossip run -n 2 -m mypkg.train             # a module instead of a script
     gossip run --nnodes 2 --node-rank 1 --master-addr node0 -n 8 train.py
+    gossip run --nnodes 2:4 --node-rank 3 --master-addr node0 -n 8 train.py   # elastic
+
+``--nnodes MIN:MAX``: nodes 0..MIN-1 form the job (WORLD_SIZE = MIN x N at the start); a node
+of rank MIN..MAX-1 starts its peers as joiners of the running job (GOSSIP_JOIN, through the
+rendezvous address: they take the members' state at a step boundary, as a restarted peer
+does), whenever it comes; every peer is told the job's bound (GOSSIP_MAX_PEERS = MAX x N),
+past which joiners are refused. Each joiner's RANK is its slot, node rank x N + local rank,
+and names it (a restarted one takes its slot again); its rank in the group is the view's
+(``peer.rank``, ``peer.world_size``), not RANK/WORLD_SIZE.
 
 Each peer gets torchrun's variables (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE,
 MASTER_ADDR, MASTER_PORT, GROUP_RANK), so ``gossip.init()`` (or torch.distributed) finds the
@@ -30,7 +39,8 @@ from collectives.config import MAX_JOB_ID, check_job_id
 from gossip.local_peers import LocalPeers
 from gossip.supervisor import free_port
 
-__all__ = ["launch", "main", "build_parser", "add_arguments", "run_from_args", "DEFAULT_GRACE"]
+__all__ = ["launch", "main", "build_parser", "add_arguments", "run_from_args", "parse_nnodes",
+           "DEFAULT_GRACE"]
 
 DEFAULT_GRACE = defaults.LAUNCHER_GRACE  # seconds between the polite signal and SIGKILL
 _MULTI_NODE_PORT = 29500  # torchrun's default, for runs where every node must agree on it
@@ -40,17 +50,34 @@ _OVERRIDES = ("GOSSIP_RANK", "GOSSIP_WORLD_SIZE", "GOSSIP_LOCAL_RANK", "GOSSIP_R
               "GOSSIP_MASTER_ADDR", "GOSSIP_MASTER_PORT")
 
 
+def parse_nnodes(text: str) -> tuple[int, int]:
+    """``--nnodes``: "N" (N nodes) or "MIN:MAX" (an elastic job) -> (MIN, MAX)."""
+    low, sep, high = str(text).partition(":")
+    try:
+        lo, hi = int(low), int(high) if sep else int(low)
+    except ValueError:
+        raise ValueError(f"--nnodes {text!r}: expected N or MIN:MAX (numbers of nodes)") \
+            from None
+    if lo < 1 or hi < lo:
+        raise ValueError(f"--nnodes {text!r}: need 1 <= MIN <= MAX")
+    return lo, hi
+
+
 def _check(nprocs: int, nnodes: int, node_rank: int, master_addr: str | None,
            master_port: int | None, topology: str | None, timeout: float | None,
-           key: str | None, grace: float) -> None:
+           key: str | None, grace: float, max_nodes: int) -> None:
     """Raise ValueError with a one-line message for every input a user can get wrong."""
     if type(nprocs) is not int or nprocs < 1:
         raise ValueError(f"-n must be at least 1, got {nprocs}")
     if type(nnodes) is not int or nnodes < 1:
         raise ValueError(f"--nnodes must be at least 1, got {nnodes}")
-    if type(node_rank) is not int or not 0 <= node_rank < nnodes:
-        raise ValueError(f"--node-rank {node_rank} is outside 0..{nnodes - 1} (--nnodes {nnodes})")
-    if nnodes > 1 and not master_addr:
+    if type(max_nodes) is not int or max_nodes < nnodes:
+        raise ValueError(f"--nnodes {nnodes}:{max_nodes}: need MIN <= MAX")
+    spec = f"{nnodes}" if max_nodes == nnodes else f"{nnodes}:{max_nodes}"
+    if type(node_rank) is not int or not 0 <= node_rank < max_nodes:
+        raise ValueError(f"--node-rank {node_rank} is outside 0..{max_nodes - 1} "
+                         f"(--nnodes {spec})")
+    if max_nodes > 1 and not master_addr:
         raise ValueError("--nnodes > 1 needs --master-addr (the host of node rank 0)")
     if master_port is not None and not 0 < master_port < 65536:
         raise ValueError(f"--master-port {master_port} is not a valid TCP port (1..65535)")
@@ -84,6 +111,7 @@ def _job_id(job_id: str | None, env: Mapping[str, str], nnodes: int, addr: str,
 
 
 def launch(cmd: list[str], nprocs: int, *, nnodes: int = 1, node_rank: int = 0,
+           max_nodes: int | None = None,
            master_addr: str | None = None, master_port: int | None = None,
            env: Mapping[str, str] | None = None, topology: str | None = None,
            timeout: float | None = None, key: str | None = None, prefix: bool = True,
@@ -97,8 +125,12 @@ def launch(cmd: list[str], nprocs: int, *, nnodes: int = 1, node_rank: int = 0,
     others (gossip policies train on around a dead peer); the exit code is then the first
     failure's once all have ended. Raises ValueError for bad arguments, before any process
     starts. Signal forwarding is installed only when called from the main thread.
+    ``max_nodes`` (> ``nnodes``): an elastic job of ``nnodes`` to ``max_nodes`` nodes (see
+    the module docstring).
     """
-    _check(nprocs, nnodes, node_rank, master_addr, master_port, topology, timeout, key, grace)
+    max_nodes = nnodes if max_nodes is None else max_nodes
+    _check(nprocs, nnodes, node_rank, master_addr, master_port, topology, timeout, key, grace,
+           max_nodes)
     if type(max_restarts) is not int or max_restarts < 0:
         raise ValueError(f"--max-restarts must be >= 0, got {max_restarts}")
     if job_id is not None:
@@ -109,13 +141,18 @@ def launch(cmd: list[str], nprocs: int, *, nnodes: int = 1, node_rank: int = 0,
     if not cmd:
         raise ValueError("nothing to run: give a script or -m module")
     addr = master_addr or "127.0.0.1"
-    port = master_port or (free_port() if nnodes == 1 else _MULTI_NODE_PORT)
-    world = nnodes * nprocs
+    port = master_port or (free_port() if max_nodes == 1 else _MULTI_NODE_PORT)
+    joining = node_rank >= nnodes   # a node beyond MIN joins the running job
+    world = (max_nodes if joining else nnodes) * nprocs   # (a joiner's RANK < WORLD_SIZE)
     base = {k: v for k, v in os.environ.items() if k not in _OVERRIDES}
     base.update(env or {})
     base.update(WORLD_SIZE=str(world), LOCAL_WORLD_SIZE=str(nprocs), MASTER_ADDR=addr,
                 MASTER_PORT=str(port), GROUP_RANK=str(node_rank),
-                GOSSIP_JOB_ID=_job_id(job_id, base, nnodes, addr, port))
+                GOSSIP_JOB_ID=_job_id(job_id, base, max_nodes, addr, port))
+    if max_nodes > nnodes:
+        base["GOSSIP_MAX_PEERS"] = str(max_nodes * nprocs)
+    if joining:
+        base["GOSSIP_JOIN"] = "1"
     if prefix:
         # Lines reach us through pipes, where Python would hold them in a block buffer (and
         # lose them if the peer is killed). Passed-through output keeps the user's buffering.
@@ -137,7 +174,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The options of `gossip run` (shared by `python -m gossip.run`)."""
     parser.add_argument("-n", "--nproc-per-node", dest="nprocs", type=int, default=1,
                         metavar="N", help="peers to start on this node (default 1)")
-    parser.add_argument("--nnodes", type=int, default=1, help="number of nodes (default 1)")
+    parser.add_argument("--nnodes", default="1", metavar="N|MIN:MAX",
+                        help="number of nodes (default 1); MIN:MAX for an elastic job: nodes "
+                             "of rank MIN and above join the running job, up to MAX")
     parser.add_argument("--node-rank", type=int, default=0, help="this node's rank (default 0)")
     parser.add_argument("--master-addr", default=None, help="host of global rank 0 "
                         "(default 127.0.0.1; required with --nnodes > 1)")
@@ -186,7 +225,9 @@ def run_from_args(args: argparse.Namespace) -> int:
         if not os.path.isfile(args.script):
             raise ValueError(f"script {args.script!r} not found")
         cmd = [sys.executable, args.script, *args.script_args]
-    return launch(cmd, args.nprocs, nnodes=args.nnodes, node_rank=args.node_rank,
+    nnodes, max_nodes = parse_nnodes(args.nnodes)
+    return launch(cmd, args.nprocs, nnodes=nnodes, max_nodes=max_nodes,
+                  node_rank=args.node_rank,
                   master_addr=args.master_addr, master_port=args.master_port,
                   topology=args.topology, timeout=args.timeout, key=args.key,
                   prefix=args.prefix, grace=args.grace, keep_going=args.keep_going,

@@ -75,6 +75,12 @@ class PeerMembership:
         self.changes = ViewChanges(name, incarnation, self.door, None, make_transport,
                                    self._lost_names, timeout, host=host)
         self.changes.on_interrupt = self._interrupt
+        bound = os.environ.get("GOSSIP_MAX_PEERS", "")
+        if bound:
+            if not bound.isdigit() or int(bound) < 1:
+                raise ValueError(f"GOSSIP_MAX_PEERS={bound!r}: expected a positive number "
+                                 "of members")
+            self.changes.max_members = int(bound)
         self.rendezvous_address: str | None = None
         self._rendezvous_host = ""
 
@@ -155,6 +161,7 @@ class PeerMembership:
     # ------------------------------------------------------------------ changes
     def boundary(self, step: int) -> Switch | None:
         """At a step boundary: the switch that takes effect here, if any (cheap otherwise)."""
+        self.changes.passing(step)   # first: see ViewChanges._on_prepare
         if not self.changes.has_pending():
             return None
         return self.changes.boundary(step)

@@ -64,6 +64,7 @@ class ViewChanges:
         self._lost = lost
         self.timeout = timeout
         self.margin = margin
+        self._boundary_step = -1   # the step of this member's latest boundary()
         self.cond = threading.Condition()
         self._proposal: Proposal | None = None     # the latest prepare heard
         self._commit: dict | None = None           # the latest commit heard
@@ -76,6 +77,8 @@ class ViewChanges:
         # Why this process cannot take a view change now (None: it can): joiners are refused
         # with the reason. The peer sets it (an attached policy that cannot follow one).
         self.refusal: Callable[[], str | None] = lambda: None
+        # The most members a view may have (0: no bound); joiners beyond it are refused.
+        self.max_members = 0
         # Called (door thread) when a recovery is proposed while this member is not stopped
         # at a boundary (it may wait in an operation that never ends: on a dead joiner, or
         # on a member that already stopped): the peer ends its transport's waits.
@@ -111,10 +114,16 @@ class ViewChanges:
         """True when a change concerns this member at a coming boundary (cheap)."""
         return self._proposal is not None or bool(self.coordinating.pending)
 
+    def passing(self, step: int) -> None:
+        """The member is at the boundary after ``step`` steps (every boundary, before it
+        looks for a proposal: see _on_prepare)."""
+        self._boundary_step = step
+
     def boundary(self, step: int) -> Switch | None:
         """Called by the member at every step boundary (``step``: steps completed). Returns
         the committed switch when this boundary is where a change takes effect."""
         with self.cond:
+            self._boundary_step = step
             c = self.coordinating
             if c.pending and c.active is None and self.is_coordinator():
                 c.propose(step + self.margin)
@@ -316,6 +325,16 @@ class ViewChanges:
             self._proposal = p
             self.cond.notify_all()
             interrupt = p.at_step is None and not self._stopped_now and self.view is not None
+            # Past the proposed boundary already (short steps outrun a margin of steps): say
+            # so now, from this thread. The member's next boundary would say it too late: its
+            # step's collective waits on the members stopped at the boundary proposed, so it
+            # never gets there. A member records its step (passing()) before it looks for a
+            # proposal, and this thread sets the proposal before it reads that step: so the
+            # member either sees the proposal at that boundary or is told late here.
+            late = (p.at_step is not None and self.view is not None
+                    and self._boundary_step >= p.at_step)
+            if late:
+                self.door.tell(p.coordinator, "late", pid=p.pid, step=self._boundary_step + 1)
         if interrupt:
             log.info("%s: a recovery is proposed (view %d): ending this member's waits",
                      self.name, p.number)

@@ -32,6 +32,7 @@ class Coordinator:
         self.deadline = 0.0
         self.counter = itertools.count(1)
         self.leaving: dict[str, str] = {}        # name -> door of a member that leaves
+        self.lates = 0   # boundaries of the change under way that a member was past already
         door = changes.door
         for kind in ("join", "late", "ready", "recover", "leave"):
             door.on(kind, getattr(self, "on_" + kind))
@@ -58,6 +59,16 @@ class Coordinator:
                                       f"(incarnation {self.changes.view.member(rank).incarnation})")
                 return
             reason = self.changes.refusal()
+            limit = self.changes.max_members
+            if reason is None and rank is None and limit and member.name not in self.pending:
+                # A new slot (a restart takes its old one): the job's bound counts the live
+                # members and the joiners already admitted to the next view.
+                view, lost = self.changes.view, self.changes.known_lost()
+                size = sum(1 for m in view.members if m.name not in lost or m.name in self.pending)
+                size += sum(1 for n in self.pending if view.rank_of(n) is None)
+                if size >= limit:
+                    reason = (f"the job has its most members already ({limit}, "
+                              "GOSSIP_MAX_PEERS: gossip run --nnodes MIN:MAX)")
             if reason is not None:
                 self.changes.door.tell(msg["from"], "refused", reason=reason)
                 return
@@ -95,7 +106,9 @@ class Coordinator:
                 return
             step = msg.get("step")
             if type(step) is int and step >= p.at_step:
-                self.propose(step + self.changes.margin)
+                # Each time further on: steps too short for the margin outran it once.
+                self.lates += 1
+                self.propose(step + self.changes.margin * 2 ** min(self.lates, 8))
 
     def on_recover(self, msg: dict) -> None:
         log.info("%s: recovery asked by %s (lost: %s)", self.changes.name, msg.get("name"),
@@ -170,6 +183,7 @@ class Coordinator:
                 self.changes.door.tell(door, "left", number=p.number)
                 del self.leaving[name]
         self.active = None
+        self.lates = 0
         log.info("%s: committed %s (state from ranks %s at step %d to ranks %s)",
                  self.changes.name, view.describe(), donors, step, receivers)
 

@@ -18,8 +18,9 @@ A snapshot is an ordered list of named arrays (numpy arrays, torch CPU tensors: 
 of plain msgpack values: each array's kind, dtype, shape and digest (blake2b over those and
 the CRC-32 of each 4 MiB piece of its bytes) and the structure of each part, arrays replaced
 by references, so state dicts come back exactly (tuples, int keys, 0-d step tensors of
-their dtype). Nothing is pickled, on disk or anywhere else. The arrays lie back to back in one flat byte space (layout()),
-which is what a data file holds and what a joiner pulls disjoint ranges of.
+their dtype). Nothing is pickled, on disk or anywhere else. The arrays lie back to back in
+one flat byte space (layout()), which is what a data file holds and what a joiner pulls
+disjoint ranges of.
 
 Modules: ``snapshot`` (the Snapshot), ``receiver`` (SnapshotReceiver), ``files`` (disk),
 ``manifest`` (the description, its digest and the one comparison), ``structure`` (state
