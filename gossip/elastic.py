@@ -40,7 +40,11 @@ def take_switch(peer: Any, switch: Any, policy: Any = None) -> int:
         if policy is not None:
             # One step count in the new view (a time-varying graph's phase depends on it).
             policy._step = switch.step
-        peer.barrier()
+        # The barrier also waits for the donors' sends: a donor sending to a joiner that died
+        # before it connected learns so only at its send's deadline, and then proposes the
+        # recovery that ends everyone's waits. A member waiting here must outlast that.
+        transfer = policy.timeout if policy is not None and switch.receivers else 0.0
+        peer.barrier(timeout=peer.timeout + transfer)
     except PeerLost as exc:
         log.warning("rank %d: a member was lost while view %d settled (%s): leaving it out",
                     peer.rank, switch.view.number, exc)

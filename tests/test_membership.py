@@ -314,10 +314,10 @@ def test_gossip_run_restarts_a_killed_peer_which_rejoins(tmp_path, victim):
 
 
 # ---------------------------------------------------------------- joiners that fail
-def members_until_view(peer, workdir, view_number, steps):
+def members_until_view(peer, workdir, view_number, steps, count=1000):
     from gossip.policies import Synchronous
     _publish_address(peer, workdir)
-    x = np.full(1000, float(peer.rank))
+    x = np.full(count, float(peer.rank))
     policy = Synchronous().attach(peer, [x])
     done = np.zeros(1)
     # Until the joiner's process has ended (the test says so; rank 0 tells the others, so
@@ -345,6 +345,15 @@ BAD_JOINER = textwrap.dedent("""
         sys.exit(3)
     if how == "die":
         os.kill(os.getpid(), signal.SIGKILL)   # admitted, dead before it takes the state
+    if how == "midway":
+        from gossip.snapshot import receiver
+        wrote = receiver.SnapshotReceiver.wrote
+
+        def die_after_one(self, offset, length):   # one chunk in, the others on their way
+            wrote(self, offset, length)
+            os.kill(os.getpid(), signal.SIGKILL)
+        receiver.SnapshotReceiver.wrote = die_after_one
+        Synchronous().attach(peer, [np.zeros(int(sys.argv[2]))])
     try:
         Synchronous().attach(peer, [np.zeros(999)])   # the members' model has 1000
     except ValueError as exc:
@@ -353,20 +362,21 @@ BAD_JOINER = textwrap.dedent("""
 """)
 
 
-def _bad_joiner(workdir, how, **env):
+def _bad_joiner(workdir, how, *args, **env):
     try:
-        return _run_joiner(workdir, BAD_JOINER, [how], "stranger", **env)
+        return _run_joiner(workdir, BAD_JOINER, [how, *args], "stranger", **env)
     finally:
         open(os.path.join(workdir, "done"), "w").close()   # the members may stop now
 
 
-def _with_bad_joiner(tmp_path, how, view_number, key=None, **env):
+def _with_bad_joiner(tmp_path, how, view_number, key=None, count=1000, **env):
     workdir, box = str(tmp_path), {}
-    thread = threading.Thread(target=lambda: box.update(out=_bad_joiner(workdir, how, **env)))
+    thread = threading.Thread(
+        target=lambda: box.update(out=_bad_joiner(workdir, how, str(count), **env)))
     thread.start()
     try:
         results = spawn(members_until_view, n=3, timeout=150,
-                        args=(workdir, view_number, 40), peer_timeout=PEER_TIMEOUT,
+                        args=(workdir, view_number, 40, count), peer_timeout=PEER_TIMEOUT,
                         **({"key": key} if key else {}))
     finally:
         thread.join(150)
@@ -391,6 +401,15 @@ def test_a_joiner_that_dies_before_taking_the_state_leaves_the_group_as_it_was(t
     for world, number, steps, x0, spread, _ in results:
         assert (world, number, spread) == (3, 2, 0.0)
         assert x0 == float(steps)
+
+
+def test_a_joiner_killed_midway_through_the_state_transfer_leaves_the_donors_unharmed(tmp_path):
+    # 1.6 M float64: 4 chunks from 3 donors; the joiner is SIGKILLed after the first landed.
+    results, (code, out) = _with_bad_joiner(tmp_path, "midway", view_number=2, count=1_600_000)
+    assert code == -signal.SIGKILL, out
+    for world, number, steps, x0, spread, _ in results:
+        assert (world, number, spread) == (3, 2, 0.0)   # admitted, left out: view 2 of 3
+        assert x0 == float(steps)                       # the donors' own state, untouched
 
 
 def test_a_joiner_of_another_job_is_refused_naming_both(tmp_path):
