@@ -1,13 +1,13 @@
-"""The two records of a view change: a coordinator's proposal, and a committed switch as one
-process takes it (changes.py has the protocol)."""
+"""The records of a view change: a coordinator's proposal, a committed switch as one process
+takes it, and a planned leaver's departure (changes.py has the protocol)."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from collectives.membership.view import Member, View
 
-__all__ = ["Proposal", "Switch"]
+__all__ = ["Proposal", "Switch", "Departure"]
 
 
 @dataclass(frozen=True)
@@ -38,3 +38,15 @@ class Switch:
     source: int                 # rank (in the new view) whose state the receivers take
     step: int                   # the step count everyone continues from
     receivers: list[int]        # ranks that must take the source's state
+    # (receiver's rank in the new view, leaver's rank in the old one): planned leavers whose
+    # policy state (push-sum mass) the receiver takes over the old transport, before it closes
+    handoffs: list[tuple[int, int]] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Departure:
+    """A planned leave, as the leaver takes it at the boundary where the others go on
+    without it: it hands what it holds to ``to`` (the receiver's rank in the view it leaves,
+    on that view's transport), then closes."""
+    number: int                 # the view the others go on in
+    to: int                     # rank, in the view left, of the member that takes its state
