@@ -35,3 +35,6 @@ class PeerChannel(enum.IntEnum):
     #: Membership: a member's state sent to the members that take it after a view change
     #: (gossip/state_transfer.py).
     MEMBERSHIP = 8
+    #: Membership: a planned leaver's push-sum mass, handed to a member on the view's
+    #: transport it leaves (gossip/policies/push_sum_membership.py).
+    HANDOFF = 9

@@ -1,20 +1,24 @@
-"""What a committed view change does to a Peer (gossip/membership.py has the why): the new
-transport and communicators take over, the topology is recomputed over the new size, the
-attached policies are told, the members named stale take the source's state, and everybody
-meets in a barrier of the new view before the old transport closes (so nothing of the old
-view is read as a loss in the new one, and a joiner enters at the boundary itself).
+"""What a committed view change does to a Peer (gossip/membership.py has the why): the
+attached policies finish what they must in the old view (``_view_changing``: push-sum's
+exchange in flight, a planned leaver's mass), the new transport and communicators take over,
+the topology is recomputed over the new size, the attached policies are told, the members
+named stale take the source's state, and everybody meets in a barrier of the new view before
+the old transport closes (so nothing of the old view is read as a loss in the new one, and a
+joiner enters at the boundary itself). A planned leaver (``leave_at_boundary``) takes rounds
+until its boundary, hands its state over there, and goes.
 """
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any
 
 from collectives.communicator import Communicator
-from gossip.errors import PeerLost
+from gossip.errors import OperationTimeout, PeerLost
 from gossip.membership import resize_topology
 from gossip.state_transfer import Prefetch, load_state, receive_state, send_state, state_of
 
-__all__ = ["take_switch", "take_state", "prefetch"]
+__all__ = ["take_switch", "take_state", "prefetch", "leave_at_boundary", "depart"]
 
 log = logging.getLogger("gossip")
 
@@ -26,6 +30,9 @@ def take_switch(peer: Any, switch: Any, policy: Any = None) -> int:
     state: another model) is left out by a recovery at once, whatever the policy: the
     others' state is untouched, so the group goes on as before."""
     old_transport, old_comms = peer._transport, [peer._comm, *peer._channels.values()]
+    for p in peer.policies:
+        p._view_changing(switch)
+    old_comms += [c for c in peer._channels.values() if c not in old_comms]
     _install(peer, switch)
     rank = switch.transport.rank
     try:
@@ -33,6 +40,8 @@ def take_switch(peer: Any, switch: Any, policy: Any = None) -> int:
             if rank in switch.senders:
                 send_state(peer, state_of(policy), switch.receivers, switch.step,
                            policy.timeout, switch.senders)
+                if rank == switch.source:
+                    policy._state_sent()   # (push-sum: the source alone gave its share)
             elif rank in switch.receivers:
                 step, snapshot = receive_state(peer, switch.senders, state_of(policy),
                                                policy.timeout)
@@ -56,6 +65,36 @@ def take_switch(peer: Any, switch: Any, policy: Any = None) -> int:
     for callback in list(peer._view_callbacks):
         callback(switch.view)
     return switch.step
+
+
+def leave_at_boundary(peer: Any, policy: Any) -> bool:
+    """A planned leave (a policy that ``hands_off_at_leave``): ask for it, then take
+    ``policy``'s rounds (after_step, no local update) until the boundary where the others go
+    on without this peer (at_boundary then calls depart()). False if that did not happen
+    within the membership timeout: the caller leaves at once instead."""
+    changes = peer._membership.changes
+    if not changes.request_leave():
+        return False   # the last member: nobody to hand anything to
+    deadline = time.monotonic() + changes.timeout
+    try:
+        while not peer._departed and time.monotonic() < deadline and not policy.closed:
+            policy.after_step()
+    except (PeerLost, OperationTimeout) as exc:   # no commit came (its coordinator died)
+        log.warning("rank %d: its planned leave failed (%s)", peer.rank, exc)
+    if not peer._departed:
+        log.warning("rank %d: its planned leave was not committed within %gs: leaving at "
+                    "once", peer.rank, changes.timeout)
+    return peer._departed
+
+
+def depart(peer: Any, departure: Any) -> None:
+    """A planned leaver at its boundary: each policy hands what it holds to the member the
+    commit named (on this view's transport), then the peer is done."""
+    for p in peer.policies:
+        p._hand_off(departure.to)
+    peer._departed = True
+    log.info("rank %d: left; view %d goes on without it (its state went to rank %d)",
+             peer.rank, departure.number, departure.to)
 
 
 def prefetch(peer: Any, switch: Any) -> Prefetch:

@@ -8,6 +8,7 @@ from typing import Any
 
 from collectives import defaults
 from collectives.communicator import Communicator
+from collectives.membership.proposal import Departure
 from collectives.transport.channels import channel_pair
 from collectives.transport.transport import Transport
 from gossip import elastic
@@ -42,6 +43,7 @@ class Peer:
         self.tracked_state: dict[str, Any] = {}
         self.pending_tracked: dict[str, Any] = {}   # received before their object existed
         self.join_stats: dict[str, Any] = {}
+        self._departed = False   # a planned leave reached its boundary (elastic.depart)
         if joined is not None:   # the state starts coming now, while the model is built
             self._prefetch = elastic.prefetch(self, joined)
         if membership is not None:
@@ -274,7 +276,7 @@ class Peer:
         stuck = [p.name for p in self.policies if not p.follows_view_changes]
         if stuck:
             return (f"the group runs policy {stuck[0]!r}, which does not follow membership "
-                    "changes yet (synchronous, local-sgd and gossip do)")
+                    "changes yet (synchronous, local-sgd, gossip and push-sum do)")
         return None
 
     def _replicated(self) -> bool:
@@ -288,9 +290,14 @@ class Peer:
     def leave(self) -> None:
         """Leave the group for good, between steps: the others go on in a view without this
         peer (at once: their operations in progress are ended and each policy takes the
-        change), then this peer closes."""
+        change), then this peer closes. With a policy whose state must not be cut mid-round
+        attached (push-sum), the leave is planned instead: this peer takes that policy's
+        rounds (no local update) until the boundary the group agrees on, hands its state
+        (x, w) to a member there, then closes (elastic.leave_at_boundary)."""
         if self._membership is not None and not self._closed:
-            self._membership.changes.leave()
+            planned = [p for p in self.policies if p.hands_off_at_leave]
+            if not (planned and elastic.leave_at_boundary(self, planned[0])):
+                self._membership.changes.leave()
         self.close()
 
     def at_boundary(self, policy: Any, step: int) -> bool:
@@ -301,7 +308,10 @@ class Peer:
         switch = self._membership.boundary(step)
         if switch is None:
             return False
-        elastic.take_switch(self, switch, policy)
+        if isinstance(switch, Departure):
+            elastic.depart(self, switch)
+        else:
+            elastic.take_switch(self, switch, policy)
         return True
 
     def recover(self, policy: Any, step: int) -> int:

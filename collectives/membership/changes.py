@@ -30,6 +30,16 @@ takes part in the recovery instead.
 
 Joiners are processes with a door and no view yet (``view`` None here): they wait for
 ``prepare`` and ``commit`` like stopped members.
+
+A leave is at once (``leave()``: the coordinator proposes the view without the leaver as for
+a recovery, so the others' operations in progress are ended), or planned
+(``request_leave()``, for policies whose state must not be cut mid-round: push-sum): the
+coordinator proposes the view without it at its next boundary S, as for a joiner, and sends
+the leaver that ``prepare`` too; the leaver takes rounds until S, and the ``commit`` names,
+for each planned leaver, the member that takes its state (``handoffs``: the next member after
+it in rank order that goes on); the leaver learns that member's rank with ``left`` and hands
+its state to it on the old view's transport (boundary() returns a Departure), which that
+member reads before it closes that transport.
 """
 from __future__ import annotations
 
@@ -41,10 +51,10 @@ from typing import Any, Callable
 from collectives.errors import OperationTimeout, PeerLost, RendezvousError
 from collectives.membership.coordinator import Coordinator
 from collectives.membership.door import Door
-from collectives.membership.proposal import Proposal, Switch
+from collectives.membership.proposal import Departure, Proposal, Switch
 from collectives.membership.view import Member, View, ViewError
 
-__all__ = ["ViewChanges", "Proposal", "Switch"]
+__all__ = ["ViewChanges", "Proposal", "Switch", "Departure"]
 
 log = logging.getLogger("collectives")
 
@@ -88,6 +98,7 @@ class ViewChanges:
         # joiners do (a gossip member's model is its own).
         self.replicated: Callable[[], bool] = lambda: True
         self._stopped_now = False
+        self.departing = False   # a planned leave was asked (request_leave)
         self.coordinating = Coordinator(self)
 
     # ------------------------------------------------------------------ who coordinates
@@ -112,20 +123,22 @@ class ViewChanges:
     # ------------------------------------------------------------------ member side
     def has_pending(self) -> bool:
         """True when a change concerns this member at a coming boundary (cheap)."""
-        return self._proposal is not None or bool(self.coordinating.pending)
+        c = self.coordinating
+        return self._proposal is not None or bool(c.pending) or bool(c.departing)
 
     def passing(self, step: int) -> None:
         """The member is at the boundary after ``step`` steps (every boundary, before it
         looks for a proposal: see _on_prepare)."""
         self._boundary_step = step
 
-    def boundary(self, step: int) -> Switch | None:
+    def boundary(self, step: int) -> Switch | Departure | None:
         """Called by the member at every step boundary (``step``: steps completed). Returns
-        the committed switch when this boundary is where a change takes effect."""
+        the committed switch when this boundary is where a change takes effect (a planned
+        leaver: its Departure)."""
         with self.cond:
             self._boundary_step = step
             c = self.coordinating
-            if c.pending and c.active is None and self.is_coordinator():
+            if (c.pending or c.departing) and c.active is None and self.is_coordinator():
                 c.propose(step + self.margin)
             p = self._proposal
         if p is None:
@@ -197,6 +210,9 @@ class ViewChanges:
                     if p.at_step is not None and p.at_step > step and not recovering:
                         self._close(transport)
                         return None   # moved further on: train to the new boundary
+                    if p.rank_of(self.name) is None and self.departing:
+                        self._close(transport)
+                        return self._depart(p, step, deadline)
                     if p.rank_of(self.name) is None:
                         self._close(transport)
                         raise PeerLost(f"{self.name}: left out of the proposed view {p.number} "
@@ -218,6 +234,27 @@ class ViewChanges:
                            replicated=bool(self.replicated()))
             answered = p.pid
 
+    def _depart(self, p: Proposal, step: int, deadline: float) -> Departure | None:
+        """A planned leaver at the boundary of a view without it: wait until it is committed
+        (``left``, naming the member that takes this one's state), or a proposal moves the
+        boundary further on (None: take rounds to it)."""
+        with self.cond:
+            while True:
+                answer = self._answer
+                if answer is not None and answer.get("kind") == "left":
+                    self._answer = self._proposal = None
+                    to = answer.get("to")
+                    return Departure(int(answer.get("number") or 0),
+                                     to if type(to) is int else -1)
+                q = self._proposal
+                if q is not None and q.pid != p.pid and q.at_step is not None \
+                        and q.at_step > step:
+                    return None
+                if time.monotonic() >= deadline:
+                    raise OperationTimeout(f"{self.name}: its leave was not committed within "
+                                           f"{self.timeout:g}s (step {step})")
+                self.cond.wait(min(0.1, max(0.0, deadline - time.monotonic())))
+
     def _take(self, commit: dict, p: Proposal, transport: Any) -> Switch:
         view = View.from_wire(commit["view"])
         table = {int(r): e for r, e in commit["table"].items()}
@@ -230,8 +267,11 @@ class ViewChanges:
                 and all(type(r) is int and 0 <= r < len(view) for r in donors)
                 and len(set(donors)) == len(donors)):
             donors = [source]   # (the coordinator always sends a sound list)
+        handoffs = [(h[0], h[1]) for h in commit.get("handoffs") or ()
+                    if isinstance(h, list) and len(h) == 2
+                    and all(type(r) is int for r in h)]
         return Switch(view, transport, source, commit["step"], list(commit["receivers"]),
-                      donors)
+                      donors, handoffs)
 
     @staticmethod
     def _close(transport: Any) -> None:
@@ -248,6 +288,7 @@ class ViewChanges:
     def leave(self) -> None:
         """Leave the group: the coordinator proposes at once the view without this member,
         which waits (at most the timeout) until that view is committed."""
+        self.departing = False   # (after a planned leave that did not come through)
         deadline = time.monotonic() + self.timeout
         while time.monotonic() < deadline:
             c = self.coordinator()
@@ -269,6 +310,21 @@ class ViewChanges:
                 self.reported_lost.add(c.name)   # silent: ask the next one
         raise OperationTimeout(f"{self.name}: no coordinator confirmed its leave within "
                                f"{self.timeout:g}s")
+
+    def request_leave(self) -> bool:
+        """Ask for a planned leave (see the module docstring) and return at once: the member
+        goes on taking rounds until boundary() returns its Departure. False if there is
+        nobody to leave (the last live member)."""
+        c = self.coordinator()
+        others = [m for m in self.view.members if m.name != self.name
+                  and m.name not in self.known_lost()]
+        if c is None or not others:
+            return False
+        with self.cond:
+            self.departing = True
+            self._answer = None
+        self.door.tell(c.door, "leave", name=self.name, planned=True)
+        return True
 
     # ------------------------------------------------------------------ joiner side
     def join(self, doors: list[str]) -> Switch:
@@ -325,12 +381,10 @@ class ViewChanges:
             self._proposal = p
             self.cond.notify_all()
             interrupt = p.at_step is None and not self._stopped_now and self.view is not None
-            # Past the proposed boundary already (short steps outrun a margin of steps): say
-            # so now, from this thread. The member's next boundary would say it too late: its
-            # step's collective waits on the members stopped at the boundary proposed, so it
-            # never gets there. A member records its step (passing()) before it looks for a
-            # proposal, and this thread sets the proposal before it reads that step: so the
-            # member either sees the proposal at that boundary or is told late here.
+            # Past the proposed boundary already (steps shorter than the margin): say so now;
+            # its next boundary never comes (its step's collective waits on those stopped).
+            # It records its step (passing()) before it looks for a proposal, and this sets
+            # the proposal before it reads the step: it sees it, or is told late here.
             late = (p.at_step is not None and self.view is not None
                     and self._boundary_step >= p.at_step)
             if late:

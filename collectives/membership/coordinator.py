@@ -33,6 +33,9 @@ class Coordinator:
         self.counter = itertools.count(1)
         self.leaving: dict[str, str] = {}        # name -> door of a member that leaves
         self.lates = 0   # boundaries of the change under way that a member was past already
+        # name -> door of a member that leaves at the next planned boundary (its state is
+        # handed to a member there: push-sum mass), not yet in a committed view
+        self.departing: dict[str, str] = {}
         door = changes.door
         for kind in ("join", "late", "ready", "recover", "leave"):
             door.on(kind, getattr(self, "on_" + kind))
@@ -85,7 +88,7 @@ class Coordinator:
         for m in self.changes.view.members:
             if m.name in self.pending:
                 members.append(self.pending[m.name])
-            elif m.name not in lost:
+            elif m.name not in lost and m.name not in self.departing:
                 members.append(m)
         names = {m.name for m in members}
         members += [m for n, m in self.pending.items() if n not in names]
@@ -98,6 +101,8 @@ class Coordinator:
                  [str(m) for m in members])
         for m in members:
             self.changes.door.tell(m.door, "prepare", **p.to_wire())
+        for name, door in self.departing.items():   # they learn the boundary they leave at
+            self.changes.door.tell(door, "prepare", **p.to_wire())
 
     def on_late(self, msg: dict) -> None:
         with self.changes.cond:
@@ -135,6 +140,14 @@ class Coordinator:
                 return
             if not self.changes.is_coordinator() and name != self.changes.name:
                 return   # the leaver asks the next one after a deadline
+            if msg.get("planned") is True:
+                # At the coordinator's next boundary, like a joiner (the leaver takes
+                # rounds until then): see changes.py on planned leaves.
+                self.departing[name] = msg["from"]
+                log.info("%s: %s leaves %s at the next boundary", self.changes.name, name,
+                         view.describe())
+                return
+            self.departing.pop(name, None)
             self.leaving[name] = msg["from"]
             log.info("%s: %s leaves %s", self.changes.name, name, view.describe())
             self.propose(None, frozenset({name}))
@@ -147,7 +160,8 @@ class Coordinator:
             name, entry, step = msg.get("name"), msg.get("entry"), msg.get("step")
             if p.rank_of(name) is None or not isinstance(entry, dict) or type(step) is not int:
                 return
-            self.ready[name] = {"entry": entry, "step": step}
+            self.ready[name] = {"entry": entry, "step": step,
+                                "replicated": msg.get("replicated") is True}
             if len(self.ready) == len(p.members):
                 self._commit_active()
 
@@ -162,7 +176,7 @@ class Coordinator:
         steps = {r: self.ready[p.members[r].name]["step"] for r in ranks}
         source = max(olds, key=lambda r: (steps[r], -r)) if olds else 0
         step = steps[source]
-        replicated = all(self.ready[m.name].get("replicated", True) for m in p.members)
+        replicated = all(self.ready[m.name]["replicated"] for m in p.members)
         receivers = [r for r in ranks if r not in olds or replicated and steps[r] != step]
         # Identical replicas at the source's step can all send it: each a share of the
         # chunks, the source first (it alone sends the manifest the receivers check all by).
@@ -172,8 +186,11 @@ class Coordinator:
         view = View(self.changes.view.job_id, p.number, p.members,
                     step if p.at_step is None else p.at_step)
         table = {str(r): self.ready[p.members[r].name]["entry"] for r in ranks}
+        handoffs = self._handoffs(p, olds) if p.at_step is not None else {}
         commit = {"pid": p.pid, "view": view.to_wire(), "table": table, "source": source,
-                  "step": step, "receivers": receivers, "donors": donors}
+                  "step": step, "receivers": receivers, "donors": donors,
+                  "handoffs": [[new, self.changes.view.rank_of(name)]
+                               for name, (new, _) in handoffs.items()]}
         for m in p.members:
             self.changes.door.tell(m.door, "commit", **commit)
         for m in p.members:
@@ -182,10 +199,33 @@ class Coordinator:
             if name not in {m.name for m in p.members}:
                 self.changes.door.tell(door, "left", number=p.number)
                 del self.leaving[name]
+        for name, door in list(self.departing.items()):
+            if name not in {m.name for m in p.members}:
+                to = handoffs[name][1] if name in handoffs else -1
+                self.changes.door.tell(door, "left", number=p.number, to=to)
+                del self.departing[name]
         self.active = None
         self.lates = 0
         log.info("%s: committed %s (state from ranks %s at step %d to ranks %s)",
                  self.changes.name, view.describe(), donors, step, receivers)
+
+    def _handoffs(self, p: Proposal, olds: list[int]) -> dict[str, tuple[int, int]]:
+        """Each planned leaver of the current view -> (new rank, old rank) of the member that
+        takes its state: the next member after it, in the old rank order, that goes on in
+        the proposed view as itself (it reads the leaver on the old view's transport)."""
+        view = self.changes.view
+        staying = {p.members[r].name: r for r in olds}
+        out = {}
+        for name in self.departing:
+            leaver = view.rank_of(name)
+            if leaver is None or name in staying:
+                continue
+            for k in range(1, len(view)):
+                candidate = view.member((leaver + k) % len(view)).name
+                if candidate in staying:
+                    out[name] = (staying[candidate], (leaver + k) % len(view))
+                    break
+        return out
 
     def tick(self) -> None:
         """Door thread: a proposal whose answers are late. A silent member is left out only

@@ -1,5 +1,5 @@
-"""The two records of a view change: a coordinator's proposal, and a committed switch as one
-process takes it (changes.py has the protocol)."""
+"""The records of a view change: a coordinator's proposal, a committed switch as one process
+takes it, and a planned leaver's departure (changes.py has the protocol)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -7,7 +7,7 @@ from typing import Any
 
 from collectives.membership.view import Member, View
 
-__all__ = ["Proposal", "Switch"]
+__all__ = ["Proposal", "Switch", "Departure"]
 
 
 @dataclass(frozen=True)
@@ -41,8 +41,20 @@ class Switch:
     # The ranks that send it, the source first (it sends the manifest): identical replicas at
     # the source's step, each a share of the chunks. Empty: the source alone.
     donors: list[int] = field(default_factory=list)
+    # (receiver's rank in the new view, leaver's rank in the old one): planned leavers whose
+    # policy state (push-sum mass) the receiver takes over the old transport, before it closes
+    handoffs: list[tuple[int, int]] = field(default_factory=list)
 
     @property
     def senders(self) -> list[int]:
         """Who sends the state: the donors, or the source alone."""
         return list(self.donors) or [self.source]
+
+
+@dataclass(frozen=True)
+class Departure:
+    """A planned leave, as the leaver takes it at the boundary where the others go on
+    without it: it hands what it holds to ``to`` (the receiver's rank in the view it leaves,
+    on that view's transport), then closes."""
+    number: int                 # the view the others go on in
+    to: int                     # rank, in the view left, of the member that takes its state

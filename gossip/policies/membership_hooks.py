@@ -23,6 +23,10 @@ class MembershipHooks:
     #: Whether the policy follows a view change (a join, a restart, an elastic recovery).
     #: Those that do not yet make the group refuse joiners while they are attached.
     follows_view_changes: ClassVar[bool] = True
+    #: Whether ``peer.leave()`` must be planned at a step boundary the group agrees on, the
+    #: leaver taking rounds until then and handing its state to a member there (push-sum's
+    #: mass); False: the leave takes effect at once (collectives/membership/changes.py).
+    hands_off_at_leave: ClassVar[bool] = False
 
     def _recover(self, exc: PeerLost) -> None:
         """A peer was lost mid-step: without ``elastic``, that is the step's error; with it,
@@ -50,6 +54,18 @@ class MembershipHooks:
         self._step = int(step)
         if self.nan_guard:
             self._guard.keep()
+
+    def _view_changing(self, switch: Any) -> None:
+        """A committed view change, before the peer installs it (its transport is still the
+        old view's): what the policy must finish or take in the old view (push-sum: the
+        exchange in flight, a leaver's mass) and how its state follows the switch."""
+
+    def _state_sent(self) -> None:
+        """This member (the switch's source) sent its state to the receivers."""
+
+    def _hand_off(self, to: int) -> None:
+        """A planned leaver at its boundary: give what it holds to rank ``to`` of the view it
+        leaves (-1: nobody takes it)."""
 
     def _view_changed(self) -> None:
         """The group's view changed (the peer has its new transport and topology): graph

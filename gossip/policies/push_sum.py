@@ -9,6 +9,7 @@ from gossip.errors import ExchangeIncomplete
 from gossip.policies.buckets import DEFAULT_BUCKET_BYTES
 from gossip.policies.neighborhood import ONE_PEER_EXPONENTIAL, Neighborhood, Round
 from gossip.policies.policy import Policy
+from gossip.policies.push_sum_membership import PushSumMembership
 from gossip.policies.push_sum_weights import weights_from_state
 
 __all__ = ["PushSum"]
@@ -16,7 +17,7 @@ __all__ = ["PushSum"]
 log = logging.getLogger("gossip")
 
 
-class PushSum(Policy):
+class PushSum(PushSumMembership, Policy):
     """SGP (Assran et al. 2019): each peer keeps a push-sum numerator ``x`` and a weight ``w``
     (starting at 1); every step it keeps its own share ``p_ii`` of both and sends the share
     ``p_ji`` of both to each out-neighbour ``j`` (column ``i`` of a column-stochastic matrix:
@@ -58,6 +59,22 @@ class PushSum(Policy):
     the timeout (left out of the round like a lost one, though it may still absorb what
     was sent to it): that round's shares on the link can be lost or counted twice.
 
+    Views (membership changes, gossip/membership.py), exactly: a view changes at a step
+    boundary, where nothing is in transit (with overlap, the exchange in flight is completed
+    first). A joiner takes half of its donor's pair: the donor keeps (x/2, w/2) and the
+    joiner gets (x/2, w/2) with the donor's parameters (x / w, bitwise), so sum x, sum w and
+    every model are unchanged; k joiners from one donor take a share (x, w) / (k + 1) each
+    (exact when k + 1 or k is a power of two, else within half a unit in the last place per
+    element). A ``peer.leave()`` is planned: the leaver takes rounds until the boundary the
+    group agrees on, then hands its (x, w), everything it holds, to the next member, which
+    adds it. Then every member scales its (x, w) by n_new / n_old: x / w and the consensus
+    sum x / sum w stay as they were, and the total weight, n_old, becomes n_new, the number
+    of members. The topology is recomputed over the new view. A death is no view change
+    (see "Lost peers"); a later change that leaves the dead out scales the survivors' pairs
+    by n_new / n_old like any other, so their total weight is then n_new times (1 - w_d /
+    n_old). Not exact: a leave during a recovery (the leaver's mass is lost with it, as
+    with a death) and a member lost while a view settles (what it held goes with it).
+
     When to use it: directed or time-varying graphs (the default OnePeerExponential: one
     message per step, exact average every log2(n) steps for n a power of two), and
     unreliable peers.
@@ -73,7 +90,6 @@ class PushSum(Policy):
     """
 
     name = "push-sum"
-    follows_view_changes = False   # its state does not follow a view change yet
     default_topology = ONE_PEER_EXPONENTIAL
 
     def __init__(self, *, topology: Any = None, overlap: bool = False,
@@ -246,13 +262,17 @@ class PushSum(Policy):
     def _extra_state(self) -> dict:
         # x = w * (x/w) and x/w is in the parameters, so the weights are all that is needed.
         self.flush()
-        return {"weights": self.weights}
+        return self._with_shares({"weights": self.weights})
 
     def _load_extra_state(self, state: dict) -> None:
         weights = weights_from_state(state, len(self._buckets), self.name)
         self.flush()
         if self.overlap:
             self._w = weights   # the parameters are x / w already
+            return
+        # A joiner's share, sent as it is (the parameters came with it, into the buckets:
+        # no copy_in, which would take the user's arrays from before it).
+        if self._load_numerators(state, weights):
             return
         self._buckets.copy_in()
         for b, z, w in zip(self._buckets, self._z, weights):
