@@ -59,7 +59,6 @@ class ElasticAveraging(BackgroundPolicy):
     """
 
     name = "elastic"
-    follows_view_changes = False   # its state does not follow a view change yet
     worker_name = "elastic-averaging server thread"
 
     def __init__(self, *, alpha: float | None = None, period: int = 4,
@@ -121,16 +120,27 @@ class ElasticAveraging(BackgroundPolicy):
                           "mean each round, and stability then needs a smaller learning rate "
                           "than plain SGD; the paper uses beta = 0.9", UserWarning, stacklevel=4)
 
+    @property
+    def follows_view_changes(self) -> bool:
+        """The replicated centre follows a view change: every member holds all of it (the
+        same bytes), so a joiner takes it with a member's state and the next round's
+        allreduce runs over the new view (alpha's default, 0.9 / n, follows n). The sharded
+        centre would have to be cut again over the new owners: not yet (joiners refused)."""
+        return self.center_mode == "replicated"
+
     def _setup(self) -> None:
         self._check_stability()
         peer, buckets = self._peer, self._buckets
         n, rank = peer.world_size, peer.rank
         buckets.copy_in()
-        # The centre starts at the workers' mean.
+        # The centre starts at the workers' mean; a joiner's comes with the running job's
+        # state (Peer.attached, after this), so it makes no collective call here.
+        joining = getattr(peer, "joining", False)
         means = []
         for b in buckets:
             m = adapter_for(b.flat).clone(b.flat)
-            peer.allreduce(m, op="mean", timeout=self.timeout)
+            if not joining:
+                peer.allreduce(m, op="mean", timeout=self.timeout)
             means.append(m)
         if self.center_mode == "replicated":
             self._center = means
@@ -302,6 +312,16 @@ class ElasticAveraging(BackgroundPolicy):
         with self._lock:
             for mine, theirs in zip(self._center, center):
                 adapter_for(mine).copy(mine, theirs)
+
+    def _view_changed(self) -> None:
+        # A fixed alpha that was stable for the old n may not be for the new one.
+        if self.center_mode == "replicated":
+            try:
+                self._check_stability()
+            except ValueError as exc:
+                log.warning("rank %d: elastic averaging after the view change: %s",
+                            self._peer.rank, exc)
+        super()._view_changed()
 
     def _extra_stats(self) -> dict:
         return {"alpha": self.alpha, "beta": self.beta, "period": self.period,

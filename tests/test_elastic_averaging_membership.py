@@ -1,0 +1,106 @@
+"""Elastic averaging (EASGD) with the replicated centre follows membership view changes: a
+joiner takes a member's model and the centre (the same bytes on every member), and the
+next rounds' allreduce runs over the new view, so the centres stay bitwise equal. The sharded
+centre does not follow them yet: joiners are refused, naming the policy. Real peer
+processes, real sockets."""
+from __future__ import annotations
+
+import hashlib
+import os
+import textwrap
+import threading
+
+import numpy as np
+
+from gossip.testing import spawn
+from test_membership import PEER_TIMEOUT, _publish_address, _run_joiner
+
+LENGTH = 512
+
+
+def easgd_members(peer, workdir, size, center):
+    from gossip.policies import ElasticAveraging
+    _publish_address(peer, workdir)
+    x = np.random.default_rng([5, peer.rank]).normal(size=LENGTH)
+    policy = ElasticAveraging(center=center, period=1).attach(peer, [x])
+    done = np.zeros(1)
+    # Until the view has ``size`` members and 60 steps are done, or the joiner was refused
+    # (rank 0 sees the test's file): the same decision on every member (an allreduce, first
+    # in a step: a joiner enters at the boundary that ends the step before).
+    while policy.step < 100_000:
+        done[0] = peer.world_size >= size and policy.step >= 60 or \
+            peer.rank == 0 and os.path.exists(os.path.join(workdir, "done"))
+        peer.allreduce(done, op="max")
+        if done[0]:
+            break
+        x -= 0.01 * x                      # a step: every worker pulled towards 0
+        policy.after_step()
+        np.ones((96, 96)) @ np.ones((96, 96))
+    center = hashlib.sha256(policy.center[0].tobytes()).hexdigest()
+    policy.close()
+    return peer.world_size, peer.view.number, policy.step, center
+
+
+EASGD_JOINER = textwrap.dedent("""
+    import hashlib, sys, numpy as np, gossip
+    from gossip.policies import ElasticAveraging
+    size = int(sys.argv[1])
+    try:
+        peer = gossip.init(join=True, timeout=20)
+    except gossip.GossipError as exc:
+        print("REFUSED", exc, flush=True)
+        sys.exit(3)
+    x = np.zeros(int(sys.argv[2]))
+    policy = ElasticAveraging(period=1).attach(peer, [x])     # takes model and centre here
+    start = hashlib.sha256(policy.center[0].tobytes()).hexdigest()
+    done = np.zeros(1)
+    while policy.step < 100_000:
+        done[0] = peer.world_size >= size and policy.step >= 60
+        peer.allreduce(done, op="max")
+        if done[0]:
+            break
+        x -= 0.01 * x
+        policy.after_step()
+    center = hashlib.sha256(policy.center[0].tobytes()).hexdigest()
+    print("JOINED", peer.rank, peer.world_size, policy.step, center, start, flush=True)
+    policy.close()
+    peer.close()
+""")
+
+
+def _members_and_joiner(tmp_path, size, center):
+    workdir, box = str(tmp_path), {}
+
+    def joiner():
+        try:
+            box["out"] = _run_joiner(workdir, EASGD_JOINER, [size, LENGTH], "joiner")
+        finally:
+            open(os.path.join(workdir, "done"), "w").close()   # the members may stop (a refused joiner)
+
+    thread = threading.Thread(target=joiner)
+    thread.start()
+    try:
+        results = spawn(easgd_members, n=3, timeout=150, args=(workdir, size, center),
+                        peer_timeout=PEER_TIMEOUT)
+    finally:
+        thread.join(150)
+    return results, box["out"]
+
+
+def test_a_joiner_takes_the_replicated_centre_and_every_centre_stays_equal(tmp_path):
+    results, (code, out) = _members_and_joiner(tmp_path, 4, "replicated")
+    lines = [ln.split() for ln in out.splitlines() if ln.startswith("JOINED")]
+    assert code == 0 and lines, out[-3000:]
+    _, rank, size, steps, center, _ = lines[0]
+    assert (int(rank), int(size)) == (3, 4)
+    for world, number, member_steps, member_center in results:
+        assert (world, number) == (4, 1)
+        assert member_steps == int(steps)          # one step count in the view
+        assert member_center == center             # the same centre, bitwise, on all four
+
+
+def test_a_sharded_centre_refuses_joiners_naming_the_policy(tmp_path):
+    results, (code, out) = _members_and_joiner(tmp_path, 4, "sharded")
+    assert code == 3 and "REFUSED" in out and "'elastic'" in out, out[-3000:]
+    for world, number, _, _ in results:
+        assert (world, number) == (3, 0)           # the group went on as it was
