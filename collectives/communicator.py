@@ -31,7 +31,7 @@ from collectives.algorithms.p2p import Call, wait_sent
 from collectives.algorithms.ring import ring_allreduce, ring_reduce_scatter, segments
 from collectives.algorithms.small import recursive_doubling_allreduce
 from collectives.arrays.adapter import ArrayAdapter, check_reduce_op
-from collectives.errors import GossipError, OperationTimeout, PeerLost
+from collectives.errors import GossipError, OperationTimeout, PeerLost, ViewChanging
 from collectives.send_recv import PointToPoint, flat_of
 from collectives.transport.channels import Channel
 from collectives.transport.transport import Transport
@@ -109,7 +109,7 @@ class Communicator:
             lost = exc.rank if isinstance(exc, PeerLost) else None
             late = exc.rank if isinstance(exc, OperationTimeout) else None
             self.transport.abort(peers, self.channel, seq, str(exc), lost_rank=lost,
-                                 late_rank=late)
+                                 late_rank=late, view_change=isinstance(exc, ViewChanging))
             raise
         finally:
             activity.end(self.channel, seq, failed)

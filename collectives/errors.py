@@ -10,6 +10,7 @@ __all__ = [
     "GossipError",
     "PeerLost",
     "ExchangeIncomplete",
+    "ViewChanging",
     "OperationTimeout",
     "RendezvousError",
     "ProtocolError",
@@ -35,6 +36,13 @@ class _AboutAPeer(GossipError):
 
 class PeerLost(_AboutAPeer):
     """A peer died, closed, or went silent (no heartbeat) past the timeout."""
+
+
+class ViewChanging(PeerLost):
+    """The operation was ended because the group's view is changing (a join, a leave or a
+    recovery proposed at once ends every member's waits): a membership change, not a failure.
+    Raised where a peer heard of it from another before its own notice came; ``rank`` is
+    None (nobody was lost)."""
 
 
 class ExchangeIncomplete(PeerLost):

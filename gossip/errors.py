@@ -6,10 +6,11 @@ which is both, wherever a topology enters the runtime. The snapshot errors (Snap
 its two kinds) are raised by gossip.snapshot and the checkpoint helpers only.
 """
 from collectives.errors import (AuthenticationError, ExchangeIncomplete, GossipError,
-                                OperationTimeout, PeerLost, ProtocolError, RendezvousError)
+                                OperationTimeout, PeerLost, ProtocolError, RendezvousError,
+                                ViewChanging)
 from topologies.errors import TopologyError as _PureTopologyError
 
-__all__ = ["GossipError", "PeerLost", "ExchangeIncomplete", "OperationTimeout",
+__all__ = ["GossipError", "PeerLost", "ExchangeIncomplete", "ViewChanging", "OperationTimeout",
            "RendezvousError", "ProtocolError", "AuthenticationError", "TopologyError",
            "SnapshotError", "SnapshotMismatch", "SnapshotCorrupt"]
 

@@ -184,6 +184,11 @@ class Arrivals:
 
     def _abort(self, src: int, header: Header, payload) -> bool:
         reason, named = header.op, None
+        if reason.startswith("view:"):
+            self._inbox.post_error((src, header.channel, header.seq), MailboxError(
+                f"rank {src} left the operation for a change of the group's view: "
+                f"{reason[5:]}", view_change=True))
+            return True
         if reason.startswith(("lost:", "late:")):
             rank_text, _, rest = reason[5:].partition("|")
             if rank_text.isdigit() and int(rank_text) < self._world_size:

@@ -3,9 +3,8 @@
 Messages are matched by mailbox, addressed ``(src, channel, seq)``; within a mailbox they keep
 the order in which the source sent them (one ZeroMQ pipe per source preserves order), so a
 chunked array arrives chunk by chunk. A mailbox is retired when its operation ends; anything
-that later arrives for a retired mailbox is a duplicate or a replay and is dropped.
-
-("Mailbox", not "slot": in collectives a slot is always a shared-memory ring's slot.)
+that later arrives for a retired mailbox is a duplicate or a replay and is dropped. ("Mailbox",
+not "slot": in collectives a slot is always a shared-memory ring's slot.)
 """
 from __future__ import annotations
 
@@ -38,6 +37,7 @@ class MailboxError:
     lost_rank: int | None = None
     late_rank: int | None = None  # the source timed out and found this rank missing
     local: bool = False  # this peer's own finding (a chunk of another call), not the source's
+    view_change: bool = False  # the source was ended by a change of the group's view
 
 
 class _Mailbox:
@@ -318,25 +318,19 @@ class Inbox:
         return self.retire_all(key[1], key[2], (key[0],))
 
     def retire_all(self, channel: int, seq: int, srcs) -> list:
-        """retire() the mailbox ``(src, channel, seq)`` of every one of ``srcs``, under one
-        lock (an operation's end retires one per peer); the undelivered messages of all."""
+        """retire() mailbox ``(src, channel, seq)`` of each of ``srcs`` under one lock."""
         left, resumes = [], []
         with self._lock:
             boxes, retired = self._boxes, self._retired
             for src in srcs:
                 box = boxes.pop((src, channel, seq), None)
-                marks = retired.get((src, channel))
-                if marks is None:
-                    marks = retired[(src, channel)] = _Retired()
+                marks = retired.get((src, channel)) or retired.setdefault((src, channel),
+                                                                          _Retired())
                 marks.add(seq)
                 if box is not None:
-                    if box.held:
-                        resume = self._release(src, box)
-                        if resume is not None:
-                            resumes.append(resume)
-                    if box.items:
-                        left.extend(box.items)
-        for resume in resumes:
+                    resumes.append(self._release(src, box) if box.held else None)
+                    left.extend(box.items)
+        for resume in filter(None, resumes):
             self.on_hold(*resume)
         return left
 

@@ -70,6 +70,7 @@ class Transport:
         self.inbox = Inbox()
         self.counters = [PeerCounters() for _ in range(world_size)]
         self._closed = False
+        self.interrupted = False   # interrupt() was called: a view change ends this transport
         self._close_lock = threading.Lock()
         self._drops = DropLog(rank)
         self._sockets = Sockets(rank, self.config, self._count_sent)
@@ -277,12 +278,15 @@ class Transport:
         caller that reads the socket hands it back to the I/O thread when it is done."""
         return self._loop.wait_on_inbox(self.inbox.wait_any, keys, deadline)
 
-    def abort(self, dsts, channel: int, seq: int, reason: str,
-              lost_rank: int | None = None, late_rank: int | None = None) -> None:
+    def abort(self, dsts, channel: int, seq: int, reason: str, lost_rank: int | None = None,
+              late_rank: int | None = None, view_change: bool = False) -> None:
         """Tell peers that operation ``(channel, seq)`` is abandoned, so they raise instead of
         waiting out their timeout; with ``lost_rank`` they raise PeerLost naming that rank,
-        with ``late_rank`` OperationTimeout naming the rank found missing."""
-        if lost_rank is not None:
+        with ``late_rank`` OperationTimeout naming the rank found missing; with ``view_change``
+        or after interrupt(), ViewChanging (a membership change ended it: nobody was lost)."""
+        if self.interrupted or view_change:
+            reason = f"view:{reason}"
+        elif lost_rank is not None:
             reason = f"lost:{lost_rank}|{reason}"
         elif late_rank is not None:
             reason = f"late:{late_rank}|{reason}"
@@ -356,6 +360,7 @@ class Transport:
         """End every wait at once (each raises PeerLost: this peer was closed), leaving the
         sockets up, so aborts still go out: the membership replaces this transport by the
         next view's (collectives/membership), and a member waiting here must answer."""
+        self.interrupted = True   # what its aborts say from now on (see abort)
         self.inbox.close()
 
     def close(self, timeout: float = defaults.CLOSE_TIMEOUT) -> None:

@@ -17,7 +17,8 @@ import time
 from typing import Any, NamedTuple
 
 from collectives import defaults
-from collectives.errors import AuthenticationError, OperationTimeout, PeerLost, ProtocolError
+from collectives.errors import (AuthenticationError, OperationTimeout, PeerLost, ProtocolError,
+                                ViewChanging)
 from collectives.transport.activity import BUSY, FINISHED, IDLE, same_call
 from collectives.transport.inbox import Lost, MailboxError
 
@@ -93,6 +94,8 @@ def wait_error(t, item, src: int, operation: Any, channel: int, seq: int) -> Exc
     if isinstance(item, MailboxError):
         if item.local:
             return ProtocolError(f"rank {me}: {item.message}")
+        if item.view_change:
+            return ViewChanging(f"rank {me}: {operation}: {item.message}", operation=operation)
         if item.late_rank is not None:
             late = item.late_rank
             return OperationTimeout(f"rank {me}: {operation}: rank {late} is missing (found by "

@@ -7,7 +7,7 @@ from __future__ import annotations
 import logging
 from typing import Any, ClassVar
 
-from gossip.errors import PeerLost
+from gossip.errors import PeerLost, ViewChanging
 
 __all__ = ["MembershipHooks"]
 
@@ -32,7 +32,10 @@ class MembershipHooks:
         """A peer was lost mid-step: without ``elastic``, that is the step's error; with it,
         agree with the survivors on the next view and go on from the state of the survivor
         that completed most steps (the same on every survivor), below ``min_peers`` raise."""
-        changing = getattr(self._peer, "changing_now", lambda: False)()
+        # A change under way (a leave, a recovery at once), known here or heard of from a
+        # member that it ended (ViewChanging: that member's notice came first).
+        changing = getattr(self._peer, "changing_now", lambda: False)() or \
+            isinstance(exc, ViewChanging)
         if not self.elastic and not changing:
             raise exc   # a failure of the group; a planned change (a leave) any policy takes
         log.warning("rank %d: %s lost a peer in step %d (%s): re-forming the group",
