@@ -66,13 +66,18 @@ def push_sum_members(peer, workdir, overlap, size):
     while peer.world_size < size and policy.step < 100_000:
         policy.after_step()
         np.ones((96, 96)) @ np.ones((96, 96))   # a step's compute
+    return peer.world_size, peer.view.number, at_change[-1], _final_pair(peer, policy, x)
+
+
+def _final_pair(peer, policy, x) -> tuple:
+    """ROUNDS_AFTER more rounds, then the pair once every round is absorbed everywhere."""
     for _ in range(ROUNDS_AFTER):
         policy.after_step()
     policy.flush()
     final = _pair(policy, x)
-    peer.barrier()                               # every round absorbed everywhere
+    peer.barrier()
     policy.close()
-    return peer.world_size, peer.view.number, at_change[-1], final
+    return final
 
 
 PUSH_SUM_JOINER = textwrap.dedent("""
@@ -277,13 +282,7 @@ def push_sum_leaver(peer, overlap, leaver):
             return "left", policy._w[0] if overlap else float(policy._z[0][-1])
         policy.after_step()
         np.ones((96, 96)) @ np.ones((96, 96))   # a step's compute
-    for _ in range(ROUNDS_AFTER):
-        policy.after_step()
-    policy.flush()
-    final = _pair(policy, x)
-    peer.barrier()
-    policy.close()
-    return peer.world_size, peer.view.number, at_change[-1], final
+    return peer.world_size, peer.view.number, at_change[-1], _final_pair(peer, policy, x)
 
 
 @pytest.mark.parametrize("overlap", [False, True])
