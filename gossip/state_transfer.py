@@ -74,7 +74,9 @@ def send_state(peer: Any, snapshot: Snapshot, receivers: list[int], step: int,
     raw = None
     if share == 0:   # only the source's manifest (and so its digests) is ever read
         tracked = {name: obj.state_dict() for name, obj in peer.tracked_state.items()}
-        manifest = {"snapshot": snapshot.manifest, "step": step, "tracked": tracked}
+        # The pieces' CRCs too: with several donors a bad piece names the donor that sent it.
+        manifest = {"snapshot": snapshot.manifest, "step": step, "tracked": tracked,
+                    "pieces": snapshot.piece_crcs if len(donors) > 1 else None}
         raw = np.frombuffer(msgpack.packb(manifest, use_bin_type=True), dtype=np.uint8)
     ranges = snapshot.layout().ranges(CHUNK_BYTES)[share::len(donors)]
     for r in receivers:
@@ -129,7 +131,7 @@ class Prefetch:
             self._mine.check_compatible(theirs, parts=("params",))
             into = {name: a for name, a in self._mine.arrays.items()
                     if name.startswith("params/")}
-            snapshot = _arrays(peer, donors, timeout, theirs, into)
+            snapshot = _arrays(peer, donors, timeout, theirs, into, manifest.get("pieces"))
             self.seconds = time.monotonic() - start
             self.nbytes = snapshot.nbytes
             self._outcome = (step, snapshot, manifest.get("tracked") or {})
@@ -159,7 +161,8 @@ def _receive(peer: Any, donors: list[int], timeout: float,
     if mine is not None:
         # This peer's fresh optimizer has no state yet: only the parameters must agree.
         mine.check_compatible(theirs, parts=("params",))
-    return step, _arrays(peer, donors, timeout, theirs, None), manifest.get("tracked") or {}
+    return step, _arrays(peer, donors, timeout, theirs, None, manifest.get("pieces")), \
+        manifest.get("tracked") or {}
 
 
 def _manifest(peer: Any, source: int, timeout: float) -> tuple[int, dict, dict]:
@@ -178,11 +181,12 @@ def _manifest(peer: Any, source: int, timeout: float) -> tuple[int, dict, dict]:
 
 
 def _arrays(peer: Any, donors: list[int], timeout: float, theirs: dict,
-            into: dict | None) -> Snapshot:
+            into: dict | None, pieces: Any = None) -> Snapshot:
     """The arrays of ``theirs``, each chunk received in place (into ``into``'s arrays where
     they fit) and checksummed as it lands, from each donor in turn (its share: every
-    len(donors)-th chunk from its place, as send_state cuts them); every digest checked,
-    and a bad one names the donors of the tensor's chunks."""
+    len(donors)-th chunk from its place, as send_state cuts them); every digest checked. A
+    bad one names the donors of its bad chunks (by the source's ``pieces``, its pieces'
+    CRCs), or of all the tensor's chunks without them."""
     comm = peer.channel(PeerChannel.MEMBERSHIP)
     receiver = SnapshotReceiver(theirs, into)
     ranges = receiver.layout.ranges(CHUNK_BYTES)
@@ -198,11 +202,28 @@ def _arrays(peer: Any, donors: list[int], timeout: float, theirs: dict,
         if len(donors) == 1 or exc.offset is None:
             raise
         lo, hi = exc.offset, exc.offset + (exc.nbytes or 0)
+        bad = _bad_chunks(receiver, ranges, pieces)
         senders = sorted({donors[i % len(donors)] for i, (o, n) in enumerate(ranges)
-                          if o < hi and o + n > lo})
-        raise SnapshotCorrupt(f"{exc} (its chunks came from ranks {senders}: replicas that "
+                          if o < hi and o + n > lo and (bad is None or i in bad)})
+        which = "its bad chunks" if bad is not None else "its chunks"
+        raise SnapshotCorrupt(f"{exc} ({which} came from ranks {senders}: replicas that "
                               "should be identical are not)", tensor=exc.tensor,
                               offset=exc.offset, nbytes=exc.nbytes) from None
+
+
+def _bad_chunks(receiver: SnapshotReceiver, ranges: list, pieces: Any) -> set | None:
+    """Indices of the chunks whose piece CRC differs from the source's ``pieces`` (None
+    when those are missing or do not fit: the caller blames every chunk of the tensor).
+    Chunks are pieces (CHUNK_BYTES == PIECE_BYTES, cut from each array's start)."""
+    got = receiver.piece_crcs()
+    if not (isinstance(pieces, list) and len(pieces) == len(got)
+            and all(isinstance(p, list) and len(p) == len(g) for p, g in zip(pieces, got))):
+        return None
+    flat_got = [c for g in got for c in g]
+    flat_want = [c for p in pieces for c in p]
+    if len(flat_got) != len(ranges):
+        return None
+    return {i for i, (g, w) in enumerate(zip(flat_got, flat_want)) if g != w}
 
 
 def _load_tracked(peer: Any, tracked: dict) -> None:

@@ -345,6 +345,12 @@ BAD_JOINER = textwrap.dedent("""
         sys.exit(3)
     if how == "die":
         os.kill(os.getpid(), signal.SIGKILL)   # admitted, dead before it takes the state
+    if how == "plain":
+        try:
+            Synchronous().attach(peer, [np.zeros(int(sys.argv[2]))])
+        except gossip.SnapshotCorrupt as exc:
+            print("CORRUPT", exc, flush=True)
+            sys.exit(5)
     if how == "midway":
         from gossip.snapshot import receiver
         wrote = receiver.SnapshotReceiver.wrote
@@ -410,6 +416,36 @@ def test_a_joiner_killed_midway_through_the_state_transfer_leaves_the_donors_unh
     for world, number, steps, x0, spread, _ in results:
         assert (world, number, spread) == (3, 2, 0.0)   # admitted, left out: view 2 of 3
         assert x0 == float(steps)                       # the donors' own state, untouched
+
+
+def members_with_a_bad_replica(peer, workdir, view_number, steps, count):
+    """members_until_view, where rank 2's share of the state it sends is not its state (a
+    replica that is not one: every byte it reads out is off by one bit)."""
+    if peer.rank == 2:
+        from gossip.snapshot import Snapshot
+        read = Snapshot.read
+        Snapshot.read = lambda self, offset, length: bytes(
+            b ^ 1 for b in bytes(read(self, offset, length)))
+    return members_until_view(peer, workdir, view_number, steps, count)
+
+
+def test_a_donor_whose_share_is_not_the_state_is_named_and_the_group_goes_on(tmp_path):
+    # 1.6 M float64: 4 chunks, chunk 2 from rank 2; the manifest (digests) is rank 0's.
+    workdir, box, count = str(tmp_path), {}, 1_600_000
+    thread = threading.Thread(
+        target=lambda: box.update(out=_bad_joiner(workdir, "plain", str(count))))
+    thread.start()
+    try:
+        results = spawn(members_with_a_bad_replica, n=3, timeout=150,
+                        args=(workdir, 2, 40, count), peer_timeout=PEER_TIMEOUT)
+    finally:
+        thread.join(150)
+    code, out = box["out"]
+    assert code == 5 and "CORRUPT" in out, out[-3000:]
+    assert "'params/0'" in out and "its bad chunks came from ranks [2]" in out, out[-3000:]
+    for world, number, steps, x0, spread, _ in results:
+        assert (world, number, spread) == (3, 2, 0.0)   # the joiner was left out again
+        assert x0 == float(steps)
 
 
 def test_a_joiner_of_another_job_is_refused_naming_both(tmp_path):

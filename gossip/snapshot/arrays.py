@@ -21,7 +21,7 @@ from gossip.errors import SnapshotCorrupt, SnapshotError
 from gossip.policies.buckets import is_torch_tensor
 
 __all__ = ["ArraySpec", "spec_of", "prepare", "byte_view", "allocate", "digest_of",
-           "digests_of", "piece_crcs", "digest_of_pieces", "verify", "is_array",
+           "digests_of", "crcs_of", "piece_crcs", "digest_of_pieces", "verify", "is_array",
            "DIGEST_BYTES", "PIECE_BYTES"]
 
 #: The digest's size: 32 bytes of blake2b (hex in a manifest).
@@ -182,20 +182,25 @@ def digest_of(spec: ArraySpec, data: memoryview) -> str:
     return digest_of_pieces(spec, piece_crcs(data))
 
 
-def digests_of(specs: Sequence[ArraySpec], views: Sequence[memoryview]) -> list[str]:
-    """Every array's digest; the pieces are checksummed in threads when there is enough (the
-    pieces of one large array too)."""
+def crcs_of(views: Sequence[memoryview]) -> list[list[int]]:
+    """Every array's piece_crcs(), in threads when there is enough to sum (the pieces of one
+    large array too)."""
     total = sum(len(v) for v in views)
     workers = min(os.cpu_count() or 1, 8)
     if total < _PARALLEL_BYTES or workers < 2:
-        return [digest_of(s, v) for s, v in zip(specs, views)]
+        return [piece_crcs(v) for v in views]
     pieces = [(i, v[at:at + PIECE_BYTES]) for i, v in enumerate(views)
               for at in range(0, len(v), PIECE_BYTES)]
     crcs: list[list[int]] = [[] for _ in views]
     with ThreadPoolExecutor(workers, thread_name_prefix="snapshot-digest") as pool:
         for (i, _), crc in zip(pieces, pool.map(lambda p: zlib.crc32(p[1]), pieces)):
             crcs[i].append(crc)
-    return [digest_of_pieces(s, c) for s, c in zip(specs, crcs)]
+    return crcs
+
+
+def digests_of(specs: Sequence[ArraySpec], views: Sequence[memoryview]) -> list[str]:
+    """Every array's digest (its pieces summed as crcs_of does)."""
+    return [digest_of_pieces(s, c) for s, c in zip(specs, crcs_of(views))]
 
 
 def verify(specs: Sequence[ArraySpec], got: Sequence[str], want: Sequence[str],

@@ -212,6 +212,18 @@ class SnapshotReceiver:
         return Snapshot(list(zip(self._layout.names, self._arrays)), self._parts,
                         digests=self._digests)
 
+    def piece_crcs(self) -> list[list[int]]:
+        """The CRC-32 of each piece of each array as received (after finish(), also when it
+        failed): compared with the donors' own, they name the bad pieces."""
+        out = []
+        for i, view in enumerate(self._views):
+            with self._lock:
+                known = dict(self._crcs[i])
+            out.append([known[p].result() if p in known else
+                        zlib.crc32(view[p * PIECE_BYTES:(p + 1) * PIECE_BYTES])
+                        for p in range(-(-len(view) // PIECE_BYTES))])
+        return out
+
     def _name_at(self, offset: int) -> str:
         i, _, _ = next(self._layout.pieces(offset, 1))
         return self._layout.names[i]

@@ -10,8 +10,8 @@ import numpy as np
 from gossip.errors import SnapshotError, SnapshotMismatch
 from gossip.optim import DistributedOptimizer
 from gossip.snapshot import files, manifest as mf
-from gossip.snapshot.arrays import (ArraySpec, byte_view, digests_of, is_array, prepare,
-                                    spec_of)
+from gossip.snapshot.arrays import (ArraySpec, byte_view, crcs_of, digest_of_pieces, is_array,
+                                    prepare, spec_of)
 from gossip.snapshot.layout import Layout
 from gossip.snapshot.structure import decode, encode
 
@@ -52,6 +52,7 @@ class Snapshot:
         self._specs = [spec_of(n, a) for n, a in zip(names, self._arrays)]
         self._parts = parts
         self._digests = list(digests) if digests is not None else None
+        self._crcs: list[list[int]] | None = None
         self._views: list[memoryview] | None = None
         self._layout = Layout.of(names, [s.nbytes for s in self._specs])
 
@@ -180,8 +181,17 @@ class Snapshot:
     def digests(self) -> list[str]:
         """Each array's digest (over kind, dtype, shape and its pieces' CRC-32, arrays.py), hex."""
         if self._digests is None:
-            self._digests = digests_of(self._specs, self._byte_views())
+            self._digests = [digest_of_pieces(s, c) for s, c in zip(self._specs,
+                                                                    self.piece_crcs)]
         return list(self._digests)
+
+    @property
+    def piece_crcs(self) -> list[list[int]]:
+        """Each array's pieces' CRC-32 (arrays.PIECE_BYTES each), what its digest is over: a
+        receiver that compares its own learns which pieces are bad, not only which array."""
+        if self._crcs is None:
+            self._crcs = crcs_of(self._byte_views())
+        return [list(c) for c in self._crcs]
 
     @property
     def manifest(self) -> dict:
