@@ -250,6 +250,14 @@ class IoLoop:
                 events = dict(poller.poll(timeout))
                 self._asleep = False
                 if suspects:
+                    # What a suspect sent before it went may sit in the ROUTER still: deliver
+                    # it first, or a waiter woken by the loss finds its mailbox empty (under
+                    # load, past DISCONNECT_GRACE, a peer's last barrier message was lost so).
+                    if self._rx_lock.acquire(blocking=False):
+                        try:
+                            self._rx_more = not self._receive()
+                        finally:
+                            self._rx_lock.release()
                     self._liveness.declare_lost()
                 if blocked:
                     for link in list(blocked):
