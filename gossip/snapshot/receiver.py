@@ -189,14 +189,8 @@ class SnapshotReceiver:
             raise SnapshotError(f"{sum(n for _, n in gaps)} bytes in {len(gaps)} ranges not "
                                 f"received yet, the first [{offset}, {offset + length}) in "
                                 f"{self._name_at(offset)!r}")
-        got = []
-        for i, (spec, view) in enumerate(zip(self._specs, self._views)):
-            with self._lock:
-                known = dict(self._crcs[i])
-            crcs = [known.get(p) for p in range(-(-len(view) // PIECE_BYTES))]
-            got.append(digest_of_pieces(spec, [
-                zlib.crc32(view[p * PIECE_BYTES:(p + 1) * PIECE_BYTES]) if crc is None
-                else crc.result() for p, crc in enumerate(crcs)]))
+        got = [digest_of_pieces(spec, crcs)
+               for spec, crcs in zip(self._specs, self.piece_crcs())]
         with self._lock:
             pool, self._pool = self._pool, None
         if pool is not None:
