@@ -168,6 +168,9 @@ def test_demo_kill_reports_the_death_and_the_restart_and_trains_to_the_end(kille
     for name, row in table.items():
         restart = row["restart"]
         assert restart["rank"] == 2 and restart["killed_at_step"] == KILL_STEP, restart
+        if row.get("failed"):   # the others failed: only ever the known bug below
+            assert name == "gossip" and _coordinator_bug(restart), row
+            continue
         assert row["steps"] == KILL_TOTAL and row["final_accuracy"] > 0.9, row  # chance: 0.1
         assert row["throughput"] > 0
     # Elastic synchronous: the survivors re-form the group, the new process takes their state
@@ -184,7 +187,17 @@ def test_demo_kill_reports_the_death_and_the_restart_and_trains_to_the_end(kille
     # Replicas bitwise identical again at the end, the new one too (consensus exactly 0).
     assert table["synchronous"]["consensus"] == 0
     # A gossip group trains on around the dead peer whatever became of its new process.
-    assert table["gossip"]["restart"]["status"] in ("rejoined", "stopped", "failed")
+    gossip = table["gossip"]["restart"]
+    assert gossip["status"] in ("rejoined", "stopped") or _coordinator_bug(gossip), gossip
+
+
+def _coordinator_bug(restart: dict) -> bool:
+    """The known bug (xfail below): collectives/membership/coordinator.py forgets that a
+    gossip or local-sgd group's members are no replicas, so a joiner (or, after it left, a
+    member a step behind) takes its state in shares from members that differ, and its digest
+    check fails. Any other failure is not this one."""
+    return restart["status"] in ("failed", "others failed") and \
+        "SnapshotCorrupt" in restart["detail"]
 
 
 @pytest.mark.xfail(strict=True, reason="collectives/membership/coordinator.py on_ready() keeps "
@@ -209,9 +222,11 @@ def test_demo_kill_every_policy_rejoins_or_says_why_not(tmp_path) -> None:
     for name in names():
         restart = table[name]["restart"]
         if policy_class(name).follows_view_changes:
-            assert restart["status"] in ("rejoined", "stopped", "failed"), (name, restart)
-        else:   # refused at the door; or the group did not survive the death itself
-            assert restart["status"] in ("refused", "others failed"), (name, restart)
+            assert restart["status"] in ("rejoined", "stopped") or _coordinator_bug(restart), \
+                (name, restart)
+        else:   # refused at the door (or the others finished first: asynchronous is quick);
+            # or the group did not survive the death itself (elastic)
+            assert restart["status"] in ("refused", "stopped", "others failed"), (name, restart)
             if restart["status"] == "refused":
                 assert "does not follow membership changes" in restart["detail"]
                 assert table[name]["final_accuracy"] > 0.9

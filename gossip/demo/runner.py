@@ -185,7 +185,8 @@ def run_demo(options: DemoOptions, *, stdout: IO[str] | None = None,
             print(f"--kill {options.kill}: peer {options.kill.rank} SIGKILLs itself after "
                   f"step {options.kill.step(epochs * steps_per_epoch)} of "
                   f"{epochs * steps_per_epoch} and is started again, in a group of its own "
-                  "per policy (synchronous ones elastic)", file=stderr, flush=True)
+                  "per policy (synchronous and local-sgd with elastic=True)", file=stderr,
+                  flush=True)
         print(f"starting {options.peers} peer processes...", file=stderr, flush=True)
         with ProgressDisplay(progress_path, stream=stderr, bars=options.bars) as display:
             try:
@@ -221,7 +222,9 @@ def run_demo(options: DemoOptions, *, stdout: IO[str] | None = None,
                 "rank": options.kill.rank, "fraction": options.kill.fraction,
                 "step": options.kill.step(epochs * steps_per_epoch)}}
     write_json(js, rows, info)
-    write_png(png, rows, title=table_header, target=config.target_accuracy)
+    # The figure's title on two lines under --kill: one is wider than the figure.
+    write_png(png, rows, title=table_header.replace("; --kill", "\n--kill"),
+              target=config.target_accuracy)
     print(f"\nwrote {png} and {js}", file=stdout, flush=True)
     return 0
 
