@@ -9,7 +9,9 @@ back in its outcome) and has faulthandler on. The parent polls the pipes and the
 the first failure (an exception or a non-zero exit, outside ``tolerate``) or the global
 deadline stops everyone: each live child is asked to dump its threads' stacks (SIGUSR1), then
 terminated, then killed after a grace. A child whose target raises pytest's Skipped reports
-``skip`` and exits with SKIP_CODE, so a skip travels back as a skip, never as a pass.
+``skip`` and exits with SKIP_CODE, so a skip travels back as a skip, never as a pass. A rank
+given ``restarts`` is started again when it fails, with the next GOSSIP_INCARNATION (a peer
+killed and started again rejoins the running job: `gossip demo --kill`).
 
 Used by gossip.testing.spawn (peer processes), by the bench's gossip and baseline runs (Gloo,
 plain pyzmq) and by benchmarks/policies.py's torch.distributed runs. ``gossip run``
@@ -27,9 +29,9 @@ import tempfile
 import threading
 import time
 import traceback
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from multiprocessing.connection import wait as wait_any
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Mapping
 
 __all__ = ["PeerOutcome", "supervise", "first_failure", "after_report", "free_port", "GRACE",
            "SKIP_CODE"]
@@ -55,12 +57,14 @@ def free_port(host: str = "127.0.0.1") -> int:
 @dataclass
 class PeerOutcome:
     rank: int
-    status: str = "running"   # ok | error | skip | died | killed | running
+    status: str = "running"   # ok | error | skip | died | killed | stopped | running
     result: Any = None
     error: str = ""           # the formatted traceback
     exitcode: int | None = None
     output: str = ""          # what the process wrote to stdout/stderr (tail)
     noticed: float = float("inf")  # when the supervisor saw it fail (monotonic): first = cause
+    incarnation: int = 0      # which start of the rank this is (0: the first; see restarts)
+    earlier: list = field(default_factory=list)  # the outcomes of its earlier starts, in order
 
 
 def first_failure(outcomes: Iterable[PeerOutcome],
@@ -89,7 +93,8 @@ def _watch_parent(parent: int) -> None:
 
 
 def _child(target: Callable, rank: int, args: tuple, conn, log_path: str, parent: int,
-           backstop_s: float) -> None:
+           backstop_s: float, env: dict[str, str]) -> None:
+    os.environ.update(env)
     log = open(log_path, "w", buffering=1)
     os.dup2(log.fileno(), 1)
     os.dup2(log.fileno(), 2)
@@ -122,49 +127,91 @@ def _child(target: Callable, rank: int, args: tuple, conn, log_path: str, parent
 
 
 # ---------------------------------------------------------------------------- in the parent
+class _Children:
+    """The latest process of every rank, its result pipe and its log file."""
+
+    def __init__(self, target: Callable, args: tuple, name: str, timeout: float) -> None:
+        self.target, self.args, self.name = target, args, name
+        self.ctx = mp.get_context("spawn")
+        self.logdir = tempfile.mkdtemp(prefix="gossip-spawn-")
+        # A child outliving the global deadline (restarted ones too) stops by itself then.
+        self.backstop_at = time.monotonic() + timeout + 5 * GRACE
+        self.procs: dict[int, tuple[Any, Any, str]] = {}   # rank -> (process, pipe, log)
+
+    def start(self, rank: int, incarnation: int, env: dict[str, str]) -> None:
+        recv_end, send_end = self.ctx.Pipe(duplex=False)
+        suffix = f".{incarnation}" if incarnation else ""
+        path = os.path.join(self.logdir, f"rank{rank}{suffix}.log")
+        backstop = max(1.0, self.backstop_at - time.monotonic())
+        p = self.ctx.Process(target=_child, args=(self.target, rank, self.args, send_end, path,
+                                                  os.getpid(), backstop, env),
+                             name=f"{self.name}-{rank}", daemon=True)
+        p.start()
+        send_end.close()
+        self.procs[rank] = (p, recv_end, path)
+
+    def live(self) -> list[tuple[int, Any]]:
+        return [(rank, p) for rank, (p, _, _) in sorted(self.procs.items()) if p.is_alive()]
+
+    def reap(self, rank: int, outcome: PeerOutcome) -> None:
+        """Kill ``rank``'s process if it still runs, wait for it, and put its exit code and
+        output in ``outcome``."""
+        p, conn, path = self.procs.pop(rank)
+        if p.is_alive():
+            p.kill()
+        p.join(_REAP_WAIT)
+        conn.close()
+        outcome.exitcode = p.exitcode
+        outcome.output = _tail(path)
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
+
+    def close(self, outcomes: list[PeerOutcome]) -> None:
+        for rank in list(self.procs):
+            self.reap(rank, outcomes[rank])
+        try:
+            os.rmdir(self.logdir)
+        except OSError:
+            pass
+
+
 def supervise(target: Callable, n: int, *, args: tuple = (), timeout: float,
-              tolerate: Iterable[int] = (), name: str = "gossip-peer") -> list[PeerOutcome]:
+              tolerate: Iterable[int] = (), name: str = "gossip-peer",
+              restarts: Mapping[int, int] | None = None,
+              tolerated_grace: float | None = None) -> list[PeerOutcome]:
     """Run ``target(rank, *args)`` for rank 0..n-1, each in a fresh (spawned) process: no
     sockets, threads or ZeroMQ contexts inherited from the parent. ``target`` and ``args``
     must be picklable (module-level). Returns every rank's outcome once all have reported,
     the first failure outside ``tolerate`` has stopped the rest, or ``timeout`` (seconds, the
-    global deadline) has passed (the ranks still running are then ``killed``)."""
+    global deadline) has passed (the ranks still running are then ``killed``).
+
+    ``restarts``: rank -> how many times that rank is started again when it fails (an error
+    or a death), as ``gossip run --max-restarts`` does: each of its processes has
+    GOSSIP_INCARNATION set to its start's number (0, then 1, ...), so a gossip peer started
+    again rejoins the running job (gossip/membership.py). A failure followed by a restart is
+    no failure (it is kept in the outcome's ``earlier``); the last one allowed counts as
+    usual. ``tolerated_grace``: once every rank outside ``tolerate`` has reported, the
+    tolerated ranks still running get this many seconds, then are ``stopped`` (a restarted
+    peer still trying to rejoin a job that has ended); None waits for them."""
     tolerate = frozenset(tolerate)
-    ctx = mp.get_context("spawn")
-    logdir = tempfile.mkdtemp(prefix="gossip-spawn-")
+    restarts = dict(restarts or {})
+    children = _Children(target, tuple(args), name, timeout)
     outcomes = [PeerOutcome(rank) for rank in range(n)]
-    procs, conns = [], {}
     try:
         for rank in range(n):
-            recv_end, send_end = ctx.Pipe(duplex=False)
-            path = os.path.join(logdir, f"rank{rank}.log")
-            p = ctx.Process(target=_child, args=(target, rank, tuple(args), send_end, path,
-                                                  os.getpid(), timeout + 5 * GRACE),
-                            name=f"{name}-{rank}", daemon=True)
-            p.start()
-            send_end.close()
-            procs.append((p, path))
-            conns[recv_end] = rank
-        _watch(procs, conns, outcomes, timeout, tolerate)
+            children.start(rank, 0, _incarnation_env(rank, 0, restarts))
+        _watch(children, outcomes, timeout, tolerate, restarts, tolerated_grace)
     finally:
-        for p, _ in procs:
-            if p.is_alive():
-                p.kill()
-            p.join(_REAP_WAIT)
-        for conn in conns:
-            conn.close()
-        for rank, (p, path) in enumerate(procs):
-            outcomes[rank].exitcode = p.exitcode
-            outcomes[rank].output = _tail(path)
-            try:
-                os.unlink(path)
-            except OSError:
-                pass
-        try:
-            os.rmdir(logdir)
-        except OSError:
-            pass
+        children.close(outcomes)
     return outcomes
+
+
+def _incarnation_env(rank: int, incarnation: int, restarts: Mapping[int, int]) -> dict:
+    # Only the ranks that may restart: the others keep the clock-made incarnation, and a
+    # count is only compared with the counts of the same slot.
+    return {"GOSSIP_INCARNATION": str(incarnation)} if rank in restarts else {}
 
 
 def _tail(path: str, limit: int = _OUTPUT_TAIL) -> str:
@@ -176,14 +223,14 @@ def _tail(path: str, limit: int = _OUTPUT_TAIL) -> str:
     return text if len(text) <= limit else "...\n" + text[-limit:]
 
 
-def _watch(procs, conns, outcomes, timeout: float, tolerate: frozenset) -> None:
+def _watch(children: _Children, outcomes: list[PeerOutcome], timeout: float,
+           tolerate: frozenset, restarts: dict[int, int],
+           tolerated_grace: float | None) -> None:
     deadline = time.monotonic() + timeout
-    sentinels = {p.sentinel: rank for rank, (p, _) in enumerate(procs)}
-    open_conns = dict(conns)
-    by_rank = {rank: conn for conn, rank in conns.items()}
+    settle_at: float | None = None   # when the tolerated ranks still running are stopped
 
     def take_report(rank: int) -> None:
-        conn = by_rank[rank]
+        conn = children.procs[rank][1]
         open_conns.pop(conn, None)
         try:
             kind, result, error = conn.recv()
@@ -191,37 +238,73 @@ def _watch(procs, conns, outcomes, timeout: float, tolerate: frozenset) -> None:
             return  # died before reporting; its sentinel tells
         outcomes[rank].status, outcomes[rank].result, outcomes[rank].error = kind, result, error
 
+    def follow(rank: int) -> None:
+        p, conn, _ = children.procs[rank]
+        sentinels[p.sentinel] = rank
+        open_conns[conn] = rank
+
+    sentinels: dict[Any, int] = {}
+    open_conns: dict[Any, int] = {}
+    for rank in children.procs:
+        follow(rank)
     while any(o.status == "running" for o in outcomes):
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:
-            _stop_all(procs, outcomes, "killed")
+        now = time.monotonic()
+        if now >= deadline:
+            _stop_all(children, outcomes, "killed")
             return
-        for obj in wait_any(list(open_conns) + list(sentinels), timeout=remaining):
+        wait = deadline - now
+        if tolerated_grace is not None and all(
+                o.status == "ok" for o in outcomes if o.rank not in tolerate):
+            settle_at = now + tolerated_grace if settle_at is None else settle_at
+            if now >= settle_at:
+                _stop_all(children, outcomes, "stopped")
+                return
+            wait = min(wait, settle_at - now)
+        for obj in wait_any(list(open_conns) + list(sentinels), timeout=wait):
             if obj in open_conns:
                 take_report(open_conns[obj])
             elif obj in sentinels:
                 rank = sentinels.pop(obj)
-                conn = by_rank[rank]
+                p, conn, _ = children.procs[rank]
                 # Exited: its report may still sit in the pipe.
                 if (outcomes[rank].status == "running" and conn in open_conns
                         and conn.poll(_REPORT_WAIT)):
                     take_report(rank)
                 if outcomes[rank].status == "running":
                     # A skip whose report was lost is still a skip: its exit code says so.
-                    skipped = procs[rank][0].exitcode == SKIP_CODE
+                    skipped = p.exitcode == SKIP_CODE
                     outcomes[rank].status = "skip" if skipped else "died"
         now = time.monotonic()
         for o in outcomes:
             if o.status in _FAILED and o.noticed == float("inf"):
                 o.noticed = now
+        for o in list(outcomes):
+            if o.status in _FAILED and len(o.earlier) < restarts.get(o.rank, 0):
+                _restart(children, outcomes, o, restarts, sentinels, open_conns)
+                follow(o.rank)
         if any(o.status in _FAILED and o.rank not in tolerate for o in outcomes):
-            _stop_all(procs, outcomes, "killed")
+            _stop_all(children, outcomes, "killed")
             return
 
 
-def _stop_all(procs, outcomes, status: str) -> None:
+def _restart(children: _Children, outcomes: list[PeerOutcome], failed: PeerOutcome,
+             restarts: dict[int, int], sentinels: dict, open_conns: dict) -> None:
+    """Start ``failed``'s rank again: its old process reaped (exit code and output kept in
+    the new outcome's ``earlier``), a new one with the next incarnation."""
+    rank = failed.rank
+    p, conn, _ = children.procs[rank]
+    sentinels.pop(p.sentinel, None)
+    open_conns.pop(conn, None)
+    children.reap(rank, failed)
+    earlier, failed.earlier = failed.earlier, []
+    incarnation = len(earlier) + 1
+    outcomes[rank] = PeerOutcome(rank, incarnation=incarnation, earlier=[*earlier, failed])
+    children.start(rank, incarnation, _incarnation_env(rank, incarnation, restarts))
+
+
+def _stop_all(children: _Children, outcomes: list[PeerOutcome], status: str) -> None:
     """Dump every live child's stacks, then terminate, then kill."""
-    live = [(rank, p) for rank, (p, _) in enumerate(procs) if p.is_alive()]
+    live = children.live()
     for _, p in live:
         try:
             os.kill(p.pid, signal.SIGUSR1)

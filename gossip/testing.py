@@ -17,6 +17,7 @@ makes the whole spawn skip, so a skip is never mistaken for a pass.
 """
 from __future__ import annotations
 
+import importlib
 import os
 import time
 from dataclasses import dataclass, field
@@ -26,7 +27,8 @@ from collectives import defaults
 from collectives.errors import GossipError
 from gossip.supervisor import PeerOutcome, after_report, first_failure, free_port, supervise
 
-__all__ = ["spawn", "SpawnError", "SpawnTimeout", "PeerOutcome", "free_port", "wait_until"]
+__all__ = ["spawn", "spawn_outcomes", "SpawnError", "SpawnTimeout", "PeerOutcome", "free_port",
+           "wait_until"]
 
 
 def wait_until(predicate: Callable[[], Any], timeout: float, *, interval: float = 0.02,
@@ -67,11 +69,17 @@ class _Job:
     peer_timeout: float | None
     env: dict = field(default_factory=dict)
     init_kwargs: dict = field(default_factory=dict)
+    preload: tuple = ()
 
 
 def _peer_main(rank: int, job: _Job) -> Any:
     """One supervised child: a peer of the group on 127.0.0.1, running the user's function."""
     os.environ.update(job.env)
+    # As a script's imports come before its gossip.init: a restarted peer then asks to join
+    # ready to attach its policy, and the members, which wait for that at the new view's
+    # barrier, are not held up by its imports.
+    for module in job.preload:
+        importlib.import_module(module)
     os.environ.update({"GOSSIP_RANK": str(rank), "GOSSIP_WORLD_SIZE": str(job.n),
                        "GOSSIP_LOCAL_RANK": str(rank), "LOCAL_WORLD_SIZE": str(job.n),
                        "GOSSIP_RENDEZVOUS": f"tcp://127.0.0.1:{job.port}"})
@@ -85,7 +93,9 @@ def _peer_main(rank: int, job: _Job) -> Any:
 
 def spawn(fn: Callable, n: int = 4, *, timeout: float = defaults.TIMEOUT, topology: Any = None,
           args: tuple = (), kwargs: dict | None = None, peer_timeout: float | None = None,
-          env: dict[str, str] | None = None, tolerate=(), **init_kwargs) -> list[Any]:
+          env: dict[str, str] | None = None, tolerate=(), restarts=None,
+          tolerated_grace: float | None = None, preload: tuple[str, ...] = (),
+          **init_kwargs) -> list[Any]:
     """Run ``fn(peer, *args, **kwargs)`` in ``n`` peer processes; return each rank's result.
 
     ``timeout`` is the global deadline for the whole run; ``peer_timeout`` is each peer's
@@ -93,20 +103,41 @@ def spawn(fn: Callable, n: int = 4, *, timeout: float = defaults.TIMEOUT, topolo
     the harness has to kill them). ``fn`` and its arguments must be picklable (a module-level
     function). Extra keyword arguments go to gossip.init (key=, transport=, config=).
     ``tolerate``: ranks expected to die or fail (fault-injection tests); the others go on, and
-    those ranks' results are None.
+    those ranks' results are None. ``restarts`` (rank -> count) and ``tolerated_grace``: see
+    gossip.supervisor.supervise; a restarted rank's process calls gossip.init as the first
+    did, so it rejoins the running group (gossip/membership.py). ``preload``: modules each
+    process imports before gossip.init (``("torch",)``).
     """
+    outcomes = spawn_outcomes(fn, n, timeout=timeout, topology=topology, args=args,
+                              kwargs=kwargs, peer_timeout=peer_timeout, env=env,
+                              tolerate=tolerate, restarts=restarts,
+                              tolerated_grace=tolerated_grace, preload=preload,
+                              **init_kwargs)
+    return [o.result if o.status == "ok" else None for o in outcomes]
+
+
+def spawn_outcomes(fn: Callable, n: int = 4, *, timeout: float = defaults.TIMEOUT,
+                   topology: Any = None, args: tuple = (), kwargs: dict | None = None,
+                   peer_timeout: float | None = None, env: dict[str, str] | None = None,
+                   tolerate=(), restarts=None, tolerated_grace: float | None = None,
+                   preload: tuple[str, ...] = (), **init_kwargs) -> list[PeerOutcome]:
+    """As spawn(), but every rank's PeerOutcome (a tolerated rank's error or death, and the
+    earlier starts of a restarted rank, in ``earlier``), once the verdict is a pass."""
     if n < 1:
         raise ValueError(f"n must be at least 1, got {n}")
     job = _Job(fn, n, free_port(), topology, tuple(args), dict(kwargs or {}),
                peer_timeout if peer_timeout is not None else max(5.0, timeout / 3),
-               dict(env or {}), init_kwargs)
+               dict(env or {}), init_kwargs, tuple(preload))
     tolerate = frozenset(tolerate)
-    outcomes = supervise(_peer_main, n, args=(job,), timeout=timeout, tolerate=tolerate)
-    return _verdict(outcomes, timeout, tolerate)
+    outcomes = supervise(_peer_main, n, args=(job,), timeout=timeout, tolerate=tolerate,
+                         restarts=restarts, tolerated_grace=tolerated_grace)
+    _verdict(outcomes, timeout, tolerate)
+    return outcomes
 
 
 def _verdict(outcomes: list[PeerOutcome], timeout: float, tolerate: frozenset) -> list[Any]:
-    if all(o.status == "ok" or o.rank in tolerate and o.status in ("error", "died")
+    # "stopped": a tolerated rank still running once the others had finished (tolerated_grace).
+    if all(o.status == "ok" or o.rank in tolerate and o.status in ("error", "died", "stopped")
            for o in outcomes):
         return [o.result if o.status == "ok" else None for o in outcomes]
     skips = [o for o in outcomes if o.status == "skip"]

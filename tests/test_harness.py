@@ -1,10 +1,15 @@
-"""gossip.testing.spawn's verdict: which failure its error message leads with; and the
-harness reachable as ``gossip.testing`` after a plain ``import gossip``."""
+"""gossip.testing.spawn's verdict: which failure its error message leads with; the
+supervisor's restarts (real processes, real SIGKILLs); and the harness reachable as
+``gossip.testing`` after a plain ``import gossip``."""
+import os
+import signal
 import subprocess
 import sys
+import threading
 
 import pytest
 
+from gossip.supervisor import supervise
 from gossip.testing import PeerOutcome, SpawnError, _verdict
 
 
@@ -40,3 +45,50 @@ def test_gossip_testing_is_an_attribute_loaded_on_first_use() -> None:
                          timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["True", "gossip.testing"]
+
+
+# ---------------------------------------------------------------- restarts
+def _killed_first(rank: int) -> tuple:
+    incarnation = os.environ.get("GOSSIP_INCARNATION")
+    if rank == 1 and incarnation == "0":
+        os.kill(os.getpid(), signal.SIGKILL)
+    return rank, incarnation
+
+
+def test_a_rank_killed_is_started_again_with_the_next_incarnation() -> None:
+    outcomes = supervise(_killed_first, 3, timeout=60, restarts={1: 1})
+    assert [o.status for o in outcomes] == ["ok", "ok", "ok"]
+    # Only the ranks that may restart get a count; the others keep their own incarnation.
+    assert [o.result for o in outcomes] == [(0, None), (1, "1"), (2, None)]
+    again = outcomes[1]
+    assert again.incarnation == 1
+    assert [(e.status, e.exitcode, e.incarnation) for e in again.earlier] == [
+        ("died", -signal.SIGKILL, 0)]
+
+
+def _always_fails(rank: int) -> int:
+    if rank == 1:
+        raise RuntimeError(f"incarnation {os.environ['GOSSIP_INCARNATION']} fails")
+    return rank
+
+
+def test_a_rank_whose_restarts_are_spent_fails_as_usual() -> None:
+    outcomes = supervise(_always_fails, 2, timeout=60, restarts={1: 2})
+    last = outcomes[1]
+    assert last.status == "error" and "incarnation 2 fails" in last.error
+    assert [e.status for e in last.earlier] == ["error", "error"]
+    assert "incarnation 0 fails" in last.earlier[0].error
+    with pytest.raises(SpawnError, match="rank 1 failed"):
+        _verdict(outcomes, 60.0, frozenset())
+
+
+def _rank1_waits(rank: int) -> int:
+    if rank == 1:
+        threading.Event().wait()   # a peer that never finishes (still trying to rejoin)
+    return rank
+
+
+def test_a_tolerated_rank_still_running_after_the_others_is_stopped_after_the_grace() -> None:
+    outcomes = supervise(_rank1_waits, 2, timeout=60, tolerate={1}, tolerated_grace=0.5)
+    assert [o.status for o in outcomes] == ["ok", "stopped"]
+    assert _verdict(outcomes, 60.0, frozenset({1})) == [0, None]

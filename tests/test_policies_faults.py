@@ -148,3 +148,32 @@ def test_a_killed_peer_does_not_stop_synchronous_gossip():
     # The survivors (a path 0 - 1 - 2) kept mixing after rank 3 died.
     start = np.stack([np.random.default_rng(r).normal(size=1000) for r in (0, 1, 2)])
     assert np.ptp(xs, axis=0).max() < 0.05 * np.ptp(start, axis=0).max()
+
+
+def local_sgd_killed_before_averaging(peer, victim_step):
+    import torch
+
+    from gossip.policies import LocalSGD
+    # A torch parameter is a view of the policy's bucket: what an interrupted allreduce
+    # leaves in the bucket is in the model. No optimizer: only the averaging moves w.
+    w = torch.nn.Parameter(torch.full((13706,), float(peer.rank + 1)))
+    policy = LocalSGD(period=4, elastic=True).attach(peer, [w])
+    seen = []
+    while policy.step < 12:
+        if peer.rank == 3 and policy.step == victim_step:
+            os.kill(os.getpid(), signal.SIGKILL)   # its partners are inside the allreduce
+        policy.after_step()
+        seen.append((policy.step, float(w.min()), float(w.max())))
+    return seen, peer.world_size
+
+
+def test_an_elastic_local_sgd_peer_killed_in_the_averaging_leaves_the_others_at_their_mean():
+    out = spawn(local_sgd_killed_before_averaging, n=4, timeout=90, tolerate=[3],
+                peer_timeout=20, args=(7,))
+    assert out[3] is None
+    for seen, world in out[:3]:
+        assert world == 3
+        # 1, 2, 3, 4 averaged at step 4 to 2.5; the averaging of step 8, cut by the death,
+        # is done again by the 3 survivors: 2.5 still (before: 5.0 = 2.5 + 2.5, a partial
+        # sum of the recursive doubling, then 4.17 on every survivor).
+        assert all(lo == hi == 2.5 for step, lo, hi in seen if step >= 4), seen

@@ -31,7 +31,8 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
             "  gossip demo                                  # every policy, 4 peers (~1 min)\n"
             "  gossip demo --policy synchronous,gossip --epochs 5 --out /tmp/demo\n"
             "  gossip demo --peers 8 --topology exponential --policy gossip,push-sum\n"
-            "  gossip demo --dataset mnist --data-dir ~/data/mnist --epochs 1"
+            "  gossip demo --dataset mnist --data-dir ~/data/mnist --epochs 1\n"
+            "  gossip demo --kill 2@0.33                    # peer 2 SIGKILLed at a third, restarted"
         ),
     )
     parser.add_argument("-n", "--peers", type=int, default=4, metavar="N",
@@ -43,7 +44,8 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
                         help="the peers' graph, as for `gossip topology` (default ring); used "
                         "by gossip, push-sum and asynchronous")
     parser.add_argument("--epochs", type=int, default=None, metavar="N",
-                        help="epochs per policy (default: 20 on digits, 2 on mnist)")
+                        help="epochs per policy (default: 20 on digits, 2 on mnist; with "
+                        "--kill 100 on digits)")
     parser.add_argument("--dataset", default="digits", metavar="NAME",
                         help="digits (default; inside scikit-learn) or mnist (needs --data-dir)")
     parser.add_argument("--data-dir", metavar="PATH",
@@ -58,6 +60,11 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     parser.add_argument("--seed", type=int, default=0, help="seed of weights, shards, batches")
     parser.add_argument("--no-baseline", action="store_true",
                         help="skip the single-process SGD baseline row")
+    parser.add_argument("--kill", metavar="RANK@FRACTION",
+                        help="peer RANK SIGKILLs itself after FRACTION of its training steps "
+                        "and is started again, rejoining the running job (each policy then "
+                        "trains in a group of its own; synchronous and local-sgd elastic); the "
+                        "table says when it came back, or why it could not. E.g. 2@0.33")
     parser.add_argument("--timeout", type=float, default=1800.0, metavar="S",
                         help="deadline of the whole run in seconds (default 1800)")
     parser.set_defaults(func=main)
@@ -93,13 +100,15 @@ def parse_policies(text: str) -> tuple[str, ...]:
 def main(args: argparse.Namespace) -> int:
     """Run `gossip demo`. Bad settings are ValueErrors, shown by the CLI in one line; a failed
     peer is one line here, with the details in OUT/failure.log."""
+    from gossip.demo.kill import Kill
     from gossip.demo.runner import DemoFailed, DemoOptions, run_demo
 
     options = DemoOptions(
         policies=parse_policies(args.policy), peers=args.peers, topology=args.topology,
         epochs=args.epochs, dataset=args.dataset.strip().lower(), data_dir=args.data_dir,
         out=args.out, batch_size=args.batch_size, lr=args.lr, seed=args.seed,
-        baseline=not args.no_baseline, timeout=args.timeout)
+        baseline=not args.no_baseline, timeout=args.timeout,
+        kill=None if args.kill is None else Kill.parse(args.kill))
     try:
         return run_demo(options)
     except DemoFailed as exc:

@@ -1,6 +1,7 @@
-"""Progress of a demo run, drawn in the launching process from the JSON-lines events rank 0
-appends to a file (see gossip.demo.train): a tqdm bar per policy on a terminal, one plain line
-per policy start and end otherwise (a log, a pipe, CI), so progress is always visible.
+"""Progress of a demo run, drawn in the launching process from the JSON-lines events the
+reporting peer (and, under --kill, the killed peer and its new process) append to a file
+(see gossip.demo.train): a tqdm bar per policy on a terminal, one plain line per policy
+start and end otherwise (a log, a pipe, CI), so progress is always visible.
 
 A file rather than a pipe or queue: the reader never blocks on a peer that died in the middle
 of a write, and a torn last line is simply read again once complete.
@@ -130,6 +131,12 @@ class ProgressDisplay:
             self._bar.set_postfix(epoch=event.get("epoch"),
                                   acc=f"{100 * float(event.get('accuracy', 0)):.1f}%",
                                   refresh=False)
+        elif kind == "killed":   # written by the peer itself, just before its SIGKILL
+            self._line(f"{name}: peer {event.get('slot')} SIGKILLed itself after step "
+                       f"{event.get('step')}; starting it again")
+        elif kind == "rejoined":   # written by its new process, state taken
+            self._line(f"{name}: peer {event.get('slot')} is back, training from step "
+                       f"{event.get('step')}")
         elif kind == "done":
             accuracy = 100 * float(event.get("accuracy", 0))
             wall = float(event.get("wall", 0))

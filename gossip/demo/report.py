@@ -1,14 +1,14 @@
 """The demo's results: one summary row per policy, the printed table, the PNG and the JSON.
 
-    rows = summarize(per_rank_results)          # from run_peer's return values
+    rows = summarize(records)                   # records.collect's, one per policy
     print(format_table(rows, header=...))
-    write_json(path, rows, per_rank_results, info)
+    write_json(path, rows, info)
     write_png(path, rows, title=...)
 
 Each row: final test accuracy (the peers' own models, averaged), wall time of training (the
 clock pauses while the peers evaluate), time to the target accuracy on that clock, training
 throughput (samples per second over all peers, on the slowest peer's clock), bytes sent per
-peer (the diagnostics' traffic left out) and the final consensus distance.
+peer and the final consensus distance; under --kill, what became of the killed peer.
 """
 from __future__ import annotations
 
@@ -20,39 +20,52 @@ from typing import Any
 __all__ = ["summarize", "format_table", "figures", "write_json", "write_png"]
 
 
-def summarize(per_rank: list[dict], baseline: str = "baseline") -> list[dict]:
-    """One row per policy (in the order trained), then the baseline's if there is one."""
-    rows = []
-    first = per_rank[0]
-    for name, r0 in first["policies"].items():
-        records = [r["policies"][name] for r in per_rank]
-        train_seconds = max(r["train_seconds"] for r in records)
-        samples = sum(r["samples"] for r in records)
-        rows.append(_row(name, r0, train_seconds, samples,
-                         sum(r["bytes_sent"] for r in records) / len(records), len(records)))
-    if baseline in first:
-        b = first[baseline]
-        rows.append(_row(baseline, b, b["train_seconds"], b["samples"], 0.0, 1))
-    return rows
+def summarize(records: list[dict], *, target: float = 0.95) -> list[dict]:
+    """One row per record (records.collect's: the policies in the order trained, then the
+    baseline's if there is one)."""
+    return [_row(r, target) for r in records]
 
 
-def _row(name: str, record: dict, train_seconds: float, samples: int, bytes_per_peer: float,
-         peers: int) -> dict:
-    final = record["history"][-1]
-    return {
-        "policy": name,
-        "peers": peers,
-        "final_accuracy": final["accuracy"],
-        "final_test_loss": final["test_loss"],
-        "train_seconds": record["train_seconds"],
+def _row(record: dict, target: float) -> dict:
+    history = record["history"]
+    final = history[-1] if history else {}
+    failed = record.get("failed")
+    train_seconds = record["train_seconds"]
+    reached = next((p["time"] for p in history if p["accuracy"] >= target), None)
+    row = {
+        "policy": record["policy"],
+        "peers": record["peers"],
+        # The others failed: what they had reached is no final accuracy.
+        "final_accuracy": None if failed or not final else final["accuracy"],
+        "final_test_loss": final.get("test_loss"),
+        "train_seconds": train_seconds,
         "wall_seconds": record["wall_seconds"],  # evaluations included
-        "time_to_target": record["time_to_target"],
-        "throughput": samples / train_seconds if train_seconds > 0 else 0.0,
-        "bytes_per_peer": bytes_per_peer,
-        "consensus": final["consensus"],
+        "time_to_target": reached,
+        "throughput": record["samples"] / train_seconds if train_seconds > 0 else 0.0,
+        "bytes_per_peer": record["bytes_per_peer"],
+        "consensus": final.get("consensus"),
         "steps": record["steps"],
-        "history": record["history"],
+        "history": history,
     }
+    if "restart" in record:
+        row["restart"] = record["restart"]
+    if failed:
+        row["failed"] = failed
+    return row
+
+
+def _restart(r: dict) -> str:
+    """The table's short word on the killed peer (the details go below the table)."""
+    restart = r.get("restart")
+    if restart is None:
+        return "-"
+    killed = restart["killed_at_step"]
+    if restart["status"] == "rejoined" and restart["rejoin_seconds"] is not None:
+        return (f"{killed} -> {restart['rejoined_at_step']}, "
+                f"{restart['rejoin_seconds']:.1f} s")
+    return {"rejoined": "back", "refused": "restart refused", "others failed": "others failed",
+            "stopped": "not back in time", "not killed": "not killed"}.get(
+                restart["status"], "restart failed")
 
 
 def _bytes(n: float) -> str:
@@ -73,17 +86,26 @@ def format_table(rows: list[dict], *, target: float = 0.95, header: str = "") ->
     pct = f"{target * 100:g}%"
     heads = ("policy", "test acc", "wall time", f"time to {pct}", "samples/s",
              "sent/peer", "consensus")
+    killing = any("restart" in r for r in rows)
+    if killing:
+        heads += ("killed peer: died after step -> back at, after",)
     body = []
     for r in rows:
-        body.append((
-            r["policy"] + (" (1 process)" if r["peers"] == 1 else ""),
-            f"{r['final_accuracy'] * 100:.1f}%",
-            f"{r['train_seconds']:.1f} s",
-            "not reached" if r["time_to_target"] is None else f"{r['time_to_target']:.1f} s",
-            f"{r['throughput']:,.0f}",
-            _bytes(r["bytes_per_peer"]),
-            _consensus(r["consensus"]),
-        ))
+        name = r["policy"] + (" (1 process)" if r["peers"] == 1 else "")
+        if r.get("failed"):   # the peers did not finish: no figure of theirs is final
+            cells = (name, "failed", "-", "-", "-", "-", "-")
+        else:
+            cells = (
+                name,
+                f"{r['final_accuracy'] * 100:.1f}%",
+                f"{r['train_seconds']:.1f} s",
+                "not reached" if r["time_to_target"] is None
+                else f"{r['time_to_target']:.1f} s",
+                f"{r['throughput']:,.0f}",
+                _bytes(r["bytes_per_peer"]),
+                _consensus(r["consensus"]),
+            )
+        body.append(cells + ((_restart(r),) if killing else ()))
     width = [max(len(h), *(len(b[k]) for b in body)) for k, h in enumerate(heads)]
     fmt = "  ".join(f"{{:<{w}}}" if k == 0 else f"{{:>{w}}}" for k, w in enumerate(width))
     lines = [header, ""] if header else []
@@ -93,17 +115,26 @@ def format_table(rows: list[dict], *, target: float = 0.95, header: str = "") ->
         "",
         "test acc: the peers' own models on the test set, averaged over the peers, after the "
         "last epoch.",
-        "wall time: of training, the clock paused while evaluating; time to "
-        f"{pct}: the first evaluation at or above {pct},",
-        "on that clock. samples/s: training samples of all peers per second; sent/peer: bytes "
-        "each peer sent for the",
-        "policy (diagnostics left out); consensus: mean distance of the peers' weights to their "
-        "average.",
+        "wall time: of training (the slowest peer's), the clock paused while evaluating; time "
+        f"to {pct}: the first evaluation",
+        f"at or above {pct}, on that clock. samples/s: training samples of all peers per "
+        "second; sent/peer: bytes each peer",
+        "sent while training (the evaluations send nothing); consensus: mean distance of the "
+        "peers' weights to their average.",
     ]
     if any(r["peers"] == 1 for r in rows):
         lines.append("baseline: one process, plain SGD with the peers' total batch and as many "
                      "steps, trained after the peers")
         lines.append("finished (so alone on the machine).")
+    if killing:
+        lines.append("killed peer: the step it SIGKILLed itself after, the step its new process "
+                     "took the state at, and the")
+        lines.append("seconds between (its start, the admission at a step boundary, the state "
+                     "transfer).")
+        for r in rows:
+            restart = r.get("restart")
+            if restart is not None and restart["detail"]:
+                lines.append(f"{r['policy']}: {_restart(r)}: {restart['detail']}")
     return "\n".join(lines)
 
 

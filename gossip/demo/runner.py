@@ -4,38 +4,60 @@ the rest), follow their progress, then print the table and write the PNG and JSO
 
     code = run_demo(DemoOptions(peers=4, policies=("synchronous", "gossip"), epochs=5,
                                 out="demo-out"))
+    code = run_demo(DemoOptions(policies=("gossip",), kill=Kill(2, 0.33)))
 
 Everything the user can get wrong is checked before any process starts, as a ValueError
 with one line. A peer that fails or dies stops the run: the message names the peer, what
 happened and the policy being trained; every peer's traceback and output go to
 OUT/failure.log.
+
+With ``kill`` (--kill RANK@FRACTION) each policy trains in a group of its own, in which that
+peer SIGKILLs itself and is started again (gossip/demo/kill.py); what became of it (back at
+which step, how long after its death; its restart refused by a policy that cannot take a
+joiner, and why) is in its row. A policy whose other peers fail after the death gets a row
+that says so (details in OUT/failure-POLICY.log) and the demo goes on with the next.
 """
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import math
 import os
+import re
 import sys
 import tempfile
+import time
 from dataclasses import dataclass, field
 from typing import IO
 
 from collectives import defaults
 from gossip.demo.data import Dataset, load_digits, load_mnist
+from gossip.demo.kill import Kill
 from gossip.demo.progress import ProgressDisplay
+from gossip.demo.records import collect
 from gossip.demo.report import format_table, summarize, write_json, write_png
-from gossip.demo.train import BASELINE, TrainConfig, run_peer
+from gossip.demo.train import BASELINE, TrainConfig, run_baseline, run_peer
 
 __all__ = ["DemoOptions", "DemoFailed", "run_demo", "load_dataset", "DATASETS",
-           "DEFAULT_EPOCHS", "PNG_NAME", "JSON_NAME"]
+           "DEFAULT_EPOCHS", "KILL_EPOCHS", "PNG_NAME", "JSON_NAME"]
 
 DATASETS = ("digits", "mnist")
 #: Epochs per policy when not given: enough on digits for every policy to pass 95%.
 DEFAULT_EPOCHS = {"digits": 20, "mnist": 2}
+#: Under --kill: enough for the run to outlast the restart (a new process takes 2-4 s to come
+#: back here; 20 epochs of digits are over in about 2 s).
+KILL_EPOCHS = {"digits": 100, "mnist": 2}
 PNG_NAME = "demo.png"
 JSON_NAME = "demo.json"
 MAX_PEERS = 64
 _PEER_TIMEOUT_S = defaults.TIMEOUT  # each blocking call; a dead peer is noticed at once anyway
+# --kill: once the other peers finished, a restarted peer still on its way back (admitted at a
+# boundary the job never reached) gets this long, then is stopped: the job is over.
+_REJOIN_GRACE_S = 5.0
+# Imported by every peer process before gossip.init, as a training script imports torch first:
+# a restarted peer's imports then happen while the others train, not while they wait for it
+# at the new view's barrier (torch._dynamo: the first torch optimizer imports it, 0.8 s here).
+_PRELOAD = ("torch", "torch._dynamo")
 
 
 class DemoFailed(RuntimeError):
@@ -49,7 +71,7 @@ class DemoOptions:
     policies: tuple[str, ...]          # canonical policy names, in the order to train them
     peers: int = 4                     # peer processes on this machine
     topology: str = "ring"             # the peers' graph (gossip, push-sum, asynchronous)
-    epochs: int | None = None          # per policy; None: DEFAULT_EPOCHS of the data set
+    epochs: int | None = None          # per policy; None: DEFAULT_EPOCHS (KILL_EPOCHS) of the data
     dataset: str = "digits"            # "digits" (inside scikit-learn) or "mnist" (IDX files)
     data_dir: str | None = None        # where MNIST's IDX files are
     out: str = "gossip-demo"           # directory for demo.png and demo.json
@@ -60,6 +82,7 @@ class DemoOptions:
     timeout: float = 1800.0            # deadline of the whole run, seconds
     bars: bool | None = None           # progress bars: None = when stderr is a terminal
     policy_options: dict = field(default_factory=dict)  # name -> extra policy kwargs
+    kill: Kill | None = None           # a peer SIGKILLed and started again, in every policy
 
     def __post_init__(self) -> None:
         from gossip.policies import names
@@ -89,14 +112,19 @@ class DemoOptions:
             raise ValueError(f"--batch-size must be at least 1, got {self.batch_size}")
         if not (math.isfinite(self.lr) and self.lr > 0):
             raise ValueError(f"--lr must be a positive number, got {self.lr}")
+        if self.kill is not None:
+            self.kill.check(self.peers)
         if not (math.isfinite(self.timeout) and self.timeout > 0):
             raise ValueError(f"--timeout must be a positive number of seconds, got "
                              f"{self.timeout}")
 
     @property
     def epochs_per_policy(self) -> int:
-        """``epochs``, or the data set's DEFAULT_EPOCHS when not given."""
-        return self.epochs if self.epochs is not None else DEFAULT_EPOCHS[self.dataset]
+        """``epochs``, or the data set's DEFAULT_EPOCHS (KILL_EPOCHS under --kill) when not
+        given."""
+        if self.epochs is not None:
+            return self.epochs
+        return (DEFAULT_EPOCHS if self.kill is None else KILL_EPOCHS)[self.dataset]
 
 
 def load_dataset(options: DemoOptions) -> Dataset:
@@ -134,31 +162,51 @@ def run_demo(options: DemoOptions, *, stdout: IO[str] | None = None,
         raise ValueError(f"{options.peers} peers get {shard_size} training samples each, "
                          f"fewer than one batch of {options.batch_size}: use fewer peers or "
                          "a smaller --batch-size")
-    os.makedirs(options.out, exist_ok=True)
     epochs = options.epochs_per_policy
+    steps_per_epoch = shard_size // options.batch_size
+    if options.kill is not None and epochs * steps_per_epoch < 2:
+        raise ValueError(f"--kill needs at least 2 training steps (one before the death, one "
+                         f"after); {epochs} epoch(s) of {steps_per_epoch} step(s) is fewer")
+    os.makedirs(options.out, exist_ok=True)
     per_policy = f"{epochs} epoch{'s' if epochs != 1 else ''} per policy"
     with tempfile.TemporaryDirectory(prefix="gossip-demo-") as tmp:
         progress_path = os.path.join(tmp, "progress.jsonl")
-        config = TrainConfig(policies=tuple(options.policies), epochs=epochs,
-                             batch_size=options.batch_size, lr=options.lr, seed=options.seed,
-                             baseline=options.baseline, progress_path=progress_path,
-                             policy_options=dict(options.policy_options))
+        records_dir = os.path.join(tmp, "records")
+        config = TrainConfig(policies=tuple(options.policies), records_dir=records_dir,
+                             epochs=epochs, batch_size=options.batch_size, lr=options.lr,
+                             seed=options.seed, baseline=options.baseline,
+                             progress_path=progress_path,
+                             policy_options=dict(options.policy_options), kill=options.kill)
         print(f"gossip demo: {dataset.describe()}; {options.peers} peers on {graph} "
-              f"(loopback); {per_policy} of {shard_size // options.batch_size} steps, batch "
+              f"(loopback); {per_policy} of {steps_per_epoch} steps, batch "
               f"{options.batch_size} per peer, SGD lr {config.lr:g} momentum "
               f"{config.momentum:g}", file=stderr, flush=True)
+        if options.kill is not None:
+            print(f"--kill {options.kill}: peer {options.kill.rank} SIGKILLs itself after "
+                  f"step {options.kill.step(epochs * steps_per_epoch)} of "
+                  f"{epochs * steps_per_epoch} and is started again, in a group of its own "
+                  "per policy (synchronous and local-sgd with elastic=True)", file=stderr,
+                  flush=True)
         print(f"starting {options.peers} peer processes...", file=stderr, flush=True)
         with ProgressDisplay(progress_path, stream=stderr, bars=options.bars) as display:
             try:
-                results = _launch(options, dataset, config)
+                fates = _launch(options, dataset, config)
             except Exception as exc:
                 display.close()
                 raise _failure(exc, display.current, options) from None
+        records = [_record(records_dir, name, options, fates.get(name))
+                   for name in options.policies]
+        if options.baseline:
+            records.append(collect(records_dir, BASELINE, 1, consensus=False))
 
-    rows = summarize(results, baseline=BASELINE)
-    parameters = results[0]["policies"][options.policies[0]]["parameters"]
+    rows = summarize(records, target=config.target_accuracy)
+    parameters = next((r["parameters"] for r in records if r["parameters"]), 0)
     table_header = (f"{dataset.describe()}, CNN of {parameters:,} parameters; "
                     f"{options.peers} peers on {graph}, {per_policy}")
+    if options.kill is not None:
+        table_header += (f"; --kill {options.kill}: peer {options.kill.rank} SIGKILLed after "
+                         f"step {options.kill.step(epochs * steps_per_epoch)} of "
+                         f"{epochs * steps_per_epoch}, started again")
     print(format_table(rows, target=config.target_accuracy, header=table_header),
           file=stdout, flush=True)
     png = os.path.join(options.out, PNG_NAME)
@@ -166,22 +214,112 @@ def run_demo(options: DemoOptions, *, stdout: IO[str] | None = None,
     info = {"dataset": dataset.name, "train_samples": len(dataset.train_labels),
             "test_samples": len(dataset.test_labels), "image_shape": list(dataset.image_shape),
             "peers": options.peers, "topology": graph, "epochs": epochs,
-            "steps_per_epoch": results[0]["steps_per_epoch"],
+            "steps_per_epoch": steps_per_epoch,
             "batch_size_per_peer": options.batch_size, "lr": config.lr, "momentum": config.momentum,
             "seed": options.seed, "parameters": parameters,
-            "target_accuracy": config.target_accuracy, "policies": list(options.policies)}
+            "target_accuracy": config.target_accuracy, "policies": list(options.policies),
+            "kill": None if options.kill is None else {
+                "rank": options.kill.rank, "fraction": options.kill.fraction,
+                "step": options.kill.step(epochs * steps_per_epoch)}}
     write_json(js, rows, info)
-    write_png(png, rows, title=table_header, target=config.target_accuracy)
+    # The figure's title on two lines under --kill: one is wider than the figure.
+    write_png(png, rows, title=table_header.replace("; --kill", "\n--kill"),
+              target=config.target_accuracy)
     print(f"\nwrote {png} and {js}", file=stdout, flush=True)
     return 0
 
 
-def _launch(options: DemoOptions, dataset: Dataset, config: TrainConfig) -> list[dict]:
+def _launch(options: DemoOptions, dataset: Dataset, config: TrainConfig) -> dict[str, dict]:
+    """Train every policy (and the baseline); the peers' records are in
+    ``config.records_dir``. Returns, under --kill, what became of the killed peer (or of
+    the group) per policy."""
     from gossip.testing import spawn
 
-    return spawn(run_peer, n=options.peers, timeout=options.timeout,
-                 topology=options.topology, args=(dataset, config),
-                 peer_timeout=_PEER_TIMEOUT_S)
+    if options.kill is None:
+        spawn(run_peer, n=options.peers, timeout=options.timeout, topology=options.topology,
+              args=(dataset, config), peer_timeout=_PEER_TIMEOUT_S, preload=_PRELOAD)
+        return {}
+    deadline = time.monotonic() + options.timeout
+    fates = {}
+    for name in options.policies:
+        single = dataclasses.replace(config, policies=(name,), baseline=False)
+        fates[name] = _launch_killing(options, dataset, single, deadline)
+    if options.baseline:
+        spawn(run_baseline, n=1, timeout=_remaining(options, deadline),
+              args=(dataset, dataclasses.replace(config, policies=()), options.peers),
+              peer_timeout=_PEER_TIMEOUT_S)
+    return fates
+
+
+def _remaining(options: DemoOptions, deadline: float) -> float:
+    from gossip.testing import SpawnTimeout
+
+    left = deadline - time.monotonic()
+    if left <= 0:
+        raise SpawnTimeout(f"spawned peers did not finish within {options.timeout:g}s", [])
+    return left
+
+
+def _launch_killing(options: DemoOptions, dataset: Dataset, config: TrainConfig,
+                    deadline: float) -> dict:
+    """One policy's group under --kill: the killed slot is started again once (and may
+    fail: a refused restart), the others must finish. Returns the restarted process's fate
+    ({"status": rejoined | refused | failed | stopped, "detail": why}), or the group's
+    ({"status": "others failed", ...}) if another peer failed."""
+    from gossip.testing import SpawnError, SpawnTimeout, spawn_outcomes
+
+    name, victim = config.policies[0], options.kill.rank
+    try:
+        outcomes = spawn_outcomes(run_peer, n=options.peers,
+                                  timeout=_remaining(options, deadline),
+                                  topology=options.topology, args=(dataset, config),
+                                  peer_timeout=_PEER_TIMEOUT_S, restarts={victim: 1},
+                                  tolerate={victim}, tolerated_grace=_REJOIN_GRACE_S,
+                                  preload=_PRELOAD)
+    except SpawnTimeout:
+        raise
+    except SpawnError as exc:
+        log = os.path.join(options.out, f"failure-{name}.log")
+        with open(log, "w") as f:
+            f.write(str(exc) + "\n")
+        failed = [o for o in exc.outcomes if o.status == "error" and o.rank != victim]
+        cause = _cause(failed[0]) if failed else str(exc).splitlines()[0]
+        return {"status": "others failed", "detail": f"{cause} (details: {log})"}
+    o = outcomes[victim]
+    if not o.earlier:
+        return {"status": "not killed", "detail": "the peer finished before its kill step"}
+    if o.status == "ok":
+        return {"status": "rejoined", "detail": ""}
+    if o.status == "stopped":
+        return {"status": "stopped", "detail": "started again, but not back before the "
+                                               "others finished"}
+    cause = _cause(o)
+    refused = re.search(r"refused by the member at \S+: (.*)", cause)
+    if refused:
+        return {"status": "refused", "detail": refused.group(1)}
+    return {"status": "failed", "detail": cause or f"exit code {o.exitcode}"}
+
+
+def _record(records_dir: str, name: str, options: DemoOptions, fate: dict | None) -> dict:
+    """The policy's record (records.collect) with, under --kill, its ``restart``: the
+    killed peer's fate, the step it died after and, if it came back, the step it came back
+    at, the seconds from its death to then and the state it took."""
+    record = collect(records_dir, name, options.peers)
+    if fate is None:
+        return record
+    slot = record["slots"].get(options.kill.rank, {})
+    killed, joined = slot.get("killed"), slot.get("joined")
+    restart = {"rank": options.kill.rank, "status": fate["status"], "detail": fate["detail"],
+               "killed_at_step": killed["step"] if killed else None,
+               "rejoined_at_step": None, "rejoin_seconds": None, "state_bytes": None}
+    if fate["status"] == "rejoined" and joined and killed:
+        restart.update(rejoined_at_step=joined["step"],
+                       rejoin_seconds=joined["wall"] - killed["wall"],
+                       state_bytes=joined["state_bytes"])
+    record["restart"] = restart
+    if fate["status"] == "others failed":
+        record["failed"] = fate["detail"]
+    return record
 
 
 def _cause(outcome) -> str:

@@ -5,19 +5,25 @@ policy in turn, evaluated on the test set during training (4 times per epoch by 
 
 Every policy starts from the same weights (same seed on every peer) and the same data
 order, so the policies differ only in how the peers combine their work. At each evaluation
-every peer evaluates its *own* model on the whole test set; accuracy and losses are then
-averaged over the peers (an allreduce), and the consensus distance (the peers' mean distance
-to their average model, Policy.consensus_distance) is measured. Those diagnostics are
-collectives, so their traffic is measured once per policy (calibration) and taken out of
-the bytes sent during training that the policy is charged with.
+every peer evaluates its *own* model on the whole test set and records the result and its
+parameters (gossip/demo/records.py); the launching process averages them over the peers and
+computes the consensus distance. No diagnostic is a collective: they cost the policies no
+traffic and no waiting, and they go on while a peer is dead (``--kill``).
 
-Rank 0 reports progress as JSON lines appended to ``TrainConfig.progress_path`` (the launching
-process draws the progress bars from them), and after the last policy trains the
-single-process SGD baseline while the other peers have finished.
+A peer's place is its *slot*, the rank it was launched with (``peer.settings.rank``): its
+shard and its batch order follow the slot, so a process that takes a killed peer's slot over
+(gossip/demo/kill.py) trains on that peer's data from the step it joins at, while its rank in
+the group's view may differ.
+
+The reporting slot (0, or 1 when peer 0 is the one killed) appends progress as JSON lines to
+``TrainConfig.progress_path`` (the launching process draws the progress bars from them);
+slot 0 also trains the single-process SGD baseline after the last policy, when asked to.
 """
 from __future__ import annotations
 
+import inspect
 import json
+import os
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -25,9 +31,12 @@ from typing import Any
 import numpy as np
 
 from gossip.demo.data import Dataset, DataError, shard
+from gossip.demo.kill import Kill, die
+from gossip.demo.loop import Loop
 from gossip.demo.model import count_parameters, make_cnn
+from gossip.demo.records import PeerRecords
 
-__all__ = ["TrainConfig", "run_peer", "make_policy", "BASELINE"]
+__all__ = ["TrainConfig", "run_peer", "run_baseline", "make_policy", "BASELINE"]
 
 #: The name of the single-process SGD baseline in results and reports.
 BASELINE = "baseline"
@@ -39,40 +48,60 @@ class TrainConfig:
     """How every peer trains; the same object goes to every peer."""
 
     policies: tuple[str, ...]             # policy names, trained one after the other
+    records_dir: str                      # where the peers write their records (records.py)
     epochs: int = 20                      # passes over each peer's shard, per policy
     batch_size: int = 16                  # samples per peer per step
     lr: float = 0.05                      # SGD learning rate
     momentum: float = 0.9                 # SGD momentum (local to each peer)
     seed: int = 0                         # weights, shards and batch order
     target_accuracy: float = 0.95         # "time to X% accuracy" is measured for this X
-    baseline: bool = True                 # rank 0 also trains one process at n x batch
-    progress_path: str | None = None      # where rank 0 appends JSON-lines progress events
+    baseline: bool = True                 # slot 0 also trains one process at n x batch
+    progress_path: str | None = None      # where the reporting slot appends progress events
     progress_every: int = 4               # progress events per epoch (step granularity)
     evals_per_epoch: int = 4              # test-set evaluations per epoch (the curves' points)
     policy_options: dict = field(default_factory=dict)  # name -> extra policy kwargs
+    kill: Kill | None = None              # a peer that dies and is started again (kill.py)
+
+    @property
+    def reporter(self) -> int:
+        """The slot that reports progress: one that is never killed."""
+        return 1 if self.kill is not None and self.kill.rank == 0 else 0
 
 
-def make_policy(name: str, peer: Any, **options: Any) -> Any:
+def make_policy(name: str, peer: Any, *, kill: bool = False, **options: Any) -> Any:
     """The policy ``name`` as the demo runs it: every policy that runs on a graph (its class
     has a ``default_topology``: gossip, push-sum, asynchronous) on the peers' topology, which
     is what the demo's --topology sets (push-sum and asynchronous would otherwise pick their
-    own default graph), the others with their defaults."""
+    own default graph), the others with their defaults. ``kill``: a peer will die, so a policy
+    that can re-form its group (an ``elastic`` argument: synchronous, local-sgd) does, instead
+    of raising PeerLost."""
     from gossip import policies
 
-    if policies.policy_class(name).default_topology is not None and "topology" not in options:
+    cls = policies.policy_class(name)
+    if cls.default_topology is not None and "topology" not in options:
         options["topology"] = peer.topology
+    if kill and "elastic" in inspect.signature(cls).parameters:
+        options.setdefault("elastic", True)
     return policies.make(name, **options)
 
 
 class _Progress:
-    """JSON-lines progress events, written by rank 0 only."""
+    """JSON-lines progress events, written by the reporting slot only (``always``: by this
+    peer whatever its slot, for its own news: killed, back)."""
 
-    def __init__(self, path: str | None, rank: int) -> None:
-        self._file = open(path, "a", buffering=1) if path and rank == 0 else None
+    def __init__(self, path: str | None, enabled: bool) -> None:
+        self._path = path
+        self._file = open(path, "a", buffering=1) if path and enabled else None
 
     def emit(self, **event: Any) -> None:
         if self._file is not None:
             self._file.write(json.dumps(event) + "\n")
+
+    def always(self, **event: Any) -> None:
+        if self._path:
+            # One short line with O_APPEND: it lands whole beside the reporter's lines.
+            with open(self._path, "a") as f:
+                f.write(json.dumps(event) + "\n")
 
     def close(self) -> None:
         if self._file is not None:
@@ -104,6 +133,14 @@ def _evaluate(model: Any, x: Any, y: Any) -> tuple[float, float]:
     return correct / len(y), loss / len(y)
 
 
+def _flat(model: Any) -> np.ndarray:
+    """The model's parameters as one float32 vector (what the consensus distance compares)."""
+    import torch
+
+    with torch.no_grad():
+        return torch.cat([p.detach().reshape(-1) for p in model.parameters()]).numpy().copy()
+
+
 def _pixel_statistics(dataset: Dataset) -> tuple[float, float]:
     """Mean and standard deviation of the training pixels on the [0, 1] scale: every peer
     normalises with the whole training set's, so they agree. From a histogram of the uint8
@@ -115,36 +152,66 @@ def _pixel_statistics(dataset: Dataset) -> tuple[float, float]:
     return mean, std or 1.0
 
 
-def run_peer(peer: Any, dataset: Dataset, config: TrainConfig) -> dict:
-    """Train every policy of ``config`` on this peer's shard; returns this peer's records
-    (rank 0's also hold the baseline)."""
-    import torch
+@dataclass
+class _Data:
+    """This peer's shard, the test set and the loop's shape."""
 
-    torch.set_num_threads(1)  # n peers share the machine's cores: no oversubscription
-    rank, n = peer.rank, peer.world_size
+    x: Any
+    y: Any
+    test_x: Any
+    test_y: Any
+    steps_per_epoch: int
+
+
+def _data(dataset: Dataset, slot: int, n: int, config: TrainConfig) -> _Data:
     scale = dataset.max_value
     mean, std = _pixel_statistics(dataset)
-    rows = shard(len(dataset.train_labels), rank, n, seed=config.seed)
+    rows = shard(len(dataset.train_labels), slot, n, seed=config.seed)
     x, y = _tensors(dataset.train_images[rows], dataset.train_labels[rows], scale, mean, std)
     test_x, test_y = _tensors(dataset.test_images, dataset.test_labels, scale, mean, std)
     steps_per_epoch = len(rows) // config.batch_size
     if steps_per_epoch < 1:
         raise DataError(f"a shard of {len(rows)} samples is smaller than one batch of "
                         f"{config.batch_size}: use fewer peers or a smaller batch")
-    progress = _Progress(config.progress_path, rank)
-    out: dict[str, Any] = {"rank": rank, "world_size": n, "steps_per_epoch": steps_per_epoch,
-                           "shard_size": len(rows), "policies": {}}
+    return _Data(x, y, test_x, test_y, steps_per_epoch)
+
+
+def run_peer(peer: Any, dataset: Dataset, config: TrainConfig) -> dict:
+    """Train every policy of ``config`` on this peer's shard (its records go to
+    ``config.records_dir``); slot 0 then trains the baseline if ``config.baseline``. Returns
+    the slot and the steps trained per policy."""
+    import torch
+
+    torch.set_num_threads(1)  # n peers share the machine's cores: no oversubscription
+    # The launch rank and size: a restarted process's rank in the view may be another.
+    slot, n = peer.settings.rank, peer.settings.world_size
+    incarnation = int(os.environ.get("GOSSIP_INCARNATION", "") or 0)
+    data = _data(dataset, slot, n, config)
+    progress = _Progress(config.progress_path, slot == config.reporter)
+    out: dict[str, Any] = {"slot": slot, "incarnation": incarnation, "policies": {}}
     try:
         for name in config.policies:
-            out["policies"][name] = _train_policy(peer, name, config, x, y, test_x, test_y,
-                                                  dataset, steps_per_epoch, progress)
-        if config.baseline and rank == 0:
-            xs, ys = _tensors(dataset.train_images, dataset.train_labels, scale, mean, std)
-            out[BASELINE] = _train_baseline(n, config, xs, ys, test_x, test_y, dataset,
-                                            steps_per_epoch, progress)
+            out["policies"][name] = _train_policy(peer, name, config, data, dataset,
+                                                  progress, slot, incarnation)
+        if config.baseline and slot == 0:
+            _train_baseline(n, config, dataset, progress)
     finally:
         progress.close()
     return out
+
+
+def run_baseline(peer: Any, dataset: Dataset, config: TrainConfig, peers: int) -> dict:
+    """The baseline alone (``gossip demo --kill`` starts a group per policy): one process,
+    the batch of ``peers`` peers."""
+    import torch
+
+    torch.set_num_threads(1)
+    progress = _Progress(config.progress_path, True)
+    try:
+        _train_baseline(peers, config, dataset, progress)
+    finally:
+        progress.close()
+    return {"slot": peer.rank, "policies": {}}
 
 
 def _sgd_step(model: Any, optimizer: Any) -> Any:
@@ -161,132 +228,117 @@ def _sgd_step(model: Any, optimizer: Any) -> Any:
     return train_step
 
 
-def _calibrate(peer: Any, policy: Any) -> int:
-    """Bytes this peer sends for one round of the demo's diagnostics (consensus distance and
-    the metrics allreduce), measured by running them once while nothing else is sent: the
-    background threads of the asynchronous policies only push after a training step."""
-    before = peer.stats()["bytes_sent"]
-    policy.consensus_distance()
-    peer.allreduce(np.zeros(3), op="mean")
-    return peer.stats()["bytes_sent"] - before
-
-
-def _fit(name: str, config: TrainConfig, x: Any, y: Any, batch: int, steps_per_epoch: int,
-         order: np.random.Generator, train_step: Any, measure: Any, progress: _Progress) -> dict:
-    """The training loop shared by the policies and the baseline: ``train_step(xb, yb)``
-    returns the batch's loss; ``measure(time, step, epoch, train_loss)`` evaluates. The clock
-    starts here and pauses while evaluating: the points' times, ``train_seconds`` and
-    ``time_to_target`` are wall-clock seconds of training; ``wall_seconds`` also counts the
-    evaluations (which are diagnostics, and would otherwise favour policies that train fast
-    per evaluation)."""
-    import torch
-
-    every = max(1, steps_per_epoch // max(1, config.progress_every))
-    evals = min(max(1, config.evals_per_epoch), steps_per_epoch)
-    eval_at = {round(k * steps_per_epoch / evals) for k in range(1, evals + 1)}
-    history = [measure(0.0, 0, 0.0, float("nan"))]
-    progress.emit(event="start", policy=name, steps=config.epochs * steps_per_epoch)
-    reached, eval_seconds, step = None, 0.0, 0
-    start = time.perf_counter()
-    for epoch in range(config.epochs):
-        perm = torch.from_numpy(order.permutation(len(y)))
-        loss_sum, losses = 0.0, 0
-        for s in range(1, steps_per_epoch + 1):
-            idx = perm[(s - 1) * batch:s * batch]
-            loss_sum += train_step(x[idx], y[idx])
-            losses += 1
-            step += 1
-            if step % every == 0:
-                progress.emit(event="step", policy=name, step=step)
-            if s in eval_at:
-                trained = time.perf_counter()
-                point = measure(trained - start - eval_seconds, step, epoch + s / steps_per_epoch,
-                                loss_sum / losses)
-                eval_seconds += time.perf_counter() - trained
-                loss_sum, losses = 0.0, 0
-                history.append(point)
-                if reached is None and point["accuracy"] >= config.target_accuracy:
-                    reached = point["time"]
-        progress.emit(event="epoch", policy=name, epoch=epoch + 1, step=step,
-                      accuracy=history[-1]["accuracy"], time=history[-1]["time"])
-    wall = time.perf_counter() - start
-    return {"steps": step, "samples": step * batch, "wall_seconds": wall,
-            "train_seconds": wall - eval_seconds, "time_to_target": reached,
-            "history": history}
-
-
-def _train_policy(peer: Any, name: str, config: TrainConfig, x: Any, y: Any, test_x: Any,
-                  test_y: Any, dataset: Dataset, steps_per_epoch: int,
-                  progress: _Progress) -> dict:
+def _train_policy(peer: Any, name: str, config: TrainConfig, data: _Data, dataset: Dataset,
+                  progress: _Progress, slot: int, incarnation: int) -> dict:
     import torch
 
     import gossip
 
     progress.emit(event="prepare", policy=name)  # so a failure in set-up names the policy
+    joining = peer.joining   # a restarted process: it takes the running job's state below
     torch.manual_seed(config.seed)  # the same initial weights on every peer
     model = make_cnn(dataset.image_shape, dataset.classes)
     opt = torch.optim.SGD(model.parameters(), lr=config.lr, momentum=config.momentum)
-    policy = make_policy(name, peer, **config.policy_options.get(name, {}))
-    dopt = gossip.DistributedOptimizer(opt, peer=peer, policy=policy)
-    rounds = 0
-
-    train_step = _sgd_step(model, dopt)
-
-    def measure(t: float, step: int, epoch: float, train_loss: float) -> dict:
-        nonlocal rounds
-        accuracy, test_loss = _evaluate(model, test_x, test_y)
-        consensus = dopt.policy.consensus_distance()
-        metrics = np.array([accuracy, test_loss, train_loss])
-        peer.allreduce(metrics, op="mean")  # the peers' models, averaged
-        rounds += 1
-        return {"time": t, "step": step, "epoch": epoch, "accuracy": float(metrics[0]),
-                "test_loss": float(metrics[1]), "train_loss": float(metrics[2]),
-                "consensus": consensus}
-
+    policy = make_policy(name, peer, kill=config.kill is not None,
+                         **config.policy_options.get(name, {}))
+    records = PeerRecords(config.records_dir, name, slot, incarnation)
     try:
-        diag_bytes = _calibrate(peer, policy)
-        peer.barrier()
-        # The same batches, in the same order, for every policy.
-        order = np.random.default_rng([config.seed, peer.rank])
+        dopt = gossip.DistributedOptimizer(opt, peer=peer, policy=policy)  # joiner: the state
+        if joining:
+            joined = peer.stats().get("join", {})
+            records.write("joined", step=dopt.policy.step, wall=time.time(),
+                          state_bytes=joined.get("state_bytes"),
+                          receive_seconds=joined.get("receive_seconds"),
+                          donors=joined.get("donors"))
+            progress.always(event="rejoined", policy=name, slot=slot, step=dopt.policy.step)
+        else:
+            peer.barrier()   # every original peer starts the clock together
+        kill_step = None
+        if config.kill is not None and config.kill.rank == slot and incarnation == 0:
+            kill_step = config.kill.step(config.epochs * data.steps_per_epoch)
+
+        def measure(point: dict) -> dict:
+            point["accuracy"], point["test_loss"] = _evaluate(model, data.test_x, data.test_y)
+            records.evaluation(point, _flat(model))
+            return point
+
         sent = peer.stats()["bytes_sent"]
-        record = _fit(name, config, x, y, config.batch_size, steps_per_epoch, order,
-                      train_step, measure, progress)
-        sent = peer.stats()["bytes_sent"] - sent
-        stats = dopt.stats()
+        loop = Loop(name, config, data.steps_per_epoch, config.batch_size,
+                    np.random.default_rng([config.seed, slot]), progress)
+
+        def after_step(step: int) -> None:
+            if kill_step is not None and step >= kill_step:
+                _die(records, progress, name, slot, step, loop.samples,
+                     peer.stats()["bytes_sent"] - sent)
+
+        try:
+            record = loop.run(data.x, data.y, _sgd_step(model, dopt), measure,
+                              lambda: dopt.policy.step, after_step)
+            sent = peer.stats()["bytes_sent"] - sent
+            stats = dopt.stats()
+        finally:
+            dopt.close()
+        # The next policy starts together, after this one's threads stopped; and nobody
+        # closes its sockets while another still waits for its last message. Under --kill
+        # a policy that does not re-form its group may still count the dead peer in it: a
+        # barrier would wait on it, so those peers end on their own (their last exchange
+        # has had the last evaluation's time to land; one that did not costs a neighbour
+        # its last gossip round, nothing more).
+        if config.kill is None or getattr(policy, "elastic", False):
+            peer.barrier()
+        record.update(policy=name, bytes_sent=sent, comm_seconds=stats["comm_seconds"],
+                      parameters=count_parameters(model))
+        records.write("done", **record)
     finally:
-        dopt.close()
-    peer.barrier()  # the next policy starts together, after this one's threads stopped
-    # Charged to the policy: what this peer sent while training, less the evaluations'.
-    record.update(policy=name, bytes_sent=sent - diag_bytes * rounds,
-                  diagnostic_bytes=diag_bytes * rounds, comm_seconds=stats["comm_seconds"],
-                  parameters=count_parameters(model))
-    progress.emit(event="done", policy=name, accuracy=record["history"][-1]["accuracy"],
+        records.close()
+    progress.emit(event="done", policy=name, accuracy=loop.last_accuracy,
                   wall=record["wall_seconds"])
-    return record
+    return {"steps": record["steps"], "first_step": record["first_step"]}
 
 
-def _train_baseline(n: int, config: TrainConfig, x: Any, y: Any, test_x: Any, test_y: Any,
-                    dataset: Dataset, steps_per_epoch: int, progress: _Progress) -> dict:
+def _die(records: PeerRecords, progress: _Progress, name: str, slot: int, step: int,
+         samples: int, sent: int) -> None:
+    """--kill: record the death (what this process trained and sent), then SIGKILL."""
+    records.write("killed", step=step, wall=time.time(), samples=samples, bytes_sent=sent)
+    progress.always(event="killed", policy=name, slot=slot, step=step)
+    records.close()
+    die()
+
+
+def _train_baseline(n: int, config: TrainConfig, dataset: Dataset, progress: _Progress) -> None:
     """One process, plain SGD with the peers' total batch (n x batch_size) and the same
     number of steps: what synchronous training computes, without the network."""
     import torch
 
+    scale, (mean, std) = dataset.max_value, _pixel_statistics(dataset)
+    x, y = _tensors(dataset.train_images, dataset.train_labels, scale, mean, std)
+    test_x, test_y = _tensors(dataset.test_images, dataset.test_labels, scale, mean, std)
+    steps_per_epoch = len(dataset.train_labels) // n // config.batch_size   # as the peers'
     torch.manual_seed(config.seed)
     model = make_cnn(dataset.image_shape, dataset.classes)
     opt = torch.optim.SGD(model.parameters(), lr=config.lr, momentum=config.momentum)
+    sgd_step = _sgd_step(model, opt)
+    records = PeerRecords(config.records_dir, BASELINE, 0, 0)
+    steps = 0
 
-    train_step = _sgd_step(model, opt)
+    def train_step(xb: Any, yb: Any) -> float:
+        nonlocal steps
+        steps += 1
+        return sgd_step(xb, yb)
 
-    def measure(t: float, step: int, epoch: float, train_loss: float) -> dict:
-        accuracy, test_loss = _evaluate(model, test_x, test_y)
-        return {"time": t, "step": step, "epoch": epoch, "accuracy": accuracy,
-                "test_loss": test_loss, "train_loss": train_loss, "consensus": None}
+    def measure(point: dict) -> dict:
+        point["accuracy"], point["test_loss"] = _evaluate(model, test_x, test_y)
+        records.evaluation(point, None)
+        return point
 
-    order = np.random.default_rng([config.seed, n])
-    record = _fit(BASELINE, config, x, y, n * config.batch_size, steps_per_epoch, order,
-                  train_step, measure, progress)
-    record.update(policy=BASELINE, bytes_sent=0, diagnostic_bytes=0, comm_seconds=0.0,
-                  parameters=count_parameters(model))
-    progress.emit(event="done", policy=BASELINE, accuracy=record["history"][-1]["accuracy"],
+    try:
+        loop = Loop(BASELINE, config, steps_per_epoch, n * config.batch_size,
+                    np.random.default_rng([config.seed, n]), progress)
+        record = loop.run(x, y, train_step, measure, lambda: steps)
+        record.update(policy=BASELINE, bytes_sent=0, comm_seconds=0.0,
+                      parameters=count_parameters(model))
+        records.write("done", **record)
+    finally:
+        records.close()
+    progress.emit(event="done", policy=BASELINE, accuracy=loop.last_accuracy,
                   wall=record["wall_seconds"])
-    return record

@@ -22,6 +22,7 @@ from typing import Any, ClassVar, ContextManager
 import numpy as np
 
 from collectives import defaults
+from collectives.arrays import adapter_for
 from gossip.errors import ExchangeIncomplete, PeerLost
 from gossip.policies.arguments import check_int, check_number
 from gossip.policies.buckets import DEFAULT_BUCKET_BYTES, BucketSet
@@ -100,6 +101,7 @@ class Policy(PolicyStats, MembershipHooks, abc.ABC):
         self._rounds_skipped = 0         # exchanges abandoned by the failure rule
         self._rounds_partial = 0         # exchanges completed without a lost peer (push-sum)
         self._recovered = False          # the step in progress was taken over by a recovery
+        self._before_average: list | None = None   # _average_parameters' copy, for a loss
 
     # ------------------------------------------------------------------ lifetime
     def attach(self, peer: Any, params: Any) -> "Policy":
@@ -264,13 +266,32 @@ class Policy(PolicyStats, MembershipHooks, abc.ABC):
 
     def _average_parameters(self) -> None:
         """Replace every replica's parameters by their mean: one non-blocking allreduce per
-        bucket, all in flight at once, then wait for them (each bounded by the timeout)."""
+        bucket, all in flight at once, then wait for them (each bounded by the timeout).
+
+        A peer lost meanwhile (PeerLost) leaves the parameters as they were before: an
+        allreduce ended half-way holds partial sums in the buckets (x_i + x_j after a first
+        recursive-doubling stage), and a torch model's parameters are views of them, so an
+        elastic recovery (or a leave) would go on from those sums (seen: LocalSGD's replicas
+        at twice their mean after a death, its model saturated). Costs one copy of the
+        parameters per averaging, into buffers kept from the first."""
         buckets = self._buckets
         buckets.copy_in()
+        if self._before_average is None:
+            self._before_average = [b.new() for b in buckets]
+        for b, kept in zip(buckets, self._before_average):
+            adapter_for(kept).copy(kept, b.flat)
         work = [self._peer.allreduce(b.flat, op="mean", wait=False, timeout=self.timeout)
                 for b in buckets]
+        lost = None
         for w in work:
-            w.wait(self.timeout)
+            try:
+                w.wait(self.timeout)
+            except PeerLost as exc:   # the others end too: none writes after the restore
+                lost = lost or exc
+        if lost is not None:
+            for b, kept in zip(buckets, self._before_average):
+                adapter_for(kept).copy(b.flat, kept)
+            raise lost
         buckets.copy_out()
 
     @abc.abstractmethod

@@ -1,0 +1,117 @@
+"""The demo's training loop, shared by the policies and the one-process baseline: batches in a
+seeded order, evaluations at fixed steps, progress events, a clock that pauses while
+evaluating.
+
+    loop = Loop("gossip", config, steps_per_epoch, batch, np.random.default_rng([seed, slot]),
+                progress)
+    record = loop.run(x, y, train_step, measure, lambda: opt.policy.step)
+
+The loop is driven by the policy's step count, not a counter of its own (as Synchronous's
+docstring asks): after an elastic recovery the step taken over is trained again on the same
+batch, identically on every replica, and a process that joins the running job starts at the
+step it took with the state. The batch of step s is fixed by s alone, so the joiner continues
+the data order of the peer it replaces.
+"""
+from __future__ import annotations
+
+import time
+from typing import Any, Callable
+
+import numpy as np
+
+__all__ = ["Loop", "BatchOrder"]
+
+
+class BatchOrder:
+    """One permutation of the shard per epoch, drawn in sequence from ``rng``; ``batch(step)``
+    is the step's slice. A process that starts at a later epoch draws the epochs before it
+    first (cheap), so its batches are those the peer it replaces would have taken."""
+
+    def __init__(self, rng: np.random.Generator, samples: int, steps_per_epoch: int,
+                 batch: int) -> None:
+        self._rng, self._samples = rng, samples
+        self._steps, self._batch = steps_per_epoch, batch
+        self._epoch, self._perm = -1, None
+
+    def batch(self, step: int) -> Any:
+        import torch
+
+        epoch, s = divmod(step, self._steps)
+        if epoch < self._epoch:
+            raise ValueError(f"step {step} is in epoch {epoch}, before epoch {self._epoch}: "
+                             "the order is drawn forward only")
+        while self._epoch < epoch:
+            self._perm = torch.from_numpy(self._rng.permutation(self._samples))
+            self._epoch += 1
+        return self._perm[s * self._batch:(s + 1) * self._batch]
+
+
+class Loop:
+    """Train ``config.epochs`` epochs of ``steps_per_epoch`` steps (see run())."""
+
+    def __init__(self, name: str, config: Any, steps_per_epoch: int, batch: int,
+                 rng: np.random.Generator, progress: Any) -> None:
+        self.name, self.config, self.progress = name, config, progress
+        self.steps_per_epoch, self.batch, self.rng = steps_per_epoch, batch, rng
+        self.samples = 0                      # trained by this process
+        self.last_accuracy = float("nan")     # of its last evaluation
+
+    def run(self, x: Any, y: Any, train_step: Callable[[Any, Any], float],
+            measure: Callable[[dict], dict], step_now: Callable[[], int],
+            after_step: Callable[[int], Any] | None = None) -> dict:
+        """Train from step ``step_now()`` to the last: ``train_step(xb, yb)`` returns the
+        batch's loss, ``measure(point)`` evaluates (point: time, step, epoch, train_loss; it
+        adds accuracy and test_loss), ``after_step(step)`` runs after each step the count
+        advanced by. The clock starts here and pauses while evaluating: points' times and
+        ``train_seconds`` are seconds of training; ``wall_seconds`` also counts the
+        evaluations (diagnostics, which would otherwise favour policies that train fast per
+        evaluation)."""
+        config, spe = self.config, self.steps_per_epoch
+        total = config.epochs * spe
+        every = max(1, spe // max(1, config.progress_every))
+        evals = min(max(1, config.evals_per_epoch), spe)
+        eval_at = {round(k * spe / evals) for k in range(1, evals + 1)}   # 1..spe
+        order = BatchOrder(self.rng, len(y), spe, self.batch)
+        step = first = step_now()
+        if step == 0:
+            self._evaluate(measure, {"time": 0.0, "step": 0, "epoch": 0.0,
+                                     "train_loss": float("nan")})
+        self.progress.emit(event="start", policy=self.name, steps=total)
+        eval_seconds, loss_sum, losses = 0.0, 0.0, 0
+        start = time.perf_counter()
+        # A step the count does not advance by (a recovery took it over) is trained again;
+        # a policy whose count never advanced would loop for ever: bounded, with a message.
+        for _ in range(2 * (total - first) + 100):
+            if step >= total:
+                break
+            idx = order.batch(step)
+            loss_sum += train_step(x[idx], y[idx])
+            losses += 1
+            self.samples += len(idx)
+            new = step_now()
+            if new == step:
+                continue
+            before, step = step, new
+            if step // every > before // every:
+                self.progress.emit(event="step", policy=self.name, step=step)
+            if step > before and (step - 1) % spe + 1 in eval_at:
+                paused = time.perf_counter()
+                self._evaluate(measure, {"time": paused - start - eval_seconds, "step": step,
+                                         "epoch": step / spe,
+                                         "train_loss": loss_sum / max(1, losses)})
+                eval_seconds += time.perf_counter() - paused
+                loss_sum, losses = 0.0, 0
+            if step // spe > before // spe:
+                self.progress.emit(event="epoch", policy=self.name, epoch=step // spe,
+                                   step=step, accuracy=self.last_accuracy)
+            if after_step is not None:
+                after_step(step)
+        else:
+            raise RuntimeError(f"{self.name}: the policy's step count stayed at {step} of "
+                               f"{total} through {2 * (total - first) + 100} training steps")
+        wall = time.perf_counter() - start
+        return {"steps": step, "first_step": first, "samples": self.samples,
+                "wall_seconds": wall, "train_seconds": wall - eval_seconds}
+
+    def _evaluate(self, measure: Callable[[dict], dict], point: dict) -> None:
+        self.last_accuracy = measure(point)["accuracy"]

@@ -1,0 +1,143 @@
+"""What each peer of the demo records while it trains, and how the launching process puts the
+peers' records together into one record per policy.
+
+    records = PeerRecords(directory, "gossip", slot=2, incarnation=0)   # in a peer
+    records.evaluation({"step": 40, "accuracy": 0.93, ...}, flat_parameters)
+    record = collect(directory, "gossip", slots=4)                      # in the launcher
+
+A peer appends JSON lines to DIR/<policy>/slot<S>.jsonl and, at each evaluation, saves its
+parameters as DIR/<policy>/slot<S>-<step>.npy; the process that takes a slot over after a
+restart appends to the same file. Files, not collectives: a diagnostic that is a collective
+waits on a dead peer (and makes peers meet that the policy lets run apart), and what a
+process wrote before a SIGKILL is still there. The launcher averages the peers' accuracy and
+losses at each step and computes the consensus distance from the saved parameters (the peers'
+mean distance to their average, as Policy.consensus_distance does, in float64).
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+from typing import Any
+
+import numpy as np
+
+__all__ = ["PeerRecords", "collect", "records_of"]
+
+
+def _policy_dir(directory: str, policy: str) -> str:
+    return os.path.join(directory, policy)
+
+
+def _snapshot(directory: str, policy: str, slot: int, step: int) -> str:
+    return os.path.join(_policy_dir(directory, policy), f"slot{slot}-{step}.npy")
+
+
+class PeerRecords:
+    """One process's records of one policy (line-buffered: each line is in the file as soon
+    as it is written, so a SIGKILL loses none)."""
+
+    def __init__(self, directory: str, policy: str, slot: int, incarnation: int) -> None:
+        self.directory, self.policy, self.slot = directory, policy, slot
+        self.incarnation = incarnation
+        os.makedirs(_policy_dir(directory, policy), exist_ok=True)
+        path = os.path.join(_policy_dir(directory, policy), f"slot{slot}.jsonl")
+        self._file = open(path, "a", buffering=1)
+
+    def write(self, kind: str, **fields: Any) -> None:
+        """One line: ``kind`` (eval, joined, killed, done) and ``fields``."""
+        self._file.write(json.dumps({"kind": kind, "inc": self.incarnation, **fields}) + "\n")
+
+    def evaluation(self, point: dict, parameters: np.ndarray | None) -> None:
+        """An evaluation ``point`` (step, epoch, time, accuracy, test_loss, train_loss) and the
+        parameters it was made with (None: no consensus, the one-process baseline)."""
+        if parameters is not None:
+            np.save(_snapshot(self.directory, self.policy, self.slot, point["step"]),
+                    parameters)
+        self.write("eval", **point)
+
+    def close(self) -> None:
+        self._file.close()
+
+
+def records_of(directory: str, policy: str, slot: int) -> list[dict]:
+    """The lines slot ``slot`` wrote for ``policy`` (none if it wrote nothing)."""
+    path = os.path.join(_policy_dir(directory, policy), f"slot{slot}.jsonl")
+    try:
+        with open(path) as f:
+            lines = f.read().splitlines()
+    except FileNotFoundError:
+        return []
+    out = []
+    for line in lines:
+        try:
+            out.append(json.loads(line))
+        except ValueError:
+            pass  # a torn line (a full disk) is left out, as the progress reader does
+    return out
+
+
+def _mean(values: list[float]) -> float:
+    finite = [v for v in values if v is not None and math.isfinite(v)]
+    return sum(finite) / len(finite) if finite else float("nan")
+
+
+def _consensus(directory: str, policy: str, slots: list[int], step: int) -> float:
+    arrays = [np.load(_snapshot(directory, policy, s, step)).astype(np.float64) for s in slots]
+    mean = np.mean(arrays, axis=0)
+    return float(np.mean([np.linalg.norm(a - mean) for a in arrays]))
+
+
+def collect(directory: str, policy: str, slots: int, *, consensus: bool = True) -> dict:
+    """One record of ``policy`` from the records of its ``slots`` peers: ``history`` (one
+    point per evaluated step: accuracy and losses averaged over the peers that evaluated it,
+    ``peers`` of them, the consensus distance among them, and the time on the clock of the
+    slowest peer that trained the whole run in one process), ``train_seconds`` and
+    ``wall_seconds`` (the slowest such peer's), ``samples`` (every process's), ``bytes_per_peer``
+    (per slot, its processes' together), ``steps``, ``parameters``, and per slot the
+    ``killed`` and ``joined`` lines (a peer killed and started again) and whether it finished
+    (``done``)."""
+    lines = {s: records_of(directory, policy, s) for s in range(slots)}
+    done = {s: [r for r in ls if r["kind"] == "done"] for s, ls in lines.items()}
+    # A slot trained the whole run in one process: one start, finished, never killed.
+    whole = [s for s, ls in lines.items()
+             if done[s] and not any(r["kind"] == "killed" for r in ls)
+             and len({r["inc"] for r in ls}) == 1]
+    by_step: dict[int, list[tuple[int, dict]]] = {}
+    for s, ls in lines.items():
+        for r in ls:
+            if r["kind"] == "eval":
+                by_step.setdefault(r["step"], []).append((s, r))
+    history = []
+    for step in sorted(by_step):
+        group = by_step[step]
+        clocks = [r["time"] for s, r in group if s in whole] or [r["time"] for _, r in group]
+        history.append({
+            "time": max(clocks), "step": step, "epoch": group[0][1]["epoch"],
+            "accuracy": _mean([r["accuracy"] for _, r in group]),
+            "test_loss": _mean([r["test_loss"] for _, r in group]),
+            "train_loss": _mean([r["train_loss"] for _, r in group]),
+            "consensus": (_consensus(directory, policy, [s for s, _ in group], step)
+                          if consensus else None),
+            "peers": len(group),
+        })
+    finals = [d[-1] for d in done.values() if d]
+    ends = [r for s, ls in lines.items() for r in ls if r["kind"] in ("done", "killed")]
+    sent = [sum(r.get("bytes_sent", 0) for r in ls if r["kind"] in ("done", "killed"))
+            for ls in lines.values() if ls]
+    timing = [done[s][-1] for s in whole] or finals
+    return {
+        "policy": policy,
+        "peers": slots,
+        "history": history,
+        "steps": max((r["steps"] for r in finals), default=0),
+        "samples": sum(r.get("samples", 0) for r in ends),
+        "train_seconds": max((r["train_seconds"] for r in timing), default=0.0),
+        "wall_seconds": max((r["wall_seconds"] for r in timing), default=0.0),
+        "bytes_per_peer": sum(sent) / len(sent) if sent else 0.0,
+        "parameters": next((r["parameters"] for r in finals), None),
+        "slots": {s: {"killed": next((r for r in ls if r["kind"] == "killed"), None),
+                      "joined": next((r for r in ls if r["kind"] == "joined"), None),
+                      "done": bool(done[s])}
+                  for s, ls in lines.items()},
+    }
