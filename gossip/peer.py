@@ -48,7 +48,7 @@ class Peer:
             self._prefetch = elastic.prefetch(self, joined)
         if membership is not None:
             membership.changes.refusal = self._refusal
-            membership.changes.replicated = self._replicated
+            membership.changes.sharing = self._sharing
         # Traffic totals of the transports of earlier views (stats() adds them).
         self._earlier_totals = dict.fromkeys(
             ("bytes_sent", "bytes_received", "messages_sent", "messages_received", "dropped"), 0)
@@ -280,8 +280,15 @@ class Peer:
                     "its replicated centre do)")
         return None
 
-    def _replicated(self) -> bool:
-        return all(p.identical_replicas for p in self.policies)
+    def _sharing(self) -> str:
+        """How much of this peer's state is the others' too: "identical" (replicas: the
+        members at the source's step may all donate), "shared" (a part is: elastic
+        averaging's centre), "own"; see collectives/membership/coordinator.py."""
+        if all(p.identical_replicas for p in self.policies):
+            return "identical"
+        if all(p.identical_replicas or p.shared_state for p in self.policies):
+            return "shared"
+        return "own"
 
     def changing_now(self) -> bool:
         """True while a membership change that takes effect at once is proposed to this peer

@@ -93,10 +93,10 @@ class ViewChanges:
         # at a boundary (it may wait in an operation that never ends: on a dead joiner, or
         # on a member that already stopped): the peer ends its transport's waits.
         self.on_interrupt: Callable[[], None] = lambda: None
-        # Whether this member's state is meant to equal the others' (synchronous policies):
-        # then members that fell a step behind take the source's state too, else only
-        # joiners do (a gossip member's model is its own).
-        self.replicated: Callable[[], bool] = lambda: True
+        # Whether this member's state equals the others' ("identical": synchronous policies;
+        # "shared": in part, elastic averaging's centre): then members that fell a step
+        # behind take the source's state too; "own": only joiners do (coordinator.py).
+        self.sharing: Callable[[], str] = lambda: "identical"
         self._stopped_now = False
         self.departing = False   # a planned leave was asked (request_leave)
         self.coordinating = Coordinator(self)
@@ -231,7 +231,7 @@ class ViewChanges:
             entry = dict(transport.endpoints)
             self.door.tell(p.coordinator, "ready", pid=p.pid, name=self.name, entry=entry,
                            step=step, lost=sorted(self.known_lost()),
-                           replicated=bool(self.replicated()))
+                           sharing=str(self.sharing()))
             answered = p.pid
 
     def _depart(self, p: Proposal, step: int, deadline: float) -> Departure | None:

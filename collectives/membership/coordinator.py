@@ -12,11 +12,14 @@ from typing import Any
 from collectives.membership.proposal import Proposal
 from collectives.membership.view import Member, View, ViewError
 
-__all__ = ["Coordinator", "MAX_DONORS"]
+__all__ = ["Coordinator", "MAX_DONORS", "SHARING"]
 
 #: The most members a receiver takes its state from at once (identical replicas only):
 #: more would split each donor's share thinner than the links need.
 MAX_DONORS = 4
+#: What a member's ready says of its state (ViewChanges.sharing): the others' exactly, in
+#: part, or its own.
+SHARING = ("identical", "shared", "own")
 
 log = logging.getLogger("collectives")
 
@@ -160,8 +163,9 @@ class Coordinator:
             name, entry, step = msg.get("name"), msg.get("entry"), msg.get("step")
             if p.rank_of(name) is None or not isinstance(entry, dict) or type(step) is not int:
                 return
+            sharing = msg.get("sharing")
             self.ready[name] = {"entry": entry, "step": step,
-                                "replicated": msg.get("replicated") is True}
+                                "sharing": sharing if sharing in SHARING else "own"}
             if len(self.ready) == len(p.members):
                 self._commit_active()
 
@@ -176,8 +180,10 @@ class Coordinator:
         steps = {r: self.ready[p.members[r].name]["step"] for r in ranks}
         source = max(olds, key=lambda r: (steps[r], -r)) if olds else 0
         step = steps[source]
-        replicated = all(self.ready[m.name]["replicated"] for m in p.members)
-        receivers = [r for r in ranks if r not in olds or replicated and steps[r] != step]
+        sharing = {self.ready[m.name]["sharing"] for m in p.members}
+        replicated = sharing == {"identical"}   # several donors: their states are the same
+        resync = sharing <= {"identical", "shared"}   # those behind the source take its state
+        receivers = [r for r in ranks if r not in olds or resync and steps[r] != step]
         # Identical replicas at the source's step can all send it: each a share of the
         # chunks, the source first (it alone sends the manifest the receivers check all by).
         donors = [source]

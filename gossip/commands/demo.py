@@ -63,8 +63,9 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     parser.add_argument("--kill", metavar="RANK@FRACTION",
                         help="peer RANK SIGKILLs itself after FRACTION of its training steps "
                         "and is started again, rejoining the running job (each policy then "
-                        "trains in a group of its own; synchronous and local-sgd elastic); the "
-                        "table says when it came back, or why it could not. E.g. 2@0.33")
+                        "trains in a group of its own; synchronous, local-sgd and elastic "
+                        "with elastic=True); the table says when it came back, or why it "
+                        "could not. E.g. 2@0.33")
     parser.add_argument("--timeout", type=float, default=1800.0, metavar="S",
                         help="deadline of the whole run in seconds (default 1800)")
     parser.set_defaults(func=main)

@@ -185,8 +185,8 @@ def run_demo(options: DemoOptions, *, stdout: IO[str] | None = None,
             print(f"--kill {options.kill}: peer {options.kill.rank} SIGKILLs itself after "
                   f"step {options.kill.step(epochs * steps_per_epoch)} of "
                   f"{epochs * steps_per_epoch} and is started again, in a group of its own "
-                  "per policy (synchronous and local-sgd with elastic=True)", file=stderr,
-                  flush=True)
+                  "per policy (synchronous, local-sgd and elastic with elastic=True)",
+                  file=stderr, flush=True)
         print(f"starting {options.peers} peer processes...", file=stderr, flush=True)
         with ProgressDisplay(progress_path, stream=stderr, bars=options.bars) as display:
             try:

@@ -73,7 +73,7 @@ def make_policy(name: str, peer: Any, *, kill: bool = False, **options: Any) -> 
     has a ``default_topology``: gossip, push-sum, asynchronous) on the peers' topology, which
     is what the demo's --topology sets (push-sum and asynchronous would otherwise pick their
     own default graph), the others with their defaults. ``kill``: a peer will die, so a policy
-    that can re-form its group (an ``elastic`` argument: synchronous, local-sgd) does, instead
+    that can re-form its group (an ``elastic`` argument: synchronous, local-sgd, elastic) does, instead
     of raising PeerLost."""
     from gossip import policies
 

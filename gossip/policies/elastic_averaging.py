@@ -7,7 +7,7 @@ import warnings
 
 from collectives.arrays import adapter_for, segment
 from gossip.channels import PeerChannel
-from gossip.errors import GossipError
+from gossip.errors import GossipError, PeerLost
 from gossip.policies.arguments import check_int, check_number
 from gossip.policies.buckets import DEFAULT_BUCKET_BYTES
 from gossip.policies.worker import BackgroundPolicy
@@ -56,6 +56,17 @@ class ElasticAveraging(BackgroundPolicy):
     ``eta h < 2 - 2 alpha / (2 - beta)``): a warning. The sharded form applies the elastic
     move one worker at a time, each a convex combination for 0 < alpha < 1, so only alpha is
     restricted there.
+
+    Membership (replicated centre): a joiner takes a member's state (its worker, optimizer
+    and the centre) at a step boundary. ``elastic=True``: a lost peer does not end training;
+    the survivors agree on a new view at once and go on (fewer than ``min_peers``: PeerLost).
+    A round's allreduce that a death ends changes nothing on the peers where it failed (the
+    elastic move applies only once the whole round arrived), so the centre is the round's
+    either everywhere it completed or nowhere; a survivor whose round failed while others'
+    completed is behind their step count, and takes the state of the survivor that
+    completed most steps, centre included (``shared_state``). Without ``elastic`` a death
+    in a round raises PeerLost, as Synchronous's. The sharded centre refuses joiners and a
+    death costs the dead owner's shards (its workers skip them, see ``dropped_peers``).
     """
 
     name = "elastic"
@@ -65,9 +76,11 @@ class ElasticAveraging(BackgroundPolicy):
                  center: str = "replicated", channel: int = PeerChannel.ELASTIC_REQUESTS,
                  poll_interval: float = 0.25,
                  bucket_bytes: int = DEFAULT_BUCKET_BYTES, timeout: float | None = None,
-                 nan_guard: bool = False) -> None:
+                 nan_guard: bool = False, elastic: bool = False, min_peers: int = 1) -> None:
         super().__init__(channel=channel, poll_interval=poll_interval,
                          bucket_bytes=bucket_bytes, timeout=timeout, nan_guard=nan_guard)
+        self.elastic = bool(elastic)
+        self.min_peers = check_int("min_peers", min_peers, 1)
         if alpha is not None:
             check_number("alpha", alpha, lambda a: 0 < a < 1, "in (0, 1)",
                          note=": the elastic move x -= alpha (x - c) overshoots the centre "
@@ -83,6 +96,9 @@ class ElasticAveraging(BackgroundPolicy):
         self._alpha_arg = None if alpha is None else float(alpha)
         self.period = period
         self.center_mode = center
+        if self.elastic and center != "replicated":
+            raise ValueError("elastic=True needs center='replicated': the sharded centre "
+                             "does not follow view changes yet (a death costs its shards)")
         self._lock = threading.Lock()   # the centre shard, between server and training thread
         self._served = 0
         self._rounds = 0
@@ -128,6 +144,11 @@ class ElasticAveraging(BackgroundPolicy):
         centre would have to be cut again over the new owners: not yet (joiners refused)."""
         return self.center_mode == "replicated"
 
+    @property
+    def shared_state(self) -> bool:
+        """The replicated centre is the same bytes on every member (see MembershipHooks)."""
+        return self.center_mode == "replicated"
+
     def _setup(self) -> None:
         self._check_stability()
         peer, buckets = self._peer, self._buckets
@@ -144,7 +165,8 @@ class ElasticAveraging(BackgroundPolicy):
             means.append(m)
         if self.center_mode == "replicated":
             self._center = means
-            self._diff = [b.new() for b in buckets]
+            self._diff = [b.new() for b in buckets]   # sum_i d_i, by allreduce
+            self._own = [b.new() for b in buckets]    # this worker's d_i
             return
         self._segs = [[segment(b.numel, s, n) for s in range(n)] for b in buckets]
         self._center = []
@@ -180,16 +202,28 @@ class ElasticAveraging(BackgroundPolicy):
         self._rounds += 1
 
     def _replicated_round(self) -> None:
+        """d_i = alpha (x_i - c) summed by allreduce; then x_i -= d_i and c += sum_i d_i,
+        only once every bucket's sum arrived: a round a lost peer ended (PeerLost) leaves x
+        and c as they were, so no survivor holds a centre that is half of a round."""
         alpha = self.alpha
         work = []
-        for b, c, d in zip(self._buckets, self._center, self._diff):
-            adapter_for(d).copy(d, b.flat)
-            d -= c
-            d *= alpha          # d_i = alpha (x_i - c)
-            b.flat -= d         # x_i -= d_i
+        for b, c, d, own in zip(self._buckets, self._center, self._diff, self._own):
+            adapter = adapter_for(own)
+            adapter.copy(own, b.flat)
+            own -= c
+            own *= alpha        # d_i = alpha (x_i - c)
+            adapter.copy(d, own)
             work.append(self._peer.allreduce(d, op="sum", wait=False, timeout=self.timeout))
-        for w, c, d in zip(work, self._center, self._diff):
-            w.wait(self.timeout)
+        lost = None
+        for w in work:
+            try:
+                w.wait(self.timeout)
+            except PeerLost as exc:   # the others end too: none writes after this
+                lost = lost or exc
+        if lost is not None:
+            raise lost
+        for b, c, d, own in zip(self._buckets, self._center, self._diff, self._own):
+            b.flat -= own       # x_i -= d_i
             c += d              # c += sum_i d_i: the same bytes on every peer
 
     def _sharded_round(self) -> None:
@@ -326,5 +360,6 @@ class ElasticAveraging(BackgroundPolicy):
     def _extra_stats(self) -> dict:
         return {"alpha": self.alpha, "beta": self.beta, "period": self.period,
                 "center": self.center_mode, "elastic_rounds": self._rounds,
+                "elastic": self.elastic, "min_peers": self.min_peers,
                 "requests_served": self._served, "dropped_peers": sorted(self._dropped)}
 

@@ -27,6 +27,10 @@ class MembershipHooks:
     #: leaver taking rounds until then and handing its state to a member there (push-sum's
     #: mass); False: the leave takes effect at once (collectives/membership/changes.py).
     hands_off_at_leave: ClassVar[bool] = False
+    #: Whether part of the state is the same bytes on every member although the models are
+    #: each their own (elastic averaging's replicated centre): after a recovery a member
+    #: behind the source's step count takes the source's state, as identical replicas do.
+    shared_state: ClassVar[bool] = False
 
     def _recover(self, exc: PeerLost) -> None:
         """A peer was lost mid-step: without ``elastic``, that is the step's error; with it,
