@@ -60,12 +60,12 @@ log = logging.getLogger("collectives")
 
 
 class ViewChanges:
-    """One process's side of the protocol. ``make_transport(rank, size, view_number)`` makes
-    the transport of a proposed view (not yet connected); ``lost()`` says which members of
-    the current view this process knows are lost (names)."""
+    """One process's side of the protocol. ``make_transport(rank, size, view, hosts)`` makes
+    the transport of a proposed view (not yet connected; each member's host); ``lost()``: the
+    members of the current view this process knows are lost (names)."""
 
     def __init__(self, name: str, incarnation: int, door: Door, view: View | None,
-                 make_transport: Callable[[int, int, int], Any], lost: Callable[[], set],
+                 make_transport: Callable[..., Any], lost: Callable[[], set],
                  timeout: float, margin: int = 4, host: str = "") -> None:
         self.name, self.incarnation, self.door = name, incarnation, door
         self.me = Member(name, incarnation, door.address, host)
@@ -227,7 +227,7 @@ class ViewChanges:
                     continue
             self._close(transport)
             rank = p.rank_of(self.name)
-            transport = self._make_transport(rank, len(p.members), p.number)
+            transport = self._make_transport(rank, len(p.members), p.number, p.hosts)
             entry = dict(transport.endpoints)
             self.door.tell(p.coordinator, "ready", pid=p.pid, name=self.name, entry=entry,
                            step=step, lost=sorted(self.known_lost()),

@@ -24,6 +24,11 @@ class Proposal:
                 return rank
         return None
 
+    @property
+    def hosts(self) -> list[str]:
+        """Each member's host, by rank (which of them may share memory)."""
+        return [m.host for m in self.members]
+
     def to_wire(self) -> dict:
         return {"pid": self.pid, "number": self.number, "at": self.at_step,
                 "members": [m.to_wire() for m in self.members]}
