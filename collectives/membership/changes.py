@@ -271,7 +271,7 @@ class ViewChanges:
                     if isinstance(h, list) and len(h) == 2
                     and all(type(r) is int for r in h)]
         return Switch(view, transport, source, commit["step"], list(commit["receivers"]),
-                      donors, handoffs)
+                      donors, handoffs, at_once=p.at_step is None)
 
     @staticmethod
     def _close(transport: Any) -> None:
