@@ -36,10 +36,6 @@ log = logging.getLogger("gossip")
 # Bytes per message of a transfer: the transport's whole-message size, so none is cut again,
 # and one piece of the digest (snapshot.arrays.PIECE_BYTES), checksummed as it lands.
 CHUNK_BYTES = PIECE_BYTES
-# The last chunk travels in messages of this size: every other chunk's checksum runs while
-# the next one arrives, the last one's would come after it (0.6 ms on 4 MiB here, a third
-# of a 4 MiB transfer); in parts, each part's runs while the next part arrives.
-TAIL_PART_BYTES = 1 << 20
 _MAX_MANIFEST = 64 << 20
 
 
@@ -82,13 +78,11 @@ def send_state(peer: Any, snapshot: Snapshot, receivers: list[int], step: int,
         manifest = {"snapshot": snapshot.manifest, "step": step, "tracked": tracked,
                     "pieces": snapshot.piece_crcs if len(donors) > 1 else None}
         raw = np.frombuffer(msgpack.packb(manifest, use_bin_type=True), dtype=np.uint8)
-    ranges = snapshot.layout().ranges(CHUNK_BYTES)
-    mine = [part for i in range(share, len(ranges), len(donors))
-            for part in _messages(ranges, i)]
+    ranges = snapshot.layout().ranges(CHUNK_BYTES)[share::len(donors)]
     for r in receivers:
         if raw is not None:
             comm.send(r, raw, timeout=timeout)
-        for offset, length in mine:
+        for offset, length in ranges:
             comm.send(r, np.frombuffer(snapshot.read(offset, length), dtype=np.uint8),
                       timeout=timeout)
     log.info("rank %d: sent %s of its state (%d arrays, %.1f MiB) to ranks %s", peer.rank,
@@ -196,13 +190,12 @@ def _arrays(peer: Any, donors: list[int], timeout: float, theirs: dict,
     comm = peer.channel(PeerChannel.MEMBERSHIP)
     receiver = SnapshotReceiver(theirs, into)
     ranges = receiver.layout.ranges(CHUNK_BYTES)
-    for i in range(len(ranges)):
+    for i, (offset, length) in enumerate(ranges):
         # Chunk i comes from donor i mod k: taken in that order, every donor's link is busy.
-        for offset, length in _messages(ranges, i):
-            comm.recv(donors[i % len(donors)],
-                      out=np.frombuffer(receiver.target(offset, length), dtype=np.uint8),
-                      timeout=timeout)
-            receiver.wrote(offset, length)
+        comm.recv(donors[i % len(donors)],
+                  out=np.frombuffer(receiver.target(offset, length), dtype=np.uint8),
+                  timeout=timeout)
+        receiver.wrote(offset, length)
     try:
         return receiver.finish()
     except SnapshotCorrupt as exc:
@@ -216,16 +209,6 @@ def _arrays(peer: Any, donors: list[int], timeout: float, theirs: dict,
         raise SnapshotCorrupt(f"{exc} ({which} came from ranks {senders}: replicas that "
                               "should be identical are not)", tensor=exc.tensor,
                               offset=exc.offset, nbytes=exc.nbytes) from None
-
-
-def _messages(ranges: list[tuple[int, int]], i: int) -> list[tuple[int, int]]:
-    """The messages chunk ``i`` of ``ranges`` travels in: one, the last chunk in parts of
-    TAIL_PART_BYTES (see there)."""
-    offset, length = ranges[i]
-    if i < len(ranges) - 1 or length <= TAIL_PART_BYTES:
-        return [(offset, length)]
-    return [(at, min(TAIL_PART_BYTES, offset + length - at))
-            for at in range(offset, offset + length, TAIL_PART_BYTES)]
 
 
 def _bad_chunks(receiver: SnapshotReceiver, ranges: list, pieces: Any) -> set | None:
