@@ -41,7 +41,9 @@ JOINER = textwrap.dedent("""
     t_import = time.time()
     peer = gossip.init(join=True, timeout=120)
     t_admitted = time.time()
-    x = np.zeros(int(sys.argv[1]), dtype=np.float32)
+    # Initialised parameters, as a model's are (np.zeros' pages would fault in during the
+    # transfer, at about 0.8 GB/s here, where the members' bandwidth runs over warm buffers).
+    x = np.full(int(sys.argv[1]), 0.5, dtype=np.float32)
     policy = Synchronous().attach(peer, [x])
     t_state = time.time()
     policy.after_step()
@@ -61,7 +63,7 @@ def member(peer, workdir: str, count: int):
     bandwidth = []
     if peer.world_size > 1:   # the point-to-point rate of these bytes, here and now
         buf = np.empty_like(x)
-        for _ in range(3):
+        for _ in range(5):   # the first one faults buf's pages in: the median is warm
             peer.barrier()
             t = time.perf_counter()
             if peer.rank == 0:

@@ -276,8 +276,8 @@ class Peer:
         stuck = [p.name for p in self.policies if not p.follows_view_changes]
         if stuck:
             return (f"the group runs policy {stuck[0]!r}, which does not follow membership "
-                    "changes yet (synchronous, local-sgd, gossip, push-sum and elastic with "
-                    "its replicated centre do)")
+                    "changes yet (synchronous, local-sgd, gossip, asynchronous, push-sum and "
+                    "elastic with its replicated centre do)")
         return None
 
     def _sharing(self) -> str:

@@ -11,7 +11,7 @@ from collectives import defaults
 from collectives.config import TransportConfig
 from collectives.rendezvous import JobRunning, rendezvous as exchange_addresses
 from collectives.security import ClusterKey, load_cluster_key
-from collectives.transport.transport import Transport
+from collectives.transport.transport import Transport, host_id
 from gossip.errors import TopologyError
 from gossip.logs import configure_logging
 from gossip.membership import PeerMembership, member_identity, resize_topology
@@ -113,10 +113,15 @@ def init(*, rank: int | None = None, world_size: int | None = None,
 
     name, incarnation = member_identity(settings.rank)
 
-    def make_transport(rank: int, size: int, view: int) -> Transport:
-        return Transport(rank, size, cfg.with_(view=view))
+    def make_transport(rank: int, size: int, view: int, hosts: list[str]) -> Transport:
+        transport = Transport(rank, size, cfg.with_(view=view))
+        here = transport.endpoints["host"]
+        transport.expect_on_host([r for r, host in enumerate(hosts) if host == here])
+        return transport
 
-    membership = PeerMembership(name, incarnation, cfg, make_transport, timeout)
+    # The host as the transports name it: a joiner's shows which members share its memory.
+    membership = PeerMembership(name, incarnation, cfg, make_transport, timeout,
+                                host=host_id())
     try:
         join = join if join is not None else (os.environ.get("GOSSIP_JOIN") or None)
         if join not in (None, False, "0", ""):

@@ -22,6 +22,7 @@ from __future__ import annotations
 import faulthandler
 import multiprocessing as mp
 import os
+import random
 import signal
 import socket
 import sys
@@ -48,10 +49,30 @@ _FAILED = ("error", "died")
 
 
 def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port that was free a moment ago on ``host``."""
+    """A TCP port that was free a moment ago on ``host``, below the kernel's ephemeral range
+    when it can: a port bind(0) hands out is in that range, where every connect and every
+    other bind(0) (each peer's data socket) may take it before its user binds it (seen:
+    "Address already in use" at a test's rendezvous while the suite ran)."""
+    low = _ephemeral_low()
+    for _ in range(64):
+        port = random.randrange(10_000, low) if low > 10_000 else 0
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind((host, port))
+            except OSError:
+                continue   # in use: try another
+            return s.getsockname()[1]
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((host, 0))
         return s.getsockname()[1]
+
+
+def _ephemeral_low() -> int:
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 0   # unknown: let the kernel choose
 
 
 @dataclass

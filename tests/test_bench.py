@@ -149,6 +149,7 @@ def test_threshold_help():
     assert "crossover" in out.stdout and "--nprocs" in out.stdout
 
 
+@pytest.mark.slow   # 26 s: a smoke run of the benchmark script, not of the library
 def test_policies_benchmark_runs_every_table_small(tmp_path):
     """benchmarks/policies.py end to end at toy sizes: the three tables and the JSON rows."""
     rows = tmp_path / "rows.jsonl"

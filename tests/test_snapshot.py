@@ -318,6 +318,36 @@ def test_pieces_are_checksummed_as_they_land_and_received_in_place_into_given_ar
     assert info.value.tensor == "params/0"
 
 
+
+def test_a_piece_written_in_parts_in_order_is_summed_part_by_part():
+    from gossip.snapshot.arrays import PIECE_BYTES
+    big = np.random.default_rng(3).standard_normal((2 * PIECE_BYTES) // 8)   # 2 pieces
+    donor = Snapshot.of(params=[big], copy=True)
+    part = PIECE_BYTES // 4
+    for order in ("in order", "out of order", "one part bad"):
+        receiver = SnapshotReceiver(donor.manifest)
+        starts = list(range(0, 2 * PIECE_BYTES, part))
+        if order == "out of order":
+            starts[1], starts[2] = starts[2], starts[1]
+        for at in starts:
+            data = bytearray(donor.read(at, part))
+            if order == "one part bad" and at == PIECE_BYTES + part:
+                data[5] ^= 0x10
+            receiver.target(at, part)[:] = data
+            receiver.wrote(at, part)
+        # In order, both pieces' CRCs were summed as their parts landed (nothing is left for
+        # finish() to sum); out of order, the first piece's is left to finish().
+        summed = sorted(receiver._crcs[0])
+        assert summed == ([1] if order == "out of order" else [0, 1]), (order, summed)
+        if order == "one part bad":
+            with pytest.raises(SnapshotCorrupt):
+                receiver.finish()
+            assert receiver.piece_crcs()[0][1] != donor.piece_crcs[0][1]
+            assert receiver.piece_crcs()[0][0] == donor.piece_crcs[0][0]
+        else:
+            assert receiver.finish().digest == donor.digest, order
+
+
 # ---------------------------------------------------------------------------- disk
 def test_torn_or_corrupted_files_are_errors_and_a_crashed_save_keeps_the_old_one(tmp_path):
     model, opt = donor_state()

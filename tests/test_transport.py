@@ -317,3 +317,28 @@ def test_bad_gossip_port_range_is_a_clear_error(monkeypatch, text):
     monkeypatch.setenv("GOSSIP_PORT_RANGE", text)
     with pytest.raises(ValueError, match="GOSSIP_PORT_RANGE"):
         gossip.init(rank=0, world_size=1)
+
+
+def test_rings_made_ahead_keep_those_on_this_host_and_close_the_rest():
+    # A proposed view's transport makes its rings to the members on its host before the
+    # table comes (warm memory for the first messages); the table then decides.
+    from collectives.transport import Transport
+    from collectives.transport.shm import PREPARED_RINGS
+    t = Transport(0, 12)
+    try:
+        if not t.endpoints.get("shm"):
+            pytest.skip("no shared memory here")
+        t.expect_on_host(range(12))
+        prepared = dict(t._shm._prepared)
+        # The nearest ranks around rank 0, at most PREPARED_RINGS: 1, 11, 2, 10, ...
+        assert sorted(prepared) == [1, 2, 3, 4, 8, 9, 10, 11][:PREPARED_RINGS]
+        here, other = t.endpoints["host"], "elsewhere/boot/1"
+        table = {r: {"tcp": f"tcp://127.0.0.1:{9000 + r}", "ipc": None, "shm": True,
+                     "host": here if r in (0, 1, 2) else other} for r in range(12)}
+        t.set_peers(table)
+        assert sorted(t._shm._prepared) == [1, 2]   # the others' rings closed
+        for dst, (ring, _) in prepared.items():
+            assert (ring.flags is None) == (dst not in (1, 2))
+    finally:
+        t.close()
+    assert not t._shm._prepared

@@ -60,12 +60,12 @@ log = logging.getLogger("collectives")
 
 
 class ViewChanges(Leaving):
-    """One process's side of the protocol. ``make_transport(rank, size, view_number)`` makes
-    the transport of a proposed view (not yet connected); ``lost()`` says which members of
-    the current view this process knows are lost (names)."""
+    """One process's side of the protocol. ``make_transport(rank, size, view, hosts)`` makes
+    the transport of a proposed view (not yet connected; each member's host); ``lost()``: the
+    members of the current view this process knows are lost (names)."""
 
     def __init__(self, name: str, incarnation: int, door: Door, view: View | None,
-                 make_transport: Callable[[int, int, int], Any], lost: Callable[[], set],
+                 make_transport: Callable[..., Any], lost: Callable[[], set],
                  timeout: float, margin: int = 4, host: str = "") -> None:
         self.name, self.incarnation, self.door = name, incarnation, door
         self.me = Member(name, incarnation, door.address, host)
@@ -254,7 +254,7 @@ class ViewChanges(Leaving):
                     continue
             self._close(transport)
             rank = p.rank_of(self.name)
-            transport = self._make_transport(rank, len(p.members), p.number)
+            transport = self._make_transport(rank, len(p.members), p.number, p.hosts)
             entry = dict(transport.endpoints)
             self.door.tell(p.coordinator, "ready", pid=p.pid, name=self.name, entry=entry,
                            step=step, lost=sorted(self.known_lost()),
@@ -277,7 +277,7 @@ class ViewChanges(Leaving):
                     if isinstance(h, list) and len(h) == 2
                     and all(type(r) is int for r in h)]
         return Switch(view, transport, source, commit["step"], list(commit["receivers"]),
-                      donors, handoffs)
+                      donors, handoffs, at_once=p.at_step is None)
 
     @staticmethod
     def _close(transport: Any) -> None:

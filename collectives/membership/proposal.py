@@ -24,6 +24,11 @@ class Proposal:
                 return rank
         return None
 
+    @property
+    def hosts(self) -> list[str]:
+        """Each member's host, by rank (which of them may share memory)."""
+        return [m.host for m in self.members]
+
     def to_wire(self) -> dict:
         return {"pid": self.pid, "number": self.number, "at": self.at_step,
                 "members": [m.to_wire() for m in self.members]}
@@ -44,6 +49,9 @@ class Switch:
     # (receiver's rank in the new view, leaver's rank in the old one): planned leavers whose
     # policy state (push-sum mass) the receiver takes over the old transport, before it closes
     handoffs: list[tuple[int, int]] = field(default_factory=list)
+    # Proposed at once (a recovery, a leave): the members' waits on the old transport were
+    # ended before they stopped (changes.py), so nothing more can be waited for on it.
+    at_once: bool = False
 
     @property
     def senders(self) -> list[int]:

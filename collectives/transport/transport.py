@@ -118,7 +118,12 @@ class Transport:
                 raise RendezvousError(f"rank {self.rank}: transport 'shm' needs every peer on "
                                       f"this host with shared memory, but rank {rank} "
                                       f"({entry.get('tcp')}) is not")
+        self._shm.drop_prepared(self._shm.peers)
         self._shm.answer_unanswered()
+
+    def expect_on_host(self, ranks) -> None:
+        """Ranks expected on this host: their rings are made now (SharedMemory.prepare)."""
+        self._shm.prepare(ranks, self.world_size)
 
     def address(self, rank: int) -> str:
         """The endpoint this peer reaches ``rank`` at ("<unknown address>" before set_peers)."""
@@ -380,10 +385,7 @@ class Transport:
         self._sockets.destroy()
         self._loop.close_pipe()
 
-    @property
-    def closed(self) -> bool:
-        """True once close() began."""
-        return self._closed
+    closed = property(lambda self: self._closed, doc="True once close() began.")
 
     # ------------------------------------------------------------------ errors
     def _wait_error(self, item, src: int, operation: Any, channel: int = -1,

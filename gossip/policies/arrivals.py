@@ -43,6 +43,14 @@ class Arrivals:
         self._fill = 0   # the set the receiver adds into
         self._lock = threading.Lock()
 
+    def renumber(self, rank: int, world_size: int) -> None:
+        """(No receiver running, every arrival taken.) The ranks of a new view: the counts
+        per source start again, as the senders' counts do; the buffers are kept."""
+        self._rank, self._n = rank, world_size
+        self._next_bucket = {}
+        with self._cond:
+            self.absorbed_from = [0] * world_size
+
     def absorb_from(self, comm: Any, src: int, timeout: float) -> None:
         """(Receiving thread.) Absorb every message waiting from ``src`` on ``comm``. A
         malformed one is dropped (logged) and serving goes on; PeerLost and OperationTimeout

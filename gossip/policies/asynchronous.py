@@ -12,12 +12,10 @@ from collectives.arrays import adapter_for
 from gossip.channels import PeerChannel
 from gossip.errors import PeerLost
 from gossip.policies.arguments import check_int, check_number
-from gossip.policies.arrivals import Arrivals
+from gossip.policies.asynchronous_membership import AsynchronousMembership
 from gossip.policies.buckets import DEFAULT_BUCKET_BYTES
 from gossip.policies.neighborhood import ONE_PEER_EXPONENTIAL
-from gossip.policies.push_sum_weights import weights_from_state
 from gossip.policies.quiescence import pushes_to_absorb
-from gossip.policies.rotation import Rotation
 from gossip.policies.worker import BackgroundPolicy
 
 __all__ = ["Asynchronous"]
@@ -25,7 +23,7 @@ __all__ = ["Asynchronous"]
 log = logging.getLogger("gossip")
 
 
-class Asynchronous(BackgroundPolicy):
+class Asynchronous(AsynchronousMembership, BackgroundPolicy):
     """Asynchronous push-sum gossip (in the spirit of AD-PSGD and asynchronous SGP): the
     training loop never waits on a peer. Each peer holds the push-sum pair in de-biased form:
     the parameters themselves are the model m = x / w, and w (one float per bucket, starting
@@ -71,6 +69,11 @@ class Asynchronous(BackgroundPolicy):
     until the pushing thread has sent a state that includes the step ``max_staleness`` steps
     ago; None (default) never waits.
 
+    Views: joins, a killed peer's restart and leaves are followed, the mass kept exact
+    across a join (asynchronous_membership.py: the pushes between members absorbed, the
+    weights scaled by n_new / n_old, a joiner taking a share of its source's); a leave
+    takes effect at once and loses the leaver's mass, as a death does.
+
     When to use it: heterogeneous or unreliable peers (stragglers, preemption). Cost: one
     message of P bytes (+ one element) per peer per step, sent in the background; memory:
     four buffers of P (send, receive, two for the arrivals), five without after_backward().
@@ -81,7 +84,6 @@ class Asynchronous(BackgroundPolicy):
     """
 
     name = "asynchronous"
-    follows_view_changes = False   # its state does not follow a view change yet
     default_topology = ONE_PEER_EXPONENTIAL
     worker_name = "asynchronous gossip thread"
 
@@ -123,13 +125,6 @@ class Asynchronous(BackgroundPolicy):
         return min(self.timeout, 5.0)
 
     def _setup(self) -> None:
-        n, rank = self._peer.world_size, self._peer.rank
-        self._rotation = Rotation(self._topology, rank)   # one push per round, in turn
-        # Every other peer: a healed graph sends from peers that were not in-neighbours.
-        self._sources = [j for j in range(n) if j != rank]
-        self._sent_to = [0] * n
-        self._comm = self._peer.channel(self._channel_number)
-        self._counts = self._peer.channel(self._channel_number + 1)   # quiesce()'s
         nb = len(self._buckets)
         self._w = [1.0] * nb   # the push-sum weight of each bucket (training thread's)
         # For loops without after_backward(): the parameters as the last after_step left
@@ -138,9 +133,7 @@ class Asynchronous(BackgroundPolicy):
         self._anchor = [adapter_for(b.flat).clone(b.flat) for b in self._buckets]
         self._folded = False     # after_backward() folded the arrivals in this step
         self._out = [b.new(extra=1) for b in self._buckets]   # the message being pushed
-        self._arrivals = Arrivals(self._buckets, rank=rank, world_size=n, cond=self._cond)
-        self._start(self._run, "gossip-async")
-        self._start(self._receive, "gossip-async-recv")
+        self._for_view()   # rotation, communicators, arrivals; the threads start
 
     def _stop_seconds(self) -> float:
         # The receiver sleeps in the inbox for at most poll_interval; the pusher wakes on
@@ -246,7 +239,10 @@ class Asynchronous(BackgroundPolicy):
         # halve its weight towards zero. Below min_weight it waits for their mass instead,
         # so w stays within [min_weight / 2, n].
         light = min(self._w) < self.min_weight
-        if dst is None or light:   # alone (no live out-neighbour), or too light to push
+        # A change at once under way (a leave): this transport's inboxes are closing, and a
+        # push now may reach nobody (the leaver, or a member past its last drain).
+        changing = getattr(self._peer, "changing_now", lambda: False)()
+        if dst is None or light or changing:   # alone, too light to push, or changing
             self._held_back += light
             with self._cond:
                 self._mixed_step = included
@@ -276,10 +272,11 @@ class Asynchronous(BackgroundPolicy):
     # ------------------------------------------------------------------ background thread
     def _run(self) -> None:
         """The pusher: sends what after_step handed over."""
-        while not self._stop.is_set():
+        stop = self._stop   # its generation's (BackgroundPolicy._halt)
+        while not stop.is_set():
             if not self._kick.wait(1.0):
                 continue
-            if self._stop.is_set():
+            if stop.is_set():
                 break
             self._kick.clear()
             with self._cond:
@@ -292,18 +289,20 @@ class Asynchronous(BackgroundPolicy):
 
     def _receive(self) -> None:
         """The receiver: sleeps until a message from any peer is waiting, then absorbs it."""
-        while not self._stop.is_set():
+        # Its view's (a view change halts it before they are replaced).
+        stop, comm, sources, arrivals = self._stop, self._comm, self._sources, self._arrivals
+        while not stop.is_set():
             # Dropped and lost sources too: what they sent before dying is mass (a lost
             # source with nothing queued never wakes this thread).
-            src = self._next_source(self._comm, self._sources)
+            src = self._next_source(comm, sources)
             self._receiver_wakeups += 1
-            if self._stop.is_set():
+            if stop.is_set():
                 break
             if src is None:
                 continue
             start = time.perf_counter()
             with self._tolerate(f"receive from rank {src}", rank=src, drop=(PeerLost,)):
-                self._arrivals.absorb_from(self._comm, src, self.send_timeout)
+                arrivals.absorb_from(comm, src, self.send_timeout)
             self._background_seconds += time.perf_counter() - start
 
     def _dropped_peer(self, rank: int) -> None:
@@ -370,16 +369,6 @@ class Asynchronous(BackgroundPolicy):
         self._check_ready()
         return list(self._w)
 
-    def _extra_state(self) -> dict:
-        return {"weights": self.weights}
-
-    def _load_extra_state(self, state: dict) -> None:
-        # The model is the parameters themselves: the weights are all there is to load.
-        self._w = weights_from_state(state, len(self._w), self.name)
-        if self._anchor is not None:
-            self._buckets.copy_in()
-            self._keep_anchor()
-
     def _restored(self) -> None:
         # The nan guard put the last good parameters back: no move to fold in.
         if self._anchor is not None:
@@ -392,7 +381,7 @@ class Asynchronous(BackgroundPolicy):
                 "staleness_waits": self._staleness_waits,
                 "weights_restarted": self._restarts,
                 "receiver_wakeups": self._receiver_wakeups,
-                "messages_sent_to": list(self._sent_to),
+                "messages_sent_to": list(self._sent_to),   # (in this view)
                 "messages_absorbed_from": list(self._arrivals.absorbed_from),
                 "dropped_peers": sorted(self._dropped),
                 "rotation": list(self._rotation.ranks),

@@ -15,14 +15,19 @@ __all__ = ["pushes_to_absorb"]
 
 
 def pushes_to_absorb(peer: Any, comm: Any, sent_to: list[int], timeout: float,
-                     on_lost: Callable[[str, PeerLost, int], None]) -> dict[int, int]:
+                     on_lost: Callable[[str, PeerLost, int], None],
+                     partners: list[int] | None = None) -> dict[int, int]:
     """Every live peer j (not in peer.lost_peers()) -> the pushes j sent to this peer, given
     ``sent_to`` (this peer's pushes per destination), exchanged over ``comm``. A collective of
-    the live peers. A peer
+    the live peers, or of ``partners`` (ranks; a view change: the members that go on in the
+    next view, which each name the same set). A peer
     lost meanwhile is left out and handed to ``on_lost(what, error, rank)``; a live one too
     slow to answer raises OperationTimeout, as any collective."""
-    lost = peer.lost_peers()
-    live = [j for j in range(peer.world_size) if j != peer.rank and j not in lost]
+    if partners is None:
+        lost = peer.lost_peers()
+        live = [j for j in range(peer.world_size) if j != peer.rank and j not in lost]
+    else:
+        live = [j for j in partners if j != peer.rank]
     for j in live:   # all sends first: no peer waits for another's receive
         try:
             comm.send(j, np.array([sent_to[j]], dtype=np.int64), timeout=timeout)

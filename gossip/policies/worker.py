@@ -3,7 +3,9 @@ communicate while the training loop computes, and what the training thread needs
 
 - Lifetime: ``_start(body, name)`` runs ``body`` in a daemon thread; ``close()`` sets the
   stop flag, wakes the threads (``_wake``) and joins them all under one deadline
-  (``_stop_seconds``), warning about any still running.
+  (``_stop_seconds``), warning about any still running. ``_halt()`` does the same without
+  closing the policy, and gives the next threads ``_start`` starts a stop flag of their own
+  (a view change: the threads hold the old view's communicators, which close).
 - Error hand-off: an exception in a thread is kept and raised on the training thread by
   ``_check_worker()`` (as RuntimeError from it); ``_wait_locked`` waits on the shared
   condition and gives up when the thread failed or the policy stopped.
@@ -58,16 +60,16 @@ class BackgroundPolicy(Policy):
     def _start(self, body: Callable[[], None], name: str) -> None:
         """Run ``body`` in a daemon thread named ``name``-r<rank>; its exception, unless the
         policy is stopping, is handed to the training thread."""
-        thread = threading.Thread(target=self._guarded, args=(body,), daemon=True,
+        thread = threading.Thread(target=self._guarded, args=(body, self._stop), daemon=True,
                                   name=f"{name}-r{self._peer.rank}")
         self._threads.append(thread)
         thread.start()
 
-    def _guarded(self, body: Callable[[], None]) -> None:
+    def _guarded(self, body: Callable[[], None], stop: threading.Event) -> None:
         try:
             body()
         except BaseException as exc:  # handed to the training loop at its next step
-            if not self._stop.is_set():
+            if not stop.is_set():   # (its own generation's flag: see _halt)
                 log.exception("rank %d: %s failed", self._peer.rank, self.worker_name)
                 self._error = exc
                 with self._cond:
@@ -81,14 +83,25 @@ class BackgroundPolicy(Policy):
         """Wake threads that sleep on something other than the stop flag and the inbox."""
 
     def _shutdown(self) -> None:
+        self._join_threads("close()")
+
+    def _halt(self) -> None:
+        """Stop the threads without closing the policy; ``_start`` starts the next ones.
+        Their stop flag stays set: a new one is made for the next threads, so a thread that
+        outlived the wait (warned about) can never run on beside them."""
+        self._join_threads("a halt")
+        self._threads = []
+        self._stop = threading.Event()
+
+    def _join_threads(self, after: str) -> None:
         self._stop.set()
         self._wake()
         end = time.monotonic() + self._stop_seconds()
         for thread in self._threads:
             thread.join(max(0.0, end - time.monotonic()))
             if thread.is_alive():
-                log.warning("rank %d: %s %s still running after close()", self._peer.rank,
-                            self.worker_name, thread.name)
+                log.warning("rank %d: %s %s still running after %s", self._peer.rank,
+                            self.worker_name, thread.name, after)
 
     # ------------------------------------------------------------------ error hand-off
     def _check_worker(self) -> None:
@@ -162,4 +175,9 @@ class BackgroundPolicy(Policy):
         if not live or self._peer.closed:
             self._stop.wait(self._poll)
             return None
-        return comm.wait_any(live, self._poll)
+        src = comm.wait_any(live, self._poll)
+        if src is None and getattr(self._peer.transport, "interrupted", False):
+            # A view change at once closed the inbox (its queued messages still come out):
+            # wait_any no longer sleeps, so sleep here until this member reaches its boundary.
+            self._stop.wait(self._poll)
+        return src

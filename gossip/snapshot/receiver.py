@@ -102,6 +102,10 @@ class SnapshotReceiver:
         self._have = _Ranges()
         # piece -> the future of its CRC-32 (checksummed in _pool's thread as written)
         self._crcs: list[dict[int, Future]] = [{} for _ in self._specs]
+        # (array, piece) -> (bytes summed from its start, the future of their CRC): a piece
+        # written in parts in order is summed part by part (zlib continues a CRC), each part
+        # while the writer receives the next
+        self._running: dict[tuple[int, int], tuple[int, Future]] = {}
         self._pool: ThreadPoolExecutor | None = None
         self._lock = threading.Lock()
         self._finished = False
@@ -143,22 +147,33 @@ class SnapshotReceiver:
 
     def wrote(self, offset: int, length: int) -> None:
         """Bytes [offset, offset + length) were written through ``target``."""
-        sums = []
-        for i, lo, hi in self._layout.pieces(offset, length):
-            size = self._layout.sizes[i]
-            for first in range(lo - lo % PIECE_BYTES, hi, PIECE_BYTES):
-                end = min(first + PIECE_BYTES, size)
-                whole = lo <= first and end <= hi
-                sums.append((i, first // PIECE_BYTES,
-                             self._checksummer().submit(zlib.crc32, self._views[i][first:end])
-                             if whole else None))
+        pool = self._checksummer()
         with self._lock:
-            for i, piece, crc in sums:
-                if crc is None:
-                    self._crcs[i].pop(piece, None)   # written in part: summed at finish()
-                else:
-                    self._crcs[i][piece] = crc
+            for i, lo, hi in self._layout.pieces(offset, length):
+                size = self._layout.sizes[i]
+                for first in range(lo - lo % PIECE_BYTES, hi, PIECE_BYTES):
+                    self._sum(pool, i, first, min(first + PIECE_BYTES, size), lo, hi)
             self._have.add(offset, offset + length)
+
+    def _sum(self, pool: ThreadPoolExecutor, i: int, first: int, end: int, lo: int,
+             hi: int) -> None:
+        """(Holding _lock.) Array i's piece [first, end) has bytes [lo, hi) written: summed
+        now if that makes it whole (at once, or as the next part of a piece written in
+        order), else left to finish()."""
+        piece, view = first // PIECE_BYTES, self._views[i]
+        summed, before = self._running.pop((i, piece), (first, None))
+        lo, hi = max(lo, first), min(hi, end)
+        if lo != summed and lo != first:   # out of order: the piece is summed at finish()
+            self._crcs[i].pop(piece, None)
+            return
+        if lo == first:
+            before = None   # (re)written from its start
+        crc = pool.submit(_continue_crc, view[lo:hi], before)
+        if hi == end:
+            self._crcs[i][piece] = crc
+        else:
+            self._crcs[i].pop(piece, None)
+            self._running[(i, piece)] = (hi, crc)
 
     def _checksummer(self) -> ThreadPoolExecutor:
         # One thread, so a piece written twice is summed in the order written (the newer
@@ -221,6 +236,12 @@ class SnapshotReceiver:
     def _name_at(self, offset: int) -> str:
         i, _, _ = next(self._layout.pieces(offset, 1))
         return self._layout.names[i]
+
+
+def _continue_crc(data: memoryview, before: Future | None) -> int:
+    """The CRC-32 of the bytes summed by ``before`` followed by ``data`` (one thread runs
+    them in order, so ``before`` is done)."""
+    return zlib.crc32(data, before.result() if before is not None else 0)
 
 
 def _own(array: Any, spec: Any) -> Any:
