@@ -29,6 +29,7 @@ Messages (all ZeroMQ, on the ordinary connection; see wire.py):
 """
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections import deque
@@ -44,8 +45,13 @@ from collectives.transport.wire import (CREDIT, SHM, SHM_MAPPED, SHM_OPEN, STARV
 
 __all__ = ["SharedMemory", "PREPARED_RINGS"]
 
+log = logging.getLogger("collectives")
+
 #: The most rings a transport makes ahead of its first messages (see SharedMemory.prepare).
 PREPARED_RINGS = 8
+#: How long a first message waits for its prepared ring's pages (4 MiB: milliseconds).
+PREPARE_WAIT = 2.0
+
 
 class _Chunk:
     """A chunk on its way into a ring, a staged message of the link's queue (see link.py): its
@@ -130,6 +136,7 @@ class SharedMemory:
         self._starved_at: dict[int, float] = {}    # when we last sent STARVED, by destination
         self._unanswered: deque = deque()          # rings mapped before we had the table
         self._prepared: dict[int, tuple[ShmRing, threading.Thread]] = {}  # see prepare()
+        self._late: list[ShmRing] = []   # prepared rings not used: still being committed
         self._credit = encode_header(CREDIT, rank, Channel.LINK, 0)
         self._closed = False
 
@@ -159,9 +166,19 @@ class SharedMemory:
             self._prepared[dst] = (ring, thread)
 
     def _take_prepared(self, dst: int) -> ShmRing | None:
+        """The prepared ring to ``dst``, once its pages are committed (its zeros must land
+        before our first chunk does); None if there is none, or if committing them took
+        longer than PREPARE_WAIT (a fresh ring is made instead: this one is closed with the
+        others)."""
         ring, thread = self._prepared.pop(dst, (None, None))
-        if thread is not None:
-            thread.join()   # its zeros must land before our first chunk does
+        if thread is None:
+            return None
+        thread.join(PREPARE_WAIT)
+        if thread.is_alive():
+            log.warning("rank %d: committing the ring to rank %d took over %gs: a fresh "
+                        "one is made", self.rank, dst, PREPARE_WAIT)
+            self._late.append(ring)
+            return None
         return ring
 
     def open_ring(self, link) -> None:
@@ -304,4 +321,9 @@ class SharedMemory:
         """Close the prepared rings to ranks outside ``keep`` (not on this host after all)."""
         for dst in [d for d in self._prepared if d not in keep]:
             ring = self._take_prepared(dst)
-            ring.close()
+            if ring is not None:
+                ring.close()
+        if not keep:
+            for ring in self._late:
+                ring.close()   # (a view still in use by its thread keeps the mapping)
+            self._late.clear()
