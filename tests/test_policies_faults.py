@@ -171,7 +171,7 @@ def local_sgd_killed_before_averaging(peer, victim_step):
 # Slow, out of the default run, because it fails there now and then: in 1 of 3 full runs under
 # .ci/run (and once on a branch) every survivor went on at 7/3 from step 8, not 2.5, so one
 # survivor held 2.0 when the averaging was done again in view 1 (a wrong model on every
-# replica, not an error). Cause not found; passes alone (15 of 15, with CPU hogs beside it).
+# replica, not an error). Cause not found; passes alone (11 of 11, 6 with CPU hogs beside).
 # README, Known limits.
 @pytest.mark.slow
 def test_an_elastic_local_sgd_peer_killed_in_the_averaging_leaves_the_others_at_their_mean():
