@@ -136,7 +136,6 @@ class SharedMemory:
         self._starved_at: dict[int, float] = {}    # when we last sent STARVED, by destination
         self._unanswered: deque = deque()          # rings mapped before we had the table
         self._prepared: dict[int, tuple[ShmRing, threading.Thread]] = {}  # see prepare()
-        self._late: list[ShmRing] = []   # prepared rings not used: still being committed
         self._credit = encode_header(CREDIT, rank, Channel.LINK, 0)
         self._closed = False
 
@@ -160,7 +159,7 @@ class SharedMemory:
                 continue
             ring = ShmRing(self._config.shm_slots, self._config.shm_chunk_bytes,
                            ring_name(self.rank, dst))
-            thread = threading.Thread(target=ring.touch_first_slot, daemon=True,
+            thread = threading.Thread(target=ring.first_slot().fill, args=(0,), daemon=True,
                                       name=f"gossip-shm-prepare-r{self.rank}")
             thread.start()
             self._prepared[dst] = (ring, thread)
@@ -168,8 +167,7 @@ class SharedMemory:
     def _take_prepared(self, dst: int) -> ShmRing | None:
         """The prepared ring to ``dst``, once its pages are committed (its zeros must land
         before our first chunk does); None if there is none, or if committing them took
-        longer than PREPARE_WAIT (a fresh ring is made instead: this one is closed with the
-        others)."""
+        longer than PREPARE_WAIT (a fresh ring is made instead)."""
         ring, thread = self._prepared.pop(dst, (None, None))
         if thread is None:
             return None
@@ -177,7 +175,7 @@ class SharedMemory:
         if thread.is_alive():
             log.warning("rank %d: committing the ring to rank %d took over %gs: a fresh "
                         "one is made", self.rank, dst, PREPARE_WAIT)
-            self._late.append(ring)
+            ring.close()   # (its thread's view keeps the mapping until the thread ends)
             return None
         return ring
 
@@ -318,12 +316,9 @@ class SharedMemory:
         self.drop_prepared(set())
 
     def drop_prepared(self, keep: set) -> None:
-        """Close the prepared rings to ranks outside ``keep`` (not on this host after all)."""
+        """Close the prepared rings to ranks outside ``keep`` (not on this host after all, or
+        the transport closing) at once: nobody reads them, and a thread still committing one
+        holds a view that keeps its mapping until the thread ends."""
         for dst in [d for d in self._prepared if d not in keep]:
-            ring = self._take_prepared(dst)
-            if ring is not None:
-                ring.close()
-        if not keep:
-            for ring in self._late:
-                ring.close()   # (a view still in use by its thread keeps the mapping)
-            self._late.clear()
+            ring, _ = self._prepared.pop(dst)
+            ring.close()
