@@ -172,13 +172,18 @@ def test_an_elastic_local_sgd_peer_killed_in_the_averaging_leaves_the_others_at_
     out = spawn(local_sgd_killed_before_averaging, n=4, timeout=90, tolerate=[3],
                 peer_timeout=20, args=(7,))
     assert out[3] is None
+    # 1, 2, 3, 4 averaged at step 4 to 2.5; the averaging of step 8, cut by the death, is
+    # done again by the 3 survivors: 2.5 still (before: 5.0 = 2.5 + 2.5, a partial sum of the
+    # recursive doubling, then 4.17 on every survivor). Unless every message the victim sent
+    # in the averaging of step 4 was still in its process when it died (it arrived last, had
+    # all it needed and went on to step 8 at once: seen once in 80 runs under load): then
+    # that averaging is done again by the 3, to 2.0 everywhere.
+    mean = out[0][0][-1][1]
+    assert mean in (2.5, 2.0), out[0][0]
     for seen, world in out[:3]:
         assert world == 3
-        # 1, 2, 3, 4 averaged at step 4 to 2.5; the averaging of step 8, cut by the death,
-        # is done again by the 3 survivors: 2.5 still (before: 5.0 = 2.5 + 2.5, a partial
-        # sum of the recursive doubling, then 4.17 on every survivor).
-        off = [(step, lo, hi) for step, lo, hi in seen if step >= 4 and not lo == hi == 2.5]
-        assert not off, (off, world)   # (the steps whose values are not 2.5: seen truncates)
+        off = [(step, lo, hi) for step, lo, hi in seen if step >= 4 and not lo == hi == mean]
+        assert not off, (off, world)   # (the steps whose values are not the mean)
 
 
 def local_sgd_victim_loses_its_last_message(peer):
