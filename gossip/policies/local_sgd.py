@@ -50,6 +50,9 @@ class LocalSGD(Policy):
                           "is plain synchronous SGD (use Synchronous, which also overlaps "
                           "communication with backward)", UserWarning, stacklevel=2)
 
+    def max_drift(self) -> int:
+        return self.period   # the steps between averagings wait on nobody
+
     def averages_at(self, step: int) -> bool:
         """Whether after_step() of step ``step`` (0-based) averages the parameters."""
         if step < self.warmup_steps:

@@ -53,6 +53,12 @@ class MembershipHooks:
             raise PeerLost(f"rank {self._peer.rank}: {self.name}: {self._peer.world_size} "
                            f"members left, fewer than min_peers={self.min_peers}") from exc
 
+    def max_drift(self) -> int | None:
+        """The most steps a member of this policy's group can be ahead of another (a change is
+        proposed that far ahead and a little more: collectives/membership/margin.py); None:
+        not bounded by the policy (the view's size is taken)."""
+        return None
+
     #: The torch optimizer whose state travels with the policy's (DistributedOptimizer sets
     #: it): a joiner's momentum must be the replicas', or its steps would differ.
     _transfer_optimizer: Any = None
