@@ -29,7 +29,7 @@ def test_long_synchronous_steps_are_proposed_two_steps_ahead():
 
 
 def test_short_steps_get_the_travel_time_in_steps():
-    # 1 ms steps: the prepare's 0.1 s is 100 steps (before: 4, so a member was late and
+    # 1 ms steps: the prepare's 20 ms are 20 steps (before: 4, so a member was late and
     # the coordinator proposed again, further on).
     assert margin_after(0.001, drift=1) == 1 + round(PREPARE_TRAVEL / 0.001)
     assert margin_after(0.001, drift=8) == 8 + round(PREPARE_TRAVEL / 0.001)

@@ -8,7 +8,7 @@ kept a joiner 1.2 s at the door. So the margin is counted from what it must cove
 
 - the members' spread: how many steps a member can be ahead of the coordinator (one for a
   policy that averages every step, its period for local SGD; unknown: the view's size);
-- the steps they take while the prepare travels (``PREPARE_TRAVEL`` seconds over the median
+- the steps they take while the prepare travels (``PREPARE_TRAVEL``, 20 ms, over the median
   of the coordinator's recent step times; before it has timed any, the old fixed margin).
 """
 from __future__ import annotations
@@ -23,7 +23,7 @@ __all__ = ["BoundaryMargin", "PREPARE_TRAVEL"]
 
 #: The time allowed for a prepare to reach every member (one small door message each; on a
 #: loaded 2-core machine a few milliseconds, so this is ample).
-PREPARE_TRAVEL = 0.1
+PREPARE_TRAVEL = 0.02
 _FIXED = 4            # without step times: the margin before this module
 _MOST = 100_000       # steps of microseconds: still a bounded boundary
 
@@ -57,6 +57,6 @@ class BoundaryMargin:
         seconds = self.step_seconds()
         if seconds is None:
             return max(_FIXED, spread)
-        # (less a hair: 0.1 s over 1 ms steps timed as 0.99999 ms is 100 steps, not 101)
+        # (less a hair: 20 ms over 1 ms steps timed as 0.99999 ms is 20 steps, not 21)
         travel = math.ceil(PREPARE_TRAVEL / max(seconds, PREPARE_TRAVEL / _MOST) - 1e-6)
         return min(_MOST, spread + max(1, travel))
