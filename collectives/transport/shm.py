@@ -29,6 +29,7 @@ Messages (all ZeroMQ, on the ordinary connection; see wire.py):
 """
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections import deque
@@ -44,8 +45,13 @@ from collectives.transport.wire import (CREDIT, SHM, SHM_MAPPED, SHM_OPEN, STARV
 
 __all__ = ["SharedMemory", "PREPARED_RINGS"]
 
+log = logging.getLogger("collectives")
+
 #: The most rings a transport makes ahead of its first messages (see SharedMemory.prepare).
 PREPARED_RINGS = 8
+#: How long a first message waits for its prepared ring's pages (4 MiB: milliseconds).
+PREPARE_WAIT = 2.0
+
 
 class _Chunk:
     """A chunk on its way into a ring, a staged message of the link's queue (see link.py): its
@@ -153,15 +159,24 @@ class SharedMemory:
                 continue
             ring = ShmRing(self._config.shm_slots, self._config.shm_chunk_bytes,
                            ring_name(self.rank, dst))
-            thread = threading.Thread(target=ring.touch_first_slot, daemon=True,
+            thread = threading.Thread(target=ring.first_slot().fill, args=(0,), daemon=True,
                                       name=f"gossip-shm-prepare-r{self.rank}")
             thread.start()
             self._prepared[dst] = (ring, thread)
 
     def _take_prepared(self, dst: int) -> ShmRing | None:
+        """The prepared ring to ``dst``, once its pages are committed (its zeros must land
+        before our first chunk does); None if there is none, or if committing them took
+        longer than PREPARE_WAIT (a fresh ring is made instead)."""
         ring, thread = self._prepared.pop(dst, (None, None))
-        if thread is not None:
-            thread.join()   # its zeros must land before our first chunk does
+        if thread is None:
+            return None
+        thread.join(PREPARE_WAIT)
+        if thread.is_alive():
+            log.warning("rank %d: committing the ring to rank %d took over %gs: a fresh "
+                        "one is made", self.rank, dst, PREPARE_WAIT)
+            ring.close()   # (its thread's view keeps the mapping until the thread ends)
+            return None
         return ring
 
     def open_ring(self, link) -> None:
@@ -301,7 +316,9 @@ class SharedMemory:
         self.drop_prepared(set())
 
     def drop_prepared(self, keep: set) -> None:
-        """Close the prepared rings to ranks outside ``keep`` (not on this host after all)."""
+        """Close the prepared rings to ranks outside ``keep`` (not on this host after all, or
+        the transport closing) at once: nobody reads them, and a thread still committing one
+        holds a view that keeps its mapping until the thread ends."""
         for dst in [d for d in self._prepared if d not in keep]:
-            ring = self._take_prepared(dst)
+            ring, _ = self._prepared.pop(dst)
             ring.close()
