@@ -11,6 +11,7 @@ __all__ = [
     "PeerLost",
     "ExchangeIncomplete",
     "ViewChanging",
+    "LeftOut",
     "OperationTimeout",
     "RendezvousError",
     "ProtocolError",
@@ -43,6 +44,12 @@ class ViewChanging(PeerLost):
     recovery proposed at once ends every member's waits): a membership change, not a failure.
     Raised where a peer heard of it from another before its own notice came; ``rank`` is
     None (nobody was lost)."""
+
+
+class LeftOut(PeerLost):
+    """The group went on in a view without this member, which it counted lost while it was
+    alive (silent past the timeout: stopped, or cut off); the member may join again as the
+    next incarnation of its name (gossip does, taking the state like a restarted peer)."""
 
 
 class ExchangeIncomplete(PeerLost):

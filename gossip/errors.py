@@ -5,14 +5,14 @@ math, numpy only) raises topologies.TopologyError, and gossip re-raises it as th
 which is both, wherever a topology enters the runtime. The snapshot errors (SnapshotError and
 its two kinds) are raised by gossip.snapshot and the checkpoint helpers only.
 """
-from collectives.errors import (AuthenticationError, ExchangeIncomplete, GossipError,
+from collectives.errors import (AuthenticationError, ExchangeIncomplete, GossipError, LeftOut,
                                 OperationTimeout, PeerLost, ProtocolError, RendezvousError,
                                 ViewChanging)
 from topologies.errors import TopologyError as _PureTopologyError
 
-__all__ = ["GossipError", "PeerLost", "ExchangeIncomplete", "ViewChanging", "OperationTimeout",
-           "RendezvousError", "ProtocolError", "AuthenticationError", "TopologyError",
-           "SnapshotError", "SnapshotMismatch", "SnapshotCorrupt"]
+__all__ = ["GossipError", "PeerLost", "ExchangeIncomplete", "ViewChanging", "LeftOut",
+           "OperationTimeout", "RendezvousError", "ProtocolError", "AuthenticationError",
+           "TopologyError", "SnapshotError", "SnapshotMismatch", "SnapshotCorrupt"]
 
 
 class TopologyError(_PureTopologyError, GossipError):

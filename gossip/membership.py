@@ -20,6 +20,7 @@ import os
 import time
 from typing import Any, Callable
 
+from collectives.errors import LeftOut
 from collectives.membership.changes import Switch, ViewChanges
 from collectives.membership.door import Door
 from collectives.membership.view import Member, View
@@ -164,13 +165,29 @@ class PeerMembership:
         self.changes.passing(step)   # first: see ViewChanges._on_prepare
         if not self.changes.has_pending():
             return None
-        return self.changes.boundary(step)
+        try:
+            return self.changes.boundary(step)
+        except LeftOut as exc:
+            return self._join_again(exc)
 
     def recover(self, step: int) -> Switch:
         log.info("%s: recovering at step %d; lost in view %s: %s", self.name, step,
                  self.view.number if self.view else None,
                  self._transport.lost_ranks() if self._transport is not None else {})
-        return self.changes.recover(step, self._lost_names())
+        try:
+            return self.changes.recover(step, self._lost_names())
+        except LeftOut as exc:
+            return self._join_again(exc)
+
+    def _join_again(self, exc: LeftOut) -> Switch:
+        """The group went on without this live member: join it again, as the next
+        incarnation of this name (it takes the state as a restarted peer does)."""
+        doors = [m.door for m in self.view.members if m.name != self.name]
+        log.warning("%s: %s; joining again as incarnation %d", self.name, exc,
+                    self.changes.incarnation + 1)
+        self.changes.start_over()
+        self.incarnation = self.changes.incarnation
+        return self.changes.join(doors)
 
     def join(self, doors: list[str]) -> Switch:
         return self.changes.join(doors)

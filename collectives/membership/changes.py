@@ -25,11 +25,10 @@ the member stops at once and tells the coordinator ``recover`` {its step, whom i
 the coordinator proposes at once (at_step None) the members it did not hear are lost, and the
 rest is steps 3-4. The commit names as ``source`` the member that completed the most steps
 (the step some finished and others did not is thus skipped identically everywhere: everyone
-takes the source's state). A member that was stopped at a planned S when the recovery came
-takes part in the recovery instead.
-
-Joiners are processes with a door and no view yet (``view`` None here): they wait for
-``prepare`` and ``commit`` like stopped members.
+takes the source's state). A member stopped at a planned S takes part in the recovery. Joiners
+(a door and no view yet, ``view`` None) wait for ``prepare`` and ``commit`` as stopped members
+do. A live member left out (counted lost) gets LeftOut, and may ask to join again as the next
+incarnation of its name (start_over()).
 
 A leave is at once (``leave()``: the coordinator proposes the view without the leaver as for
 a recovery, so the others' operations in progress are ended), or planned
@@ -48,9 +47,10 @@ import threading
 import time
 from typing import Any, Callable
 
-from collectives.errors import OperationTimeout, PeerLost, RendezvousError
+from collectives.errors import LeftOut, OperationTimeout, PeerLost, RendezvousError
 from collectives.membership.coordinator import Coordinator
 from collectives.membership.door import Door
+from collectives.membership.leaving import Leaving
 from collectives.membership.margin import BoundaryMargin
 from collectives.membership.proposal import Departure, Proposal, Switch
 from collectives.membership.view import Member, View, ViewError
@@ -60,7 +60,7 @@ __all__ = ["ViewChanges", "Proposal", "Switch", "Departure"]
 log = logging.getLogger("collectives")
 
 
-class ViewChanges:
+class ViewChanges(Leaving):
     """One process's side of the protocol. ``make_transport(rank, size, view, hosts)`` makes
     the transport of a proposed view (not yet connected; each member's host); ``lost()``: the
     members of the current view this process knows are lost (names)."""
@@ -165,6 +165,7 @@ class ViewChanges:
         with self.cond:
             self.reported_lost |= set(lost)
         deadline = time.monotonic() + self.timeout
+        self._ask_the_majority(step, deadline)
         while True:
             c = self.coordinator()
             if c is None:
@@ -173,9 +174,13 @@ class ViewChanges:
                            name=self.name)
             wait_until = min(deadline, time.monotonic() + self.timeout / 4)
             with self.cond:
-                while self._proposal is None and time.monotonic() < wait_until:
+                while self._proposal is None and self._answer is None \
+                        and time.monotonic() < wait_until:
                     self.cond.wait(0.1)
                 proposed = self._proposal is not None
+                if not proposed and self._answer is not None and self._answer["kind"] == "left":
+                    raise LeftOut(f"{self.name}: the group went on in view "
+                                  f"{self._answer.get('number')} without it")
                 if not proposed and c.name != self.name:
                     log.warning("%s: coordinator %s did not answer the recovery: counted lost",
                                 self.name, c)
@@ -185,6 +190,28 @@ class ViewChanges:
             if time.monotonic() >= deadline:
                 raise OperationTimeout(f"{self.name}: no member coordinated the recovery "
                                        f"within {self.timeout:g}s")
+
+    def _ask_the_majority(self, step: int, deadline: float) -> None:
+        """Before a member that counts at most half of its view live coordinates a recovery
+        alone (a minority: it may be the one cut off, stopped or partitioned, while the others
+        went on), it asks those it counts lost whether their group went on without it: one
+        that did answers ``left`` (LeftOut: join again). Silence for a quarter of the timeout:
+        they are gone, and it goes on. Without this the minority would form a view of its
+        own: two groups of one job."""
+        live = [m for m in self.view.members if m.name not in self.known_lost()]
+        if len(self.view) < 2 or 2 * len(live) > len(self.view):
+            return
+        for m in self.view.members:
+            if m.name not in {x.name for x in live}:
+                self.door.tell(m.door, "recover", step=step, lost=[], name=self.name)
+        wait_until = min(deadline, time.monotonic() + self.timeout / 4)
+        with self.cond:
+            while time.monotonic() < wait_until and self._proposal is None and not (
+                    self._answer is not None and self._answer["kind"] == "left"):
+                self.cond.wait(0.1)
+            if self._answer is not None and self._answer["kind"] == "left":
+                raise LeftOut(f"{self.name}: the group went on in view "
+                              f"{self._answer.get('number')} without it")
 
     def _stopped(self, step: int, recovering: bool = False) -> Switch | None:
         """Stopped at a boundary: answer each proposal that includes this member with a fresh
@@ -215,8 +242,8 @@ class ViewChanges:
                         return self._depart(p, step, deadline)
                     if p.rank_of(self.name) is None:
                         self._close(transport)
-                        raise PeerLost(f"{self.name}: left out of the proposed view {p.number} "
-                                       f"(its coordinator did not count it live)")
+                        raise LeftOut(f"{self.name}: left out of the proposed view {p.number} "
+                                      f"(its coordinator did not count it live)")
                 elif time.monotonic() >= deadline:
                     self._close(transport)
                     raise OperationTimeout(
@@ -233,27 +260,6 @@ class ViewChanges:
                            step=step, lost=sorted(self.known_lost()),
                            sharing=str(self.sharing()))
             answered = p.pid
-
-    def _depart(self, p: Proposal, step: int, deadline: float) -> Departure | None:
-        """A planned leaver at the boundary of a view without it: wait until it is committed
-        (``left``, naming the member that takes this one's state), or a proposal moves the
-        boundary further on (None: take rounds to it)."""
-        with self.cond:
-            while True:
-                answer = self._answer
-                if answer is not None and answer.get("kind") == "left":
-                    self._answer = self._proposal = None
-                    to = answer.get("to")
-                    return Departure(int(answer.get("number") or 0),
-                                     to if type(to) is int else -1)
-                q = self._proposal
-                if q is not None and q.pid != p.pid and q.at_step is not None \
-                        and q.at_step > step:
-                    return None
-                if time.monotonic() >= deadline:
-                    raise OperationTimeout(f"{self.name}: its leave was not committed within "
-                                           f"{self.timeout:g}s (step {step})")
-                self.cond.wait(min(0.1, max(0.0, deadline - time.monotonic())))
 
     def _take(self, commit: dict, p: Proposal, transport: Any) -> Switch:
         view = View.from_wire(commit["view"])
@@ -285,48 +291,14 @@ class ViewChanges:
         c = self.coordinator()
         return c.door if c is not None else "(none)"
 
-    def leave(self) -> None:
-        """Leave the group: the coordinator proposes at once the view without this member,
-        which waits (at most the timeout) until that view is committed."""
-        self.departing = False   # (after a planned leave that did not come through)
-        deadline = time.monotonic() + self.timeout
-        while time.monotonic() < deadline:
-            c = self.coordinator()
-            others = [m for m in self.view.members if m.name != self.name
-                      and m.name not in self.known_lost()]
-            if c is None or not others:
-                return   # the last member: nobody to tell
-            self.door.tell(c.door, "leave", name=self.name)
-            wait_until = min(deadline, time.monotonic() + self.timeout / 4)
-            with self.cond:
-                while self._answer is None and time.monotonic() < wait_until:
-                    self.cond.wait(0.1)
-                answer, self._answer = self._answer, None
-            if answer is not None and answer["kind"] == "left":
-                log.info("%s: left the group (view %s goes on without it)", self.name,
-                         answer.get("number"))
-                return
-            if c.name != self.name:
-                self.reported_lost.add(c.name)   # silent: ask the next one
-        raise OperationTimeout(f"{self.name}: no coordinator confirmed its leave within "
-                               f"{self.timeout:g}s")
-
-    def request_leave(self) -> bool:
-        """Ask for a planned leave (see the module docstring) and return at once: the member
-        goes on taking rounds until boundary() returns its Departure. False if there is
-        nobody to leave (the last live member)."""
-        c = self.coordinator()
-        others = [m for m in self.view.members if m.name != self.name
-                  and m.name not in self.known_lost()]
-        if c is None or not others:
-            return False
-        with self.cond:
-            self.departing = True
-            self._answer = None
-        self.door.tell(c.door, "leave", name=self.name, planned=True)
-        return True
-
     # ------------------------------------------------------------------ joiner side
+    def start_over(self) -> None:
+        """After LeftOut: be the next incarnation of this name, to join() again."""
+        with self.cond:
+            self.incarnation += 1
+            self.me = Member(self.name, self.incarnation, self.me.door, self.me.host)
+            self._proposal = self._commit = self._answer = None
+
     def join(self, doors: list[str]) -> Switch:
         """Ask to join the job whose members listen at ``doors`` (any one will do); returns
         the committed switch that admits this process."""

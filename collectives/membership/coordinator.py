@@ -125,7 +125,14 @@ class Coordinator:
         lost = frozenset(x for x in lost if isinstance(x, str)) if isinstance(lost, list) \
             else frozenset()
         with self.changes.cond:
-            if self.changes.view is None:
+            view = self.changes.view
+            if view is None:
+                return
+            name = msg.get("name")
+            if isinstance(name, str) and view.rank_of(name) is None and name not in self.pending:
+                # A member the group went on without (counted lost while alive): its view is
+                # stale, and so is whom it counts lost. It may join again (LeftOut).
+                self.changes.door.tell(msg["from"], "left", number=view.number)
                 return
             self.changes.reported_lost |= lost - {self.changes.name}
             if not self.changes.is_coordinator():
