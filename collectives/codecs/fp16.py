@@ -1,0 +1,37 @@
+"""fp16: float32 cast to IEEE half precision, round to nearest even (numpy's and cupy's cast)."""
+from __future__ import annotations
+
+from typing import Any
+
+from collectives.codecs.base import Codec, array_module
+
+__all__ = ["Float16", "FP16_MAX"]
+
+FP16_MAX = 65504.0
+
+
+class Float16(Codec):
+    """2 bytes per element. Error: |e| <= 2^-11 |x| for |x| >= 2^-14 (normal halves), |e| <=
+    2^-25 below (subnormals); |x| > 65504 overflows to inf (as torch's fp16 hooks, scale
+    first if values can be that large)."""
+
+    family = "fp16"
+
+    @property
+    def name(self) -> str:
+        return "fp16"
+
+    def encoded_nbytes(self, count: int) -> int:
+        return 2 * count
+
+    def encode(self, x: Any, out: Any) -> None:
+        xp = array_module(x)
+        xp.copyto(out.view(xp.float16), x, casting="same_kind")
+
+    def decode(self, data: Any, out: Any) -> None:
+        xp = array_module(out)
+        xp.copyto(out, data.view(xp.float16))
+
+    def error_bound(self, x: Any) -> Any:
+        xp = array_module(x)
+        return xp.maximum(xp.abs(x) * 2.0 ** -11, 2.0 ** -25).astype(xp.float32)
