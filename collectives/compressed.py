@@ -61,7 +61,7 @@ def compressed_neighbor_allreduce(comm: Any, x: Any, self_weight: float,
                                   check_pattern: bool) -> Any:
     """Communicator.neighbor_allreduce with a codec: ``x <- w_self D(E(x)) + sum_j w_j
     D(E(x_j))`` (into ``out`` if given: then ``x`` is left holding D(E(x)), the value its
-    neighbours received). No ``dst_weights`` (push-sum's per-destination scaling) and no
+    neighbours received), summed in float32 (float64 for float64 arrays). No ``dst_weights`` (push-sum's per-destination scaling) and no
     ``partial`` rounds with a codec."""
     codec = parse(compression)
     if dst_weights is not None or partial:
@@ -75,6 +75,7 @@ def compressed_neighbor_allreduce(comm: Any, x: Any, self_weight: float,
         out_flat = comm._out_like(adapter, dtype, adapter.size(flat), out,
                                   "neighbor_allreduce", "like x")
     x32 = as_float32(adapter, flat, dtype)
+    accumulate = "float64" if dtype == "float64" else "float32"   # the sum, not the wire
     seq = comm._next_seq()
     peers = sorted(set(dst_ranks) | set(src_weights))
     signature = f"neighbor_allreduce({codec.name})" + ("" if check_pattern else UNCHECKED)
@@ -83,7 +84,8 @@ def compressed_neighbor_allreduce(comm: Any, x: Any, self_weight: float,
         result = comm._execute(
             seq, signature, wire_dtype(codec), (x32.size,), timeout, peers,
             lambda call: compressed_exchange(call, codec, x32, float(self_weight),
-                                             src_weights, dst_ranks, comm.codec_stats),
+                                             src_weights, dst_ranks, comm.codec_stats,
+                                             accumulate),
             neighbours=True)
         if out_flat is not None:
             write_back(adapter, flat, x32)       # x: what the neighbours received of it

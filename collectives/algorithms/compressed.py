@@ -125,10 +125,12 @@ def gather_allreduce(call: Call, codec: Codec, x: Any, op: str, stats: CodecStat
 
 def compressed_exchange(call: Call, codec: Codec, x: Any, self_weight: float,
                         src_weights: dict[int, float], dst_ranks: list[int],
-                        stats: CodecStats) -> Any:
+                        stats: CodecStats, accumulate: str = "float32") -> Any:
     """The neighbour exchange of the module docstring on float32 ``x``. Afterwards ``x``
-    holds its own decoded encoding D(E(x)); returns the combination (a new float32 array).
-    ``call`` describes one encoding (dtype wire_dtype(codec), shape (count,))."""
+    holds its own decoded encoding D(E(x)); returns the combination, a new array of dtype
+    ``accumulate`` (float32, or float64 for float64 parameters: CHOCO's public copies sum
+    many small decoded differences, which float32 would round). ``call`` describes one
+    encoding (dtype wire_dtype(codec), shape (count,))."""
     xp = array_module(x)
     count = x.size
     size = codec.encoded_nbytes(count)
@@ -147,15 +149,15 @@ def compressed_exchange(call: Call, codec: Codec, x: Any, self_weight: float,
     if problems:
         refuse(call, peers, problems, tickets)
     codec.decode(enc, x)
-    acc = x * self_weight
+    acc = x.astype(accumulate)
+    acc *= self_weight
     got = xp.empty(size, dtype=xp.uint8)
     part = xp.empty_like(x)
     for src in sorted(src_weights):
         for a, b, chunk in recv_range(call, src, byte_adapter, 0, size):
             got[a:b] = chunk
         _decode_from(call, codec, src, got, part, stats)
-        part *= src_weights[src]
-        acc += part
+        acc += src_weights[src] * part.astype(accumulate, copy=False)
     for dst, ticket in zip(dst_ranks, tickets):
         wait_sent(call, ticket)
         if dst not in src_weights:

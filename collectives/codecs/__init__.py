@@ -2,7 +2,7 @@
 ``topk:RATIO`` (with error feedback kept by the caller). Each maps float32 arrays to a byte
 layout whose size follows from the codec and the count alone, named in the wire header and
 checked there (transport/wire.py); never pickled. ``parse`` reads ``compression=``."""
-from collectives.codecs.arrays import FLOAT_DTYPES, as_float32, write_back
+from collectives.codecs.arrays import FLOAT_DTYPES, as_float32, write_back, zeros_float32
 from collectives.codecs.base import WORK_ELEMENTS, Codec, CodecError, array_module
 from collectives.codecs.bf16 import BFloat16
 from collectives.codecs.fp16 import Float16
@@ -12,5 +12,5 @@ from collectives.codecs.topk import DEFAULT_RATIO, TopK
 
 __all__ = ["Codec", "CodecError", "Float16", "BFloat16", "Int8Block", "TopK", "BLOCK",
            "DEFAULT_RATIO", "CODECS", "WIRE_PREFIX", "parse", "from_wire", "wire_dtype",
-           "names", "array_module", "as_float32", "write_back", "FLOAT_DTYPES",
+           "names", "array_module", "as_float32", "write_back", "zeros_float32", "FLOAT_DTYPES",
            "WORK_ELEMENTS"]

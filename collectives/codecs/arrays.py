@@ -13,7 +13,7 @@ import numpy as np
 
 from collectives.arrays.base import ArrayAdapter
 
-__all__ = ["as_float32", "write_back", "FLOAT_DTYPES"]
+__all__ = ["as_float32", "write_back", "zeros_float32", "FLOAT_DTYPES"]
 
 FLOAT_DTYPES = ("float16", "bfloat16", "float32", "float64")
 
@@ -48,3 +48,12 @@ def write_back(adapter: ArrayAdapter, flat: Any, values: Any) -> None:
     if source.data_ptr() != flat.data_ptr():
         with torch.no_grad():
             flat.copy_(source)
+
+
+def zeros_float32(adapter: ArrayAdapter, flat: Any) -> Any:
+    """A zeroed float32 array of flat's size in the module as_float32 gives for it (an
+    error-feedback residual, an anchor)."""
+    if adapter.kind in ("cupy", "torch-cuda"):
+        import cupy
+        return cupy.zeros(adapter.size(flat), dtype="float32")
+    return np.zeros(adapter.size(flat), dtype=np.float32)

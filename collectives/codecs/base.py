@@ -44,7 +44,7 @@ class Codec(abc.ABC):
     #: Family name, the part of the wire name before any ':' ("fp16", "topk").
     family: ClassVar[str] = "abstract"
     #: True if it is a contraction, ||D(E(x)) - x||^2 <= (1 - delta) ||x||^2 with delta > 0,
-    #: the assumption of CHOCO-SGD's exact consensus (every codec here is one).
+    #: the assumption of CHOCO-SGD's exact consensus (all here but fp16, which underflows).
     contractive: ClassVar[bool] = True
     #: True if the decoded array is dense and close to x elementwise (fp16, bf16, int8), so
     #: it can stand for the parameters themselves; False (top-k): only differences and
