@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from collectives.algorithms.compressed import compressed_exchange, gather_allreduce
+from collectives.algorithms.compressed import (compressed_exchange, gather_allreduce,
+                                               padded_count, ring_allreduce_compressed)
 from collectives.algorithms.neighbor import UNCHECKED, check_pattern_arguments
 from collectives.codecs.arrays import as_float32, write_back
 from collectives.codecs.base import array_module
@@ -36,18 +37,29 @@ def compressed_allreduce(comm: Any, x: Any, op: str, compression: Any, *, wait: 
         raise ValueError(f"allreduce with compression sums: op must be 'sum' or 'mean', "
                          f"not {op!r}")
     x32 = as_float32(adapter, flat, dtype)
+    if residual is not None and codec.dense:
+        raise ValueError(f"error feedback (residual=) is for top-k; {codec.name} is summed "
+                         "on the ring, re-encoded at every hop")
     check_residual(residual, x32)
-    count = x32.size
+    n, count = comm.world_size, x32.size
     seq = comm._next_seq()
     signature = f"allreduce({op},{codec.name})"
+    if codec.dense:   # the ring on encodings (algorithms/compressed.py: scheme and bound)
+        shape = (n, padded_count(count, n))
+
+        def run(call: Any) -> Any:
+            return ring_allreduce_compressed(call, codec, x32, op, comm.codec_stats)
+    else:             # top-k: one encoding per peer, gathered
+        shape = (n, count)
+
+        def run(call: Any) -> Any:
+            return gather_allreduce(call, codec, x32, op, comm.codec_stats, residual)
 
     def body() -> Any:
         # x32 may be x's own memory (float32): the encoding happens inside, before any
         # result is written, so the caller must not touch x until then (as any collective).
-        comm._execute(seq, signature, wire_dtype(codec), (comm.world_size, count), timeout,
-                      comm._all_peers(),
-                      lambda call: gather_allreduce(call, codec, x32, op, comm.codec_stats,
-                                                    residual))
+        comm._execute(seq, signature, wire_dtype(codec), shape, timeout, comm._all_peers(),
+                      run)
         write_back(adapter, flat, x32)
         adapter.synchronize()
         return x

@@ -142,11 +142,12 @@ class Peer:
         names (ring, recursive doubling, ...). Every peer calls it with the same op, dtype and
         size, else ProtocolError on all of them; PeerLost or OperationTimeout if a peer dies
         or stalls. ``compression`` ("fp16" | "bf16" | "int8" | "topk:RATIO" or a codec; ops
-        sum and mean): each peer's x is encoded once, the encodings gathered and summed in
-        float32, identically on every peer; error at most the sum of one encoding's bound
-        per peer (collectives/algorithms/compressed.py). ``residual``: a float32 buffer of
-        x's size for error feedback (top-k), updated in place. Peers must pass the same
-        codec, else ProtocolError on every one."""
+        sum and mean): fp16/bf16/int8 run the ring on encodings, re-encoding partial sums
+        at each hop (error <= n x the codec's bound of sum |x_i|); top-k gathers one
+        encoding per peer (error <= the sum of their bounds); both sum in float32 and give
+        every peer identical bytes (collectives/algorithms/compressed.py). ``residual``: a
+        float32 buffer of x's size for top-k's error feedback, updated in place. Peers must
+        pass the same codec, else ProtocolError on every one."""
         return self._comm.allreduce(x, op, wait=wait, timeout=timeout, algorithm=algorithm,
                                     compression=compression, residual=residual)
 

@@ -1,18 +1,29 @@
 """Collectives on compressed payloads: allreduce and the neighbour exchange, with a codec.
+Every peer ends with bitwise identical results: they all decode the same bytes, in the same
+order, and sum in float32.
 
-Allreduce (``gather_allreduce``): each peer encodes its array once, the encodings are
-allgathered around the ring (forwarded as received, never re-encoded), and every peer decodes
-all n of them and sums them in float32, in rank order. So each input is quantised exactly
-once, every peer computes the same sum of the same bytes in the same order (the results are
-bitwise identical on every peer), and the error is that of one encoding per input:
+Allreduce, dense codecs (fp16, bf16, int8: ``ring_allreduce_compressed``): the ring of
+algorithms/ring.py on encodings. Reduce-scatter: at each of n - 1 hops a peer encodes its
+partial sum of a segment, sends it on, and adds the decoded partial sum it receives to its
+own, in float32; allgather: the owner of each finished segment encodes it once, the
+encodings travel the ring unchanged, and every peer (the owner too) decodes them. The
+segments are padded to one length so every encoding has one size. Cost 2 (n-1)/n E bytes
+sent per peer for encodings of E bytes (the uncompressed ring's, times E / M). Error: one
+encoding per hop of a partial sum P_h of the segment, n in all, each within the codec's
+bound of |P_h| <= sum_i |x_i| (fp16/bf16: relative to the element; int8: to the block's
+largest), so elementwise
 
-    |y - sum_i x_i| <= sum_i bound_i   elementwise, bound_i = codec.error_bound(x_i)
+    |y - sum_i x_i| <= n * bound(sum_i |x_i|) * (1 + n * 2^-8)
 
-(plus float32's rounding of the sum; divided by n for a mean). Cost: n - 1 encodings sent
-and received per peer, (n - 1) E bytes for an encoding of E bytes, against 2 (n-1)/n M for
-the uncompressed ring of M bytes: less traffic while E < 2M / n (fp16/bf16 on up to 3 peers,
-equal at 4; int8 on up to 7; top-k 1% on up to ~100). A ring that re-quantises partial sums
-at each hop would send 2 (n-1)/n E but add an error per hop; it is not implemented.
+(the last factor: the partial sums as computed carry the earlier hops' errors; divided by n
+for a mean).
+
+Allreduce, top-k (``gather_allreduce``): partial sums of sparse vectors are not sparse, so
+each peer encodes its array once, the encodings are allgathered around the ring (forwarded
+as received), and every peer decodes all n and sums them in rank order. Each input is
+encoded once: ``|y - sum_i x_i| <= sum_i bound(x_i)`` (top-k: the elements it dropped, which
+error feedback sends later). Cost (n - 1) E bytes per peer, less than the uncompressed
+ring's 2 (n-1)/n M while E < 2 M / n (top-k 1%: 8 bytes per 100 elements, up to ~100 peers).
 
 Neighbour exchange (``compressed_exchange``): each peer sends one encoding of x to its
 out-neighbours and combines the decoded encodings of its in-neighbours with its own decoded
@@ -39,7 +50,8 @@ from collectives.algorithms.ring import ring_allgather
 from collectives.arrays.adapter import adapter_for
 from collectives.codecs.base import Codec, CodecError, array_module
 
-__all__ = ["CodecStats", "encode_with_feedback", "gather_allreduce", "compressed_exchange"]
+__all__ = ["CodecStats", "encode_with_feedback", "gather_allreduce",
+           "ring_allreduce_compressed", "padded_count", "compressed_exchange"]
 
 
 class CodecStats:
@@ -123,6 +135,68 @@ def gather_allreduce(call: Call, codec: Codec, x: Any, op: str, stats: CodecStat
     return x
 
 
+def padded_count(count: int, n: int) -> int:
+    """Elements per segment of the compressed ring (the count's segments padded to one
+    length, so every encoding has one size)."""
+    return -(-count // n) if count else 0
+
+
+def _recv_encoding(call: Call, src: int, adapter: Any, into: Any, lo: int) -> None:
+    """Bytes [lo, lo + into.size) of the call's array from ``src``, copied into ``into``."""
+    for a, b, chunk in recv_range(call, src, adapter, lo, lo + into.size):
+        into[a - lo:b - lo] = chunk
+
+
+def ring_allreduce_compressed(call: Call, codec: Codec, x: Any, op: str,
+                              stats: CodecStats) -> Any:
+    """Sum (or mean) float32 ``x`` over every peer by the ring of the module docstring; the
+    result overwrites ``x``. ``call``: dtype wire_dtype(codec), shape (n, padded_count)."""
+    t = call.transport
+    n, r = t.world_size, t.rank
+    right, left = (r + 1) % n, (r - 1) % n
+    xp = array_module(x)
+    count = x.size
+    seg = padded_count(count, n)
+    size = codec.encoded_nbytes(seg)
+    acc = xp.zeros(n * seg, dtype=xp.float32)
+    acc[:count] = x
+    # Two send buffers: what the reduce-scatter sent may still be read by the network
+    # (zero-copy) while the allgather's arrivals land.
+    sent = xp.empty(n * size, dtype=xp.uint8)
+    gathered = xp.empty(n * size, dtype=xp.uint8)
+    got = xp.empty(size, dtype=xp.uint8)
+    part = xp.empty(seg, dtype=xp.float32)
+    adapter = adapter_for(sent)
+
+    def piece(buf: Any, j: int) -> Any:
+        return buf[j * size:(j + 1) * size]
+
+    ticket = None
+    for s in range(n - 1):
+        j = (r - s) % n   # the segment summed so far (this peer's own at the first hop)
+        codec.encode(acc[j * seg:(j + 1) * seg], piece(sent, j))
+        stats.encoded(seg, size)
+        ticket = post_range(call, right, adapter, sent, j * size, (j + 1) * size, track=True)
+        k = (r - s - 1) % n
+        _recv_encoding(call, left, adapter, got, k * size)
+        _decode_from(call, codec, left, got, part, stats)
+        acc[k * seg:(k + 1) * seg] += part
+    owned = (r + 1) % n
+    codec.encode(acc[owned * seg:(owned + 1) * seg], piece(gathered, owned))
+    stats.encoded(seg, size)
+    if n > 1:
+        segs = [(j * size, (j + 1) * size) for j in range(n)]
+        ticket = ring_allgather(call, adapter, gathered, segs=segs, owned_shift=1) or ticket
+        wait_sent(call, ticket)
+    for j in range(n):
+        _decode_from(call, codec, (j - 1) % n, piece(gathered, j), part, stats)
+        acc[j * seg:(j + 1) * seg] = part
+    x[...] = acc[:count]
+    if op == "mean" and n > 1:
+        x /= n
+    return x
+
+
 def compressed_exchange(call: Call, codec: Codec, x: Any, self_weight: float,
                         src_weights: dict[int, float], dst_ranks: list[int],
                         stats: CodecStats, accumulate: str = "float32") -> Any:
@@ -154,8 +228,7 @@ def compressed_exchange(call: Call, codec: Codec, x: Any, self_weight: float,
     got = xp.empty(size, dtype=xp.uint8)
     part = xp.empty_like(x)
     for src in sorted(src_weights):
-        for a, b, chunk in recv_range(call, src, byte_adapter, 0, size):
-            got[a:b] = chunk
+        _recv_encoding(call, src, byte_adapter, got, 0)
         _decode_from(call, codec, src, got, part, stats)
         acc += src_weights[src] * part.astype(accumulate, copy=False)
     for dst, ticket in zip(dst_ranks, tickets):
