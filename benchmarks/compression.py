@@ -25,7 +25,7 @@ Two tables:
    which always compresses). "x less" is the uncompressed figure of that policy divided by
    this one.
 
-Not asserted anywhere: tests/test_bench.py only runs the shapes. On the shared 2-core
+No figure is asserted: tests/test_bench.py runs the shapes only. On the shared 2-core
 machine the throughput moves 10-20% between runs; compare ratios within one run.
 """
 from __future__ import annotations
@@ -141,6 +141,14 @@ def print_table(rows: list[dict]) -> None:
                   f"{less:>7}")
 
 
+def append_jsonl(path: str | None, rows: list[dict]) -> None:
+    """Append ``rows`` to ``path`` (one JSON object a line), if a path is given."""
+    if path:
+        with open(path, "a") as f:
+            for r in rows:
+                f.write(json.dumps(r) + "\n")
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--elements", default="16M", help="throughput array, float32 elements")
@@ -163,10 +171,7 @@ def main(argv=None) -> int:
     if "wire" in only:
         rows += wire(args.n, parse_size(args.model_elements), args.steps)
     print_table(rows)
-    if args.json:
-        with open(args.json, "a") as f:
-            for r in rows:
-                f.write(json.dumps(r) + "\n")
+    append_jsonl(args.json, rows)
     return 0
 
 

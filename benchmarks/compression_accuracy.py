@@ -31,6 +31,8 @@ import os
 import sys
 import tempfile
 
+from compression import append_jsonl   # benchmarks/compression.py, beside this script
+
 PLAIN = ("synchronous", "local-sgd", "gossip", "elastic", "choco")
 
 
@@ -98,10 +100,7 @@ def main(argv=None) -> int:
               f"{'-' if gap is None or r['config'] == 'none' else f'{gap:+.2f}':>6} "
               f"{(r['sent_per_peer'] or 0) / 1e6:>9.2f}MB "
               f"{'-' if less is None or r['config'] == 'none' else f'{less:.1f}':>7}")
-    if args.json:
-        with open(args.json, "a") as f:
-            for r in rows:
-                f.write(json.dumps(r) + "\n")
+    append_jsonl(args.json, rows)
     return 0
 
 
