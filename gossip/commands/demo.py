@@ -10,7 +10,7 @@ __all__ = ["register", "main", "parse_policies"]
 
 # The names `gossip.policies.names()` returns; repeated here so that building the parser does
 # not import the policies (every `gossip` invocation builds it). main() checks them.
-_POLICY_HELP = "synchronous, local-sgd, gossip, asynchronous, push-sum, elastic"
+_POLICY_HELP = "synchronous, local-sgd, gossip, asynchronous, push-sum, elastic, choco"
 
 
 def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
