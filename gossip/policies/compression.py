@@ -1,6 +1,8 @@
 """A policy's compression: its codec (``compression=`` of every policy) and, for codecs that
 are not dense (top-k), the error-feedback residual of each bucket, which is policy state:
-state_dict() carries it, so checkpoints and the state a joiner takes keep it.
+state_dict() carries it, so a checkpoint restores it. A peer that takes another's state (a
+joiner, a survivor of a recovery) starts without one: a residual is its own peer's unsent
+error, which would otherwise reach the average twice (membership_hooks._took_state).
 
 The policy passes ``kwargs(k, flat)`` to the collective that sends bucket k; the residual
 is allocated on first use (float32, one per bucket, the size of what is sent).
@@ -55,6 +57,11 @@ class Compression:
         if self.codec is not None and not self.codec.dense:
             raise ValueError(f"{policy} sends the parameters themselves: {self.codec.name} "
                              f"would zero most of them; use fp16, bf16 or int8, or {instead}")
+
+    def forget_residuals(self) -> None:
+        """Start error feedback afresh (a peer that took another's state: a joiner, or a
+        survivor of a recovery; checkpoints restore a peer's own residuals instead)."""
+        self._residuals.clear()
 
     # ------------------------------------------------------------------ state
     def state(self) -> dict:
