@@ -9,8 +9,10 @@ Usage:
 ``n - 1`` members train ``Synchronous`` on float32 parameters of each size (numpy: an
 allreduce of the parameters per step, every step a few milliseconds apart); a new process
 then joins with ``gossip.init(join=True)``. The joiner stamps: its start (first line of the
-script), ``init()`` returned (admitted: it has a rank in the new view), ``attach()`` returned
-(it holds the state, verified by digest) and its first ``after_step()``. Before the join, rank
+script), ``init()`` returned (admitted: it has a rank in the new view), its model built (the
+user's part: ``np.full`` of the parameters, whose fresh pages fault in slowly on these VMs),
+``attach()`` returned (it holds the state, verified by digest) and its first
+``after_step()``. ``recv s`` is the state's own time (the joiner's receiver). Before the join, rank
 0 sends rank 1 the same bytes point to point (``peer.send``, 3 times, median): the bandwidth
 the transfer is compared with. Medians over ``--repeats``. On this 2-core machine the
 members and the joiner contend for the cores: compare within a run.
@@ -44,13 +46,15 @@ JOINER = textwrap.dedent("""
     # Initialised parameters, as a model's are (np.zeros' pages would fault in during the
     # transfer, at about 0.8 GB/s here, where the members' bandwidth runs over warm buffers).
     x = np.full(int(sys.argv[1]), 0.5, dtype=np.float32)
+    t_built = time.time()
     policy = Synchronous().attach(peer, [x])
     t_state = time.time()
     policy.after_step()
     t_step = time.time()
     join = peer.stats()["join"]
     print("ROW", json.dumps({"start": t_import - t0, "admission": t_admitted - t_import,
-                             "transfer": t_state - t_admitted, "first_step": t_step - t_state,
+                             "build": t_built - t_admitted, "transfer": t_state - t_built,
+                             "first_step": t_step - t_state,
                              "total": t_step - t0, "view": peer.view.number,
                              "receive": join["receive_seconds"]}), flush=True)
     peer.close()
@@ -133,12 +137,14 @@ def main(argv=None) -> int:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--json", default=None, help="append every row to this file")
     args = parser.parse_args(argv)
-    print(f"{'bytes':>10} {'start s':>8} {'admit s':>8} {'attach s':>8} {'1st step s':>10} "
+    print(f"{'bytes':>10} {'start s':>8} {'admit s':>8} {'build s':>8} {'attach s':>8} "
+          f"{'1st step s':>10} "
           f"{'total s':>8} {'recv s':>7} {'recv GB/s':>9} {'p2p GB/s':>9} {'ratio':>6}")
     for size in args.sizes.split(","):
         rows = [run_once(args.n, _size(size)) for _ in range(args.repeats)]
         med = {k: statistics.median(r[k] for r in rows) for k in rows[0] if k != "view"}
-        print(f"{size:>10} {med['start']:8.2f} {med['admission']:8.2f} {med['transfer']:8.2f} "
+        print(f"{size:>10} {med['start']:8.2f} {med['admission']:8.2f} {med['build']:8.2f} "
+              f"{med['transfer']:8.2f} "
               f"{med['first_step']:10.3f} {med['total']:8.2f} {med['receive']:7.2f} "
               f"{med['receive_GBps']:9.2f} {med['p2p_GBps']:9.2f} {med['receive_vs_p2p']:6.2f}",
               flush=True)

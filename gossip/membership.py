@@ -104,7 +104,7 @@ class PeerMembership:
         self.changes.view = view
         self._transport = transport
         self.rendezvous_address = rendezvous_address
-        self.changes.margin = max(4, len(view) + 1)   # lockstep members stay within that
+        self.changes.margin.members = len(view)
         self.door.on_registration = self._registration
         self.door.on_held = self._announce
         self._rendezvous_host = members[0].host   # where the rendezvous address lives
@@ -114,7 +114,7 @@ class PeerMembership:
     def use(self, transport: Any) -> None:
         """The transport of the current view (after a switch)."""
         self._transport = transport
-        self.changes.margin = max(4, transport.world_size + 1)
+        self.changes.margin.members = transport.world_size
 
     def _hold_rendezvous(self) -> None:
         """Door thread: the coordinator of the moment, if on the rendezvous host, listens at

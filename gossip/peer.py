@@ -49,6 +49,7 @@ class Peer:
         if membership is not None:
             membership.changes.refusal = self._refusal
             membership.changes.sharing = self._sharing
+            membership.changes.margin.drift = self._drift
         # Traffic totals of the transports of earlier views (stats() adds them).
         self._earlier_totals = dict.fromkeys(
             ("bytes_sent", "bytes_received", "messages_sent", "messages_received", "dropped"), 0)
@@ -304,6 +305,12 @@ class Peer:
         if all(p.identical_replicas or p.shared_state for p in self.policies):
             return "shared"
         return "own"
+
+    def _drift(self) -> int | None:
+        """The most steps a member can be ahead of another under this peer's policies (None:
+        unknown); collectives/membership/margin.py."""
+        drifts = [p.max_drift() for p in self.policies]
+        return None if not drifts or None in drifts else max(drifts)
 
     def changing_now(self) -> bool:
         """True while a membership change that takes effect at once is proposed to this peer

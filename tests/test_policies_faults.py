@@ -168,20 +168,64 @@ def local_sgd_killed_before_averaging(peer, victim_step):
     return seen, peer.world_size
 
 
-# Slow, out of the default run, because it fails there now and then: in 1 of 3 full runs under
-# .ci/run (and once on a branch) every survivor went on at 7/3 from step 8, not 2.5, so one
-# survivor held 2.0 when the averaging was done again in view 1 (a wrong model on every
-# replica, not an error). Cause not found; passes alone (11 of 11, 6 with CPU hogs beside).
-# README, Known limits.
-@pytest.mark.slow
 def test_an_elastic_local_sgd_peer_killed_in_the_averaging_leaves_the_others_at_their_mean():
     out = spawn(local_sgd_killed_before_averaging, n=4, timeout=90, tolerate=[3],
                 peer_timeout=20, args=(7,))
     assert out[3] is None
+    # 1, 2, 3, 4 averaged at step 4 to 2.5; the averaging of step 8, cut by the death, is
+    # done again by the 3 survivors: 2.5 still (before: 5.0 = 2.5 + 2.5, a partial sum of the
+    # recursive doubling, then 4.17 on every survivor). Unless every message the victim sent
+    # in the averaging of step 4 was still in its process when it died (it arrived last, had
+    # all it needed and went on to step 8 at once: seen once in 80 runs under load): then
+    # that averaging is done again by the 3, to 2.0 everywhere.
+    mean = out[0][0][-1][1]
+    assert mean in (2.5, 2.0), out[0][0]
     for seen, world in out[:3]:
         assert world == 3
-        # 1, 2, 3, 4 averaged at step 4 to 2.5; the averaging of step 8, cut by the death,
-        # is done again by the 3 survivors: 2.5 still (before: 5.0 = 2.5 + 2.5, a partial
-        # sum of the recursive doubling, then 4.17 on every survivor).
+        off = [(step, lo, hi) for step, lo, hi in seen if step >= 4 and not lo == hi == mean]
+        assert not off, (off, world)   # (the steps whose values are not the mean)
+
+
+def local_sgd_victim_loses_its_last_message(peer, kind):
+    import torch
+
+    from gossip.policies import LocalSGD
+    # torch: the parameter is a view of the bucket (restored from a copy after a loss);
+    # numpy: the user's array is apart from it (the bucket is packed from it again).
+    w = torch.nn.Parameter(torch.full((13706,), float(peer.rank + 1))) if kind == "torch" \
+        else np.full(13706, float(peer.rank + 1), dtype=np.float32)
+    policy = LocalSGD(period=4, elastic=True).attach(peer, [w])
+    seen = []
+    while policy.step < 8:
+        if peer.rank == 3 and policy.step == 3:
+            # A faulty victim: what it posts to rank 1 never leaves the process, as a send
+            # still queued when a peer is killed. It gets all it needs (recursive doubling:
+            # rank 2, then rank 1), completes the averaging and dies; rank 1 never can.
+            post_chunk = peer._transport.post_chunk
+            peer._transport.post_chunk = lambda dst, *a, **k: (
+                None if dst == 1 else post_chunk(dst, *a, **k))
+        if peer.rank == 3 and policy.step == 4:
+            os.kill(os.getpid(), signal.SIGKILL)
+        policy.after_step()
+        seen.append((policy.step, float(w.min()), float(w.max())))
+    return seen, peer.world_size
+
+
+@pytest.mark.parametrize("kind", ["torch", "numpy"])
+def test_an_elastic_local_sgd_survivor_left_inside_the_averaging_takes_the_others_state(kind):
+    # Under load this happened by itself (1 run in 3 of the suite, 3 in 80 alone): the victim
+    # completed the averaging of step 3 and was killed before its last send to rank 1 was
+    # out. Ranks 0 and 2 went on from the mean, 2.5; rank 1 went on from its own 2.0 (its
+    # model from before the averaging, restored), and the next averaging, done again by the
+    # three, gave 7/3 on every replica: a wrong model, no error.
+    out = spawn(local_sgd_victim_loses_its_last_message, n=4, timeout=90, tolerate=[3],
+                peer_timeout=20, args=(kind,))
+    assert out[3] is None
+    for seen, world in out[:3]:
+        assert world == 3
         off = [(step, lo, hi) for step, lo, hi in seen if step >= 4 and not lo == hi == 2.5]
-        assert not off, (off, world)   # (the steps whose values are not 2.5: seen truncates)
+        assert not off, (off, world)
+    # Rank 1 was the one behind: its averaging of step 3 failed, its step count jumped to
+    # the source's.
+    steps = [step for step, _, _ in out[1][0]]
+    assert steps[:3] == [1, 2, 3] and steps[3] >= 4, steps

@@ -10,9 +10,9 @@ A planned change (a process asks to join, or a restarted one comes back):
 1. The joiner tells any member's door ``join``; a member that is not the coordinator answers
    ``redirect`` (to the coordinator); the coordinator checks it and answers ``pending``.
 2. At its next step boundary the coordinator proposes: ``prepare`` {pid, the new members in
-   rank order, at_step S = its step + margin} to every proposed member (joiners too). The
-   members keep training to boundary S (a member already past S answers ``late`` with its
-   step, and the coordinator proposes again, further on).
+   rank order, at_step S = its step + margin (margin.py)} to every proposed member (joiners
+   too). The members keep training to boundary S (one already past S answers ``late`` with
+   its step, and the coordinator proposes again, further on).
 3. At boundary S each member stops, makes its transport for the new view (rank = its place in
    the proposal) and answers ``ready`` {pid, its endpoints, its step, whom it knows lost}.
 4. With every ``ready`` in, the coordinator tells everyone ``commit`` {pid, the view, the
@@ -51,6 +51,7 @@ from typing import Any, Callable
 from collectives.errors import OperationTimeout, PeerLost, RendezvousError
 from collectives.membership.coordinator import Coordinator
 from collectives.membership.door import Door
+from collectives.membership.margin import BoundaryMargin
 from collectives.membership.proposal import Departure, Proposal, Switch
 from collectives.membership.view import Member, View, ViewError
 
@@ -66,14 +67,14 @@ class ViewChanges:
 
     def __init__(self, name: str, incarnation: int, door: Door, view: View | None,
                  make_transport: Callable[..., Any], lost: Callable[[], set],
-                 timeout: float, margin: int = 4, host: str = "") -> None:
+                 timeout: float, host: str = "") -> None:
         self.name, self.incarnation, self.door = name, incarnation, door
         self.me = Member(name, incarnation, door.address, host)
         self.view = view
         self._make_transport = make_transport
         self._lost = lost
         self.timeout = timeout
-        self.margin = margin
+        self.margin = BoundaryMargin()   # steps ahead a change is proposed at (margin.py)
         self._boundary_step = -1   # the step of this member's latest boundary()
         self.cond = threading.Condition()
         self._proposal: Proposal | None = None     # the latest prepare heard
@@ -127,9 +128,9 @@ class ViewChanges:
         return self._proposal is not None or bool(c.pending) or bool(c.departing)
 
     def passing(self, step: int) -> None:
-        """The member is at the boundary after ``step`` steps (every boundary, before it
-        looks for a proposal: see _on_prepare)."""
+        """At the boundary after ``step`` steps (every one, before looking: _on_prepare)."""
         self._boundary_step = step
+        self.margin.passing(step)
 
     def boundary(self, step: int) -> Switch | Departure | None:
         """Called by the member at every step boundary (``step``: steps completed). Returns
@@ -139,7 +140,7 @@ class ViewChanges:
             self._boundary_step = step
             c = self.coordinating
             if (c.pending or c.departing) and c.active is None and self.is_coordinator():
-                c.propose(step + self.margin)
+                c.propose(step + self.margin.steps())
             p = self._proposal
         if p is None:
             return None
@@ -152,9 +153,8 @@ class ViewChanges:
         return self._stopped(step)
 
     def changing_now(self) -> bool:
-        """True while a change that takes effect at once (a recovery, a leave) is proposed
-        to this member: an operation that failed meanwhile was ended for it, not by a
-        failure of the group."""
+        """True while a change at once (a recovery, a leave) is proposed to this member: an
+        operation that failed meanwhile was ended for it, not by a failure of the group."""
         p = self._proposal
         return p is not None and p.at_step is None
 

@@ -116,7 +116,7 @@ class Coordinator:
             if type(step) is int and step >= p.at_step:
                 # Each time further on: steps too short for the margin outran it once.
                 self.lates += 1
-                self.propose(step + self.changes.margin * 2 ** min(self.lates, 8))
+                self.propose(step + self.changes.margin.steps() * 2 ** min(self.lates, 8))
 
     def on_recover(self, msg: dict) -> None:
         log.info("%s: recovery asked by %s (lost: %s)", self.changes.name, msg.get("name"),

@@ -159,6 +159,10 @@ class ElasticAveraging(BackgroundPolicy):
         """The replicated centre is the same bytes on every member (see MembershipHooks)."""
         return self.center_mode == "replicated"
 
+    def max_drift(self) -> int | None:
+        # The replicated centre's rounds are allreduces every period steps.
+        return self.period if self.center_mode == "replicated" else None
+
     def _setup(self) -> None:
         self._check_stability()
         peer, buckets = self._peer, self._buckets

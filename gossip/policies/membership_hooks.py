@@ -28,8 +28,11 @@ class MembershipHooks:
     #: mass); False: the leave takes effect at once (collectives/membership/changes.py).
     hands_off_at_leave: ClassVar[bool] = False
     #: Whether part of the state is the same bytes on every member although the models are
-    #: each their own (elastic averaging's replicated centre): after a recovery a member
-    #: behind the source's step count takes the source's state, as identical replicas do.
+    #: each their own (elastic averaging's replicated centre, local SGD's last average): after
+    #: a recovery a member behind the source's step count takes the source's state, as
+    #: identical replicas do. A member behind is one whose collective failed where the
+    #: others' completed (its last send to it was lost with the dead peer): going on from its
+    #: own state would leave it out of a round the others counted it in.
     shared_state: ClassVar[bool] = False
 
     def _recover(self, exc: PeerLost) -> None:
@@ -49,6 +52,12 @@ class MembershipHooks:
         if self._peer.world_size < self.min_peers:
             raise PeerLost(f"rank {self._peer.rank}: {self.name}: {self._peer.world_size} "
                            f"members left, fewer than min_peers={self.min_peers}") from exc
+
+    def max_drift(self) -> int | None:
+        """The most steps a member of this policy's group can be ahead of another (a change is
+        proposed that far ahead and a little more: collectives/membership/margin.py); None:
+        not bounded by the policy (the view's size is taken)."""
+        return None
 
     #: The torch optimizer whose state travels with the policy's (DistributedOptimizer sets
     #: it): a joiner's momentum must be the replicas', or its steps would differ.

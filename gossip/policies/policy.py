@@ -282,8 +282,9 @@ class Policy(PolicyStats, MembershipHooks, abc.ABC):
         allreduce ended half-way holds partial sums in the buckets (x_i + x_j after a first
         recursive-doubling stage), and a torch model's parameters are views of them, so an
         elastic recovery (or a leave) would go on from those sums (seen: LocalSGD's replicas
-        at twice their mean after a death, its model saturated). Costs one copy of the
-        parameters per averaging, into buffers kept from the first. With an outer step (a
+        at twice their mean after a death, its model saturated). torch: costs one copy of the
+        parameters per averaging, into buffers kept from the first; numpy: none, the user's
+        arrays are the copy (the buckets are packed from them again). With an outer step (a
         codec, or LocalSGD's outer optimizer) the change since the last average travels
         instead (outer_step.py)."""
         if self._outer is not None:
@@ -291,9 +292,10 @@ class Policy(PolicyStats, MembershipHooks, abc.ABC):
             return
         buckets = self._buckets
         buckets.copy_in()
-        if self._before_average is None:
+        keep = buckets.kind != "numpy"
+        if keep and self._before_average is None:
             self._before_average = [b.new() for b in buckets]
-        for b, kept in zip(buckets, self._before_average):
+        for b, kept in zip(buckets, self._before_average if keep else ()):
             adapter_for(kept).copy(kept, b.flat)
         work = [self._peer.allreduce(b.flat, op="mean", wait=False, timeout=self.timeout)
                 for b in buckets]
@@ -304,8 +306,11 @@ class Policy(PolicyStats, MembershipHooks, abc.ABC):
             except PeerLost as exc:   # the others end too: none writes after the restore
                 lost = lost or exc
         if lost is not None:
-            for b, kept in zip(buckets, self._before_average):
-                adapter_for(kept).copy(b.flat, kept)
+            if keep:
+                for b, kept in zip(buckets, self._before_average):
+                    adapter_for(kept).copy(b.flat, kept)
+            else:
+                buckets.copy_in()
             raise lost
         buckets.copy_out()
 

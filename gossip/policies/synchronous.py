@@ -57,6 +57,9 @@ class Synchronous(Policy):
     name = "synchronous"
     uses_gradients = True
     identical_replicas = True
+
+    def max_drift(self) -> int:
+        return 1   # a member's next step waits on every other's allreduce
     # The averaged gradients/parameters are the same bytes everywhere: judged after the
     # allreduce, every replica skips the same steps.
     _guard_after_communication = True
