@@ -124,14 +124,17 @@ def gather_allreduce(call: Call, codec: Codec, x: Any, op: str, stats: CodecStat
         segs = [(i * size, (i + 1) * size) for i in range(n)]
         wait_sent(call, ring_allgather(call, adapter_for(gathered), gathered, segs=segs,
                                        owned_shift=0))
+    # Summed apart from x: a payload that does not decode leaves x as it was.
+    acc = xp.empty_like(x)
     part = xp.empty_like(x) if n > 1 else None
     for i in range(n):   # rank order on every peer: the same float32 sum everywhere
-        target = x if i == 0 else part
+        target = acc if i == 0 else part
         _decode_from(call, codec, i, gathered[i * size:(i + 1) * size], target, stats)
         if i:
-            x += part
+            acc += part
     if op == "mean" and n > 1:
-        x /= n
+        acc /= n
+    x[...] = acc
     return x
 
 
@@ -222,8 +225,10 @@ def compressed_exchange(call: Call, codec: Codec, x: Any, self_weight: float,
     problems = check_pairing(call, peers, src_weights, dst_ranks) if checked else None
     if problems:
         refuse(call, peers, problems, tickets)
-    codec.decode(enc, x)
-    acc = x.astype(accumulate)
+    # Decoded apart from x: a round that fails (a lost neighbour) leaves x as it was.
+    own = xp.empty_like(x)
+    codec.decode(enc, own)
+    acc = own.astype(accumulate)
     acc *= self_weight
     got = xp.empty(size, dtype=xp.uint8)
     part = xp.empty_like(x)
@@ -235,4 +240,5 @@ def compressed_exchange(call: Call, codec: Codec, x: Any, self_weight: float,
         wait_sent(call, ticket)
         if dst not in src_weights:
             wait_reached(call, dst)
+    x[...] = own
     return acc
