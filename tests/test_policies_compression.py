@@ -234,3 +234,34 @@ def test_choco_refuses_what_it_cannot_do():
     with pytest.raises(ValueError, match="consensus_step"):
         gossip.policies.Choco(consensus_step=0)
     assert isinstance(gossip.policies.make("choco"), gossip.policies.Choco)
+
+
+# ------------------------------------------------------------------ a death, compressed
+def compressed_gossip_with_a_death(peer):
+    import os
+    import signal
+    x = np.random.default_rng(peer.rank).normal(size=1000)
+    policy = Gossip(compression="int8").attach(peer, [x])
+    for step in range(60):
+        if peer.rank == 3 and step == 15:
+            os.kill(os.getpid(), signal.SIGKILL)
+        x -= 0.01 * x
+        policy.after_step()
+    stats = policy.stats()
+    policy.close()
+    return stats, x
+
+
+def test_compressed_gossip_trains_on_when_a_peer_dies():
+    import topologies
+    out = spawn(compressed_gossip_with_a_death, n=4, timeout=90, tolerate=[3],
+                peer_timeout=10, topology=topologies.Ring(4))
+    assert out[3] is None
+    xs = np.stack([out[r][1] for r in (0, 1, 2)])
+    for rank in (0, 1, 2):
+        stats, x = out[rank]
+        assert stats["steps"] == 60 and np.isfinite(x).all()
+        assert rank == 1 or 3 in stats["lost_peers"]    # 0 and 2 are rank 3's neighbours
+    # The survivors (a path 0 - 1 - 2) kept mixing, through int8, after rank 3 died.
+    start = np.stack([np.random.default_rng(r).normal(size=1000) for r in (0, 1, 2)])
+    assert np.ptp(xs, axis=0).max() < 0.05 * np.ptp(start, axis=0).max()
