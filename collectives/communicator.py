@@ -29,8 +29,10 @@ from collectives.algorithms.neighbor import (UNCHECKED, check_pattern_arguments,
                                             neighbor_exchange)
 from collectives.algorithms.p2p import Call, wait_sent
 from collectives.algorithms.ring import ring_allreduce, ring_reduce_scatter, segments
+from collectives.algorithms.compressed import CodecStats
 from collectives.algorithms.small import recursive_doubling_allreduce
 from collectives.arrays.adapter import ArrayAdapter, check_reduce_op
+from collectives.compressed import compressed_allreduce, compressed_neighbor_allreduce
 from collectives.errors import GossipError, OperationTimeout, PeerLost, ViewChanging
 from collectives.send_recv import PointToPoint, flat_of
 from collectives.transport.channels import Channel
@@ -69,6 +71,7 @@ class Communicator:
         self._nccl = None  # NcclGroup, made on the first device array
         self._buffer_pool: dict[tuple, list] = {}  # free send-buffer sets, by shape
         self._peers = tuple(r for r in range(self.world_size) if r != self.rank)
+        self.codec_stats = CodecStats()  # what the compressed calls encoded and refused
 
     @property
     def timeout(self) -> float:
@@ -162,12 +165,18 @@ class Communicator:
 
     # ------------------------------------------------------------------ collectives
     def allreduce(self, x: Any, op: str = "sum", *, wait: bool = True,
-                  timeout: float | None = None, algorithm: str = "auto") -> Any:
+                  timeout: float | None = None, algorithm: str = "auto",
+                  compression: Any = None, residual: Any = None) -> Any:
         """Reduce ``x`` across all peers in place and return it (or a Work handle).
 
         ``algorithm``: "auto" (recursive doubling up to DEFAULT_SMALL_BYTES, ring above), "ring"
         or "recursive-doubling". Every peer must pass the same shape, dtype and op.
+        ``compression`` (a codec or its name; ``residual``: top-k's error feedback buffer):
+        see compressed.py and algorithms/compressed.py for the scheme and its error bound.
         """
+        if compression is not None:
+            return compressed_allreduce(self, x, op, compression, wait=wait, timeout=timeout,
+                                        residual=residual)
         adapter, flat, dtype = self._flat(x)
         check_reduce_op(op, dtype)
         if self._use_nccl(adapter, x, op, dtype):
@@ -310,7 +319,7 @@ class Communicator:
                            dst_ranks, *, dst_weights: dict[int, float] | None = None,
                            scratch: Any = None, out: Any = None, wait: bool = True,
                            timeout: float | None = None, partial: bool = False,
-                           check_pattern: bool = True) -> Any:
+                           check_pattern: bool = True, compression: Any = None) -> Any:
         """x <- self_weight * x + sum_j src_weights[j] * x_j, sending x to ``dst_ranks``
         (each scaled by ``dst_weights[dst]`` if given). In place; returns x. With ``out`` (an
         array of x's size and dtype) the result goes there instead, x is only sent and stays
@@ -331,7 +340,14 @@ class Communicator:
         ``dst_weights``, a missing destination's share stays in ``self_weight``), nothing is
         aborted, and ExchangeIncomplete (a PeerLost) is raised afterwards naming the missing
         ranks, with the result in place (see algorithms/neighbor.py).
+
+        ``compression``: the encodings travel instead (compressed.py; no dst_weights, partial).
         """
+        if compression is not None:
+            return compressed_neighbor_allreduce(
+                self, x, self_weight, src_weights, dst_ranks, compression,
+                dst_weights=dst_weights, out=out, wait=wait, timeout=timeout,
+                partial=partial, check_pattern=check_pattern)
         adapter, flat, dtype = self._flat(x)
         src_weights, dst_ranks = check_pattern_arguments(self.rank, self.world_size, dtype,
                                                          src_weights, dst_ranks, dst_weights)

@@ -136,13 +136,21 @@ class Peer:
 
     # -- collectives ------------------------------------------------------------------------
     def allreduce(self, x: Any, op: str = "sum", *, wait: bool = True,
-                  timeout: float | None = None, algorithm: str = "auto") -> Any:
+                  timeout: float | None = None, algorithm: str = "auto",
+                  compression: Any = None, residual: Any = None) -> Any:
         """Reduce ``x`` over all peers in place (ops: sum, mean, max, min, prod); returns ``x``,
         or a Work handle with ``wait=False``. ``algorithm``: "auto", or one the communicator
         names (ring, recursive doubling, ...). Every peer calls it with the same op, dtype and
         size, else ProtocolError on all of them; PeerLost or OperationTimeout if a peer dies
-        or stalls."""
-        return self._comm.allreduce(x, op, wait=wait, timeout=timeout, algorithm=algorithm)
+        or stalls. ``compression`` ("fp16" | "bf16" | "int8" | "topk:RATIO" or a codec; ops
+        sum and mean): fp16/bf16/int8 run the ring on encodings, re-encoding partial sums
+        at each hop (error <= n x the codec's bound of sum |x_i|); top-k gathers one
+        encoding per peer (error <= the sum of their bounds); both sum in float32 and give
+        every peer identical bytes (collectives/algorithms/compressed.py). ``residual``: a
+        float32 buffer of x's size for top-k's error feedback, updated in place. Peers must
+        pass the same codec, else ProtocolError on every one."""
+        return self._comm.allreduce(x, op, wait=wait, timeout=timeout, algorithm=algorithm,
+                                    compression=compression, residual=residual)
 
     def reduce_scatter(self, x: Any, op: str = "sum", *, wait: bool = True,
                        timeout: float | None = None) -> Any:
@@ -175,7 +183,7 @@ class Peer:
                            dst_ranks, *, dst_weights: dict[int, float] | None = None,
                            scratch: Any = None, out: Any = None, wait: bool = True,
                            timeout: float | None = None, partial: bool = False,
-                           check_pattern: bool = True) -> Any:
+                           check_pattern: bool = True, compression: Any = None) -> Any:
         """One neighbour exchange with explicit weights: ``x <- self_weight x +
         sum_j src_weights[j] x_j``, in place, sending ``x`` to ``dst_ranks`` (scaled by
         ``dst_weights[j]`` if given, as push-sum does). ``scratch``: a buffer like ``x`` for
@@ -186,14 +194,17 @@ class Peer:
         Communicator.neighbor_allreduce for its cost); PeerLost or OperationTimeout if a
         neighbour dies or stalls. ``partial=True``: the round completes without the
         neighbours lost during it (a missing destination's share stays with this peer), then
-        ExchangeIncomplete names them (Communicator.neighbor_allreduce)."""
+        ExchangeIncomplete names them (Communicator.neighbor_allreduce). ``compression``: a
+        codec's encoding of x travels, and x <- w_self D(E(x)) + sum_j w_j D(E(x_j)) in
+        float32 (with ``out``, x is left holding D(E(x))); no dst_weights or partial then."""
         return self._comm.neighbor_allreduce(x, self_weight, src_weights, dst_ranks,
                                              dst_weights=dst_weights, scratch=scratch,
                                              out=out, wait=wait, timeout=timeout,
-                                             partial=partial, check_pattern=check_pattern)
+                                             partial=partial, check_pattern=check_pattern,
+                                             compression=compression)
 
     def neighbor_average(self, x: Any, step: int = 0, *, scratch: Any = None, wait: bool = True,
-                         timeout: float | None = None) -> Any:
+                         timeout: float | None = None, compression: Any = None) -> Any:
         """One gossip round with the topology's mixing weights: x <- sum_j W[rank, j] * x_j
         (D-PSGD) at ``step`` (time-varying topologies). Neighbours already lost are left out
         and the weight of the lost edges is spread over the live neighbourhood: a live
@@ -202,11 +213,12 @@ class Peer:
         doubly stochastic, among the survivors: their mean is kept, and on a complete graph
         one round gives every survivor their exact mean (gossip.policies.neighborhood's
         live_mixing_round; it needs the survivors to agree on who is lost). Errors as
-        neighbor_allreduce."""
+        neighbor_allreduce; ``compression`` as there."""
         plan = live_mixing_round(self.topology, self.rank, step,
                                  self._transport.lost_ranks())
-        return plan.run(self._comm.neighbor_allreduce, x, scratch=scratch, wait=wait,
-                        timeout=timeout)
+        extra = {"compression": compression} if compression is not None else \
+            {"scratch": scratch}
+        return plan.run(self._comm.neighbor_allreduce, x, wait=wait, timeout=timeout, **extra)
 
     # -- observability and lifetime ------------------------------------------------------
     def lost_peers(self) -> dict[int, str]:
@@ -219,6 +231,9 @@ class Peer:
         stats = self._transport.stats()
         for name, value in self._earlier_totals.items():
             stats[name] += value
+        # Compressed calls on the main channel: float32 bytes encoded, their encodings'
+        # bytes, and payloads refused for not decoding.
+        stats["codec"] = self._comm.codec_stats.snapshot()
         if self._membership is not None:
             door = self._membership.door
             stats["view"] = self._membership.view.number if self._membership.view else None

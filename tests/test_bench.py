@@ -192,3 +192,21 @@ def test_invariants_script_measures_every_promise(tmp_path):
         assert r["sum_x"] < 1e-12 and r["sum_w"] < 1e-12, r
     assert abs(asynchronous["weights_minus_n"]) < 1e-9 and asynchronous["absorbed"] > 0
     assert replicated["drift"] < 1e-13 and sharded["drift"] < 1e-13
+
+
+def test_compression_benchmark_runs_both_tables_small(tmp_path):
+    """benchmarks/compression.py end to end at toy sizes: shapes of both tables (no figure
+    is judged; the wire bytes are counts, so their order is: a codec sends less)."""
+    rows = tmp_path / "rows.jsonl"
+    out = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "compression.py"),
+                          "--elements", "64K", "--repeats", "1", "-n", "2", "--steps", "4",
+                          "--model-elements", "16K", "--json", str(rows)],
+                         capture_output=True, text=True, timeout=280, cwd=ROOT)
+    assert out.returncode == 0, out.stdout + out.stderr
+    lines = [json.loads(line) for line in rows.read_text().splitlines()]
+    throughput = [r for r in lines if r["table"] == "throughput"]
+    assert [r["codec"] for r in throughput] == ["memcpy", "fp16", "bf16", "int8", "topk:0.01"]
+    wire = {(r["policy"], r["codec"]): r["bytes_per_step"] for r in lines
+            if r["table"] == "wire"}
+    for policy in ("synchronous", "local-sgd", "gossip", "elastic"):
+        assert wire[(policy, "int8")] < wire[(policy, "none")], (policy, wire)

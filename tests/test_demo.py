@@ -197,6 +197,19 @@ def test_demo_kill_every_policy_rejoins_or_says_why_not(tmp_path) -> None:
 # ---------------------------------------------------------------------- bad arguments
 
 
+def test_demo_compression_encodes_what_the_policies_send(tmp_path) -> None:
+    out = tmp_path / "out"
+    proc = _demo("--policy", "synchronous,push-sum", "--epochs", "1", "--peers", "2",
+                 "--compression", "int8", "--no-baseline", "--out", str(out))
+    assert proc.returncode == 0, proc.stderr
+    assert "uncompressed (they refuse the codec): push-sum" in proc.stderr, proc.stderr
+    table = {row["policy"]: row for row in json.loads((out / "demo.json").read_text())["table"]}
+    # One epoch, the same steps: int8 gradients cost about a quarter of push-sum's float32
+    # parameters (each peer sends its whole model once per step to its one neighbour).
+    assert table["synchronous"]["bytes_per_peer"] < 0.5 * table["push-sum"]["bytes_per_peer"]
+    assert table["synchronous"]["final_accuracy"] > 0.5
+
+
 @pytest.mark.parametrize("args, says", [
     (["--policy", "bogus"], "unknown policy 'bogus'"),
     (["--policy", "gossip,,elastic"], "empty name"),
@@ -214,6 +227,7 @@ def test_demo_kill_every_policy_rejoins_or_says_why_not(tmp_path) -> None:
     (["--kill", "9@0.5"], "rank 9 is not one of the 4 peers"),
     (["--kill", "1@1.5"], "the fraction must be between 0 and 1"),
     (["--kill", "1@0.5", "--epochs", "1", "--batch-size", "359"], "needs at least 2 training"),
+    (["--compression", "fp8"], "unknown codec 'fp8'"),
 ])
 def test_bad_arguments_give_one_line(tmp_path, args, says) -> None:
     args = [a.replace("{empty}", str(tmp_path)) for a in args]

@@ -197,7 +197,7 @@ def test_local_sgd_schedule_and_arguments():
 # ---------------------------------------------------------------------------- API
 def test_policy_names_resolve():
     assert gossip.policies.names() == ["synchronous", "local-sgd", "gossip", "asynchronous",
-                                       "push-sum", "elastic"]
+                                       "push-sum", "elastic", "choco"]
     kinds = {"synchronous": Synchronous, "local-sgd": LocalSGD, "gossip": Gossip,
              "asynchronous": Asynchronous, "push-sum": PushSum, "elastic": ElasticAveraging}
     for name, cls in kinds.items():

@@ -24,7 +24,7 @@ from collectives.algorithms.pattern import MISSING, announce, check_pairing, pla
 from collectives.arrays.adapter import ArrayAdapter
 from collectives.errors import ExchangeIncomplete
 
-__all__ = ["neighbor_exchange", "check_pattern_arguments", "incomplete", "UNCHECKED"]
+__all__ = ["neighbor_exchange", "check_pattern_arguments", "incomplete", "refuse", "UNCHECKED"]
 
 # The signature's suffix of an exchange called with check_pattern=False: no plans travel and
 # no pairing is checked (a peer that checks meets a call of another signature instead).
@@ -99,7 +99,7 @@ def neighbor_exchange(call: Call, adapter: ArrayAdapter, flat: Any, self_weight:
     # The plans are read after the data went out: checking costs no round trip before it.
     problems = check_pairing(call, peers, src_weights, dst_ranks, missing) if checked else None
     if problems:
-        _refuse(call, peers, problems, tickets)
+        refuse(call, peers, problems, tickets)
     missing = missing if missing is not None else {}
     # What the in-neighbours send adds up in `scratch` (the first one is written, not added,
     # so nothing clears it first); `flat` is still read by the sends, and is combined last,
@@ -154,7 +154,7 @@ def neighbor_exchange(call: Call, adapter: ArrayAdapter, flat: Any, self_weight:
     return missing
 
 
-def _refuse(call: Call, peers, problems: list[str], tickets) -> None:
+def refuse(call: Call, peers, problems: list[str], tickets) -> None:
     """Raise the ValueError of a pattern that does not pair, once the peers involved were told
     (those whose own check passed would otherwise wait for this peer's data) and this peer's
     sends are off its buffer (the caller may change it once this raises)."""

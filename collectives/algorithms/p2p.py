@@ -9,7 +9,6 @@ are the two ways a sender waits: for its buffer to be free, and for its peer to 
 """
 from __future__ import annotations
 
-import math
 import time
 from typing import Any, Iterator
 
@@ -18,7 +17,7 @@ from collectives.arrays.adapter import ArrayAdapter
 from collectives.errors import PeerLost, ProtocolError
 from collectives.transport.link import SendTicket
 from collectives.transport.transport import Transport
-from collectives.transport.wire import Header, dtype_itemsize
+from collectives.transport.wire import Header, payload_layout
 
 __all__ = ["Call", "post_range", "recv_range", "chunk_elements", "wait_sent", "wait_reached"]
 
@@ -28,7 +27,7 @@ class Call:
     dtype and shape on every peer, or the peers made different calls."""
 
     __slots__ = ("transport", "channel", "seq", "signature", "dtype", "shape", "nbytes",
-                 "itemsize", "deadline")
+                 "itemsize", "frame_dtype", "deadline")
 
     def __init__(self, transport: Transport, channel: int, seq: int, signature: str,
                  dtype: str, shape: tuple[int, ...], deadline: float) -> None:
@@ -38,8 +37,8 @@ class Call:
         self.signature = signature
         self.dtype = dtype
         self.shape = tuple(shape)
-        self.itemsize = dtype_itemsize(dtype)
-        self.nbytes = math.prod(self.shape) * self.itemsize
+        # A codec's payload (dtype "codec:..."): bytes, read as uint8 (wire.payload_layout).
+        self.itemsize, self.nbytes, self.frame_dtype = payload_layout(dtype, self.shape)
         self.deadline = deadline
 
     def describe(self) -> str:
@@ -110,7 +109,7 @@ def recv_range(call: Call, src: int, adapter: ArrayAdapter, start: int,
             if header.offset != lo * call.itemsize or not in_range:
                 raise call.mismatch(src, header, f"elements at byte offset {header.offset} "
                                                  f"(expected {lo * call.itemsize})")
-            yield lo, lo + count, adapter.from_frame(payload, call.dtype, count)
+            yield lo, lo + count, adapter.from_frame(payload, call.frame_dtype, count)
         finally:
             if release is not None:
                 release()

@@ -22,7 +22,11 @@ Header (a msgpack array, in this order; arrays pack smaller and parse faster tha
 - ``channel``/``seq``: which operation the message belongs to; concurrent operations use
   different (channel, seq) mailboxes and never mix (channel numbers: channels.py).
 - ``op``: the signature of the call that sent it ("allreduce(sum)"), to detect mismatched calls.
-- ``dtype``/``shape``/``nbytes``: the whole logical array the chunk belongs to.
+- ``dtype``/``shape``/``nbytes``: the whole logical array the chunk belongs to. A compressed
+  payload names its codec here ("codec:int8", "codec:topk:0.01", codecs/registry.py): then
+  ``shape`` is (parts..., count), each part the encoding of ``count`` elements, ``nbytes``
+  must be parts x the codec's encoded size of ``count``, and offsets count bytes. An unknown
+  codec, or a byte count its codec does not give, is malformed.
 - ``offset``/``length``: the byte range of this chunk in that array (for DATA, ``length`` must
   equal the payload frame's length).
 - ``slot``: SHM's slot; PLAN's bits; a DATA chunk's PLAN bits (a neighbour exchange's plan,
@@ -45,6 +49,8 @@ import math
 from typing import NamedTuple
 
 import msgpack
+
+from collectives.codecs.registry import from_wire
 
 __all__ = [
     "PROTOCOL_VERSION",
@@ -73,6 +79,7 @@ __all__ = [
     "decode_header",
     "stamp_number",
     "dtype_itemsize",
+    "payload_layout",
 ]
 
 PROTOCOL_VERSION = 2  # 2: the trailing message number
@@ -159,6 +166,25 @@ def dtype_itemsize(name: str) -> int:
         raise WireError(f"dtype {name!r} is not on the wire's allow-list") from None
 
 
+def payload_layout(dtype: str, shape: tuple[int, ...]) -> tuple[int, int, str]:
+    """(bytes per element, bytes of the whole array, the dtype its frames are read as) of a
+    header's dtype and shape: a plain dtype's, or a codec payload's (module docstring: bytes,
+    parts x encoded size of the last dimension). WireError if the dtype is neither."""
+    itemsize = ALLOWED_DTYPES.get(dtype)
+    if itemsize is not None:
+        return itemsize, math.prod(shape) * itemsize, dtype
+    codec = from_wire(dtype)
+    if codec is None:
+        raise WireError(f"dtype {dtype!r} is not on the wire's allow-list, nor a known codec")
+    if not shape:
+        raise WireError(f"a {dtype} payload needs a shape (parts..., count)")
+    try:
+        part = codec.encoded_nbytes(shape[-1])
+    except ValueError as exc:
+        raise WireError(f"a {dtype} payload of {shape[-1]} elements: {exc}") from None
+    return 1, math.prod(shape[:-1]) * part, "uint8"
+
+
 _UINT64 = b"\xcf"  # msgpack's fixed-width uint64 marker
 
 
@@ -205,7 +231,8 @@ def _check_fields(fields: list, world_size: int, max_bytes: int) -> None:
     _int(channel, "channel", 0, 2**32)
     _int(seq, "seq")
     _str(op, "op")
-    dtype_itemsize(_str(dtype, "dtype"))
+    if from_wire(_str(dtype, "dtype")) is None:   # a codec's payload is also a dtype here
+        dtype_itemsize(dtype)
     if type(shape) is not list or len(shape) > _MAX_NDIM:
         raise WireError("header field shape is not a list of at most 32 dimensions")
     for d in shape:
@@ -239,6 +266,10 @@ def decode_header(raw: bytes | memoryview, *, world_size: int, max_bytes: int,
     number = fields.pop() if len(fields) > _FIELDS else 0
     version, kind, src, channel, seq, op, dtype, shape, nbytes, offset, length, slot = fields
     itemsize = ALLOWED_DTYPES.get(dtype) if type(dtype) is str else None
+    codec = None
+    if itemsize is None and type(dtype) is str and dtype.startswith("codec:"):
+        codec = from_wire(dtype)   # a compressed payload: offsets count bytes
+        itemsize = 1 if codec is not None else None
     # One expression for the common, valid header (it runs for every message); the field by
     # field checks below run only when it fails, to name what is wrong.
     if not (type(version) is int and version == PROTOCOL_VERSION
@@ -256,7 +287,12 @@ def decode_header(raw: bytes | memoryview, *, world_size: int, max_bytes: int,
             and type(number) is int and 0 <= number < 2**63):
         _check_fields(fields + [number], world_size, max_bytes)
     shape = tuple(shape)
-    if math.prod(shape) * itemsize != nbytes:
+    if codec is not None:
+        expected = payload_layout(dtype, shape)[1]
+        if expected != nbytes:
+            raise WireError(f"a {dtype} payload of shape {shape} has {expected} bytes, "
+                            f"not nbytes {nbytes}")
+    elif math.prod(shape) * itemsize != nbytes:
         raise WireError(f"shape {shape} x itemsize {itemsize} != nbytes {nbytes}")
     if kind in (DATA, SHM):
         if kind == DATA and length != payload_len:

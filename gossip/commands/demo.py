@@ -6,11 +6,11 @@ import argparse
 import sys
 from typing import NoReturn
 
-__all__ = ["register", "main", "parse_policies"]
+__all__ = ["register", "main", "parse_policies", "compression_options"]
 
 # The names `gossip.policies.names()` returns; repeated here so that building the parser does
 # not import the policies (every `gossip` invocation builds it). main() checks them.
-_POLICY_HELP = "synchronous, local-sgd, gossip, asynchronous, push-sum, elastic"
+_POLICY_HELP = "synchronous, local-sgd, gossip, asynchronous, push-sum, elastic, choco"
 
 
 def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -32,7 +32,8 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
             "  gossip demo --policy synchronous,gossip --epochs 5 --out /tmp/demo\n"
             "  gossip demo --peers 8 --topology exponential --policy gossip,push-sum\n"
             "  gossip demo --dataset mnist --data-dir ~/data/mnist --epochs 1\n"
-            "  gossip demo --kill 2@0.33                    # peer 2 SIGKILLed at a third, restarted"
+            "  gossip demo --kill 2@0.33                    # peer 2 SIGKILLed at a third, restarted\n"
+            "  gossip demo --compression int8               # what travels, int8-encoded"
         ),
     )
     parser.add_argument("-n", "--peers", type=int, default=4, metavar="N",
@@ -66,6 +67,11 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
                         "trains in a group of its own; synchronous, local-sgd and elastic "
                         "with elastic=True); the table says when it came back, or why it "
                         "could not. E.g. 2@0.33")
+    parser.add_argument("--compression", metavar="CODEC",
+                        help="fp16, bf16, int8 or topk:RATIO: every policy that takes the codec "
+                        "sends through it (push-sum and asynchronous take none, gossip no "
+                        "top-k: they run uncompressed, and a line says so); sent/peer then "
+                        "counts the encodings")
     parser.add_argument("--timeout", type=float, default=1800.0, metavar="S",
                         help="deadline of the whole run in seconds (default 1800)")
     parser.set_defaults(func=main)
@@ -98,14 +104,45 @@ def parse_policies(text: str) -> tuple[str, ...]:
     return tuple(items)
 
 
+def compression_options(policies: tuple[str, ...], spec: str) -> tuple[dict, list[str]]:
+    """The demo's policy options for ``--compression spec`` (ValueError for an unknown
+    codec): {name: {"compression": spec}} for the policies that take it, and the names of
+    those that refuse it (constructed once here to ask them: no peer is involved)."""
+    import warnings
+
+    from collectives.codecs import parse
+    from gossip.policies import policy_class
+
+    codec = parse(spec)
+    options, plain = {}, []
+    for name in policies:
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                policy_class(name)(compression=codec)
+        except ValueError:
+            plain.append(name)
+            continue
+        options[name] = {"compression": codec.name}
+    return options, plain
+
+
 def main(args: argparse.Namespace) -> int:
     """Run `gossip demo`. Bad settings are ValueErrors, shown by the CLI in one line; a failed
     peer is one line here, with the details in OUT/failure.log."""
     from gossip.demo.kill import Kill
     from gossip.demo.runner import DemoFailed, DemoOptions, run_demo
 
+    policies = parse_policies(args.policy)
+    policy_options: dict = {}
+    if args.compression is not None:
+        policy_options, plain = compression_options(policies, args.compression)
+        if plain:
+            print(f"--compression {args.compression}: uncompressed (they refuse the codec): "
+                  f"{', '.join(plain)}", file=sys.stderr, flush=True)
     options = DemoOptions(
-        policies=parse_policies(args.policy), peers=args.peers, topology=args.topology,
+        policies=policies, policy_options=policy_options, peers=args.peers,
+        topology=args.topology,
         epochs=args.epochs, dataset=args.dataset.strip().lower(), data_dir=args.data_dir,
         out=args.out, batch_size=args.batch_size, lr=args.lr, seed=args.seed,
         baseline=not args.no_baseline, timeout=args.timeout,

@@ -13,6 +13,7 @@
 | asynchronous | Asynchronous           | push-sum in a background thread, never waits   |
 | push-sum     | PushSum                | push-sum (SGP), directed / time-varying graphs |
 | elastic      | ElasticAveraging       | elastic pull to a centre every period steps    |
+| choco        | Choco                  | compressed differences to public copies        |
 
 Shared mechanisms, each in one module: ``policy`` (the step, nan guard and failure rule of
 every policy), ``neighborhood`` (the default topology and the round plan over live and healed
@@ -24,17 +25,20 @@ No module here imports torch at import time; torch is imported where torch tenso
 handled.
 """
 from gossip.policies.asynchronous import Asynchronous
+from gossip.policies.choco import Choco
 from gossip.policies.buckets import DEFAULT_BUCKET_BYTES, Bucket, BucketSet
 from gossip.policies.elastic_averaging import ElasticAveraging
 from gossip.policies.gossip_policy import Gossip
+from gossip.policies.compression import Compression
 from gossip.policies.local_sgd import LocalSGD
+from gossip.policies.outer_optimizer import DILOCO, SGD
 from gossip.policies.policy import Policy
 from gossip.policies.push_sum import PushSum
 from gossip.policies.registry import POLICIES, make, names, policy_class, resolve
 from gossip.policies.synchronous import Synchronous
 
 __all__ = [
-    "Policy", "Synchronous", "LocalSGD", "Gossip", "Asynchronous", "PushSum",
+    "Policy", "Synchronous", "LocalSGD", "Gossip", "Asynchronous", "PushSum", "Choco",
     "ElasticAveraging", "make", "names", "policy_class", "resolve", "POLICIES", "Bucket",
-    "BucketSet", "DEFAULT_BUCKET_BYTES",
+    "BucketSet", "DEFAULT_BUCKET_BYTES", "SGD", "DILOCO", "Compression",
 ]

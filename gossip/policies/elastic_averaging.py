@@ -4,6 +4,7 @@ from __future__ import annotations
 import logging
 import threading
 import warnings
+from typing import Any
 
 from collectives.arrays import adapter_for, segment
 from gossip.channels import PeerChannel
@@ -31,6 +32,9 @@ class ElasticAveraging(BackgroundPolicy):
     allreduce of the elastic differences per round, ``c += sum_i d_i``, keeps the centres
     bitwise identical. Invariant of a round: ``sum_i x_i + c`` is unchanged (the workers lose
     exactly what the centre gains). Cost: one allreduce of P bytes every tau steps.
+    ``compression`` (replicated only): the differences d_i travel encoded (top-k with error
+    feedback); the centre gains their decoded sum, identical everywhere, so the invariant
+    holds to the codec's error per round (plus the residuals, with top-k).
 
     ``center="sharded"`` (asynchronous EASGD): peer r owns segment r of each flat bucket of
     the centre. At its elastic step a worker sends its segment s to owner s (on
@@ -76,9 +80,15 @@ class ElasticAveraging(BackgroundPolicy):
                  center: str = "replicated", channel: int = PeerChannel.ELASTIC_REQUESTS,
                  poll_interval: float = 0.25,
                  bucket_bytes: int = DEFAULT_BUCKET_BYTES, timeout: float | None = None,
-                 nan_guard: bool = False, elastic: bool = False, min_peers: int = 1) -> None:
+                 nan_guard: bool = False, elastic: bool = False, min_peers: int = 1,
+                 compression: Any = None) -> None:
         super().__init__(channel=channel, poll_interval=poll_interval,
-                         bucket_bytes=bucket_bytes, timeout=timeout, nan_guard=nan_guard)
+                         bucket_bytes=bucket_bytes, timeout=timeout, nan_guard=nan_guard,
+                         compression=compression)
+        if compression is not None and center != "replicated":
+            raise ValueError("compression needs center='replicated' (its allreduce of the "
+                             "elastic differences is compressed); the sharded centre's "
+                             "point-to-point shards are not")
         self.elastic = bool(elastic)
         self.min_peers = check_int("min_peers", min_peers, 1)
         if alpha is not None:
@@ -217,7 +227,10 @@ class ElasticAveraging(BackgroundPolicy):
             own -= c
             own *= alpha        # d_i = alpha (x_i - c)
             adapter.copy(d, own)
-            work.append(self._peer.allreduce(d, op="sum", wait=False, timeout=self.timeout))
+            # With a codec the differences are encoded (top-k: with error feedback); the
+            # centre gains their decoded sum, identical on every peer.
+            work.append(self._peer.allreduce(d, op="sum", wait=False, timeout=self.timeout,
+                                             **self._compression.kwargs(len(work), d)))
         lost = None
         for w in work:
             try:

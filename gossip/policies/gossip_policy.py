@@ -43,14 +43,23 @@ class Gossip(Policy):
     in-neighbours only.
 
     ``topology``: default, the peer's own (``peer.topology``).
+
+    ``compression`` (fp16, bf16 or int8: codecs that can stand for parameters; top-k
+    cannot, use Choco): each peer sends one encoding and combines the decoded encodings,
+    its own included (collectives/algorithms/compressed.py), so the mean of the decoded
+    values is kept; the quantisation error is added again every round (CHOCO-SGD, Choco,
+    removes it).
     """
 
     name = "gossip"
     default_topology = PEER_TOPOLOGY
 
     def __init__(self, *, topology: Any = None, bucket_bytes: int = DEFAULT_BUCKET_BYTES,
-                 timeout: float | None = None, nan_guard: bool = False) -> None:
-        super().__init__(bucket_bytes=bucket_bytes, timeout=timeout, nan_guard=nan_guard)
+                 timeout: float | None = None, nan_guard: bool = False,
+                 compression: Any = None) -> None:
+        super().__init__(bucket_bytes=bucket_bytes, timeout=timeout, nan_guard=nan_guard,
+                         compression=compression)
+        self._compression.require_dense("Gossip", "Choco (compressed differences)")
         self._topology_arg = topology
 
     def _setup(self) -> None:
@@ -79,8 +88,9 @@ class Gossip(Policy):
             # Every bucket's exchange is called even after one failed, so this peer's
             # sequence numbers stay in step with its neighbours'.
             with self._tolerate(f"round {step}, bucket {b.index}"):
-                plan.run(self._peer.neighbor_allreduce, b.flat, scratch=scratch,
-                         timeout=self.timeout)
+                codec = {"compression": self.compression} if self.compression else \
+                    {"scratch": scratch}
+                plan.run(self._peer.neighbor_allreduce, b.flat, timeout=self.timeout, **codec)
         buckets.copy_out()
 
     def _view_changed(self) -> None:

@@ -68,6 +68,9 @@ class MembershipHooks:
         to the user's arrays and go on from ``step``."""
         self._buckets.copy_out()
         self._step = int(step)
+        # A residual is what its peer has not sent yet: taken over from the source, the
+        # source's unsent error would reach the average twice. This peer starts without.
+        self._compression.forget_residuals()
         if self.nan_guard:
             self._guard.keep()
 

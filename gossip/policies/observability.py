@@ -32,6 +32,15 @@ class PolicyStats:
             "lost_peers": sorted(self._peer.lost_peers()),
             "skipped_steps": self._guard.skipped_steps,
         }
+        out.update(self._compression.stats())
+        codec = counters.get("codec")
+        if self._compression.codec is not None and codec:
+            # What the policy's codec took in (float32 bytes) and gave out, per step: the
+            # wire's own count is bytes_per_step.
+            steps = max(self._step, 1)
+            out["codec_bytes_per_step"] = {
+                what: (codec[what] - self._codec0.get(what, 0)) / steps
+                for what in ("raw_bytes", "encoded_bytes")}
         out.update(self._extra_stats())
         if consensus:
             out["consensus_distance"] = self.consensus_distance()

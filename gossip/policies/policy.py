@@ -27,11 +27,13 @@ from gossip.errors import ExchangeIncomplete, PeerLost
 from gossip.policies.arguments import check_int, check_number
 from gossip.policies.buckets import DEFAULT_BUCKET_BYTES, BucketSet
 from gossip.policies.clock import PolicyClock
+from gossip.policies.compression import Compression
 from gossip.policies.membership_hooks import MembershipHooks
 from gossip.policies.observability import PolicyStats
 from gossip.policies.failures import PEER_FAILURES, Attempt, tolerate
 from gossip.policies.nan_guard import NanGuard
 from gossip.policies.neighborhood import resolve_topology
+from gossip.policies.outer_step import OuterStep
 
 __all__ = ["Policy"]
 
@@ -64,6 +66,10 @@ class Policy(PolicyStats, MembershipHooks, abc.ABC):
     *averaged* gradients (or parameters), which are the same bytes on every replica, so a
     non-finite value on any peer makes every replica skip the same step and they stay
     identical. Skipped steps still communicate, keeping every peer's calls in step.
+
+    ``compression`` ("fp16" | "bf16" | "int8" | "topk:RATIO" or a collectives.codecs codec):
+    what the policy sends goes through that codec (each policy's docstring says what it
+    compresses); top-k's error-feedback residuals are policy state (state_dict()).
     """
 
     #: The name under which gossip.policies.make() finds the policy.
@@ -83,8 +89,11 @@ class Policy(PolicyStats, MembershipHooks, abc.ABC):
     _guard_after_communication: ClassVar[bool] = False
 
     def __init__(self, *, bucket_bytes: int = DEFAULT_BUCKET_BYTES,
-                 timeout: float | None = None, nan_guard: bool = False) -> None:
+                 timeout: float | None = None, nan_guard: bool = False,
+                 compression: Any = None) -> None:
         self._bucket_bytes = check_int("bucket_bytes", bucket_bytes)
+        self._compression = Compression(compression)
+        self._outer: OuterStep | None = None   # averages through anchors (outer_step.py)
         self._timeout_arg = check_number("timeout", timeout, lambda t: t > 0,
                                          "a positive number of seconds", optional=True)
         self._peer: Any = None
@@ -127,6 +136,7 @@ class Policy(PolicyStats, MembershipHooks, abc.ABC):
                                who=lambda: (peer.rank, self._step, self.name))
         counters = peer.stats()
         self._bytes0, self._messages0 = counters["bytes_sent"], counters["messages_sent"]
+        self._codec0 = dict(counters.get("codec", {}))
         try:
             if self.default_topology is not None:
                 self._topology = resolve_topology(self._topology_arg, peer,
@@ -274,7 +284,12 @@ class Policy(PolicyStats, MembershipHooks, abc.ABC):
         elastic recovery (or a leave) would go on from those sums (seen: LocalSGD's replicas
         at twice their mean after a death, its model saturated). torch: costs one copy of the
         parameters per averaging, into buffers kept from the first; numpy: none, the user's
-        arrays are the copy (the buckets are packed from them again)."""
+        arrays are the copy (the buckets are packed from them again). With an outer step (a
+        codec, or LocalSGD's outer optimizer) the change since the last average travels
+        instead (outer_step.py)."""
+        if self._outer is not None:
+            self._outer.average(self._peer, self._buckets, self.timeout)
+            return
         buckets = self._buckets
         buckets.copy_in()
         keep = buckets.kind != "numpy"
@@ -310,6 +325,17 @@ class Policy(PolicyStats, MembershipHooks, abc.ABC):
             raise RuntimeError(f"{self.name}: the policy was closed")
 
     # ------------------------------------------------------------------ attributes
+    def _use_outer_step(self, optimizer: Any) -> None:
+        """From _setup: _average_parameters goes through anchors and ``optimizer`` (a
+        collective at attach: the anchors start at the replicas' mean)."""
+        self._outer = OuterStep(optimizer, self._compression)
+        self._outer.setup(self._peer, self._buckets, self.timeout)
+
+    @property
+    def compression(self) -> Any:
+        """The policy's codec (a collectives.codecs.Codec), None without one."""
+        return self._compression.codec
+
     @property
     def peer(self) -> Any:
         """The Peer the policy is attached to (None before attach)."""
@@ -365,6 +391,9 @@ class Policy(PolicyStats, MembershipHooks, abc.ABC):
         state = {"policy": self.name, "step": self._step}
         if self._peer is not None:
             state.update(self._extra_state())
+            state.update(self._compression.state())
+            if self._outer is not None:
+                state["outer"] = self._outer.state()
         return state
 
     def load_state_dict(self, state: dict) -> None:
@@ -378,6 +407,9 @@ class Policy(PolicyStats, MembershipHooks, abc.ABC):
         step = state["step"]
         if not isinstance(step, (int, np.integer)) or step < 0:
             raise ValueError(f"state dict step must be a non-negative int, got {step!r}")
+        self._compression.load(state)
+        if self._outer is not None:
+            self._outer.load(state.get("outer"))
         self._load_extra_state(state)
         self._step = int(step)
 

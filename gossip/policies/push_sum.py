@@ -94,7 +94,12 @@ class PushSum(PushSumMembership, Policy):
 
     def __init__(self, *, topology: Any = None, overlap: bool = False,
                  bucket_bytes: int = DEFAULT_BUCKET_BYTES, timeout: float | None = None,
-                 nan_guard: bool = False) -> None:
+                 nan_guard: bool = False, compression: Any = None) -> None:
+        if compression is not None:
+            # Its shares are scaled per destination and carry mass (x, w): a lossy codec
+            # would break the mass the de-biasing relies on (future work).
+            raise ValueError("PushSum does not take compression yet (its shares carry mass, "
+                             "which a lossy codec would not keep); Choco or Gossip do")
         super().__init__(bucket_bytes=bucket_bytes, timeout=timeout, nan_guard=nan_guard)
         self._topology_arg = topology
         self.overlap = bool(overlap)

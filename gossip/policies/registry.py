@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from gossip.policies.asynchronous import Asynchronous
+from gossip.policies.choco import Choco
 from gossip.policies.elastic_averaging import ElasticAveraging
 from gossip.policies.gossip_policy import Gossip
 from gossip.policies.local_sgd import LocalSGD
@@ -16,7 +17,7 @@ __all__ = ["POLICIES", "make", "names", "policy_class", "resolve"]
 
 #: Canonical name -> policy class.
 POLICIES: dict[str, type[Policy]] = {cls.name: cls for cls in (
-    Synchronous, LocalSGD, Gossip, Asynchronous, PushSum, ElasticAveraging)}
+    Synchronous, LocalSGD, Gossip, Asynchronous, PushSum, ElasticAveraging, Choco)}
 
 
 def names() -> list[str]:

@@ -8,6 +8,7 @@ from typing import Any, Iterator
 from gossip.policies.arguments import check_int
 from gossip.policies.policy import Policy
 from gossip.policies.buckets import DEFAULT_BUCKET_BYTES
+from gossip.policies.outer_optimizer import SGD
 
 __all__ = ["Synchronous", "FIRST_BUCKET_BYTES"]
 
@@ -35,6 +36,11 @@ class Synchronous(Policy):
 
     With numpy arrays there is no autograd: ``after_step()`` averages the parameters instead.
 
+    ``compression``: the gradients' allreduce goes through the codec (each peer's gradient
+    encoded once, summed in float32: collectives/algorithms/compressed.py; top-k with error
+    feedback, its residual per bucket in state_dict()); replicas stay identical. numpy:
+    the change of the parameters since the last step is compressed (outer_step.py).
+
     ``broadcast_start``: at attach, copy rank 0's parameters to every peer, as DDP does, since
     synchronous replicas must start identical.
 
@@ -60,8 +66,10 @@ class Synchronous(Policy):
 
     def __init__(self, *, broadcast_start: bool = True,
                  bucket_bytes: int = DEFAULT_BUCKET_BYTES, timeout: float | None = None,
-                 nan_guard: bool = False, elastic: bool = False, min_peers: int = 1) -> None:
-        super().__init__(bucket_bytes=bucket_bytes, timeout=timeout, nan_guard=nan_guard)
+                 nan_guard: bool = False, elastic: bool = False, min_peers: int = 1,
+                 compression: Any = None) -> None:
+        super().__init__(bucket_bytes=bucket_bytes, timeout=timeout, nan_guard=nan_guard,
+                         compression=compression)
         self.elastic = bool(elastic)
         self.min_peers = check_int("min_peers", min_peers, 1)
         self._first_bucket_bytes = min(FIRST_BUCKET_BYTES, bucket_bytes)
@@ -83,6 +91,9 @@ class Synchronous(Policy):
         self._work: list[Any] = [None] * len(buckets)
         self._next = 0
         if buckets.kind != "torch":
+            if self.compression is not None:
+                # numpy has no gradients: the change since the last average is compressed.
+                self._use_outer_step(SGD())
             return
         params = buckets.params
         # How many gradients each bucket waits for (parameters that require one).
@@ -145,7 +156,8 @@ class Synchronous(Policy):
         if self._need[k] == 0:
             return  # frozen parameters only: nothing to average
         self._work[k] = self._peer.allreduce(b.grad, op="mean", wait=False,
-                                             timeout=self.timeout)
+                                             timeout=self.timeout,
+                                             **self._compression.kwargs(k, b.grad))
 
     # ------------------------------------------------------------------ the step
     def _after_backward(self) -> None:

@@ -44,8 +44,9 @@ class BackgroundPolicy(Policy):
 
     def __init__(self, *, channel: int, poll_interval: float,
                  bucket_bytes: int = DEFAULT_BUCKET_BYTES, timeout: float | None = None,
-                 nan_guard: bool = False) -> None:
-        super().__init__(bucket_bytes=bucket_bytes, timeout=timeout, nan_guard=nan_guard)
+                 nan_guard: bool = False, compression: Any = None) -> None:
+        super().__init__(bucket_bytes=bucket_bytes, timeout=timeout, nan_guard=nan_guard,
+                         compression=compression)
         check_int("channel", channel, note=" (0 is the peer's own)")
         check_number("poll_interval", poll_interval, lambda s: 0 < s <= 1, "in (0, 1] seconds")
         self._channel_number = int(channel)
