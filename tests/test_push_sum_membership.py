@@ -312,3 +312,17 @@ def refusal_with_push_sum(peer):
 
 def test_joiners_are_not_refused_while_push_sum_is_attached():
     assert spawn(refusal_with_push_sum, n=2, timeout=30) == [None, None]
+
+
+def refusal_with_choco(peer):
+    from gossip.policies import Choco
+    policy = Choco(compression="topk:0.5").attach(peer, [np.zeros(4)])
+    why = peer._refusal()
+    policy.close()
+    return why
+
+
+def test_joiners_are_refused_while_choco_is_attached_naming_it():
+    # Its public copies follow one graph: a join would leave them disagreeing, silently.
+    for why in spawn(refusal_with_choco, n=2, timeout=30):
+        assert why is not None and "'choco'" in why, why

@@ -42,13 +42,18 @@ class Choco(Policy):
 
     Static graphs only (the s_i sum follows one W); the public copies and s are policy state
     (state_dict()). A lost neighbour fails the step with PeerLost: the copies its
-    neighbours hold of one another would disagree after a partial round. Cost per step: one
+    neighbours hold of one another would disagree after a partial round. For the same reason
+    the group refuses joiners while it is attached (no view changes yet). Cost per step: one
     encoding of the parameters to each out-neighbour (top-k 1%: 8 bytes per 100 elements);
     memory: two more copies of the parameters (float32, float64 for float64 parameters).
     """
 
     name = "choco"
     default_topology = PEER_TOPOLOGY
+    # Every member's s_i sums its neighbours' public copies over one graph: a joiner (or a
+    # graph recomputed for a new view) would leave the copies disagreeing, a wrong average
+    # with no error. So the group refuses joiners while Choco is attached (peer._refusal).
+    follows_view_changes = False
 
     def __init__(self, *, consensus_step: float = 0.1, compression: Any = "topk:0.01",
                  topology: Any = None, bucket_bytes: int = DEFAULT_BUCKET_BYTES,
