@@ -126,26 +126,3 @@ def test_an_adapter_missing_an_operation_fails_at_construction():
     incomplete = type("Incomplete", (ArrayAdapter,), namespace)
     with pytest.raises(TypeError, match="lerp"):
         incomplete()
-
-
-@pytest.mark.parametrize("shape", [(7,), (3, 1 << 20), (5 << 20,)])
-def test_host_arrays_of_fresh_pages_are_plain_contiguous_arrays(shape):
-    from collectives.arrays.pages import HUGE_PAGE, empty_host
-    a = empty_host(shape, np.float32)
-    assert a.shape == shape and a.dtype == np.float32 and a.flags.c_contiguous
-    assert a.flags.writeable
-    if a.nbytes >= 2 * HUGE_PAGE:
-        assert a.ctypes.data % HUGE_PAGE == 0   # the mapping's 2 MiB-aligned part
-    a[...] = 3
-    view = a.reshape(-1)[-5:]
-    del a   # the view keeps the mapping alive
-    assert (view == 3).all()
-
-
-def test_host_tensors_of_fresh_pages_take_any_torch_dtype():
-    torch = pytest.importorskip("torch")
-    from collectives.arrays.pages import empty_host_tensor
-    t = empty_host_tensor((3 << 20,), torch.bfloat16)
-    assert t.shape == (3 << 20,) and t.dtype == torch.bfloat16 and t.is_contiguous()
-    t.fill_(1.5)
-    assert float(t[-1]) == 1.5 and float(t.float().sum()) == 1.5 * (3 << 20)

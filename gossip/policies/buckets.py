@@ -23,7 +23,6 @@ from typing import Any, Iterable
 import numpy as np
 
 from collectives.arrays import adapter_for
-from collectives.arrays.pages import empty_host, empty_host_tensor
 from gossip.policies.arguments import check_int
 
 __all__ = ["DEFAULT_BUCKET_BYTES", "Placement", "Bucket", "BucketSet", "is_torch_tensor"]
@@ -180,18 +179,12 @@ class BucketSet:
     def _allocate(self, k: int, placements: list[Placement]) -> Bucket:
         first = self.params[placements[0].index]
         total = placements[-1].offset + placements[-1].numel
-        # Host buckets in memory whose fresh pages fault in fast (collectives/arrays/pages.py):
-        # a joiner fills them once, and at once.
         if self.kind == "numpy":
-            return Bucket(k, empty_host(total, first.dtype), placements)
+            return Bucket(k, np.empty(total, dtype=first.dtype), placements)
         import torch
         with torch.no_grad():
-            if first.device.type == "cpu":
-                flat = empty_host_tensor(total, first.dtype)
-                grad = empty_host_tensor(total, first.dtype).zero_() if self.gradients else None
-            else:
-                flat = torch.empty(total, dtype=first.dtype, device=first.device)
-                grad = torch.zeros_like(flat) if self.gradients else None
+            flat = torch.empty(total, dtype=first.dtype, device=first.device)
+            grad = torch.zeros_like(flat) if self.gradients else None
         return Bucket(k, flat, placements, grad)
 
     def _rebind(self) -> None:

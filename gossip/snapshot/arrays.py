@@ -17,7 +17,6 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from collectives.arrays.pages import empty_host, empty_host_tensor
 from gossip.errors import SnapshotCorrupt, SnapshotError
 from gossip.policies.buckets import is_torch_tensor
 
@@ -158,10 +157,10 @@ def byte_view(x: Any) -> memoryview:
 
 def allocate(spec: ArraySpec) -> Any:
     """A new, uninitialised array that fits ``spec``."""
-    if spec.kind == "numpy":   # (fresh pages: pages.py says why)
-        return empty_host(spec.shape, np.dtype(spec.dtype))
+    if spec.kind == "numpy":
+        return np.empty(spec.shape, dtype=np.dtype(spec.dtype))
     import torch
-    return empty_host_tensor(spec.shape, getattr(torch, spec.dtype))
+    return torch.empty(spec.shape, dtype=getattr(torch, spec.dtype))
 
 
 def piece_crcs(data: memoryview) -> list[int]:
