@@ -172,6 +172,7 @@ def test_policies_benchmark_runs_every_table_small(tmp_path):
     assert {r["table"] for r in lines} == {"sync", "overlap", "gossip"}
 
 
+@pytest.mark.slow   # 16-22 s: the 10-minute budget of the default run
 def test_invariants_script_measures_every_promise(tmp_path):
     """benchmarks/invariants.py end to end: a row per promise, each within its bound."""
     rows = tmp_path / "rows.jsonl"

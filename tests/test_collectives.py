@@ -92,7 +92,7 @@ def test_both_algorithms_on_awkward_lengths(n, algorithm):
     assert len({digest for _, digest in results}) == 1
 
 
-@pytest.mark.parametrize("n", [3, 4, 8])
+@pytest.mark.parametrize("n", [3, 4, pytest.param(8, marks=pytest.mark.slow)])   # (8: 13-16 s)
 def test_allreduce_large_lengths(n):
     # 2**20 + 7 elements: not divisible by n, several chunks per segment.
     results = spawn(check_allreduce, n=n, timeout=240,

@@ -150,7 +150,8 @@ def train_digits(peer, name, kill, marker_dir, data):
     return {"params": params, "noticed": noticed, "stats": stats}
 
 
-@pytest.mark.parametrize("name", ["gossip", "asynchronous", "push-sum"])
+# asynchronous and push-sum under -m slow (10-12 s each; test_demo kills them too).
+@pytest.mark.parametrize("name", ["gossip", pytest.param("asynchronous", marks=pytest.mark.slow), pytest.param("push-sum", marks=pytest.mark.slow)])
 def test_gossip_policies_survive_a_killed_peer_and_heal_the_ring(name, tmp_path):
     xtr, ytr, xte, yte = digits()
     clean = spawn(train_digits, n=N, timeout=120, topology=topologies.Ring(N),
@@ -306,7 +307,8 @@ def nan_guard(peer, name):
     return caught, finite_sent, state, stats["skipped_steps"]
 
 
-@pytest.mark.parametrize("name", ["synchronous", "gossip", "asynchronous", "push-sum"])
+# asynchronous and push-sum under -m slow (the 10-minute budget).
+@pytest.mark.parametrize("name", ["synchronous", "gossip", pytest.param("asynchronous", marks=pytest.mark.slow), pytest.param("push-sum", marks=pytest.mark.slow)])
 def test_nan_guard_skips_the_step_everywhere_synchronous_and_keeps_neighbours_finite(name):
     pytest.importorskip("torch")
     out = spawn(nan_guard, n=4, timeout=60, args=(name,))
