@@ -408,40 +408,44 @@ def async_move_after_a_fold(peer):
     from gossip.testing import wait_until
     x = np.full(1000, float(peer.rank))
     policy = Asynchronous().attach(peer, [x])
-    policy.after_step()                 # pushes (x, 1/2) to the other peer, keeps w = 1/2
-    wait_until(lambda: policy.stats()["messages_absorbed"] >= 1, 30,
-               what="the other peer's push")
     move = np.linspace(-1.0, 1.0, x.size)
-    # The barriers order the folds before either peer's second push, so each folds exactly
-    # the other's first push.
+
+    def absorbed(count):
+        wait_until(lambda: policy.stats()["messages_absorbed"] >= count, 30,
+                   what=f"push {count} of the other peer")
+
+    # One push at a time, so what each fold takes is known: pushes leave only from
+    # after_step(), and a barrier orders each peer's call after the other's push arrived.
+    if peer.rank == 0:
+        policy.after_step()             # pushes (0, 1/2), keeps (0, 1/2)
     peer.barrier()
     if peer.rank == 1:                  # after_backward() folds in before the move
-        policy.after_backward()
-        folded = x.copy()
-        assert np.array_equal(folded, np.full(x.size, 0.5)), folded[:3]
+        absorbed(1)
+        policy.after_backward()         # (1, 1) + (0, 1/2): m = 2/3, w = 3/2
+        assert np.allclose(x, 2 / 3, rtol=0, atol=1e-15), x[:3]
+        x += move
+        policy.after_step()             # no fold (done), pushes (2/3 + move, 3/4)
     peer.barrier()
     if peer.rank == 0:                  # a loop that calls only after_step(): the anchor path
-        x += move
-        policy.after_step()
-    peer.barrier()
-    if peer.rank == 1:
+        absorbed(1)
         x += move
         policy.after_step()
     result = x.copy()
+    peer.barrier()
     policy.quiesce()
     policy.close()
     return result, move
 
 
-# Slow, out of the default run: under load it saw 2/3 for 1/2 once (final .ci/run of
-# 2026-12-01; 3 of 3 alone): the fold took more than the one push the barriers order.
-@pytest.mark.slow
 def test_asynchronous_move_counts_fully_with_or_without_after_backward():
-    # Both peers start at their rank with weight 1 and push half to the other. The fold
-    # mixes the pre-move parameters ((1/2 r + 1/2 (1 - r)) / 1 = 1/2) and the move lands on
-    # top, undiluted, whether it came before the fold (rank 0) or after it (rank 1).
-    for result, move in spawn(async_move_after_a_fold, n=2, timeout=60):
-        assert np.allclose(result, 0.5 + move, rtol=0, atol=1e-15)
+    # Rank 1 folds rank 0's push (0, 1/2) into (1, 1) before its move: 2/3, and the move
+    # lands on top, undiluted. Rank 0, after its move, folds rank 1's push (2/3 + move, 3/4)
+    # into its pre-move pair (0, 1/2): 3/5 (2/3 + move), and its own move lands on top.
+    # Before, both peers pushed at once and a fold could take the other's push early (under
+    # load: 2/3 where the test expected 1/2, the other peer's push folded before its own).
+    (r0, move), (r1, _) = spawn(async_move_after_a_fold, n=2, timeout=60)
+    assert np.allclose(r1, 2 / 3 + move, rtol=0, atol=1e-15)
+    assert np.allclose(r0, 0.6 * (2 / 3 + move) + move, rtol=0, atol=1e-14)
 
 
 def quiesce_beside_a_user_send(peer):
