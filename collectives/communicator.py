@@ -107,6 +107,7 @@ class Communicator:
         try:
             result = body(call)
             failed = False
+            self.transport.succeeded()
             return result
         except GossipError as exc:
             lost = exc.rank if isinstance(exc, PeerLost) else None

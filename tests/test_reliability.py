@@ -237,6 +237,42 @@ def test_allreduce_policies_raise_peer_lost_naming_the_dead_rank(name, tmp_path)
     assert max(delays.values()) <= PEER_TIMEOUT + 2.0, delays
 
 
+def closes_after_a_loss(peer, marker_dir):
+    from gossip.testing import wait_until
+    peer.barrier()       # every peer is past its start ...
+    open(os.path.join(marker_dir, f"started-{peer.rank}"), "w").close()
+    if peer.rank == 2:   # ... and out of the barrier (a ring of a dead peer cannot be mapped)
+        wait_until(lambda: all(os.path.exists(os.path.join(marker_dir, f"started-{r}"))
+                               for r in (0, 1)), 30, what="ranks 0 and 1 past the barrier")
+        kill_self(marker_dir)
+    if peer.rank == 0:   # rank 2 folds into rank 0 (recursive doubling of 3): this one fails
+        peer.send(1, np.ones(10))   # (a link to rank 1: its goodbye goes there)
+        try:
+            peer.allreduce(np.ones(10))
+        except PeerLost as exc:
+            return exc.rank, str(exc)
+        return None, "the allreduce completed without rank 2"
+    peer.recv(0, np.zeros(10))
+    try:                 # rank 1 waits on rank 0 elsewhere, until rank 0 gives up and closes
+        peer.recv(0, np.zeros(10))
+    except PeerLost as exc:
+        return exc.rank, str(exc)
+    return None, "rank 0 sent"
+
+
+def test_a_peer_waiting_on_one_that_closed_after_a_loss_blames_the_lost_rank(tmp_path):
+    # Rank 0 fails its allreduce for rank 2's death, then closes. Rank 1 was waiting on rank 0
+    # in a point-to-point receive (an operation rank 0 never took part in, so no ABORT of
+    # rank 0's reaches it): the goodbye of rank 0 says why it closed, and rank 1 names rank 2.
+    # Before, rank 1 blamed rank 0 ("it closed its peer (left the group)"), as one survivor
+    # of 8 did under load in a full run (a rank that had closed after its own PeerLost).
+    out = spawn(closes_after_a_loss, n=3, timeout=60, peer_timeout=10, tolerate=[2],
+                args=(str(tmp_path),))
+    assert out[0][0] == 2, out[0]
+    assert out[1][0] == 2, out[1]
+    assert "rank 2" in out[1][1] and "reported by rank 0" in out[1][1], out[1][1]
+
+
 # ---------------------------------------------------------------------------- stragglers
 def straggler(peer, marker_dir, slow_steps):
     """Rank 1 is five times slower (it sleeps four times its compute time after each step);

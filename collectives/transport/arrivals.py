@@ -208,7 +208,16 @@ class Arrivals:
         return False
 
     def _bye(self, src: int, header: Header, payload) -> bool:
-        self._inbox.mark_lost(src, Lost("it closed its peer (left the group)", kind="closed"))
+        cause = None
+        if header.op.startswith("lost:"):   # it closed right after losing that rank
+            rank_text, _, why = header.op[5:].partition("|")
+            if rank_text.isdigit() and int(rank_text) < self._world_size \
+                    and int(rank_text) not in (src, self.rank):
+                cause = int(rank_text)
+        reason = "it closed its peer (left the group)" if cause is None else \
+            f"it closed its peer after its last operation failed for the loss of rank " \
+            f"{cause}: {why}"
+        self._inbox.mark_lost(src, Lost(reason, kind="closed", cause=cause))
         return True
 
     def _check_call(self, src: int, header: Header) -> None:

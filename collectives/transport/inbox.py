@@ -23,9 +23,13 @@ Address = tuple[int, int, int]  # a mailbox: (src, channel, seq)
 
 @dataclass
 class Lost:
-    """Why a source cannot deliver any more: it died, closed, or failed authentication."""
+    """Why a source cannot deliver any more: it died, closed, or failed authentication.
+    ``cause``: the rank whose loss made the source give up, when it closed right after an
+    operation of its own failed for that loss (its goodbye says so): that rank is the one to
+    blame, not the source, which was only the first to leave."""
     reason: str
     kind: str = "lost"  # "lost" | "closed" | "auth"
+    cause: int | None = None
 
 
 @dataclass

@@ -60,6 +60,10 @@ class IoLoop:
         self._handle: Callable[[list], None] | None = None  # what arrives (Arrivals.handle)
         self._shm: Any = None
         self._closing = False
+        # "lost:<rank>|<why>" while this peer's last operation failed for a lost peer: the
+        # goodbye carries it, so a peer still waiting on this one blames the rank that was
+        # lost, not this one for leaving (Transport.abort sets it, a success clears it).
+        self.goodbye_cause = ""
         self._cmds: deque = deque()
         self._asleep = False
         self._wake_r, self._wake_w = os.pipe()
@@ -308,9 +312,11 @@ class IoLoop:
     def flush(self, link) -> None:
         """Send what ``link`` has queued, as far as its socket and ring allow (I/O thread)."""
         lost = self._inbox.lost(link.rank)
+        blamed = link.rank if lost is None or lost.cause is None else lost.cause
         state = link.flush(None if lost is None else _failer(PeerLost(
             f"rank {self.rank}: send to rank {link.rank} at "
-            f"{self._sockets.address(link.rank)}: {lost.reason}", rank=link.rank)))
+            f"{self._sockets.address(link.rank)}: {lost.reason}", rank=blamed,
+            address=self._sockets.address(blamed))))
         self._blocked.discard(link)
         if state == "blocked":
             self._shm.on_blocked(link)  # wait for a CREDIT, or the next SLOT_RETRY's look
@@ -326,7 +332,7 @@ class IoLoop:
             self._poller.unregister(link.sock)
 
     def _say_goodbye(self) -> None:
-        bye = (encode_header(BYE, self.rank, Channel.LINK, 0),)
+        bye = (encode_header(BYE, self.rank, Channel.LINK, 0, self.goodbye_cause[:250]),)
         for link in list(self._sockets.links.values()):
             # A link with messages still queued (its receiver paused it, holds.py, or its send
             # window is full, window.py) would keep the goodbye behind them, and they are

@@ -293,6 +293,7 @@ class Transport:
             reason = f"view:{reason}"
         elif lost_rank is not None:
             reason = f"lost:{lost_rank}|{reason}"
+            self._loop.goodbye_cause = reason   # until an operation succeeds
         elif late_rank is not None:
             reason = f"late:{late_rank}|{reason}"
         header = encode_header(ABORT, self.rank, channel, seq, reason[:250])
@@ -302,6 +303,10 @@ class Transport:
                     self.send(dst, header)
                 except PeerLost:
                     pass
+
+    def succeeded(self) -> None:
+        """An operation of this peer completed: a close from now on is not for a loss."""
+        self._loop.goodbye_cause = ""
 
     def retire(self, channel: int, seq: int, srcs) -> None:
         """End mailbox ``(src, channel, seq)`` of each of ``srcs``: later arrivals are dropped as

@@ -111,6 +111,12 @@ def wait_error(t, item, src: int, operation: Any, channel: int, seq: int) -> Exc
     if isinstance(item, Lost):
         if item.kind == "auth":
             return AuthenticationError(f"{where}: {item.reason}")
+        if item.cause is not None:
+            # src left because its own operation lost ``cause``: that is the rank to name.
+            lost = item.cause
+            return PeerLost(f"rank {me}: {operation}: lost rank {lost} at {t.address(lost)} "
+                            f"(reported by rank {src} at {t.address(src)}: {item.reason})",
+                            rank=lost, address=t.address(lost), operation=operation)
         return PeerLost(f"{where}: {item.reason}", rank=src, address=t.address(src),
                         operation=operation)
     # Deadline passed: a peer we never reached (for as long as a silent peer is given) is
