@@ -190,7 +190,7 @@ def test_demo_kill_every_policy_rejoins_or_says_why_not(tmp_path) -> None:
     for name in names():
         restart = table[name]["restart"]
         if not policy_class(name).follows_view_changes:
-            # choco: a lost neighbour fails its step (PeerLost), and it takes no joiner.
+            # (A policy that does not follow view changes fails on the death.)
             assert restart["status"] == "others failed" and "PeerLost" in restart["detail"], \
                 (name, restart)
             continue

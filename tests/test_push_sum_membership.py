@@ -322,7 +322,6 @@ def refusal_with_choco(peer):
     return why
 
 
-def test_joiners_are_refused_while_choco_is_attached_naming_it():
-    # Its public copies follow one graph: a join would leave them disagreeing, silently.
-    for why in spawn(refusal_with_choco, n=2, timeout=30):
-        assert why is not None and "'choco'" in why, why
+def test_joiners_are_not_refused_while_choco_is_attached():
+    # Choco restarts its public copies at every view change (test_choco_membership.py).
+    assert spawn(refusal_with_choco, n=2, timeout=30) == [None, None]

@@ -10,7 +10,7 @@ import numpy as np
 from collectives.arrays import adapter_for
 from collectives.codecs import as_float32, write_back
 from gossip.errors import TopologyError
-from gossip.policies.arguments import check_number
+from gossip.policies.arguments import check_int, check_number
 from gossip.policies.buckets import DEFAULT_BUCKET_BYTES
 from gossip.policies.neighborhood import PEER_TOPOLOGY, mixing_round
 from gossip.policies.policy import Policy
@@ -41,23 +41,27 @@ class Choco(Policy):
     codec (default top-k 1%); a codec that is no contraction is refused.
 
     Static graphs only (the s_i sum follows one W); the public copies and s are policy state
-    (state_dict()). A lost neighbour fails the step with PeerLost: the copies its
-    neighbours hold of one another would disagree after a partial round. For the same reason
-    the group refuses joiners while it is attached (no view changes yet). Cost per step: one
-    encoding of the parameters to each out-neighbour (top-k 1%: 8 bytes per 100 elements);
-    memory: two more copies of the parameters (float32, float64 for float64 parameters).
+    (state_dict()). Views: every copy of x^_j must be the same on all of j's neighbours, and
+    a partial round (a neighbour lost half-way) or a new graph (a joiner, a restart, a leave)
+    breaks that. So every change of the group is a view change, agreed at one step boundary:
+    a lost peer makes the survivors re-form the group as Synchronous(elastic=True) does (a
+    round cut by the death is not redone: each survivor keeps its own parameters), a joiner
+    takes a member's parameters, and at the switch every member restarts its public copies
+    and s at zero over the graph recomputed for the new view, as at attach. The peers' mean
+    is kept exactly from the switch on; the copies catch up in the rounds after it (as many
+    as from the start). Below ``min_peers`` members a death raises PeerLost. Cost per step:
+    one encoding of the parameters to each out-neighbour (top-k 1%: 8 bytes per 100
+    elements); memory: two more copies of the parameters (float32, float64 for float64
+    parameters).
     """
 
     name = "choco"
     default_topology = PEER_TOPOLOGY
-    # Every member's s_i sums its neighbours' public copies over one graph: a joiner (or a
-    # graph recomputed for a new view) would leave the copies disagreeing, a wrong average
-    # with no error. So the group refuses joiners while Choco is attached (peer._refusal).
-    follows_view_changes = False
 
     def __init__(self, *, consensus_step: float = 0.1, compression: Any = "topk:0.01",
                  topology: Any = None, bucket_bytes: int = DEFAULT_BUCKET_BYTES,
-                 timeout: float | None = None, nan_guard: bool = False) -> None:
+                 timeout: float | None = None, nan_guard: bool = False,
+                 min_peers: int = 1) -> None:
         if compression is None:
             raise ValueError("Choco exchanges compressed differences: give it a codec "
                              "(Gossip is the uncompressed D-PSGD)")
@@ -69,8 +73,22 @@ class Choco(Policy):
         self.consensus_step = check_number("consensus_step", consensus_step,
                                            lambda g: 0 < g <= 1, "in (0, 1]")
         self._topology_arg = topology
+        # A death is a view change (the class docstring): the survivors' copies of one
+        # another must restart together, which only an agreed boundary gives.
+        self.elastic = True
+        self.min_peers = check_int("min_peers", min_peers, 1)
 
     def _setup(self) -> None:
+        self._plan_graph()
+        work = [self._work(b) for b in self._buckets]
+        self._public = [np.zeros_like(x) for x in work]     # x^_i
+        self._mixed = [np.zeros_like(x) for x in work]      # s_i
+        self._diff = [np.zeros_like(x) for x in work]       # q_i, then D(E(q_i))
+        self._heard = [np.zeros_like(x) for x in work]      # sum_j W_ij D(E(q_j))
+
+    def _plan_graph(self) -> None:
+        """This peer's row of the graph's mixing matrix (checked: static, doubly
+        stochastic)."""
         topo = self._topology
         if getattr(topo, "is_time_varying", False):
             raise TopologyError(f"Choco runs on a static graph, not on {topo!r}")
@@ -80,11 +98,23 @@ class Choco(Policy):
             raise TopologyError(f"Choco needs a doubly stochastic mixing matrix; {topo!r}'s "
                                 "is not (use weights='metropolis')")
         self._round = mixing_round(topo, self._peer.rank, 0)
-        work = [self._work(b) for b in self._buckets]
-        self._public = [np.zeros_like(x) for x in work]     # x^_i
-        self._mixed = [np.zeros_like(x) for x in work]      # s_i
-        self._diff = [np.zeros_like(x) for x in work]       # q_i, then D(E(q_i))
-        self._heard = [np.zeros_like(x) for x in work]      # sum_j W_ij D(E(q_j))
+
+    def _restart_copies(self) -> None:
+        """Public copies and their sums back to zero, as at attach: the same on every member
+        of the new view, whatever each held of the old graph."""
+        for public, mixed in zip(self._public, self._mixed):
+            public.fill(0)
+            mixed.fill(0)
+
+    def _view_changed(self) -> None:
+        super()._view_changed()   # the graph over the new view's size
+        self._plan_graph()
+        self._restart_copies()
+
+    def _took_state(self, step: int) -> None:
+        # A joiner took a member's parameters (and that member's copies, of the old graph).
+        super()._took_state(step)
+        self._restart_copies()
 
     @staticmethod
     def _work(b: Any) -> Any:
