@@ -56,31 +56,37 @@ def encode_fp16(x: np.ndarray, out: np.ndarray, work: int = HALF_WORK) -> None:
     if count == 0:
         return
     step = min(work, count)
-    bits, signed = x.view(np.uint32), x.view(np.int32)
+    full = count - count % step
     bias = np.empty(step, dtype=np.uint32)
     spare = np.empty(step, dtype=np.uint32)
     floor = np.full(step, _FLOOR, dtype=np.uint32)   # np.maximum with an array: its SIMD loop
     with np.errstate(over="ignore", invalid="ignore"):   # large blocks: numpy's cast decides
-        for lo in range(0, count, step):
-            hi = min(lo + step, count)
-            u, i, xs, o = bits[lo:hi], signed[lo:hi], x[lo:hi], out[lo:hi]
-            b, t = bias[:hi - lo], spare[:hi - lo]
-            np.bitwise_and(u, _EXPONENT, out=b)
-            large = b.max() >= _LARGE
-            np.maximum(b, floor[:hi - lo], out=b)
-            # sign(x) 2^(E + 13) with the constants of _bias in its mantissa.
-            np.right_shift(i, 31, out=t.view(np.int32))
-            np.bitwise_and(t.view(np.int32), _NEGATIVE, out=t.view(np.int32))
-            b += t
-            b += _BIAS
-            s = b.view(np.float32)
-            np.add(s, xs, out=s)   # the one rounding, to nearest even
-            np.right_shift(b, 13, out=t)
-            t += b
-            np.copyto(o, t, casting="unsafe")   # the low 16 bits
-            if large:
-                wide = np.bitwise_and(u, _EXPONENT) >= _LARGE
-                o[wide] = xs[wide].astype(np.float16).view(np.uint16)
+        for lo in range(0, full, step):
+            _encode_block(x[lo:lo + step], out[lo:lo + step], bias, spare, floor)
+        if full < count:
+            tail = count - full
+            _encode_block(x[full:], out[full:], bias[:tail], spare[:tail], floor[:tail])
+
+
+def _encode_block(x: np.ndarray, out: np.ndarray, b: np.ndarray, t: np.ndarray,
+                  floor: np.ndarray) -> None:
+    u, i, ti = x.view(np.uint32), x.view(np.int32), t.view(np.int32)
+    np.bitwise_and(u, _EXPONENT, b)
+    large = np.maximum.reduce(b) >= _LARGE
+    np.maximum(b, floor, out=b)
+    # sign(x) 2^(E + 13) with the constants of _bias in its mantissa.
+    np.right_shift(i, 31, ti)
+    np.bitwise_and(ti, _NEGATIVE, ti)
+    np.add(b, t, b)
+    np.add(b, _BIAS, b)
+    s = b.view(np.float32)
+    np.add(s, x, s)   # the one rounding, to nearest even
+    np.right_shift(b, 13, t)
+    np.add(t, b, t)
+    np.copyto(out, t, casting="unsafe")   # the low 16 bits
+    if large:
+        wide = np.bitwise_and(u, _EXPONENT) >= _LARGE
+        out[wide] = x[wide].astype(np.float16).view(np.uint16)
 
 
 def decode_fp16(data: np.ndarray, out: np.ndarray, work: int = HALF_WORK) -> None:
@@ -95,7 +101,7 @@ def decode_fp16(data: np.ndarray, out: np.ndarray, work: int = HALF_WORK) -> Non
         np.bitwise_and(w, np.int32(-0x70000001), out=w)   # 0x8FFFFFFF: the sign at 31 only
         np.multiply(f, np.float32(2.0 ** 112), out=f)   # exponent bias 15 -> 127, exact
         # Exponent 31 came out as |f| in [2^16, 2^17), or NaN: numpy's cast for those.
-        if not (f.max() < 65536.0 and f.min() > -65536.0):
+        if not (np.maximum.reduce(f) < 65536.0 and np.minimum.reduce(f) > -65536.0):
             h = data[lo:hi]
             special = np.bitwise_and(h, 0x7C00) == 0x7C00
             f[special] = h[special].view(np.float16).astype(np.float32)
