@@ -245,6 +245,7 @@ def test_fp16_numpy_path_agrees_with_torch_but_for_nan_payloads():
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1200)   # 3 minutes quiet, 10 on a loaded 2-core machine
 def test_fp16_numpy_path_on_every_float32(numpy_only):
     from collectives.codecs.halves import encode_fp16
     step = 1 << 26

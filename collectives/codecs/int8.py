@@ -21,7 +21,8 @@ __all__ = ["Int8Block", "BLOCK"]
 #: blockwise quantisation uses 64..4096; 256 is its usual setting for optimizer state).
 BLOCK = 256
 # Elements per slice on numpy's path: a slice's input, scratch and int8 output stay in L2
-# (measured: 128 Ki elements 27-31% of memcpy, 64 Ki 21-26%, Python's per-pass cost).
+# (best of 9 here, % of memcpy: 64 Ki elements 31-32, 128 Ki 33-34, 256 Ki 35-37; smaller
+# slices pay Python's cost per pass more often).
 NUMPY_WORK = 128 * 1024
 # Elements per slice on torch's path: its calls cost ~10 us each, so slices are larger than
 # numpy's (measured, 64 MiB: 4 GB/s at 64 Ki elements, 15 at 1 Mi, 11 at 4 Mi).
