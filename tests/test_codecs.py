@@ -3,6 +3,8 @@ float32, float64 and bfloat16/float16 inputs, bf16 bit-exact against torch's con
 the wire's checks of codec payload headers, and top-k's error feedback on a quadratic."""
 from __future__ import annotations
 
+import sys
+
 import numpy as np
 import pytest
 
@@ -182,3 +184,117 @@ def test_error_feedback_makes_top_k_sgd_converge_where_plain_top_k_does_not():
     without = quadratic_sgd(codec, False)
     assert with_feedback < 0.02, with_feedback
     assert without > 0.5, without
+
+
+# --- numpy's own path (no torch): the same bytes as numpy's casts and as the general code ---
+
+@pytest.fixture
+def numpy_only(monkeypatch):
+    """The codecs' numpy path even when another test imported torch (fast.py looks for
+    torch in sys.modules; None there reads as not imported)."""
+    monkeypatch.setitem(sys.modules, "torch", None)
+
+
+def half_edges() -> np.ndarray:
+    """float32 values where a half's rounding can go wrong: subnormal halves and their
+    boundary with normals, ties to even (both parities), the largest half and the overflow
+    threshold 65520, float32 subnormals, signed zeros, inf, NaN with payloads in the high
+    and in the low bits, and a spread of random bit patterns (every exponent)."""
+    rng = np.random.default_rng(7)
+    ranges = [np.arange(a - 3000, a + 3000, dtype=np.int64) for a in
+              (0x33000000, 0x33800000, 0x38000000, 0x38800000, 0x477FE000, 0x477FF000,
+               0x47800000, 0x3F800000, 0x3F801000, 0x3F803000)]
+    ties = (np.arange(0x30000000, 0x48000000, 1 << 13, dtype=np.int64) | 0x1000)   # halfway
+    bits = np.concatenate(ranges + [ties, ties + 1, ties - 1, np.arange(0, 5000),
+                                    rng.integers(0, 1 << 31, 300_000),
+                                    [0x7F800000, 0x7F800001, 0x7FC00000, 0x7FFFFFFF,
+                                     0x7F801FFF, 0x7FBFE000, 0x7F802000]])
+    bits = np.concatenate([bits, bits | 0x80000000]).astype(np.uint32)
+    return bits.view(np.float32)
+
+
+@pytest.mark.parametrize("n", [None, 1, 7, 65_536, 65_537, 200_003])
+def test_fp16_numpy_path_is_numpys_cast_bit_for_bit(numpy_only, n):
+    from collectives.codecs import Float16
+    x = half_edges()
+    if n is not None:   # sizes around the blocks of halves.py (HALF_WORK = 64 Ki)
+        x = np.resize(np.random.default_rng(n).permutation(x), n)
+    enc = np.empty(2 * x.size, dtype=np.uint8)
+    Float16().encode(x, enc)
+    with np.errstate(over="ignore"):
+        expected = x.astype(np.float16).view(np.uint16)
+    assert np.array_equal(enc.view(np.uint16), expected)
+    # Decoding: every half there is (NaN payloads, subnormals, inf), and the encodings.
+    for halves in (np.arange(1 << 16, dtype=np.uint32).astype(np.uint16), enc.view(np.uint16)):
+        out = np.empty(halves.size, dtype=np.float32)
+        Float16().decode(halves.view(np.uint8), out)
+        assert np.array_equal(out.view(np.uint32),
+                              halves.view(np.float16).astype(np.float32).view(np.uint32))
+
+
+def test_fp16_numpy_path_agrees_with_torch_but_for_nan_payloads():
+    from collectives.codecs.halves import encode_fp16
+    torch = pytest.importorskip("torch")
+    x = half_edges()
+    ours = np.empty(x.size, dtype=np.uint16)
+    encode_fp16(x, ours)   # numpy's path whether torch is imported or not
+    theirs = torch.from_numpy(x).half().view(torch.int16).numpy().view(np.uint16)
+    nan = np.isnan(x)
+    assert np.array_equal(ours[~nan], theirs[~nan])
+    assert np.all(np.isnan(ours.view(np.float16)[nan]))
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1200)   # 3 minutes quiet, 10 on a loaded 2-core machine
+def test_fp16_numpy_path_on_every_float32(numpy_only):
+    from collectives.codecs.halves import encode_fp16
+    step = 1 << 26
+    out = np.empty(step, dtype=np.uint16)
+    for start in range(0, 1 << 32, step):
+        x = np.arange(start, start + step, dtype=np.uint64).astype(np.uint32).view(np.float32)
+        encode_fp16(x, out)
+        with np.errstate(over="ignore"):
+            assert np.array_equal(out, x.astype(np.float16).view(np.uint16)), hex(start)
+
+
+def bf16_reference(x: np.ndarray) -> np.ndarray:
+    """Round to nearest even on the upper 16 bits, in uint64 (no overflow), NaN -> 0x7FC0."""
+    u = x.view(np.uint32).astype(np.uint64)
+    r = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
+    r[np.isnan(x)] = 0x7FC0
+    return r
+
+
+def test_bf16_numpy_path_rounds_to_nearest_even_bit_for_bit(numpy_only):
+    x = np.concatenate([half_edges(), np.random.default_rng(3).standard_normal(70_001)
+                        .astype(np.float32)])
+    enc = np.empty(2 * x.size, dtype=np.uint8)
+    BFloat16().encode(x, enc)
+    assert np.array_equal(enc.view(np.uint16), bf16_reference(x))
+
+
+@pytest.mark.parametrize("n", [1, BLOCK - 1, BLOCK + 1, 200_003])
+def test_int8_numpy_path_is_the_general_spelling_bit_for_bit(numpy_only, n):
+    # Blocks that take reduceat's shortcut and blocks that do not (all zero, a tiny scale
+    # that underflows, inf, NaN with distinct payloads): the bytes of the general code.
+    rng = np.random.default_rng(n)
+    x = (rng.standard_normal(n) * np.exp(rng.uniform(-40, 40, n))).astype(np.float32)
+    if n > 5 * BLOCK:
+        x[:BLOCK] = 0
+        x[BLOCK:2 * BLOCK] = np.float32(1e-45)
+        x[2 * BLOCK + 3] = np.inf
+        x.view(np.uint32)[3 * BLOCK + 1:3 * BLOCK + 3] = [0x7FC00001, 0xFFC12345]
+        x[4 * BLOCK + 9] = -np.inf
+    codec = Int8Block()
+    ours = np.empty(codec.encoded_nbytes(n), dtype=np.uint8)
+    codec.encode(x, ours)
+    general = np.empty_like(ours)
+    scales, q = codec._split(general, n)
+    full = n // BLOCK * BLOCK
+    with np.errstate(invalid="ignore", divide="ignore"):
+        Int8Block._encode_blocks(np, x[:full], BLOCK, scales[:full // BLOCK], q[:full],
+                                 np.empty(full, dtype=np.float32))
+        if full < n:
+            Int8Block._encode_blocks(np, x[full:], n - full, scales[-1:], q[full:],
+                                     np.empty(n - full, dtype=np.float32))
+    assert np.array_equal(ours, general)

@@ -52,8 +52,9 @@ class BFloat16(Codec):
             d = dst[lo:lo + WORK_ELEMENTS]
             xp.copyto(d, t, casting="unsafe")
             # A NaN whose payload sits in the low bits would round to inf: keep it a NaN.
-            nan = xp.bitwise_and(u, 0x7FFFFFFF) > 0x7F800000
-            if nan.any():
+            # Looked for by one reduction (max is NaN if any is), not a mask and any().
+            if xp.isnan(x[lo:lo + WORK_ELEMENTS].max()):
+                nan = xp.bitwise_and(u, 0x7FFFFFFF) > 0x7F800000
                 d[nan] = _QUIET_NAN
 
     def decode(self, data: Any, out: Any) -> None:

@@ -1,4 +1,5 @@
-"""fp16: float32 cast to IEEE half precision, round to nearest even (numpy's and cupy's cast)."""
+"""fp16: float32 cast to IEEE half precision, round to nearest even (numpy's and cupy's cast;
+on numpy arrays without torch, the same bytes by vectorised arithmetic: halves.py)."""
 from __future__ import annotations
 
 from typing import Any
@@ -7,6 +8,7 @@ import numpy as np
 
 from collectives.codecs.base import Codec, array_module
 from collectives.codecs.fast import torch_views
+from collectives.codecs.halves import decode_fp16, encode_fp16
 
 __all__ = ["Float16", "FP16_MAX"]
 
@@ -36,6 +38,9 @@ class Float16(Codec):
         if fast is not None:
             fast[1].copy_(fast[0])   # the same rounding (to nearest even), vectorised
             return
+        if xp is np:   # numpy's cast runs one element at a time: 8x slower than halves.py
+            encode_fp16(x, out.view(np.uint16))
+            return
         with np.errstate(over="ignore"):   # overflow to inf is the documented result
             xp.copyto(out.view(xp.float16), x, casting="same_kind")
 
@@ -44,6 +49,9 @@ class Float16(Codec):
         fast = torch_views(data.view(xp.float16), out)
         if fast is not None:
             fast[1].copy_(fast[0])
+            return
+        if xp is np:
+            decode_fp16(data.view(np.uint16), out)
             return
         xp.copyto(out, data.view(xp.float16))
 
