@@ -11,7 +11,7 @@ scikit-learn, the small CNN, 4 peers on a ring, the same seed, weights and batch
 policy), read back from its demo.json: the peers' mean test accuracy after the last epoch
 and the bytes each peer sent while training. Runs:
 
-- ``none``: synchronous, local-sgd (period 4), gossip, elastic, choco (top-k 1%, gamma 0.1),
+- ``none``: synchronous, local-sgd (period 4), gossip, elastic, choco (top-k 1%, gamma 0.05),
   and the one-process baseline;
 - each codec on synchronous, local-sgd, gossip (fp16, bf16, int8 only) and elastic;
 - DiLoCo: local-sgd with period H (``--periods``) and outer_optimizer="diloco" (Nesterov,
@@ -69,7 +69,7 @@ def main(argv=None) -> int:
                 print(json.dumps(rows[-1]), flush=True)
 
         once("none", PLAIN, {"local-sgd": {"period": 4},
-                             "choco": {"compression": "topk:0.01", "consensus_step": 0.1}})
+                             "choco": {"compression": "topk:0.01"}})   # its default gamma
         for codec in (c for c in args.codecs.split(",") if c):
             names = ["synchronous", "local-sgd", "elastic"]
             if not codec.startswith("topk"):
