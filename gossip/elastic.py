@@ -49,6 +49,8 @@ def take_switch(peer: Any, switch: Any, policy: Any = None) -> int:
         if policy is not None:
             # One step count in the new view (a time-varying graph's phase depends on it).
             policy._step = switch.step
+        for p in peer.policies:   # state spread over the members (the sharded EASGD centre)
+            p._settle_view()
         # The barrier also waits for the donors' sends: a donor sending to a joiner that died
         # before it connected learns so only at its send's deadline, and then proposes the
         # recovery that ends everyone's waits. A member waiting here must outlast that.
@@ -110,6 +112,7 @@ def take_state(peer: Any, switch: Any, policy: Any, fetched: Prefetch) -> None:
     try:
         step, snapshot = fetched.result(peer, state_of(policy))
         load_state(policy, snapshot, step)
+        policy._settle_view()   # with the members' (take_switch), before the barrier
         peer.barrier()
     except BaseException:
         peer.close()

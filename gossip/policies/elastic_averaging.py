@@ -1,28 +1,36 @@
 """Elastic averaging SGD (EASGD): workers tied to a centre variable by an elastic force."""
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import warnings
-from typing import Any
+from typing import Any, Iterator
+
+import numpy as np
 
 from collectives.arrays import adapter_for, segment
 from gossip.channels import PeerChannel
-from gossip.errors import GossipError, PeerLost
+from gossip.errors import GossipError, PeerLost, ProtocolError
 from gossip.policies.arguments import check_int, check_number
 from gossip.policies.buckets import DEFAULT_BUCKET_BYTES
+from gossip.policies.elastic_sharded_membership import ShardedCentreMembership
+from gossip.policies.failures import PEER_FAILURES, Attempt
 from gossip.policies.worker import BackgroundPolicy
 
-__all__ = ["ElasticAveraging", "CENTERS", "DEFAULT_BETA"]
+__all__ = ["ElasticAveraging", "CENTERS", "DEFAULT_BETA", "BACKUP_CHANNEL_OFFSET"]
 
 log = logging.getLogger("gossip")
 
 CENTERS = ("replicated", "sharded")
 # The paper's moving rate beta = n * alpha (Zhang et al. use 0.9 in every experiment).
 DEFAULT_BETA = 0.9
+# The backups' channel is channel + 3 (4 + 3 = PeerChannel.ELASTIC_BACKUPS): channel + 2 is
+# HEALING's with the default numbers.
+BACKUP_CHANNEL_OFFSET = 3
 
 
-class ElasticAveraging(BackgroundPolicy):
+class ElasticAveraging(ShardedCentreMembership, BackgroundPolicy):
     """EASGD (Zhang, Choromanska, LeCun 2015). Each worker i trains its own x_i; every
     ``period`` (tau) steps it is pulled towards a centre c and the centre towards it:
     ``d_i = alpha (x_i - c); x_i -= d_i; c += d_i``. The workers explore around the centre,
@@ -44,7 +52,12 @@ class ElasticAveraging(BackgroundPolicy):
     waits only for the owners' server threads, never for another worker's training step.
     Cost: P bytes out and P bytes back per elastic step, spread over the owners; each peer
     stores 1/n of the centre. Close the policies after a barrier: a worker still training
-    cannot reach the shard of a peer that has closed (it then skips that shard).
+    cannot reach the shard of a peer that has closed (it then skips that shard). With
+    ``elastic=True`` every owner also keeps a backup of its shard at the next rank: each
+    update d it applies, in the order it applies them, is forwarded to that rank (on
+    channel + 3), whose thread adds it to its replica, so the replica stays the primary's
+    bytes and a death loses no centre (see elastic_sharded_membership.py). That costs P more
+    bytes per elastic step of every worker (each d once more), off the training thread.
 
     Defaults: ``alpha = 0.9 / n`` (the paper's beta = n alpha = 0.9), ``period=4``. The
     centre starts at the workers' mean (an allreduce at attach).
@@ -69,8 +82,16 @@ class ElasticAveraging(BackgroundPolicy):
     either everywhere it completed or nowhere; a survivor whose round failed while others'
     completed is behind their step count, and takes the state of the survivor that
     completed most steps, centre included (``shared_state``). Without ``elastic`` a death
-    in a round raises PeerLost, as Synchronous's. The sharded centre refuses joiners and a
-    death costs the dead owner's shards (its workers skip them, see ``dropped_peers``).
+    in a round raises PeerLost, as Synchronous's.
+
+    Membership (sharded centre): at every view change the centre is cut again over the new
+    view's dense ranks, and a joiner takes its model from a member and its shards from the
+    members; a planned ``peer.leave()`` hands the leaver's shards over; with ``elastic=True``
+    a death is a view change and the dead owner's shards come from their backups. The
+    assembled centre is the same bytes after a change as before it.
+    elastic_sharded_membership.py has the rules and what each costs. Without ``elastic`` a
+    death costs the dead owner's shards until the next view change (its workers skip them,
+    see ``dropped_peers``), which rebuilds them from the workers.
     """
 
     name = "elastic"
@@ -106,12 +127,10 @@ class ElasticAveraging(BackgroundPolicy):
         self._alpha_arg = None if alpha is None else float(alpha)
         self.period = period
         self.center_mode = center
-        if self.elastic and center != "replicated":
-            raise ValueError("elastic=True needs center='replicated': the sharded centre "
-                             "does not follow view changes yet (a death costs its shards)")
         self._lock = threading.Lock()   # the centre shard, between server and training thread
         self._served = 0
         self._rounds = 0
+        self._forwards = 0   # updates forwarded to this peer's backup (sharded, elastic)
 
     # ------------------------------------------------------------------ set-up
     @property
@@ -146,13 +165,11 @@ class ElasticAveraging(BackgroundPolicy):
                           "mean each round, and stability then needs a smaller learning rate "
                           "than plain SGD; the paper uses beta = 0.9", UserWarning, stacklevel=4)
 
-    @property
-    def follows_view_changes(self) -> bool:
-        """The replicated centre follows a view change: every member holds all of it (the
-        same bytes), so a joiner takes it with a member's state and the next round's
-        allreduce runs over the new view (alpha's default, 0.9 / n, follows n). The sharded
-        centre would have to be cut again over the new owners: not yet (joiners refused)."""
-        return self.center_mode == "replicated"
+    #: Both centres follow a view change. The replicated one: every member holds all of it
+    #: (the same bytes), so a joiner takes it with a member's state and the next round's
+    #: allreduce runs over the new view (alpha's default, 0.9 / n, follows n). The sharded
+    #: one is cut again over the new view (elastic_sharded_membership.py).
+    follows_view_changes = True
 
     @property
     def shared_state(self) -> bool:
@@ -182,11 +199,29 @@ class ElasticAveraging(BackgroundPolicy):
             self._diff = [b.new() for b in buckets]   # sum_i d_i, by allreduce
             self._own = [b.new() for b in buckets]    # this worker's d_i
             return
+        # A joiner's centre is cut from the members' shards once it has its state
+        # (_settle_view): until then nothing serves, and these means are placeholders.
+        self._lay_out(means, start=not joining)
+
+    def _lay_out(self, centres: list, *, start: bool) -> None:
+        """(Sharded.) Cut ``centres`` (the whole centre, one flat buffer per bucket, the same
+        bytes on every member) over the current view: this peer's shard of each bucket, with
+        ``elastic`` the replica of its predecessor's, the buffers and channels of the
+        exchange; then, with ``start``, the server (and backup) threads."""
+        peer, buckets = self._peer, self._buckets
+        n, rank = peer.world_size, peer.rank
         self._segs = [[segment(b.numel, s, n) for s in range(n)] for b in buckets]
         self._center = []
-        for m, segs in zip(means, self._segs):
+        for m, segs in zip(centres, self._segs):
             lo, hi = segs[rank]
             self._center.append(adapter_for(m).clone(m[lo:hi]))
+        self._backing = self.elastic and n > 1
+        self._backup, self._pred = (rank + 1) % n, (rank - 1) % n
+        self._replica = [adapter_for(m).clone(m[slice(*segs[self._pred])])
+                         for m, segs in zip(centres, self._segs)] if self._backing else []
+        self._from_pred = [adapter_for(r).clone(r) for r in self._replica]
+        self._header = np.zeros(1, dtype=np.int64)   # a forward's bucket index
+        self._header_in = np.zeros(1, dtype=np.int64)
         self._own_diff = [adapter_for(c).clone(c) for c in self._center]
         self._replies = [[b.new(numel=hi - lo) if s != rank else None
                           for s, (lo, hi) in enumerate(segs)]
@@ -194,13 +229,17 @@ class ElasticAveraging(BackgroundPolicy):
         self._requests = [adapter_for(c).clone(c) for c in self._center]
         self._req_comm = peer.channel(self._channel_number)
         self._rep_comm = peer.channel(self._channel_number + 1)
+        self._bak_comm = peer.channel(self._channel_number + BACKUP_CHANNEL_OFFSET)
         # The buckets whose segment of this peer is not empty, in order: what every worker
         # sends this peer, bucket after bucket.
         self._served_buckets = [k for k, segs in enumerate(self._segs)
                                 if segs[rank][1] > segs[rank][0]]
         self._next_request = {j: 0 for j in range(n) if j != rank}
-        if self._served_buckets and n > 1:
+        self._layout, self._layout_rank = self._view_members(), rank
+        if start and self._served_buckets and n > 1:
             self._start(self._serve, "gossip-easgd")
+        if start and self._backing and any(r.shape[0] for r in self._replica):
+            self._start(self._keep_replica, "gossip-easgd-backup")
 
     # ------------------------------------------------------------------ the step
     def _after_step(self, step: int) -> None:
@@ -244,8 +283,16 @@ class ElasticAveraging(BackgroundPolicy):
             c += d              # c += sum_i d_i: the same bytes on every peer
 
     def _sharded_round(self) -> None:
+        """Each segment to its owner, each answer subtracted. Without ``elastic`` a lost owner
+        is skipped (dropped for the view); with it a lost owner fails the round (PeerLost: a
+        view change, _recover), whose moves so far stay: each is one elastic exchange."""
         rank, alpha = self._peer.rank, self.alpha
         lost = self._peer.lost_peers()
+        if self.elastic and lost:
+            gone = min(lost)
+            raise PeerLost(f"rank {rank}: {self.name}: centre shard owner {gone} lost before "
+                           f"the elastic round: {lost[gone]}", rank=gone,
+                           operation="elastic averaging round")
         asked = []
         for k, (b, segs) in enumerate(zip(self._buckets, self._segs)):
             for s, (lo, hi) in enumerate(segs):
@@ -258,11 +305,13 @@ class ElasticAveraging(BackgroundPolicy):
                         d -= self._center[k]
                         d *= alpha
                         self._center[k] += d
+                        if self._backing:   # a lost backup fails an elastic round
+                            self._forward(k, d)
                     b.flat[lo:hi] -= d
                     continue
                 if not self._alive(s, lost):
                     continue
-                with self._tolerate(f"request to centre shard owner {s}", rank=s):
+                with self._attempt(f"request to centre shard owner {s}", s):
                     self._req_comm.send(s, b.flat[lo:hi], timeout=self.timeout)
                     asked.append((k, s))
         for k, s in asked:
@@ -270,11 +319,29 @@ class ElasticAveraging(BackgroundPolicy):
                 continue
             lo, hi = self._segs[k][s]
             reply = self._replies[k][s]
-            with self._tolerate(f"reply of centre shard owner {s}", rank=s) as attempt:
+            with self._attempt(f"reply of centre shard owner {s}", s) as attempt:
                 self._rep_comm.recv(s, reply, timeout=self.timeout)
             if attempt.failed:
                 continue
             self._buckets.buckets[k].flat[lo:hi] -= reply
+
+    @contextlib.contextmanager
+    def _attempt(self, what: str, rank: int) -> Iterator[Attempt]:
+        """An exchange with centre shard owner ``rank``: without ``elastic`` under the failure
+        rule (a failure drops the owner), with it as it is (a failure is the round's)."""
+        if not self.elastic:
+            with self._tolerate(what, rank=rank) as attempt:
+                yield attempt
+            return
+        yield Attempt()
+
+    def _forward(self, k: int, d: Any) -> None:
+        """(Holding _lock, right after ``c_k += d``.) The same d to this shard's backup, in
+        the order the updates are applied, so its replica stays the primary's bytes."""
+        self._header[0] = k
+        self._bak_comm.send(self._backup, self._header, timeout=self.timeout)
+        self._bak_comm.send(self._backup, d, timeout=self.timeout)
+        self._forwards += 1
 
     # ------------------------------------------------------------------ shard server
     def _serve(self) -> None:
@@ -306,6 +373,15 @@ class ElasticAveraging(BackgroundPolicy):
                     req -= self._center[k]
                     req *= alpha          # d = alpha (x_s - c_s)
                     self._center[k] += req
+                    if self._backing:
+                        try:
+                            self._forward(k, req)
+                        except PEER_FAILURES as exc:
+                            # The backup is lost: the primary, here, is whole; the view
+                            # change that follows makes a new backup.
+                            log.warning("rank %d: elastic averaging: forward to backup rank "
+                                        "%d failed: %s", self._peer.rank, self._backup, exc)
+                            self._backing = False
                 # A worker gone meanwhile misses its reply; the centre kept its pull.
                 with self._tolerate(f"reply to rank {src}"):
                     self._rep_comm.send(src, req, timeout=self.timeout)
@@ -314,6 +390,33 @@ class ElasticAveraging(BackgroundPolicy):
                 self._served += 1
                 served = True
         return served
+
+    def _keep_replica(self) -> None:
+        """(Backup thread.) Add each update the predecessor forwards to its replica."""
+        while not self._stop.is_set():
+            if self._next_source(self._bak_comm, [self._pred]) is not None:
+                if not self._take_forward():
+                    return
+
+    def _take_forward(self) -> bool:
+        """One forwarded update (its bucket index, then d) into the replica; False once the
+        predecessor is lost (what it sent before is in already) or sent a bad index."""
+        pred = self._pred
+        try:
+            self._bak_comm.recv(pred, self._header_in, timeout=self.timeout)
+            k = int(self._header_in[0])
+            if not 0 <= k < len(self._replica) or not self._replica[k].shape[0]:
+                raise ProtocolError(f"rank {self._peer.rank}: centre shard owner {pred} "
+                                    f"forwarded an update of bucket {k}, which has no "
+                                    "segment of it (elastic averaging backup)")
+            d = self._from_pred[k]
+            self._bak_comm.recv(pred, d, timeout=self.timeout)
+        except (ProtocolError, *PEER_FAILURES) as exc:
+            log.warning("rank %d: elastic averaging: backup of rank %d's shard stops: %s",
+                        self._peer.rank, pred, exc)
+            return False
+        self._replica[k] += d
+        return True
 
     # ------------------------------------------------------------------ centre access
     @property
@@ -344,6 +447,11 @@ class ElasticAveraging(BackgroundPolicy):
 
     # ------------------------------------------------------------------ state and stats
     def _extra_state(self) -> dict:
+        if self._plan is not None:
+            # The source of a view change: its joiners take their shards from the members
+            # by this plan (elastic_sharded_membership.py), not this member's shard.
+            return {"reshard": self._plan, "center_mode": self.center_mode,
+                    "alpha": self.alpha}
         with self._lock:
             return {"center": [adapter_for(c).clone(c) for c in self._center],
                     "center_mode": self.center_mode, "alpha": self.alpha}
@@ -353,6 +461,8 @@ class ElasticAveraging(BackgroundPolicy):
         if state.get("center_mode") != self.center_mode:
             raise ValueError(f"state dict has center={state.get('center_mode')!r}, this policy "
                              f"center={self.center_mode!r}")
+        if self.center_mode == "sharded" and self._plan_state(state):
+            return
         if not isinstance(center, (list, tuple)) or len(center) != len(self._center):
             raise ValueError(f"elastic state needs {len(self._center)} centre buffers, got "
                              f"{type(center).__name__}")
@@ -378,5 +488,7 @@ class ElasticAveraging(BackgroundPolicy):
         return {"alpha": self.alpha, "beta": self.beta, "period": self.period,
                 "center": self.center_mode, "elastic_rounds": self._rounds,
                 "elastic": self.elastic, "min_peers": self.min_peers,
-                "requests_served": self._served, "dropped_peers": sorted(self._dropped)}
+                "requests_served": self._served, "dropped_peers": sorted(self._dropped),
+                "backup_forwards": self._forwards, "reshards": self._reshards,
+                "segments_rebuilt": self._rebuilt}
 
