@@ -2,7 +2,9 @@
 attached policies finish what they must in the old view (``_view_changing``: push-sum's
 exchange in flight, a planned leaver's mass), the new transport and communicators take over,
 the topology is recomputed over the new size, the attached policies are told, the members
-named stale take the source's state, and everybody meets in a barrier of the new view before
+named stale take the source's state, state spread over the members moves (``_settle_view``:
+the sharded EASGD centre, cut again over the new view; a joiner's too, in take_state), and
+everybody meets in a barrier of the new view before
 the old transport closes (so nothing of the old view is read as a loss in the new one, and a
 joiner enters at the boundary itself). A planned leaver (``leave_at_boundary``) takes rounds
 until its boundary, hands its state over there, and goes.

@@ -280,3 +280,37 @@ def test_a_killed_owners_shards_come_from_its_backup_bitwise(tmp_path, victim):
     assert survivors == [(3, 1, 30, 0, 1)] * 3, survivors
     before, after = assembled(workdir, "before-v1"), assembled(workdir, "after-v1")
     assert before.tobytes() == after.tobytes()   # the dead owner's shard, whole
+
+
+# ---------------------------------------------------------------- a death without elastic
+def sharded_restarted(peer, victim, kill_at, extra):
+    """Without elastic=True: the victim dies, the others skip its segments, it is started
+    again and joins (view 1), and its old segments, which nobody held, are rebuilt."""
+    import signal
+    x = start_x(peer.rank)
+    policy = ElasticAveraging(center="sharded", period=1).attach(peer, [x])
+    first_rank, restarted = peer.rank, peer.view.number > 0   # (a restart joins view 1)
+    while policy.step < 100_000:
+        if peer.view.number >= 1 and policy.step >= peer.view.step + extra:
+            break   # the same step on all: they share the step count from the boundary on
+        if first_rank == victim and not restarted and policy.step == kill_at:
+            os.kill(os.getpid(), signal.SIGKILL)
+        x -= 0.01 * x
+        policy.after_step()
+        np.ones((96, 96)) @ np.ones((96, 96))   # a step's compute
+    peer.barrier()
+    stats = policy.stats()
+    shard = np.asarray(policy.center[0])
+    policy.close()
+    return (peer.world_size, peer.view.number, policy.step, stats["segments_rebuilt"],
+            restarted, bool(np.isfinite(shard).all()))
+
+
+def test_without_elastic_a_dead_owners_segments_are_rebuilt_when_it_comes_back():
+    results = spawn(sharded_restarted, n=4, timeout=150, args=(3, 15, 20),
+                    restarts={3: 1}, peer_timeout=PEER_TIMEOUT)
+    steps = {r[2] for r in results}
+    assert len(steps) == 1, results
+    for world, number, _, rebuilt, restarted, finite in results:
+        assert (world, number, rebuilt, finite) == (4, 1, 1, True), results
+    assert [r[4] for r in results] == [False, False, False, True]

@@ -36,6 +36,7 @@ class ShardedCentre:
     """The sharded centre's owners, server and backups (see the module docstring)."""
 
     _forwards = 0   # updates forwarded to this peer's backup
+    _layout: tuple | None = None   # the members the shards are cut over: (name, incarnation)
 
     # ------------------------------------------------------------------ layout
     def _lay_out(self, centres: list, *, start: bool) -> None:
@@ -70,11 +71,19 @@ class ShardedCentre:
         self._served_buckets = [k for k, segs in enumerate(self._segs)
                                 if segs[rank][1] > segs[rank][0]]
         self._next_request = {j: 0 for j in range(n) if j != rank}
+        with self._cond:
+            self._dropped = {}   # the old view's ranks: every member of this one is live
         self._layout, self._layout_rank = self._view_members(), rank
         if start and self._served_buckets and n > 1:
             self._start(self._serve, "gossip-easgd")
         if start and self._backing and any(r.shape[0] for r in self._replica):
             self._start(self._keep_replica, "gossip-easgd-backup")
+
+    def _view_members(self) -> tuple | None:
+        """The current view's members as (name, incarnation) in rank order (None: a peer
+        without membership)."""
+        view = getattr(self._peer, "view", None)
+        return None if view is None else tuple((m.name, m.incarnation) for m in view.members)
 
     # ------------------------------------------------------------------ the round
     def _sharded_round(self) -> None:

@@ -120,7 +120,6 @@ class ShardedCentreMembership:
 
     _plan: dict | None = None   # the re-shard of the switch under way
     _held: dict | None = None   # old segment -> its buffers (one per bucket) this member provides
-    _layout: tuple | None = None   # the members the shards are cut over: (name, incarnation)
     _reshards = 0
     _rebuilt = 0
 
@@ -129,10 +128,6 @@ class ShardedCentreMembership:
         """A sharded centre's leaver hands its shards over at a boundary the group agrees on
         (planned, as push-sum's mass); the replicated centre needs nothing handed over."""
         return self.center_mode == "sharded"
-
-    def _view_members(self) -> tuple | None:
-        view = getattr(self._peer, "view", None)
-        return None if view is None else tuple((m.name, m.incarnation) for m in view.members)
 
     def _who(self) -> str:
         return f"rank {self._peer.rank} ({self._peer.transport.endpoints.get('tcp', '?')})"
