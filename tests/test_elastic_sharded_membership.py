@@ -186,31 +186,36 @@ def test_a_member_leaves_a_sharded_group_and_hands_its_shards_over(tmp_path):
 
 
 # ---------------------------------------------------------------- a death, elastic=True
+PIECES = (200, 200, 115)   # three parameters, a bucket each: plans over several buckets
+
+
 def sharded_killed(peer, victim, kill_at, total, min_peers):
     import hashlib
     import signal
 
     from gossip.errors import PeerLost
     x = start_x(peer.rank)
-    policy = ElasticAveraging(center="sharded", period=1, elastic=True,
-                              min_peers=min_peers).attach(peer, [x])
+    params = np.split(x, np.cumsum(PIECES)[:-1])
+    policy = ElasticAveraging(center="sharded", period=1, elastic=True, min_peers=min_peers,
+                              bucket_bytes=8 * PIECES[0]).attach(peer, params)
     first_rank = peer.rank   # ranks are renumbered densely by a view change
     try:
         while policy.step < total:
-            x -= 0.01 * x
+            for p in params:
+                p -= 0.01 * p
             if first_rank == victim and policy.step == kill_at:
                 os.kill(os.getpid(), signal.SIGKILL)   # the others are in their rounds
             policy.after_step()
         n, rank = peer.world_size, peer.rank
-        shard = np.asarray(policy.center[0]).copy()
+        shards = [np.asarray(c).size for c in policy.center]
         policy.load_center()   # a collective over the new view: the whole centre, here
-        whole = hashlib.sha256(x.tobytes()).hexdigest()
+        whole = hashlib.sha256(b"".join(p.tobytes() for p in params)).hexdigest()
     except PeerLost as exc:
         return "PeerLost", str(exc)
     stats = policy.stats()
     policy.close()
-    return (n, peer.view.number, policy.step, stats["segments_rebuilt"], rank, shard,
-            whole, np.isfinite(x).all())
+    return (n, peer.view.number, policy.step, stats["segments_rebuilt"], rank, shards,
+            whole, all(np.isfinite(p).all() for p in params))
 
 
 def test_survivors_of_an_elastic_sharded_group_re_form_it_with_one_centre():
@@ -222,10 +227,11 @@ def test_survivors_of_an_elastic_sharded_group_re_form_it_with_one_centre():
     survivors = results[:3]
     for n, number, steps, rebuilt, *_ in survivors:
         assert (n, number, steps, rebuilt) == (3, 1, 40, 0), survivors
-    # Each survivor owns its segment of the new view, and every one assembled the same bytes.
+    # Each survivor owns its segment of each bucket in the new view, and every one
+    # assembled the same bytes.
     assert sorted(r[4] for r in survivors) == [0, 1, 2]
-    for *_, rank, shard, _, _ in survivors:
-        assert shard.shape == (np.subtract(*segment(LENGTH, rank, 3)[::-1]),)
+    for *_, rank, shards, _, _ in survivors:
+        assert shards == [np.subtract(*segment(k, rank, 3)[::-1]) for k in PIECES]
     assert len({r[6] for r in survivors}) == 1 and all(r[7] for r in survivors), survivors
 
 
