@@ -13,7 +13,9 @@ centre before it, bitwise: its segments are copied, never summed.
 At a committed switch (gossip/elastic.py take_switch):
 
 1. ``_view_changing`` (old view's transport, every old member; the server and backup threads
-   stop first). Every member computes the same *plan* from the layout its shards are cut in
+   stop first, once every planned leaver said it is at its boundary: a leaver is no member
+   of the committed view, so the others may reach the boundary while its last rounds still
+   need their servers). Every member computes the same *plan* from the layout its shards are cut in
    (the old view's members, by name and incarnation), the new view and the commit's
    handoffs (``reshard_plan``): for each old segment, the new rank of the member that
    provides it. That is its owner if the owner goes on as itself; else the member a planned
@@ -137,15 +139,18 @@ class ShardedCentreMembership:
         super()._view_changing(switch)
         if self.center_mode != "sharded":
             return
-        self._halt()   # the threads hold the old view's communicators
         self._plan, self._held = None, {}
-        if self._layout is None:
-            return
-        plan = reshard_plan(self._layout, switch.view, switch.handoffs, self._backups_kept())
         me, mine = switch.transport.rank, self._layout_rank
-        if plan["providers"][mine] != me:
+        plan = None if self._layout is None else reshard_plan(
+            self._layout, switch.view, switch.handoffs, self._backups_kept())
+        if plan is not None and plan["providers"][mine] != me:
             # Not going on as itself (a member left out that joins again): like a joiner, it
             # takes the plan with the source's state.
+            plan = None
+        if plan is not None:
+            self._wait_for_leavers(switch.handoffs)
+        self._halt()   # the threads hold the old view's communicators
+        if plan is None:
             return
         self._plan = plan
         n, providers = plan["n"], plan["providers"]
@@ -166,6 +171,18 @@ class ShardedCentreMembership:
                 self._rebuilt += 1
                 self._held[s] = [adapter_for(b.flat).clone(b.flat[slice(*segment(
                     b.numel, s, n))]) for b in self._buckets]
+
+    def _wait_for_leavers(self, handoffs: list) -> None:
+        """Until each planned leaver of ``handoffs`` says it is at its boundary: a leaver is
+        no member of the view committed, so the others may reach the boundary and get here
+        while it still takes its last rounds, which need their servers (still running)."""
+        comm = self._peer.channel(PeerChannel.HANDOFF)
+        for _, leaver in handoffs:
+            try:
+                comm.recv(leaver, np.zeros(1), timeout=self.timeout)
+            except PEER_FAILURES as exc:
+                log.warning("%s: elastic averaging: planned leaver rank %d did not reach its "
+                            "boundary (%s)", self._who(), leaver, exc)
 
     def _backups_kept(self) -> bool:
         return bool(self.elastic)
@@ -213,6 +230,14 @@ class ShardedCentreMembership:
                         "recovery): they come from its backup, or are rebuilt", self._who())
             return
         comm = self._peer.channel(PeerChannel.HANDOFF)
+        me = self._peer.rank
+        for j in range(self._peer.world_size):   # its rounds are done: they may stop serving
+            if j != me:
+                try:
+                    comm.send(j, np.ones(1), timeout=self.timeout)
+                except PEER_FAILURES as exc:
+                    log.warning("%s: elastic averaging: rank %d did not hear it is at its "
+                                "boundary (%s)", self._who(), j, exc)
         try:
             for c in self._center:
                 if c.shape[0]:
