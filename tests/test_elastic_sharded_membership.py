@@ -253,29 +253,68 @@ def test_a_sharded_group_below_min_peers_raises_peer_lost_on_every_survivor():
         assert kind == "PeerLost" and "fewer than min_peers=4" in text, results
 
 
+def sharded_below_min_between_rounds(peer, workdir, victim):
+    """min_peers=4 and a death seen by ranks 1 and 2 between their rounds (period 2, step 12
+    has none): they take the recovery at their step boundary, not in _recover."""
+    from gossip.errors import PeerLost
+    x = start_x(peer.rank)
+    policy = ElasticAveraging(center="sharded", period=2, elastic=True,
+                              min_peers=4).attach(peer, [x])
+    first_rank, killed = peer.rank, False
+    try:
+        while policy.step < 30:
+            if policy.step == 12 and not killed:
+                killed = True
+                _quiet_death(peer, workdir, victim, first_rank)
+                if first_rank != 0:   # rank 0's round of step 13 proposes the recovery
+                    wait_until(peer.changing_now, PEER_TIMEOUT,
+                               what=f"the recovery proposed to rank {first_rank}")
+            x -= 0.01 * x
+            policy.after_step()
+    except PeerLost as exc:
+        return "PeerLost", str(exc)
+    return "finished", peer.world_size
+
+
+def test_survivors_between_rounds_below_min_peers_raise_peer_lost_too(tmp_path):
+    results = spawn(sharded_below_min_between_rounds, n=4, timeout=150,
+                    args=(str(tmp_path), 3), tolerate=(3,), peer_timeout=PEER_TIMEOUT)
+    # Each at once, in view 1 of 3: not after the others closed (a later death, 2 left).
+    for kind, text in results[:3]:
+        assert kind == "PeerLost" and "3 members left, fewer than min_peers=4" in text, results
+
+
+def _quiet_death(peer, workdir, victim, first_rank, policy=None):
+    """Everyone at a barrier after its rounds so far; the victim leaves it only once the
+    others did (its own last messages of it may still be in its I/O thread), writes its
+    shard (with ``policy``) and dies; the others return once their transport knows."""
+    import signal
+    peer.barrier()
+    if first_rank != victim:
+        open(os.path.join(workdir, f"passed-{first_rank}"), "w").close()
+    else:
+        if policy is not None:
+            record(policy, workdir, "before-v1")   # its primary, as its backup holds it
+        wait_until(lambda: len(glob.glob(os.path.join(workdir, "passed-*"))) == 3,
+                   PEER_TIMEOUT, what="the others past the barrier")
+        os.kill(os.getpid(), signal.SIGKILL)
+    wait_until(lambda: victim in peer.lost_peers(), PEER_TIMEOUT,
+               what=f"rank {victim}'s death seen by rank {first_rank}")
+
+
 def sharded_killed_quietly(peer, workdir, victim, kill_at, total):
     """A death at a point where nothing is in flight (a barrier after every round up to
     ``kill_at``, which the victim leaves only once the others did: its own last messages of
     it may still be in its I/O thread): the victim writes its shard, then dies; the
     survivors wait until their transport knows it, then take their round, which finds its
     owner lost before sending."""
-    import signal
     x = start_x(peer.rank)
     policy = Recorded(workdir, period=1, elastic=True).attach(peer, [x])
     first_rank, killed = peer.rank, False
     while policy.step < total:
         if policy.step == kill_at and not killed:
             killed = True
-            peer.barrier()
-            if first_rank != victim:   # (the victim's last messages are delivered: it may go)
-                open(os.path.join(workdir, f"passed-{first_rank}"), "w").close()
-            else:
-                record(policy, workdir, "before-v1")   # its primary, as its backup holds it
-                wait_until(lambda: len(glob.glob(os.path.join(workdir, "passed-*"))) == 3,
-                           PEER_TIMEOUT, what="the others past the barrier")
-                os.kill(os.getpid(), signal.SIGKILL)
-            wait_until(lambda: victim in peer.lost_peers(), PEER_TIMEOUT,
-                       what=f"rank {victim}'s death seen by rank {first_rank}")
+            _quiet_death(peer, workdir, victim, first_rank, policy)
         x -= 0.01 * x
         policy.after_step()
     peer.barrier()   # the others' last rounds need this peer's shard (a close is a death)
