@@ -46,7 +46,8 @@ class ElasticAveraging(ShardedCentreMembership, ShardedCentre, BackgroundPolicy)
     waits only for the owners' server threads, never for another worker's training step.
     Cost: P bytes out and P bytes back per elastic step, spread over the owners; each peer
     stores 1/n of the centre. Close the policies after a barrier: a worker still training
-    cannot reach the shard of a peer that has closed (it then skips that shard). With
+    cannot reach the shard of a peer that has closed (it then skips that shard; with
+    ``elastic=True`` the closed peer is a death, and the others re-form without it). With
     ``elastic=True`` every owner also keeps a backup of its shard at the next rank: each
     update d it applies, in the order it applies them, is forwarded to that rank (on
     channel + 3), whose thread adds it to its replica, so the replica stays the primary's
