@@ -30,6 +30,9 @@ class PeerChannel(enum.IntEnum):
     #: (the next one).
     ELASTIC_REQUESTS = 4
     ELASTIC_REPLIES = 5
+    #: ElasticAveraging (sharded, elastic=True): each owner's centre updates, forwarded to
+    #: the backup of its shard (requests + 3: the next free number).
+    ELASTIC_BACKUPS = 7
     #: Healing: proposals of new edges around a lost neighbour (Gossip, PushSum).
     HEALING = 6
     #: Membership: a member's state sent to the members that take it after a view change

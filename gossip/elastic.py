@@ -2,7 +2,9 @@
 attached policies finish what they must in the old view (``_view_changing``: push-sum's
 exchange in flight, a planned leaver's mass), the new transport and communicators take over,
 the topology is recomputed over the new size, the attached policies are told, the members
-named stale take the source's state, and everybody meets in a barrier of the new view before
+named stale take the source's state, state spread over the members moves (``_settle_view``:
+the sharded EASGD centre, cut again over the new view; a joiner's too, in take_state), and
+everybody meets in a barrier of the new view before
 the old transport closes (so nothing of the old view is read as a loss in the new one, and a
 joiner enters at the boundary itself). A planned leaver (``leave_at_boundary``) takes rounds
 until its boundary, hands its state over there, and goes.
@@ -49,6 +51,8 @@ def take_switch(peer: Any, switch: Any, policy: Any = None) -> int:
         if policy is not None:
             # One step count in the new view (a time-varying graph's phase depends on it).
             policy._step = switch.step
+        for p in peer.policies:   # state spread over the members (the sharded EASGD centre)
+            p._settle_view()
         # The barrier also waits for the donors' sends: a donor sending to a joiner that died
         # before it connected learns so only at its send's deadline, and then proposes the
         # recovery that ends everyone's waits. A member waiting here must outlast that.
@@ -110,6 +114,7 @@ def take_state(peer: Any, switch: Any, policy: Any, fetched: Prefetch) -> None:
     try:
         step, snapshot = fetched.result(peer, state_of(policy))
         load_state(policy, snapshot, step)
+        policy._settle_view()   # with the members' (take_switch), before the barrier
         peer.barrier()
     except BaseException:
         peer.close()

@@ -293,7 +293,7 @@ class Peer:
         if stuck:
             return (f"the group runs policy {stuck[0]!r}, which does not follow membership "
                     "changes yet (synchronous, local-sgd, gossip, asynchronous, push-sum and "
-                    "elastic with its replicated centre do)")
+                    "elastic do)")
         return None
 
     def _sharing(self) -> str:

@@ -1,8 +1,8 @@
 """Elastic averaging (EASGD) with the replicated centre follows membership view changes: a
 joiner takes a member's model and the centre (the same bytes on every member), and the
-next rounds' allreduce runs over the new view, so the centres stay bitwise equal. The sharded
-centre does not follow them yet: joiners are refused, naming the policy. Real peer
-processes, real sockets."""
+next rounds' allreduce runs over the new view, so the centres stay bitwise equal. (The
+sharded centre: tests/test_elastic_sharded_membership.py.) Real peer processes, real
+sockets."""
 from __future__ import annotations
 
 import hashlib
@@ -100,13 +100,6 @@ def test_a_joiner_takes_the_replicated_centre_and_every_centre_stays_equal(tmp_p
         assert member_center == center             # the same centre, bitwise, on all four
 
 
-def test_a_sharded_centre_refuses_joiners_naming_the_policy(tmp_path):
-    results, (code, out) = _members_and_joiner(tmp_path, 4, "sharded")
-    assert code == 3 and "REFUSED" in out and "'elastic'" in out, out[-3000:]
-    for world, number, _, _ in results:
-        assert (world, number) == (3, 0)           # the group went on as it was
-
-
 # ---------------------------------------------------------------- a death, elastic=True
 def easgd_killed(peer, victim, kill_at, total, min_peers, elastic):
     import signal
@@ -151,12 +144,6 @@ def test_an_easgd_group_below_min_peers_or_not_elastic_raises_peer_lost():
                         peer_timeout=PEER_TIMEOUT)
         for kind, text in results[:3]:
             assert kind == "PeerLost" and says in text, results
-
-
-def test_elastic_true_needs_the_replicated_centre():
-    from gossip.policies import ElasticAveraging
-    with pytest.raises(ValueError, match="center='replicated'"):
-        ElasticAveraging(center="sharded", elastic=True)
 
 
 def easgd_killed_in_flight(peer, delay):

@@ -6,11 +6,13 @@ import threading
 import warnings
 from typing import Any
 
-from collectives.arrays import adapter_for, segment
+from collectives.arrays import adapter_for
 from gossip.channels import PeerChannel
-from gossip.errors import GossipError, PeerLost
+from gossip.errors import PeerLost
 from gossip.policies.arguments import check_int, check_number
 from gossip.policies.buckets import DEFAULT_BUCKET_BYTES
+from gossip.policies.elastic_sharded import ShardedCentre
+from gossip.policies.elastic_sharded_membership import ShardedCentreMembership
 from gossip.policies.worker import BackgroundPolicy
 
 __all__ = ["ElasticAveraging", "CENTERS", "DEFAULT_BETA"]
@@ -22,7 +24,7 @@ CENTERS = ("replicated", "sharded")
 DEFAULT_BETA = 0.9
 
 
-class ElasticAveraging(BackgroundPolicy):
+class ElasticAveraging(ShardedCentreMembership, ShardedCentre, BackgroundPolicy):
     """EASGD (Zhang, Choromanska, LeCun 2015). Each worker i trains its own x_i; every
     ``period`` (tau) steps it is pulled towards a centre c and the centre towards it:
     ``d_i = alpha (x_i - c); x_i -= d_i; c += d_i``. The workers explore around the centre,
@@ -44,7 +46,13 @@ class ElasticAveraging(BackgroundPolicy):
     waits only for the owners' server threads, never for another worker's training step.
     Cost: P bytes out and P bytes back per elastic step, spread over the owners; each peer
     stores 1/n of the centre. Close the policies after a barrier: a worker still training
-    cannot reach the shard of a peer that has closed (it then skips that shard).
+    cannot reach the shard of a peer that has closed (it then skips that shard; with
+    ``elastic=True`` the closed peer is a death, and the others re-form without it). With
+    ``elastic=True`` every owner also keeps a backup of its shard at the next rank: each
+    update d it applies, in the order it applies them, is forwarded to that rank (on
+    channel + 3), whose thread adds it to its replica, so the replica stays the primary's
+    bytes and a death loses no centre (see elastic_sharded_membership.py). That costs P more
+    bytes per elastic step of every worker (each d once more), off the training thread.
 
     Defaults: ``alpha = 0.9 / n`` (the paper's beta = n alpha = 0.9), ``period=4``. The
     centre starts at the workers' mean (an allreduce at attach).
@@ -69,8 +77,16 @@ class ElasticAveraging(BackgroundPolicy):
     either everywhere it completed or nowhere; a survivor whose round failed while others'
     completed is behind their step count, and takes the state of the survivor that
     completed most steps, centre included (``shared_state``). Without ``elastic`` a death
-    in a round raises PeerLost, as Synchronous's. The sharded centre refuses joiners and a
-    death costs the dead owner's shards (its workers skip them, see ``dropped_peers``).
+    in a round raises PeerLost, as Synchronous's.
+
+    Membership (sharded centre): at every view change the centre is cut again over the new
+    view's dense ranks, and a joiner takes its model from a member and its shards from the
+    members; a planned ``peer.leave()`` hands the leaver's shards over; with ``elastic=True``
+    a death is a view change and the dead owner's shards come from their backups. The
+    assembled centre is the same bytes after a change as before it.
+    elastic_sharded_membership.py has the rules and what each costs. Without ``elastic`` a
+    death costs the dead owner's shards until the next view change (its workers skip them,
+    see ``dropped_peers``), which rebuilds them from the workers.
     """
 
     name = "elastic"
@@ -106,9 +122,6 @@ class ElasticAveraging(BackgroundPolicy):
         self._alpha_arg = None if alpha is None else float(alpha)
         self.period = period
         self.center_mode = center
-        if self.elastic and center != "replicated":
-            raise ValueError("elastic=True needs center='replicated': the sharded centre "
-                             "does not follow view changes yet (a death costs its shards)")
         self._lock = threading.Lock()   # the centre shard, between server and training thread
         self._served = 0
         self._rounds = 0
@@ -146,13 +159,11 @@ class ElasticAveraging(BackgroundPolicy):
                           "mean each round, and stability then needs a smaller learning rate "
                           "than plain SGD; the paper uses beta = 0.9", UserWarning, stacklevel=4)
 
-    @property
-    def follows_view_changes(self) -> bool:
-        """The replicated centre follows a view change: every member holds all of it (the
-        same bytes), so a joiner takes it with a member's state and the next round's
-        allreduce runs over the new view (alpha's default, 0.9 / n, follows n). The sharded
-        centre would have to be cut again over the new owners: not yet (joiners refused)."""
-        return self.center_mode == "replicated"
+    #: Both centres follow a view change. The replicated one: every member holds all of it
+    #: (the same bytes), so a joiner takes it with a member's state and the next round's
+    #: allreduce runs over the new view (alpha's default, 0.9 / n, follows n). The sharded
+    #: one is cut again over the new view (elastic_sharded_membership.py).
+    follows_view_changes = True
 
     @property
     def shared_state(self) -> bool:
@@ -182,25 +193,9 @@ class ElasticAveraging(BackgroundPolicy):
             self._diff = [b.new() for b in buckets]   # sum_i d_i, by allreduce
             self._own = [b.new() for b in buckets]    # this worker's d_i
             return
-        self._segs = [[segment(b.numel, s, n) for s in range(n)] for b in buckets]
-        self._center = []
-        for m, segs in zip(means, self._segs):
-            lo, hi = segs[rank]
-            self._center.append(adapter_for(m).clone(m[lo:hi]))
-        self._own_diff = [adapter_for(c).clone(c) for c in self._center]
-        self._replies = [[b.new(numel=hi - lo) if s != rank else None
-                          for s, (lo, hi) in enumerate(segs)]
-                         for b, segs in zip(buckets, self._segs)]
-        self._requests = [adapter_for(c).clone(c) for c in self._center]
-        self._req_comm = peer.channel(self._channel_number)
-        self._rep_comm = peer.channel(self._channel_number + 1)
-        # The buckets whose segment of this peer is not empty, in order: what every worker
-        # sends this peer, bucket after bucket.
-        self._served_buckets = [k for k, segs in enumerate(self._segs)
-                                if segs[rank][1] > segs[rank][0]]
-        self._next_request = {j: 0 for j in range(n) if j != rank}
-        if self._served_buckets and n > 1:
-            self._start(self._serve, "gossip-easgd")
+        # A joiner's centre is cut from the members' shards once it has its state
+        # (_settle_view): until then nothing serves, and these means are placeholders.
+        self._lay_out(means, start=not joining)
 
     # ------------------------------------------------------------------ the step
     def _after_step(self, step: int) -> None:
@@ -243,78 +238,6 @@ class ElasticAveraging(BackgroundPolicy):
             b.flat -= own       # x_i -= d_i
             c += d              # c += sum_i d_i: the same bytes on every peer
 
-    def _sharded_round(self) -> None:
-        rank, alpha = self._peer.rank, self.alpha
-        lost = self._peer.lost_peers()
-        asked = []
-        for k, (b, segs) in enumerate(zip(self._buckets, self._segs)):
-            for s, (lo, hi) in enumerate(segs):
-                if hi == lo:
-                    continue
-                if s == rank:
-                    with self._lock:   # the server thread updates the same shard
-                        d = self._own_diff[k]
-                        adapter_for(d).copy(d, b.flat[lo:hi])
-                        d -= self._center[k]
-                        d *= alpha
-                        self._center[k] += d
-                    b.flat[lo:hi] -= d
-                    continue
-                if not self._alive(s, lost):
-                    continue
-                with self._tolerate(f"request to centre shard owner {s}", rank=s):
-                    self._req_comm.send(s, b.flat[lo:hi], timeout=self.timeout)
-                    asked.append((k, s))
-        for k, s in asked:
-            if s in self._dropped:
-                continue
-            lo, hi = self._segs[k][s]
-            reply = self._replies[k][s]
-            with self._tolerate(f"reply of centre shard owner {s}", rank=s) as attempt:
-                self._rep_comm.recv(s, reply, timeout=self.timeout)
-            if attempt.failed:
-                continue
-            self._buckets.buckets[k].flat[lo:hi] -= reply
-
-    # ------------------------------------------------------------------ shard server
-    def _serve(self) -> None:
-        while not self._stop.is_set():
-            if not self._serve_pending():
-                lost = self._peer.lost_peers()
-                self._next_source(self._req_comm, [j for j in self._next_request
-                                                   if j not in self._dropped
-                                                   and j not in lost])
-
-    def _serve_pending(self) -> bool:
-        served = False
-        alpha = self.alpha
-        for src, pos in self._next_request.items():
-            while (src not in self._dropped and not self._peer.lost_peers().get(src)
-                   and self._req_comm.probe(src)):
-                k = self._served_buckets[pos]
-                req = self._requests[k]
-                try:
-                    with self._tolerate(f"request from rank {src}") as attempt:
-                        self._req_comm.recv(src, req, timeout=self.timeout)
-                except GossipError as exc:
-                    log.warning("rank %d: elastic averaging: bad request from rank %d: %s",
-                                self._peer.rank, src, exc)
-                    break
-                if attempt.failed:
-                    break
-                with self._lock:
-                    req -= self._center[k]
-                    req *= alpha          # d = alpha (x_s - c_s)
-                    self._center[k] += req
-                # A worker gone meanwhile misses its reply; the centre kept its pull.
-                with self._tolerate(f"reply to rank {src}"):
-                    self._rep_comm.send(src, req, timeout=self.timeout)
-                pos = (pos + 1) % len(self._served_buckets)
-                self._next_request[src] = pos
-                self._served += 1
-                served = True
-        return served
-
     # ------------------------------------------------------------------ centre access
     @property
     def center(self) -> list:
@@ -344,6 +267,11 @@ class ElasticAveraging(BackgroundPolicy):
 
     # ------------------------------------------------------------------ state and stats
     def _extra_state(self) -> dict:
+        if self._plan is not None:
+            # The source of a view change: its joiners take their shards from the members
+            # by this plan (elastic_sharded_membership.py), not this member's shard.
+            return {"reshard": self._plan, "center_mode": self.center_mode,
+                    "alpha": self.alpha}
         with self._lock:
             return {"center": [adapter_for(c).clone(c) for c in self._center],
                     "center_mode": self.center_mode, "alpha": self.alpha}
@@ -353,6 +281,8 @@ class ElasticAveraging(BackgroundPolicy):
         if state.get("center_mode") != self.center_mode:
             raise ValueError(f"state dict has center={state.get('center_mode')!r}, this policy "
                              f"center={self.center_mode!r}")
+        if self.center_mode == "sharded" and self._plan_state(state):
+            return
         if not isinstance(center, (list, tuple)) or len(center) != len(self._center):
             raise ValueError(f"elastic state needs {len(self._center)} centre buffers, got "
                              f"{type(center).__name__}")
@@ -378,5 +308,7 @@ class ElasticAveraging(BackgroundPolicy):
         return {"alpha": self.alpha, "beta": self.beta, "period": self.period,
                 "center": self.center_mode, "elastic_rounds": self._rounds,
                 "elastic": self.elastic, "min_peers": self.min_peers,
-                "requests_served": self._served, "dropped_peers": sorted(self._dropped)}
+                "requests_served": self._served, "dropped_peers": sorted(self._dropped),
+                "backup_forwards": self._forwards, "reshards": self._reshards,
+                "segments_rebuilt": self._rebuilt}
 

@@ -86,6 +86,20 @@ class MembershipHooks:
         """A planned leaver at its boundary: give what it holds to rank ``to`` of the view it
         leaves (-1: nobody takes it)."""
 
+    def _settle_view(self) -> None:
+        """Every member of the new view, joiners too, once the state moved and before the
+        barrier that ends the switch (the new view's transport): a policy whose state is
+        spread over the members (the sharded EASGD centre) moves it here, in collectives
+        every member makes in the same order."""
+
+    def _check_min_peers(self) -> None:
+        """After a view change taken at a step boundary (not in _recover: a member that was
+        not in a collective when a peer died hears of the recovery there): fewer members than
+        ``min_peers`` is PeerLost, as in _recover."""
+        if self.elastic and self._peer.world_size < self.min_peers:
+            raise PeerLost(f"rank {self._peer.rank}: {self.name}: {self._peer.world_size} "
+                           f"members left, fewer than min_peers={self.min_peers}")
+
     def _view_changed(self) -> None:
         """The group's view changed (the peer has its new transport and topology): graph
         policies follow the topology; policies with per-peer state override this."""

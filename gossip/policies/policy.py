@@ -231,8 +231,8 @@ class Policy(PolicyStats, MembershipHooks, abc.ABC):
             self._guard.skip_update = False
             self._step += 1
             at_boundary = getattr(self._peer, "at_boundary", None)
-            if at_boundary is not None:
-                at_boundary(self, self._step)
+            if at_boundary is not None and at_boundary(self, self._step):
+                self._check_min_peers()
 
     # ------------------------------------------------------------------ nan guard
     def _guard_parameters(self) -> None:
