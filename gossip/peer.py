@@ -292,8 +292,8 @@ class Peer:
         stuck = [p.name for p in self.policies if not p.follows_view_changes]
         if stuck:
             return (f"the group runs policy {stuck[0]!r}, which does not follow membership "
-                    "changes yet (synchronous, local-sgd, gossip, asynchronous, push-sum and "
-                    "elastic do)")
+                    "changes yet (synchronous, local-sgd, gossip, asynchronous, push-sum, "
+                    "choco and elastic do)")
         return None
 
     def _sharing(self) -> str:
