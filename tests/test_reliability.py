@@ -275,7 +275,7 @@ def test_a_peer_waiting_on_one_that_closed_after_a_loss_blames_the_lost_rank(tmp
 
 # ---------------------------------------------------------------------------- stragglers
 def straggler(peer, marker_dir, slow_steps):
-    """Rank 1 is five times slower (it sleeps four times its compute time after each step);
+    """Rank 1 is ten times slower (it sleeps nine times its compute time after each step);
     the others step until it has done ``slow_steps`` steps."""
     x = np.random.default_rng(peer.rank).normal(size=5_000).astype(np.float32)
     scratch = np.linspace(0, 1, 200_000)   # a few milliseconds of compute per step
@@ -289,7 +289,7 @@ def straggler(peer, marker_dir, slow_steps):
             np.sin(scratch, out=scratch)
         x -= 1e-3 * x
         if peer.rank == 1:
-            time.sleep(4 * (time.perf_counter() - start))
+            time.sleep(9 * (time.perf_counter() - start))
         policy.after_step()
         steps += 1
         if peer.rank == 1 and steps == slow_steps:
@@ -309,7 +309,8 @@ def test_asynchronous_fast_peers_keep_their_pace_beside_a_straggler(tmp_path):
     print(f"steps in the window of the straggler's {slow_steps}: {[o[0] for o in out]}")
     assert out[1][0] == slow_steps
     for rank in (0, 2, 3):
-        # Five times faster in the same window, less what CPU contention takes: at least 3x.
+        # Ten times faster in the same window, less what CPU contention takes (4 peers on 2
+        # cores; with the straggler 5x slower, a full run under load gave 2.9x): at least 3x.
         assert out[rank][0] >= 3 * slow_steps, [o[0] for o in out]
     for _, lightest, min_weight in out:
         assert lightest >= min_weight / 2
