@@ -6,14 +6,12 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
-import sys
 import textwrap
 
 import numpy as np
 
 from gossip.testing import spawn
-from test_membership import _env, _members_beside, _publish_address, _wait_address
+from test_membership import _members_beside, _publish_address, _run_joiner
 
 COUNT = 500
 ROUNDS_AFTER = 160   # int8, gamma 1: 120 rounds reach 1e-9 on a ring of 4 from the start
@@ -63,15 +61,7 @@ def test_a_joiner_enters_a_running_choco_group_and_the_consensus_is_exact(tmp_pa
     workdir, path, box = str(tmp_path), str(tmp_path / "joiner.npz"), {}
 
     def joiner():
-        address = _wait_address(workdir)
-        script = os.path.join(workdir, "joiner.py")
-        with open(script, "w") as f:
-            f.write(JOINER)
-        proc = subprocess.Popen([sys.executable, script, str(COUNT), str(ROUNDS_AFTER), path],
-                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                env=_env(GOSSIP_RENDEZVOUS=address,
-                                         GOSSIP_MEMBER_NAME="joiner"))
-        box["out"], _ = proc.communicate(timeout=120)
+        _, box["out"] = _run_joiner(workdir, JOINER, [COUNT, ROUNDS_AFTER, path], "joiner")
 
     results, line = _members_beside(joiner, box, members, (workdir, 4), "JOINED",
                                     timeout=150)
