@@ -341,7 +341,7 @@ class Transport:
     def stats(self) -> dict:
         """A snapshot of this peer's traffic: endpoints, counters per peer and in total, drops, lost
         ranks and refused CURVE clients."""
-        return {
+        stats = {
             "rank": self.rank,
             "endpoints": dict(self.endpoints),
             "peers": {r: vars(c).copy() for r, c in enumerate(self.counters)
@@ -365,6 +365,16 @@ class Transport:
             "acks_sent": self._acks.sent,
             "acks_received": self._acks.received,
         }
+        if self.config.link is not None:
+            # Link emulation (emulation.py): what its pacing held back, all links together.
+            held = {"link": str(self.config.link), "bytes_delayed": 0, "messages_delayed": 0,
+                    "seconds_held": 0.0}
+            for link in list(self._links.values()):
+                if link.emulated is not None:
+                    for name, value in link.emulated.stats().items():
+                        held[name] += value
+            stats["link_emulation"] = held
+        return stats
 
     def interrupt(self) -> None:
         """End every wait at once (each raises PeerLost: this peer was closed), leaving the
