@@ -29,7 +29,7 @@ import re
 import time
 from dataclasses import dataclass
 
-__all__ = ["LinkSpec", "Pacer", "parse_link", "BURST_BYTES", "BURST_TIME"]
+__all__ = ["LinkSpec", "Pacer", "parse_link", "emulation_stats", "BURST_BYTES", "BURST_TIME"]
 
 #: The bucket's smallest burst: one 64 KiB chunk goes at once on an idle link ...
 BURST_BYTES = 64 << 10
@@ -122,3 +122,14 @@ class Pacer:
     def stats(self) -> dict:
         return {"bytes_delayed": self.bytes_delayed, "messages_delayed": self.messages_delayed,
                 "seconds_held": self.seconds_held}
+
+
+def emulation_stats(spec: LinkSpec, pacers) -> dict:
+    """One peer's ``stats()["link_emulation"]``: the setting, and what the pacers of its links
+    (None for a link without one) held back, all together."""
+    held = {"link": str(spec), "bytes_delayed": 0, "messages_delayed": 0, "seconds_held": 0.0}
+    for pacer in pacers:
+        if pacer is not None:
+            for name, value in pacer.stats().items():
+                held[name] += value
+    return held

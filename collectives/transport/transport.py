@@ -26,6 +26,7 @@ from collectives.errors import PeerLost, ProtocolError, RendezvousError
 from collectives.transport.activity import Activity, Status
 from collectives.transport.arrivals import Arrivals, status_channel
 from collectives.transport.drops import DropLog
+from collectives.transport.emulation import emulation_stats
 from collectives.transport.inbox import Inbox
 from collectives.transport.link import Link, SendTicket
 from collectives.transport.holds import Holds
@@ -367,13 +368,8 @@ class Transport:
         }
         if self.config.link is not None:
             # Link emulation (emulation.py): what its pacing held back, all links together.
-            held = {"link": str(self.config.link), "bytes_delayed": 0, "messages_delayed": 0,
-                    "seconds_held": 0.0}
-            for link in list(self._links.values()):
-                if link.emulated is not None:
-                    for name, value in link.emulated.stats().items():
-                        held[name] += value
-            stats["link_emulation"] = held
+            stats["link_emulation"] = emulation_stats(
+                self.config.link, [link.emulated for link in list(self._links.values())])
         return stats
 
     def interrupt(self) -> None:
