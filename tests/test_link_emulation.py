@@ -37,7 +37,7 @@ def exchange(peer, nbytes):
 
 @pytest.mark.parametrize("transport", ["tcp", "auto"])
 def test_rate_bounds_a_bulk_exchange(transport):
-    # 80 Mbit/s is 10 MB/s: 4 MiB cannot cross in less than 0.42 s, less one burst (64 KiB).
+    # 80 Mbit/s is 10 MB/s: 4 MiB less one burst (64 KiB) cannot cross in less than 0.41 s.
     results = spawn(exchange, n=2, args=(4 * MIB,), timeout=60, transport=transport,
                     env={"GOSSIP_LINK": "80mbit,0"})
     for elapsed, exact, held in results:
