@@ -14,6 +14,7 @@ import gossip
 from collectives.config import TransportConfig
 from collectives.transport.emulation import LinkSpec, Pacer, parse_link
 from gossip.testing import spawn
+from collectives.errors import OperationTimeout
 
 MIB = 1 << 20
 
@@ -116,6 +117,35 @@ def test_bucket_paces_a_stream_and_allows_a_burst():
     assert pacer.due(1_000_000, now=100.0) == pytest.approx(100.0 + 0.2 + 0.001)
     # Idle for long: the bucket refills to one burst, not more.
     assert pacer.due(1_000_000, now=200.0) == pytest.approx(200.0 + 0.1 - 0.0065536 + 0.001)
+
+
+def wait_past_timeout(peer):
+    """Rank 1 waits 0.5 s for a message the link holds for 3 s: its timeout fires first."""
+    small = np.arange(8, dtype=np.float32)
+    if peer.rank == 0:
+        peer.send(1, small)
+        peer.barrier(timeout=30)
+        return None
+    start = time.monotonic()
+    try:
+        peer.recv(0, timeout=0.5)
+    except OperationTimeout as exc:
+        waited = time.monotonic() - start
+        outcome = ("timeout", str(exc))
+    else:
+        return ("received", time.monotonic() - start)
+    got = peer.recv(0, timeout=30)   # it still comes, once the link delivers it
+    peer.barrier(timeout=30)
+    return outcome, waited, got.tolist()
+
+
+def test_a_timeout_fires_on_time_while_the_link_holds_the_message():
+    results = spawn(wait_past_timeout, n=2, timeout=60, peer_timeout=30,
+                    env={"GOSSIP_LINK": "1gbit,3s"})
+    (outcome, message), waited, got = results[1]
+    assert outcome == "timeout" and "rank 1" in message, message
+    assert waited >= 0.5
+    assert got == list(range(8))
 
 
 def send_held_then_close(peer):
