@@ -10,9 +10,9 @@ only while the queue is non-empty, and no calling thread sends then. The lock is
 fence that lets the socket move between threads, as ZeroMQ requires.
 
 A queued entry is either ``(frames, ticket)`` or a *staged* message: an object with a
-``ticket`` and a ``stage(retry)`` method that returns its frames once the resource it needs is
-free (None: not yet), and an ``nbytes`` (its payload's length). The shared-memory chunks of collectives/transport/shm.py are the staged
-messages; the link knows nothing else about them.
+``ticket``, an ``nbytes`` (its payload's length) and a ``stage(retry)`` method that returns its
+frames once the resource it needs is free (None: not yet). The shared-memory chunks of
+collectives/transport/shm.py are the staged messages; the link knows nothing else about them.
 
 Messages also queue while the receiver asked this peer to pause (holds.py) or while the send
 window is full (window.py: the bytes sent and not yet acknowledged). Control messages that
@@ -134,8 +134,8 @@ class Link:
             if self.closed:
                 return False, False  # the caller sees `closed` and raises
             if self.pacer is not None:
-                # Emulated: always queued, so the chunk's slot is taken only when it is due
-                # (the receiver must not find it before then).
+                # Emulated: always queued, with its due time beside it; the I/O thread stages
+                # it into a slot only once due, so the receiver cannot see it earlier.
                 self.queue.append(staged)
                 self.dues.append(self.pacer.due(staged.nbytes))
                 return True, len(self.queue) == 1 and not self.paused

@@ -33,7 +33,8 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
             "  gossip demo --peers 8 --topology exponential --policy gossip,push-sum\n"
             "  gossip demo --dataset mnist --data-dir ~/data/mnist --epochs 1\n"
             "  gossip demo --kill 2@0.33                    # peer 2 SIGKILLed at a third, restarted\n"
-            "  gossip demo --compression int8               # what travels, int8-encoded"
+            "  gossip demo --compression int8               # what travels, int8-encoded\n"
+            "  gossip demo --link 1gbit,2ms                 # an emulated 1 Gbit/s, 2 ms network"
         ),
     )
     parser.add_argument("-n", "--peers", type=int, default=4, metavar="N",
