@@ -169,8 +169,12 @@ class IoLoop:
                 self.command(("rx",))
 
     def closing(self) -> None:
-        """close() began: a caller reading the ROUTER lets go within PUMP_SLICE."""
+        """close() began: a caller reading the ROUTER lets go within PUMP_SLICE, and what link
+        emulation holds goes out now (it was sent; on a real network it would be in flight),
+        before close() waits for receivers to map our rings (their announcements may be held
+        too)."""
         self._closing = True
+        self.command(("unpace",))
 
     def stop(self, timeout: float) -> None:
         """Flush what was queued, say goodbye, close the sockets and end the thread."""
@@ -316,6 +320,11 @@ class IoLoop:
                 self.flush(cmd[1])
             elif kind == "rx":
                 self._io_receive()
+            elif kind == "unpace":
+                for link in list(self._sockets.links.values()):
+                    if link.pacer is not None:
+                        link.unpace()
+                        self.flush(link)
             elif kind == "close":
                 for link in list(self._sockets.links.values()):
                     link.unpace()     # held by link emulation: in flight, it goes now too
