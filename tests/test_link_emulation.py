@@ -12,9 +12,9 @@ import pytest
 
 import gossip
 from collectives.config import TransportConfig
+from collectives.errors import OperationTimeout
 from collectives.transport.emulation import LinkSpec, Pacer, parse_link
 from gossip.testing import spawn
-from collectives.errors import OperationTimeout
 
 MIB = 1 << 20
 
