@@ -43,9 +43,11 @@ def test_rate_bounds_a_bulk_exchange(transport):
                     env={"GOSSIP_LINK": "80mbit,0"})
     for elapsed, exact, held in results:
         assert exact
-        assert elapsed >= (4 * MIB - 64 * 1024) / 10e6 * 0.99, elapsed
         assert held["link"] == "80mbit,0" and held["bytes_delayed"] >= 4 * MIB - 64 * 1024
         assert held["seconds_held"] > 0
+    # The peer that left the barrier first waits for all of the other's bytes from its own
+    # start (the other may start later, never earlier): that one bounds the link.
+    assert max(r[0] for r in results) >= (4 * MIB - 64 * 1024) / 10e6, results
 
 
 def ping_pong(peer, rounds):
