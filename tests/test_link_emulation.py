@@ -61,7 +61,11 @@ def ping_pong(peer, rounds):
             peer.recv(1)
         else:
             peer.send(0, peer.recv(0))
-    return (time.monotonic() - start) / rounds
+    elapsed = time.monotonic() - start
+    # Rank 1 must not close before its last reply arrives: close() releases what the link
+    # still holds at once (it was sent), and that reply would come early.
+    peer.barrier()
+    return elapsed / rounds
 
 
 @pytest.mark.parametrize("transport", ["tcp", "ipc"])
