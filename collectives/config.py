@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 from collectives import defaults
 from collectives.security import ClusterKey
@@ -76,8 +77,17 @@ class TransportConfig:
     # The membership view this transport serves (collectives/membership): part of the routing
     # id too, so messages of an old view never reach a new view's transport.
     view: int = 0
+    # Link emulation (collectives/transport/emulation.py; GOSSIP_LINK, init(link=)): every link
+    # from this peer behaves as one of this rate and one-way latency, e.g. "1gbit,2ms", so a
+    # run on one machine costs what it would on a cluster. A string is parsed into a LinkSpec;
+    # None or "": off (the default, at no cost).
+    link: Any = None
 
     def __post_init__(self) -> None:
+        if isinstance(self.link, str):
+            # Imported here: the transport package imports this module.
+            from collectives.transport.emulation import parse_link
+            object.__setattr__(self, "link", parse_link(self.link, "link"))
         if not self.timeout > 0:
             raise ValueError(f"timeout must be > 0 seconds, got {self.timeout!r}")
         if self.transport not in ("auto", "tcp", "ipc", "shm"):

@@ -11,6 +11,7 @@ from collectives import defaults
 from collectives.config import TransportConfig
 from collectives.rendezvous import JobRunning, rendezvous as exchange_addresses
 from collectives.security import ClusterKey, load_cluster_key
+from collectives.transport.emulation import parse_link
 from collectives.transport.transport import Transport, host_id
 from gossip.errors import TopologyError
 from gossip.logs import configure_logging
@@ -67,7 +68,7 @@ def init(*, rank: int | None = None, world_size: int | None = None,
          rendezvous: str | None = None, topology: Any = None, timeout: float | None = None,
          key: str | os.PathLike | ClusterKey | None = None, transport: str | None = None,
          config: TransportConfig | None = None, job_id: str | None = None,
-         join: bool | str | None = None) -> Peer:
+         join: bool | str | None = None, link: str | None = None) -> Peer:
     """Join the group and return this process's Peer.
 
     Every argument defaults from the environment (see gossip.settings for the order of
@@ -78,6 +79,11 @@ def init(*, rank: int | None = None, world_size: int | None = None,
     "auto" | "tcp" | "ipc" (GOSSIP_TRANSPORT), ``job_id`` the job this peer belongs to
     (GOSSIP_JOB_ID, or the launcher's: see gossip.settings): peers of another job are refused
     at the rendezvous and on every connection.
+
+    ``link`` (GOSSIP_LINK): emulate a slow network on one machine, ``"RATE,LATENCY"`` such as
+    ``"1gbit,2ms"``: every message this peer sends waits for its bytes at that rate (a token
+    bucket per destination) plus the one-way latency before it leaves
+    (collectives/transport/emulation.py). Off by default.
 
     ``join`` (GOSSIP_JOIN): join a running job instead of forming one: True asks the members
     at the rendezvous address, a string lists member doors (``tcp://h:p,tcp://h2:p2``). A
@@ -101,6 +107,11 @@ def init(*, rank: int | None = None, world_size: int | None = None,
         changes["key"] = key
     if transport:
         changes["transport"] = transport
+    where = "link="
+    if link is None:
+        link, where = os.environ.get("GOSSIP_LINK"), "GOSSIP_LINK"
+    if link:
+        changes["link"] = parse_link(link, where)   # the error names the setting
     if os.environ.get("GOSSIP_PORT_RANGE"):
         changes["data_ports"] = _port_range(os.environ["GOSSIP_PORT_RANGE"])
     if settings.world_size > 1 and not settings.is_local:

@@ -233,6 +233,7 @@ def test_demo_compression_encodes_what_the_policies_send(tmp_path) -> None:
     (["--kill", "1@1.5"], "the fraction must be between 0 and 1"),
     (["--kill", "1@0.5", "--epochs", "1", "--batch-size", "359"], "needs at least 2 training"),
     (["--compression", "fp8"], "unknown codec 'fp8'"),
+    (["--link", "fast"], "--link='fast': expected RATE[,LATENCY]"),
 ])
 def test_bad_arguments_give_one_line(tmp_path, args, says) -> None:
     args = [a.replace("{empty}", str(tmp_path)) for a in args]

@@ -10,14 +10,20 @@ only while the queue is non-empty, and no calling thread sends then. The lock is
 fence that lets the socket move between threads, as ZeroMQ requires.
 
 A queued entry is either ``(frames, ticket)`` or a *staged* message: an object with a
-``ticket`` and a ``stage(retry)`` method that returns its frames once the resource it needs is
-free (None: not yet). The shared-memory chunks of collectives/transport/shm.py are the staged
-messages; the link knows nothing else about them.
+``ticket``, an ``nbytes`` (its payload's length) and a ``stage(retry)`` method that returns its
+frames once the resource it needs is free (None: not yet). The shared-memory chunks of
+collectives/transport/shm.py are the staged messages; the link knows nothing else about them.
 
 Messages also queue while the receiver asked this peer to pause (holds.py) or while the send
 window is full (window.py: the bytes sent and not yet acknowledged). Control messages that
 unblock the other side (HOLD, ACK) go ahead of all that (``send_control``): one pending per
 purpose, the newest replacing an older one, sent before anything queued.
+
+With link emulation (emulation.py, GOSSIP_LINK) the link has a ``pacer`` that stamps every
+message it sends or queues with its release time, kept in ``dues`` beside the queue (one per
+entry); a message goes only once its time has come (``flush`` returns "paced" until then, and
+the I/O thread polls with the next release time as its timeout). Without one, ``pacer`` is None
+and ``dues`` stays empty: one attribute check on the hot path.
 """
 from __future__ import annotations
 
@@ -30,6 +36,7 @@ from typing import Any, Callable
 import zmq
 
 from collectives.errors import PeerLost
+from collectives.transport.emulation import Pacer
 from collectives.transport.window import SendWindow, message_cost
 from collectives.transport.wire import stamp_number
 
@@ -66,7 +73,7 @@ class Link:
     """The DEALER to one peer, its monitor socket (liveness), and the send queue."""
 
     def __init__(self, rank: int, sock: zmq.Socket, monitor: zmq.Socket,
-                 on_sent: Callable[[int, int, int], None]) -> None:
+                 on_sent: Callable[[int, int, int], None], pacer: Pacer | None = None) -> None:
         self.rank = rank
         self.sock = sock
         self.monitor = monitor
@@ -84,6 +91,10 @@ class Link:
         self.window = SendWindow()
         self.control: dict[str, tuple] = {}
         self._on_sent = on_sent  # counters: (rank, messages, payload bytes)
+        # Link emulation (emulation.py): the release time of each queued entry, in order.
+        self.pacer = pacer
+        self.emulated = pacer  # kept after close() stops the pacing, for stats
+        self.dues: deque = deque()
 
     def send(self, frames: tuple, ticket) -> bool:
         """Send now if nothing is queued, else queue. True if the I/O thread must be woken
@@ -95,12 +106,25 @@ class Link:
                                             rank=self.rank)
                     ticket.queued.set()
                 return False
+            if self.pacer is not None:
+                return self._send_paced(frames, ticket)
             if not self.queue and not self.paused:
                 cost = message_cost(frames)
                 if self.window.room(cost) and self._send_now(frames, ticket, cost):
                     return False
             self.queue.append((frames, ticket))
             return len(self.queue) == 1 and not self.paused
+
+    def _send_paced(self, frames: tuple, ticket) -> bool:
+        # send() under link emulation: stamped in order, sent now only if already due.
+        due = self.pacer.due(_frames_bytes(frames))
+        if not self.queue and not self.paused and due <= time.monotonic():
+            cost = message_cost(frames)
+            if self.window.room(cost) and self._send_now(frames, ticket, cost):
+                return False
+        self.queue.append((frames, ticket))
+        self.dues.append(due)
+        return len(self.queue) == 1 and not self.paused
 
     def post(self, staged) -> tuple[bool, bool]:
         """A staged message: sent now if nothing is queued and ``staged.stage(False)`` gets its
@@ -109,6 +133,12 @@ class Link:
         with self.lock:
             if self.closed:
                 return False, False  # the caller sees `closed` and raises
+            if self.pacer is not None:
+                # Emulated: always queued, with its due time beside it; the I/O thread stages
+                # it into a slot only once due, so the receiver cannot see it earlier.
+                self.queue.append(staged)
+                self.dues.append(self.pacer.due(staged.nbytes))
+                return True, len(self.queue) == 1 and not self.paused
             if not self.queue and not self.paused and self.window.room(_HEADER_ONLY):
                 frames = staged.stage(False)
                 if frames is not None:
@@ -170,8 +200,8 @@ class Link:
         """Drain the queue (I/O thread). Returns "done", "pollout" (the socket is full: poll
         it for POLLOUT), "blocked" (a staged message waits for its resource), "held" (the
         receiver asked us to pause, see holds.py) or "windowed" (the send window is full, see
-        window.py). With ``fail`` (the peer is lost), every queued message's ticket is handed
-        to it instead."""
+        window.py) or "paced" (link emulation: the head is not due yet, see ``next_due``). With
+        ``fail`` (the peer is lost), every queued message's ticket is handed to it instead."""
         with self.lock:
             control = self.control
             while control and fail is None:
@@ -179,15 +209,19 @@ class Link:
                 if not self._send_now(control[purpose], None):
                     return "pollout"
                 del control[purpose]
-            queue, window = self.queue, self.window
+            queue, window, dues = self.queue, self.window, self.dues
             if self.paused and fail is None:
                 return "held"  # nothing to poll for: a resume flushes it
             while queue:
                 entry = queue[0]
                 if fail is not None:
                     queue.popleft()
+                    if dues:
+                        dues.popleft()
                     fail(entry[1] if type(entry) is tuple else entry.ticket)
                     continue
+                if dues and dues[0] > time.monotonic():
+                    return "paced"  # the I/O thread polls until next_due()
                 if not window.room(message_cost(entry[0]) if type(entry) is tuple
                                    else _HEADER_ONLY):
                     return "windowed"  # nothing to poll for: an ACK flushes it
@@ -200,7 +234,21 @@ class Link:
                 if not self._send_now(*entry):
                     return "pollout"
                 queue.popleft()
+                if dues:
+                    dues.popleft()
             return "done"
+
+    def next_due(self) -> float:
+        """When the head of the queue may go (link emulation); 0 when nothing is paced."""
+        dues = self.dues
+        return dues[0] if dues else 0.0
+
+    def unpace(self) -> None:
+        """Stop emulating (close() began): what is held goes out with the next flush, as it
+        would be in flight on a real network, and nothing later is delayed."""
+        with self.lock:
+            self.pacer = None
+            self.dues.clear()
 
     def hold(self, pause: bool, generation: int) -> bool | None:
         """The receiver's HOLD: pause or resume (a request older than the last one is
@@ -231,6 +279,7 @@ class Link:
         with self.lock:
             tickets = [e[1] if type(e) is tuple else e.ticket for e in self.queue]
             self.queue.clear()
+            self.dues.clear()
             return [t for t in tickets if t is not None]
 
     def close(self, linger_ms: int) -> None:
@@ -240,3 +289,11 @@ class Link:
             self.closed = True
             self.monitor.close(linger=0)
             self.sock.close(linger=linger_ms)
+
+
+def _frames_bytes(frames: tuple) -> int:
+    """What one message costs an emulated link: every byte of it, header included."""
+    total = 0
+    for frame in frames:
+        total += frame.nbytes if type(frame) is memoryview else len(frame)
+    return total

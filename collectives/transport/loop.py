@@ -19,6 +19,7 @@ signals again on the next arrival.
 from __future__ import annotations
 
 import logging
+import math
 import os
 import threading
 import time
@@ -80,6 +81,9 @@ class IoLoop:
         # Owned by the I/O thread from here on.
         self._poller = zmq.Poller()
         self._pollout: dict[zmq.Socket, Any] = {}  # links whose socket is full
+        # Links whose head message is held by link emulation (emulation.py), by release time:
+        # the poll's timeout is the earliest, so nothing spins and nothing is late.
+        self._paced: dict[Any, float] = {}
         self._thread = threading.Thread(target=self._run, name=f"gossip-io-r{rank}", daemon=True)
 
     def start(self, handle: Callable[[list], None], shm) -> None:
@@ -165,8 +169,12 @@ class IoLoop:
                 self.command(("rx",))
 
     def closing(self) -> None:
-        """close() began: a caller reading the ROUTER lets go within PUMP_SLICE."""
+        """close() began: a caller reading the ROUTER lets go within PUMP_SLICE, and what link
+        emulation holds goes out now (it was sent; on a real network it would be in flight),
+        before close() waits for receivers to map our rings (their announcements may be held
+        too)."""
         self._closing = True
+        self.command(("unpace",))
 
     def stop(self, timeout: float) -> None:
         """Flush what was queued, say goodbye, close the sockets and end the thread."""
@@ -251,8 +259,18 @@ class IoLoop:
                 timeout = (0 if self._rx_more else _SLOT_RETRY_MS if blocked
                            else self._rx_park_s * 1000 if self._rx_parked
                            else _SUSPECT_POLL_MS if suspects else _IDLE_POLL_MS)
+                paced = self._paced
+                if paced:
+                    # Rounded up: zmq_poll counts whole milliseconds, and 0 would spin.
+                    wait = min(paced.values()) - time.monotonic()
+                    timeout = min(timeout, max(0, math.ceil(wait * 1000)))
                 events = dict(poller.poll(timeout))
                 self._asleep = False
+                if paced:
+                    now = time.monotonic()
+                    for link, due in list(paced.items()):
+                        if due <= now:
+                            self.flush(link)
                 if suspects:
                     # What a suspect sent before it went may sit in the ROUTER still: deliver
                     # it first, or a waiter woken by the loss finds its mailbox empty (under
@@ -302,8 +320,14 @@ class IoLoop:
                 self.flush(cmd[1])
             elif kind == "rx":
                 self._io_receive()
+            elif kind == "unpace":
+                for link in list(self._sockets.links.values()):
+                    if link.pacer is not None:
+                        link.unpace()
+                        self.flush(link)
             elif kind == "close":
                 for link in list(self._sockets.links.values()):
+                    link.unpace()     # held by link emulation: in flight, it goes now too
                     self.flush(link)  # what was queued before close() still goes out
                 self._say_goodbye()
                 return False
@@ -318,6 +342,10 @@ class IoLoop:
             f"{self._sockets.address(link.rank)}: {lost.reason}", rank=blamed,
             address=self._sockets.address(blamed))))
         self._blocked.discard(link)
+        if state == "paced":
+            self._paced[link] = link.next_due()
+        elif self._paced:
+            self._paced.pop(link, None)
         if state == "blocked":
             self._shm.on_blocked(link)  # wait for a CREDIT, or the next SLOT_RETRY's look
         elif state == "pollout":

@@ -57,11 +57,12 @@ class _Chunk:
     """A chunk on its way into a ring, a staged message of the link's queue (see link.py): its
     header fields but the slot, the caller's buffer (read once a slot is free), its ticket."""
 
-    __slots__ = ("ring", "fields", "payload", "ticket", "counters")
+    __slots__ = ("ring", "fields", "payload", "ticket", "counters", "nbytes")
 
     def __init__(self, ring: ShmRing, fields: tuple, payload: Any, ticket, counters) -> None:
         self.ring, self.fields, self.payload, self.ticket = ring, fields, payload, ticket
         self.counters = counters
+        self.nbytes = fields[-1]  # its payload's length: what link emulation paces it by
 
     def stage(self, retry: bool) -> tuple | None:
         """Copy into the lowest free slot and return the SHM header; None if none is free. A

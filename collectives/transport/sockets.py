@@ -23,6 +23,7 @@ from collectives import defaults
 from collectives.config import TransportConfig
 from collectives.errors import PeerLost, RendezvousError
 from collectives.security import ZapHandler
+from collectives.transport.emulation import Pacer
 from collectives.transport.link import Link
 from collectives.transport.liveness import MONITOR_EVENTS
 from collectives.transport.refusals import Refusals
@@ -186,7 +187,8 @@ class Sockets:
             dealer.setsockopt(zmq.RECONNECT_IVL, int(defaults.RECONNECT_INTERVAL * 1000))
             monitor = dealer.get_monitor_socket(MONITOR_EVENTS)
             dealer.connect(self.address(rank))
-            link = Link(rank, dealer, monitor, self._on_sent)
+            link = Link(rank, dealer, monitor, self._on_sent,
+                        None if self.config.link is None else Pacer(self.config.link))
             prepare(link)
             self.links[rank] = link
         return link, True

@@ -26,6 +26,7 @@ from collectives.errors import PeerLost, ProtocolError, RendezvousError
 from collectives.transport.activity import Activity, Status
 from collectives.transport.arrivals import Arrivals, status_channel
 from collectives.transport.drops import DropLog
+from collectives.transport.emulation import emulation_stats
 from collectives.transport.inbox import Inbox
 from collectives.transport.link import Link, SendTicket
 from collectives.transport.holds import Holds
@@ -341,7 +342,7 @@ class Transport:
     def stats(self) -> dict:
         """A snapshot of this peer's traffic: endpoints, counters per peer and in total, drops, lost
         ranks and refused CURVE clients."""
-        return {
+        stats = {
             "rank": self.rank,
             "endpoints": dict(self.endpoints),
             "peers": {r: vars(c).copy() for r, c in enumerate(self.counters)
@@ -365,6 +366,11 @@ class Transport:
             "acks_sent": self._acks.sent,
             "acks_received": self._acks.received,
         }
+        if self.config.link is not None:
+            # Link emulation (emulation.py): what its pacing held back, all links together.
+            stats["link_emulation"] = emulation_stats(
+                self.config.link, [link.emulated for link in list(self._links.values())])
+        return stats
 
     def interrupt(self) -> None:
         """End every wait at once (each raises PeerLost: this peer was closed), leaving the

@@ -33,7 +33,8 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
             "  gossip demo --peers 8 --topology exponential --policy gossip,push-sum\n"
             "  gossip demo --dataset mnist --data-dir ~/data/mnist --epochs 1\n"
             "  gossip demo --kill 2@0.33                    # peer 2 SIGKILLed at a third, restarted\n"
-            "  gossip demo --compression int8               # what travels, int8-encoded"
+            "  gossip demo --compression int8               # what travels, int8-encoded\n"
+            "  gossip demo --link 1gbit,2ms                 # an emulated 1 Gbit/s, 2 ms network"
         ),
     )
     parser.add_argument("-n", "--peers", type=int, default=4, metavar="N",
@@ -72,6 +73,11 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
                         "sends through it (push-sum and asynchronous take none, gossip no "
                         "top-k: they run uncompressed, and a line says so); sent/peer then "
                         "counts the encodings")
+    parser.add_argument("--link", metavar="RATE,LATENCY",
+                        help="emulate a slow network: every link between the peers carries "
+                        "RATE (e.g. 1gbit, 100mbit, 500MB/s) with a one-way LATENCY (e.g. 2ms, "
+                        "500us, 0), as GOSSIP_LINK does; wall times then show what each "
+                        "policy's communication would cost on such a cluster")
     parser.add_argument("--timeout", type=float, default=1800.0, metavar="S",
                         help="deadline of the whole run in seconds (default 1800)")
     parser.set_defaults(func=main)
@@ -146,7 +152,7 @@ def main(args: argparse.Namespace) -> int:
         epochs=args.epochs, dataset=args.dataset.strip().lower(), data_dir=args.data_dir,
         out=args.out, batch_size=args.batch_size, lr=args.lr, seed=args.seed,
         baseline=not args.no_baseline, timeout=args.timeout,
-        kill=None if args.kill is None else Kill.parse(args.kill))
+        kill=None if args.kill is None else Kill.parse(args.kill), link=args.link)
     try:
         return run_demo(options)
     except DemoFailed as exc:

@@ -83,6 +83,7 @@ class DemoOptions:
     bars: bool | None = None           # progress bars: None = when stderr is a terminal
     policy_options: dict = field(default_factory=dict)  # name -> extra policy kwargs
     kill: Kill | None = None           # a peer SIGKILLed and started again, in every policy
+    link: str | None = None            # emulated network per link, "1gbit,2ms" (GOSSIP_LINK)
 
     def __post_init__(self) -> None:
         from gossip.policies import names
@@ -114,6 +115,10 @@ class DemoOptions:
             raise ValueError(f"--lr must be a positive number, got {self.lr}")
         if self.kill is not None:
             self.kill.check(self.peers)
+        if self.link is not None:
+            from collectives.transport.emulation import parse_link
+
+            parse_link(self.link, "--link")  # a bad value fails here, not in every peer
         if not (math.isfinite(self.timeout) and self.timeout > 0):
             raise ValueError(f"--timeout must be a positive number of seconds, got "
                              f"{self.timeout}")
@@ -203,6 +208,8 @@ def run_demo(options: DemoOptions, *, stdout: IO[str] | None = None,
     parameters = next((r["parameters"] for r in records if r["parameters"]), 0)
     table_header = (f"{dataset.describe()}, CNN of {parameters:,} parameters; "
                     f"{options.peers} peers on {graph}, {per_policy}")
+    if options.link:
+        table_header += f"; every link {options.link} (emulated)"
     if options.kill is not None:
         table_header += (f"; --kill {options.kill}: peer {options.kill.rank} SIGKILLed after "
                          f"step {options.kill.step(epochs * steps_per_epoch)} of "
@@ -237,7 +244,8 @@ def _launch(options: DemoOptions, dataset: Dataset, config: TrainConfig) -> dict
 
     if options.kill is None:
         spawn(run_peer, n=options.peers, timeout=options.timeout, topology=options.topology,
-              args=(dataset, config), peer_timeout=_PEER_TIMEOUT_S, preload=_PRELOAD)
+              args=(dataset, config), peer_timeout=_PEER_TIMEOUT_S, preload=_PRELOAD,
+              **_link(options))
         return {}
     deadline = time.monotonic() + options.timeout
     fates = {}
@@ -249,6 +257,11 @@ def _launch(options: DemoOptions, dataset: Dataset, config: TrainConfig) -> dict
               args=(dataset, dataclasses.replace(config, policies=()), options.peers),
               peer_timeout=_PEER_TIMEOUT_S)
     return fates
+
+
+def _link(options: DemoOptions) -> dict:
+    """gossip.init's ``link=`` for the peers under --link (the baseline is one process)."""
+    return {"link": options.link} if options.link else {}
 
 
 def _remaining(options: DemoOptions, deadline: float) -> float:
@@ -275,7 +288,7 @@ def _launch_killing(options: DemoOptions, dataset: Dataset, config: TrainConfig,
                                   topology=options.topology, args=(dataset, config),
                                   peer_timeout=_PEER_TIMEOUT_S, restarts={victim: 1},
                                   tolerate={victim}, tolerated_grace=_REJOIN_GRACE_S,
-                                  preload=_PRELOAD)
+                                  preload=_PRELOAD, **_link(options))
     except SpawnTimeout:
         raise
     except SpawnError as exc:
