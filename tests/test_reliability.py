@@ -347,8 +347,8 @@ def nan_guard(peer, name):
     return caught, finite_sent, state, stats["skipped_steps"]
 
 
-# asynchronous and push-sum under -m slow (the 10-minute budget).
-@pytest.mark.parametrize("name", ["synchronous", "gossip", pytest.param("asynchronous", marks=pytest.mark.slow), pytest.param("push-sum", marks=pytest.mark.slow)])
+# gossip, asynchronous and push-sum under -m slow (the 10-minute budget).
+@pytest.mark.parametrize("name", ["synchronous", pytest.param("gossip", marks=pytest.mark.slow), pytest.param("asynchronous", marks=pytest.mark.slow), pytest.param("push-sum", marks=pytest.mark.slow)])
 def test_nan_guard_skips_the_step_everywhere_synchronous_and_keeps_neighbours_finite(name):
     pytest.importorskip("torch")
     out = spawn(nan_guard, n=4, timeout=60, args=(name,))
