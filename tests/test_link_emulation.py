@@ -14,7 +14,7 @@ import gossip
 from collectives.config import TransportConfig
 from collectives.errors import OperationTimeout
 from collectives.transport.emulation import LinkSpec, Pacer, parse_link
-from gossip.testing import spawn
+from gossip.testing import spawn, wait_until
 
 MIB = 1 << 20
 
@@ -170,7 +170,8 @@ def send_held_then_close(peer, nbytes):
 
         sender = threading.Thread(target=send)
         sender.start()
-        time.sleep(0.3)   # the message is queued and held now
+        wait_until(lambda: peer.stats()["link_emulation"]["bytes_delayed"] >= nbytes, 10,
+                   what="the message queued and held by the emulation")
         peer.close()
         sender.join(10)
         return sender.is_alive(), errors

@@ -158,8 +158,9 @@ def synchronous_torch(peer, spec):
     return flat, stats, first, loss.item(), sorted(state["residuals"])
 
 
-# fp16 and bf16 (casts, the int8 path covers the ring) under -m slow: the 10-minute budget.
-@pytest.mark.parametrize("spec", [pytest.param("fp16", marks=pytest.mark.slow), pytest.param("bf16", marks=pytest.mark.slow), "int8", "topk:0.1"])
+# fp16, bf16 (casts, the int8 path covers the ring) and top-k (gathered: tests/test_compressed_collectives.py,
+# its residuals in tests/test_compression_membership.py) under -m slow: the 10-minute budget.
+@pytest.mark.parametrize("spec", [pytest.param("fp16", marks=pytest.mark.slow), pytest.param("bf16", marks=pytest.mark.slow), "int8", pytest.param("topk:0.1", marks=pytest.mark.slow)])
 def test_synchronous_with_a_codec_keeps_replicas_identical_and_trains(spec):
     pytest.importorskip("torch")
     results = spawn(synchronous_torch, n=3, timeout=120, args=(spec,), preload=("torch",))
