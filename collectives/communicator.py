@@ -25,14 +25,13 @@ from collectives import defaults
 from collectives.algorithms.allgather import exchange_counts, ring_allgather_into
 from collectives.algorithms.barrier import dissemination_barrier
 from collectives.algorithms.broadcast import pipelined_broadcast
-from collectives.algorithms.neighbor import (UNCHECKED, check_pattern_arguments, incomplete,
-                                            neighbor_exchange)
 from collectives.algorithms.p2p import Call, wait_sent
 from collectives.algorithms.ring import ring_allreduce, ring_reduce_scatter, segments
 from collectives.algorithms.compressed import CodecStats
 from collectives.algorithms.small import recursive_doubling_allreduce
 from collectives.arrays.adapter import ArrayAdapter, check_reduce_op
-from collectives.compressed import compressed_allreduce, compressed_neighbor_allreduce
+from collectives.compressed import compressed_allreduce
+from collectives.neighbor_allreduce import NeighborAllreduce
 from collectives.errors import GossipError, OperationTimeout, PeerLost, ViewChanging
 from collectives.send_recv import PointToPoint, flat_of
 from collectives.transport.channels import Channel
@@ -52,7 +51,7 @@ P2P_CHANNEL = Channel.P2P
 DEFAULT_SMALL_BYTES = 256 * 1024
 
 
-class Communicator:
+class Communicator(NeighborAllreduce):
     """One stream of collective operations (and its point-to-point twin) over a Transport."""
 
     def __init__(self, transport: Transport, *, channel: int = COLLECTIVE_CHANNEL) -> None:
@@ -315,80 +314,6 @@ class Communicator:
         if self.world_size > 1:
             self._execute(seq, "barrier", "uint8", (0,), timeout, self._all_peers(),
                           dissemination_barrier)
-
-    def neighbor_allreduce(self, x: Any, self_weight: float, src_weights: dict[int, float],
-                           dst_ranks, *, dst_weights: dict[int, float] | None = None,
-                           scratch: Any = None, out: Any = None, wait: bool = True,
-                           timeout: float | None = None, partial: bool = False,
-                           check_pattern: bool = True, compression: Any = None) -> Any:
-        """x <- self_weight * x + sum_j src_weights[j] * x_j, sending x to ``dst_ranks``
-        (each scaled by ``dst_weights[dst]`` if given). In place; returns x. With ``out`` (an
-        array of x's size and dtype) the result goes there instead, x is only sent and stays
-        as it was, and out is returned.
-
-        Only the peers named take part, so a pattern may be directed or change every round;
-        peers must agree on it (j in my src_weights iff I am in j's dst_ranks). With
-        ``check_pattern`` (the default) that is checked before the data is combined: a pattern
-        that does not pair is a ValueError on the peers involved, naming both ranks, instead of
-        a wait for the timeout (algorithms/pattern.py). The plan rides in the data's header, so
-        on a ring it costs nothing measurable; on a directed pattern a peer also waits for its
-        destinations to begin, and peers it only hears from get one tiny message more.
-        ``check_pattern=False`` skips the check; every peer of the exchange must pass the same
-        value (a peer that checks meets a call of another signature: ProtocolError).
-
-        ``partial=True``: a peer lost (or silent past the timeout) during the round is left
-        out instead of failing it: the round completes over the others (with
-        ``dst_weights``, a missing destination's share stays in ``self_weight``), nothing is
-        aborted, and ExchangeIncomplete (a PeerLost) is raised afterwards naming the missing
-        ranks, with the result in place (see algorithms/neighbor.py).
-
-        ``compression``: the encodings travel instead (compressed.py; no dst_weights, partial).
-        """
-        if compression is not None:
-            return compressed_neighbor_allreduce(
-                self, x, self_weight, src_weights, dst_ranks, compression,
-                dst_weights=dst_weights, out=out, wait=wait, timeout=timeout,
-                partial=partial, check_pattern=check_pattern)
-        adapter, flat, dtype = self._flat(x)
-        src_weights, dst_ranks = check_pattern_arguments(self.rank, self.world_size, dtype,
-                                                         src_weights, dst_ranks, dst_weights)
-        out_flat = None
-        if out is x:
-            out = None   # in place, as without out (a separate out must not overlap x)
-        if out is not None:
-            out_flat = self._out_like(adapter, dtype, adapter.size(flat), out,
-                                      "neighbor_allreduce", "like x")
-        elif scratch is None:
-            scratch = adapter.empty(adapter.size(flat), dtype, flat)
-        if scratch is not None:
-            scratch = self._out_like(adapter, dtype, adapter.size(flat), scratch,
-                                     "neighbor_allreduce", "scratch like x")
-        seq = self._next_seq()
-        peers = sorted(set(dst_ranks) | set(src_weights))
-        signature = "neighbor_allreduce" + ("" if check_pattern else UNCHECKED)
-
-        def body() -> Any:
-            # Push-sum scales a copy per destination every round: those buffers come from a
-            # pool (an operation running concurrently gets its own), so rounds allocate none.
-            key = (adapter.kind, dtype, adapter.size(flat), len(dst_ranks))
-            buffers = self._take_buffers(key, adapter, flat) if dst_weights is not None else None
-            try:
-                missing = self._execute(
-                    seq, signature, dtype, tuple(x.shape), timeout, peers,
-                    lambda call: neighbor_exchange(call, adapter, flat, float(self_weight),
-                                                   src_weights, dst_ranks, dst_weights,
-                                                   scratch, buffers, out_flat, partial),
-                    neighbours=True)
-            finally:
-                if buffers is not None:
-                    with self._seq_lock:
-                        self._buffer_pool.setdefault(key, []).append(buffers)
-            adapter.synchronize()
-            if missing:
-                # Raised after _execute: the round completed, so no peer is told to abort.
-                raise incomplete(self.rank, seq, missing, dst_ranks)
-            return x if out is None else out
-        return self._launch(f"neighbor_allreduce seq {seq}", body, wait)
 
     # ------------------------------------------------------------------ point to point
     def send(self, dst: int, x: Any, *, timeout: float | None = None) -> None:

@@ -26,7 +26,6 @@ from collectives.errors import PeerLost, ProtocolError, RendezvousError
 from collectives.transport.activity import Activity, Status
 from collectives.transport.arrivals import Arrivals, status_channel
 from collectives.transport.drops import DropLog
-from collectives.transport.emulation import emulation_stats
 from collectives.transport.inbox import Inbox
 from collectives.transport.link import Link, SendTicket
 from collectives.transport.holds import Holds
@@ -35,6 +34,7 @@ from collectives.transport.liveness import Liveness
 from collectives.transport.loop import IoLoop
 from collectives.transport.shm import SharedMemory
 from collectives.transport.sockets import Sockets, host_id
+from collectives.transport.traffic_stats import traffic_stats
 from collectives.transport.wait_errors import wait_error
 from collectives.transport.wire import (ABORT, DATA, PLAN, PLAN_ANSWER, SHM, STATUS, Header,
                                         encode_header)
@@ -341,36 +341,8 @@ class Transport:
 
     def stats(self) -> dict:
         """A snapshot of this peer's traffic: endpoints, counters per peer and in total, drops, lost
-        ranks and refused CURVE clients."""
-        stats = {
-            "rank": self.rank,
-            "endpoints": dict(self.endpoints),
-            "peers": {r: vars(c).copy() for r, c in enumerate(self.counters)
-                      if c.messages_sent or c.messages_received},
-            "bytes_sent": sum(c.bytes_sent for c in self.counters),
-            "bytes_received": sum(c.bytes_received for c in self.counters),
-            "messages_sent": sum(c.messages_sent for c in self.counters),
-            "messages_received": sum(c.messages_received for c in self.counters),
-            "dropped": self._drops.count,
-            "dropped_by_reason": dict(self._drops.by_reason),
-            "lost": self.lost_ranks(),
-            "authentication_denied": self._sockets.zap.denied if self._sockets.zap else 0,
-            # Every refused handshake: ZAP's denials, those libzmq refuses before ZAP
-            # (no CURVE, another server key), and peers refusing this one ("outbound").
-            "handshakes_refused": dict(self._sockets.refusals.by_reason),
-            # Flow control of messages for operations not started (holds.py).
-            "holds_sent": dict(self._holds.sent),
-            "holds_received": dict(self._holds.received),
-            "held_peak": self.inbox.held_peak,
-            # The send window (window.py): acknowledgements sent and received.
-            "acks_sent": self._acks.sent,
-            "acks_received": self._acks.received,
-        }
-        if self.config.link is not None:
-            # Link emulation (emulation.py): what its pacing held back, all links together.
-            stats["link_emulation"] = emulation_stats(
-                self.config.link, [link.emulated for link in list(self._links.values())])
-        return stats
+        ranks and refused CURVE clients (traffic_stats.py)."""
+        return traffic_stats(self)
 
     def interrupt(self) -> None:
         """End every wait at once (each raises PeerLost: this peer was closed), leaving the

@@ -19,8 +19,6 @@ import abc
 import logging
 from typing import Any, ClassVar, ContextManager
 
-import numpy as np
-
 from collectives import defaults
 from collectives.arrays import adapter_for
 from gossip.errors import ExchangeIncomplete, PeerLost
@@ -34,6 +32,7 @@ from gossip.policies.failures import PEER_FAILURES, Attempt, tolerate
 from gossip.policies.nan_guard import NanGuard
 from gossip.policies.neighborhood import resolve_topology
 from gossip.policies.outer_step import OuterStep
+from gossip.policies.policy_state import PolicyState
 
 __all__ = ["Policy"]
 
@@ -41,7 +40,7 @@ log = logging.getLogger("gossip")
 
 
 
-class Policy(PolicyStats, MembershipHooks, abc.ABC):
+class Policy(PolicyStats, PolicyState, MembershipHooks, abc.ABC):
     """Base of the averaging policies.
 
     ``attach(peer, params)`` packs ``params`` (a list of torch tensors or numpy arrays, or a
@@ -383,41 +382,6 @@ class Policy(PolicyStats, MembershipHooks, abc.ABC):
     def closed(self) -> bool:
         """True after close()."""
         return self._closed
-
-    # ------------------------------------------------------------------ checkpoints
-    def state_dict(self) -> dict:
-        """What the policy needs to resume (the parameters themselves live in the model's or
-        the user's state): its name, the step count, and policy-specific state."""
-        state = {"policy": self.name, "step": self._step}
-        if self._peer is not None:
-            state.update(self._extra_state())
-            state.update(self._compression.state())
-            if self._outer is not None:
-                state["outer"] = self._outer.state()
-        return state
-
-    def load_state_dict(self, state: dict) -> None:
-        """Restore what state_dict() returned (after attach)."""
-        self._check_ready()
-        if not isinstance(state, dict) or "step" not in state:
-            raise ValueError("not a policy state dict: expected a dict with 'policy' and 'step'")
-        if state.get("policy") != self.name:
-            raise ValueError(f"state dict of policy {state.get('policy')!r} cannot be loaded "
-                             f"into {self.name!r}")
-        step = state["step"]
-        if not isinstance(step, (int, np.integer)) or step < 0:
-            raise ValueError(f"state dict step must be a non-negative int, got {step!r}")
-        self._compression.load(state)
-        if self._outer is not None:
-            self._outer.load(state.get("outer"))
-        self._load_extra_state(state)
-        self._step = int(step)
-
-    def _extra_state(self) -> dict:
-        return {}
-
-    def _load_extra_state(self, state: dict) -> None:
-        pass
 
     def __repr__(self) -> str:
         where = (f"attached to rank {self._peer.rank}/{self._peer.world_size}"
