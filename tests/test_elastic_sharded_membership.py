@@ -86,14 +86,11 @@ def start_x(rank):
 
 
 # ---------------------------------------------------------------- a joiner, 4 -> 5
-def sharded_members(peer, workdir, size, steps):
-    _publish_address(peer, workdir)
-    x = start_x(peer.rank)
-    policy = Recorded(workdir, period=1).attach(peer, [x])
+def train_until(peer, policy, x, size, steps):
+    """Steps until the view has ``size`` members and ``steps`` steps are done: the same
+    decision on every member (an allreduce, first in a step: a joiner enters at the boundary
+    that ends the step before)."""
     done = np.zeros(1)
-    # Until the view has ``size`` members and ``steps`` steps are done: the same decision
-    # on every member (an allreduce, first in a step: a joiner enters at the boundary that
-    # ends the step before).
     while policy.step < 100_000:
         done[0] = peer.world_size >= size and policy.step >= steps
         peer.allreduce(done, op="max")
@@ -101,6 +98,13 @@ def sharded_members(peer, workdir, size, steps):
             break
         x -= 0.01 * x                      # a step: every worker pulled towards 0
         policy.after_step()
+
+
+def sharded_members(peer, workdir, size, steps):
+    _publish_address(peer, workdir)
+    x = start_x(peer.rank)
+    policy = Recorded(workdir, period=1).attach(peer, [x])
+    train_until(peer, policy, x, size, steps)
     record(policy, workdir, "end")
     stats = policy.stats()
     policy.close()
@@ -110,19 +114,12 @@ def sharded_members(peer, workdir, size, steps):
 SHARDED_JOINER = textwrap.dedent("""
     import sys, numpy as np, gossip
     sys.path.insert(0, sys.argv[4])                  # the tests: Recorded, as the members'
-    from test_elastic_sharded_membership import Recorded, record
+    from test_elastic_sharded_membership import Recorded, record, train_until
     size, length, workdir, steps = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], int(sys.argv[5])
     peer = gossip.init(join=True, timeout=20)
     x = np.zeros(length)
     policy = Recorded(workdir, period=1).attach(peer, [x])   # model and shards come here
-    done = np.zeros(1)
-    while policy.step < 100_000:
-        done[0] = peer.world_size >= size and policy.step >= steps
-        peer.allreduce(done, op="max")
-        if done[0]:
-            break
-        x -= 0.01 * x
-        policy.after_step()
+    train_until(peer, policy, x, size, steps)
     record(policy, workdir, "end")
     print("JOINED", peer.rank, peer.world_size, policy.step, flush=True)
     policy.close()
