@@ -26,7 +26,7 @@ import numpy as np
 
 from gossip.channels import PeerChannel
 from gossip.errors import ProtocolError, SnapshotCorrupt
-from gossip.snapshot import Snapshot, SnapshotReceiver
+from gossip.snapshot import Snapshot, SnapshotReceiver, crc
 from gossip.snapshot.arrays import PIECE_BYTES
 
 __all__ = ["send_state", "receive_state", "Prefetch", "state_of", "load_state", "CHUNK_BYTES"]
@@ -123,6 +123,7 @@ class Prefetch:
 
     def _run(self, peer: Any, donors: list[int], timeout: float) -> None:
         try:
+            crc.warm()   # the threads that check the chunks, started while there is time
             step, theirs, manifest = _manifest(peer, donors[0], timeout)
             if not self._ready.wait(timeout):
                 raise ProtocolError(f"rank {peer.rank}: no policy attached within "

@@ -9,9 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import math
-import os
 import zlib
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -19,6 +17,7 @@ import numpy as np
 
 from gossip.errors import SnapshotCorrupt, SnapshotError
 from gossip.policies.buckets import is_torch_tensor
+from gossip.snapshot.crc import checksum
 
 __all__ = ["ArraySpec", "spec_of", "prepare", "byte_view", "allocate", "digest_of",
            "digests_of", "crcs_of", "piece_crcs", "digest_of_pieces", "verify", "is_array",
@@ -38,8 +37,8 @@ PIECE_BYTES = 4 << 20
 # numpy kinds a snapshot may hold: bool, ints, floats, complex. Never objects or records
 # (a manifest from a donor must not make us build an object array).
 _NUMPY_KINDS = frozenset("biufc")
-# Hash in threads only when there is enough to share out: a pool costs ~0.1 ms to start.
-_PARALLEL_BYTES = 8 << 20
+# Sum in threads only when there is enough to share out (a part's hand-off costs ~20 us).
+_PARALLEL_BYTES = 2 << 20
 _MAX_DIMS = 64
 
 
@@ -183,19 +182,13 @@ def digest_of(spec: ArraySpec, data: memoryview) -> str:
 
 
 def crcs_of(views: Sequence[memoryview]) -> list[list[int]]:
-    """Every array's piece_crcs(), in threads when there is enough to sum (the pieces of one
-    large array too)."""
-    total = sum(len(v) for v in views)
-    workers = min(os.cpu_count() or 1, 8)
-    if total < _PARALLEL_BYTES or workers < 2:
+    """Every array's piece_crcs(), on every core (snapshot.crc's threads) when there is
+    enough to sum."""
+    if sum(len(v) for v in views) < _PARALLEL_BYTES:
         return [piece_crcs(v) for v in views]
-    pieces = [(i, v[at:at + PIECE_BYTES]) for i, v in enumerate(views)
-              for at in range(0, len(v), PIECE_BYTES)]
-    crcs: list[list[int]] = [[] for _ in views]
-    with ThreadPoolExecutor(workers, thread_name_prefix="snapshot-digest") as pool:
-        for (i, _), crc in zip(pieces, pool.map(lambda p: zlib.crc32(p[1]), pieces)):
-            crcs[i].append(crc)
-    return crcs
+    pending = [[checksum(v[at:at + PIECE_BYTES]) for at in range(0, len(v), PIECE_BYTES)]
+               for v in views]
+    return [[p.result() for p in pieces] for pieces in pending]
 
 
 def digests_of(specs: Sequence[ArraySpec], views: Sequence[memoryview]) -> list[str]:

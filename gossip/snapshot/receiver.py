@@ -12,12 +12,12 @@ from __future__ import annotations
 import bisect
 import threading
 import zlib
-from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
 
 from gossip.errors import SnapshotError
+from gossip.snapshot import crc as crc32
 from gossip.snapshot import manifest as mf
 from gossip.snapshot.arrays import (PIECE_BYTES, allocate, byte_view, digest_of_pieces,
                                     spec_of, verify)
@@ -86,9 +86,10 @@ class SnapshotReceiver:
     fetch it from another donor and call finish() again.
 
     A write (or ``wrote``) that covers whole pieces of an array (arrays.PIECE_BYTES from its
-    start: what Layout.ranges(PIECE_BYTES) cuts) has them checksummed at once, in a thread
-    of the receiver's while the writer receives the next chunk, so finish() has little left
-    to do; pieces written partly are checksummed at finish().
+    start: what Layout.ranges(PIECE_BYTES) cuts) has them checksummed at once, on every core
+    (snapshot.crc's threads) while the writer receives the next chunk, so finish() has little
+    left to do; a piece written in parts in order is summed part by part; pieces written
+    otherwise are checksummed at finish().
     """
 
     def __init__(self, manifest: dict, into: dict[str, Any] | None = None) -> None:
@@ -100,15 +101,15 @@ class SnapshotReceiver:
         self._arrays = [_own(into.get(s.name), s) for s in self._specs]
         self._views = [byte_view(a) for a in self._arrays]
         self._have = _Ranges()
-        # piece -> the future of its CRC-32 (checksummed in _pool's thread as written)
-        self._crcs: list[dict[int, Future]] = [{} for _ in self._specs]
-        # (array, piece) -> (bytes summed from its start, the future of their CRC): a piece
-        # written in parts in order is summed part by part (zlib continues a CRC), each part
-        # while the writer receives the next
-        self._running: dict[tuple[int, int], tuple[int, Future]] = {}
-        self._pool: ThreadPoolExecutor | None = None
+        # piece -> its CRC-32, pending (summed in snapshot.crc's threads as written)
+        self._crcs: list[dict[int, crc32.PendingCrc]] = [{} for _ in self._specs]
+        # (array, piece) -> (bytes summed from its start, their pending CRC): a piece written
+        # in parts in order is summed part by part, each part while the writer receives the
+        # next
+        self._running: dict[tuple[int, int], tuple[int, crc32.PendingCrc]] = {}
         self._lock = threading.Lock()
         self._finished = False
+        crc32.warm()   # the summing threads, started before the first chunk lands
 
     @property
     def layout(self) -> Layout:
@@ -147,16 +148,14 @@ class SnapshotReceiver:
 
     def wrote(self, offset: int, length: int) -> None:
         """Bytes [offset, offset + length) were written through ``target``."""
-        pool = self._checksummer()
         with self._lock:
             for i, lo, hi in self._layout.pieces(offset, length):
                 size = self._layout.sizes[i]
                 for first in range(lo - lo % PIECE_BYTES, hi, PIECE_BYTES):
-                    self._sum(pool, i, first, min(first + PIECE_BYTES, size), lo, hi)
+                    self._sum(i, first, min(first + PIECE_BYTES, size), lo, hi)
             self._have.add(offset, offset + length)
 
-    def _sum(self, pool: ThreadPoolExecutor, i: int, first: int, end: int, lo: int,
-             hi: int) -> None:
+    def _sum(self, i: int, first: int, end: int, lo: int, hi: int) -> None:
         """(Holding _lock.) Array i's piece [first, end) has bytes [lo, hi) written: summed
         now if that makes it whole (at once, or as the next part of a piece written in
         order), else left to finish()."""
@@ -168,21 +167,12 @@ class SnapshotReceiver:
             return
         if lo == first:
             before = None   # (re)written from its start
-        crc = pool.submit(_continue_crc, view[lo:hi], before)
+        crc = crc32.checksum(view[lo:hi], before)
         if hi == end:
             self._crcs[i][piece] = crc
         else:
             self._crcs[i].pop(piece, None)
             self._running[(i, piece)] = (hi, crc)
-
-    def _checksummer(self) -> ThreadPoolExecutor:
-        # One thread, so a piece written twice is summed in the order written (the newer
-        # future replaces the older); zlib releases the GIL, so it sums while the writer
-        # receives the next chunk.
-        with self._lock:
-            if self._pool is None:
-                self._pool = ThreadPoolExecutor(1, thread_name_prefix="snapshot-crc")
-            return self._pool
 
     def missing(self) -> list[tuple[int, int]]:
         """The (offset, length) ranges not written yet, in order."""
@@ -206,10 +196,6 @@ class SnapshotReceiver:
                                 f"{self._name_at(offset)!r}")
         got = [digest_of_pieces(spec, crcs)
                for spec, crcs in zip(self._specs, self.piece_crcs())]
-        with self._lock:
-            pool, self._pool = self._pool, None
-        if pool is not None:
-            pool.shutdown(wait=False)   # every piece's future was waited for above
         with self._lock:
             for i, (g, want) in enumerate(zip(got, self._digests)):
                 if g != want:
@@ -236,12 +222,6 @@ class SnapshotReceiver:
     def _name_at(self, offset: int) -> str:
         i, _, _ = next(self._layout.pieces(offset, 1))
         return self._layout.names[i]
-
-
-def _continue_crc(data: memoryview, before: Future | None) -> int:
-    """The CRC-32 of the bytes summed by ``before`` followed by ``data`` (one thread runs
-    them in order, so ``before`` is done)."""
-    return zlib.crc32(data, before.result() if before is not None else 0)
 
 
 def _own(array: Any, spec: Any) -> Any:
