@@ -176,7 +176,7 @@ class Communicator(NeighborAllreduce):
         """
         if compression is not None:
             return compressed_allreduce(self, x, op, compression, wait=wait, timeout=timeout,
-                                        residual=residual)
+                                        residual=residual, small_bytes=DEFAULT_SMALL_BYTES)
         adapter, flat, dtype = self._flat(x)
         check_reduce_op(op, dtype)
         if self._use_nccl(adapter, x, op, dtype):

@@ -29,8 +29,12 @@ def check_residual(residual: Any, x32: Any) -> None:
 
 
 def compressed_allreduce(comm: Any, x: Any, op: str, compression: Any, *, wait: bool,
-                         timeout: float | None, residual: Any = None) -> Any:
-    """Communicator.allreduce with a codec (ops sum and mean; floating-point arrays)."""
+                         timeout: float | None, residual: Any = None,
+                         small_bytes: int = 0) -> Any:
+    """Communicator.allreduce with a codec (ops sum and mean; floating-point arrays). Arrays
+    of at most ``small_bytes`` (as float32) gather every encoding straight from its owner, in
+    one latency, whatever the codec; larger ones take the ring on encodings (dense codecs) or
+    gather around the ring (top-k)."""
     codec = parse(compression)
     adapter, flat, dtype = comm._flat(x)
     if op not in ("sum", "mean"):
@@ -44,16 +48,18 @@ def compressed_allreduce(comm: Any, x: Any, op: str, compression: Any, *, wait: 
     n, count = comm.world_size, x32.size
     seq = comm._next_seq()
     signature = f"allreduce({op},{codec.name})"
-    if codec.dense:   # the ring on encodings (algorithms/compressed.py: scheme and bound)
+    small = count * 4 <= small_bytes   # the same on every peer: x's size is in the signature
+    if codec.dense and not small:   # the ring on encodings (algorithms/compressed.py)
         shape = (n, padded_count(count, n))
 
         def run(call: Any) -> Any:
             return ring_allreduce_compressed(call, codec, x32, op, comm.codec_stats)
-    else:             # top-k: one encoding per peer, gathered
+    else:             # one encoding per peer, gathered (straight from each, if small)
         shape = (n, count)
 
         def run(call: Any) -> Any:
-            return gather_allreduce(call, codec, x32, op, comm.codec_stats, residual)
+            return gather_allreduce(call, codec, x32, op, comm.codec_stats, residual,
+                                    direct=small)
 
     def body() -> Any:
         # x32 may be x's own memory (float32): the encoding happens inside, before any

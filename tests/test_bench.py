@@ -211,3 +211,24 @@ def test_compression_benchmark_runs_both_tables_small(tmp_path):
             if r["table"] == "wire"}
     for policy in ("synchronous", "local-sgd", "gossip", "elastic"):
         assert wire[(policy, "int8")] < wire[(policy, "none")], (policy, wire)
+
+
+def test_slow_network_benchmark_configurations_make_policies():
+    """benchmarks/slow_network.py: every configuration it runs is a policy the registry
+    makes (the demo builds them the same way), and a configuration that never reached the
+    target has no median time to it."""
+    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+    try:
+        import slow_network
+    finally:
+        sys.path.remove(os.path.join(ROOT, "benchmarks"))
+    from gossip.policies import make
+    configs = slow_network.configurations(4, 16)
+    assert len({label for label, _, _ in configs}) == 6
+    for label, name, options in configs:
+        policy = make(name, **options)
+        assert getattr(policy, "period", 1) == options.get("period", 1), label
+    rows = [{"config": "a", "time_to_target": t, "train_seconds": 1.0, "accuracy": 0.9,
+             "sent_per_peer": 10} for t in (1.0, None, 3.0)]
+    assert slow_network._median(rows, "a")["time_to_target"] is None
+    assert slow_network._median(rows[::2], "a")["time_to_target"] == 2.0
