@@ -9,7 +9,9 @@
 
     results = spawn(check, n=4, timeout=60, args=(10,))   # one result per rank
 
-The processes are gossip.supervisor's: the first peer to fail (an exception or a non-zero
+The processes are gossip.supervisor's (forked from multiprocessing's fork server, which has
+imported numpy, pyzmq and gossip once: a peer starts in milliseconds, with the caller's
+environment and directory of the moment): the first peer to fail (an exception or a non-zero
 exit) stops the others, each asked to dump its threads' stacks (faulthandler), then
 terminated, then killed. The SpawnError raised carries every rank's outcome, traceback and
 output. A peer whose function calls pytest.skip

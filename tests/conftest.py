@@ -8,11 +8,16 @@ import threading
 
 import pytest
 
+from gossip.snapshot import crc
 from gossip.testing import wait_until
 
 
 def gossip_threads() -> list[str]:
-    return [t.name for t in threading.enumerate() if t.name.startswith("gossip-")]
+    """The gossip threads alive, but the process's checksum pool (gossip/snapshot/crc.py):
+    shared by every peer of the process and idle between sums, it lives as long as the
+    process, as torch's intra-op threads do."""
+    return [t.name for t in threading.enumerate() if t.name.startswith("gossip-")
+            and not t.name.startswith(crc.THREAD_PREFIX)]
 
 
 @pytest.fixture

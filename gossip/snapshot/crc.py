@@ -24,11 +24,14 @@ import zlib
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
-__all__ = ["checksum", "combine", "warm", "PendingCrc", "SPLIT_BYTES"]
+__all__ = ["checksum", "combine", "warm", "PendingCrc", "SPLIT_BYTES", "THREAD_PREFIX"]
 
 #: Parts of a buffer summed apart. Small enough that a 4 MiB piece keeps every core busy, large
 #: enough that a part's hand-off (~20 us) is noise against its sum (~0.25 ms).
 SPLIT_BYTES = 1 << 20
+#: The pool's threads' names start so: one pool per process, started once, never stopped
+#: (idle threads cost nothing; every peer of the process shares them).
+THREAD_PREFIX = "gossip-crc"
 _POLY = 0xEDB88320   # CRC-32's polynomial, bit-reflected (zlib's)
 
 
@@ -92,7 +95,7 @@ class _Pool:
                     cores = os.cpu_count() or 1
                 self.workers = max(1, min(cores, 4))
                 self._executor = ThreadPoolExecutor(self.workers,
-                                                    thread_name_prefix="gossip-crc")
+                                                    thread_name_prefix=THREAD_PREFIX)
                 self._pid = os.getpid()
                 # ThreadPoolExecutor starts a thread per submit while none is idle: one
                 # waiting task per worker starts them all now, not on the first real sum.
