@@ -26,7 +26,7 @@ RECONNECT_INTERVAL       200 ms     -                     libzmq reconnect to a 
 GOODBYE_LINGER           50 ms      -                     BYE leaves; dead peer can't hold
 CLOSE_TIMEOUT            1 s        -                     close() returns within
 RING_MAPPED_SHARE        1/2        of close()'s timeout  wait for receivers to map rings
-REACH_POLL_MIN/MAX       0.5/20 ms  doubling              first connection back-off
+REACH_POLL_MAX           20 ms      -                     first connection: look for a loss
 HELD_PAUSE               64 MiB     HELD_PER_LINK/4       then the sender is asked to wait
 HELD_RESUME              32 MiB     HELD_PAUSE/2          and below it, to go on
 HELD_PER_LINK            256 MiB    4 x a 64 MiB array    held for unstarted operations
@@ -61,7 +61,7 @@ __all__ = [
     "TIMEOUT", "heartbeat_timeout", "heartbeat_interval", "DISCONNECT_GRACE", "PUMP_SLICE",
     "PARK_MIN", "PARK_MAX", "STARVED_REPEAT", "SLOT_RETRY", "SUSPECT_POLL", "IDLE_POLL",
     "MAX_LOGGED_DROPS", "DROP_SUMMARY_INTERVAL", "RECONNECT_INTERVAL", "GOODBYE_LINGER",
-    "CLOSE_TIMEOUT", "RING_MAPPED_SHARE", "REACH_POLL_MIN", "REACH_POLL_MAX",
+    "CLOSE_TIMEOUT", "RING_MAPPED_SHARE", "REACH_POLL_MAX",
     "HELD_PAUSE", "HELD_RESUME", "HELD_PER_LINK", "HELD_TOTAL", "HELD_OVERHEAD", "MAX_STRIKES",
     "SEND_WINDOW", "ACK_EVERY",
     "RENDEZVOUS_CLIENT_GRACE", "RENDEZVOUS_POLL", "LAUNCHER_GRACE", "STATUS_WAIT",
@@ -114,8 +114,8 @@ CLOSE_TIMEOUT = 1.0
 # Share of close()'s time spent waiting for receivers to map our rings (a receiver maps a ring
 # through our /proc/<pid>/fd: what we left in it is gone if we exit first).
 RING_MAPPED_SHARE = 0.5
-# Back-off of a send waiting for the first connection to its peer (a millisecond on one host).
-REACH_POLL_MIN = 0.0005
+# A send waiting for the first connection to its peer (a millisecond on one host) is woken as
+# the handshake succeeds, and looks for a loss or its deadline at least this often.
 REACH_POLL_MAX = 0.02
 # What a receiver holds for operations it has not started (payload bytes plus HELD_OVERHEAD per
 # message), per sending link and in total: a peer one blocking collective

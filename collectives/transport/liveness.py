@@ -9,6 +9,7 @@ from a peer therefore first connects to it, even when this peer never sends to i
 """
 from __future__ import annotations
 
+import threading
 import time
 
 import zmq
@@ -35,7 +36,14 @@ class Liveness:
         self._heartbeat_timeout = heartbeat_timeout
         self.monitors: dict[zmq.Socket, int] = {}  # monitor socket -> rank
         self.connected: set[int] = set()  # ranks a ZeroMQ handshake succeeded with
+        self._reached = threading.Condition()   # notified as a rank joins ``connected``
         self.suspects: dict[int, float] = {}  # rank -> when its dropped connection counts
+
+    def wait_reached(self, rank: int, timeout: float) -> bool:
+        """Wait up to ``timeout`` seconds for a handshake with ``rank`` (woken as it
+        succeeds); True if it has."""
+        with self._reached:
+            return self._reached.wait_for(lambda: rank in self.connected, timeout)
 
     def watch(self, link) -> zmq.Socket:
         """Start reading ``link``'s monitor; returns the socket to poll."""
@@ -53,7 +61,9 @@ class Liveness:
             if kind == zmq.EVENT_HANDSHAKE_SUCCEEDED:
                 # A ZeroMQ peer answered (with or without CURVE), not just some process that
                 # accepted the connection on a port or socket file a dead peer left behind.
-                self.connected.add(rank)
+                with self._reached:
+                    self.connected.add(rank)
+                    self._reached.notify_all()
             elif kind == zmq.EVENT_DISCONNECTED:
                 if rank in self.connected and rank not in self.suspects:
                     # What the peer sent before it went travels on its own connection to our

@@ -325,6 +325,11 @@ class Transport:
         until then what is sent to it only waits in a queue."""
         return rank in self._liveness.connected
 
+    def wait_reached(self, rank: int, timeout: float) -> bool:
+        """Wait up to ``timeout`` seconds for a connection to ``rank`` to be established
+        (woken as soon as it is); True if it was (see reached)."""
+        return self._liveness.wait_reached(rank, timeout)
+
     def lost_ranks(self) -> dict[int, str]:
         """The lost ranks and why: rank -> reason."""
         return {r: lost.reason for r, lost in self.inbox.lost_ranks().items()}
