@@ -49,6 +49,7 @@ class Peer:
         if membership is not None:
             membership.changes.refusal = self._refusal
             membership.changes.sharing = self._sharing
+            membership.changes.own_steps = self._own_steps
             membership.changes.margin.drift = self._drift
         # Traffic totals of the transports of earlier views (stats() adds them).
         self._earlier_totals = dict.fromkeys(
@@ -305,6 +306,12 @@ class Peer:
         if all(p.identical_replicas or p.shared_state for p in self.policies):
             return "shared"
         return "own"
+
+    def _own_steps(self) -> bool:
+        """Whether every attached policy counts its steps on its own (asynchronous gossip):
+        a view change then takes each member at its next boundary, whatever its count."""
+        policies = self.policies
+        return bool(policies) and all(getattr(p, "own_steps", False) for p in policies)
 
     def _drift(self) -> int | None:
         """The most steps a member can be ahead of another under this peer's policies (None:

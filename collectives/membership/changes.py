@@ -98,6 +98,12 @@ class ViewChanges(Leaving):
         # "shared": in part, elastic averaging's centre): then members that fell a step
         # behind take the source's state too; "own": only joiners do (coordinator.py).
         self.sharing: Callable[[], str] = lambda: "identical"
+        # Whether this member's step count is its own (asynchronous gossip: no member waits
+        # for another, so counts drift apart by thousands): then it stops at its next
+        # boundary after a prepare, whatever step the proposal names, and is never late.
+        # A lock-step policy (the default) stops at the proposed step, which every member
+        # reaches at about the same time; a member far behind one far ahead took 15-30 s.
+        self.own_steps: Callable[[], bool] = lambda: False
         self._stopped_now = False
         self.departing = False   # a planned leave was asked (request_leave)
         self.coordinating = Coordinator(self)
@@ -146,6 +152,8 @@ class ViewChanges(Leaving):
             return None
         if p.at_step is None:   # a change under way at once (a recovery, a leave): answer
             return self._stopped(step, recovering=True)
+        if self.own_steps():    # any boundary of its own will do
+            return self._stopped(step)
         if step < p.at_step:
             return None
         if step > p.at_step:   # past the boundary: the coordinator names a later one
@@ -234,7 +242,8 @@ class ViewChanges(Leaving):
                     self._proposal = self._commit = None
                     return self._take(commit, p, transport)
                 if p is not None and answered != p.pid:
-                    if p.at_step is not None and p.at_step > step and not recovering:
+                    if p.at_step is not None and p.at_step > step and not recovering \
+                            and not self.own_steps():
                         self._close(transport)
                         return None   # moved further on: train to the new boundary
                     if p.rank_of(self.name) is None and self.departing:
@@ -358,7 +367,7 @@ class ViewChanges(Leaving):
             # It records its step (passing()) before it looks for a proposal, and this sets
             # the proposal before it reads the step: it sees it, or is told late here.
             late = (p.at_step is not None and self.view is not None
-                    and self._boundary_step >= p.at_step)
+                    and self._boundary_step >= p.at_step and not self.own_steps())
             if late:
                 self.door.tell(p.coordinator, "late", pid=p.pid, step=self._boundary_step + 1)
         if interrupt:

@@ -85,6 +85,7 @@ class Asynchronous(AsynchronousMembership, BackgroundPolicy):
 
     name = "asynchronous"
     default_topology = ONE_PEER_EXPONENTIAL
+    own_steps = True   # the training loop never waits on a peer: counts drift apart
     worker_name = "asynchronous gossip thread"
 
     def __init__(self, *, topology: Any = None, max_staleness: int | None = None,

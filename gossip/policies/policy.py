@@ -78,6 +78,10 @@ class Policy(PolicyStats, PolicyState, MembershipHooks, abc.ABC):
     #: True if every replica holds the same bytes after each step, so one peer's checkpoint
     #: serves them all (gossip.save_checkpoint then has rank 0 write alone).
     identical_replicas: ClassVar[bool] = False
+    #: True if the peers' step counts are each their own (no peer waits for another, so they
+    #: drift apart): a view change then takes each member at its next boundary instead of
+    #: at one step count for all (collectives/membership/changes.py, own_steps).
+    own_steps: ClassVar[bool] = False
 
     #: What ``topology=None`` stands for (neighborhood.PEER_TOPOLOGY or
     #: ONE_PEER_EXPONENTIAL); None: the policy runs on no graph (allreduce policies).
