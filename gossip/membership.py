@@ -25,7 +25,8 @@ from collectives.membership.changes import Switch, ViewChanges
 from collectives.membership.door import Door
 from collectives.membership.view import Member, View
 
-__all__ = ["PeerMembership", "member_identity", "resize_topology", "MEMBER_FIELDS"]
+__all__ = ["PeerMembership", "member_identity", "resize_topology", "MEMBER_FIELDS",
+           "attach_policy_answers"]
 
 log = logging.getLogger("gossip")
 
@@ -194,3 +195,30 @@ class PeerMembership:
 
     def close(self) -> None:
         self.door.close()
+
+
+def attach_policy_answers(changes: Any, policies: Callable[[], list]) -> None:
+    """What a member's view changes ask of its attached ``policies()``
+    (collectives/membership): how much of its state is the others' too, whether its step
+    count is its own, and how far ahead of another member it can be."""
+    def sharing() -> str:
+        # "identical" (replicas: the members at the source's step may all donate), "shared"
+        # (a part is: elastic averaging's centre), "own"; see membership/coordinator.py.
+        mine = policies()
+        if all(p.identical_replicas for p in mine):
+            return "identical"
+        if all(p.identical_replicas or p.shared_state for p in mine):
+            return "shared"
+        return "own"
+
+    def own_steps() -> bool:
+        # Asynchronous gossip: each member is taken at its next boundary, whatever its count.
+        mine = policies()
+        return bool(mine) and all(getattr(p, "own_steps", False) for p in mine)
+
+    def drift() -> int | None:
+        # The most steps a member can be ahead of another (None: unknown; margin.py).
+        drifts = [p.max_drift() for p in policies()]
+        return None if not drifts or None in drifts else max(drifts)
+
+    changes.sharing, changes.own_steps, changes.margin.drift = sharing, own_steps, drift

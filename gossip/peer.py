@@ -12,6 +12,7 @@ from collectives.membership.proposal import Departure
 from collectives.transport.channels import channel_pair
 from collectives.transport.transport import Transport
 from gossip import elastic
+from gossip.membership import attach_policy_answers
 from gossip.policies.neighborhood import live_mixing_round
 from gossip.settings import LaunchSettings
 
@@ -48,9 +49,7 @@ class Peer:
             self._prefetch = elastic.prefetch(self, joined)
         if membership is not None:
             membership.changes.refusal = self._refusal
-            membership.changes.sharing = self._sharing
-            membership.changes.own_steps = self._own_steps
-            membership.changes.margin.drift = self._drift
+            attach_policy_answers(membership.changes, lambda: self.policies)
         # Traffic totals of the transports of earlier views (stats() adds them).
         self._earlier_totals = dict.fromkeys(
             ("bytes_sent", "bytes_received", "messages_sent", "messages_received", "dropped"), 0)
@@ -296,28 +295,6 @@ class Peer:
                     "changes yet (synchronous, local-sgd, gossip, asynchronous, push-sum, "
                     "choco and elastic do)")
         return None
-
-    def _sharing(self) -> str:
-        """How much of this peer's state is the others' too: "identical" (replicas: the
-        members at the source's step may all donate), "shared" (a part is: elastic
-        averaging's centre), "own"; see collectives/membership/coordinator.py."""
-        if all(p.identical_replicas for p in self.policies):
-            return "identical"
-        if all(p.identical_replicas or p.shared_state for p in self.policies):
-            return "shared"
-        return "own"
-
-    def _own_steps(self) -> bool:
-        """Whether every attached policy counts its steps on its own (asynchronous gossip):
-        a view change then takes each member at its next boundary, whatever its count."""
-        policies = self.policies
-        return bool(policies) and all(getattr(p, "own_steps", False) for p in policies)
-
-    def _drift(self) -> int | None:
-        """The most steps a member can be ahead of another under this peer's policies (None:
-        unknown); collectives/membership/margin.py."""
-        drifts = [p.max_drift() for p in self.policies]
-        return None if not drifts or None in drifts else max(drifts)
 
     def changing_now(self) -> bool:
         """True while a membership change that takes effect at once is proposed to this peer
