@@ -12,7 +12,9 @@ then joins with ``gossip.init(join=True)``. The joiner stamps: its start (first 
 script), ``init()`` returned (admitted: it has a rank in the new view), its model built (the
 user's part: ``np.full`` of the parameters, whose fresh pages fault in slowly on these VMs),
 ``attach()`` returned (it holds the state, verified by digest) and its first
-``after_step()``. ``recv s`` is the state's own time (the joiner's receiver). Before the join, rank
+``after_step()``. ``recv s`` is the state's own time (the joiner's receiver); ``step s`` the members' step
+before the join (a view change waits for the next step boundary, so admission takes up to a
+step or two). Before the join, rank
 0 sends rank 1 the same bytes point to point (``peer.send``, 3 times, median): the bandwidth
 the transfer is compared with. Medians over ``--repeats``. On this 2-core machine the
 members and the joiner contend for the cores: compare within a run.
@@ -83,11 +85,15 @@ def member(peer, workdir: str, count: int):
             f.write(peer.settings.rendezvous)
         os.replace(os.path.join(workdir, "address.tmp"), os.path.join(workdir, "address"))
     n0 = peer.world_size
-    while peer.world_size == n0 and policy.step < 100_000:
+    steps = []   # the members' step (an allreduce of the parameters): a view change waits for
+    while peer.world_size == n0 and policy.step < 100_000:   # the next boundary
+        t = time.perf_counter()
         policy.after_step()
+        steps.append(time.perf_counter() - t)
         time.sleep(0.002)
     policy.after_step()   # the joiner's first step
-    return statistics.median(bandwidth) if bandwidth else 0.0
+    return (statistics.median(bandwidth) if bandwidth else 0.0,
+            statistics.median(steps[:-1] or steps))
 
 
 def run_once(n: int, nbytes: int) -> dict:
@@ -118,7 +124,7 @@ def run_once(n: int, nbytes: int) -> dict:
     if not rows:
         raise RuntimeError(f"the joiner reported nothing:\n{out.get('text', '')[-3000:]}")
     row = json.loads(rows[0])
-    row.update(bytes=nbytes, n=n, p2p_GBps=results[0] / 1e9,
+    row.update(bytes=nbytes, n=n, p2p_GBps=results[0][0] / 1e9, member_step=results[0][1],
                receive_GBps=nbytes / row["receive"] / 1e9 if row["receive"] > 0 else 0.0)
     row["receive_vs_p2p"] = row["receive_GBps"] / row["p2p_GBps"] if row["p2p_GBps"] else 0.0
     return row
@@ -138,14 +144,14 @@ def main(argv=None) -> int:
     parser.add_argument("--json", default=None, help="append every row to this file")
     args = parser.parse_args(argv)
     print(f"{'bytes':>10} {'start s':>8} {'admit s':>8} {'build s':>8} {'attach s':>8} "
-          f"{'1st step s':>10} "
+          f"{'1st step s':>10} {'step s':>7} "
           f"{'total s':>8} {'recv s':>7} {'recv GB/s':>9} {'p2p GB/s':>9} {'ratio':>6}")
     for size in args.sizes.split(","):
         rows = [run_once(args.n, _size(size)) for _ in range(args.repeats)]
         med = {k: statistics.median(r[k] for r in rows) for k in rows[0] if k != "view"}
         print(f"{size:>10} {med['start']:8.2f} {med['admission']:8.2f} {med['build']:8.2f} "
               f"{med['transfer']:8.2f} "
-              f"{med['first_step']:10.3f} {med['total']:8.2f} {med['receive']:7.2f} "
+              f"{med['first_step']:10.3f} {med['member_step']:7.3f} {med['total']:8.2f} {med['receive']:7.2f} "
               f"{med['receive_GBps']:9.2f} {med['p2p_GBps']:9.2f} {med['receive_vs_p2p']:6.2f}",
               flush=True)
         if args.json:
