@@ -12,6 +12,7 @@ import os
 import signal
 import textwrap
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -52,7 +53,7 @@ def train_in_view(peer, policy, rounds):
 
 
 # ---------------------------------------------------------------- a join
-def asynchronous_members(peer, workdir, size):
+def asynchronous_members(peer, workdir, size, slow_rank=None):
     from gossip.policies import Asynchronous
     _publish_address(peer, workdir)
     x = np.full(LENGTH, float(peer.rank))
@@ -60,15 +61,20 @@ def asynchronous_members(peer, workdir, size):
     at_change = []
     peer.on_view_change(lambda view: at_change.append((policy.weights[0], x.copy())))
     # Until the joiner is in, or it finished without joining (the test's file: refused).
+    stopped_at = None   # this member's own count when it stopped for the view change
     while peer.world_size < size and not _done(workdir) and policy.step < 100_000:
-        policy.after_step()
+        stopped_at = policy.step
+        policy.after_step()   # (the view's common count from here on: the source's)
         _step()
+        if peer.rank == slow_rank:
+            time.sleep(0.01)   # a member many steps behind the others when the join comes
     train_in_view(peer, policy, ROUNDS_AFTER)
     final = policy.weights[0], x.copy()
     stats = policy.stats()
     peer.barrier()
     policy.close()
-    return peer.world_size, peer.view.number, at_change, final, stats["messages_absorbed"]
+    return (peer.world_size, peer.view.number, at_change, final, stats["messages_absorbed"],
+            stopped_at)
 
 
 ASYNCHRONOUS_JOINER = "import numpy as np\n" + inspect.getsource(train_in_view) + \
@@ -111,7 +117,7 @@ def test_a_joiner_enters_a_running_asynchronous_group_and_the_mass_stays_exact(t
     thread = threading.Thread(target=joiner)
     thread.start()
     try:
-        results = spawn(asynchronous_members, n=4, timeout=150, args=(workdir, 5),
+        results = spawn(asynchronous_members, n=4, timeout=150, args=(workdir, 5, 3),
                         peer_timeout=PEER_TIMEOUT)
     finally:
         thread.join(150)
@@ -122,6 +128,12 @@ def test_a_joiner_enters_a_running_asynchronous_group_and_the_mass_stays_exact(t
     assert (int(rank), int(size), int(number)) == (4, 5, 1)
     assert int(absorbed) > 0                        # the members pushed to it
     assert all(r[:2] == (5, 1) for r in results), [r[:2] for r in results]
+    # Each member stopped at a boundary of its own (Policy.own_steps), at its own count (rank
+    # 3, slowed down, is behind), instead of every member training up to one boundary step
+    # (what a synchronous policy does: members behind walk to it, those past it are "late"
+    # and a later one is named), where all counts would be equal.
+    steps = [r[5] for r in results]
+    assert len(set(steps)) > 1, steps
     data = np.load(path)
     at_join = float(data["at_w"]), data["at_m"]
     # At the switch (every push between members absorbed, nothing in transit): the total
