@@ -23,13 +23,15 @@ log = logging.getLogger("collectives")
 class Work:
     """The handle of one operation in flight."""
 
-    __slots__ = ("description", "_event", "_result", "_error")
+    __slots__ = ("description", "_event", "_result", "_error", "_callbacks", "_lock")
 
     def __init__(self, description: str) -> None:
         self.description = description
         self._event = threading.Event()
         self._result: Any = None
         self._error: BaseException | None = None
+        self._callbacks: list[Callable[["Work"], None]] = []
+        self._lock = threading.Lock()
 
     def done(self) -> bool:
         """True once the operation finished (successfully or not); never blocks."""
@@ -46,13 +48,34 @@ class Work:
             raise self._error
         return self._result
 
+    def add_done_callback(self, fn: Callable[["Work"], None]) -> None:
+        """Call ``fn(work)`` once the operation finished (at once if it has), in the thread
+        that finished it: keep it short (it delays the next operation). An error it raises is
+        logged, not propagated."""
+        with self._lock:
+            if not self._event.is_set():
+                self._callbacks.append(fn)
+                return
+        _call(fn, self)
+
     def _finish(self, result: Any = None, error: BaseException | None = None) -> None:
-        self._result, self._error = result, error
-        self._event.set()
+        with self._lock:
+            self._result, self._error = result, error
+            self._event.set()
+            callbacks, self._callbacks = self._callbacks, []
+        for fn in callbacks:
+            _call(fn, self)
 
     def __repr__(self) -> str:
         state = "done" if self.done() else "pending"
         return f"<Work {self.description} {state}>"
+
+
+def _call(fn: Callable[[Work], None], work: Work) -> None:
+    try:
+        fn(work)
+    except Exception:  # a callback's bug must not end the worker thread
+        log.exception("%s: a done callback raised", work.description)
 
 
 class Executor:

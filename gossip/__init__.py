@@ -6,6 +6,8 @@
         peer.neighbor_average(params, step=t)
 
 torch is imported only where torch objects are handled, so ``import gossip`` stays light;
+when torch is imported already, ``import gossip`` also registers the torch.distributed
+backend "gossip" (gossip/torch_backend.py; or ``import gossip.torch_backend`` at any time);
 ``gossip.testing`` (the multi-process harness) is imported on first use, for the same reason.
 """
 from gossip.errors import (AuthenticationError, ExchangeIncomplete, GossipError,
@@ -20,6 +22,12 @@ from gossip.snapshot import Snapshot, SnapshotReceiver
 from gossip.checkpoint import load_checkpoint, save_checkpoint
 
 __version__ = "0.1.0"
+
+import sys as _sys
+
+if "torch" in _sys.modules:   # a torch user's process: "gossip" becomes a c10d backend
+    import importlib as _importlib
+    _importlib.import_module("gossip.torch_backend")   # registers on import
 
 __all__ = [
     "init", "Peer",

@@ -1,0 +1,391 @@
+"""A torch.distributed backend named "gossip": ``dist.init_process_group("gossip")`` under
+torchrun, ``gossip run`` or any launcher torch supports, then DDP and the plain
+``dist.all_reduce / broadcast / all_gather / reduce_scatter / barrier / send / recv`` on CPU
+tensors run over gossip's collectives, with gossip's errors (PeerLost naming the rank that
+is gone, OperationTimeout, agreement mismatches raised on every rank).
+
+    import torch, gossip                      # torch first: gossip registers the backend
+    dist.init_process_group("gossip")         # (or: import gossip.torch_backend)
+
+Each process group (the default one, and each ``dist.new_group``) is a gossip Peer of its
+own: its group rank 0 opens a gossip rendezvous on a free port of its host (MASTER_ADDR's
+address when set, else 127.0.0.1) and publishes it, with a fresh job id, in the group's
+c10d store; the others read it there. The group's timeout (``init_process_group(timeout=)``)
+is the Peer's. Every call returns a ``dist.Work`` at once: collectives run in call order on
+the Peer's worker thread, sends and receives on threads of their own (so an ``isend`` to a
+peer that is not receiving yet does not block the caller); ``get_future()`` completes with
+the call's tensors, as DDP's communication hooks expect.
+
+What is refused with a clear error rather than done wrongly: devices other than CPU,
+ReduceOp.BAND/BOR/BXOR and PREMUL_SUM, send/recv with a tag other than 0 (gossip's messages
+between two ranks are matched in order), receiving from any source; gather, scatter,
+reduce and all_to_all are not gossip collectives yet. Non-contiguous tensors are copied to
+contiguous ones and back, as Gloo does.
+"""
+from __future__ import annotations
+
+import datetime
+import os
+import socket
+import uuid
+from typing import Any, Callable
+
+import torch
+import torch.distributed as dist
+from torch.distributed import ReduceOp
+
+from collectives.work import Executor, Work as OurWork
+
+__all__ = ["GossipProcessGroup", "register", "BACKEND_NAME"]
+
+BACKEND_NAME = "gossip"
+_STORE_KEY = "gossip/rendezvous"
+
+_OPS = ((ReduceOp.SUM, "sum"), (ReduceOp.AVG, "mean"), (ReduceOp.PRODUCT, "prod"),
+        (ReduceOp.MIN, "min"), (ReduceOp.MAX, "max"))
+
+
+def _op_name(op: Any) -> str:
+    for theirs, ours in _OPS:
+        if op == theirs:
+            return ours
+    raise ValueError(f"the gossip backend has no reduction {op}: it reduces with SUM, AVG, "
+                     "PRODUCT, MIN and MAX")
+
+
+def _seconds(timeout: Any) -> float | None:
+    """A c10d timeout (timedelta; zero or absent: none) in seconds."""
+    if timeout is None:
+        return None
+    seconds = timeout.total_seconds() if isinstance(timeout, datetime.timedelta) \
+        else float(timeout)
+    return seconds if seconds > 0 else None
+
+
+class GossipWork(dist.Work):
+    """A c10d Work over gossip handles: done when all of them are, failed with the first
+    error; its future's value is ``result`` (the call's tensors)."""
+
+    def __init__(self, handles: list[OurWork], result: Any,
+                 finish: Callable[[], None] | None = None) -> None:
+        super().__init__()
+        self._handles = handles
+        self._result = result
+        self._finish = finish   # copies back into the caller's tensors, once all succeeded
+        self._future: torch.futures.Future = torch.futures.Future()
+        self._error: BaseException | None = None
+        self._left = len(handles)
+        if not handles:
+            self._complete()
+        for handle in handles:
+            handle.add_done_callback(self._one_done)
+
+    def _one_done(self, handle: OurWork) -> None:
+        # Callbacks come from one worker thread per kind of call, in order; the counter is only
+        # touched there (sends and receives each have their own single handle).
+        self._left -= 1
+        if self._left == 0:
+            self._complete()
+
+    def _complete(self) -> None:
+        for handle in self._handles:
+            try:
+                handle.wait(0)
+            except BaseException as exc:
+                self._error = exc
+                self._future.set_exception(exc)
+                return
+        try:
+            if self._finish is not None:
+                self._finish()
+        except BaseException as exc:
+            self._error = exc
+            self._future.set_exception(exc)
+            return
+        self._future.set_result(self._result)
+
+    def wait(self, timeout: Any = None) -> bool:
+        seconds = _seconds(timeout)
+        for handle in self._handles:
+            handle.wait(seconds)   # raises the operation's error (PeerLost, ...)
+        self._future.wait()        # the copy back, if any, has run
+        if self._error is not None:
+            raise self._error
+        return True
+
+    def is_completed(self) -> bool:
+        return self._future.done()
+
+    def is_success(self) -> bool:
+        return self._future.done() and self._error is None
+
+    def exception(self) -> Any:
+        return self._error
+
+    def get_future(self) -> torch.futures.Future:
+        return self._future
+
+
+class GossipProcessGroup(dist.ProcessGroup):
+    """A c10d process group whose collectives are a gossip Peer's (see the module's text)."""
+
+    def __init__(self, store: Any, rank: int, size: int, timeout: Any,
+                 name: str = "") -> None:
+        super().__init__(rank, size)
+        import gossip   # (gossip imports this module lazily: no cycle at import time)
+        seconds = _seconds(timeout)
+        job, address = _rendezvous_through(store, rank, name)
+        self.peer = gossip.init(rank=rank, world_size=size, rendezvous=address, job_id=job,
+                                timeout=seconds)
+        self._comm = self.peer.communicator
+        self._sends = Executor(f"gossip-c10d send r{rank}")
+        self._recvs = Executor(f"gossip-c10d recv r{rank}")
+
+    # ------------------------------------------------------------------ c10d interface
+    def getBackendName(self) -> str:
+        return BACKEND_NAME
+
+    def allreduce(self, tensors: list, opts: Any = None) -> GossipWork:
+        op = _op_name(opts.reduceOp if opts is not None else ReduceOp.SUM)
+        return self._each(tensors, lambda t: self._comm.allreduce(t, op, wait=False))
+
+    def allreduce_coalesced(self, tensors: list, opts: Any = None) -> GossipWork:
+        return self.allreduce(tensors, opts)
+
+    def broadcast(self, tensors: list, opts: Any = None) -> GossipWork:
+        root = opts.rootRank if opts is not None else 0
+        return self._each(tensors, lambda t: self._comm.broadcast(t, root, wait=False))
+
+    def allgather(self, outputs: list, inputs: list, opts: Any = None) -> GossipWork:
+        """outputs[i]: a list of world-size tensors, each like inputs[i]."""
+        if len(outputs) != len(inputs):
+            raise ValueError(f"allgather: {len(outputs)} output lists for {len(inputs)} inputs")
+        handles, gathered = [], []
+        for out_list, x in zip(outputs, inputs):
+            self._check(x, *out_list)
+            if len(out_list) != self.size():
+                raise ValueError(f"allgather: {len(out_list)} output tensors for world size "
+                                 f"{self.size()}")
+            buf = torch.empty((self.size(),) + tuple(x.shape), dtype=x.dtype)
+            handles.append(self._comm.allgather(x.contiguous(), out=buf, wait=False))
+            gathered.append(buf)
+
+        def finish() -> None:
+            for out_list, buf in zip(outputs, gathered):
+                for r, out in enumerate(out_list):
+                    out.copy_(buf[r])
+        return GossipWork(handles, outputs, finish)
+
+    def allgather_coalesced(self, outputs: list, inputs: list, opts: Any = None) -> GossipWork:
+        return self.allgather(outputs, inputs, opts)
+
+    def all_gather_single(self, output: Any, x: Any, opts: Any = None) -> GossipWork:
+        """all_gather_into_tensor: ``output`` holds world-size copies of x's size, rank order."""
+        self._check(x, output)
+        if output.numel() != x.numel() * self.size():
+            raise ValueError(f"all_gather_into_tensor: output has {output.numel()} elements, "
+                             f"expected {x.numel()} x {self.size()}")
+        target = output if output.is_contiguous() else torch.empty_like(output,
+                                                                        memory_format=torch.contiguous_format)
+        handle = self._comm.allgather(x.contiguous(), out=target, wait=False)
+        finish = None if target is output else (lambda: output.copy_(target))
+        return GossipWork([handle], [output], finish)
+
+    _allgather_base = all_gather_single
+
+    def all_gather_single_coalesced(self, outputs: list, inputs: list,
+                                    opts: Any = None) -> GossipWork:
+        return _joined([self.all_gather_single(o, x, opts) for o, x in zip(outputs, inputs)],
+                       outputs)
+
+    def reduce_scatter(self, outputs: list, inputs: list, opts: Any = None) -> GossipWork:
+        """inputs[i]: a list of world-size tensors, each like outputs[i]; this rank gets the
+        reduction of every rank's inputs[i][rank]."""
+        op = _op_name(opts.reduceOp if opts is not None else ReduceOp.SUM)
+        handles, parts = [], []
+        for out, in_list in zip(outputs, inputs):
+            self._check(out, *in_list)
+            if len(in_list) != self.size():
+                raise ValueError(f"reduce_scatter: {len(in_list)} input tensors for world "
+                                 f"size {self.size()}")
+            flat = torch.cat([t.reshape(-1) for t in in_list])   # a copy: inputs stay
+            handles.append(self._comm.reduce_scatter(flat, op, wait=False))
+            parts.append(flat)
+        return GossipWork(handles, outputs, lambda: self._scatter_back(outputs, parts))
+
+    def reduce_scatter_single(self, output: Any, x: Any, opts: Any = None) -> GossipWork:
+        """reduce_scatter_tensor: x holds world-size parts of output's size, rank order."""
+        op = _op_name(opts.reduceOp if opts is not None else ReduceOp.SUM)
+        self._check(output, x)
+        if x.numel() != output.numel() * self.size():
+            raise ValueError(f"reduce_scatter_tensor: input has {x.numel()} elements, "
+                             f"expected {output.numel()} x {self.size()}")
+        flat = x.reshape(-1).clone()   # reduced in place: the caller's input stays
+        handle = self._comm.reduce_scatter(flat, op, wait=False)
+        return GossipWork([handle], [output], lambda: self._scatter_back([output], [flat]))
+
+    _reduce_scatter_base = reduce_scatter_single
+
+    def reduce_scatter_single_coalesced(self, outputs: list, inputs: list,
+                                        opts: Any = None) -> GossipWork:
+        return _joined([self.reduce_scatter_single(o, x, opts)
+                        for o, x in zip(outputs, inputs)], outputs)
+
+    def barrier(self, opts: Any = None) -> GossipWork:
+        work = OurWork(f"rank {self.rank()}: barrier")
+        try:
+            self._comm.barrier()
+        except BaseException as exc:
+            work._finish(error=exc)
+        else:
+            work._finish()
+        return GossipWork([work], None)
+
+    def send(self, tensors: list, dst: int, tag: int = 0) -> GossipWork:
+        self._no_tag(tag, "send")
+        x = _one(tensors, "send").contiguous()
+        self._check(x)
+        work = self._sends.submit(lambda: self._comm.send(dst, x),
+                                  OurWork(f"rank {self.rank()}: send to rank {dst}"))
+        return GossipWork([work], tensors)
+
+    def recv(self, tensors: list, src: int, tag: int = 0) -> GossipWork:
+        self._no_tag(tag, "recv")
+        out = _one(tensors, "recv")
+        self._check(out)
+        target = out if out.is_contiguous() else torch.empty_like(
+            out, memory_format=torch.contiguous_format)
+        work = self._recvs.submit(lambda: self._comm.recv(src, target),
+                                  OurWork(f"rank {self.rank()}: recv from rank {src}"))
+        finish = None if target is out else (lambda: out.copy_(target))
+        return GossipWork([work], tensors, finish)
+
+    def recv_anysource(self, tensors: list, tag: int = 0) -> GossipWork:
+        raise NotImplementedError("the gossip backend receives from a named source only "
+                                  "(dist.recv(src=...)): messages are matched per pair, in order")
+
+    def gather(self, *args: Any) -> GossipWork:
+        raise NotImplementedError("dist.gather is not a gossip collective yet: use all_gather")
+
+    def scatter(self, *args: Any) -> GossipWork:
+        raise NotImplementedError("dist.scatter is not a gossip collective yet: use broadcast")
+
+    def reduce(self, *args: Any) -> GossipWork:
+        raise NotImplementedError("dist.reduce is not a gossip collective yet: use all_reduce")
+
+    def alltoall(self, *args: Any) -> GossipWork:
+        raise NotImplementedError("dist.all_to_all is not a gossip collective yet")
+
+    def alltoall_base(self, *args: Any) -> GossipWork:
+        raise NotImplementedError("dist.all_to_all_single is not a gossip collective yet")
+
+    def shutdown(self) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Stop the send and receive threads and close the Peer (destroy_process_group)."""
+        self._sends.close()
+        self._recvs.close()
+        self.peer.close()
+
+    # ------------------------------------------------------------------ helpers
+    def _each(self, tensors: list, start: Callable[[Any], OurWork]) -> GossipWork:
+        """``start`` on each tensor (in place), through a contiguous copy where needed."""
+        self._check(*tensors)
+        handles, copies = [], []
+        for t in tensors:
+            target = t if t.is_contiguous() else t.contiguous()
+            handles.append(start(target))
+            if target is not t:
+                copies.append((t, target))
+        finish = (lambda: [t.copy_(c) for t, c in copies]) if copies else None
+        return GossipWork(handles, tensors, finish)
+
+    def _scatter_back(self, outputs: list, parts: list) -> None:
+        for out, flat in zip(outputs, parts):
+            m = out.numel()
+            out.copy_(flat[self.rank() * m:(self.rank() + 1) * m].reshape(out.shape))
+
+    def _check(self, *tensors: Any) -> None:
+        for t in tensors:
+            if not isinstance(t, torch.Tensor):
+                raise TypeError(f"rank {self.rank()}: the gossip backend takes tensors, got "
+                                f"{type(t).__name__}")
+            if t.device.type != "cpu":
+                raise ValueError(f"rank {self.rank()}: the gossip backend runs on CPU tensors, "
+                                 f"got one on {t.device} (use NCCL for GPU tensors)")
+
+    def _no_tag(self, tag: int, what: str) -> None:
+        if tag != 0:
+            raise ValueError(f"rank {self.rank()}: {what} with tag {tag}: the gossip backend "
+                             "matches messages between two ranks in order, without tags")
+
+
+def _joined(works: list[GossipWork], result: Any) -> GossipWork:
+    """One Work for several: done once each has finished (its copies back included)."""
+    handles = []
+    for w in works:
+        handle = OurWork("coalesced part")
+        w.get_future().add_done_callback(lambda f, h=handle: _settle(h, f))
+        handles.append(handle)
+    return GossipWork(handles, result)
+
+
+def _settle(handle: OurWork, future: Any) -> None:
+    try:
+        future.value()
+    except BaseException as exc:
+        handle._finish(error=exc)
+    else:
+        handle._finish()
+
+
+def _one(tensors: list, what: str) -> Any:
+    if len(tensors) != 1:
+        raise ValueError(f"{what} takes one tensor, got {len(tensors)}")
+    return tensors[0]
+
+
+def _rendezvous_through(store: Any, rank: int, name: str) -> tuple[str, str]:
+    """(job id, rendezvous address) of a group: made up by its rank 0 and published in the
+    group's store (a PrefixStore of its own per group), read there by the others."""
+    if rank == 0:
+        host = os.environ.get("MASTER_ADDR") or "127.0.0.1"
+        job = f"c10d-{name or 'group'}-{uuid.uuid4().hex[:12]}"
+        address = f"tcp://{_host_for(host)}:{_free_port(host)}"
+        store.set(_STORE_KEY, f"{job} {address}")
+        return job, address
+    job, address = store.get(_STORE_KEY).decode().split(" ", 1)
+    return job, address
+
+
+def _host_for(host: str) -> str:
+    return f"[{host}]" if ":" in host and not host.startswith("[") else host
+
+
+def _free_port(host: str) -> int:
+    """A port free on this host now (the rendezvous binds it right after; another process
+    taking it between the two is reported by the rendezvous as a failed bind)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        try:
+            s.bind((host, 0))
+        except OSError:   # MASTER_ADDR names another interface's address: any will do
+            s.bind(("", 0))
+        return s.getsockname()[1]
+
+
+def _create(options: Any, backend_options: Any = None) -> GossipProcessGroup:
+    """c10d's creator (extended API): one Peer per process group."""
+    return GossipProcessGroup(options.store, options.group_rank, options.group_size,
+                              options.timeout, str(options.group_id or ""))
+
+
+def register() -> None:
+    """Make "gossip" a torch.distributed backend for CPU tensors (idempotent)."""
+    if BACKEND_NAME.upper() not in dist.Backend._plugins:
+        dist.Backend.register_backend(BACKEND_NAME, _create, extended_api=True,
+                                      devices=["cpu"])
+
+
+register()
