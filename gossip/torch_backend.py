@@ -27,6 +27,7 @@ from __future__ import annotations
 import datetime
 import os
 import socket
+import threading
 import uuid
 from typing import Any, Callable
 
@@ -75,16 +76,18 @@ class GossipWork(dist.Work):
         self._future: torch.futures.Future = torch.futures.Future()
         self._error: BaseException | None = None
         self._left = len(handles)
+        self._lock = threading.Lock()
         if not handles:
             self._complete()
         for handle in handles:
             handle.add_done_callback(self._one_done)
 
     def _one_done(self, handle: OurWork) -> None:
-        # Callbacks come from one worker thread per kind of call, in order; the counter is only
-        # touched there (sends and receives each have their own single handle).
-        self._left -= 1
-        if self._left == 0:
+        # A handle done already calls back in the caller's thread, the others in the worker's.
+        with self._lock:
+            self._left -= 1
+            last = self._left == 0
+        if last:
             self._complete()
 
     def _complete(self) -> None:
