@@ -18,6 +18,8 @@ def build_parser() -> argparse.ArgumentParser:
         prog="gossip",
         description="Decentralized gossip and allreduce runtime for data-parallel training.",
     )
+    from gossip import __version__
+    parser.add_argument("--version", action="version", version=f"gossip {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in SUBCOMMANDS:
         importlib.import_module(f"gossip.commands.{name}").register(sub)

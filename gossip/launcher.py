@@ -37,6 +37,7 @@ from typing import Mapping, Sequence
 from collectives import defaults
 from collectives.config import MAX_JOB_ID, check_job_id
 from gossip.local_peers import LocalPeers
+from gossip.logs import check_log_level
 from gossip.supervisor import free_port
 
 __all__ = ["launch", "main", "build_parser", "add_arguments", "run_from_args", "parse_nnodes",
@@ -217,8 +218,32 @@ def build_parser(prog: str = "gossip run") -> argparse.ArgumentParser:
     return parser
 
 
+def _strip_interpreter(args: argparse.Namespace) -> None:
+    """``gossip run -n 4 python train.py`` (mpirun's and srun's habit: the command line in
+    full): the interpreter named first is dropped, and ``python -m mod`` becomes ``-m mod``.
+    Each peer runs under this Python (sys.executable) whatever the name given."""
+    if args.module or not _PYTHON.fullmatch(os.path.basename(args.script)):
+        return
+    rest = list(args.script_args)
+    if not rest:
+        raise ValueError(f"{args.script!r} with no script: give the script to run "
+                         "(gossip run -n 4 train.py)")
+    if rest[0] == "-m" and len(rest) > 1:
+        args.module, args.script, args.script_args = True, rest[1], rest[2:]
+    elif rest[0].startswith("-"):
+        raise ValueError(f"{args.script} {rest[0]}: interpreter options are not passed on; "
+                         "give the script (or -m module) after gossip run's own options")
+    else:
+        args.script, args.script_args = rest[0], rest[1:]
+
+
+_PYTHON = re.compile(r"python(\d+(\.\d+)?)?")
+
+
 def run_from_args(args: argparse.Namespace) -> int:
     """Launch from parsed options; ValueError (a one-line message) for bad input."""
+    _strip_interpreter(args)
+    check_log_level(os.environ.get("GOSSIP_LOG_LEVEL", ""))   # one line here, not one per rank
     if args.module:
         cmd = [sys.executable, "-m", args.script, *args.script_args]
     else:

@@ -330,3 +330,27 @@ def test_launch_api_in_process(peer_dir: Path, capfd: pytest.CaptureFixture[str]
     assert _alive(_pids(peer_dir, 2), "fail_one.py") == []
     with pytest.raises(ValueError, match="--node-rank"):
         launch([sys.executable, "x.py"], 2, nnodes=2, node_rank=5, master_addr="h")
+
+
+@pytest.mark.timeout(120)
+def test_the_interpreter_named_before_the_script_is_taken_as_mpiruns_habit() -> None:
+    # `gossip run -n 2 python script.py` ran the python binary as a script before
+    # ("SyntaxError: source code cannot contain null bytes").
+    proc = _run("-n", "2", "python3", _script("allreduce_sum.py"))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    for rank in range(2):
+        assert "SUM 1.0 WORLD 2" in _lines(proc.stdout, rank), proc.stdout
+    bare = _run("-n", "2", "python")
+    assert bare.returncode == 2 and "no script" in bare.stderr, bare.stderr
+
+
+def test_version_and_a_bad_log_level_get_one_line() -> None:
+    proc = subprocess.run([sys.executable, "-m", "gossip", "--version"], capture_output=True,
+                          text=True, timeout=WAIT_S, env=_env())
+    assert proc.returncode == 0 and re.fullmatch(r"gossip \d+\.\d+\.\d+\s*", proc.stdout), \
+        proc.stdout + proc.stderr
+    bad = _run("-n", "2", _script("allreduce_sum.py"), GOSSIP_LOG_LEVEL="bogus")
+    assert bad.returncode == 2, bad.stdout + bad.stderr
+    assert bad.stderr.strip().splitlines() == [
+        "gossip run: error: GOSSIP_LOG_LEVEL='bogus': expected DEBUG, INFO, WARNING, ERROR, "
+        "CRITICAL or a number"], bad.stderr
