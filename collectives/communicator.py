@@ -30,6 +30,7 @@ from collectives.algorithms.ring import ring_allreduce, ring_reduce_scatter, seg
 from collectives.algorithms.compressed import CodecStats
 from collectives.algorithms.small import recursive_doubling_allreduce
 from collectives.arrays.adapter import ArrayAdapter, check_reduce_op
+from collectives import rooted
 from collectives.compressed import compressed_allreduce
 from collectives.neighbor_allreduce import NeighborAllreduce
 from collectives.errors import GossipError, OperationTimeout, PeerLost, ViewChanging
@@ -303,6 +304,26 @@ class Communicator(NeighborAllreduce):
             adapter.synchronize()
             return x
         return self._launch(f"{signature} seq {seq}", body, wait)
+
+    def reduce(self, x: Any, root: int = 0, op: str = "sum", *, wait: bool = True,
+               timeout: float | None = None) -> Any:
+        """Reduce every peer's ``x`` into the root's, in place (rooted.reduce)."""
+        return rooted.reduce(self, x, root, op, wait, timeout)
+
+    def gather(self, x: Any, root: int = 0, *, out: Any = None, wait: bool = True,
+               timeout: float | None = None) -> Any:
+        """Every peer's ``x`` at the root, shape (n, *x.shape); None elsewhere (rooted.gather)."""
+        return rooted.gather(self, x, root, out, wait, timeout)
+
+    def scatter(self, x: Any, root: int = 0, *, out: Any = None, wait: bool = True,
+                timeout: float | None = None) -> Any:
+        """Part r of the root's ``x`` into peer r's ``out`` (rooted.scatter)."""
+        return rooted.scatter(self, x, root, out, wait, timeout)
+
+    def alltoall(self, x: Any, *, out: Any = None, wait: bool = True,
+                 timeout: float | None = None) -> Any:
+        """Block j of ``x`` to peer j; block r of every peer's in ``out`` (rooted.alltoall)."""
+        return rooted.alltoall(self, x, out, wait, timeout)
 
     def barrier(self, timeout: float | None = None) -> None:
         """Return once every peer has entered the barrier, and this peer's earlier

@@ -173,6 +173,22 @@ class Peer:
         too."""
         return self._comm.broadcast(x, root, wait=wait, timeout=timeout)
 
+    def reduce(self, x: Any, root: int = 0, op: str = "sum", **kw: Any) -> Any:
+        """Every peer's ``x`` reduced into the root's, in place (Communicator.reduce)."""
+        return self._comm.reduce(x, root, op, **kw)
+
+    def gather(self, x: Any, root: int = 0, **kw: Any) -> Any:
+        """Every peer's ``x`` at the root, in rank order (Communicator.gather)."""
+        return self._comm.gather(x, root, **kw)
+
+    def scatter(self, x: Any, root: int = 0, **kw: Any) -> Any:
+        """Part r of the root's ``x`` into peer r's ``out=`` (Communicator.scatter)."""
+        return self._comm.scatter(x, root, **kw)
+
+    def alltoall(self, x: Any, **kw: Any) -> Any:
+        """Block j of ``x`` to peer j (Communicator.alltoall)."""
+        return self._comm.alltoall(x, **kw)
+
     def barrier(self, timeout: float | None = None) -> None:
         """Return once every peer has entered the barrier and this peer's earlier
         non-blocking operations have finished; PeerLost or OperationTimeout naming the peer

@@ -18,16 +18,14 @@ the call's tensors, as DDP's communication hooks expect.
 
 What is refused with a clear error rather than done wrongly: devices other than CPU,
 ReduceOp.BAND/BOR/BXOR and PREMUL_SUM, send/recv with a tag other than 0 (gossip's messages
-between two ranks are matched in order), receiving from any source; gather, scatter,
-reduce and all_to_all are not gossip collectives yet. Non-contiguous tensors are copied to
-contiguous ones and back, as Gloo does.
+between two ranks are matched in order), receiving from any source,
+all_to_all with unequal splits. Non-contiguous tensors are copied to contiguous ones and
+back, as Gloo does.
 """
 from __future__ import annotations
 
-import datetime
 import os
 import socket
-import threading
 import uuid
 from typing import Any, Callable
 
@@ -36,6 +34,7 @@ import torch.distributed as dist
 from torch.distributed import ReduceOp
 
 from collectives.work import Executor, Work as OurWork
+from gossip.torch_work import GossipWork, joined as _joined, seconds as _seconds
 
 __all__ = ["GossipProcessGroup", "register", "BACKEND_NAME"]
 
@@ -52,81 +51,6 @@ def _op_name(op: Any) -> str:
             return ours
     raise ValueError(f"the gossip backend has no reduction {op}: it reduces with SUM, AVG, "
                      "PRODUCT, MIN and MAX")
-
-
-def _seconds(timeout: Any) -> float | None:
-    """A c10d timeout (timedelta; zero or absent: none) in seconds."""
-    if timeout is None:
-        return None
-    seconds = timeout.total_seconds() if isinstance(timeout, datetime.timedelta) \
-        else float(timeout)
-    return seconds if seconds > 0 else None
-
-
-class GossipWork(dist.Work):
-    """A c10d Work over gossip handles: done when all of them are, failed with the first
-    error; its future's value is ``result`` (the call's tensors)."""
-
-    def __init__(self, handles: list[OurWork], result: Any,
-                 finish: Callable[[], None] | None = None) -> None:
-        super().__init__()
-        self._handles = handles
-        self._result = result
-        self._finish = finish   # copies back into the caller's tensors, once all succeeded
-        self._future: torch.futures.Future = torch.futures.Future()
-        self._error: BaseException | None = None
-        self._left = len(handles)
-        self._lock = threading.Lock()
-        if not handles:
-            self._complete()
-        for handle in handles:
-            handle.add_done_callback(self._one_done)
-
-    def _one_done(self, handle: OurWork) -> None:
-        # A handle done already calls back in the caller's thread, the others in the worker's.
-        with self._lock:
-            self._left -= 1
-            last = self._left == 0
-        if last:
-            self._complete()
-
-    def _complete(self) -> None:
-        for handle in self._handles:
-            try:
-                handle.wait(0)
-            except BaseException as exc:
-                self._error = exc
-                self._future.set_exception(exc)
-                return
-        try:
-            if self._finish is not None:
-                self._finish()
-        except BaseException as exc:
-            self._error = exc
-            self._future.set_exception(exc)
-            return
-        self._future.set_result(self._result)
-
-    def wait(self, timeout: Any = None) -> bool:
-        seconds = _seconds(timeout)
-        for handle in self._handles:
-            handle.wait(seconds)   # raises the operation's error (PeerLost, ...)
-        self._future.wait()        # the copy back, if any, has run
-        if self._error is not None:
-            raise self._error
-        return True
-
-    def is_completed(self) -> bool:
-        return self._future.done()
-
-    def is_success(self) -> bool:
-        return self._future.done() and self._error is None
-
-    def exception(self) -> Any:
-        return self._error
-
-    def get_future(self) -> torch.futures.Future:
-        return self._future
 
 
 class GossipProcessGroup(dist.ProcessGroup):
@@ -267,20 +191,79 @@ class GossipProcessGroup(dist.ProcessGroup):
         raise NotImplementedError("the gossip backend receives from a named source only "
                                   "(dist.recv(src=...)): messages are matched per pair, in order")
 
-    def gather(self, *args: Any) -> GossipWork:
-        raise NotImplementedError("dist.gather is not a gossip collective yet: use all_gather")
+    def reduce(self, tensors: list, opts: Any = None) -> GossipWork:
+        op = _op_name(opts.reduceOp if opts is not None else ReduceOp.SUM)
+        root = opts.rootRank if opts is not None else 0
+        return self._each(tensors, lambda t: self._comm.reduce(t, root, op, wait=False))
 
-    def scatter(self, *args: Any) -> GossipWork:
-        raise NotImplementedError("dist.scatter is not a gossip collective yet: use broadcast")
+    def gather(self, outputs: list, inputs: list, opts: Any = None) -> GossipWork:
+        """outputs: [the root's list of world-size tensors] on the root, [] elsewhere."""
+        root = opts.rootRank if opts is not None else 0
+        x = _one(inputs, "gather").contiguous()
+        self._check(x)
+        handle = self._comm.gather(x, root, wait=False)
+        if self.rank() != root:
+            return GossipWork([handle], outputs)
+        out_list = _one(outputs, "gather's outputs")
+        self._check(*out_list)
 
-    def reduce(self, *args: Any) -> GossipWork:
-        raise NotImplementedError("dist.reduce is not a gossip collective yet: use all_reduce")
+        def finish() -> None:
+            gathered = handle.wait(0)
+            for k, out in enumerate(out_list):
+                out.copy_(gathered[k])
+        return GossipWork([handle], outputs, finish)
 
-    def alltoall(self, *args: Any) -> GossipWork:
-        raise NotImplementedError("dist.all_to_all is not a gossip collective yet")
+    def scatter(self, outputs: list, inputs: list, opts: Any = None) -> GossipWork:
+        """inputs: [the root's list of world-size tensors] on the root, [] elsewhere."""
+        root = opts.rootRank if opts is not None else 0
+        out = _one(outputs, "scatter")
+        target = out if out.is_contiguous() else torch.empty_like(
+            out, memory_format=torch.contiguous_format)
+        source = None
+        if self.rank() == root:
+            parts = _one(inputs, "scatter's inputs")
+            self._check(out, *parts)
+            source = torch.cat([t.reshape(-1) for t in parts])
+        handle = self._comm.scatter(source, root, out=target, wait=False)
+        finish = None if target is out else (lambda: out.copy_(target))
+        return GossipWork([handle], outputs, finish)
 
-    def alltoall_base(self, *args: Any) -> GossipWork:
-        raise NotImplementedError("dist.all_to_all_single is not a gossip collective yet")
+    def alltoall(self, outputs: list, inputs: list, opts: Any = None) -> GossipWork:
+        """all_to_all: inputs[j] goes to rank j, outputs[j] comes from rank j (equal sizes)."""
+        self._check(*outputs, *inputs)
+        if len({t.numel() for t in [*outputs, *inputs]}) > 1:
+            raise ValueError("all_to_all with tensors of different sizes: the gossip backend "
+                             "exchanges equal blocks only")
+        flat = torch.cat([t.reshape(-1) for t in inputs])
+        handle = self._comm.alltoall(flat, wait=False)
+
+        def finish() -> None:
+            got = handle.wait(0)
+            m = outputs[0].numel()
+            for j, out in enumerate(outputs):
+                out.copy_(got[j * m:(j + 1) * m].reshape(out.shape))
+        return GossipWork([handle], outputs, finish)
+
+    def all_to_all_single(self, output: Any, x: Any, output_splits: list, input_splits: list,
+                          opts: Any = None) -> GossipWork:
+        """all_to_all_single with equal splits (none given, or all equal)."""
+        self._check(output, x)
+        n = self.size()
+        for splits, what in ((output_splits, "output"), (input_splits, "input")):
+            if splits and len(set(splits)) > 1:
+                raise ValueError(f"all_to_all_single with unequal {what}_split_sizes "
+                                 f"{list(splits)}: the gossip backend exchanges equal blocks "
+                                 "only")
+        if x.numel() != output.numel() or x.numel() % n:
+            raise ValueError(f"all_to_all_single: input of {x.numel()} and output of "
+                             f"{output.numel()} elements, not n = {n} equal blocks")
+        target = output if output.is_contiguous() else torch.empty_like(
+            output, memory_format=torch.contiguous_format)
+        handle = self._comm.alltoall(x.contiguous(), out=target, wait=False)
+        finish = None if target is output else (lambda: output.copy_(target))
+        return GossipWork([handle], [output], finish)
+
+    alltoall_base = all_to_all_single
 
     def shutdown(self) -> None:
         self.close()
@@ -322,25 +305,6 @@ class GossipProcessGroup(dist.ProcessGroup):
         if tag != 0:
             raise ValueError(f"rank {self.rank()}: {what} with tag {tag}: the gossip backend "
                              "matches messages between two ranks in order, without tags")
-
-
-def _joined(works: list[GossipWork], result: Any) -> GossipWork:
-    """One Work for several: done once each has finished (its copies back included)."""
-    handles = []
-    for w in works:
-        handle = OurWork("coalesced part")
-        w.get_future().add_done_callback(lambda f, h=handle: _settle(h, f))
-        handles.append(handle)
-    return GossipWork(handles, result)
-
-
-def _settle(handle: OurWork, future: Any) -> None:
-    try:
-        future.value()
-    except BaseException as exc:
-        handle._finish(error=exc)
-    else:
-        handle._finish()
 
 
 def _one(tensors: list, what: str) -> Any:

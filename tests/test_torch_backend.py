@@ -20,7 +20,8 @@ pytest.importorskip("torch")
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "tests" / "launcher_scripts" / "c10d_backend.py"
 HOOKS = REPO / "tests" / "launcher_scripts" / "ddp_hooks.py"
-CHECKS = ["init", "all_reduce", "broadcast", "all_gather", "reduce_scatter", "async",
+CHECKS = ["init", "all_reduce", "broadcast", "all_gather", "reduce_scatter",
+          "reduce_gather_scatter", "all_to_all", "async",
           "send_recv", "refused", "new_group", "ddp"]
 
 

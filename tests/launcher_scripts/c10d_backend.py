@@ -54,6 +54,38 @@ def main() -> None:
     assert torch.equal(out, want), (out, want)
     print("OK reduce_scatter", flush=True)
 
+    for root in range(n):
+        t = torch.arange(4.0) * (r + 1)
+        dist.reduce(t, dst=root)
+        if r == root:
+            assert torch.equal(t, torch.arange(4.0) * n * (n + 1) / 2), t
+        got = [torch.empty(2) for _ in range(n)] if r == root else None
+        dist.gather(torch.full((2,), float(r)), got, dst=root)
+        if r == root:
+            assert [g.tolist() for g in got] == [[float(k)] * 2 for k in range(n)], got
+        part = torch.empty(3)
+        dist.scatter(part, [torch.full((3,), float(k)) for k in range(n)] if r == root
+                     else None, src=root)
+        assert part.tolist() == [float(r)] * 3, part
+    print("OK reduce_gather_scatter", flush=True)
+
+    outs = [torch.empty(2) for _ in range(n)]
+    dist.all_to_all(outs, [torch.full((2,), float(10 * r + j)) for j in range(n)])
+    assert [o.tolist() for o in outs] == [[float(10 * k + r)] * 2 for k in range(n)], outs
+    single = torch.empty(2 * n)
+    dist.all_to_all_single(single, torch.arange(2.0 * n) + 100 * r)
+    want = torch.cat([torch.arange(2.0 * r, 2.0 * r + 2) + 100 * k for k in range(n)])
+    assert torch.equal(single, want), (single, want)
+    try:
+        dist.all_to_all_single(torch.empty(n + 1), torch.empty(n + 1),
+                               output_split_sizes=[2] + [1] * (n - 1),
+                               input_split_sizes=[2] + [1] * (n - 1))
+    except ValueError as exc:
+        assert "unequal" in str(exc), exc
+    else:
+        raise AssertionError("unequal splits were not refused")
+    print("OK all_to_all", flush=True)
+
     works = [dist.all_reduce(torch.full((4,), float(i)), async_op=True) for i in range(3)]
     for i, w in enumerate(works):
         assert w.wait()

@@ -1,0 +1,170 @@
+"""Rooted and personalised collectives of a Communicator: reduce to a root, gather to a root,
+scatter from a root, all-to-all (MPI's and torch.distributed's semantics, equal sizes).
+
+- ``reduce``: Rabenseifner's scheme, a ring reduce-scatter then each peer's reduced segment
+  sent to the root: every peer sends about 2 (n-1)/n of the array, as an allreduce's first
+  half plus a gather, instead of the root receiving n - 1 whole arrays. The root's ``x``
+  holds the result; the others' ``x`` is left as it was (they reduce a copy).
+- ``gather`` / ``scatter``: each peer's part straight to / from the root (the root moves
+  (n - 1) parts whatever the scheme, so one hop each is optimal), every part at once.
+- ``alltoall``: block j of each peer's ``x`` goes to peer j, all sends posted first so every
+  link is busy at once; peer r's ``out`` holds block r of every peer, in rank order.
+
+Every peer must make the same call (root, op, dtype, sizes): each message's header is
+checked against the receiver's call, so a mismatch is a ProtocolError naming both calls on
+the peers it reaches and, through the abort, on the others. ``wait=False`` returns a Work.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from collectives.algorithms.p2p import Call, post_range, recv_range, wait_sent
+from collectives.algorithms.ring import ring_reduce_scatter, segments
+from collectives.arrays.adapter import check_reduce_op
+
+__all__ = ["reduce", "gather", "scatter", "alltoall"]
+
+
+def reduce(comm: Any, x: Any, root: int, op: str, wait: bool, timeout: float | None) -> Any:
+    """Reduce every peer's ``x`` into the root's ``x`` (in place); returns ``x``."""
+    _check_root(comm, root)
+    adapter, flat, dtype = comm._flat(x)
+    check_reduce_op(op, dtype)
+    n, r = comm.world_size, comm.rank
+    count = adapter.size(flat)
+    segs = segments(count, n)
+    shifted = segs[-1:] + segs[:-1]   # the ring leaves peer r with segment r + 1: rotated
+    seq = comm._next_seq()
+    signature = f"reduce({op},root={root})"
+
+    def run(call: Call) -> None:
+        if n == 1:
+            return
+        buf = flat if r == root else adapter.empty(count, dtype, flat)
+        if buf is not flat:
+            adapter.copy(buf, flat)
+        wait_sent(call, ring_reduce_scatter(call, adapter, buf, "sum" if op == "mean" else op,
+                                            segs=shifted, divide_by=n if op == "mean" else 0))
+        if r != root:
+            wait_sent(call, post_range(call, root, adapter, buf, *segs[r], track=True))
+            return
+        for src in range(n):
+            if src != root:
+                for a, b, chunk in recv_range(call, src, adapter, *segs[src]):
+                    adapter.copy(adapter.slice(flat, a, b), chunk)
+
+    return _start(comm, seq, signature, dtype, (count,), timeout, run, x, adapter, wait)
+
+
+def gather(comm: Any, x: Any, root: int, out: Any, wait: bool,
+           timeout: float | None) -> Any:
+    """Every peer's ``x`` at the root, in rank order: an array of shape (n, *x.shape) (into
+    ``out`` if given); None on the other peers."""
+    _check_root(comm, root)
+    adapter, flat, dtype = comm._flat(x)
+    n, r = comm.world_size, comm.rank
+    count = adapter.size(flat)
+    if r == root:
+        if out is None:
+            out = adapter.empty(n * count, dtype, flat).reshape((n,) + tuple(x.shape))
+        out_flat = comm._out_like(adapter, dtype, n * count, out, "gather",
+                                  f"{count} elements from {n} peers")
+    seq = comm._next_seq()
+
+    def run(call: Call) -> None:
+        if r != root:
+            wait_sent(call, post_range(call, root, adapter, flat, 0, count, track=True))
+            return
+        adapter.copy(adapter.slice(out_flat, r * count, (r + 1) * count), flat)
+        for src in range(n):
+            if src != root:
+                for a, b, chunk in recv_range(call, src, adapter, 0, count):
+                    adapter.copy(adapter.slice(out_flat, src * count + a, src * count + b),
+                                 chunk)
+
+    return _start(comm, seq, f"gather(root={root})", dtype, (count,), timeout, run,
+                  out if r == root else None, adapter, wait)
+
+
+def scatter(comm: Any, x: Any, root: int, out: Any, wait: bool,
+            timeout: float | None) -> Any:
+    """Part r of the root's ``x`` (its first axis cut in n equal parts, or the flat array
+    in n equal runs) into peer r's ``out``, returned; the others' ``x`` is not read (None
+    will do)."""
+    _check_root(comm, root)
+    if out is None:
+        raise ValueError(f"rank {comm.rank}: scatter needs out= (this peer's part)")
+    adapter, out_flat, dtype = comm._flat(out)
+    n, r = comm.world_size, comm.rank
+    count = adapter.size(out_flat)
+    if r == root:
+        _, flat, x_dtype = comm._flat(x)
+        if x_dtype != dtype or adapter.size(flat) != n * count:
+            raise ValueError(f"rank {r}: scatter from {x_dtype} of {adapter.size(flat)} "
+                             f"elements into {n} parts of {count} {dtype} (out)")
+    seq = comm._next_seq()
+
+    def run(call: Call) -> None:
+        if r != root:
+            for a, b, chunk in recv_range(call, root, adapter, 0, count):
+                adapter.copy(adapter.slice(out_flat, a, b), chunk)
+            return
+        tickets = [post_range(call, dst, adapter, adapter.slice(flat, dst * count,
+                                                                 (dst + 1) * count),
+                              0, count, track=True) for dst in range(n) if dst != root]
+        adapter.copy(out_flat, adapter.slice(flat, r * count, (r + 1) * count))
+        for ticket in tickets:
+            wait_sent(call, ticket)
+
+    return _start(comm, seq, f"scatter(root={root})", dtype, (count,), timeout, run, out,
+                  adapter, wait)
+
+
+def alltoall(comm: Any, x: Any, out: Any, wait: bool, timeout: float | None) -> Any:
+    """Block j of ``x`` (its flat elements cut in n equal blocks) to peer j; ``out`` (like
+    x, allocated if None) gets block r of every peer's x, in rank order; returns it."""
+    adapter, flat, dtype = comm._flat(x)
+    n, r = comm.world_size, comm.rank
+    total = adapter.size(flat)
+    if total % n:
+        raise ValueError(f"rank {r}: alltoall of {total} elements: not a multiple of the "
+                         f"{n} peers")
+    if out is None:
+        out = adapter.empty(total, dtype, flat).reshape(tuple(x.shape))
+    out_flat = comm._out_like(adapter, dtype, total, out, "alltoall", f"{total} elements")
+    count = total // n
+    seq = comm._next_seq()
+
+    def block(a: Any, j: int) -> Any:
+        return adapter.slice(a, j * count, (j + 1) * count)
+
+    def run(call: Call) -> None:
+        tickets = [post_range(call, (r + k) % n, adapter, block(flat, (r + k) % n), 0, count,
+                              track=True) for k in range(1, n)]
+        adapter.copy(block(out_flat, r), block(flat, r))
+        for k in range(1, n):
+            src = (r - k) % n
+            for a, b, chunk in recv_range(call, src, adapter, 0, count):
+                adapter.copy(adapter.slice(out_flat, src * count + a, src * count + b), chunk)
+        for ticket in tickets:
+            wait_sent(call, ticket)
+
+    return _start(comm, seq, "alltoall", dtype, (count,), timeout, run, out, adapter, wait)
+
+
+def _start(comm: Any, seq: int, signature: str, dtype: str, shape: tuple,
+           timeout: float | None, run: Any, result: Any, adapter: Any, wait: bool) -> Any:
+    def body() -> Any:
+        if comm.world_size > 1:
+            comm._execute(seq, signature, dtype, shape, timeout, comm._all_peers(), run)
+        else:
+            run(Call(comm.transport, comm.channel, seq, signature, dtype, shape, 0.0))
+        adapter.synchronize()
+        return result
+    return comm._launch(f"{signature} seq {seq}", body, wait)
+
+
+def _check_root(comm: Any, root: int) -> None:
+    if not 0 <= root < comm.world_size:
+        raise ValueError(f"rank {comm.rank}: root {root} is outside world size "
+                         f"{comm.world_size}")
