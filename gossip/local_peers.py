@@ -20,7 +20,10 @@ import subprocess
 import sys
 import threading
 import time
+from functools import partial
 from typing import IO, Callable
+
+from gossip.failure_report import FailureReport
 
 __all__ = ["LocalPeers"]
 
@@ -72,26 +75,36 @@ _GUARD = ("import ctypes, os, signal, sys\n"
           "os.execvp(sys.argv[2], sys.argv[2:])\n")
 
 
-def _pump(src: IO[bytes], dst: IO[str], prefix: bytes, lock: threading.Lock) -> None:
-    """Copy whole lines from a child's pipe to ``dst``; the lock keeps lines of different
-    peers (and of stdout vs stderr on one terminal) from interleaving mid-line."""
+def _pump(src: IO[bytes], dst: IO[str], prefix: bytes, lock: threading.Lock,
+          feed: Callable[[bytes], list[bytes]], flush: Callable[[], list[bytes]]) -> None:
+    """Copy whole lines from a child's pipe to ``dst``, through ``feed`` (the FailureReport:
+    a traceback comes out whole, or as one line when it is a consequence of another rank's
+    failure); the lock keeps lines of different peers (and of stdout vs stderr on one
+    terminal) from interleaving mid-line."""
     out = getattr(dst, "buffer", None)
     broken = False
-    for line in iter(src.readline, b""):
-        if broken:
-            continue  # keep draining, or the child blocks on a full pipe
-        if not line.endswith(b"\n"):
-            line += b"\n"
+
+    def write(lines: list[bytes]) -> bool:
         try:
             with lock:
-                if out is not None:
-                    out.write(prefix + line)
-                    out.flush()
-                else:  # a text-only stream (e.g. replaced in tests)
-                    dst.write((prefix + line).decode(errors="replace"))
-                    dst.flush()
+                for line in lines:
+                    if out is not None:
+                        out.write(prefix + line)
+                    else:  # a text-only stream (e.g. replaced in tests)
+                        dst.write((prefix + line).decode(errors="replace"))
+                (out if out is not None else dst).flush()
+            return False
         except (BrokenPipeError, ValueError):
-            broken = True  # our reader went away; peers may still be finishing
+            return True  # our reader went away; peers may still be finishing
+    for line in iter(src.readline, b""):
+        if not line.endswith(b"\n"):
+            line += b"\n"
+        lines = feed(line)
+        if lines and not broken:
+            broken = write(lines)   # (once broken, keep draining: the child must not block)
+    left = flush()
+    if left and not broken:
+        write(left)
     src.close()
 
 
@@ -114,6 +127,8 @@ class LocalPeers:
         self.events: queue.SimpleQueue = queue.SimpleQueue()
         self.threads: list[threading.Thread] = []
         self.lock = threading.Lock()  # one line at a time on our stdout/stderr
+        self.report = FailureReport()
+        self.pumps: dict[int, list[threading.Thread]] = {}   # local -> its output threads
 
     def _say(self, message: str) -> None:
         with self.lock:
@@ -165,9 +180,14 @@ class LocalPeers:
     def _follow(self, local: int, p: subprocess.Popen) -> None:
         self._thread(self._wait_one, local, p)
         if self.prefix:
-            tag = f"[rank {self.first_rank + local}] ".encode()
-            self._thread(_pump, p.stdout, sys.stdout, tag, self.lock)
-            self._thread(_pump, p.stderr, sys.stderr, tag, self.lock)
+            rank = self.first_rank + local
+            tag = f"[rank {rank}] ".encode()
+            flush = partial(self.report.flush, rank)
+            self.pumps[local] = [
+                self._thread(_pump, p.stdout, sys.stdout, tag, self.lock,
+                             partial(self.report.feed, rank, 0), flush),
+                self._thread(_pump, p.stderr, sys.stderr, tag, self.lock,
+                             partial(self.report.feed, rank, 1), flush)]
 
     def _restart(self, local: int) -> None:
         self.restarts[local] += 1
@@ -178,7 +198,7 @@ class LocalPeers:
         self.running.add(local)
         self._follow(local, p)
 
-    def _thread(self, target: Callable, *args: object) -> None:
+    def _thread(self, target: Callable, *args: object) -> threading.Thread:
         def body() -> None:
             if hasattr(signal, "pthread_sigmask"):
                 signal.pthread_sigmask(signal.SIG_BLOCK, _FORWARDED)  # see _POLL_S
@@ -186,6 +206,16 @@ class LocalPeers:
         t = threading.Thread(target=body, daemon=True)
         t.start()
         self.threads.append(t)
+        return t
+
+    def _why(self, local: int) -> str:
+        """`` (ValueError: ...)``: the exception the failed peer's last traceback ended with
+        (its output read to the end first, for at most a moment)."""
+        deadline = time.monotonic() + _READER_JOIN_S
+        for t in self.pumps.get(local, []):
+            t.join(max(0.0, deadline - time.monotonic()))
+        exception = self.report.exception_of(self.first_rank + local)
+        return f" ({exception})" if exception else ""
 
     def _next_event(self, deadline: float | None = None) -> tuple[str, int, int]:
         """The next exit or signal; queue.Empty once ``deadline`` (monotonic) passes."""
@@ -217,18 +247,19 @@ class LocalPeers:
                 rank = self.first_rank + who
                 how = (f" (killed by {_signal_name(-code)})" if code < 0 else "")
                 if self.restarts[who] < self.max_restarts:
-                    self._say(f"rank {rank} failed with exit code {_exit_code(code)}{how}; "
-                              f"starting it again (restart {self.restarts[who] + 1} of "
+                    self._say(f"rank {rank} failed with exit code {_exit_code(code)}{how}"
+                              f"{self._why(who)}; starting it again (restart {self.restarts[who] + 1} of "
                               f"{self.max_restarts}): it rejoins the running job")
                     self._restart(who)
                     continue
                 if self.keep_going:
-                    self._say(f"rank {rank} failed with exit code {_exit_code(code)}{how}; "
-                              f"{len(self.running)} peer(s) go on (--keep-going)")
+                    self._say(f"rank {rank} failed with exit code {_exit_code(code)}{how}"
+                              f"{self._why(who)}; {len(self.running)} peer(s) go on "
+                              "(--keep-going)")
                     failed = failed or _exit_code(code)
                     continue
-                self._say(f"rank {rank} failed with exit code {_exit_code(code)}{how}; "
-                          f"stopping the other peers")
+                self._say(f"rank {rank} failed with exit code {_exit_code(code)}{how}"
+                          f"{self._why(who)}; stopping the other peers")
                 self._stop(signal.SIGTERM)
                 return _exit_code(code)
         return failed

@@ -354,3 +354,19 @@ def test_version_and_a_bad_log_level_get_one_line() -> None:
     assert bad.stderr.strip().splitlines() == [
         "gossip run: error: GOSSIP_LOG_LEVEL='bogus': expected DEBUG, INFO, WARNING, ERROR, "
         "CRITICAL or a number"], bad.stderr
+
+
+@pytest.mark.timeout(120)
+def test_one_traceback_in_full_the_consequences_in_a_line_and_the_cause_named() -> None:
+    # Before: every survivor's PeerLost traceback after the real one, and the closing line
+    # said only "rank 2 failed with exit code 1". --keep-going lets the survivors raise.
+    proc = _run("-n", "4", "--keep-going", _script("raise_one.py"))
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    err = proc.stderr
+    assert err.count("Traceback (most recent call last)") == 1, err
+    assert "[rank 2] ValueError: bad batch at step 3" in err, err
+    assert ("gossip run: rank 2 failed with exit code 1 (ValueError: bad batch at step 3)"
+            in err), err
+    lost = [line for line in err.splitlines() if line.startswith("[rank") and "PeerLost" in line]
+    assert len(lost) == 3 and all("a consequence of rank 2's failure" in line
+                                  for line in lost), lost
