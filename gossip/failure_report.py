@@ -6,7 +6,8 @@ four peers that is four tracebacks, the real one somewhere among them, and the l
 last line said only "rank 2 failed with exit code 1". Here the peers' output lines pass
 through ``feed``: a traceback is held until its exception line, then printed whole if it is
 the first one of the run, or if it is not a consequence of another rank's failure (PeerLost,
-OperationTimeout, ExchangeIncomplete, ViewChanging, KeyboardInterrupt); a consequence after
+OperationTimeout, ExchangeIncomplete, ViewChanging, KeyboardInterrupt, and RendezvousError:
+the others' rendezvous fails when rank 0's does); a consequence after
 a first failure is reduced to its exception line, marked as such.
 """
 from __future__ import annotations
@@ -18,7 +19,7 @@ __all__ = ["FailureReport", "CONSEQUENCES"]
 
 #: Exceptions a peer raises because another one failed (or the launcher stopped it).
 CONSEQUENCES = frozenset({"PeerLost", "OperationTimeout", "ExchangeIncomplete",
-                          "ViewChanging", "KeyboardInterrupt"})
+                          "ViewChanging", "KeyboardInterrupt", "RendezvousError"})
 _START = b"Traceback (most recent call last):"
 _EXCEPTION = re.compile(rb"^([A-Za-z_][\w.]*)(?::\s?(.*))?$")
 _MAX_HELD = 2000   # lines of one traceback held at most (a runaway one is let through)

@@ -23,6 +23,7 @@ import time
 from functools import partial
 from typing import IO, Callable
 
+from collectives.transport.sockets import remove_ipc_files
 from gossip.failure_report import FailureReport
 
 __all__ = ["LocalPeers"]
@@ -128,6 +129,7 @@ class LocalPeers:
         self.threads: list[threading.Thread] = []
         self.lock = threading.Lock()  # one line at a time on our stdout/stderr
         self.report = FailureReport()
+        self.pids: list[int] = []   # every peer process started, restarts included
         self.pumps: dict[int, list[threading.Thread]] = {}   # local -> its output threads
 
     def _say(self, message: str) -> None:
@@ -174,8 +176,10 @@ class LocalPeers:
         # Own session: a terminal's Ctrl-C reaches only the launcher, which forwards it
         # once (otherwise peers would get it twice). That also takes peers off the
         # terminal, so stdin could not be read anyway: give them /dev/null.
-        return subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, stdout=pipe,
-                                stderr=pipe, start_new_session=True, preexec_fn=hook)
+        p = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, stdout=pipe,
+                             stderr=pipe, start_new_session=True, preexec_fn=hook)
+        self.pids.append(p.pid)
+        return p
 
     def _follow(self, local: int, p: subprocess.Popen) -> None:
         self._thread(self._wait_one, local, p)
@@ -303,3 +307,8 @@ class LocalPeers:
         deadline = time.monotonic() + _READER_JOIN_S
         for t in self.threads:
             t.join(max(0.0, deadline - time.monotonic()))
+        self._remove_sockets()
+
+    def _remove_sockets(self) -> None:
+        """The ipc socket files of peers that died without closing."""
+        remove_ipc_files(self.pids, self.env.get("TMPDIR"))

@@ -35,6 +35,8 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import wait as wait_any
 from typing import Any, Callable, Iterable, Mapping
 
+from collectives.transport.sockets import remove_ipc_files
+
 __all__ = ["PeerOutcome", "supervise", "first_failure", "after_report", "free_port", "GRACE",
            "SKIP_CODE"]
 
@@ -223,6 +225,8 @@ class _Children:
             p.kill()
         p.join(_REAP_WAIT)
         conn.close()
+        if p.exitcode is not None:   # dead: the ipc file of a peer that did not close goes
+            remove_ipc_files([p.pid])
         outcome.exitcode = p.exitcode
         outcome.output = _tail(path)
         try:

@@ -10,6 +10,7 @@ this module makes, configures and closes them.
 from __future__ import annotations
 
 import logging
+import glob
 import os
 import socket as pysocket
 import tempfile
@@ -29,7 +30,7 @@ from collectives.transport.liveness import MONITOR_EVENTS
 from collectives.transport.refusals import Refusals
 from collectives.transport.shm_ring import shm_supported
 
-__all__ = ["Sockets", "IDENTITY_PREFIX", "identity_of", "rank_of_identity", "job_of_identity",
+__all__ = ["Sockets", "remove_ipc_files", "IDENTITY_PREFIX", "identity_of", "rank_of_identity", "job_of_identity",
            "host_id"]
 
 log = logging.getLogger("collectives")
@@ -151,8 +152,7 @@ class Sockets:
         endpoints = {"tcp": f"tcp://{advertise}:{port}", "ipc": None, "host": host_id(),
                      "shm": cfg.transport in ("auto", "shm") and shm_supported()}
         if cfg.transport in ("auto", "ipc", "shm"):
-            path = os.path.join(tempfile.gettempdir(),
-                                f"gossip-{os.getpid()}-r{self.rank}-{uuid.uuid4().hex[:8]}.sock")
+            path = os.path.join(tempfile.gettempdir(), _ipc_name(os.getpid(), self.rank))
             try:
                 self.router.bind(f"ipc://{path}")
                 self._ipc_path = path
@@ -228,3 +228,26 @@ class Sockets:
                 os.unlink(self._ipc_path)
             except FileNotFoundError:
                 pass
+
+
+def _ipc_name(pid: int, rank: int) -> str:
+    """The file name of a peer's ipc socket: its process id first, so that whoever started
+    the process can remove it (remove_ipc_files) when the peer died without closing."""
+    return f"gossip-{pid}-r{rank}-{uuid.uuid4().hex[:8]}.sock"
+
+
+def remove_ipc_files(pids, folder: str | None = None) -> int:
+    """Remove the ipc socket files of the peer processes ``pids`` (dead: a live peer's socket
+    would stop accepting), in ``folder`` (their TMPDIR; default this process's); returns how
+    many. A peer that closes removes its own; one killed, or ending on an exception without
+    close(), leaves its file behind."""
+    removed = 0
+    folder = folder or tempfile.gettempdir()
+    for pid in pids:
+        for path in glob.glob(os.path.join(folder, f"gossip-{int(pid)}-r*.sock")):
+            try:
+                os.unlink(path)
+                removed += 1
+            except OSError:
+                pass
+    return removed
