@@ -19,12 +19,14 @@ setup(
         "numpy>=1.23",
         "pyzmq>=25",
         "msgpack>=1.0",
-        # Any torch works; CI and development pin the CPU build in requirements-dev.txt.
-        "torch>=2.0",
     ],
     extras_require={
+        # torch only for torch users (tensors, DistributedOptimizer, the c10d backend, the
+        # demo): a numpy-only peer never imports it. Any torch works; CI and development pin
+        # the CPU build in requirements-dev.txt.
+        "torch": ["torch>=2.0"],
         "cuda": ["cupy-cuda12x>=13"],
-        "demo": ["scikit-learn>=1.2", "matplotlib>=3.6", "tqdm>=4.60"],
+        "demo": ["torch>=2.0", "scikit-learn>=1.2", "matplotlib>=3.6", "tqdm>=4.60"],
         "test": [
             "pytest>=7",
             "pytest-timeout>=2.1",

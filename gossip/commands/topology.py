@@ -288,7 +288,7 @@ def plot(t: Topology, step: int, path: str, *, show_weights: bool = False) -> in
     except ImportError:
         print(
             "gossip topology: error: --plot needs matplotlib, which is not installed; "
-            "install gossip[demo] (pip install 'gossip[demo]')",
+            "pip install matplotlib (or '.[demo]' in gossip's checkout)",
             file=sys.stderr,
         )
         return 2

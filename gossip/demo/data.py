@@ -66,7 +66,7 @@ def _digits_table() -> np.ndarray:
     spec = importlib.util.find_spec("sklearn")
     if spec is None:
         raise DataError("the digits data set ships with scikit-learn, which is not installed; "
-                        "pip install scikit-learn (or gossip[demo])")
+                        "pip install scikit-learn (or '.[demo]' in gossip's checkout)")
     for root in spec.submodule_search_locations or ():
         path = os.path.join(root, "datasets", "data", "digits.csv.gz")
         if os.path.isfile(path):

@@ -150,7 +150,8 @@ def _check_topology(options: DemoOptions) -> str:
 def _check_plotting() -> None:
     if importlib.util.find_spec("matplotlib") is None:
         raise ValueError("the demo draws its figures with matplotlib, which is not installed; "
-                         "pip install 'gossip[demo]'")
+                         "pip install '.[demo]' in gossip's checkout (or the demo's "
+                         "packages: pip install torch scikit-learn matplotlib tqdm)")
 
 
 def run_demo(options: DemoOptions, *, stdout: IO[str] | None = None,
