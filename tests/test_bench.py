@@ -116,6 +116,8 @@ def test_bench_vs_gloo():
     ["p2p", "-n", "3"],
     ["allreduce", "-n", "2", "--transport", "udp"],
     ["allreduce", "-n", "2", "--vs", "mpi"],
+    # before: 75 lines of thread dumps, the cause at line 47 (no memory check up front)
+    ["allreduce", "-n", "4", "--sizes", "4K,100G"],
 ])
 def test_bench_bad_arguments(args):
     out = gossip("bench", *args, timeout=60)
@@ -232,3 +234,11 @@ def test_slow_network_benchmark_configurations_make_policies():
              "sent_per_peer": 10} for t in (1.0, None, 3.0)]
     assert slow_network._median(rows, "a")["time_to_target"] is None
     assert slow_network._median(rows[::2], "a")["time_to_target"] == 2.0
+
+
+def test_memory_check_names_the_need_and_what_is_available():
+    from gossip.bench.sizes import check_memory
+    check_memory(4, [64 << 20], available=1 << 30)   # 768 MiB of 1 GiB: fits
+    with pytest.raises(ValueError, match=r"--sizes 100 GiB with 4 peers needs about 1200.0 GiB"
+                                         r" .* 8.0 GiB available"):
+        check_memory(4, [4096, 100 << 30], available=8 << 30)

@@ -10,7 +10,12 @@ import re
 from typing import Iterable, Sequence
 
 __all__ = ["ITEMSIZE", "DEFAULT_SIZES", "parse_size", "parse_sizes", "format_size",
-           "default_iters", "make_plan", "stream_count", "deadline_for"]
+           "default_iters", "make_plan", "stream_count", "deadline_for", "check_memory",
+           "BUFFERS_PER_PEER"]
+
+#: Arrays of the largest size each peer holds at once (its array, the received chunks' and
+#: the send buffers): the memory a run needs is about this times the size times n.
+BUFFERS_PER_PEER = 3
 
 DEFAULT_SIZES = ("4K", "256K", "4M", "64M")
 ITEMSIZE = 4  # float32
@@ -91,3 +96,30 @@ def deadline_for(plan, n: int, streamed=1) -> float:
         total += (warmup + iters) * stream_count(streamed, nbytes) * per_iter
     return total
 
+
+def check_memory(n: int, sizes: Sequence[int], available: int | None = None) -> None:
+    """ValueError, before any peer starts, when the largest size cannot fit n peers' buffers
+    in the memory available (MemAvailable; a run that does not fit dies in the kernel's OOM
+    killer or in allocation failures deep in n processes)."""
+    if not sizes:
+        return
+    if available is None:
+        available = _available_bytes()
+        if available is None:
+            return   # (not Linux: nothing to check against)
+    need = BUFFERS_PER_PEER * max(sizes) * n
+    if need > available:
+        raise ValueError(f"--sizes {format_size(max(sizes))} with {n} peers needs about "
+                         f"{need / 2**30:.1f} GiB ({BUFFERS_PER_PEER} arrays of that size per "
+                         f"peer); this machine has {available / 2**30:.1f} GiB available")
+
+
+def _available_bytes() -> int | None:
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None

@@ -76,6 +76,7 @@ def main(args: argparse.Namespace) -> int:
     from collectives.errors import GossipError
     from gossip.bench import (BenchError, check_args, format_table, header_line, parse_sizes,
                               run_bench)
+    from gossip.bench.sizes import check_memory
 
     n = _int("-n (the number of peers)", args.n, 1)
     iters = None if args.iters is None else _int("--iters", args.iters, 1)
@@ -88,6 +89,7 @@ def main(args: argparse.Namespace) -> int:
             raise ValueError(f"--timeout must be a number of seconds, got {args.timeout!r}") \
                 from None
     sizes = parse_sizes(args.sizes)
+    check_memory(n, sizes)
     vs = tuple(v for item in args.vs for v in item.split(",") if v)
     check_args(args.op, n, args.transport, vs, args.reduce_op, args.algorithm, iters, warmup)
     header = header_line(args.op, n, args.transport, vs_gloo="gloo" in vs, key=args.key,
