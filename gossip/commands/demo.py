@@ -3,6 +3,7 @@ of this machine, then print a comparison table and write a PNG and a JSON of the
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from typing import NoReturn
 
@@ -153,8 +154,17 @@ def main(args: argparse.Namespace) -> int:
         out=args.out, batch_size=args.batch_size, lr=args.lr, seed=args.seed,
         baseline=not args.no_baseline, timeout=args.timeout,
         kill=None if args.kill is None else Kill.parse(args.kill), link=args.link)
+    existed = os.path.isdir(options.out)
     try:
         return run_demo(options)
     except DemoFailed as exc:
         print(f"gossip demo: error: {exc}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:
+        # Ctrl-C before any result: the output folder this run made would be left empty.
+        if not existed:
+            try:
+                os.rmdir(options.out)
+            except OSError:
+                pass   # it holds something (a failure log): kept
+        raise
