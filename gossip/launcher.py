@@ -117,7 +117,8 @@ def launch(cmd: list[str], nprocs: int, *, nnodes: int = 1, node_rank: int = 0,
            env: Mapping[str, str] | None = None, topology: str | None = None,
            timeout: float | None = None, key: str | None = None, prefix: bool = True,
            grace: float = DEFAULT_GRACE, keep_going: bool = False,
-           job_id: str | None = None, max_restarts: int = 0) -> int:
+           job_id: str | None = None, max_restarts: int = 0,
+           log_dir: str | None = None) -> int:
     """Run ``cmd`` as ``nprocs`` peers of this node; return the launcher's exit code.
 
     ``cmd`` is the full command line (e.g. ``[sys.executable, "train.py"]``). ``env`` adds to
@@ -127,7 +128,9 @@ def launch(cmd: list[str], nprocs: int, *, nnodes: int = 1, node_rank: int = 0,
     failure's once all have ended. Raises ValueError for bad arguments, before any process
     starts. Signal forwarding is installed only when called from the main thread.
     ``max_nodes`` (> ``nnodes``): an elastic job of ``nnodes`` to ``max_nodes`` nodes (see
-    the module docstring).
+    the module docstring). ``log_dir``: each peer's stdout and stderr are also written to
+    ``LOG_DIR/rank{R}.stdout`` and ``.stderr`` (unprefixed; a restarted peer's lines follow
+    its earlier ones after a marker line), as well as shown here (torchrun's --tee).
     """
     max_nodes = nnodes if max_nodes is None else max_nodes
     _check(nprocs, nnodes, node_rank, master_addr, master_port, topology, timeout, key, grace,
@@ -154,7 +157,12 @@ def launch(cmd: list[str], nprocs: int, *, nnodes: int = 1, node_rank: int = 0,
         base["GOSSIP_MAX_PEERS"] = str(max_nodes * nprocs)
     if joining:
         base["GOSSIP_JOIN"] = "1"
-    if prefix:
+    if log_dir is not None:
+        try:
+            os.makedirs(log_dir, exist_ok=True)
+        except OSError as exc:
+            raise ValueError(f"--log-dir {log_dir}: {exc.strerror}") from None
+    if prefix or log_dir is not None:
         # Lines reach us through pipes, where Python would hold them in a block buffer (and
         # lose them if the peer is killed). Passed-through output keeps the user's buffering.
         base["PYTHONUNBUFFERED"] = "1"
@@ -168,7 +176,7 @@ def launch(cmd: list[str], nprocs: int, *, nnodes: int = 1, node_rank: int = 0,
     if key is not None:
         base["GOSSIP_KEY"] = os.path.abspath(key)  # peers may chdir; the path must hold
     return LocalPeers(cmd, nprocs, node_rank * nprocs, base, prefix, grace, keep_going,
-                      max_restarts).run()
+                      max_restarts, log_dir).run()
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -203,6 +211,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "which train on around it); exit code: the first failure's")
     parser.add_argument("--no-prefix", dest="prefix", action="store_false",
                         help="pass peer output through without the [rank k] prefix")
+    parser.add_argument("--log-dir", default=None, metavar="DIR",
+                        help="also write each peer's output to DIR/rank{R}.stdout and "
+                             ".stderr (shown here too, as torchrun's --tee)")
     parser.add_argument("-m", "--module", action="store_true",
                         help="run the target as a module (python -m), not a script")
     parser.add_argument("script", metavar="script|module", help="script (or module with -m)")
@@ -256,7 +267,7 @@ def run_from_args(args: argparse.Namespace) -> int:
                   master_addr=args.master_addr, master_port=args.master_port,
                   topology=args.topology, timeout=args.timeout, key=args.key,
                   prefix=args.prefix, grace=args.grace, keep_going=args.keep_going,
-                  job_id=args.job_id, max_restarts=args.max_restarts)
+                  job_id=args.job_id, max_restarts=args.max_restarts, log_dir=args.log_dir)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

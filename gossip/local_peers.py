@@ -77,11 +77,13 @@ _GUARD = ("import ctypes, os, signal, sys\n"
 
 
 def _pump(src: IO[bytes], dst: IO[str], prefix: bytes, lock: threading.Lock,
-          feed: Callable[[bytes], list[bytes]], flush: Callable[[], list[bytes]]) -> None:
+          feed: Callable[[bytes], list[bytes]], flush: Callable[[], list[bytes]],
+          log: IO[bytes] | None = None) -> None:
     """Copy whole lines from a child's pipe to ``dst``, through ``feed`` (the FailureReport:
     a traceback comes out whole, or as one line when it is a consequence of another rank's
     failure); the lock keeps lines of different peers (and of stdout vs stderr on one
-    terminal) from interleaving mid-line."""
+    terminal) from interleaving mid-line. ``log``: every line also goes there, unprefixed
+    and unfiltered (--log-dir)."""
     out = getattr(dst, "buffer", None)
     broken = False
 
@@ -100,6 +102,9 @@ def _pump(src: IO[bytes], dst: IO[str], prefix: bytes, lock: threading.Lock,
     for line in iter(src.readline, b""):
         if not line.endswith(b"\n"):
             line += b"\n"
+        if log is not None:
+            log.write(line)
+            log.flush()
         lines = feed(line)
         if lines and not broken:
             broken = write(lines)   # (once broken, keep draining: the child must not block)
@@ -107,6 +112,8 @@ def _pump(src: IO[bytes], dst: IO[str], prefix: bytes, lock: threading.Lock,
     if left and not broken:
         write(left)
     src.close()
+    if log is not None:
+        log.close()
 
 
 class LocalPeers:
@@ -114,9 +121,10 @@ class LocalPeers:
 
     def __init__(self, cmd: list[str], nprocs: int, first_rank: int, env: dict[str, str],
                  prefix: bool, grace: float, keep_going: bool = False,
-                 max_restarts: int = 0) -> None:
+                 max_restarts: int = 0, log_dir: str | None = None) -> None:
         self.cmd, self.nprocs, self.first_rank = cmd, nprocs, first_rank
         self.env, self.prefix, self.grace = env, prefix, grace
+        self.log_dir = log_dir
         self.keep_going = keep_going
         # A failed peer is started again, up to this many times per slot, with the same
         # variables and the next GOSSIP_INCARNATION: it rejoins the running job.
@@ -172,7 +180,7 @@ class LocalPeers:
         rank = self.first_rank + local
         env = dict(self.env, RANK=str(rank), LOCAL_RANK=str(local),
                    GOSSIP_INCARNATION=str(self.restarts[local]))
-        pipe = subprocess.PIPE if self.prefix else None
+        pipe = subprocess.PIPE if self.prefix or self.log_dir else None
         # Own session: a terminal's Ctrl-C reaches only the launcher, which forwards it
         # once (otherwise peers would get it twice). That also takes peers off the
         # terminal, so stdin could not be read anyway: give them /dev/null.
@@ -183,15 +191,28 @@ class LocalPeers:
 
     def _follow(self, local: int, p: subprocess.Popen) -> None:
         self._thread(self._wait_one, local, p)
-        if self.prefix:
+        if self.prefix or self.log_dir:
             rank = self.first_rank + local
-            tag = f"[rank {rank}] ".encode()
+            tag = f"[rank {rank}] ".encode() if self.prefix else b""
             flush = partial(self.report.flush, rank)
             self.pumps[local] = [
                 self._thread(_pump, p.stdout, sys.stdout, tag, self.lock,
-                             partial(self.report.feed, rank, 0), flush),
+                             partial(self.report.feed, rank, 0), flush,
+                             self._log(rank, "stdout")),
                 self._thread(_pump, p.stderr, sys.stderr, tag, self.lock,
-                             partial(self.report.feed, rank, 1), flush)]
+                             partial(self.report.feed, rank, 1), flush,
+                             self._log(rank, "stderr"))]
+
+    def _log(self, rank: int, stream: str) -> IO[bytes] | None:
+        """LOG_DIR/rank{R}.{stream}, appended to (a restart's lines after a marker)."""
+        if not self.log_dir:
+            return None
+        f = open(os.path.join(self.log_dir, f"rank{rank}.{stream}"), "ab")
+        start = self.restarts[rank - self.first_rank]
+        if start:
+            f.write(f"--- gossip run: rank {rank} started again (restart {start}) ---\n"
+                    .encode())
+        return f
 
     def _restart(self, local: int) -> None:
         self.restarts[local] += 1

@@ -379,3 +379,14 @@ def test_one_traceback_in_full_the_consequences_in_a_line_and_the_cause_named() 
     lost = [line for line in err.splitlines() if line.startswith("[rank") and "PeerLost" in line]
     assert len(lost) == 3 and all("a consequence of rank 2's failure" in line
                                   for line in lost), lost
+
+
+def test_log_dir_keeps_each_peers_output_unprefixed_and_still_shows_it(tmp_path) -> None:
+    proc = _run("-n", "2", "--log-dir", str(tmp_path / "logs"), _script("show_env.py"), "x")
+    assert proc.returncode == 0, proc.stderr
+    for rank in range(2):
+        out = (tmp_path / "logs" / f"rank{rank}.stdout").read_text().splitlines()
+        assert out[0].startswith(f"RANK={rank} ") and out[1] == "ARGS x", out
+        err = (tmp_path / "logs" / f"rank{rank}.stderr").read_text()
+        assert err == f"stderr line of rank {rank}\n", err
+        assert f"[rank {rank}] ARGS x" in proc.stdout   # shown here too (tee)
