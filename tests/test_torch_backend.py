@@ -36,7 +36,7 @@ def _torchrun(n: int, script: Path = SCRIPT, **env: str) -> subprocess.Completed
 
 def _oks(out: str) -> list[str]:
     # (The ranks share torchrun's stdout: their lines may run into each other.)
-    return re.findall(r"OK ([a-z_A-Z0-9]+)", out)
+    return re.findall(r"OK ([A-Za-z_]+?)(?=OK |\s|$)", out)
 
 
 @pytest.mark.timeout(300)

@@ -3,6 +3,7 @@ what c10d documents, then DDP against the same training done by hand. Prints "OK
 check; any mismatch raises (non-zero exit)."""
 import copy
 import os
+import sys
 
 import torch
 import torch.distributed as dist
@@ -10,11 +11,18 @@ import torch.distributed as dist
 import gossip  # noqa: F401  (torch imported first: gossip registers its backend)
 
 
+def say(*parts) -> None:
+    """One write per line: the ranks share torchrun's stdout, and print() writes the text
+    and its newline apart, so lines of two ranks could run into each other."""
+    sys.stdout.write(" ".join(str(p) for p in parts) + "\n")
+    sys.stdout.flush()
+
+
 def main() -> None:
     dist.init_process_group("gossip")
     r, n = dist.get_rank(), dist.get_world_size()
     assert dist.get_backend() == "gossip", dist.get_backend()
-    print("OK init", n, flush=True)
+    say("OK init", n)
 
     t = torch.full((5,), float(r + 1))
     dist.all_reduce(t)
@@ -28,12 +36,12 @@ def main() -> None:
     x = torch.arange(12.0).reshape(3, 4).t() * (r + 1)   # not contiguous: copied and back
     dist.all_reduce(x)
     assert torch.equal(x, torch.arange(12.0).reshape(3, 4).t() * n * (n + 1) / 2), x
-    print("OK all_reduce", flush=True)
+    say("OK all_reduce")
 
     t = torch.full((3,), float(r))
     dist.broadcast(t, src=n - 1)
     assert t.tolist() == [n - 1.0] * 3, t
-    print("OK broadcast", flush=True)
+    say("OK broadcast")
 
     outs = [torch.empty(2, dtype=torch.int64) for _ in range(n)]
     dist.all_gather(outs, torch.full((2,), r, dtype=torch.int64))
@@ -41,7 +49,7 @@ def main() -> None:
     flat = torch.empty(2 * n)
     dist.all_gather_into_tensor(flat, torch.full((2,), float(r)))
     assert flat.tolist() == [float(k) for k in range(n) for _ in range(2)], flat
-    print("OK all_gather", flush=True)
+    say("OK all_gather")
 
     out = torch.empty(2)
     dist.reduce_scatter(out, [torch.full((2,), float(r * 10 + i)) for i in range(n)])
@@ -52,7 +60,7 @@ def main() -> None:
     assert torch.equal(inp, keep), "reduce_scatter_tensor changed its input"
     want = sum(torch.arange(2.0 * n) + k for k in range(n))[2 * r:2 * r + 2]
     assert torch.equal(out, want), (out, want)
-    print("OK reduce_scatter", flush=True)
+    say("OK reduce_scatter")
 
     for root in range(n):
         t = torch.arange(4.0) * (r + 1)
@@ -67,7 +75,7 @@ def main() -> None:
         dist.scatter(part, [torch.full((3,), float(k)) for k in range(n)] if r == root
                      else None, src=root)
         assert part.tolist() == [float(r)] * 3, part
-    print("OK reduce_gather_scatter", flush=True)
+    say("OK reduce_gather_scatter")
 
     outs = [torch.empty(2) for _ in range(n)]
     dist.all_to_all(outs, [torch.full((2,), float(10 * r + j)) for j in range(n)])
@@ -84,14 +92,14 @@ def main() -> None:
         assert "unequal" in str(exc), exc
     else:
         raise AssertionError("unequal splits were not refused")
-    print("OK all_to_all", flush=True)
+    say("OK all_to_all")
 
     works = [dist.all_reduce(torch.full((4,), float(i)), async_op=True) for i in range(3)]
     for i, w in enumerate(works):
         assert w.wait()
         assert w.is_completed()
         assert w.get_future().value()[0].tolist() == [float(i * n)] * 4
-    print("OK async", flush=True)
+    say("OK async")
 
     if r == 0:
         dist.send(torch.tensor([42.0, float(r)]), 1)
@@ -104,7 +112,7 @@ def main() -> None:
         assert got.tolist() == [42.0, 0.0], got
         dist.send(got + torch.tensor([1.0, 1.0]), 0)
     dist.barrier()
-    print("OK send_recv", flush=True)
+    say("OK send_recv")
 
     try:
         dist.all_reduce(torch.ones(2, dtype=torch.int64), op=dist.ReduceOp.BAND)
@@ -112,13 +120,13 @@ def main() -> None:
         assert "BAND" in str(exc) or "reduction" in str(exc), exc
     else:
         raise AssertionError("BAND was not refused")
-    print("OK refused", flush=True)
+    say("OK refused")
 
     group = dist.new_group(list(range(n)))
     t = torch.ones(2)
     dist.all_reduce(t, group=group)
     assert t.tolist() == [float(n)] * 2
-    print("OK new_group", flush=True)
+    say("OK new_group")
 
     # DDP: every rank trains on its own batches; the replicas must equal the same steps
     # taken by hand with the ranks' mean gradient (every rank's data is known from its seed).
@@ -139,7 +147,7 @@ def main() -> None:
         ref_opt.step()
     for p, q in zip(model.parameters(), reference.parameters()):
         assert torch.allclose(p, q, atol=1e-6), (p - q).abs().max()
-    print("OK ddp", flush=True)
+    say("OK ddp")
 
     if os.environ.get("C10D_VICTIM") == str(r):
         os._exit(0)   # gone without a word: the others' next collective names it
@@ -147,11 +155,11 @@ def main() -> None:
         try:
             dist.all_reduce(torch.ones(1 << 16))
         except gossip.PeerLost as exc:
-            print("OK peer_lost", type(exc).__name__, exc, flush=True)
+            say("OK peer_lost", type(exc).__name__, exc)
         else:
             raise AssertionError("the lost rank went unnoticed")
     dist.destroy_process_group()
-    print("OK destroyed", flush=True)
+    say("OK destroyed")
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """Run under torchrun (3 ranks): gossip's DDP communication hooks on the "gossip" backend,
 each against the same training done by hand. Prints "OK <what>"; a mismatch raises."""
 import copy
+import sys
 
 import torch
 import torch.distributed as dist
@@ -8,6 +9,13 @@ import torch.distributed as dist
 from gossip import ddp_hooks   # (importing gossip after torch registers the backend)
 
 STEPS = 4
+
+
+def say(*parts) -> None:
+    """One write per line: the ranks share torchrun's stdout, and print() writes the text
+    and its newline apart, so lines of two ranks could run into each other."""
+    sys.stdout.write(" ".join(str(p) for p in parts) + "\n")
+    sys.stdout.flush()
 
 
 def batches(n):
@@ -60,26 +68,26 @@ def main():
     model, reference = train(ddp_hooks.allreduce_hook, state, r, n, data)
     assert gap(model, reference) < 1e-6, gap(model, reference)
     assert state.step == STEPS, state.step
-    print("OK allreduce_hook", flush=True)
+    say("OK allreduce_hook")
 
     for codec, bound in (("fp16", 1e-2), ("bf16", 5e-2), ("int8", 5e-2)):
         model, reference = train(ddp_hooks.allreduce_hook, ddp_hooks.HookState(
             compression=codec), r, n, data)
         assert 0 < gap(model, reference) < bound, (codec, gap(model, reference))
         assert replicas_equal(model), codec   # every rank decoded the same bytes
-        print("OK codec", codec, gap(model, reference), flush=True)
+        say("OK codec", codec, gap(model, reference))
 
     state = ddp_hooks.HookState(compression="topk:0.25")
     model, _ = train(ddp_hooks.allreduce_hook, state, r, n, data)
     assert replicas_equal(model)
     residual = state.state_dict()["residuals"]
     assert residual and all(float(v.abs().sum()) > 0 for v in residual.values()), residual
-    print("OK topk_feedback", flush=True)
+    say("OK topk_feedback")
 
     # Ring(3) is the complete graph: one neighbour round is the exact mean.
     model, reference = train(ddp_hooks.gossip_hook, ddp_hooks.HookState(), r, n, data)
     assert gap(model, reference) < 1e-6, gap(model, reference)
-    print("OK gossip_hook", flush=True)
+    say("OK gossip_hook")
 
     # torch's own local SGD over the gossip backend: no gradient traffic after step 2,
     # parameters averaged every 2 steps by PeriodicModelAverager (dist.all_reduce).
@@ -103,7 +111,7 @@ def main():
     assert not replicas_equal(model)
     averager.average_parameters(ddp.parameters())
     assert replicas_equal(model)
-    print("OK post_localSGD", flush=True)
+    say("OK post_localSGD")
     dist.destroy_process_group()
 
 
