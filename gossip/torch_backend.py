@@ -112,10 +112,8 @@ class GossipProcessGroup(dist.ProcessGroup):
         if output.numel() != x.numel() * self.size():
             raise ValueError(f"all_gather_into_tensor: output has {output.numel()} elements, "
                              f"expected {x.numel()} x {self.size()}")
-        target = output if output.is_contiguous() else torch.empty_like(output,
-                                                                        memory_format=torch.contiguous_format)
+        target, finish = _writable(output)
         handle = self._comm.allgather(x.contiguous(), out=target, wait=False)
-        finish = None if target is output else (lambda: output.copy_(target))
         return GossipWork([handle], [output], finish)
 
     _allgather_base = all_gather_single
@@ -180,11 +178,9 @@ class GossipProcessGroup(dist.ProcessGroup):
         self._no_tag(tag, "recv")
         out = _one(tensors, "recv")
         self._check(out)
-        target = out if out.is_contiguous() else torch.empty_like(
-            out, memory_format=torch.contiguous_format)
+        target, finish = _writable(out)
         work = self._recvs.submit(lambda: self._comm.recv(src, target),
                                   OurWork(f"rank {self.rank()}: recv from rank {src}"))
-        finish = None if target is out else (lambda: out.copy_(target))
         return GossipWork([work], tensors, finish)
 
     def recv_anysource(self, tensors: list, tag: int = 0) -> GossipWork:
@@ -217,15 +213,13 @@ class GossipProcessGroup(dist.ProcessGroup):
         """inputs: [the root's list of world-size tensors] on the root, [] elsewhere."""
         root = opts.rootRank if opts is not None else 0
         out = _one(outputs, "scatter")
-        target = out if out.is_contiguous() else torch.empty_like(
-            out, memory_format=torch.contiguous_format)
+        target, finish = _writable(out)
         source = None
         if self.rank() == root:
             parts = _one(inputs, "scatter's inputs")
             self._check(out, *parts)
             source = torch.cat([t.reshape(-1) for t in parts])
         handle = self._comm.scatter(source, root, out=target, wait=False)
-        finish = None if target is out else (lambda: out.copy_(target))
         return GossipWork([handle], outputs, finish)
 
     def alltoall(self, outputs: list, inputs: list, opts: Any = None) -> GossipWork:
@@ -257,10 +251,8 @@ class GossipProcessGroup(dist.ProcessGroup):
         if x.numel() != output.numel() or x.numel() % n:
             raise ValueError(f"all_to_all_single: input of {x.numel()} and output of "
                              f"{output.numel()} elements, not n = {n} equal blocks")
-        target = output if output.is_contiguous() else torch.empty_like(
-            output, memory_format=torch.contiguous_format)
+        target, finish = _writable(output)
         handle = self._comm.alltoall(x.contiguous(), out=target, wait=False)
-        finish = None if target is output else (lambda: output.copy_(target))
         return GossipWork([handle], [output], finish)
 
     alltoall_base = all_to_all_single
@@ -305,6 +297,15 @@ class GossipProcessGroup(dist.ProcessGroup):
         if tag != 0:
             raise ValueError(f"rank {self.rank()}: {what} with tag {tag}: the gossip backend "
                              "matches messages between two ranks in order, without tags")
+
+
+def _writable(out: Any) -> tuple[Any, Callable[[], Any] | None]:
+    """Where a call writes ``out``'s result: ``out`` itself when contiguous, else a
+    contiguous buffer, with the copy back into ``out`` to run once the call is done."""
+    if out.is_contiguous():
+        return out, None
+    target = torch.empty_like(out, memory_format=torch.contiguous_format)
+    return target, lambda: out.copy_(target)
 
 
 def _one(tensors: list, what: str) -> Any:
