@@ -138,7 +138,8 @@ class Peer:
     def allreduce(self, x: Any, op: str = "sum", *, wait: bool = True,
                   timeout: float | None = None, algorithm: str = "auto",
                   compression: Any = None, residual: Any = None) -> Any:
-        """Reduce ``x`` over all peers in place (ops: sum, mean, max, min, prod); returns ``x``,
+        """Reduce ``x`` over all peers in place (ops: sum, mean, max, min, prod; band, bor, bxor
+        on integers and bools); returns ``x``,
         or a Work handle with ``wait=False``. ``algorithm``: "auto", or one the communicator
         names (ring, recursive doubling, ...). Every peer calls it with the same op, dtype and
         size, else ProtocolError on all of them; PeerLost or OperationTimeout if a peer dies

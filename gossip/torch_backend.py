@@ -17,7 +17,7 @@ peer that is not receiving yet does not block the caller); ``get_future()`` comp
 the call's tensors, as DDP's communication hooks expect.
 
 What is refused with a clear error rather than done wrongly: devices other than CPU,
-ReduceOp.BAND/BOR/BXOR and PREMUL_SUM, send/recv with a tag other than 0 (gossip's messages
+ReduceOp.PREMUL_SUM, bitwise reductions of floating-point tensors, send/recv with a tag other than 0 (gossip's messages
 between two ranks are matched in order), receiving from any source,
 all_to_all with unequal splits. Non-contiguous tensors are copied to contiguous ones and
 back, as Gloo does.
@@ -42,7 +42,8 @@ BACKEND_NAME = "gossip"
 _STORE_KEY = "gossip/rendezvous"
 
 _OPS = ((ReduceOp.SUM, "sum"), (ReduceOp.AVG, "mean"), (ReduceOp.PRODUCT, "prod"),
-        (ReduceOp.MIN, "min"), (ReduceOp.MAX, "max"))
+        (ReduceOp.MIN, "min"), (ReduceOp.MAX, "max"), (ReduceOp.BAND, "band"),
+        (ReduceOp.BOR, "bor"), (ReduceOp.BXOR, "bxor"))
 
 
 def _op_name(op: Any) -> str:
@@ -50,7 +51,7 @@ def _op_name(op: Any) -> str:
         if op == theirs:
             return ours
     raise ValueError(f"the gossip backend has no reduction {op}: it reduces with SUM, AVG, "
-                     "PRODUCT, MIN and MAX")
+                     "PRODUCT, MIN, MAX, BAND, BOR and BXOR")
 
 
 class GossipProcessGroup(dist.ProcessGroup):

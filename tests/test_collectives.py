@@ -13,7 +13,8 @@ from collectives.transport.wire import ALLOWED_DTYPES
 from gossip.testing import spawn
 
 NUMPY_DTYPES = [d for d in ALLOWED_DTYPES if d != "bfloat16"]
-OPS = ["sum", "mean", "max", "min", "prod"]
+OPS = ["sum", "mean", "max", "min", "prod", "band", "bor", "bxor"]
+BITWISE = {"band": np.bitwise_and, "bor": np.bitwise_or, "bxor": np.bitwise_xor}
 
 
 def data(dtype: str, length: int, rank: int, op: str) -> np.ndarray:
@@ -30,6 +31,8 @@ def data(dtype: str, length: int, rank: int, op: str) -> np.ndarray:
 
 
 def applicable(op: str, dtype: str) -> bool:
+    if op in BITWISE:
+        return dtype == "bool" or dtype.startswith(("int", "uint"))
     if op in ("max", "min") and dtype.startswith("complex"):
         return False
     return not (op == "mean" and dtype == "bool")
@@ -38,6 +41,8 @@ def applicable(op: str, dtype: str) -> bool:
 def reference(op: str, arrays: list[np.ndarray]) -> np.ndarray:
     stack = np.stack(arrays)
     dtype = stack.dtype
+    if op in BITWISE:
+        return BITWISE[op].reduce(stack, axis=0)
     if dtype == np.bool_:
         return {"sum": stack.any(0), "max": stack.any(0), "min": stack.all(0),
                 "prod": stack.all(0)}[op]
@@ -115,6 +120,8 @@ def check_complex_order_refused(peer):
         peer.allreduce(np.ones(3, dtype=np.complex64), op="max")
     with pytest.raises(ValueError, match="unknown reduce op"):
         peer.allreduce(np.ones(3), op="avg")
+    with pytest.raises(TypeError, match="bitwise"):
+        peer.allreduce(np.ones(3), op="bxor")
     with pytest.raises(TypeError, match="not contiguous"):
         peer.allreduce(np.ones((4, 4))[:, 1])
     with pytest.raises(ValueError, match="read-only"):

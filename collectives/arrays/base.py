@@ -13,9 +13,12 @@ from __future__ import annotations
 import abc
 from typing import Any
 
-__all__ = ["ArrayAdapter", "REDUCE_OPS", "check_reduce_op", "contiguous_error", "segment"]
+__all__ = ["ArrayAdapter", "REDUCE_OPS", "BITWISE_OPS", "check_reduce_op", "contiguous_error", "segment"]
 
-REDUCE_OPS = ("sum", "mean", "max", "min", "prod")
+REDUCE_OPS = ("sum", "mean", "max", "min", "prod", "band", "bor", "bxor")
+#: Bitwise and, or, exclusive or: integer and bool arrays only (MPI_BAND/BOR/BXOR,
+#: torch.distributed's ReduceOp.BAND/BOR/BXOR).
+BITWISE_OPS = ("band", "bor", "bxor")
 
 
 def check_reduce_op(op: str, dtype_name: str) -> None:
@@ -24,6 +27,9 @@ def check_reduce_op(op: str, dtype_name: str) -> None:
         raise ValueError(f"unknown reduce op {op!r}; choose one of {', '.join(REDUCE_OPS)}")
     if op in ("max", "min") and dtype_name.startswith("complex"):
         raise TypeError(f"op {op!r} is not defined for {dtype_name}: complex numbers have no order")
+    if op in BITWISE_OPS and not (dtype_name == "bool" or dtype_name.startswith(("int", "uint"))):
+        raise TypeError(f"op {op!r} is bitwise: it takes integer or bool arrays, not "
+                        f"{dtype_name}")
     if op == "mean" and dtype_name == "bool":
         raise TypeError("op 'mean' is not defined for bool arrays; use 'sum' (logical or) "
                         "or cast to a number type")

@@ -29,7 +29,8 @@ class CupyAdapter(ArrayAdapter):
         import cupy
         self._cp = cupy
         self._reduce = {"sum": cupy.add, "mean": cupy.add, "max": cupy.maximum,
-                        "min": cupy.minimum, "prod": cupy.multiply}
+                        "min": cupy.minimum, "prod": cupy.multiply, "band": cupy.bitwise_and,
+                        "bor": cupy.bitwise_or, "bxor": cupy.bitwise_xor}
 
     def flat(self, x: Any) -> Any:
         if not x.flags.c_contiguous:

@@ -28,7 +28,8 @@ class NumpyAdapter(ArrayAdapter):
     kind = "numpy"
 
     _reduce = {"sum": np.add, "mean": np.add, "max": np.maximum, "min": np.minimum,
-               "prod": np.multiply}
+               "prod": np.multiply, "band": np.bitwise_and, "bor": np.bitwise_or,
+               "bxor": np.bitwise_xor}
 
     def flat(self, x: np.ndarray) -> np.ndarray:
         if not x.flags.c_contiguous:

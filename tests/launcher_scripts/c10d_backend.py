@@ -114,12 +114,19 @@ def main() -> None:
     dist.barrier()
     say("OK send_recv")
 
+    bits = torch.tensor([1 << r, 0b111, 1 << r], dtype=torch.int64)
+    for op, want in ((dist.ReduceOp.BOR, [(1 << n) - 1, 7, (1 << n) - 1]),
+                     (dist.ReduceOp.BAND, [0 if n > 1 else 1, 7, 0 if n > 1 else 1]),
+                     (dist.ReduceOp.BXOR, [(1 << n) - 1, 7 if n % 2 else 0, (1 << n) - 1])):
+        t = bits.clone()
+        dist.all_reduce(t, op=op)
+        assert t.tolist() == want, (op, t, want)
     try:
-        dist.all_reduce(torch.ones(2, dtype=torch.int64), op=dist.ReduceOp.BAND)
-    except ValueError as exc:
-        assert "BAND" in str(exc) or "reduction" in str(exc), exc
+        dist.all_reduce(torch.ones(2), op=dist.ReduceOp.BAND)
+    except TypeError as exc:
+        assert "bitwise" in str(exc), exc
     else:
-        raise AssertionError("BAND was not refused")
+        raise AssertionError("BAND of floats was not refused")
     say("OK refused")
 
     group = dist.new_group(list(range(n)))
