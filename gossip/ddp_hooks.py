@@ -25,6 +25,9 @@ from typing import Any, Dict
 import torch
 import torch.distributed as dist
 
+from collectives.codecs.registry import parse as parse_codec
+from gossip.torch_work import GossipWork
+
 __all__ = ["HookState", "allreduce_hook", "gossip_hook"]
 
 
@@ -40,13 +43,15 @@ class HookState:
                 raise ValueError("HookState: the process group is not a gossip one "
                                  "(dist.init_process_group('gossip')): pass peer=gossip.init()")
         self.peer = peer
-        self.compression = compression
+        # Parsed once here: an unknown name fails at set-up, not in the first backward pass.
+        self.compression = parse_codec(compression)
         self.step = 0   # iterations completed (a bucket with is_last() ends one)
         self._residuals: Dict[int, Any] = {}
 
     def residual(self, bucket: Any) -> Any:
-        """Top-k's error feedback for this bucket (float32, its size), kept across steps."""
-        if not _is_topk(self.compression):
+        """The error feedback of a sparse codec (top-k) for this bucket (float32, its size),
+        kept across steps; None for dense codecs, which take none."""
+        if self.compression is None or self.compression.dense:
             return None
         buf = bucket.buffer()
         got = self._residuals.get(bucket.index())
@@ -85,21 +90,6 @@ def gossip_hook(state: HookState, bucket: dist.GradBucket) -> torch.futures.Futu
 
 def _future(work: Any, buf: Any, state: HookState, bucket: Any) -> torch.futures.Future:
     """A torch Future of ``buf`` that completes with gossip's ``work`` (or its error)."""
-    future: torch.futures.Future = torch.futures.Future()
     if bucket.is_last():
         state.step += 1
-
-    def done(w: Any) -> None:
-        try:
-            w.wait(0)
-        except BaseException as exc:
-            future.set_exception(exc)
-        else:
-            future.set_result(buf)
-    work.add_done_callback(done)
-    return future
-
-
-def _is_topk(codec: Any) -> bool:
-    name = codec if isinstance(codec, str) else getattr(codec, "family", "")
-    return str(name).startswith("topk")
+    return GossipWork([work], buf).get_future()

@@ -52,14 +52,9 @@ class GossipWork(dist.Work):
             self._complete()
 
     def _complete(self) -> None:
-        for handle in self._handles:
-            try:
-                handle.wait(0)
-            except BaseException as exc:
-                self._error = exc
-                self._future.set_exception(exc)
-                return
         try:
+            for handle in self._handles:
+                handle.wait(0)   # (done: raises its error, if any)
             if self._finish is not None:
                 self._finish()
         except BaseException as exc:
