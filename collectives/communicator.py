@@ -26,12 +26,14 @@ from collectives.algorithms.allgather import exchange_counts, ring_allgather_int
 from collectives.algorithms.barrier import dissemination_barrier
 from collectives.algorithms.broadcast import pipelined_broadcast
 from collectives.algorithms.p2p import Call, wait_sent
-from collectives.algorithms.ring import ring_allreduce, ring_reduce_scatter, segments
+from collectives.algorithms.ring import (counts_digest, ring_allreduce, ring_reduce_scatter,
+                                         segments, segments_of_counts)
 from collectives.algorithms.compressed import CodecStats
 from collectives.algorithms.small import recursive_doubling_allreduce
 from collectives.arrays.adapter import ArrayAdapter, check_reduce_op
 from collectives import rooted
 from collectives.compressed import compressed_allreduce
+from collectives.neighbor_allgather import neighbor_allgather
 from collectives.neighbor_allreduce import NeighborAllreduce
 from collectives.errors import GossipError, OperationTimeout, PeerLost, ViewChanging
 from collectives.send_recv import PointToPoint, flat_of
@@ -203,19 +205,27 @@ class Communicator(NeighborAllreduce):
             return x
         return self._launch(f"{signature} seq {seq}", body, wait)
 
-    def reduce_scatter(self, x: Any, op: str = "sum", *, wait: bool = True,
-                       timeout: float | None = None) -> Any:
-        """Reduce ``x`` across peers; this peer gets its segment (rank r: elements
-        [N*r//n, N*(r+1)//n) of the flattened array), returned as a view into ``x``."""
+    def reduce_scatter(self, x: Any, op: str = "sum", *, counts: Any = None,
+                       wait: bool = True, timeout: float | None = None) -> Any:
+        """Reduce ``x`` across peers; this peer gets its segment, returned as a view into
+        ``x``: rank r's is elements [N*r//n, N*(r+1)//n) of the flattened array, or with
+        ``counts`` (MPI's Reduce_scatter recvcounts, one per peer, adding up to N) the
+        ``counts[r]`` elements after the first r segments. Peers must pass the same counts
+        (they are part of the call's signature: ProtocolError on every peer if not)."""
         adapter, flat, dtype = self._flat(x)
         check_reduce_op(op, dtype)
-        seq = self._next_seq()
         n, r = self.world_size, self.rank
-        segs = segments(adapter.size(flat), n)
+        size = adapter.size(flat)
+        if counts is None:
+            segs = segments(size, n)
+            signature = f"reduce_scatter({op})"
+        else:
+            segs = segments_of_counts(counts, size, n, r, "reduce_scatter")
+            signature = f"reduce_scatter({op},counts={counts_digest([b - a for a, b in segs])})"
+        seq = self._next_seq()
         # The ring leaves peer r with segment r+1; rotate the assignment by one so that
         # peer r ends with segment r.
         shifted = segs[-1:] + segs[:-1]
-        signature = f"reduce_scatter({op})"
 
         def body() -> Any:
             if n > 1:
@@ -320,10 +330,18 @@ class Communicator(NeighborAllreduce):
         """Part r of the root's ``x`` into peer r's ``out`` (rooted.scatter)."""
         return rooted.scatter(self, x, root, out, wait, timeout)
 
-    def alltoall(self, x: Any, *, out: Any = None, wait: bool = True,
+    def alltoall(self, x: Any, *, out: Any = None, send_counts: Any = None,
+                 recv_counts: Any = None, wait: bool = True,
                  timeout: float | None = None) -> Any:
-        """Block j of ``x`` to peer j; block r of every peer's in ``out`` (rooted.alltoall)."""
-        return rooted.alltoall(self, x, out, wait, timeout)
+        """Block j of ``x`` to peer j; block r of every peer's in ``out``; equal blocks, or
+        ``send_counts``/``recv_counts`` elements per peer (rooted.alltoall)."""
+        return rooted.alltoall(self, x, out, wait, timeout, send_counts, recv_counts)
+
+    def neighbor_allgather(self, x: Any, src_ranks, dst_ranks, *, wait: bool = True,
+                           timeout: float | None = None) -> Any:
+        """``x`` to ``dst_ranks``; the ``src_ranks``' arrays concatenated along the first
+        axis, ascending rank (collectives/neighbor_allgather.py)."""
+        return neighbor_allgather(self, x, src_ranks, dst_ranks, wait, timeout)
 
     def barrier(self, timeout: float | None = None) -> None:
         """Return once every peer has entered the barrier, and this peer's earlier

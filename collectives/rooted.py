@@ -18,9 +18,13 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+
+from collectives.algorithms.allgather import direct_allgather
 from collectives.algorithms.p2p import Call, post_range, recv_range, wait_sent
-from collectives.algorithms.ring import ring_reduce_scatter, segments
-from collectives.arrays.adapter import check_reduce_op
+from collectives.algorithms.ring import ring_reduce_scatter, segments, segments_of_counts
+from collectives.arrays.adapter import adapter_for, check_reduce_op
+from collectives.errors import ProtocolError
 
 __all__ = ["reduce", "gather", "scatter", "alltoall"]
 
@@ -120,15 +124,80 @@ def scatter(comm: Any, x: Any, root: int, out: Any, wait: bool,
                   adapter, wait)
 
 
-def alltoall(comm: Any, x: Any, out: Any, wait: bool, timeout: float | None) -> Any:
+def alltoall(comm: Any, x: Any, out: Any, wait: bool, timeout: float | None,
+             send_counts: Any = None, recv_counts: Any = None) -> Any:
     """Block j of ``x`` (its flat elements cut in n equal blocks) to peer j; ``out`` (like
-    x, allocated if None) gets block r of every peer's x, in rank order; returns it."""
+    x, allocated if None) gets block r of every peer's x, in rank order; returns it.
+
+    ``send_counts`` (MPI's Alltoallv, torch's split sizes): block j is the next
+    ``send_counts[j]`` elements of flat ``x``; ``out`` is flat, peer j's block at the next
+    ``recv_counts[j]`` elements (without ``recv_counts``, what the peers send; ``out`` is
+    then allocated). The peers first exchange their counts (one tiny message per pair, at
+    once) and check them all, so a pair that does not match is a ProtocolError on every
+    peer, naming the pair, before any data moves."""
+    if send_counts is None and recv_counts is None:
+        return _alltoall_equal(comm, x, out, wait, timeout)
+    adapter, flat, dtype = comm._flat(x)
+    n, r = comm.world_size, comm.rank
+    sends = _sizes(segments_of_counts(send_counts, adapter.size(flat), n, r, "alltoall send"))
+    recvs = None if recv_counts is None else \
+        _sizes(segments_of_counts(recv_counts, None, n, r, "alltoall recv"))
+    if recvs is not None and recvs[r] != sends[r]:
+        raise ValueError(f"rank {r}: alltoall sends itself {sends[r]} elements but expects "
+                         f"{recvs[r]} from itself (send_counts[{r}] != recv_counts[{r}])")
+    if recvs is None and out is not None:
+        raise ValueError(f"rank {r}: alltoall with out= needs recv_counts (out's size)")
+    if recvs is not None:
+        if out is None:
+            out = adapter.empty(sum(recvs), dtype, flat)
+        out_flat = comm._out_like(adapter, dtype, sum(recvs), out, "alltoall",
+                                  f"the sum of recv_counts {recvs}")
+    seq = comm._next_seq()
+    signature = "alltoallv"
+    result = [out]
+    send_at = _offsets(sends)
+
+    def run(call: Call) -> None:
+        counts = _agree_counts(call, sends, recvs) if n > 1 else sends
+        if recvs is None:
+            result[0] = adapter.empty(sum(counts), dtype, flat)
+        target = out_flat if recvs is not None else result[0]
+        recv_at = _offsets(counts)
+        tickets = []
+        for k in range(1, n):
+            dst = (r + k) % n
+            pair = Call(call.transport, call.channel, call.seq, signature, dtype,
+                        (sends[dst],), call.deadline)
+            tickets.append(post_range(pair, dst, adapter, adapter.slice(
+                flat, send_at[dst], send_at[dst] + sends[dst]), 0, sends[dst], track=True))
+        adapter.copy(adapter.slice(target, recv_at[r], recv_at[r] + counts[r]),
+                     adapter.slice(flat, send_at[r], send_at[r] + sends[r]))
+        for k in range(1, n):
+            src = (r - k) % n
+            pair = Call(call.transport, call.channel, call.seq, signature, dtype,
+                        (counts[src],), call.deadline)
+            for a, b, chunk in recv_range(pair, src, adapter, 0, counts[src]):
+                adapter.copy(adapter.slice(target, recv_at[src] + a, recv_at[src] + b), chunk)
+        for ticket in tickets:
+            wait_sent(call, ticket)
+
+    def body() -> Any:
+        if n > 1:
+            comm._execute(seq, signature, dtype, (n,), timeout, comm._all_peers(), run)
+        else:
+            run(Call(comm.transport, comm.channel, seq, signature, dtype, (n,), 0.0))
+        adapter.synchronize()
+        return result[0]
+    return comm._launch(f"{signature} seq {seq}", body, wait)
+
+
+def _alltoall_equal(comm: Any, x: Any, out: Any, wait: bool, timeout: float | None) -> Any:
     adapter, flat, dtype = comm._flat(x)
     n, r = comm.world_size, comm.rank
     total = adapter.size(flat)
     if total % n:
         raise ValueError(f"rank {r}: alltoall of {total} elements: not a multiple of the "
-                         f"{n} peers")
+                         f"{n} peers (pass send_counts for unequal blocks)")
     if out is None:
         out = adapter.empty(total, dtype, flat).reshape(tuple(x.shape))
     out_flat = comm._out_like(adapter, dtype, total, out, "alltoall", f"{total} elements")
@@ -150,6 +219,39 @@ def alltoall(comm: Any, x: Any, out: Any, wait: bool, timeout: float | None) -> 
             wait_sent(call, ticket)
 
     return _start(comm, seq, "alltoall", dtype, (count,), timeout, run, out, adapter, wait)
+
+
+def _sizes(segs: list[tuple[int, int]]) -> list[int]:
+    return [b - a for a, b in segs]
+
+
+def _offsets(counts: list[int]) -> list[int]:
+    return [a for a, _ in segments_of_counts(counts, None, len(counts), 0, "alltoall")]
+
+
+def _agree_counts(call: Call, sends: list[int], recvs: list[int] | None) -> list[int]:
+    """What every peer sends this one. Every peer's send and receive counts travel to every
+    other (one tiny message per pair, at once) and each peer checks the whole matrix, so
+    counts that do not pair are the same ProtocolError on every peer, naming the pair,
+    before any data moves. ``recvs`` None: this peer takes what it is sent."""
+    t = call.transport
+    n, r = t.world_size, t.rank
+    width = 2 * n
+    rows = np.zeros(n * width, dtype=np.int64)
+    rows[r * width:r * width + n] = sends
+    rows[r * width + n:(r + 1) * width] = -1 if recvs is None else recvs
+    counts_call = Call(t, call.channel, call.seq, call.signature + "[counts]", "int64",
+                       (n * width,), call.deadline)
+    direct_allgather(counts_call, adapter_for(rows), rows,
+                     [(i * width, (i + 1) * width) for i in range(n)])
+    table = rows.reshape(n, 2, n)       # table[i, 0, j]: i sends j; table[i, 1, j]: i expects
+    bad = [f"rank {i} sends {table[i, 0, j]} elements to rank {j}, which expects "
+           f"{table[j, 1, i]}" for i in range(n) for j in range(n)
+           if 0 <= table[j, 1, i] != table[i, 0, j]]
+    if bad:
+        raise ProtocolError(f"rank {r}: {call.signature} at sequence {call.seq}: the peers' "
+                            f"counts do not pair: {'; '.join(bad)}")
+    return [int(table[j, 0, r]) for j in range(n)]
 
 
 def _start(comm: Any, seq: int, signature: str, dtype: str, shape: tuple,

@@ -153,25 +153,22 @@ class Peer:
         return self._comm.allreduce(x, op, wait=wait, timeout=timeout, algorithm=algorithm,
                                     compression=compression, residual=residual)
 
-    def reduce_scatter(self, x: Any, op: str = "sum", *, wait: bool = True,
-                       timeout: float | None = None) -> Any:
-        """Reduce ``x`` over all peers and return this peer's segment of the result (rank r:
-        elements [N*r//n, N*(r+1)//n) of the flattened array), a view into ``x``. Errors as
-        allreduce; a Work handle with ``wait=False``."""
-        return self._comm.reduce_scatter(x, op, wait=wait, timeout=timeout)
+    def reduce_scatter(self, x: Any, op: str = "sum", **kw: Any) -> Any:
+        """Reduce ``x`` over all peers; this peer's segment of the result, a view into ``x``
+        (rank r: elements [N*r//n, N*(r+1)//n), or ``counts=`` per peer; errors as allreduce;
+        ``wait``, ``timeout``: Communicator.reduce_scatter)."""
+        return self._comm.reduce_scatter(x, op, **kw)
 
     def allgather(self, x: Any, *, out: Any = None, variable: bool = False, wait: bool = True,
                   timeout: float | None = None) -> Any:
-        """Every peer's ``x`` in rank order: equal sizes give an array of shape
-        (n, *x.shape) (into ``out`` if given); ``variable=True`` lets the sizes differ and
-        gives a list of arrays. Errors as allreduce; a Work handle with ``wait=False``."""
+        """Every peer's ``x`` in rank order: shape (n, *x.shape) (into ``out`` if given);
+        ``variable=True``: sizes may differ, a list of arrays. Errors as allreduce."""
         return self._comm.allgather(x, out=out, variable=variable, wait=wait, timeout=timeout)
 
     def broadcast(self, x: Any, root: int = 0, *, wait: bool = True,
                   timeout: float | None = None) -> Any:
         """Overwrite ``x`` on every peer with ``root``'s, in place; returns ``x`` (a Work
-        handle with ``wait=False``). Errors as allreduce; the root learns of a mismatch
-        too."""
+        handle with ``wait=False``). Errors as allreduce, on the root too."""
         return self._comm.broadcast(x, root, wait=wait, timeout=timeout)
 
     def reduce(self, x: Any, root: int = 0, op: str = "sum", **kw: Any) -> Any:
@@ -187,8 +184,15 @@ class Peer:
         return self._comm.scatter(x, root, **kw)
 
     def alltoall(self, x: Any, **kw: Any) -> Any:
-        """Block j of ``x`` to peer j (Communicator.alltoall)."""
+        """Block j of ``x`` to peer j, equal or ``send_counts=`` (Communicator.alltoall)."""
         return self._comm.alltoall(x, **kw)
+
+    def neighbor_allgather(self, x: Any, step: int = 0, **kw: Any) -> Any:
+        """The topology's in-neighbours' ``x`` at ``step``, concatenated along the first axis
+        in rank order, ``x`` going to its out-neighbours (BlueFog's neighbor_allgather;
+        Communicator.neighbor_allgather for explicit ranks)."""
+        return self._comm.neighbor_allgather(x, self.topology.in_neighbors(self.rank, step),
+                                             self.topology.out_neighbors(self.rank, step), **kw)
 
     def barrier(self, timeout: float | None = None) -> None:
         """Return once every peer has entered the barrier and this peer's earlier
@@ -205,15 +209,11 @@ class Peer:
         sum_j src_weights[j] x_j``, in place, sending ``x`` to ``dst_ranks`` (scaled by
         ``dst_weights[j]`` if given, as push-sum does). ``scratch``: a buffer like ``x`` for
         the received values (else allocated); ``out``: the result goes there and ``x`` is
-        only sent. The peers' patterns must pair up (j in my src_weights iff I am in j's
-        dst_ranks): checked before the data is combined, ValueError naming both ranks if not
-        (``check_pattern=False`` skips the check, on every peer alike; see
-        Communicator.neighbor_allreduce for its cost); PeerLost or OperationTimeout if a
-        neighbour dies or stalls. ``partial=True``: the round completes without the
-        neighbours lost during it (a missing destination's share stays with this peer), then
-        ExchangeIncomplete names them (Communicator.neighbor_allreduce). ``compression``: a
-        codec's encoding of x travels, and x <- w_self D(E(x)) + sum_j w_j D(E(x_j)) in
-        float32 (with ``out``, x is left holding D(E(x))); no dst_weights or partial then."""
+        only sent. Patterns must pair up (j in my src_weights iff I am in j's dst_ranks),
+        else ValueError naming both ranks; PeerLost or OperationTimeout if a neighbour dies
+        or stalls; ``partial=True``: the round completes without the neighbours lost during
+        it, then ExchangeIncomplete names them; ``check_pattern``, ``compression``: see
+        Communicator.neighbor_allreduce."""
         return self._comm.neighbor_allreduce(x, self_weight, src_weights, dst_ranks,
                                              dst_weights=dst_weights, scratch=scratch,
                                              out=out, wait=wait, timeout=timeout,

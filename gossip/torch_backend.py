@@ -17,10 +17,9 @@ peer that is not receiving yet does not block the caller); ``get_future()`` comp
 the call's tensors, as DDP's communication hooks expect.
 
 What is refused with a clear error rather than done wrongly: devices other than CPU,
-ReduceOp.PREMUL_SUM, bitwise reductions of floating-point tensors, send/recv with a tag other than 0 (gossip's messages
-between two ranks are matched in order), receiving from any source,
-all_to_all with unequal splits. Non-contiguous tensors are copied to contiguous ones and
-back, as Gloo does.
+ReduceOp.PREMUL_SUM, bitwise reductions of floating-point tensors, send/recv with a tag
+other than 0 (gossip's messages between two ranks are matched in order), receiving from any
+source. Non-contiguous tensors are copied to contiguous ones and back, as Gloo does.
 """
 from __future__ import annotations
 
@@ -125,8 +124,9 @@ class GossipProcessGroup(dist.ProcessGroup):
                        outputs)
 
     def reduce_scatter(self, outputs: list, inputs: list, opts: Any = None) -> GossipWork:
-        """inputs[i]: a list of world-size tensors, each like outputs[i]; this rank gets the
-        reduction of every rank's inputs[i][rank]."""
+        """inputs[i]: a list of world-size tensors, inputs[i][j] like rank j's outputs[i]
+        (sizes may differ between ranks); this rank gets the reduction of every rank's
+        inputs[i][rank]."""
         op = _op_name(opts.reduceOp if opts is not None else ReduceOp.SUM)
         handles, parts = [], []
         for out, in_list in zip(outputs, inputs):
@@ -134,10 +134,16 @@ class GossipProcessGroup(dist.ProcessGroup):
             if len(in_list) != self.size():
                 raise ValueError(f"reduce_scatter: {len(in_list)} input tensors for world "
                                  f"size {self.size()}")
+            if in_list[self.rank()].numel() != out.numel():
+                raise ValueError(f"reduce_scatter: input {self.rank()} has "
+                                 f"{in_list[self.rank()].numel()} elements, output "
+                                 f"{out.numel()}")
+            counts = [t.numel() for t in in_list]
             flat = torch.cat([t.reshape(-1) for t in in_list])   # a copy: inputs stay
-            handles.append(self._comm.reduce_scatter(flat, op, wait=False))
+            handles.append(self._comm.reduce_scatter(
+                flat, op, counts=None if len(set(counts)) == 1 else counts, wait=False))
             parts.append(flat)
-        return GossipWork(handles, outputs, lambda: self._scatter_back(outputs, parts))
+        return GossipWork(handles, outputs, lambda: self._scatter_back(outputs, handles))
 
     def reduce_scatter_single(self, output: Any, x: Any, opts: Any = None) -> GossipWork:
         """reduce_scatter_tensor: x holds world-size parts of output's size, rank order."""
@@ -148,7 +154,7 @@ class GossipProcessGroup(dist.ProcessGroup):
                              f"expected {output.numel()} x {self.size()}")
         flat = x.reshape(-1).clone()   # reduced in place: the caller's input stays
         handle = self._comm.reduce_scatter(flat, op, wait=False)
-        return GossipWork([handle], [output], lambda: self._scatter_back([output], [flat]))
+        return GossipWork([handle], [output], lambda: self._scatter_back([output], [handle]))
 
     _reduce_scatter_base = reduce_scatter_single
 
@@ -224,36 +230,39 @@ class GossipProcessGroup(dist.ProcessGroup):
         return GossipWork([handle], outputs, finish)
 
     def alltoall(self, outputs: list, inputs: list, opts: Any = None) -> GossipWork:
-        """all_to_all: inputs[j] goes to rank j, outputs[j] comes from rank j (equal sizes)."""
+        """all_to_all: inputs[j] goes to rank j, outputs[j] comes from rank j (sizes may
+        differ: rank j's inputs[r] must be like this rank's outputs[j])."""
         self._check(*outputs, *inputs)
-        if len({t.numel() for t in [*outputs, *inputs]}) > 1:
-            raise ValueError("all_to_all with tensors of different sizes: the gossip backend "
-                             "exchanges equal blocks only")
         flat = torch.cat([t.reshape(-1) for t in inputs])
-        handle = self._comm.alltoall(flat, wait=False)
+        counts = [t.numel() for t in outputs]
+        handle = self._comm.alltoall(flat, send_counts=[t.numel() for t in inputs],
+                                     recv_counts=counts, wait=False)
 
         def finish() -> None:
             got = handle.wait(0)
-            m = outputs[0].numel()
-            for j, out in enumerate(outputs):
-                out.copy_(got[j * m:(j + 1) * m].reshape(out.shape))
+            at = 0
+            for out, m in zip(outputs, counts):
+                out.copy_(got[at:at + m].reshape(out.shape))
+                at += m
         return GossipWork([handle], outputs, finish)
 
     def all_to_all_single(self, output: Any, x: Any, output_splits: list, input_splits: list,
                           opts: Any = None) -> GossipWork:
-        """all_to_all_single with equal splits (none given, or all equal)."""
+        """all_to_all_single: equal blocks when no splits are given, else the splits (along
+        the first dimension) per rank, as torch documents."""
         self._check(output, x)
         n = self.size()
-        for splits, what in ((output_splits, "output"), (input_splits, "input")):
-            if splits and len(set(splits)) > 1:
-                raise ValueError(f"all_to_all_single with unequal {what}_split_sizes "
-                                 f"{list(splits)}: the gossip backend exchanges equal blocks "
-                                 "only")
-        if x.numel() != output.numel() or x.numel() % n:
-            raise ValueError(f"all_to_all_single: input of {x.numel()} and output of "
-                             f"{output.numel()} elements, not n = {n} equal blocks")
         target, finish = _writable(output)
-        handle = self._comm.alltoall(x.contiguous(), out=target, wait=False)
+        if not output_splits and not input_splits:
+            if x.numel() != output.numel() or x.numel() % n:
+                raise ValueError(f"all_to_all_single: input of {x.numel()} and output of "
+                                 f"{output.numel()} elements, not n = {n} equal blocks")
+            handle = self._comm.alltoall(x.contiguous(), out=target, wait=False)
+            return GossipWork([handle], [output], finish)
+        sends = _split_counts(x, input_splits, n, "input")
+        recvs = _split_counts(output, output_splits, n, "output")
+        handle = self._comm.alltoall(x.contiguous().reshape(-1), send_counts=sends,
+                                     recv_counts=recvs, out=target.reshape(-1), wait=False)
         return GossipWork([handle], [output], finish)
 
     alltoall_base = all_to_all_single
@@ -280,10 +289,10 @@ class GossipProcessGroup(dist.ProcessGroup):
         finish = (lambda: [t.copy_(c) for t, c in copies]) if copies else None
         return GossipWork(handles, tensors, finish)
 
-    def _scatter_back(self, outputs: list, parts: list) -> None:
-        for out, flat in zip(outputs, parts):
-            m = out.numel()
-            out.copy_(flat[self.rank() * m:(self.rank() + 1) * m].reshape(out.shape))
+    def _scatter_back(self, outputs: list, handles: list) -> None:
+        """Each output takes its reduce_scatter's segment (the view the handle returns)."""
+        for out, handle in zip(outputs, handles):
+            out.copy_(handle.wait(0).reshape(out.shape))
 
     def _check(self, *tensors: Any) -> None:
         for t in tensors:
@@ -307,6 +316,21 @@ def _writable(out: Any) -> tuple[Any, Callable[[], Any] | None]:
         return out, None
     target = torch.empty_like(out, memory_format=torch.contiguous_format)
     return target, lambda: out.copy_(target)
+
+
+def _split_counts(t: Any, splits: list, n: int, what: str) -> list[int]:
+    """Elements per rank of an all_to_all_single tensor: its ``splits`` of the first
+    dimension (equal parts when empty), times a row's elements."""
+    rows = t.shape[0] if t.dim() else 1
+    if not splits:
+        if rows % n:
+            raise ValueError(f"all_to_all_single: {what} of {rows} rows in {n} equal splits")
+        splits = [rows // n] * n
+    if len(splits) != n or sum(splits) != rows:
+        raise ValueError(f"all_to_all_single: {what}_split_sizes {list(splits)} must be {n} "
+                         f"sizes adding up to the {what}'s {rows} rows")
+    row = t.numel() // rows if rows else 0
+    return [int(s) * row for s in splits]
 
 
 def _one(tensors: list, what: str) -> Any:

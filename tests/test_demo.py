@@ -146,6 +146,9 @@ def test_a_peer_raising_fails_the_demo_naming_the_error_and_policy(tmp_path) -> 
 KILL_EPOCHS, KILL_STEP, KILL_TOTAL = 60, 132, 1320
 
 
+# slow (19 s): the default run is near its 10-minute budget; the restart path is also covered
+# by tests/test_membership.py's kill-and-restart tests, which run by default
+@pytest.mark.slow
 def test_demo_kill_reports_the_death_and_the_restart_and_trains_to_the_end(tmp_path):
     # synchronous (elastic), one run of about 18 s on 2 cores (every policy: the slow test
     # below; a gossip restart: tests/test_membership.py).

@@ -21,7 +21,7 @@ REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "tests" / "launcher_scripts" / "c10d_backend.py"
 HOOKS = REPO / "tests" / "launcher_scripts" / "ddp_hooks.py"
 CHECKS = ["init", "all_reduce", "broadcast", "all_gather", "reduce_scatter",
-          "reduce_gather_scatter", "all_to_all", "async",
+          "reduce_gather_scatter", "all_to_all", "reduce_scatter_v", "async",
           "send_recv", "refused", "new_group", "ddp"]
 
 

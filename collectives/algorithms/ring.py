@@ -8,18 +8,48 @@ the others, so all peers end with bitwise-identical arrays.
 """
 from __future__ import annotations
 
+import zlib
 from typing import Any
 
 from collectives.algorithms.p2p import Call, post_range, recv_range, wait_sent
 from collectives.arrays.adapter import ArrayAdapter
 
-__all__ = ["segments", "ring_reduce_scatter", "ring_allgather", "ring_allreduce"]
+__all__ = ["segments", "segments_of_counts", "counts_digest", "ring_reduce_scatter",
+           "ring_allgather", "ring_allreduce"]
 
 
 def segments(count: int, n: int) -> list[tuple[int, int]]:
     """Split ``count`` elements into ``n`` balanced contiguous segments (some may be empty)."""
     bounds = [count * i // n for i in range(n + 1)]
     return [(bounds[i], bounds[i + 1]) for i in range(n)]
+
+
+def segments_of_counts(counts: Any, size: int | None, n: int, rank: int,
+                       what: str) -> list[tuple[int, int]]:
+    """Per-peer [lo, hi) runs of ``counts`` (n non-negative ints adding up to ``size`` unless
+    it is None; MPI's recvcounts), else ValueError naming ``what``, before the call takes a
+    sequence number."""
+    try:
+        values = [int(c) for c in counts]
+    except (TypeError, ValueError):
+        raise ValueError(f"rank {rank}: {what} counts must be {n} integers, got "
+                         f"{counts!r}") from None
+    if len(values) != n or any(c < 0 for c in values) or \
+            (size is not None and sum(values) != size):
+        total = "" if size is None else f" adding up to the {size} elements"
+        raise ValueError(f"rank {rank}: {what} counts {values} must be {n} non-negative "
+                         f"integers{total}")
+    bounds = [0]
+    for c in values:
+        bounds.append(bounds[-1] + c)
+    return [(bounds[i], bounds[i + 1]) for i in range(n)]
+
+
+def counts_digest(values: list[int]) -> str:
+    """Counts as a call's signature names them: in full when short, else a CRC of them (peers
+    that disagree still differ)."""
+    text = ",".join(map(str, values))
+    return f"[{text}]" if len(text) <= 48 else f"crc32:{zlib.crc32(text.encode()):08x}"
 
 
 def ring_reduce_scatter(call: Call, adapter: ArrayAdapter, flat: Any, op: str, *,

@@ -84,15 +84,28 @@ def main() -> None:
     dist.all_to_all_single(single, torch.arange(2.0 * n) + 100 * r)
     want = torch.cat([torch.arange(2.0 * r, 2.0 * r + 2) + 100 * k for k in range(n)])
     assert torch.equal(single, want), (single, want)
-    try:
-        dist.all_to_all_single(torch.empty(n + 1), torch.empty(n + 1),
-                               output_split_sizes=[2] + [1] * (n - 1),
-                               input_split_sizes=[2] + [1] * (n - 1))
-    except ValueError as exc:
-        assert "unequal" in str(exc), exc
-    else:
-        raise AssertionError("unequal splits were not refused")
+    # Uneven splits (torch's documented example's shape): rank r sends (2r + j) % 3 + 1 rows
+    # of 2 to rank j; rows hold 100 * sender + 10 * receiver + their index.
+    def rows(src: int, dst: int) -> torch.Tensor:
+        k = (2 * src + dst) % 3 + 1
+        return (100.0 * src + 10.0 * dst + torch.arange(k, dtype=torch.float32))[:, None] \
+            .expand(k, 2)
+    in_splits = [(2 * r + j) % 3 + 1 for j in range(n)]
+    out_splits = [(2 * j + r) % 3 + 1 for j in range(n)]
+    x = torch.cat([rows(r, j) for j in range(n)])
+    single = torch.empty(sum(out_splits), 2)
+    dist.all_to_all_single(single, x, output_split_sizes=out_splits,
+                           input_split_sizes=in_splits)
+    assert torch.equal(single, torch.cat([rows(j, r) for j in range(n)])), single
+    outs = [torch.empty(r + 1) for _ in range(n)]             # rank j sends rank r r + 1
+    dist.all_to_all(outs, [torch.full((j + 1,), float(10 * r + j)) for j in range(n)])
+    assert [o.tolist() for o in outs] == [[float(10 * k + r)] * (r + 1) for k in range(n)]
     say("OK all_to_all")
+
+    out = torch.empty(r + 1)                                   # reduce_scatter_v
+    dist.reduce_scatter(out, [torch.full((j + 1,), float(r * 10 + j)) for j in range(n)])
+    assert out.tolist() == [float(sum(k * 10 + r for k in range(n)))] * (r + 1), out
+    say("OK reduce_scatter_v")
 
     works = [dist.all_reduce(torch.full((4,), float(i)), async_op=True) for i in range(3)]
     for i, w in enumerate(works):

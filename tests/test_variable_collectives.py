@@ -1,0 +1,154 @@
+"""Collectives whose per-peer sizes differ, between real peer processes: all-to-all with
+per-peer counts (MPI's Alltoallv, torch's all_to_all_single split sizes), reduce_scatter
+with per-rank counts (MPI's Reduce_scatter), and BlueFog's neighbor_allgather on a topology.
+Each is checked against the result those libraries document, with empty blocks, numpy and
+torch, the non-blocking twin, and peers that disagree raising on every peer."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from gossip.testing import spawn
+
+
+def send_counts_of(r: int, n: int) -> list[int]:
+    """Peer r sends (r + j) % 3 elements to peer j: some blocks empty, none alike."""
+    return [(r + j) % 3 for j in range(n)]
+
+
+def block(src: int, dst: int, count: int) -> np.ndarray:
+    return 100.0 * src + 10.0 * dst + np.arange(count)
+
+
+def alltoallv(peer):
+    n, r = peer.world_size, peer.rank
+    sends = send_counts_of(r, n)
+    recvs = [send_counts_of(j, n)[r] for j in range(n)]
+    x = np.concatenate([block(r, j, sends[j]) for j in range(n)])
+    keep = x.copy()
+    want = np.concatenate([block(j, r, recvs[j]) for j in range(n)])
+    out = []
+    got = peer.alltoall(x, send_counts=sends, recv_counts=recvs)
+    out.append(("known counts", np.array_equal(got, want) and np.array_equal(x, keep)))
+    got = peer.alltoall(x, send_counts=sends)   # the peers tell each other their counts
+    out.append(("exchanged counts", np.array_equal(got, want)))
+    buf = np.full(sum(recvs), -1.0)
+    work = peer.alltoall(x, send_counts=sends, recv_counts=recvs, out=buf, wait=False)
+    out.append(("non-blocking into out", work.wait() is buf and np.array_equal(buf, want)))
+    import torch
+    t = torch.from_numpy(x.astype(np.float32))
+    got = peer.alltoall(t, send_counts=sends)
+    out.append(("torch", isinstance(got, torch.Tensor)
+                and np.array_equal(got.numpy(), want.astype(np.float32))))
+    return out
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_alltoall_with_per_peer_counts_moves_each_block_to_its_peer(n):
+    for rows in spawn(alltoallv, n=n, timeout=90):
+        assert all(ok for _, ok in rows), rows
+
+
+def alltoallv_disagreeing(peer):
+    import gossip
+    n, r = peer.world_size, peer.rank
+    sends = [2] * n
+    recvs = [2] * n
+    if r == 0:
+        recvs[1] = 3          # rank 0 expects 3 elements from rank 1, which sends 2
+    try:
+        peer.alltoall(np.zeros(2 * n), send_counts=sends, recv_counts=recvs, timeout=20)
+    except gossip.GossipError as exc:
+        return type(exc).__name__, str(exc)
+    return None
+
+
+def test_alltoall_counts_that_do_not_pair_raise_on_every_peer():
+    results = spawn(alltoallv_disagreeing, n=3, timeout=60)
+    assert all(res is not None and res[0] == "ProtocolError" for res in results), results
+    assert all("rank 1 sends 2 elements to rank 0, which expects 3" in res[1]
+               for res in results), results
+
+
+def reduce_scatter_counts(peer):
+    n, r = peer.world_size, peer.rank
+    counts = [2 * k + (k == 1) for k in range(n)]        # [0, 3, 4, ...]: one empty
+    size = sum(counts)
+    x = np.arange(size, dtype=np.float64) * (r + 1)
+    mine = peer.reduce_scatter(x, counts=counts)
+    lo = sum(counts[:r])
+    want = np.arange(lo, lo + counts[r], dtype=np.float64) * n * (n + 1) / 2
+    out = [("sum", np.array_equal(mine, want))]
+    x = np.full(size, float(r))
+    mine = peer.reduce_scatter(x, "max", counts=counts, wait=False).wait()
+    out.append(("max non-blocking", mine.shape == (counts[r],) and np.all(mine == n - 1)))
+    return out
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_reduce_scatter_with_per_rank_counts(n):
+    for rows in spawn(reduce_scatter_counts, n=n, timeout=60):
+        assert all(ok for _, ok in rows), rows
+
+
+def reduce_scatter_other_counts(peer):
+    import gossip
+    counts = [3, 3] if peer.rank == 0 else [2, 4]
+    try:
+        peer.reduce_scatter(np.ones(6), counts=counts, timeout=20)
+    except gossip.GossipError as exc:
+        return type(exc).__name__, str(exc)
+    return None
+
+
+def test_reduce_scatter_peers_with_other_counts_raise_on_every_peer():
+    results = spawn(reduce_scatter_other_counts, n=2, timeout=60)
+    assert all(res is not None and res[0] == "ProtocolError" for res in results), results
+    assert all("counts=[3,3]" in res[1] and "counts=[2,4]" in res[1] for res in results)
+
+
+def neighbor_gather(peer):
+    """A directed ring of 4 (rank r sends to r + 1) and an exponential graph's steps."""
+    n, r = peer.world_size, peer.rank
+    x = np.full((r + 1, 2), float(r), dtype=np.float32)    # first dims differ
+    got = peer.neighbor_allgather(x)
+    srcs = peer.topology.in_neighbors(r)
+    want = np.concatenate([np.full((s + 1, 2), float(s), dtype=np.float32) for s in srcs])
+    comm = peer.communicator
+    ring = comm.neighbor_allgather(np.array([r]), [(r - 1) % n], [(r + 1) % n])
+    lonely = comm.neighbor_allgather(np.ones(3), [], [])
+    return (np.array_equal(got, want), got.shape, ring.tolist(), lonely.shape)
+
+
+def test_neighbor_allgather_concatenates_in_neighbours_in_rank_order():
+    results = spawn(neighbor_gather, n=4, topology="exponential", timeout=60)
+    for r, (ok, shape, ring, lonely) in enumerate(results):
+        assert ok, (r, shape)
+        assert ring == [(r - 1) % 4] and lonely == (0,)
+
+
+def neighbor_gather_unpaired(peer, case):
+    import gossip
+    r = peer.rank
+    if case == "one-sided":     # both send to each other; rank 0 expects nothing back
+        srcs, dsts = ([] if r == 0 else [0]), [1 - r]
+    else:                       # rank 0 expects rank 1's array; rank 1's call names nobody
+        srcs, dsts = ([1] if r == 0 else []), []
+    try:
+        peer.communicator.neighbor_allgather(np.ones(2), srcs, dsts, timeout=20)
+    except (gossip.GossipError, ValueError) as exc:
+        return type(exc).__name__, str(exc)
+    return None
+
+
+def test_neighbor_allgather_a_send_nobody_expects_raises_on_both_ends():
+    results = spawn(neighbor_gather_unpaired, n=2, timeout=60, args=("one-sided",))
+    assert all(res is not None and res[0] == "ValueError" for res in results), results
+    assert all("rank 1 plans to send to rank 0" in res[1] for res in results), results
+
+
+def test_neighbor_allgather_naming_a_peer_whose_call_does_not_name_it_raises_there():
+    # As neighbor_allreduce: rank 1's own call (no neighbours) is complete and right.
+    results = spawn(neighbor_gather_unpaired, n=2, timeout=60, args=("stranger",))
+    assert results[0] is not None and results[0][0] == "ValueError", results
+    assert "rank 1's call at sequence 0 does not involve rank 0" in results[0][1], results
