@@ -37,6 +37,7 @@ from collectives.neighbor_allgather import neighbor_allgather
 from collectives.neighbor_allreduce import NeighborAllreduce
 from collectives.errors import GossipError, OperationTimeout, PeerLost, ViewChanging
 from collectives.send_recv import PointToPoint, flat_of
+from collectives.staging import Staging
 from collectives.transport.channels import Channel
 from collectives.transport.transport import Transport
 from collectives.transport.wire import dtype_itemsize
@@ -87,7 +88,15 @@ class Communicator(NeighborAllreduce):
 
     _flat = staticmethod(flat_of)
 
-    def _launch(self, description: str, body: Callable[[], Any], wait: bool) -> Any:
+    def _launch(self, description: str, body: Callable[[], Any], wait: bool,
+                stage: Staging | None = None) -> Any:
+        """Run ``body`` now (``wait``) or on the worker thread (a Work); a ``stage``'s
+        written stand-ins are copied back once it succeeded (staging.py)."""
+        if stage:
+            run = body
+
+            def body() -> Any:
+                return stage.finish(run())
         if wait:
             return body()
         return self._executor.submit(body, Work(f"rank {self.rank}: {description}"))
@@ -133,8 +142,11 @@ class Communicator(NeighborAllreduce):
         return self._nccl.decide(int(device), self.transport.endpoints["host"]) and \
             self._nccl.supports(op, dtype)
 
-    def _done(self, result: Any, description: str, wait: bool) -> Any:
+    def _done(self, result: Any, description: str, wait: bool,
+              stage: Staging | None = None) -> Any:
         """A call that completed synchronously (NCCL enqueues on the stream), as its twin."""
+        if stage:
+            stage.finish()
         if wait:
             return result
         work = Work(f"rank {self.rank}: {description}")
@@ -153,12 +165,14 @@ class Communicator(NeighborAllreduce):
         return self._peers
 
     def _out_like(self, adapter: ArrayAdapter, dtype: str, count: int, out: Any, what: str,
-                  needs: str) -> Any:
+                  needs: str, stage: Staging | None = None) -> Any:
         """The flat view of a caller's ``out``, which must be of x's family and dtype, with
-        ``count`` elements, contiguous and writable (else TypeError/ValueError, before any
-        sequence number is taken). A different dtype of the same itemsize would otherwise be
-        filled with the bytes of another type, silently."""
-        out_adapter, out_flat, out_dtype = self._flat(out)
+        ``count`` elements and writable (else TypeError/ValueError, before any sequence
+        number is taken); through a stand-in of ``stage`` if not contiguous. A different
+        dtype of the same itemsize would otherwise be filled with the bytes of another type,
+        silently."""
+        out_adapter, out_flat, out_dtype = (stage.flat(out) if stage is not None
+                                            else self._flat(out))
         got = out_adapter.size(out_flat)
         if out_adapter.kind != adapter.kind or out_dtype != dtype or got != count:
             raise ValueError(f"rank {self.rank}: {what}: out must be a {adapter.kind} array "
@@ -180,13 +194,14 @@ class Communicator(NeighborAllreduce):
         if compression is not None:
             return compressed_allreduce(self, x, op, compression, wait=wait, timeout=timeout,
                                         residual=residual, small_bytes=DEFAULT_SMALL_BYTES)
-        adapter, flat, dtype = self._flat(x)
+        stage = Staging()
+        adapter, flat, dtype = stage.flat(x)
         check_reduce_op(op, dtype)
         if self._use_nccl(adapter, x, op, dtype):
             self._nccl.allreduce(flat, adapter.size(flat), dtype, op)
             if op == "mean":
                 adapter.divide(flat, self.world_size)
-            return self._done(x, f"allreduce({op},nccl)", wait)
+            return self._done(x, f"allreduce({op},nccl)", wait, stage)
         nbytes = adapter.size(flat) * dtype_itemsize(dtype)
         if algorithm == "auto":
             algorithm = "recursive-doubling" if nbytes <= DEFAULT_SMALL_BYTES else "ring"
@@ -203,7 +218,7 @@ class Communicator(NeighborAllreduce):
                               lambda call: algo(call, adapter, flat, op))
             adapter.synchronize()
             return x
-        return self._launch(f"{signature} seq {seq}", body, wait)
+        return self._launch(f"{signature} seq {seq}", body, wait, stage)
 
     def reduce_scatter(self, x: Any, op: str = "sum", *, counts: Any = None,
                        wait: bool = True, timeout: float | None = None) -> Any:
@@ -211,8 +226,9 @@ class Communicator(NeighborAllreduce):
         ``x``: rank r's is elements [N*r//n, N*(r+1)//n) of the flattened array, or with
         ``counts`` (MPI's Reduce_scatter recvcounts, one per peer, adding up to N) the
         ``counts[r]`` elements after the first r segments. Peers must pass the same counts
-        (they are part of the call's signature: ProtocolError on every peer if not)."""
-        adapter, flat, dtype = self._flat(x)
+        (they are part of the call's signature: ProtocolError on every peer if not). A
+        non-contiguous ``x`` is left as it was; the segment is a view into a copy of it."""
+        adapter, flat, dtype = Staging().flat(x, written=False)
         check_reduce_op(op, dtype)
         n, r = self.world_size, self.rank
         size = adapter.size(flat)
@@ -246,7 +262,8 @@ class Communicator(NeighborAllreduce):
         """Gather every peer's ``x``. Equal sizes: an array of shape (n, *x.shape) (into
         ``out`` if given). ``variable=True``: sizes may differ; returns a list of n flat
         arrays (views into one buffer)."""
-        adapter, flat, dtype = self._flat(x)
+        stage = Staging()
+        adapter, flat, dtype = stage.flat(x, written=False)
         n = self.world_size
         count = adapter.size(flat)
         if not variable and out is None and self._use_nccl(adapter, x, None, dtype):
@@ -262,7 +279,7 @@ class Communicator(NeighborAllreduce):
                 out_flat = adapter.flat(out)
             else:
                 out_flat = self._out_like(adapter, dtype, n * count, out, "allgather",
-                                          f"{count} elements from {n} peers")
+                                          f"{count} elements from {n} peers", stage)
         elif out is not None:
             raise ValueError(f"rank {self.rank}: allgather(variable=True) returns a list of "
                              "arrays; it takes no out=")
@@ -293,17 +310,18 @@ class Communicator(NeighborAllreduce):
                                        self._all_peers(), run)
             adapter.synchronize()
             return result
-        return self._launch(f"{signature} seq {seq}", body, wait)
+        return self._launch(f"{signature} seq {seq}", body, wait, stage)
 
     def broadcast(self, x: Any, root: int = 0, *, wait: bool = True,
                   timeout: float | None = None) -> Any:
         """Copy root's ``x`` into every peer's ``x`` (in place) and return it."""
         if not 0 <= root < self.world_size:
             raise ValueError(f"root {root} is outside world size {self.world_size}")
-        adapter, flat, dtype = self._flat(x)
+        stage = Staging()
+        adapter, flat, dtype = stage.flat(x)
         if self._use_nccl(adapter, x, None, dtype):
             self._nccl.broadcast(flat, adapter.size(flat), dtype, root)
-            return self._done(x, f"broadcast(root={root},nccl)", wait)
+            return self._done(x, f"broadcast(root={root},nccl)", wait, stage)
         seq = self._next_seq()
         signature = f"broadcast(root={root})"
 
@@ -313,7 +331,7 @@ class Communicator(NeighborAllreduce):
                               lambda call: pipelined_broadcast(call, adapter, flat, root))
             adapter.synchronize()
             return x
-        return self._launch(f"{signature} seq {seq}", body, wait)
+        return self._launch(f"{signature} seq {seq}", body, wait, stage)
 
     def reduce(self, x: Any, root: int = 0, op: str = "sum", *, wait: bool = True,
                timeout: float | None = None) -> Any:

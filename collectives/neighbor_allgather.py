@@ -22,6 +22,7 @@ from collectives.algorithms.p2p import Call, post_range, recv_range, wait_reache
 from collectives.algorithms.pattern import announce, check_pairing, plan_bits
 from collectives.arrays.adapter import adapter_for
 from collectives.errors import ProtocolError
+from collectives.staging import Staging
 
 __all__ = ["neighbor_allgather"]
 
@@ -31,7 +32,7 @@ def neighbor_allgather(comm: Any, x: Any, src_ranks, dst_ranks, wait: bool,
     """The in-neighbours' ``x`` concatenated along the first axis (ascending rank), of
     shape (sum of their first dims, *x.shape[1:]); an empty array (first dim 0) when
     ``src_ranks`` is empty. A Work handle with ``wait=False``."""
-    adapter, flat, dtype = comm._flat(x)
+    adapter, flat, dtype = Staging().flat(x, written=False)
     r, n = comm.rank, comm.world_size
     srcs, dsts = sorted({int(s) for s in src_ranks}), sorted({int(d) for d in dst_ranks})
     for p in srcs + dsts:

@@ -9,6 +9,7 @@ from typing import Any
 from collectives.algorithms.neighbor import (UNCHECKED, check_pattern_arguments, incomplete,
                                             neighbor_exchange)
 from collectives.compressed import compressed_neighbor_allreduce
+from collectives.staging import Staging
 
 __all__ = ["NeighborAllreduce"]
 
@@ -49,7 +50,8 @@ class NeighborAllreduce:
                 self, x, self_weight, src_weights, dst_ranks, compression,
                 dst_weights=dst_weights, out=out, wait=wait, timeout=timeout,
                 partial=partial, check_pattern=check_pattern)
-        adapter, flat, dtype = self._flat(x)
+        stage = Staging()
+        adapter, flat, dtype = stage.flat(x, written=out is None or out is x)
         src_weights, dst_ranks = check_pattern_arguments(self.rank, self.world_size, dtype,
                                                          src_weights, dst_ranks, dst_weights)
         out_flat = None
@@ -57,7 +59,7 @@ class NeighborAllreduce:
             out = None   # in place, as without out (a separate out must not overlap x)
         if out is not None:
             out_flat = self._out_like(adapter, dtype, adapter.size(flat), out,
-                                      "neighbor_allreduce", "like x")
+                                      "neighbor_allreduce", "like x", stage)
         elif scratch is None:
             scratch = adapter.empty(adapter.size(flat), dtype, flat)
         if scratch is not None:
@@ -85,7 +87,9 @@ class NeighborAllreduce:
                         self._buffer_pool.setdefault(key, []).append(buffers)
             adapter.synchronize()
             if missing:
-                # Raised after _execute: the round completed, so no peer is told to abort.
+                # Raised after _execute: the round completed, so no peer is told to abort;
+                # the result is in place, a non-contiguous x's too.
+                stage.finish()
                 raise incomplete(self.rank, seq, missing, dst_ranks)
             return x if out is None else out
-        return self._launch(f"neighbor_allreduce seq {seq}", body, wait)
+        return self._launch(f"neighbor_allreduce seq {seq}", body, wait, stage)

@@ -10,7 +10,8 @@ scatter from a root, all-to-all (MPI's and torch.distributed's semantics, equal 
 - ``alltoall``: block j of each peer's ``x`` goes to peer j, all sends posted first so every
   link is busy at once; peer r's ``out`` holds block r of every peer, in rank order.
 
-Every peer must make the same call (root, op, dtype, sizes): each message's header is
+Non-contiguous arrays go through contiguous stand-ins (staging.py). Every peer must make the
+same call (root, op, dtype, sizes): each message's header is
 checked against the receiver's call, so a mismatch is a ProtocolError naming both calls on
 the peers it reaches and, through the abort, on the others. ``wait=False`` returns a Work.
 """
@@ -25,6 +26,7 @@ from collectives.algorithms.p2p import Call, post_range, recv_range, wait_sent
 from collectives.algorithms.ring import ring_reduce_scatter, segments, segments_of_counts
 from collectives.arrays.adapter import adapter_for, check_reduce_op
 from collectives.errors import ProtocolError
+from collectives.staging import Staging
 
 __all__ = ["reduce", "gather", "scatter", "alltoall"]
 
@@ -32,7 +34,8 @@ __all__ = ["reduce", "gather", "scatter", "alltoall"]
 def reduce(comm: Any, x: Any, root: int, op: str, wait: bool, timeout: float | None) -> Any:
     """Reduce every peer's ``x`` into the root's ``x`` (in place); returns ``x``."""
     _check_root(comm, root)
-    adapter, flat, dtype = comm._flat(x)
+    stage = Staging()
+    adapter, flat, dtype = stage.flat(x, written=comm.rank == root)
     check_reduce_op(op, dtype)
     n, r = comm.world_size, comm.rank
     count = adapter.size(flat)
@@ -57,7 +60,8 @@ def reduce(comm: Any, x: Any, root: int, op: str, wait: bool, timeout: float | N
                 for a, b, chunk in recv_range(call, src, adapter, *segs[src]):
                     adapter.copy(adapter.slice(flat, a, b), chunk)
 
-    return _start(comm, seq, signature, dtype, (count,), timeout, run, x, adapter, wait)
+    return _start(comm, seq, signature, dtype, (count,), timeout, run, x, adapter, wait,
+                  stage)
 
 
 def gather(comm: Any, x: Any, root: int, out: Any, wait: bool,
@@ -65,14 +69,15 @@ def gather(comm: Any, x: Any, root: int, out: Any, wait: bool,
     """Every peer's ``x`` at the root, in rank order: an array of shape (n, *x.shape) (into
     ``out`` if given); None on the other peers."""
     _check_root(comm, root)
-    adapter, flat, dtype = comm._flat(x)
+    stage = Staging()
+    adapter, flat, dtype = stage.flat(x, written=False)
     n, r = comm.world_size, comm.rank
     count = adapter.size(flat)
     if r == root:
         if out is None:
             out = adapter.empty(n * count, dtype, flat).reshape((n,) + tuple(x.shape))
         out_flat = comm._out_like(adapter, dtype, n * count, out, "gather",
-                                  f"{count} elements from {n} peers")
+                                  f"{count} elements from {n} peers", stage)
     seq = comm._next_seq()
 
     def run(call: Call) -> None:
@@ -87,7 +92,7 @@ def gather(comm: Any, x: Any, root: int, out: Any, wait: bool,
                                  chunk)
 
     return _start(comm, seq, f"gather(root={root})", dtype, (count,), timeout, run,
-                  out if r == root else None, adapter, wait)
+                  out if r == root else None, adapter, wait, stage)
 
 
 def scatter(comm: Any, x: Any, root: int, out: Any, wait: bool,
@@ -98,11 +103,12 @@ def scatter(comm: Any, x: Any, root: int, out: Any, wait: bool,
     _check_root(comm, root)
     if out is None:
         raise ValueError(f"rank {comm.rank}: scatter needs out= (this peer's part)")
-    adapter, out_flat, dtype = comm._flat(out)
+    stage = Staging()
+    adapter, out_flat, dtype = stage.flat(out)
     n, r = comm.world_size, comm.rank
     count = adapter.size(out_flat)
     if r == root:
-        _, flat, x_dtype = comm._flat(x)
+        _, flat, x_dtype = stage.flat(x, written=False)
         if x_dtype != dtype or adapter.size(flat) != n * count:
             raise ValueError(f"rank {r}: scatter from {x_dtype} of {adapter.size(flat)} "
                              f"elements into {n} parts of {count} {dtype} (out)")
@@ -121,7 +127,7 @@ def scatter(comm: Any, x: Any, root: int, out: Any, wait: bool,
             wait_sent(call, ticket)
 
     return _start(comm, seq, f"scatter(root={root})", dtype, (count,), timeout, run, out,
-                  adapter, wait)
+                  adapter, wait, stage)
 
 
 def alltoall(comm: Any, x: Any, out: Any, wait: bool, timeout: float | None,
@@ -137,7 +143,8 @@ def alltoall(comm: Any, x: Any, out: Any, wait: bool, timeout: float | None,
     peer, naming the pair, before any data moves."""
     if send_counts is None and recv_counts is None:
         return _alltoall_equal(comm, x, out, wait, timeout)
-    adapter, flat, dtype = comm._flat(x)
+    stage = Staging()
+    adapter, flat, dtype = stage.flat(x, written=False)
     n, r = comm.world_size, comm.rank
     sends = _sizes(segments_of_counts(send_counts, adapter.size(flat), n, r, "alltoall send"))
     recvs = None if recv_counts is None else \
@@ -151,7 +158,7 @@ def alltoall(comm: Any, x: Any, out: Any, wait: bool, timeout: float | None,
         if out is None:
             out = adapter.empty(sum(recvs), dtype, flat)
         out_flat = comm._out_like(adapter, dtype, sum(recvs), out, "alltoall",
-                                  f"the sum of recv_counts {recvs}")
+                                  f"the sum of recv_counts {recvs}", stage)
     seq = comm._next_seq()
     signature = "alltoallv"
     result = [out]
@@ -188,11 +195,12 @@ def alltoall(comm: Any, x: Any, out: Any, wait: bool, timeout: float | None,
             run(Call(comm.transport, comm.channel, seq, signature, dtype, (n,), 0.0))
         adapter.synchronize()
         return result[0]
-    return comm._launch(f"{signature} seq {seq}", body, wait)
+    return comm._launch(f"{signature} seq {seq}", body, wait, stage)
 
 
 def _alltoall_equal(comm: Any, x: Any, out: Any, wait: bool, timeout: float | None) -> Any:
-    adapter, flat, dtype = comm._flat(x)
+    stage = Staging()
+    adapter, flat, dtype = stage.flat(x, written=False)
     n, r = comm.world_size, comm.rank
     total = adapter.size(flat)
     if total % n:
@@ -200,7 +208,8 @@ def _alltoall_equal(comm: Any, x: Any, out: Any, wait: bool, timeout: float | No
                          f"{n} peers (pass send_counts for unequal blocks)")
     if out is None:
         out = adapter.empty(total, dtype, flat).reshape(tuple(x.shape))
-    out_flat = comm._out_like(adapter, dtype, total, out, "alltoall", f"{total} elements")
+    out_flat = comm._out_like(adapter, dtype, total, out, "alltoall", f"{total} elements",
+                              stage)
     count = total // n
     seq = comm._next_seq()
 
@@ -218,7 +227,8 @@ def _alltoall_equal(comm: Any, x: Any, out: Any, wait: bool, timeout: float | No
         for ticket in tickets:
             wait_sent(call, ticket)
 
-    return _start(comm, seq, "alltoall", dtype, (count,), timeout, run, out, adapter, wait)
+    return _start(comm, seq, "alltoall", dtype, (count,), timeout, run, out, adapter, wait,
+                  stage)
 
 
 def _sizes(segs: list[tuple[int, int]]) -> list[int]:
@@ -255,7 +265,8 @@ def _agree_counts(call: Call, sends: list[int], recvs: list[int] | None) -> list
 
 
 def _start(comm: Any, seq: int, signature: str, dtype: str, shape: tuple,
-           timeout: float | None, run: Any, result: Any, adapter: Any, wait: bool) -> Any:
+           timeout: float | None, run: Any, result: Any, adapter: Any, wait: bool,
+           stage: Staging) -> Any:
     def body() -> Any:
         if comm.world_size > 1:
             comm._execute(seq, signature, dtype, shape, timeout, comm._all_peers(), run)
@@ -263,7 +274,7 @@ def _start(comm: Any, seq: int, signature: str, dtype: str, shape: tuple,
             run(Call(comm.transport, comm.channel, seq, signature, dtype, shape, 0.0))
         adapter.synchronize()
         return result
-    return comm._launch(f"{signature} seq {seq}", body, wait)
+    return comm._launch(f"{signature} seq {seq}", body, wait, stage)
 
 
 def _check_root(comm: Any, root: int) -> None:

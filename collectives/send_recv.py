@@ -58,7 +58,8 @@ class PointToPoint:
         if not 0 <= dst < self.world_size or dst == self.rank:
             raise ValueError(f"rank {self.rank}: cannot send to rank {dst} (world size "
                              f"{self.world_size})")
-        adapter, flat, dtype = flat_of(x, read_only=True)
+        stand_in = adapter_for(x).stand_in(x)   # a non-contiguous x travels as a copy
+        adapter, flat, dtype = flat_of(x if stand_in is None else stand_in, read_only=True)
         with self._lock:
             seq = self._send_seq[dst]
             self._send_seq[dst] += 1
@@ -76,8 +77,10 @@ class PointToPoint:
         if not 0 <= src < self.world_size or src == self.rank:
             raise ValueError(f"rank {self.rank}: cannot receive from rank {src} (world size "
                              f"{self.world_size})")
-        # out's own checks (family, contiguity) come before anything is taken from the mailbox.
-        target = flat_of(out) if out is not None else None
+        # out's own checks (family, writable) come before anything is taken from the mailbox;
+        # a non-contiguous out is filled through a contiguous stand-in.
+        stand_in = adapter_for(out).stand_in(out) if out is not None else None
+        target = flat_of(out if stand_in is None else stand_in) if out is not None else None
         seq = self._recv_seq[src]
         t = self.transport
         deadline = time.monotonic() + (self.timeout if timeout is None else timeout)
@@ -113,6 +116,8 @@ class PointToPoint:
             t.inbox.unget(key, item)
             for lo, hi, chunk in recv_range(call, src, adapter, 0, adapter.size(flat)):
                 adapter.copy(adapter.slice(flat, lo, hi), chunk)
+            if stand_in is not None:
+                adapter.write_back(out, stand_in)
             adapter.synchronize()
             return out
         finally:

@@ -19,7 +19,8 @@ the call's tensors, as DDP's communication hooks expect.
 What is refused with a clear error rather than done wrongly: devices other than CPU,
 ReduceOp.PREMUL_SUM, bitwise reductions of floating-point tensors, send/recv with a tag
 other than 0 (gossip's messages between two ranks are matched in order), receiving from any
-source. Non-contiguous tensors are copied to contiguous ones and back, as Gloo does.
+source. Non-contiguous tensors go through contiguous copies, as Gloo's do
+(collectives/staging.py).
 """
 from __future__ import annotations
 
@@ -94,7 +95,7 @@ class GossipProcessGroup(dist.ProcessGroup):
                 raise ValueError(f"allgather: {len(out_list)} output tensors for world size "
                                  f"{self.size()}")
             buf = torch.empty((self.size(),) + tuple(x.shape), dtype=x.dtype)
-            handles.append(self._comm.allgather(x.contiguous(), out=buf, wait=False))
+            handles.append(self._comm.allgather(x, out=buf, wait=False))
             gathered.append(buf)
 
         def finish() -> None:
@@ -112,9 +113,8 @@ class GossipProcessGroup(dist.ProcessGroup):
         if output.numel() != x.numel() * self.size():
             raise ValueError(f"all_gather_into_tensor: output has {output.numel()} elements, "
                              f"expected {x.numel()} x {self.size()}")
-        target, finish = _writable(output)
-        handle = self._comm.allgather(x.contiguous(), out=target, wait=False)
-        return GossipWork([handle], [output], finish)
+        handle = self._comm.allgather(x, out=output, wait=False)
+        return GossipWork([handle], [output])
 
     _allgather_base = all_gather_single
 
@@ -185,10 +185,9 @@ class GossipProcessGroup(dist.ProcessGroup):
         self._no_tag(tag, "recv")
         out = _one(tensors, "recv")
         self._check(out)
-        target, finish = _writable(out)
-        work = self._recvs.submit(lambda: self._comm.recv(src, target),
+        work = self._recvs.submit(lambda: self._comm.recv(src, out),
                                   OurWork(f"rank {self.rank()}: recv from rank {src}"))
-        return GossipWork([work], tensors, finish)
+        return GossipWork([work], tensors)
 
     def recv_anysource(self, tensors: list, tag: int = 0) -> GossipWork:
         raise NotImplementedError("the gossip backend receives from a named source only "
@@ -202,7 +201,7 @@ class GossipProcessGroup(dist.ProcessGroup):
     def gather(self, outputs: list, inputs: list, opts: Any = None) -> GossipWork:
         """outputs: [the root's list of world-size tensors] on the root, [] elsewhere."""
         root = opts.rootRank if opts is not None else 0
-        x = _one(inputs, "gather").contiguous()
+        x = _one(inputs, "gather")
         self._check(x)
         handle = self._comm.gather(x, root, wait=False)
         if self.rank() != root:
@@ -220,14 +219,13 @@ class GossipProcessGroup(dist.ProcessGroup):
         """inputs: [the root's list of world-size tensors] on the root, [] elsewhere."""
         root = opts.rootRank if opts is not None else 0
         out = _one(outputs, "scatter")
-        target, finish = _writable(out)
         source = None
         if self.rank() == root:
             parts = _one(inputs, "scatter's inputs")
             self._check(out, *parts)
             source = torch.cat([t.reshape(-1) for t in parts])
-        handle = self._comm.scatter(source, root, out=target, wait=False)
-        return GossipWork([handle], outputs, finish)
+        handle = self._comm.scatter(source, root, out=out, wait=False)
+        return GossipWork([handle], outputs)
 
     def alltoall(self, outputs: list, inputs: list, opts: Any = None) -> GossipWork:
         """all_to_all: inputs[j] goes to rank j, outputs[j] comes from rank j (sizes may
@@ -252,18 +250,17 @@ class GossipProcessGroup(dist.ProcessGroup):
         the first dimension) per rank, as torch documents."""
         self._check(output, x)
         n = self.size()
-        target, finish = _writable(output)
         if not output_splits and not input_splits:
             if x.numel() != output.numel() or x.numel() % n:
                 raise ValueError(f"all_to_all_single: input of {x.numel()} and output of "
                                  f"{output.numel()} elements, not n = {n} equal blocks")
-            handle = self._comm.alltoall(x.contiguous(), out=target, wait=False)
-            return GossipWork([handle], [output], finish)
+            handle = self._comm.alltoall(x, out=output, wait=False)
+            return GossipWork([handle], [output])
         sends = _split_counts(x, input_splits, n, "input")
         recvs = _split_counts(output, output_splits, n, "output")
-        handle = self._comm.alltoall(x.contiguous().reshape(-1), send_counts=sends,
-                                     recv_counts=recvs, out=target.reshape(-1), wait=False)
-        return GossipWork([handle], [output], finish)
+        handle = self._comm.alltoall(x, send_counts=sends, recv_counts=recvs, out=output,
+                                     wait=False)
+        return GossipWork([handle], [output])
 
     alltoall_base = all_to_all_single
 
@@ -278,16 +275,10 @@ class GossipProcessGroup(dist.ProcessGroup):
 
     # ------------------------------------------------------------------ helpers
     def _each(self, tensors: list, start: Callable[[Any], OurWork]) -> GossipWork:
-        """``start`` on each tensor (in place), through a contiguous copy where needed."""
+        """``start`` on each tensor, in place (a non-contiguous one through a contiguous
+        stand-in: collectives/staging.py)."""
         self._check(*tensors)
-        handles, copies = [], []
-        for t in tensors:
-            target = t if t.is_contiguous() else t.contiguous()
-            handles.append(start(target))
-            if target is not t:
-                copies.append((t, target))
-        finish = (lambda: [t.copy_(c) for t, c in copies]) if copies else None
-        return GossipWork(handles, tensors, finish)
+        return GossipWork([start(t) for t in tensors], tensors)
 
     def _scatter_back(self, outputs: list, handles: list) -> None:
         """Each output takes its reduce_scatter's segment (the view the handle returns)."""
@@ -307,15 +298,6 @@ class GossipProcessGroup(dist.ProcessGroup):
         if tag != 0:
             raise ValueError(f"rank {self.rank()}: {what} with tag {tag}: the gossip backend "
                              "matches messages between two ranks in order, without tags")
-
-
-def _writable(out: Any) -> tuple[Any, Callable[[], Any] | None]:
-    """Where a call writes ``out``'s result: ``out`` itself when contiguous, else a
-    contiguous buffer, with the copy back into ``out`` to run once the call is done."""
-    if out.is_contiguous():
-        return out, None
-    target = torch.empty_like(out, memory_format=torch.contiguous_format)
-    return target, lambda: out.copy_(target)
 
 
 def _split_counts(t: Any, splits: list, n: int, what: str) -> list[int]:

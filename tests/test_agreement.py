@@ -33,16 +33,17 @@ def wrong_outs(peer):
     same_itemsize = outcome(lambda: peer.allgather(x, out=np.empty((n, 2), np.float32)))
     narrower = outcome(lambda: peer.allgather(x.astype(np.float32),
                                               out=np.empty((n, 2), np.float16)))
-    strided = outcome(lambda: peer.allgather(x, out=np.empty((n, 4), np.int32)[:, ::2]))
+    strided_out = np.zeros((n, 4), np.int32)
+    strided = outcome(lambda: peer.allgather(x, out=strided_out[:, ::2]))   # now accepted
     y = np.ones(8)
     bad_scratch = outcome(lambda: peer.neighbor_allreduce(
         y, 0.5, {(r - 1) % n: 0.5}, [(r + 1) % n], scratch=np.empty(8, np.float32)))
     bad_out = outcome(lambda: peer.neighbor_allreduce(
         y, 0.5, {(r - 1) % n: 0.5}, [(r + 1) % n], out=np.empty(7)))
-    # Nothing above took a sequence number: the group is still in step.
+    # Nothing refused above took a sequence number: the group is still in step.
     good = peer.allgather(x, out=np.empty((n, 2), np.int32))
-    return [same_itemsize[:2], narrower[:2], strided[:2], bad_scratch[:2], bad_out[:2],
-            good.tolist()]
+    return [same_itemsize[:2], narrower[:2], (strided[0], strided_out.tolist()),
+            bad_scratch[:2], bad_out[:2], good.tolist()]
 
 
 def test_an_out_of_another_dtype_size_or_layout_is_refused_on_every_rank():
@@ -52,7 +53,7 @@ def test_an_out_of_another_dtype_size_or_layout_is_refused_on_every_rank():
         for kind, message in refusals[:2] + refusals[3:]:
             assert kind == "ValueError", (kind, message)
             assert "out must be" in message or "scratch" in message, message
-        assert refusals[2][0] == "TypeError" and "contiguous" in refusals[2][1]
+        assert refusals[2] == ("ok", [[1 + 10 * k, 0, 2 + 10 * k, 0] for k in range(n)])
         assert "allgather" in refusals[0][1] and "int32" in refusals[0][1]
         assert "float32" in refusals[0][1]
         assert good == [[1 + 10 * r, 2 + 10 * r] for r in range(n)]

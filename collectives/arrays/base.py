@@ -62,6 +62,15 @@ class ArrayAdapter(abc.ABC):
     def flat(self, x: Any) -> Any:
         """A one-dimensional view of ``x`` (TypeError if that would need a copy)."""
 
+    def stand_in(self, x: Any) -> Any:
+        """A contiguous copy of ``x`` for a call to work on, or None when ``x`` is contiguous
+        (``flat`` takes it as it is): collectives/staging.py."""
+        return None
+
+    def write_back(self, x: Any, stand_in: Any) -> None:
+        """x[...] = stand_in: a non-contiguous array takes the result its stand-in holds."""
+        raise NotImplementedError
+
     @abc.abstractmethod
     def dtype_name(self, flat: Any) -> str:
         """The dtype's wire name (numpy's spelling; "bfloat16" for torch's)."""

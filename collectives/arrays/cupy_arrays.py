@@ -37,6 +37,12 @@ class CupyAdapter(ArrayAdapter):
             raise contiguous_error(x)
         return x.reshape(-1)
 
+    def stand_in(self, x: Any) -> Any:
+        return None if x.flags.c_contiguous else self._cp.ascontiguousarray(x)
+
+    def write_back(self, x: Any, stand_in: Any) -> None:
+        x[...] = stand_in
+
     def dtype_name(self, flat: Any) -> str:
         return flat.dtype.name
 

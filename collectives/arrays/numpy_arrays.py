@@ -38,6 +38,12 @@ class NumpyAdapter(ArrayAdapter):
             raise ValueError("the array is read-only; collectives work in place")
         return x.reshape(-1)
 
+    def stand_in(self, x: np.ndarray) -> np.ndarray | None:
+        return None if x.flags.c_contiguous else np.ascontiguousarray(x)
+
+    def write_back(self, x: np.ndarray, stand_in: np.ndarray) -> None:
+        np.copyto(x, stand_in)
+
     def dtype_name(self, flat: np.ndarray) -> str:
         dtype = flat.dtype
         name = _DTYPE_NAMES.get(dtype)

@@ -45,6 +45,13 @@ class TorchCPUAdapter(ArrayAdapter):
             x = x.detach()
         return x.view(-1)
 
+    def stand_in(self, x: torch.Tensor) -> torch.Tensor | None:
+        return None if x.is_contiguous() else x.detach().contiguous()
+
+    def write_back(self, x: torch.Tensor, stand_in: torch.Tensor) -> None:
+        with torch.no_grad():
+            x.copy_(stand_in)
+
     def dtype_name(self, flat: torch.Tensor) -> str:
         try:
             return _NAMES[flat.dtype]
