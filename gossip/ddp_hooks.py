@@ -12,9 +12,20 @@
   iteration (time-varying graphs): no global synchronisation, replicas drift apart by design
   and stay close as the graph mixes.
 
-Local SGD and DiLoCo need no hook of ours: torch's ``post_localSGD_hook`` with its
-``PeriodicModelAverager`` (torch.distributed.algorithms) run over the "gossip" backend, or
-gossip's own ``LocalSGD(period=H, outer_optimizer=...)`` policy on the model's parameters.
+- ``diloco_hook`` (DiLoCo, Douillard et al. 2023; ``HookState(period=H,
+  outer_optimizer="diloco")``): no communication for H - 1 iterations out of H, each rank
+  stepping on its own gradients (after one iteration of allreduced gradients, as torch's
+  post-local-SGD warm-up); at every H-th iteration each bucket's pseudo-gradient
+  (the bucket's parameters at the last outer step minus now) is averaged over every rank
+  (with the state's codec), the outer optimizer (SGD, Nesterov momentum 0.9, lr 0.7) moves
+  the anchor by it, and the parameters are set to the new anchor: the replicas are equal
+  again. ``local_sgd_hook`` is the same with an outer SGD of lr 1 (the new anchor is the
+  plain average of the parameters: local SGD). The outer step runs in the backward pass of
+  iteration 1 + kH, once a bucket's gradients are all computed (nothing reads its parameters
+  after that), so that iteration's inner step starts from the new anchor with the
+  gradient taken before it: one step of staleness per period (torch's ``post_localSGD_hook``
+  + ``PeriodicModelAverager``, also served by the "gossip" backend, average after the
+  optimizer's step instead, which needs a call in the training loop).
 
 The state names the gossip Peer: by default the one behind the default process group when
 its backend is "gossip" (gossip/torch_backend.py); with another backend, pass
@@ -26,16 +37,18 @@ import torch
 import torch.distributed as dist
 
 from collectives.codecs.registry import parse as parse_codec
+from gossip.policies.outer_optimizer import SGD, resolve_outer_optimizer
 from gossip.torch_work import GossipWork
 
-__all__ = ["HookState", "allreduce_hook", "gossip_hook"]
+__all__ = ["HookState", "allreduce_hook", "gossip_hook", "diloco_hook", "local_sgd_hook"]
 
 
 class HookState:
     """What the hooks share: the Peer, the codec, top-k's residuals, the iteration count."""
 
     def __init__(self, peer: Any = None, *, compression: Any = None,
-                 process_group: Any = None) -> None:
+                 process_group: Any = None, period: int = 1,
+                 outer_optimizer: Any = None) -> None:
         if peer is None:
             group = process_group if process_group is not None else dist.group.WORLD
             peer = getattr(group, "peer", None)
@@ -47,6 +60,13 @@ class HookState:
         self.compression = parse_codec(compression)
         self.step = 0   # iterations completed (a bucket with is_last() ends one)
         self._residuals: Dict[int, Any] = {}
+        # diloco_hook / local_sgd_hook: the period H, the outer optimizer (None: set by the
+        # hook, "diloco" for diloco_hook, SGD(lr=1) for local_sgd_hook), the anchors.
+        if isinstance(period, bool) or not isinstance(period, int) or period < 1:
+            raise ValueError(f"HookState: period must be a positive integer, got {period!r}")
+        self.period = period
+        self.outer = resolve_outer_optimizer(outer_optimizer)
+        self._anchors: Dict[int, Any] = {}
 
     def residual(self, bucket: Any) -> Any:
         """The error feedback of a sparse codec (top-k) for this bucket (float32, its size),
@@ -61,13 +81,22 @@ class HookState:
         return got.numpy()   # (the codecs' residual is a host array: the same memory)
 
     def state_dict(self) -> dict:
-        """The iteration count and top-k's residuals (a checkpoint keeps the feedback)."""
+        """The iteration count, top-k's residuals (a checkpoint keeps the feedback), and
+        DiLoCo's anchors and outer optimizer state."""
         return {"step": self.step,
-                "residuals": {k: v.clone() for k, v in self._residuals.items()}}
+                "residuals": {k: v.clone() for k, v in self._residuals.items()},
+                "anchors": {k: v.clone() for k, v in self._anchors.items()},
+                "outer": None if self.outer is None else self.outer.state()}
 
     def load_state_dict(self, state: dict) -> None:
         self.step = int(state["step"])
         self._residuals = {int(k): v.clone() for k, v in state["residuals"].items()}
+        self._anchors = {int(k): v.clone() for k, v in state.get("anchors", {}).items()}
+        if state.get("outer") is not None:
+            if self.outer is None:
+                self.outer = SGD(state["outer"]["lr"], state["outer"]["momentum"],
+                                 state["outer"]["nesterov"])
+            self.outer.load(state["outer"])
 
 
 # (No ``from __future__ import annotations`` here: DDP checks the hooks' annotations as
@@ -86,6 +115,63 @@ def gossip_hook(state: HookState, bucket: dist.GradBucket) -> torch.futures.Futu
     work = state.peer.neighbor_average(buf, state.step, wait=False,
                                        compression=state.compression)
     return _future(work, buf, state, bucket)
+
+
+def diloco_hook(state: HookState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+    """Local gradients, and at every ``state.period``-th iteration DiLoCo's outer step on
+    the bucket's parameters (module docstring); the outer optimizer defaults to DiLoCo's."""
+    if state.outer is None:
+        state.outer = SGD.diloco()
+    return _periodic(state, bucket)
+
+
+def local_sgd_hook(state: HookState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+    """Local gradients, and at every ``state.period``-th iteration the bucket's parameters
+    set to their average over every rank (an outer SGD of lr 1)."""
+    if state.outer is None:
+        state.outer = SGD(lr=1.0)
+    return _periodic(state, bucket)
+
+
+def _periodic(state: HookState, bucket: Any) -> torch.futures.Future:
+    buf = bucket.buffer()
+    if state.step == 0:
+        # The first iteration allreduces the gradients, as torch's post-local-SGD warm-up:
+        # DDP rebuilds its buckets (another order of parameters) after it, and the anchors,
+        # taken at iteration 1, are then the same on every rank and in the final order.
+        return allreduce_hook(state, bucket)
+    params = [p for p in bucket.parameters()]
+    k = bucket.index()
+    anchor = state._anchors.get(k)
+    if anchor is None:
+        wide = torch.float64 if any(p.dtype == torch.float64 for p in params) else torch.float32
+        anchor = state._anchors[k] = _flat_params(params).to(wide)
+    if state.step == 1 or (state.step - 1) % state.period:
+        if bucket.is_last():
+            state.step += 1
+        done: torch.futures.Future = torch.futures.Future()
+        done.set_result(buf)
+        return done
+    # The pseudo-gradient: how far this replica moved since the last outer step.
+    pseudo = anchor - _flat_params(params).to(anchor.dtype)
+    work = state.peer.allreduce(pseudo, op="mean", wait=False,
+                                compression=state.compression, residual=state.residual(bucket))
+
+    def outer_step() -> None:
+        with torch.no_grad():
+            state.outer.step(k, anchor, pseudo)
+            at = 0
+            for p in params:
+                m = p.numel()
+                p.copy_(anchor[at:at + m].view_as(p))
+                at += m
+    if bucket.is_last():
+        state.step += 1
+    return GossipWork([work], buf, outer_step).get_future()
+
+
+def _flat_params(params: list) -> Any:
+    return torch.cat([p.detach().reshape(-1) for p in params])
 
 
 def _future(work: Any, buf: Any, state: HookState, bucket: Any) -> torch.futures.Future:

@@ -47,6 +47,40 @@ def train(hook, state, r, n, data):
     return model, reference
 
 
+def hand_periodic(n, data, period, lr, momentum):
+    """Every rank's replica under DiLoCo's rule as the hooks apply it: iteration 0 steps on
+    the mean gradient and the anchor is taken after it; at iteration 1 + kH the gradient is
+    taken at the replica's parameters, the anchor moves by the outer step on the mean
+    pseudo-gradient (torch.optim.SGD's Nesterov rule), the replicas are set to the anchor,
+    then the inner step (lr 0.1) applies the gradient taken before."""
+    replicas = [model_and_reference()[0] for _ in range(n)]
+    flat = lambda m: torch.cat([p.detach().reshape(-1) for p in m.parameters()])  # noqa: E731
+    anchor, buf = None, None
+    for s in range(STEPS):
+        grads = []
+        for k, m in enumerate(replicas):
+            m.zero_grad()
+            m(data[k][s]).pow(2).mean().backward()
+            grads.append([p.grad.clone() for p in m.parameters()])
+        if s == 0:
+            grads = [[sum(g) / n for g in zip(*grads)]] * n
+        elif s == 1:
+            anchor = flat(replicas[0]).clone()
+        elif (s - 1) % period == 0:
+            g = sum(anchor - flat(m) for m in replicas) / n
+            if momentum:
+                buf = g.clone() if buf is None else momentum * buf + g
+                g = g + momentum * buf
+            anchor = anchor - lr * g
+            for m in replicas:
+                torch.nn.utils.vector_to_parameters(anchor.clone(), m.parameters())
+        with torch.no_grad():
+            for m, gs in zip(replicas, grads):
+                for p, gp in zip(m.parameters(), gs):
+                    p -= 0.1 * gp
+    return replicas
+
+
 def gap(model, reference):
     return max(float((p - q).detach().abs().max()) for p, q in zip(model.parameters(),
                                                             reference.parameters()))
@@ -88,6 +122,20 @@ def main():
     model, reference = train(ddp_hooks.gossip_hook, ddp_hooks.HookState(), r, n, data)
     assert gap(model, reference) < 1e-6, gap(model, reference)
     say("OK gossip_hook")
+
+    # DiLoCo (period 2, outer Nesterov SGD 0.7/0.9) and local SGD (outer lr 1), against
+    # every replica simulated here; iteration 3 is the outer step.
+    for name, hook, lr, momentum in (("diloco_hook", ddp_hooks.diloco_hook, 0.7, 0.9),
+                                     ("local_sgd_hook", ddp_hooks.local_sgd_hook, 1.0, 0.0)):
+        state = ddp_hooks.HookState(period=2)
+        model, _ = train(hook, state, r, n, data)
+        want = hand_periodic(n, data, 2, lr, momentum)[r]
+        far = max(float((p - q).abs().max()) for p, q in zip(model.parameters(),
+                                                              want.parameters()))
+        assert far < 1e-5, (name, far)
+        assert not replicas_equal(model)    # iteration 3 was local again
+        assert state.state_dict()["anchors"] and state.step == STEPS
+        say("OK", name, far)
 
     # torch's own local SGD over the gossip backend: no gradient traffic after step 2,
     # parameters averaged every 2 steps by PeriodicModelAverager (dist.all_reduce).
