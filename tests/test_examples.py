@@ -11,6 +11,8 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -215,6 +217,44 @@ def test_train_torch_under_a_real_srun() -> None:
     assert "2 peers, policy synchronous" in final
     assert _number(final, "averaged model test accuracy") > 0.4, final
     assert "rank 1 epoch 1" in out
+
+
+@pytest.mark.skipif(not _slurm_up(), reason="no SLURM node up (.ci/run installs slurm-wlm and "
+                    "starts one: scripts/slurm-one-node.sh)")
+def test_examples_slurm_sbatch_under_a_real_sbatch(tmp_path) -> None:
+    # examples/slurm.sbatch as written (its srun line starts the peers), on the one node:
+    # its two-node header is overridden on the command line, as a user with one node would.
+    out_file = tmp_path / "job.out"
+    proc = subprocess.run(["sbatch", "--parsable", "--nodes=1", "--ntasks-per-node=4",
+                           "--cpus-per-task=1", "--overcommit", f"--chdir={REPO}",
+                           f"--output={out_file}", str(EXAMPLES / "slurm.sbatch"),
+                           "--epochs", "1"],
+                          capture_output=True, text=True, timeout=WAIT_S, env=_env())
+    job = _check(proc).strip().split(";")[0]
+    state = _wait_for_job(job, time.monotonic() + WAIT_S)
+    out = out_file.read_text() if out_file.exists() else "(no output file)"
+    assert state == ("COMPLETED", "0:0"), (state, out[-3000:])
+    final = _final(out)
+    assert "4 peers, policy synchronous" in final
+    assert _number(final, "averaged model test accuracy") > 0.4, final
+
+
+def _wait_for_job(job: str, deadline: float) -> tuple[str, str]:
+    """(state, exit code) of a SLURM job once it ended (sbatch --wait backs off to tens of
+    seconds between polls); cancelled at the deadline."""
+    pause = threading.Event()
+    while True:
+        info = subprocess.run(["scontrol", "show", "job", job], capture_output=True,
+                              text=True, timeout=30).stdout
+        state = re.search(r"JobState=(\w+)", info)
+        code = re.search(r"ExitCode=([0-9:]+)", info)
+        if state and state.group(1) not in ("PENDING", "RUNNING", "CONFIGURING",
+                                            "COMPLETING"):
+            return state.group(1), code.group(1) if code else "?"
+        if time.monotonic() > deadline:
+            subprocess.run(["scancel", job], timeout=30)
+            return "TIMEOUT (cancelled by the test)", "?"
+        pause.wait(0.2)
 
 
 @pytest.mark.skipif(shutil.which("mpirun") is None,
