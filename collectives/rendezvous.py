@@ -90,6 +90,8 @@ def rendezvous(transport: Transport, address: str, *, timeout: float,
     entry = dict(transport.endpoints, pid=os.getpid(), **(extra or {}))
     me = {"v": RENDEZVOUS_VERSION, "rank": transport.rank, "world_size": transport.world_size,
           "job": transport.config.job_id, "entry": entry, "info": info or {}}
+    log.debug("rank %d: rendezvous of job %s at %s, %d peers, timeout %gs", transport.rank,
+              _job_name(me["job"]), address, transport.world_size, timeout)
     if transport.world_size == 1:
         table = {0: entry}
     elif transport.rank == 0:
@@ -98,6 +100,8 @@ def rendezvous(transport: Transport, address: str, *, timeout: float,
         except _PortHeld as held:
             # A restarted rank 0: a running member of its job may hold the address (a door
             # listening there). Ask briefly as a client; anything else holds it: say so.
+            log.debug("rank 0: %s; asking for %gs whether a member of this job holds it",
+                      held, _PROBE_HELD)
             _probe_running(transport, address, me)
             raise RendezvousError(str(held)) from None
     else:
@@ -135,6 +139,8 @@ def _serve(transport: Transport, address: str, timeout: float, me: dict) -> dict
         error = _PortHeld if exc.errno == zmq.EADDRINUSE else RendezvousError
         raise error(f"rank 0: cannot bind the rendezvous at {bind} ({address}): "
                     f"{exc.strerror}; {hint}") from None
+    log.debug("rank 0: serving the rendezvous at %s (bound %s); waits up to %gs for ranks "
+              "1-%d", address, bind, timeout, transport.world_size - 1)
     try:
         return _collect(sock, refusals, transport, address, timeout, me, n)
     finally:
@@ -161,6 +167,8 @@ def _collect(sock, refusals, transport, address, timeout, me, n) -> dict[int, di
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             missing = sorted(set(range(n)) - set(registered))
+            log.debug("rank 0: the rendezvous at %s timed out after %gs, ranks %s missing",
+                      address, timeout, _ranges(missing))
             raise fail(f"ranks {_ranges(missing)} never came within {timeout:g}s "
                        f"({len(registered)} of {n} registered); check that every peer was "
                        f"started with the same world size and rendezvous address")
@@ -207,6 +215,10 @@ def _collect(sock, refusals, transport, address, timeout, me, n) -> dict[int, di
                            "every peer must use the same setting")
         registered[rank] = msg
         identities[rank] = ident
+        if log.isEnabledFor(logging.DEBUG):
+            entry = msg.get("entry")   # (a registration is checked no further: .get safely)
+            log.debug("rank 0: rank %d registered from %s (%d of %d)", rank,
+                      entry.get("tcp") if isinstance(entry, dict) else "?", len(registered), n)
         # Tell the client how long rank 0 still waits: it stretches its own deadline to hear
         # the verdict, instead of every client waiting a fixed, larger margin.
         sock.send_multipart([ident, _pack({"wait": max(0.0, deadline - time.monotonic())})],
@@ -224,6 +236,8 @@ def _collect(sock, refusals, transport, address, timeout, me, n) -> dict[int, di
         if sock.poll(200):
             frames = sock.recv_multipart()
             pending.discard(frames[0])
+    log.debug("rank 0: sent the table of %d peers; %d acknowledgement(s) missing", n,
+              len(pending))
     return table
 
 
@@ -282,12 +296,16 @@ def _register(transport, address, timeout, me) -> dict[int, dict]:
     deadline = start + timeout + _CLIENT_GRACE
     refusal = None   # the last "not your job" heard, for the error at the deadline
     sock = _client_socket(transport, address)
+    log.debug("rank %d: registering at the rendezvous %s; waits up to %gs for rank 0",
+              transport.rank, address, deadline - start)
     try:
         sock.send(_pack(me))
         while True:
             remaining = deadline - time.monotonic()
             if remaining <= 0 or not sock.poll(remaining * 1000):
                 waited = time.monotonic() - start
+                log.debug("rank %d: the rendezvous at %s timed out after %.3gs",
+                          transport.rank, address, waited)
                 if refusal is not None:
                     raise RendezvousError(
                         f"rank {transport.rank} of job {_job_name(me['job'])}: never met its "
@@ -305,6 +323,8 @@ def _register(transport, address, timeout, me) -> dict[int, dict]:
             wait = msg.get("wait")
             if type(wait) in (int, float) and 0 <= wait < 1e6:  # NaN fails the comparison
                 deadline = max(deadline, time.monotonic() + wait + _CLIENT_GRACE)
+                log.debug("rank %d: rank 0 took the registration; the table within %.3gs",
+                          transport.rank, deadline - time.monotonic())
                 continue
             running = _running(msg, transport, address, me)
             if running is not None:
@@ -313,6 +333,9 @@ def _register(transport, address, timeout, me) -> dict[int, dict]:
                 # Another job's rank 0 holds the address: ours may take it once that job's
                 # rendezvous is over. Ask again on a fresh connection (the old one is that
                 # rank 0's until it closes).
+                if refusal is None:   # (asked again every _REFUSED_RETRY: logged once)
+                    log.debug("rank %d: refused at %s: %s; asking again until the deadline",
+                              transport.rank, address, msg["refused"])
                 refusal = str(msg["refused"])[:300]
                 sock.close()
                 time.sleep(min(_REFUSED_RETRY, max(0.0, deadline - time.monotonic())))
@@ -323,6 +346,8 @@ def _register(transport, address, timeout, me) -> dict[int, dict]:
                 raise RendezvousError(f"rank {transport.rank}: rendezvous at {address} failed: "
                                       f"{msg['error']}")
             if "table" in msg:
+                log.debug("rank %d: got the table from the rendezvous at %s", transport.rank,
+                          address)
                 sock.send(b"ack")
                 # Let the acknowledgement leave before the socket closes.
                 sock.linger = 500

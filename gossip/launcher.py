@@ -16,10 +16,11 @@ and names it (a restarted one takes its slot again); its rank in the group is th
 Each peer gets torchrun's variables (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE,
 MASTER_ADDR, MASTER_PORT, GROUP_RANK), so ``gossip.init()`` (or torch.distributed) finds the
 group, and GOSSIP_JOB_ID (``--job-id``, or one made here: see _job_id), so peers of two runs
-that meet at one port never mix. Every output line is prefixed with the peer's rank. The
-first peer to fail stops the others (SIGTERM, then SIGKILL after ``grace`` seconds) and its
-exit code becomes the launcher's (128+N for death by signal N, like a shell). SIGINT/SIGTERM/SIGHUP to the launcher
-are forwarded to every peer, with the same escalation, and the launcher exits 128+signal.
+that meet at one port never mix. Every output line is prefixed with the peer's rank
+(``--log-dir``, ``--tee``: see launch). The first peer to fail stops the others (SIGTERM, then
+SIGKILL after ``grace`` seconds) and its exit code becomes the launcher's (128+N for death by
+signal N, like a shell). SIGINT/SIGTERM/SIGHUP to the launcher are forwarded to every peer,
+with the same escalation, and the launcher exits 128+signal.
 
 This module must not import torch: it only starts processes, and should start fast.
 
@@ -28,6 +29,7 @@ The processes themselves (start, watch, stop, reap) are local_peers.py's.
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import re
 import secrets
@@ -41,7 +43,7 @@ from gossip.logs import check_log_level
 from gossip.supervisor import free_port
 
 __all__ = ["launch", "main", "build_parser", "add_arguments", "run_from_args", "parse_nnodes",
-           "DEFAULT_GRACE"]
+           "parse_tee", "DEFAULT_GRACE"]
 
 DEFAULT_GRACE = defaults.LAUNCHER_GRACE  # seconds between the polite signal and SIGKILL
 _MULTI_NODE_PORT = 29500  # torchrun's default, for runs where every node must agree on it
@@ -62,6 +64,28 @@ def parse_nnodes(text: str) -> tuple[int, int]:
     if lo < 1 or hi < lo:
         raise ValueError(f"--nnodes {text!r}: need 1 <= MIN <= MAX")
     return lo, hi
+
+
+def parse_tee(text: str, nprocs: int) -> list[int]:
+    """``--tee``, torchrun's: "3" (every local rank) or "LOCAL_RANK:N,..." (ranks not named
+    show nothing) -> the streams each local rank also shows here: 0 none, 1 stdout, 2
+    stderr, 3 both."""
+    def streams(value: str) -> int:
+        if value.strip() not in ("0", "1", "2", "3"):
+            raise ValueError(f"--tee {text!r}: expected 0 (none), 1 (stdout), 2 (stderr), "
+                             "3 (both), or LOCAL_RANK:N,... such as 0:3,1:2")
+        return int(value)
+    text = str(text).strip()
+    if ":" not in text:
+        return [streams(text)] * nprocs
+    tee = [0] * nprocs
+    for item in text.split(","):
+        rank, _, value = item.partition(":")
+        if not rank.strip().isdigit() or not int(rank) < nprocs:
+            raise ValueError(f"--tee {text!r}: {rank.strip()!r} is not a local rank "
+                             f"(0..{nprocs - 1})")
+        tee[int(rank)] = streams(value)
+    return tee
 
 
 def _check(nprocs: int, nnodes: int, node_rank: int, master_addr: str | None,
@@ -118,7 +142,7 @@ def launch(cmd: list[str], nprocs: int, *, nnodes: int = 1, node_rank: int = 0,
            timeout: float | None = None, key: str | None = None, prefix: bool = True,
            grace: float = DEFAULT_GRACE, keep_going: bool = False,
            job_id: str | None = None, max_restarts: int = 0,
-           log_dir: str | None = None) -> int:
+           log_dir: str | None = None, tee: str | None = None) -> int:
     """Run ``cmd`` as ``nprocs`` peers of this node; return the launcher's exit code.
 
     ``cmd`` is the full command line (e.g. ``[sys.executable, "train.py"]``). ``env`` adds to
@@ -130,7 +154,10 @@ def launch(cmd: list[str], nprocs: int, *, nnodes: int = 1, node_rank: int = 0,
     ``max_nodes`` (> ``nnodes``): an elastic job of ``nnodes`` to ``max_nodes`` nodes (see
     the module docstring). ``log_dir``: each peer's stdout and stderr are also written to
     ``LOG_DIR/rank{R}.stdout`` and ``.stderr`` (unprefixed; a restarted peer's lines follow
-    its earlier ones after a marker line), as well as shown here (torchrun's --tee).
+    its earlier ones after a marker line); ``tee`` (torchrun's --tee, see parse_tee; default
+    "3") chooses which of them are also shown here. A peer's traceback is shown in one line
+    when another rank's failure caused it, or when it is a RendezvousError, unless the
+    environment's GOSSIP_LOG_LEVEL is DEBUG (gossip/failure_report.py).
     """
     max_nodes = nnodes if max_nodes is None else max_nodes
     _check(nprocs, nnodes, node_rank, master_addr, master_port, topology, timeout, key, grace,
@@ -144,6 +171,9 @@ def launch(cmd: list[str], nprocs: int, *, nnodes: int = 1, node_rank: int = 0,
             raise ValueError(f"--job-id: {exc}") from None
     if not cmd:
         raise ValueError("nothing to run: give a script or -m module")
+    streams = parse_tee("3" if tee is None else tee, nprocs)
+    if log_dir is None and streams != [3] * nprocs:   # a stream hidden would be lost
+        raise ValueError(f"--tee {tee} needs --log-dir (the files keep what is not shown)")
     addr = master_addr or "127.0.0.1"
     port = master_port or (free_port() if max_nodes == 1 else _MULTI_NODE_PORT)
     joining = node_rank >= nnodes   # a node beyond MIN joins the running job
@@ -175,8 +205,13 @@ def launch(cmd: list[str], nprocs: int, *, nnodes: int = 1, node_rank: int = 0,
         base["GOSSIP_TIMEOUT"] = str(timeout)
     if key is not None:
         base["GOSSIP_KEY"] = os.path.abspath(key)  # peers may chdir; the path must hold
+    # GOSSIP_LOG_LEVEL=DEBUG: every traceback whole, not shortened to its last line.
+    level = check_log_level(base.get("GOSSIP_LOG_LEVEL", ""))
+    if isinstance(level, str):
+        level = logging.getLevelName(level) if level else 0
+    verbose = 0 < level <= logging.DEBUG
     return LocalPeers(cmd, nprocs, node_rank * nprocs, base, prefix, grace, keep_going,
-                      max_restarts, log_dir).run()
+                      max_restarts, log_dir, streams, verbose).run()
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -212,8 +247,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-prefix", dest="prefix", action="store_false",
                         help="pass peer output through without the [rank k] prefix")
     parser.add_argument("--log-dir", default=None, metavar="DIR",
-                        help="also write each peer's output to DIR/rank{R}.stdout and "
-                             ".stderr (shown here too, as torchrun's --tee)")
+                        help="write each peer's output to DIR/rank{R}.stdout and .stderr "
+                             "(also shown here: see --tee)")
+    parser.add_argument("--tee", default=None, metavar="N|LOCAL_RANK:N,...",
+                        help="with --log-dir, the streams also shown here, as torchrun's: "
+                             "0 none, 1 stdout, 2 stderr, 3 both (default 3); per local "
+                             "rank as 0:3,1:2 (ranks not named: 0)")
     parser.add_argument("-m", "--module", action="store_true",
                         help="run the target as a module (python -m), not a script")
     parser.add_argument("script", metavar="script|module", help="script (or module with -m)")
@@ -267,7 +306,8 @@ def run_from_args(args: argparse.Namespace) -> int:
                   master_addr=args.master_addr, master_port=args.master_port,
                   topology=args.topology, timeout=args.timeout, key=args.key,
                   prefix=args.prefix, grace=args.grace, keep_going=args.keep_going,
-                  job_id=args.job_id, max_restarts=args.max_restarts, log_dir=args.log_dir)
+                  job_id=args.job_id, max_restarts=args.max_restarts, log_dir=args.log_dir,
+                  tee=args.tee)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -76,16 +76,17 @@ _GUARD = ("import ctypes, os, signal, sys\n"
           "os.execvp(sys.argv[2], sys.argv[2:])\n")
 
 
-def _pump(src: IO[bytes], dst: IO[str], prefix: bytes, lock: threading.Lock,
+def _pump(src: IO[bytes], dst: IO[str] | None, prefix: bytes, lock: threading.Lock,
           feed: Callable[[bytes], list[bytes]], flush: Callable[[], list[bytes]],
           log: IO[bytes] | None = None) -> None:
     """Copy whole lines from a child's pipe to ``dst``, through ``feed`` (the FailureReport:
     a traceback comes out whole, or as one line when it is a consequence of another rank's
     failure); the lock keeps lines of different peers (and of stdout vs stderr on one
     terminal) from interleaving mid-line. ``log``: every line also goes there, unprefixed
-    and unfiltered (--log-dir)."""
+    and unfiltered (--log-dir). ``dst`` None: the stream is not shown (--tee), but still
+    fed, so the closing line can name the exception."""
     out = getattr(dst, "buffer", None)
-    broken = False
+    broken = dst is None
 
     def write(lines: list[bytes]) -> bool:
         try:
@@ -121,10 +122,14 @@ class LocalPeers:
 
     def __init__(self, cmd: list[str], nprocs: int, first_rank: int, env: dict[str, str],
                  prefix: bool, grace: float, keep_going: bool = False,
-                 max_restarts: int = 0, log_dir: str | None = None) -> None:
+                 max_restarts: int = 0, log_dir: str | None = None,
+                 tee: list[int] | None = None, verbose: bool = False) -> None:
         self.cmd, self.nprocs, self.first_rank = cmd, nprocs, first_rank
         self.env, self.prefix, self.grace = env, prefix, grace
         self.log_dir = log_dir
+        # Per local rank, the streams also shown here (torchrun's --tee: 1 stdout, 2 stderr,
+        # 3 both); without a log dir every stream is shown, there being nowhere else.
+        self.tee = list(tee) if log_dir and tee is not None else [3] * nprocs
         self.keep_going = keep_going
         # A failed peer is started again, up to this many times per slot, with the same
         # variables and the next GOSSIP_INCARNATION: it rejoins the running job.
@@ -136,7 +141,7 @@ class LocalPeers:
         self.events: queue.SimpleQueue = queue.SimpleQueue()
         self.threads: list[threading.Thread] = []
         self.lock = threading.Lock()  # one line at a time on our stdout/stderr
-        self.report = FailureReport()
+        self.report = FailureReport(verbose)
         self.pids: list[int] = []   # every peer process started, restarts included
         self.pumps: dict[int, list[threading.Thread]] = {}   # local -> its output threads
 
@@ -152,6 +157,11 @@ class LocalPeers:
         finally:
             try:
                 self._reap()
+                if self.report.left_out:
+                    kept = (f" (and {self.log_dir}/rank*.stderr has them)" if self.log_dir
+                            else "")
+                    self._say(f"{self.report.left_out} traceback(s) shortened to their last "
+                              f"line; GOSSIP_LOG_LEVEL=DEBUG shows them whole{kept}")
             finally:
                 for signum, handler in saved.items():
                     signal.signal(signum, handler)
@@ -195,12 +205,13 @@ class LocalPeers:
             rank = self.first_rank + local
             tag = f"[rank {rank}] ".encode() if self.prefix else b""
             flush = partial(self.report.flush, rank)
+            shown = self.tee[local]
             self.pumps[local] = [
-                self._thread(_pump, p.stdout, sys.stdout, tag, self.lock,
-                             partial(self.report.feed, rank, 0), flush,
+                self._thread(_pump, p.stdout, sys.stdout if shown & 1 else None, tag,
+                             self.lock, partial(self.report.feed, rank, 0), flush,
                              self._log(rank, "stdout")),
-                self._thread(_pump, p.stderr, sys.stderr, tag, self.lock,
-                             partial(self.report.feed, rank, 1), flush,
+                self._thread(_pump, p.stderr, sys.stderr if shown & 2 else None, tag,
+                             self.lock, partial(self.report.feed, rank, 1), flush,
                              self._log(rank, "stderr"))]
 
     def _log(self, rank: int, stream: str) -> IO[bytes] | None:
@@ -239,7 +250,11 @@ class LocalPeers:
         deadline = time.monotonic() + _READER_JOIN_S
         for t in self.pumps.get(local, []):
             t.join(max(0.0, deadline - time.monotonic()))
-        exception = self.report.exception_of(self.first_rank + local)
+        rank = self.first_rank + local
+        exception = self.report.exception_of(rank)
+        if not self.tee[local] & 2:   # its traceback was not shown here: say where it is
+            where = os.path.join(self.log_dir, f"rank{rank}.stderr")
+            exception = f"{exception}; see {where}" if exception else f"see {where}"
         return f" ({exception})" if exception else ""
 
     def _next_event(self, deadline: float | None = None) -> tuple[str, int, int]:

@@ -111,6 +111,8 @@ class PeerMembership:
         self.door.on_held = self._announce
         self._rendezvous_host = members[0].host   # where the rendezvous address lives
         self.door.every_poll(self._hold_rendezvous)
+        log.debug("%s: %s (from the rendezvous at %s)", self.name, view.describe(),
+                  rendezvous_address)
         return view
 
     def use(self, transport: Any) -> None:

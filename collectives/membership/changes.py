@@ -263,6 +263,10 @@ class ViewChanges(Leaving):
                     continue
             self._close(transport)
             rank = p.rank_of(self.name)
+            log.debug("%s: stopped at step %d; answers coordinator %s's proposal of view %d "
+                      "(%d members, this one rank %d); waits up to %.3gs for its commit",
+                      self.name, step, p.coordinator, p.number, len(p.members), rank,
+                      deadline - time.monotonic())
             transport = self._make_transport(rank, len(p.members), p.number, p.hosts)
             entry = dict(transport.endpoints)
             self.door.tell(p.coordinator, "ready", pid=p.pid, name=self.name, entry=entry,

@@ -64,6 +64,7 @@ class Door:
         port = self._router.bind_to_random_port(f"tcp://{config.bind_host}", min_port=lo,
                                                 max_port=hi + 1, max_tries=200)
         self.address = f"tcp://{host}:{port}"
+        log.debug("%s: the membership door listens at %s", who, self.address)
         self._handlers: dict[str, Callable[[dict], None]] = {}
         # A rendezvous registration (a restarted process starting as it did the first time)
         # reaching a door at the rendezvous address: answered on its own connection.
@@ -225,6 +226,8 @@ class Door:
                 sock.sndhwm = 1000
                 if self.config.key is not None:
                     self.config.key.apply_client(sock)
+                log.debug("%s: connecting to the door at %s (to tell %s)", self.who, address,
+                          kind)
                 sock.connect(address)
                 self._out[address] = sock
             try:

@@ -9,6 +9,7 @@ from a peer therefore first connects to it, even when this peer never sends to i
 """
 from __future__ import annotations
 
+import logging
 import threading
 import time
 
@@ -19,6 +20,8 @@ from collectives import defaults
 from collectives.transport.inbox import Inbox, Lost
 
 __all__ = ["Liveness", "MONITOR_EVENTS"]
+
+log = logging.getLogger("collectives")
 
 # What a DEALER's monitor reports (see Sockets.open_link).
 MONITOR_EVENTS = (zmq.EVENT_DISCONNECTED | zmq.EVENT_HANDSHAKE_SUCCEEDED
@@ -59,6 +62,8 @@ class Liveness:
                 return
             kind = event["event"]
             if kind == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+                log.debug("rank %s: connected to rank %d at %s (handshake done)",
+                          self._refusals.rank, rank, event["endpoint"].decode(errors="replace"))
                 # A ZeroMQ peer answered (with or without CURVE), not just some process that
                 # accepted the connection on a port or socket file a dead peer left behind.
                 with self._reached:
@@ -66,6 +71,9 @@ class Liveness:
                     self._reached.notify_all()
             elif kind == zmq.EVENT_DISCONNECTED:
                 if rank in self.connected and rank not in self.suspects:
+                    log.debug("rank %s: connection to rank %d dropped (it closed or died): "
+                              "counted lost in %gs", self._refusals.rank, rank,
+                              defaults.DISCONNECT_GRACE)
                     # What the peer sent before it went travels on its own connection to our
                     # ROUTER and may be read after this event: give it a moment to land, so
                     # the last messages of a peer that finished and left are not lost.
@@ -94,6 +102,8 @@ class Liveness:
         for rank, when in list(self.suspects.items()):
             if now >= when:
                 del self.suspects[rank]
+                log.debug("rank %s: rank %d counted lost (its connection dropped)",
+                          self._refusals.rank, rank)
                 self._inbox.mark_lost(rank, Lost(
                     "connection dropped (the peer died, closed, or missed heartbeats for "
                     f"{self._heartbeat_timeout:g}s)"))

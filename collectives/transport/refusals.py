@@ -13,6 +13,7 @@ the two are paired.
 """
 from __future__ import annotations
 
+import logging
 import os
 import socket as pysocket
 
@@ -22,6 +23,8 @@ from zmq.utils.monitor import recv_monitor_message
 from collectives.transport.throttle import ThrottledLog
 
 __all__ = ["Refusals"]
+
+log = logging.getLogger("collectives")
 
 _EVENTS = (zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
            | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL)
@@ -66,6 +69,9 @@ class Refusals(ThrottledLog):
             kind, value = event["event"], event["value"]
             if kind == zmq.EVENT_ACCEPTED:
                 self._clients[value] = _peer_name(value)
+                # Which rank it is shows with its first message (its routing id), not here.
+                log.debug("%s: accepted a connection from %s on %s", self._who,
+                          self._clients[value], event["endpoint"].decode(errors="replace"))
             elif kind == zmq.EVENT_DISCONNECTED:
                 client = self._clients.pop(value, "an unknown address")
                 if self._failed is not None:

@@ -13,6 +13,7 @@ import logging
 import glob
 import os
 import socket as pysocket
+import sys
 import tempfile
 import threading
 import uuid
@@ -152,15 +153,17 @@ class Sockets:
         endpoints = {"tcp": f"tcp://{advertise}:{port}", "ipc": None, "host": host_id(),
                      "shm": cfg.transport in ("auto", "shm") and shm_supported()}
         if cfg.transport in ("auto", "ipc", "shm"):
-            path = os.path.join(tempfile.gettempdir(), _ipc_name(os.getpid(), self.rank))
+            path = _ipc_path(os.getpid(), self.rank)
             try:
                 self.router.bind(f"ipc://{path}")
-                self._ipc_path = path
+                self._ipc_path = None if path.startswith("@") else path
                 endpoints["ipc"] = f"ipc://{path}"
             except zmq.ZMQError as exc:
                 if cfg.transport in ("ipc", "shm"):
                     raise RendezvousError(f"rank {self.rank}: cannot bind ipc://{path}: {exc}")
                 log.info("rank %d: no ipc endpoint (%s); using tcp only", self.rank, exc)
+        log.debug("rank %d: listening at %s%s", self.rank, endpoints["tcp"],
+                  f" and {endpoints['ipc']}" if endpoints["ipc"] else "")
         return endpoints
 
     def address(self, rank: int) -> str:
@@ -186,6 +189,8 @@ class Sockets:
             dealer.sndhwm = self.config.send_hwm
             dealer.setsockopt(zmq.RECONNECT_IVL, int(defaults.RECONNECT_INTERVAL * 1000))
             monitor = dealer.get_monitor_socket(MONITOR_EVENTS)
+            log.debug("rank %d: connecting to rank %d at %s", self.rank, rank,
+                      self.address(rank))
             dealer.connect(self.address(rank))
             link = Link(rank, dealer, monitor, self._on_sent,
                         None if self.config.link is None else Pacer(self.config.link))
@@ -218,7 +223,8 @@ class Sockets:
             self.zap.close()
 
     def destroy(self) -> None:
-        """Terminate the context and remove the ipc socket file (after the I/O thread)."""
+        """Terminate the context and remove the ipc socket file, where it is one (after the
+        I/O thread)."""
         try:
             self.context.destroy(linger=0)
         except zmq.ZMQError:
@@ -231,16 +237,31 @@ class Sockets:
 
 
 def _ipc_name(pid: int, rank: int) -> str:
-    """The file name of a peer's ipc socket: its process id first, so that whoever started
-    the process can remove it (remove_ipc_files) when the peer died without closing."""
+    """The name of a peer's ipc socket: its process id first, so that whoever started the
+    process can remove its file (remove_ipc_files) when the peer died without closing."""
     return f"gossip-{pid}-r{rank}-{uuid.uuid4().hex[:8]}.sock"
+
+
+def _ipc_path(pid: int, rank: int) -> str:
+    """Where a peer's ipc socket lives. On Linux in the abstract namespace ("@name"): the
+    kernel removes it with the last descriptor, however the process ends. A socket file in
+    TMPDIR outlived every peer that ended without close(): killed, os._exit (a torchrun rank
+    leaving at once), an uncaught exception under a launcher that did not clean up after it;
+    thousands piled up in /tmp. An abstract socket is reachable by any process of the network
+    namespace, as the peer's tcp port on the same host already is (CURVE, when on, guards
+    both alike); ipc is only chosen between peers of one host and network namespace
+    (host_id), which is where abstract sockets are shared. Elsewhere: a file in TMPDIR."""
+    name = _ipc_name(pid, rank)
+    if sys.platform.startswith("linux"):
+        return "@" + name
+    return os.path.join(tempfile.gettempdir(), name)
 
 
 def remove_ipc_files(pids, folder: str | None = None) -> int:
     """Remove the ipc socket files of the peer processes ``pids`` (dead: a live peer's socket
     would stop accepting), in ``folder`` (their TMPDIR; default this process's); returns how
     many. A peer that closes removes its own; one killed, or ending on an exception without
-    close(), leaves its file behind."""
+    close(), leaves its file behind (where sockets are files: not on Linux, see _ipc_path)."""
     removed = 0
     folder = folder or tempfile.gettempdir()
     for pid in pids:

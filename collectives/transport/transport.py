@@ -71,6 +71,7 @@ class Transport:
         self.inbox = Inbox()
         self.counters = [PeerCounters() for _ in range(world_size)]
         self._closed = False
+        self._armed: tuple | None = None   # the last wait logged (DEBUG): one line per wait
         self.interrupted = False   # interrupt() was called: a view change ends this transport
         self._close_lock = threading.Lock()
         self._drops = DropLog(rank)
@@ -270,6 +271,11 @@ class Transport:
             mismatch = self.activity.waiting(channel, seq, src)
             if mismatch is not None:
                 raise ProtocolError(f"rank {self.rank}: {mismatch}")
+            if key != self._armed and log.isEnabledFor(logging.DEBUG):   # not per chunk
+                self._armed = key
+                log.debug("rank %d: %s: waiting on rank %d (channel %d, sequence %d), timeout "
+                          "in %.3gs", self.rank, operation, src, channel, seq,
+                          deadline - time.monotonic())
         if item is None and self._pump(key, deadline):
             item = self.inbox.get(key, deadline)
         elif item is None:

@@ -13,6 +13,7 @@ themselves. A chain that comes back to this peer is a deadlock of mismatched cal
 """
 from __future__ import annotations
 
+import logging
 import time
 from typing import Any, NamedTuple
 
@@ -23,6 +24,8 @@ from collectives.transport.activity import BUSY, FINISHED, IDLE, same_call
 from collectives.transport.inbox import Lost, MailboxError
 
 __all__ = ["Verdict", "find_missing", "wait_error"]
+
+log = logging.getLogger("collectives")
 
 
 class Verdict(NamedTuple):
@@ -122,6 +125,8 @@ def wait_error(t, item, src: int, operation: Any, channel: int, seq: int) -> Exc
     # Deadline passed: a peer we never reached (for as long as a silent peer is given) is
     # lost; one that answers heartbeats is merely late (still computing, or it never made
     # the matching call): ask along the chain of waits who is missing.
+    log.debug("rank %d: %s: timed out waiting on rank %d (channel %d, sequence %d)", me,
+              operation, src, channel, seq)
     if not t.reached(src) and not t.connecting(src):
         return PeerLost(f"{where}: never reachable within the timeout", rank=src,
                         address=t.address(src), operation=operation)
