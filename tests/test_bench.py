@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+import statistics
 import subprocess
 import sys
 
@@ -80,6 +81,10 @@ def test_bench_table():
     for r in rows:
         time_us, algbw, busbw = float(r[4]), float(r[5]), float(r[6])
         assert time_us > 0 and algbw > 0 and busbw > 0
+    last = out.stdout.splitlines()[-1]   # nccl-tests' closing line, over the rows
+    assert last.startswith("# Avg bus bandwidth    : ") and "over 2 sizes" in last, last
+    mean = statistics.fmean(float(r[6]) for r in rows)
+    assert float(last.split(":")[1].split()[0]) == pytest.approx(mean, abs=2e-3)
 
 
 def test_bench_json():
@@ -95,6 +100,10 @@ def test_bench_json():
         assert r["iters"] == 3 and r["busbw_GBps"] > 0
         assert r["seconds_min"] <= r["seconds_median"] <= r["seconds_max"]
         assert "ratio" not in r
+    # The average goes to stderr with the header: stdout stays one JSON object per line.
+    (avg,) = [line for line in out.stderr.splitlines() if "Avg bus bandwidth" in line]
+    mean = statistics.fmean(r["busbw_GBps"] for r in rows)
+    assert float(avg.split(":")[1].split()[0]) == pytest.approx(mean, abs=2e-3)
 
 
 def test_bench_vs_gloo():
@@ -237,8 +246,8 @@ def test_slow_network_benchmark_configurations_make_policies():
 
 
 def test_memory_check_names_the_need_and_what_is_available():
-    from gossip.bench.sizes import check_memory
-    check_memory(4, [64 << 20], available=1 << 30)   # 768 MiB of 1 GiB: fits
-    with pytest.raises(ValueError, match=r"--sizes 100 GiB with 4 peers needs about 1200.0 GiB"
-                                         r" .* 8.0 GiB available"):
-        check_memory(4, [4096, 100 << 30], available=8 << 30)
+    from gossip.bench import check_memory
+    check_memory("allreduce", 4, [64 << 20], available=1 << 30)   # 768 MiB of 1 GiB: fits
+    with pytest.raises(ValueError, match=r"allreduce of 100 GiB with 4 peers needs about "
+                                         r"1200.0 GiB .* 8.0 GiB available"):
+        check_memory("allreduce", 4, [4096, 100 << 30], available=8 << 30)

@@ -1,7 +1,10 @@
 """The peers' side of ``gossip bench``: what each gossip peer times for each operation
-(allreduce, allgather, broadcast, neighbor, p2p), checked once for a right result before the
-timed iterations, and the run of n peers (gossip.testing.spawn) that brings the times back.
+(allreduce, allgather, reduce_scatter, broadcast, reduce, gather, scatter, alltoall, neighbor,
+p2p), checked once for a right result before the timed iterations, and the group of n peers
+(gossip.testing.spawn) that measures one size at a time (gossip.bench.groups).
 
+    group = gossip_group("allreduce", 4, transport="auto", key=None, reduce_op="sum",
+                         algorithm="auto", limit=600)
     times, used = run_gossip("allreduce", 4, make_plan([4096], None, 3), transport="auto",
                              key=None, reduce_op="sum", algorithm="auto", timeout=None)
 """
@@ -11,15 +14,17 @@ import math
 import time
 from typing import Any, Callable, Sequence
 
-from gossip.bench.sizes import ITEMSIZE, deadline_for, make_plan, stream_count
+from gossip.bench.groups import Group, announce, run_plan, serve
+from gossip.bench.sizes import ITEMSIZE, STARTUP_LIMIT, deadline_for, make_plan, size_limit
 from gossip.bench.tables import iteration_times
 
-__all__ = ["expected_allreduce", "timed_iterations", "run_gossip", "run_p2p"]
+__all__ = ["expected_allreduce", "timed_iterations", "gossip_group", "scheme", "run_gossip",
+           "run_p2p"]
 
 
 def expected_allreduce(reduce_op: str, n: int) -> float:
     """Every element's value after allreduce(``reduce_op``) over ``n`` peers, each contributing its
-    rank + 1: the result check before timing."""
+    rank + 1: the result check before timing (reduce_scatter's and reduce's too)."""
     # Rank r contributes r + 1.
     return {"sum": n * (n + 1) / 2, "mean": (n + 1) / 2, "max": float(n), "min": 1.0,
             "prod": float(math.factorial(n))}[reduce_op]
@@ -79,6 +84,50 @@ def _gossip_step(peer, op: str, count: int, reduce_op: str, algorithm: str,
         if not (x[0] == 1 and x[-1] == 1):
             raise AssertionError(f"rank {r}: broadcast gave {x[0]}, expected 1")
         return lambda: peer.broadcast(x, 0)
+    if op == "reduce_scatter":
+        # The whole array, reduced in place; this peer's part comes back as a view of it.
+        x = np.full(count, r + 1, dtype=np.float32)
+        mine = peer.reduce_scatter(x, reduce_op)
+        want = expected_allreduce(reduce_op, n)
+        if mine.size != count // n or not np.allclose(mine[[0, -1]], want):
+            raise AssertionError(f"rank {r}: reduce_scatter({reduce_op}) gave {mine.size} "
+                                 f"elements ending {mine[-1]}, expected {count // n} of {want}")
+        x[:] = 1.0 if reduce_op == "prod" else 0.0  # values stay finite over the iterations
+        return lambda: peer.reduce_scatter(x, reduce_op)
+    if op == "reduce":
+        x = np.full(count, r + 1, dtype=np.float32)
+        peer.reduce(x, 0, reduce_op)
+        want = expected_allreduce(reduce_op, n)
+        if r == 0 and not np.allclose(x[[0, -1]], want):
+            raise AssertionError(f"rank 0: reduce({reduce_op}) gave {x[0]}, expected {want}")
+        x[:] = 1.0 if reduce_op == "prod" else 0.0
+        return lambda: peer.reduce(x, 0, reduce_op)
+    if op == "gather":
+        part = count // n
+        x = np.full(part, r, dtype=np.float32)
+        out = np.empty((n, part), dtype=np.float32) if r == 0 else None
+        peer.gather(x, 0, out=out)
+        if r == 0 and not np.array_equal(out[:, -1], np.arange(n, dtype=np.float32)):
+            raise AssertionError(f"rank 0: gather gave {out[:, -1]}")
+        return lambda: peer.gather(x, 0, out=out)
+    if op == "scatter":
+        part = count // n
+        x = np.repeat(np.arange(n, dtype=np.float32), part) if r == 0 else None
+        out = np.empty(part, dtype=np.float32)
+        peer.scatter(x, 0, out=out)
+        if not (out[0] == r and out[-1] == r):
+            raise AssertionError(f"rank {r}: scatter gave {out[0]}, expected {r}")
+        return lambda: peer.scatter(x, 0, out=out)
+    if op == "alltoall":
+        part = count // n
+        x = np.repeat(r * n + np.arange(n, dtype=np.float32), part)   # block j: r*n + j
+        out = np.empty_like(x)
+        peer.alltoall(x, out=out)
+        want = np.arange(n, dtype=np.float32) * n + r
+        if not np.array_equal(out.reshape(n, part)[:, -1], want):
+            raise AssertionError(f"rank {r}: alltoall gave {out.reshape(n, part)[:, -1]}, "
+                                 f"expected {want}")
+        return lambda: peer.alltoall(x, out=out)
     if op == "neighbor":
         self_w, src_w, dst = _ring_weights(r, n)
         x = np.full(count, r, dtype=np.float32)
@@ -115,42 +164,63 @@ def _gossip_step(peer, op: str, count: int, reduce_op: str, algorithm: str,
     raise ValueError(f"unknown operation {op!r}")
 
 
-def _gossip_worker(peer, op: str, plan, reduce_op: str, algorithm: str,
-                   stream=1) -> dict:
-    """Runs in every peer: the per-iteration durations of each size, on this rank."""
-    out = {}
-    for nbytes, warmup, iters in plan:
-        k = stream_count(stream, nbytes)
+def _gossip_worker(peer, ends: list, op: str, reduce_op: str, algorithm: str) -> None:
+    """Runs in every peer: serve the parent's sizes, each answered with this rank's
+    per-iteration durations (and what its links turned out to be)."""
+    conn = announce(ends, peer.rank)
+
+    def measure(nbytes: int, warmup: int, iters: int, k: int) -> dict:
         step = _gossip_step(peer, op, nbytes // ITEMSIZE, reduce_op, algorithm, k)
-        out[nbytes] = timed_iterations(peer.barrier, step, warmup, iters, k)
-    peer.barrier()
+        times = timed_iterations(peer.barrier, step, warmup, iters, k)
+        shm = bool(peer.stats().get("endpoints", {}).get("shm"))
+        return {"times": times, "shm": shm}
+
     addresses = {j: peer.transport.address(j) for j in range(peer.world_size) if j != peer.rank}
-    shm = bool(peer.stats().get("endpoints", {}).get("shm"))
-    return {"times": out, "addresses": addresses, "shm": shm}
+    # The parent sends the stop only once every rank has answered the last size: nothing is
+    # in flight between the peers when they close.
+    serve(conn, measure, hello={"addresses": addresses})
 
 
-def _scheme(result: dict, transport: str) -> str:
+def scheme(addresses: dict, shm: bool, transport: str) -> str:
     """What the peers used: tcp / ipc, or shm when payloads go through shared memory (the
     ZeroMQ connection, then ipc, carries only control messages)."""
-    kinds = sorted({str(a).split("://", 1)[0] for a in result["addresses"].values()})
-    if result.get("shm") and transport in ("auto", "shm"):
+    kinds = sorted({str(a).split("://", 1)[0] for a in addresses.values()})
+    if shm and transport in ("auto", "shm"):
         kinds = ["shm" if k == "ipc" else k for k in kinds]
     return "+".join(kinds) if kinds else "none"
 
 
-def run_gossip(op: str, n: int, plan, *, transport: str, key: str | None, reduce_op: str,
-               algorithm: str, timeout: float | None, stream=1) -> tuple[dict, str]:
-    """Spawn n peers; returns ({nbytes: per-iteration times}, the transport the peers used)."""
+def gossip_group(op: str, n: int, *, transport: str, key: str | None, reduce_op: str,
+                 algorithm: str, limit: float, size_limit_s: float = 60.0) -> Group:
+    """The n gossip peers of a run, not started: ``limit`` is the run's wall limit (the
+    supervisor's deadline), ``size_limit_s`` the longest one size may take (the peers'
+    operation timeout is a third of it plus the start-up's)."""
     from gossip.testing import spawn
 
-    limit = timeout if timeout else deadline_for(plan, n, stream)
     init = {"transport": transport}
     if key:
         init["key"] = key
-    results = spawn(_gossip_worker, n, timeout=limit,
-                    args=(op, plan, reduce_op, algorithm, stream), **init)
-    used = _scheme(results[0], transport) if n > 1 else "none"
-    return iteration_times(op, plan, results), used
+
+    def launch(ends: list) -> None:
+        spawn(_gossip_worker, n, timeout=limit,
+              peer_timeout=max(5.0, (STARTUP_LIMIT + size_limit_s) / 3),
+              args=(ends, op, reduce_op, algorithm), **init)
+    return Group("gossip", n, launch)
+
+
+def run_gossip(op: str, n: int, plan, *, transport: str, key: str | None, reduce_op: str,
+               algorithm: str, timeout: float | None, stream=1) -> tuple[dict, str]:
+    """n peers over the whole plan; returns ({nbytes: per-iteration times}, the transport
+    the peers used). ``timeout``: the limit of each size (default: from the size)."""
+    limit = deadline_for(plan, n, stream) if not timeout else STARTUP_LIMIT + timeout * len(plan)
+    longest = max((timeout or size_limit(e, n, stream) for e in plan), default=60.0)
+    group = gossip_group(op, n, transport=transport, key=key, reduce_op=reduce_op,
+                         algorithm=algorithm, limit=limit, size_limit_s=longest)
+    results = run_plan(group, plan, n, stream=stream, timeout=timeout)
+    last = results[plan[-1][0]][0] if plan else {"shm": False}
+    used = scheme(group.hello[0]["addresses"], last["shm"], transport) if n > 1 else "none"
+    times = {nbytes: iteration_times(op, per_rank) for nbytes, per_rank in results.items()}
+    return times, used
 
 
 def run_p2p(sizes: Sequence[int], *, transport: str = "tcp", key: str | None = None,
@@ -161,4 +231,3 @@ def run_p2p(sizes: Sequence[int], *, transport: str = "tcp", key: str | None = N
     plan = make_plan(sizes, iters, warmup)
     return run_gossip("p2p", 2, plan, transport=transport, key=key, reduce_op="sum",
                       algorithm="auto", timeout=timeout, stream=stream)
-

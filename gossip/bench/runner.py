@@ -1,7 +1,8 @@
-"""One ``gossip bench`` run: check what was asked, measure our operation over n peers, then
-the baselines in the same run (Gloo, and plain pyzmq for p2p), and build one row per size.
+"""One ``gossip bench`` run: check what was asked, start our peers and the baselines' processes
+(Gloo, and plain pyzmq for p2p), then measure size by size, ours then each baseline, and hand
+each row on as soon as its size is measured.
 
-    rows = run_bench("allreduce", 4, ["4K", "64M"], vs_gloo=True)
+    rows = run_bench("allreduce", 4, ["4K", "64M"], vs_gloo=True, on_row=print)
 """
 from __future__ import annotations
 
@@ -9,16 +10,17 @@ import os
 import time
 from typing import Callable, Iterable, Sequence
 
-from gossip.bench.baselines import run_gloo, run_pyzmq_p2p
-from gossip.bench.measure import run_gossip
-from gossip.bench.sizes import (DEFAULT_SIZES, ITEMSIZE, format_size, make_plan,
-                                parse_sizes)
-from gossip.bench.tables import figures
+from gossip.bench.baselines import gloo_group, pyzmq_group
+from gossip.bench.groups import Group, stop_all
+from gossip.bench.measure import gossip_group, scheme
+from gossip.bench.ops import OPS, REDUCING, layout
+from gossip.bench.sizes import (DEFAULT_SIZES, STARTUP_LIMIT, format_size, make_plan,
+                                parse_sizes, size_limit)
+from gossip.bench.tables import figures, iteration_times
 
 __all__ = ["OPS", "REDUCE_OPS", "ALGORITHMS", "BASELINES", "check_args",
-           "supported_transports", "run_bench"]
+           "supported_transports", "row_sizes", "run_bench"]
 
-OPS = ("allreduce", "allgather", "broadcast", "neighbor", "p2p")
 REDUCE_OPS = ("sum", "mean", "max", "min", "prod")
 ALGORITHMS = ("auto", "ring", "recursive-doubling")
 BASELINES = ("gloo",)
@@ -67,58 +69,113 @@ def supported_transports() -> tuple[str, ...]:
     return tuple(found)
 
 
+def row_sizes(op: str, n: int, sizes: str | Iterable[str | int]) -> list[int]:
+    """The sizes as the rows will show them (ops.layout: the split operations' sizes rounded
+    down to n equal parts); ValueError for a bad or too small size."""
+    return [layout(op, n, nbytes)[0] for nbytes in parse_sizes(sizes)]
+
+
 def run_bench(op: str, n: int, sizes: str | Iterable[str | int] = DEFAULT_SIZES, *,
-              transport: str = "auto", vs_gloo: bool = False, iters: int | None = None,
-              warmup: int = 3, reduce_op: str = "sum", key: str | None = None,
-              algorithm: str = "auto", timeout: float | None = None, gloo_threads: int = 1,
-              progress: Callable[[str], None] | None = None) -> list[dict]:
-    """Measure ``op`` over ``n`` peers on float32 arrays of each size (bytes); one row (dict)
-    per size. ``vs_gloo``: also torch.distributed Gloo, same sizes and process count, giving
-    ``gloo_*`` fields and ``ratio = gloo time / our time``. ``p2p`` (n = 2) always measures
-    plain pyzmq too (``pyzmq_*`` fields; its ``ratio`` is pyzmq time / our time)."""
+              transport: str = "auto", vs_gloo: bool | Sequence[str] = False,
+              iters: int | None = None, warmup: int = 3, reduce_op: str = "sum",
+              key: str | None = None, algorithm: str = "auto", timeout: float | None = None,
+              gloo_threads: int = 1, progress: Callable[[str], None] | None = None,
+              on_row: Callable[[dict], None] | None = None) -> list[dict]:
+    """Measure ``op`` over ``n`` peers on float32 arrays of each size (bytes; what a size is
+    per operation: gossip.bench.ops); one row (dict) per size, each also handed to ``on_row``
+    as soon as its size is measured, ours and the baselines'. ``vs_gloo``: also
+    torch.distributed Gloo, same sizes and process count, giving ``gloo_*`` fields and
+    ``ratio = gloo time / our time`` (or ``gloo_note`` where this torch's Gloo lacks the
+    operation). ``p2p`` (n = 2) always measures plain pyzmq too (``pyzmq_*`` fields; its
+    ``ratio`` is pyzmq time / our time). ``timeout``: the wall limit of each size's
+    measurement by each implementation (default: from the size). On an error or Ctrl-C
+    (KeyboardInterrupt) every process is stopped before the exception goes on."""
     vs = ("gloo",) if vs_gloo is True else tuple(vs_gloo or ())
     check_args(op, n, transport, vs, reduce_op, algorithm, iters, warmup)
-    sizes = parse_sizes(sizes)
-    plan = make_plan(sizes, iters, warmup)
+    plan = make_plan(row_sizes(op, n, sizes), iters, warmup)
     say = progress or (lambda msg: None)
+    emit = on_row or (lambda row: None)
+    limits = [timeout or size_limit(entry, n) for entry in plan]
+    # Every group waits idle while the others measure: each one's deadline is the whole run's.
+    run_limit = STARTUP_LIMIT * 3 + (2 if (vs or op == "p2p") else 1) * sum(limits)
+    longest = max(limits, default=60.0)
 
-    say(f"gossip {op}: {n} peers, sizes {', '.join(format_size(s) for s in sizes)}")
-    t0 = time.perf_counter()
-    ours, used = run_gossip(op, n, plan, transport=transport, key=key, reduce_op=reduce_op,
-                            algorithm=algorithm, timeout=timeout)
-    wall = time.perf_counter() - t0
-    baselines: dict[str, dict[int, list[float]]] = {}
-    if op == "p2p":
-        say("plain pyzmq PAIR p2p, same sizes")
-        baselines["pyzmq"] = run_pyzmq_p2p(sizes, transport="tcp" if used == "tcp" else "ipc",
-                                           key=key, iters=iters,
-                                           warmup=warmup, timeout=timeout)
-    if "gloo" in vs:
-        say(f"torch.distributed Gloo {op}: {n} processes, same sizes")
-        baselines["gloo"] = run_gloo(op, n, plan, reduce_op=reduce_op, threads=gloo_threads,
-                                     timeout=timeout)
-
-    rows = []
-    for nbytes, w, it in plan:
-        row = {"impl": "gossip", "op": op, "nprocs": n, "bytes": nbytes,
-               "count": nbytes // ITEMSIZE, "type": "float32",
-               "redop": reduce_op if op == "allreduce" else None,
-               "transport": transport, "transport_used": used}
-        if op == "allreduce":
-            row["algorithm"] = algorithm
-        if key:
-            row["curve"] = True
-        row.update(figures(op, n, nbytes, ours[nbytes]))
-        row.update({"iters": it, "warmup": w, "ncpu": os.cpu_count(), "wall_seconds": wall})
+    groups: dict[str, Group] = {}
+    rows: list[dict] = []
+    try:
+        say(f"starting {n} gossip peers for {op}, sizes "
+            f"{', '.join(format_size(e[0]) for e in plan)}")
+        groups["gossip"] = gossip_group(op, n, transport=transport, key=key,
+                                        reduce_op=reduce_op, algorithm=algorithm,
+                                        limit=run_limit, size_limit_s=longest)
+        groups["gossip"].start()
+        groups["gossip"].ready(STARTUP_LIMIT)
+        addresses = groups["gossip"].hello[0]["addresses"]
+        if op == "p2p":
+            say("starting plain pyzmq PAIR p2p")
+            over = "tcp" if scheme(addresses, False, transport) == "tcp" else "ipc"
+            groups["pyzmq"] = pyzmq_group(transport=over, key=key, limit=run_limit)
+        if "gloo" in vs:
+            say(f"starting {n} torch.distributed Gloo processes")
+            groups["gloo"] = gloo_group(op, n, reduce_op=reduce_op, threads=gloo_threads,
+                                        limit=run_limit, size_limit_s=longest)
         for name in ("pyzmq", "gloo"):
-            if name not in baselines:
-                continue
-            fig = figures(op, n, nbytes, baselines[name][nbytes])
-            row.update({f"{name}_{k}": v for k, v in fig.items()})
-            row[f"{name}_ratio"] = (fig["seconds_median"] / row["seconds_median"]
-                                    if row["seconds_median"] > 0 else float("inf"))
-        primary = "pyzmq" if op == "p2p" else "gloo"
-        if f"{primary}_ratio" in row:
-            row["ratio"] = row[f"{primary}_ratio"]
-        rows.append(row)
+            if name in groups:
+                groups[name].start()
+                groups[name].ready(STARTUP_LIMIT)
+        notes: dict[str, str] = {}
+        for entry, limit in zip(plan, limits):
+            t0 = time.perf_counter()
+            ours = groups["gossip"].measure((*entry, 1), limit)
+            wall = time.perf_counter() - t0
+            used = scheme(addresses, ours[0]["shm"], transport) if n > 1 else "none"
+            theirs = {}
+            for name in ("pyzmq", "gloo"):
+                if name not in groups or name in notes:
+                    continue
+                per_rank = groups[name].measure((*entry, 1), limit)
+                if "unsupported" in per_rank[0]:
+                    version = (groups[name].hello[0] or {}).get("torch", "?")
+                    notes[name] = (f"not measured, torch {version} refused it "
+                                   f"({per_rank[0]['unsupported']})")
+                    groups.pop(name).close(abort=True)
+                    continue
+                theirs[name] = iteration_times(op, per_rank)
+            row = _row(op, n, entry, transport, used, algorithm, reduce_op, key,
+                       iteration_times(op, ours), theirs, notes, wall)
+            rows.append(row)
+            emit(row)
+        for name in list(groups):
+            groups.pop(name).close()
+    finally:
+        stop_all(groups)   # after an error or Ctrl-C: stop everything, then let it go on
     return rows
+
+
+def _row(op: str, n: int, entry: tuple[int, int, int], transport: str, used: str,
+         algorithm: str, reduce_op: str, key: str | None, ours: list[float],
+         theirs: dict[str, list[float]], notes: dict[str, str], wall: float) -> dict:
+    nbytes, warmup, iters = entry
+    row = {"impl": "gossip", "op": op, "nprocs": n, "bytes": nbytes,
+           "count": layout(op, n, nbytes)[1], "type": "float32",
+           "redop": reduce_op if op in REDUCING else None,
+           "transport": transport, "transport_used": used}
+    if op == "allreduce":
+        row["algorithm"] = algorithm
+    if key:
+        row["curve"] = True
+    row.update(figures(op, n, nbytes, ours))
+    row.update({"iters": iters, "warmup": warmup, "ncpu": os.cpu_count(), "wall_seconds": wall})
+    for name in ("pyzmq", "gloo"):
+        if name in notes:
+            row[f"{name}_note"] = notes[name]
+        if name not in theirs:
+            continue
+        fig = figures(op, n, nbytes, theirs[name])
+        row.update({f"{name}_{k}": v for k, v in fig.items()})
+        row[f"{name}_ratio"] = (fig["seconds_median"] / row["seconds_median"]
+                                if row["seconds_median"] > 0 else float("inf"))
+    primary = "pyzmq" if op == "p2p" else "gloo"
+    if f"{primary}_ratio" in row:
+        row["ratio"] = row[f"{primary}_ratio"]
+    return row

@@ -1,7 +1,9 @@
-"""Sizes and plans of a benchmark run: parsing and printing sizes, iterations per size, how
-many messages an iteration sends, and the wall limit of a run of peers.
+"""Sizes and plans of a benchmark run: parsing and printing sizes, nccl-tests' size sweep,
+iterations per size, how many messages an iteration sends, the wall limits, and the memory
+available.
 
     parse_sizes("4K,64M")            # [4096, 67108864]
+    sweep_sizes("4K", "64K", 4)      # [4096, 16384, 65536] (-b 4K -e 64K -f 4)
     make_plan([4096], None, 3)       # [(4096, 3, 50)]: (bytes, warm-up, timed iterations)
 """
 from __future__ import annotations
@@ -9,9 +11,9 @@ from __future__ import annotations
 import re
 from typing import Iterable, Sequence
 
-__all__ = ["ITEMSIZE", "DEFAULT_SIZES", "parse_size", "parse_sizes", "format_size",
-           "default_iters", "make_plan", "stream_count", "deadline_for", "check_memory",
-           "BUFFERS_PER_PEER"]
+__all__ = ["ITEMSIZE", "DEFAULT_SIZES", "STARTUP_LIMIT", "parse_size", "parse_sizes",
+           "format_size", "default_iters", "make_plan", "stream_count", "size_limit",
+           "deadline_for", "sweep_sizes", "available_memory", "BUFFERS_PER_PEER"]
 
 #: Arrays of the largest size each peer holds at once (its array, the received chunks' and
 #: the send buffers): the memory a run needs is about this times the size times n.
@@ -19,6 +21,8 @@ BUFFERS_PER_PEER = 3
 
 DEFAULT_SIZES = ("4K", "256K", "4M", "64M")
 ITEMSIZE = 4  # float32
+#: Seconds a run's processes get to start (Gloo's import torch on a loaded machine is seconds).
+STARTUP_LIMIT = 60.0
 
 _UNITS = {"": 1, "B": 1, "K": 1 << 10, "KB": 1 << 10, "KIB": 1 << 10, "M": 1 << 20,
           "MB": 1 << 20, "MIB": 1 << 20, "G": 1 << 30, "GB": 1 << 30, "GIB": 1 << 30}
@@ -88,33 +92,49 @@ def stream_count(stream, nbytes: int) -> int:
     return int(stream)
 
 
+def size_limit(entry: tuple[int, int, int], n: int, streamed=1) -> float:
+    """A generous wall limit for measuring one size (bytes, warm-up, iterations) once the
+    processes have started: 10 s plus a 50 MB/s floor on every iteration."""
+    nbytes, warmup, iters = entry
+    per_iter = 0.05 + nbytes * max(n, 2) / 5e7
+    return 10.0 + (warmup + iters) * stream_count(streamed, nbytes) * per_iter
+
+
 def deadline_for(plan, n: int, streamed=1) -> float:
-    """A generous wall limit for one spawn: start-up plus a 50 MB/s floor on every iteration."""
-    total = 60.0
-    for nbytes, warmup, iters in plan:
-        per_iter = 0.05 + nbytes * max(n, 2) / 5e7
-        total += (warmup + iters) * stream_count(streamed, nbytes) * per_iter
-    return total
+    """A generous wall limit for one run of processes over the whole plan: STARTUP_LIMIT
+    plus every size's size_limit."""
+    return STARTUP_LIMIT + sum(size_limit(entry, n, streamed) for entry in plan)
 
 
-def check_memory(n: int, sizes: Sequence[int], available: int | None = None) -> None:
-    """ValueError, before any peer starts, when the largest size cannot fit n peers' buffers
-    in the memory available (MemAvailable; a run that does not fit dies in the kernel's OOM
-    killer or in allocation failures deep in n processes)."""
-    if not sizes:
-        return
-    if available is None:
-        available = _available_bytes()
-        if available is None:
-            return   # (not Linux: nothing to check against)
-    need = BUFFERS_PER_PEER * max(sizes) * n
-    if need > available:
-        raise ValueError(f"--sizes {format_size(max(sizes))} with {n} peers needs about "
-                         f"{need / 2**30:.1f} GiB ({BUFFERS_PER_PEER} arrays of that size per "
-                         f"peer); this machine has {available / 2**30:.1f} GiB available")
+def sweep_sizes(minbytes: str | int | None = None, maxbytes: str | int | None = None,
+                stepfactor: str | int | None = None) -> list[int]:
+    """nccl-tests' size sweep (-b/-e/-f): minbytes, minbytes*f, minbytes*f^2, ... up to
+    maxbytes (K/M/G suffixes as parse_size). Either bound alone is a single size; the factor
+    is an integer of at least 2 (default 2; nccl-tests' additive -i step is not offered)."""
+    if minbytes is None and maxbytes is None:
+        raise ValueError("-f/--stepfactor needs -b/--minbytes and/or -e/--maxbytes")
+    lo = parse_size(minbytes if minbytes is not None else maxbytes)
+    hi = parse_size(maxbytes if maxbytes is not None else minbytes)
+    if lo > hi:
+        raise ValueError(f"-b/--minbytes {format_size(lo)} is larger than -e/--maxbytes "
+                         f"{format_size(hi)}")
+    factor = 2
+    if stepfactor is not None:
+        try:
+            factor = int(str(stepfactor).strip())
+        except ValueError:
+            raise ValueError(f"-f/--stepfactor must be an integer, got {stepfactor!r}") from None
+        if factor < 2:
+            raise ValueError(f"-f/--stepfactor must be at least 2, got {factor}")
+    sizes, size = [], lo
+    while size <= hi:
+        sizes.append(size)
+        size *= factor
+    return sizes
 
 
-def _available_bytes() -> int | None:
+def available_memory() -> int | None:
+    """MemAvailable in bytes, or None where there is no /proc/meminfo."""
     try:
         with open("/proc/meminfo") as f:
             for line in f:
