@@ -1,15 +1,14 @@
-"""Shared fixtures: leak checks for threads and ipc socket files."""
+"""Shared fixtures: leak checks for threads and ipc sockets."""
 from __future__ import annotations
 
-import glob
 import os
-import tempfile
 import threading
 
 import pytest
 
 from gossip.snapshot import crc
 from gossip.testing import wait_until
+from helpers import ipc_sockets
 
 
 def gossip_threads() -> list[str]:
@@ -22,13 +21,12 @@ def gossip_threads() -> list[str]:
 
 @pytest.fixture
 def no_leaks():
-    """Fail the test if it leaves a gossip thread or an ipc socket file of this process."""
-    before = set(glob.glob(os.path.join(tempfile.gettempdir(), f"gossip-{os.getpid()}-*.sock")))
+    """Fail the test if it leaves a gossip thread or an ipc socket of this process."""
+    before = ipc_sockets(os.getpid())
     yield
     try:
         wait_until(lambda: not gossip_threads(), 2.0, what="the end of gossip threads")
     except TimeoutError:
         pass
     assert gossip_threads() == []
-    after = set(glob.glob(os.path.join(tempfile.gettempdir(), f"gossip-{os.getpid()}-*.sock")))
-    assert after - before == set()
+    assert ipc_sockets(os.getpid()) - before == set()

@@ -65,3 +65,28 @@ def train(model, opt, rank: int, steps) -> None:
         opt.zero_grad()
         torch.nn.functional.mse_loss(model(x), y).backward()
         opt.step()
+
+
+def ipc_sockets(pid: int) -> set[str]:
+    """The ipc sockets of process ``pid`` that still exist: files in TMPDIR, and on Linux
+    abstract ones ("@gossip-PID-...", listed in /proc/net/unix while any process holds
+    them: collectives/transport/sockets.py)."""
+    import glob
+    import tempfile
+    found = set(glob.glob(os.path.join(tempfile.gettempdir(), f"gossip-{pid}-*.sock")))
+    try:
+        with open("/proc/net/unix") as f:
+            found |= {line.split()[-1] for line in f
+                      if line.rstrip().endswith(".sock") and f"@gossip-{pid}-" in line}
+    except OSError:
+        pass
+    return found
+
+
+def ipc_exists(endpoint: str) -> bool:
+    """Whether the ipc socket of ``endpoint`` ("ipc://PATH" or "ipc://@NAME") still exists."""
+    path = endpoint[len("ipc://"):]
+    if path.startswith("@"):
+        pid = int(path.split("-")[1])
+        return path in ipc_sockets(pid)
+    return os.path.exists(path)

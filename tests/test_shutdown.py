@@ -9,7 +9,6 @@ import os
 import signal
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
@@ -19,6 +18,7 @@ import psutil
 
 import gossip
 from gossip.testing import spawn, wait_until
+from helpers import ipc_exists, ipc_sockets
 
 REPO = Path(__file__).parent.parent
 CLOSE_BOUND_S = 5.0  # generous: the design says about a second, CPUs here are contended
@@ -32,8 +32,7 @@ def _leftovers(pid: int, since: float) -> list[str]:
             return os.stat(path).st_mtime >= since - 1
         except FileNotFoundError:
             return False
-    return [f for f in glob.glob(os.path.join(tempfile.gettempdir(), f"gossip-{pid}-*.sock"))
-            + glob.glob("/dev/shm/gossip*") if recent(f)]
+    return sorted(ipc_sockets(pid)) + [f for f in glob.glob("/dev/shm/gossip*") if recent(f)]
 
 
 def close_with_operations_pending(peer):
@@ -78,7 +77,7 @@ def close_with_operations_pending(peer):
             "recv": [f"{type(e).__name__}: {e}" for e in recv_error],
             "receiver_alive": receiver.is_alive(), "threads": threads,
             "sockets": [str(c.laddr) for c in sockets],
-            "ipc_left": bool(ipc) and os.path.exists(ipc[len("ipc://"):]),
+            "ipc_left": bool(ipc) and ipc_exists(ipc),
             "leftovers": _leftovers(os.getpid(), since)}
 
 
@@ -135,7 +134,7 @@ def test_ctrl_c_on_gossip_run_ends_every_peer_and_leaves_nothing(tmp_path):
         wait_until(running, 60, what="4 peers in their allreduce loop")
         infos = [(tmp_path / f"info.{r}").read_text().split(" ") for r in range(4)]
         pids = [int(i[0]) for i in infos]
-        ipc_paths = [i[1][len("ipc://"):] for i in infos if len(i) > 1 and i[1]]
+        ipc_paths = [i[1] for i in infos if len(i) > 1 and i[1]]
         children = psutil.Process(launcher.pid).children(recursive=True)
         assert {p.pid for p in children} >= set(pids)
         start = time.monotonic()
@@ -154,5 +153,5 @@ def test_ctrl_c_on_gossip_run_ends_every_peer_and_leaves_nothing(tmp_path):
     assert alive == [], err
     assert launcher.returncode == 128 + signal.SIGINT, err
     assert "KeyboardInterrupt" in err  # every peer got the SIGINT as Python's Ctrl-C
-    assert [p for p in ipc_paths if os.path.exists(p)] == []
+    assert [p for p in ipc_paths if ipc_exists(p)] == []
     assert [f for pid in pids for f in _leftovers(pid, since)] == []
