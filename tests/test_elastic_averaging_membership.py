@@ -163,7 +163,7 @@ def easgd_killed_in_flight(peer, delay):
 
 
 @pytest.mark.parametrize("delays", [
-    (0.02, 0.04, 0.06, 0.08),
+    (0.04, 0.08),     # the two that failed before (the default run's time is counted)
     pytest.param(tuple(np.linspace(0.0, 0.14, 8)), marks=pytest.mark.slow)])
 def test_a_death_part_way_through_a_round_of_many_buckets_leaves_one_centre(delays):
     # 32 buckets of 1 MiB each: a death some way into the round ends some survivors'

@@ -166,6 +166,7 @@ def _torchrun(*args: str, **env: str) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=WAIT_S, env=_env(**env))
 
 
+@pytest.mark.slow   # (8 s) plain torchrun and the torch backend's torchrun tests are default
 def test_train_torch_under_torchrun_with_a_gossip_port() -> None:
     # torchrun's agent holds --master-port (its TCP store) for the whole run, so gossip's
     # rendezvous goes to another port; see examples/multi_node.md.
@@ -203,6 +204,7 @@ def _slurm_up() -> bool:
         return False
 
 
+@pytest.mark.slow   # the sbatch test below runs srun too, in the default run
 @pytest.mark.skipif(not _slurm_up(), reason="no SLURM node up (.ci/run installs slurm-wlm and "
                     "starts one: scripts/slurm-one-node.sh)")
 def test_train_torch_under_a_real_srun() -> None:
