@@ -90,8 +90,7 @@ class Communicator(NeighborAllreduce):
 
     def _launch(self, description: str, body: Callable[[], Any], wait: bool,
                 stage: Staging | None = None) -> Any:
-        """Run ``body`` now (``wait``) or on the worker thread (a Work); a ``stage``'s
-        written stand-ins are copied back once it succeeded (staging.py)."""
+        """Run ``body`` now or on the worker thread (a Work), then a ``stage``'s write-back."""
         if stage:
             run = body
 
@@ -239,9 +238,7 @@ class Communicator(NeighborAllreduce):
             segs = segments_of_counts(counts, size, n, r, "reduce_scatter")
             signature = f"reduce_scatter({op},counts={counts_digest([b - a for a, b in segs])})"
         seq = self._next_seq()
-        # The ring leaves peer r with segment r+1; rotate the assignment by one so that
-        # peer r ends with segment r.
-        shifted = segs[-1:] + segs[:-1]
+        shifted = segs[-1:] + segs[:-1]   # the ring leaves peer r with segment r + 1
 
         def body() -> Any:
             if n > 1:
@@ -376,6 +373,10 @@ class Communicator(NeighborAllreduce):
     def send(self, dst: int, x: Any, *, timeout: float | None = None) -> None:
         """Send ``x`` to ``dst``; returns when ``x`` may be modified again (PointToPoint.send)."""
         self._p2p.send(dst, x, timeout=timeout)
+
+    def isend(self, dst: int, x: Any, *, timeout: float | None = None) -> Any:
+        """send's non-blocking twin, a SendRequest (PointToPoint.isend)."""
+        return self._p2p.isend(dst, x, timeout=timeout)
 
     def recv(self, src: int, out: Any = None, *, timeout: float | None = None) -> Any:
         """Receive the next array ``src`` sent (PointToPoint.recv)."""

@@ -19,7 +19,7 @@ from collectives.arrays.adapter import ArrayAdapter, adapter_for
 from collectives.transport.transport import Transport
 from collectives.transport.wire import dtype_itemsize
 
-__all__ = ["PointToPoint", "flat_of"]
+__all__ = ["SendRequest", "PointToPoint", "flat_of"]
 
 
 def flat_of(x: Any, *, read_only: bool = False) -> tuple[ArrayAdapter, Any, str]:
@@ -55,6 +55,12 @@ class PointToPoint:
     def send(self, dst: int, x: Any, *, timeout: float | None = None) -> None:
         """Send ``x`` to ``dst``; returns when ``x`` may be modified again. Messages between
         two peers arrive in the order they were sent."""
+        self.isend(dst, x, timeout=timeout).wait()
+
+    def isend(self, dst: int, x: Any, *, timeout: float | None = None) -> "SendRequest":
+        """send's non-blocking twin (MPI's Isend): the message is queued now (this never
+        blocks: a full ring or socket queues it, in order) and the request says when ``x``
+        may be modified again; ``timeout`` (default the peer's) is its deadline."""
         if not 0 <= dst < self.world_size or dst == self.rank:
             raise ValueError(f"rank {self.rank}: cannot send to rank {dst} (world size "
                              f"{self.world_size})")
@@ -66,10 +72,8 @@ class PointToPoint:
         deadline = time.monotonic() + (self.timeout if timeout is None else timeout)
         call = Call(self.transport, self.channel, seq, "send", dtype, tuple(x.shape),
                     deadline)
-        wait_sent(call, post_range(call, dst, adapter, flat, 0, adapter.size(flat), track=True))
-        # A peer never reached (it may have died before any connection existed) would leave
-        # the message in a queue and the send would seem to succeed: PeerLost instead.
-        wait_reached(call, dst)
+        ticket = post_range(call, dst, adapter, flat, 0, adapter.size(flat), track=True)
+        return SendRequest(call, dst, ticket)
 
     def recv(self, src: int, out: Any = None, *, timeout: float | None = None) -> Any:
         """Receive the next array ``src`` sent. Into ``out`` if given (its dtype and size must
@@ -157,3 +161,35 @@ def _empty_for(dtype: str, shape: tuple) -> Any:
         import torch
         return torch.empty(shape, dtype=torch.bfloat16)
     return np.empty(shape, dtype=dtype)
+
+
+class SendRequest:
+    """An isend in flight: ``test()`` never blocks, ``wait()`` blocks until the message's
+    buffer may be modified again and its destination was reached at least once (a peer
+    never reached, e.g. dead before any connection existed, would leave the message in a
+    queue and the send would seem to succeed). Both raise PeerLost if the destination is
+    lost or the request's deadline passes first."""
+
+    __slots__ = ("_call", "_dst", "_ticket", "_done")
+
+    def __init__(self, call: Call, dst: int, ticket: Any) -> None:
+        self._call, self._dst, self._ticket, self._done = call, dst, ticket, False
+
+    def test(self) -> bool:
+        """True once complete (then always); False while in flight."""
+        if self._done:
+            return True
+        t = self._call.transport
+        if (self._ticket is None or self._ticket.done()) and t.reached(self._dst):
+            self._done = True
+            return True
+        if t.is_lost(self._dst) or time.monotonic() >= self._call.deadline:
+            self.wait()   # raises the error that names why
+        return False
+
+    def wait(self) -> None:
+        """Block until complete (at most until the request's deadline)."""
+        if not self._done:
+            wait_sent(self._call, self._ticket)
+            wait_reached(self._call, self._dst)
+            self._done = True

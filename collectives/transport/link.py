@@ -54,6 +54,14 @@ class SendTicket:
     tracker: Any = None
     error: Exception | None = None
 
+    def done(self) -> bool:
+        """True when the buffer may be reused, without waiting. Raises the send's error."""
+        if not self.queued.is_set():
+            return False
+        if self.error is not None:
+            raise self.error
+        return self.tracker is None or self.tracker.done
+
     def wait(self, deadline: float) -> bool:
         """True when the buffer may be reused; False at the deadline. Raises the send's error."""
         if not self.queued.wait(max(0.0, deadline - time.monotonic())):

@@ -42,6 +42,7 @@ class Arrivals:
         self._weight = [[0.0] * nb for _ in range(2)]
         self._fill = 0   # the set the receiver adds into
         self._lock = threading.Lock()
+        self._absorbing = threading.Lock()   # one absorber at a time: a source's messages
 
     def renumber(self, rank: int, world_size: int) -> None:
         """(No receiver running, every arrival taken.) The ranks of a new view: the counts
@@ -51,10 +52,29 @@ class Arrivals:
         with self._cond:
             self.absorbed_from = [0] * world_size
 
+    def drain(self, comm: Any, sources: list[int], timeout: float) -> None:
+        """(Training thread.) Absorb what is waiting from ``sources``, unless the receiving
+        thread is absorbing now: a push in this process is in the next fold even when that
+        thread is starved of CPU. A source found lost is the receiving thread's to handle."""
+        if not self._absorbing.acquire(blocking=False):
+            return
+        try:
+            for src in sources:
+                try:
+                    self._absorb(comm, src, timeout)
+                except PEER_FAILURES:
+                    pass
+        finally:
+            self._absorbing.release()
+
     def absorb_from(self, comm: Any, src: int, timeout: float) -> None:
         """(Receiving thread.) Absorb every message waiting from ``src`` on ``comm``. A
         malformed one is dropped (logged) and serving goes on; PeerLost and OperationTimeout
         propagate to the caller's failure rule."""
+        with self._absorbing:
+            self._absorb(comm, src, timeout)
+
+    def _absorb(self, comm: Any, src: int, timeout: float) -> None:
         while comm.probe(src):
             k = self._next_bucket.setdefault(src, 0)
             got = self._in[k]

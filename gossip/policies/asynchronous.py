@@ -15,6 +15,7 @@ from gossip.policies.arguments import check_int, check_number
 from gossip.policies.asynchronous_membership import AsynchronousMembership
 from gossip.policies.buckets import DEFAULT_BUCKET_BYTES
 from gossip.policies.neighborhood import ONE_PEER_EXPONENTIAL
+from gossip.policies.push import Push
 from gossip.policies.quiescence import pushes_to_absorb
 from gossip.policies.worker import BackgroundPolicy
 
@@ -31,15 +32,17 @@ class Asynchronous(AsynchronousMembership, BackgroundPolicy):
 
     A message is a model and its weight, (m_j, w_j). On the training thread, each step does
     a few vector operations and never waits: (1) ``after_backward()``, before the optimizer
-    moves, folds in what arrived since the last step: the receiving thread keeps the arrivals
-    as their weighted average (A, W), and the fold is one pass, m <- m + W/(w+W) (A - m),
-    w <- w + W (push-sum's x_i + sum x_j, de-biased); (2) ``after_step()``, if the pushing
-    thread is idle, keeps half of the pair and hands the other half, m and w/2, to that
-    thread (one copy), which sends it to one out-neighbour (rotating through the topology's
-    out-neighbours) through ``peer.channel(channel)`` (``quiesce()`` counts on the next
-    number). A thread that is still sending skips
-    the round. A receiving thread sleeps in the inbox (never polling) and averages each
-    message into what the next step folds in (see arrivals.py).
+    moves, folds in what arrived since the last step: the arrivals are kept as their
+    weighted average (A, W), and the fold is one pass, m <- m + W/(w+W) (A - m),
+    w <- w + W (push-sum's x_i + sum x_j, de-biased); (2) ``after_step()``, if the last push
+    is through, keeps half of the pair and posts the other half, m and w/2 (one copy), to
+    one peer through ``peer.channel(channel)`` (``quiesce()`` counts on the next number): a
+    peer that pushed here since this one last pushed to it (push-pull, rotation.py's
+    ``owed``), else the next out-neighbour of the topology in turn. A push still in flight
+    skips the round. Posting never blocks (the transport queues; push.py), so a push leaves
+    whoever gets the CPU next; the pushing thread only sees it through. A receiving thread
+    sleeps in the inbox (never polling) and averages each message into what the next step
+    folds in (arrivals.py), and each fold first absorbs what is waiting itself.
 
     The optimizer's own move needs no bookkeeping: it updates m, the parameters, in place
     after the fold, which is exactly push-sum's x <- x + w * move with the gradient taken
@@ -60,10 +63,8 @@ class Asynchronous(AsynchronousMembership, BackgroundPolicy):
     weights (w <- 1, m unchanged; ``weights_restarted`` in stats()), or flow control
     would hold its pushes back for ever.
 
-    Flow control: a push never leaves a peer with less than ``min_weight / 2`` of weight; a
-    peer below ``min_weight`` skips its push until its in-neighbours' pushes arrive. Without
-    it, a peer that pushes faster than its neighbours halves its weight towards zero, and
-    its own steps would no longer count in the mix.
+    Flow control: a peer below ``min_weight`` skips its push until pushes to it arrive, so
+    a push never leaves it with less than ``min_weight / 2``: its own steps keep counting.
 
     ``max_staleness``: if set, after_step() waits (at most ``timeout``, then OperationTimeout)
     until the pushing thread has sent a state that includes the step ``max_staleness`` steps
@@ -78,9 +79,9 @@ class Asynchronous(AsynchronousMembership, BackgroundPolicy):
     message of P bytes (+ one element) per peer per step, sent in the background; memory:
     four buffers of P (send, receive, two for the arrivals), five without after_backward().
 
-    ``topology``: default ``OnePeerExponential(n)``. ``close()`` (also called by
-    ``peer.close()``) wakes both threads and stops them within an operation in progress.
-    ``channel`` and ``poll_interval``: see BackgroundPolicy.
+    ``topology``: default ``OnePeerExponential(n)``. ``close()`` (and ``peer.close()``) stops
+    both threads within an operation in progress. ``channel``, ``poll_interval``: see
+    BackgroundPolicy.
     """
 
     name = "asynchronous"
@@ -90,8 +91,8 @@ class Asynchronous(AsynchronousMembership, BackgroundPolicy):
 
     def __init__(self, *, topology: Any = None, max_staleness: int | None = None,
                  min_weight: float = 1 / 16, channel: int = PeerChannel.ASYNCHRONOUS,
-                 poll_interval: float = 0.25,
-                 send_timeout: float | None = None, bucket_bytes: int = DEFAULT_BUCKET_BYTES,
+                 poll_interval: float = 0.25, send_timeout: float | None = None,
+                 bucket_bytes: int = DEFAULT_BUCKET_BYTES,
                  timeout: float | None = None, nan_guard: bool = False,
                  compression: Any = None) -> None:
         if compression is not None:
@@ -108,17 +109,14 @@ class Asynchronous(AsynchronousMembership, BackgroundPolicy):
                                               "a positive number", optional=True)
         self._kick = threading.Event()
         self._paused = False
-        self._job: tuple[int, int] | None = None   # (destination, step) the pusher is sending
+        self._job: Push | None = None   # the push in flight
         self._returned: int | None = None   # first bucket of a failed push not delivered
         self._drained_check = False   # a peer was dropped: did it take this peer's mass?
         self._restarts = 0            # weight restarts after such drops
         self._mixed_step = 0     # steps included in the last push
-        self._rounds = 0
-        self._held_back = 0
+        self._rounds = self._held_back = self._staleness_waits = self._receiver_wakeups = 0
         self._lightest = 1.0     # the smallest weight an after_step() has seen
         self._background_seconds = 0.0
-        self._staleness_waits = 0
-        self._receiver_wakeups = 0
         self._sent_to: list[int] = []        # messages pushed, per destination
 
     # ------------------------------------------------------------------ set-up
@@ -135,16 +133,14 @@ class Asynchronous(AsynchronousMembership, BackgroundPolicy):
         nb = len(self._buckets)
         self._w = [1.0] * nb   # the push-sum weight of each bucket (training thread's)
         # For loops without after_backward(): the parameters as the last after_step left
-        # them, so the optimizer's move since then is m - anchor (see _fold_in). Dropped at
-        # the first after_backward().
+        # them (the move since then is m - anchor: _fold_in); dropped at after_backward().
         self._anchor = [adapter_for(b.flat).clone(b.flat) for b in self._buckets]
         self._folded = False     # after_backward() folded the arrivals in this step
         self._out = [b.new(extra=1) for b in self._buckets]   # the message being pushed
         self._for_view()   # rotation, communicators, arrivals; the threads start
 
     def _stop_seconds(self) -> float:
-        # The receiver sleeps in the inbox for at most poll_interval; the pusher wakes on
-        # the kick and finishes a push in progress (bounded by send_timeout).
+        # The receiver sleeps at most poll_interval; the pusher's wait is bounded by send_timeout.
         return max(1.0, self.send_timeout + 0.5)
 
     def _wake(self) -> None:
@@ -198,6 +194,7 @@ class Asynchronous(AsynchronousMembership, BackgroundPolicy):
         the parameters before the move): m <- m + W/(w+W) (A - a), which is the same mix with
         the move d = m - a added back. Either way a step counts fully however much mass is
         in transit, as if the pair had absorbed each message the moment it arrived."""
+        self._arrivals.drain(self._comm, self._sources, self.send_timeout)
         arrivals = self._arrivals.take()
         with self._cond:
             returned, self._returned = self._returned, None
@@ -231,8 +228,12 @@ class Asynchronous(AsynchronousMembership, BackgroundPolicy):
         self._lightest = min(self._lightest, min(self._w))
 
     def _hand_over(self, included: int) -> None:
-        """(Training thread.) If the pusher is idle: keep half of (m, w) and give it the
-        other half to push (or skip the round: alone, or too light)."""
+        """(Training thread.) If the last push is through: keep half of (m, w) and post the
+        other half (or skip the round: alone, or too light)."""
+        with self._cond:
+            job = self._job
+        if job is not None and job.complete():
+            self._push_over(job, len(job.requests))
         with self._cond:
             if self._job is not None or self._returned is not None:
                 # Still sending the last one (or what it could not deliver is still in the
@@ -240,8 +241,10 @@ class Asynchronous(AsynchronousMembership, BackgroundPolicy):
                 return
         alive = functools.partial(self._alive, lost=self._peer.lost_peers())   # read once
         self._rotation.heal(alive)
-        dst = self._rotation.next(self._rounds, alive)
-        self._rounds += 1
+        dst = self._rotation.owed(self._arrivals.absorbed_from, alive)
+        if dst is None:
+            dst = self._rotation.next(self._rounds, alive)
+            self._rounds += 1
         # Flow control: a peer that pushes faster than its in-neighbours push to it would
         # halve its weight towards zero. Below min_weight it waits for their mass instead,
         # so w stays within [min_weight / 2, n].
@@ -262,8 +265,9 @@ class Asynchronous(AsynchronousMembership, BackgroundPolicy):
             # ... and keep the rest: m unchanged, w less what left as the buffer's dtype
             # holds it (float32 rounds w/2), so kept + sent is w to float64 precision.
             self._w[k] = w - float(out[-1])
+        push = Push(self._comm, dst, included, self._out, self.send_timeout)
         with self._cond:
-            self._job = (dst, included)
+            self._job = push
         self._kick.set()
 
     def _wait_fresh(self, wanted: int) -> None:
@@ -278,8 +282,8 @@ class Asynchronous(AsynchronousMembership, BackgroundPolicy):
 
     # ------------------------------------------------------------------ background thread
     def _run(self) -> None:
-        """The pusher: sends what after_step handed over."""
-        stop = self._stop   # its generation's (BackgroundPolicy._halt)
+        """The pusher: sees through what after_step posted (stop: its generation's)."""
+        stop = self._stop
         while not stop.is_set():
             if not self._kick.wait(1.0):
                 continue
@@ -291,7 +295,10 @@ class Asynchronous(AsynchronousMembership, BackgroundPolicy):
             if job is None:
                 continue
             start = time.perf_counter()
-            self._push(*job)
+            delivered = [0]
+            with self._tolerate(f"push to rank {job.dst}", rank=job.dst):
+                job.see_through(delivered)
+            self._push_over(job, delivered[0])
             self._background_seconds += time.perf_counter() - start
 
     def _receive(self) -> None:
@@ -315,18 +322,17 @@ class Asynchronous(AsynchronousMembership, BackgroundPolicy):
     def _dropped_peer(self, rank: int) -> None:
         self._drained_check = True   # see _fold_in
 
-    def _push(self, dst: int, included: int) -> None:
-        sent = 0
-        with self._tolerate(f"push to rank {dst}", rank=dst):
-            for out in self._out:
-                self._comm.send(dst, out, timeout=self.send_timeout)
-                sent += 1
-                self._sent_to[dst] += 1
+    def _push_over(self, job: Push, sent: int) -> None:
+        """``job`` is over with its first ``sent`` messages taken (settled once: the other
+        thread may have seen it through already)."""
         with self._cond:
+            if self._job is not job:
+                return
+            self._sent_to[job.dst] += sent
             if sent < len(self._out):
                 self._returned = sent   # what did not leave goes back into the pair
             self._job = None
-            self._mixed_step = max(self._mixed_step, included)
+            self._mixed_step = max(self._mixed_step, job.included)
             self._cond.notify_all()
 
     # ------------------------------------------------------------------ quiescence
@@ -385,12 +391,10 @@ class Asynchronous(AsynchronousMembership, BackgroundPolicy):
         return {"background_rounds": self._rounds, "pushes_held_back": self._held_back,
                 "messages_absorbed": self._arrivals.absorbed, "lightest_weight": self._lightest,
                 "min_weight": self.min_weight, "background_seconds": self._background_seconds,
-                "staleness_waits": self._staleness_waits,
-                "weights_restarted": self._restarts,
+                "staleness_waits": self._staleness_waits, "weights_restarted": self._restarts,
                 "receiver_wakeups": self._receiver_wakeups,
                 "messages_sent_to": list(self._sent_to),   # (in this view)
                 "messages_absorbed_from": list(self._arrivals.absorbed_from),
-                "dropped_peers": sorted(self._dropped),
-                "rotation": list(self._rotation.ranks),
+                "dropped_peers": sorted(self._dropped), "rotation": list(self._rotation.ranks),
                 "healed_around": sorted(self._rotation.healed),
                 "weights": self.weights, "topology": repr(self.topology)}

@@ -1,0 +1,79 @@
+"""Asynchronous gossip mixes as well as the loop lets it, under CPU contention (4-8 peer
+processes on the machine's cores): a push every step or nearly, whoever gets the CPU, and
+models as good as training alone and within a point of synchronous Gossip.
+
+Before the fix (pushes handed to a thread that a tight loop starved, and pushed only along
+the rotation, so fast peers' weights halved towards min_weight while slow peers' grew), the
+8 peers below pushed in 53-71 of 220 steps (the issue's report: 26-220, and 0.012 apart
+after quiesce()); after it, 134-171. On the task below, three runs before ended at
+0.966 / 0.984 / 0.966 (alone: 0.990), three after at 0.987-0.990."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from gossip.testing import spawn
+
+STEPS = 220
+
+
+def tight_loop(peer):
+    """lr 0: only mixing moves the models. A ~1 ms step of compute (a 120x120 matmul)."""
+    import gossip
+    x = np.full(1000, float(peer.rank))
+    policy = gossip.policies.Asynchronous().attach(peer, [x])
+    a = np.random.default_rng(peer.rank).standard_normal((120, 120))
+    for _ in range(STEPS):
+        for _ in range(3):
+            a = np.tanh(a @ a.T / 120)
+        policy.after_step()
+    pushed = policy.stats()["messages_sent"]
+    policy.quiesce()
+    return pushed, float(x.mean()), float(x.max() - x.min())
+
+
+def test_a_tight_loop_pushes_nearly_every_step_and_the_models_meet():
+    out = spawn(tight_loop, n=8, timeout=180)
+    pushes = [p for p, _, _ in out]
+    means = [m for _, m, _ in out]
+    print(f"\npushes per peer in {STEPS} steps: {pushes}; models after quiesce: "
+          f"{min(means):.6f}..{max(means):.6f} (the mean is 3.5)")
+    # The bound is far below what this machine gives (at least 0.7 of the steps under a
+    # full test run) and far above the 0.12 a starved pusher gave.
+    assert min(pushes) >= STEPS // 2, pushes
+    assert max(means) - min(means) < 1e-3, means
+    assert abs(np.mean(means) - 3.5) < 1e-9   # push-sum keeps the mean exactly
+
+
+def own_samples(peer, policy_name, steps=200):
+    """The issue's task: a 10-16-2 MLP on 512 own samples (label x0 + x1 > 0), batch 32,
+    SGD lr 0.1, the same start everywhere; accuracy on the own samples."""
+    import torch
+    import gossip
+    torch.manual_seed(0)
+    torch.set_num_threads(1)
+    rng = np.random.default_rng(100 + peer.rank)
+    xs = rng.standard_normal((512, 10)).astype(np.float32)
+    ys = (xs[:, 0] + xs[:, 1] > 0).astype(np.int64)
+    xs, ys = torch.from_numpy(xs), torch.from_numpy(ys)
+    model = torch.nn.Sequential(torch.nn.Linear(10, 16), torch.nn.ReLU(), torch.nn.Linear(16, 2))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    if policy_name != "alone":
+        opt = gossip.DistributedOptimizer(opt, peer=peer, policy=policy_name)
+    for _ in range(steps):
+        idx = torch.from_numpy(rng.integers(0, 512, 32))
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(model(xs[idx]), ys[idx]).backward()
+        opt.step()
+    with torch.no_grad():
+        return float((model(xs).argmax(1) == ys).float().mean())
+
+
+@pytest.mark.slow   # three trainings of 4 peers: about a minute on 2 cores
+def test_asynchronous_trains_as_well_as_alone_and_within_a_point_of_gossip():
+    mean = {name: float(np.mean(spawn(own_samples, n=4, args=(name,), timeout=240,
+                                      preload=("torch",))))
+            for name in ("alone", "asynchronous", "gossip")}
+    print(f"\nmean accuracy on the peers' own samples: {mean}")
+    assert mean["asynchronous"] >= mean["alone"] - 0.005, mean   # 2-3 of 512 samples
+    assert mean["asynchronous"] >= mean["gossip"] - 0.01, mean
