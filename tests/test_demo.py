@@ -6,6 +6,7 @@ import gzip
 import io
 import json
 import os
+import signal
 import struct
 import subprocess
 import sys
@@ -382,3 +383,31 @@ def test_progress_display_reads_events_written_in_pieces(tmp_path) -> None:
             f.write('icy": "gossip", "accuracy": 0.5, "wall": 1.25}\nnot json\n')
     assert "gossip: done in 1.2 s, test accuracy 50.0%" in stream.getvalue()
     assert display.current == "gossip"
+
+
+def test_ctrl_c_keeps_the_runs_that_finished(tmp_path) -> None:
+    # SIGINT once the first policy is done: its row is printed and written, exit 130.
+    out = tmp_path / "out"
+    proc = subprocess.Popen([sys.executable, "-m", "gossip", "demo", "--policy",
+                             "synchronous,gossip", "--epochs", "6", "--no-baseline",
+                             "--out", str(out)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=_env())
+    lines = []
+    try:
+        for line in proc.stderr:
+            lines.append(line)
+            if line.startswith("synchronous: done"):
+                proc.send_signal(signal.SIGINT)
+                break
+        stdout, rest = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    err = "".join(lines) + rest
+    assert proc.returncode == 130, err[-3000:]
+    assert "interrupted; 1 finished run(s) reported: synchronous" in err, err[-3000:]
+    assert "synchronous" in stdout and "gossip " not in stdout.split("policy", 1)[1], stdout
+    info = json.loads((out / "demo.json").read_text())
+    assert [row["policy"] for row in info["table"]] == ["synchronous"], info["table"]
+    assert (out / "demo.png").stat().st_size > 0

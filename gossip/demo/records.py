@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["PeerRecords", "collect", "records_of"]
+__all__ = ["PeerRecords", "collect", "records_of", "finished_runs"]
 
 
 def _policy_dir(directory: str, policy: str) -> str:
@@ -141,3 +141,18 @@ def collect(directory: str, policy: str, slots: int, *, consensus: bool = True) 
                       "done": bool(done[s])}
                   for s, ls in lines.items()},
     }
+
+
+def finished_runs(directory: str, runs: list[tuple[str, int]]) -> list[dict]:
+    """The records (collect's) of those ``runs`` (policy, peers) every peer of which
+    finished: what a Ctrl-C keeps. The baseline's consensus is not computed (one peer)."""
+    out = []
+    for policy, slots in runs:
+        try:
+            record = collect(directory, policy, slots, consensus=slots > 1)
+        except (OSError, ValueError, KeyError):
+            continue
+        states = [slot.get("done") for slot in record.get("slots", {}).values()]
+        if len(states) == slots and all(states):
+            out.append(record)
+    return out

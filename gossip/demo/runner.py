@@ -34,7 +34,7 @@ from collectives import defaults
 from gossip.demo.data import Dataset, load_digits, load_mnist
 from gossip.demo.kill import Kill
 from gossip.demo.progress import ProgressDisplay
-from gossip.demo.records import collect
+from gossip.demo.records import collect, finished_runs
 from gossip.demo.report import format_table, summarize, write_json, write_png
 from gossip.demo.train import BASELINE, TrainConfig, run_baseline, run_peer
 
@@ -197,6 +197,19 @@ def run_demo(options: DemoOptions, *, stdout: IO[str] | None = None,
         with ProgressDisplay(progress_path, stream=stderr, bars=options.bars) as display:
             try:
                 fates = _launch(options, dataset, config)
+            except KeyboardInterrupt:
+                # Ctrl-C: what finished before it is reported and written, then the
+                # interrupt goes on (exit 130).
+                display.close()
+                runs = [(name, options.peers) for name in options.policies]
+                finished = finished_runs(records_dir, runs + [(BASELINE, 1)] * options.baseline)
+                if finished:
+                    print(f"gossip demo: interrupted; {len(finished)} finished run(s) "
+                          f"reported: {', '.join(r['policy'] for r in finished)}",
+                          file=stderr, flush=True)
+                    _report(finished, options, dataset, config, graph, per_policy,
+                            steps_per_epoch, stdout, interrupted=True)
+                raise
             except Exception as exc:
                 display.close()
                 raise _failure(exc, display.current, options) from None
@@ -204,13 +217,23 @@ def run_demo(options: DemoOptions, *, stdout: IO[str] | None = None,
                    for name in options.policies]
         if options.baseline:
             records.append(collect(records_dir, BASELINE, 1, consensus=False))
+    _report(records, options, dataset, config, graph, per_policy, steps_per_epoch, stdout)
+    return 0
 
+
+def _report(records: list[dict], options: DemoOptions, dataset: Dataset, config: TrainConfig,
+            graph: str, per_policy: str, steps_per_epoch: int, stdout: IO[str], *,
+            interrupted: bool = False) -> None:
+    """The table on stdout, the PNG and the JSON in the output folder."""
+    epochs = options.epochs_per_policy
     rows = summarize(records, target=config.target_accuracy)
     parameters = next((r["parameters"] for r in records if r["parameters"]), 0)
     table_header = (f"{dataset.describe()}, CNN of {parameters:,} parameters; "
                     f"{options.peers} peers on {graph}, {per_policy}")
     if options.link:
         table_header += f"; every link {options.link} (emulated)"
+    if interrupted:
+        table_header += "; interrupted (Ctrl-C): the runs that finished"
     if options.kill is not None:
         table_header += (f"; --kill {options.kill}: peer {options.kill.rank} SIGKILLed after "
                          f"step {options.kill.step(epochs * steps_per_epoch)} of "
@@ -234,7 +257,6 @@ def run_demo(options: DemoOptions, *, stdout: IO[str] | None = None,
     write_png(png, rows, title=table_header.replace("; --kill", "\n--kill"),
               target=config.target_accuracy)
     print(f"\nwrote {png} and {js}", file=stdout, flush=True)
-    return 0
 
 
 def _launch(options: DemoOptions, dataset: Dataset, config: TrainConfig) -> dict[str, dict]:
