@@ -32,6 +32,7 @@ from collectives.algorithms.compressed import CodecStats
 from collectives.algorithms.small import recursive_doubling_allreduce
 from collectives.arrays.adapter import ArrayAdapter, check_reduce_op
 from collectives import rooted
+from collectives.coalesced import coalesced_allreduce
 from collectives.compressed import compressed_allreduce
 from collectives.neighbor_allgather import neighbor_allgather
 from collectives.neighbor_allreduce import NeighborAllreduce
@@ -183,13 +184,12 @@ class Communicator(NeighborAllreduce):
     def allreduce(self, x: Any, op: str = "sum", *, wait: bool = True,
                   timeout: float | None = None, algorithm: str = "auto",
                   compression: Any = None, residual: Any = None) -> Any:
-        """Reduce ``x`` across all peers in place and return it (or a Work handle).
-
-        ``algorithm``: "auto" (recursive doubling up to DEFAULT_SMALL_BYTES, ring above), "ring"
-        or "recursive-doubling". Every peer must pass the same shape, dtype and op.
-        ``compression`` (a codec or its name; ``residual``: top-k's error feedback buffer):
-        see compressed.py and algorithms/compressed.py for the scheme and its error bound.
-        """
+        """Reduce ``x`` (or a list of arrays in one call: coalesced.py) across all peers in
+        place; returns it (or a Work). Every peer passes the same shape, dtype and op.
+        ``algorithm``: "auto" (recursive doubling up to DEFAULT_SMALL_BYTES, ring above),
+        "ring" or "recursive-doubling"; ``compression``, ``residual``: compressed.py."""
+        if isinstance(x, (list, tuple)) and compression is None:
+            return coalesced_allreduce(self, x, op, wait, timeout, algorithm)
         if compression is not None:
             return compressed_allreduce(self, x, op, compression, wait=wait, timeout=timeout,
                                         residual=residual, small_bytes=DEFAULT_SMALL_BYTES)

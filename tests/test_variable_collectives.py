@@ -152,3 +152,35 @@ def test_neighbor_allgather_naming_a_peer_whose_call_does_not_name_it_raises_the
     results = spawn(neighbor_gather_unpaired, n=2, timeout=60, args=("stranger",))
     assert results[0] is not None and results[0][0] == "ValueError", results
     assert "rank 1's call at sequence 0 does not involve rank 0" in results[0][1], results
+
+
+def coalesced(peer):
+    import torch
+    n, r = peer.world_size, peer.rank
+    matrix = np.full((4, 4), float(r))
+    arrays = [np.full((2, 3), float(r)), np.arange(5.0) * (r + 1), matrix[:, 1]]   # a column
+    keep = matrix.copy()
+    out = peer.allreduce(arrays)
+    total = n * (n - 1) / 2
+    ok = (out is arrays and np.all(arrays[0] == total)
+          and np.array_equal(arrays[1], np.arange(5.0) * n * (n + 1) / 2)
+          and np.all(arrays[2] == total)
+          and np.array_equal(np.delete(matrix, 1, axis=1), np.delete(keep, 1, axis=1)))
+    tensors = [torch.full((3,), float(r)), torch.arange(4.0)]
+    work = peer.allreduce(tensors, op="max", wait=False)
+    got = work.wait()
+    ok_torch = got is tensors and tensors[0].tolist() == [n - 1.0] * 3 \
+        and tensors[1].tolist() == [0.0, 1.0, 2.0, 3.0]
+    try:
+        peer.allreduce([np.ones(2), np.ones(2, dtype=np.float32)])
+        mixed = None
+    except TypeError as exc:
+        mixed = str(exc)
+    after = peer.allreduce(np.ones(3))        # the refusal took no sequence number
+    return ok, ok_torch, mixed is not None and "one family and dtype" in mixed, \
+        after.tolist() == [float(n)] * 3
+
+
+def test_a_list_of_arrays_is_reduced_in_one_call():
+    for result in spawn(coalesced, n=3, timeout=60, preload=("torch",)):
+        assert result == (True, True, True, True), result

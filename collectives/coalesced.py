@@ -1,0 +1,57 @@
+"""A list of arrays reduced in one call (torch's all_reduce_coalesced, Horovod's
+grouped_allreduce): the arrays are packed into one flat buffer, reduced by one allreduce
+(one latency and one agreement check for all of them instead of one per array), and
+unpacked back into each array, in place. The arrays must share the family and dtype;
+shapes may differ. A non-blocking call unpacks on the communicator's worker thread right
+after the allreduce, so its Work is done only once every array holds its result."""
+from __future__ import annotations
+
+from typing import Any
+
+from collectives.arrays.adapter import adapter_for
+from collectives.send_recv import flat_of
+
+__all__ = ["coalesced_allreduce"]
+
+
+def coalesced_allreduce(comm: Any, arrays: list, op: str, wait: bool, timeout: float | None,
+                        algorithm: str) -> Any:
+    """Reduce every array of ``arrays`` across peers, in place; returns ``arrays`` (or a
+    Work whose result it is)."""
+    given, arrays = arrays, list(arrays)
+    if not arrays:
+        raise ValueError(f"rank {comm.rank}: allreduce of an empty list of arrays")
+    parts = []   # (array, its contiguous stand-in or None, flat view, dtype)
+    for a in arrays:
+        stand_in = adapter_for(a).stand_in(a)
+        other, flat, dtype = flat_of(a if stand_in is None else stand_in)
+        parts.append((a, stand_in, flat, dtype))
+        if other.kind != adapter_for(arrays[0]).kind or dtype != parts[0][3]:
+            raise TypeError(f"rank {comm.rank}: a coalesced allreduce takes arrays of one "
+                            f"family and dtype: {adapter_for(arrays[0]).kind} {parts[0][3]} "
+                            f"and {other.kind} {dtype}")
+    adapter = adapter_for(parts[0][2])
+    sizes = [adapter.size(flat) for _, _, flat, _ in parts]
+    packed = adapter.empty(sum(sizes), parts[0][3], parts[0][2])
+    bounds = [0]
+    for (_, _, flat, _), size in zip(parts, sizes):
+        adapter.copy(adapter.slice(packed, bounds[-1], bounds[-1] + size), flat)
+        bounds.append(bounds[-1] + size)
+
+    def unpack() -> list:
+        for (a, stand_in, flat, _), lo, hi in zip(parts, bounds, bounds[1:]):
+            if stand_in is None:
+                adapter.copy(flat, adapter.slice(packed, lo, hi))
+            else:
+                adapter.write_back(a, adapter.slice(packed, lo, hi).reshape(tuple(a.shape)))
+        adapter.synchronize()
+        return given
+
+    work = comm.allreduce(packed, op, wait=wait, timeout=timeout, algorithm=algorithm)
+    if wait:
+        return unpack()
+
+    def after() -> list:
+        work.wait()
+        return unpack()
+    return comm._launch(f"allreduce of {len(arrays)} arrays", after, False)
