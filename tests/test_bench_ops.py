@@ -127,3 +127,12 @@ def test_format_table_marks_a_baseline_it_could_not_measure():
     assert cells[:2] == ["4096", "512"] and cells[-2:] == ["n/a", "n/a"]
     assert "# gloo: not measured, torch 1.0 refused it (reduce_scatter: unsupported)" in lines
     assert lines[-1] == "# Avg bus bandwidth    : 0.002 GB/s (gossip, over 1 size)"
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_neighbor_allgather_rows_count_what_each_peer_receives(n):
+    rows = run_bench("neighbor_allgather", n, ["4K"], iters=2, warmup=1)
+    for row in rows:
+        received = min(n - 1, 2) * row["bytes"]   # ring neighbours' arrays (n = 2: one)
+        assert row["algbw_GBps"] == pytest.approx(received / row["seconds_median"] / 1e9)
+        assert row["busbw_GBps"] == pytest.approx(row["algbw_GBps"])

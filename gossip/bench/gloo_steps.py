@@ -166,6 +166,21 @@ def _step(dist: Any, torch: Any, op: str, rank: int, n: int, count: int,
         _check(abs(float(state["x"][-1]) - expect) < 1e-5, f"neighbor {float(state['x'][-1])}")
         state["x"] = torch.rand(count)
         return step
+    if op == "neighbor_allgather":
+        # What a user writes with torch.distributed: isend to both ring neighbours, irecv
+        # from both into one buffer (n = 2: the one neighbour once).
+        ring = sorted({(rank - 1) % n, (rank + 1) % n} - {rank})
+        x = torch.full((count,), float(rank))
+        out = torch.empty(len(ring) * count)
+
+        def step() -> None:
+            reqs = [dist.isend(x, j) for j in ring]
+            reqs += [dist.irecv(out[k * count:(k + 1) * count], j) for k, j in enumerate(ring)]
+            for q in reqs:
+                q.wait()
+        step()
+        _check(sorted(set(out.tolist())) == [float(j) for j in ring], "neighbor_allgather")
+        return step
     if op == "p2p":
         x = torch.arange(count, dtype=torch.float32)
         y = torch.empty(count)

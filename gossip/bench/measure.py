@@ -138,6 +138,14 @@ def _gossip_step(peer, op: str, count: int, reduce_op: str, algorithm: str,
             raise AssertionError(f"rank {r}: neighbor_allreduce gave {x[0]}, expected {want}")
         x[:] = np.random.default_rng(r).random(count, dtype=np.float32)
         return lambda: peer.neighbor_allreduce(x, self_w, src_w, dst, scratch=scratch)
+    if op == "neighbor_allgather":
+        ring = sorted({(r - 1) % n, (r + 1) % n} - {r})
+        x = np.full(count, r, dtype=np.float32)
+        got = peer.communicator.neighbor_allgather(x, ring, ring)
+        if got.size != len(ring) * count or sorted(set(got.tolist())) != ring:
+            raise AssertionError(f"rank {r}: neighbor_allgather gave {got.size} elements of "
+                                 f"{sorted(set(got.tolist()))}, expected {ring}")
+        return lambda: peer.communicator.neighbor_allgather(x, ring, ring)
     if op == "p2p":
         x = np.arange(count, dtype=np.float32)
         if r == 0:

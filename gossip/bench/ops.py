@@ -13,10 +13,10 @@ from typing import Sequence
 from gossip.bench.sizes import BUFFERS_PER_PEER, ITEMSIZE, available_memory, format_size
 
 __all__ = ["OPS", "REDUCING", "SPLIT", "ROOTED", "layout", "busbw_factor", "algbw_bytes",
-           "memory_need", "check_memory", "NOTES"]
+           "memory_need", "check_memory", "NOTES", "ring_in_degree"]
 
 OPS = ("allreduce", "allgather", "reduce_scatter", "broadcast", "reduce", "gather", "scatter",
-       "alltoall", "neighbor", "p2p")
+       "alltoall", "neighbor", "neighbor_allgather", "p2p")
 #: The operations that reduce (``--op`` applies to them; the table's redop column).
 REDUCING = ("allreduce", "reduce_scatter", "reduce")
 #: nccl-tests' size is their whole buffer, cut in n equal parts of whole float32s: the buffer
@@ -54,8 +54,18 @@ def busbw_factor(op: str, n: int) -> float:
 
 def algbw_bytes(op: str, n: int, nbytes: int) -> int:
     """The bytes algbw divides by the time: the row's size, except allgather's, whose size is
-    each peer's input and whose algbw is on the gathered output (nccl-tests' size there)."""
-    return n * nbytes if op == "allgather" else nbytes
+    each peer's input and whose algbw is on the gathered output (nccl-tests' size there), and
+    neighbor_allgather's, on what each peer receives (its ring neighbours' arrays)."""
+    if op == "allgather":
+        return n * nbytes
+    if op == "neighbor_allgather":
+        return ring_in_degree(n) * nbytes
+    return nbytes
+
+
+def ring_in_degree(n: int) -> int:
+    """In-neighbours of a ring of n: 2, or 1 when both are the same peer (n = 2)."""
+    return min(n - 1, 2)
 
 
 def memory_need(op: str, n: int, nbytes: int) -> int:
@@ -68,6 +78,7 @@ def memory_need(op: str, n: int, nbytes: int) -> int:
         "allreduce": n * nbytes, "broadcast": n * nbytes, "reduce_scatter": n * nbytes,
         "reduce": (2 * n - 1) * nbytes,          # a non-root reduces a copy of its array
         "neighbor": 2 * n * nbytes,              # the array and the received neighbours'
+        "neighbor_allgather": 3 * n * nbytes,    # the array and the two received
         "p2p": 2 * nbytes,
         "allgather": n * (n + 1) * nbytes,       # each peer's input and the gathered output
         "gather": n * part + nbytes,             # the parts, and the root's gathered buffer
@@ -112,6 +123,9 @@ NOTES = {
                 "elements; busbw = algbw * (n-1)/n",
     "neighbor": "one neighbor_allreduce ring round (self 1/3, each neighbour 1/3); Gloo: "
                 "isend/irecv to both neighbours + average; busbw = algbw",
+    "neighbor_allgather": "each peer's array to its two ring neighbours, theirs concatenated "
+                          "(BlueFog's neighbor_allgather); algbw = bytes received (2*size, "
+                          "n = 2: size)/time; Gloo: isend/irecv to both; busbw = algbw",
     "p2p": "rank 0 -> rank 1, one array, timed at the receiver from a barrier; busbw = algbw; "
            "pyzmq: a PAIR socket over tcp when the peers used tcp, else ipc",
 }

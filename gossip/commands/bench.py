@@ -16,7 +16,7 @@ def register(subparsers) -> argparse.ArgumentParser:
     """Add the `bench` subcommand to the `gossip` parser."""
     parser = subparsers.add_parser(
         "bench", help="benchmark allreduce / allgather / reduce_scatter / broadcast / reduce / "
-                      "gather / scatter / alltoall / neighbor / p2p on this host",
+                      "gather / scatter / alltoall / neighbor / neighbor_allgather / p2p on this host",
         formatter_class=argparse.RawDescriptionHelpFormatter,
         description=(
             "Start N peers on this host (loopback) and time OP on float32 arrays of each size.\n"
@@ -36,6 +36,8 @@ def register(subparsers) -> argparse.ArgumentParser:
             "                          (gather, scatter, alltoall: busbw = algbw*(n-1)/n)\n"
             "  neighbor                one neighbor_allreduce ring round (self 1/3, each\n"
             "                          neighbour 1/3); busbw = algbw\n"
+            "  neighbor_allgather      each peer's array to both ring neighbours, theirs\n"
+            "                          gathered; algbw = received bytes/time = busbw\n"
             "  p2p                     rank 0 -> rank 1 send/recv, -n 2, always compared with\n"
             "                          plain pyzmq PAIR in the same run; busbw = algbw\n"
             "algbw = size/time. For reduce_scatter, gather, scatter and alltoall the size is\n"
@@ -49,7 +51,7 @@ def register(subparsers) -> argparse.ArgumentParser:
             "  gossip bench p2p -n 2 --sizes 4K,4M,64M --transport tcp"))
     parser.add_argument("op", metavar="OP",
                         help="allreduce | allgather | reduce_scatter | broadcast | reduce | "
-                             "gather | scatter | alltoall | neighbor | p2p")
+                             "gather | scatter | alltoall | neighbor | neighbor_allgather | p2p")
     parser.add_argument("-n", "--nprocs", dest="n", default="2", metavar="N",
                         help="number of peers (processes) on this host (default 2)")
     parser.add_argument("--sizes", default=None, metavar="LIST",
