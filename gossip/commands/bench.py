@@ -16,7 +16,8 @@ def register(subparsers) -> argparse.ArgumentParser:
     """Add the `bench` subcommand to the `gossip` parser."""
     parser = subparsers.add_parser(
         "bench", help="benchmark allreduce / allgather / reduce_scatter / broadcast / reduce / "
-                      "gather / scatter / alltoall / neighbor / neighbor_allgather / p2p on this host",
+                      "gather / scatter / alltoall / neighbor / neighbor_allgather / p2p "
+                      "on this host",
         formatter_class=argparse.RawDescriptionHelpFormatter,
         description=(
             "Start N peers on this host (loopback) and time OP on float32 arrays of each size.\n"
