@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from collectives.algorithms.ring import counts_digest
 from collectives.arrays.adapter import adapter_for
 from collectives.send_recv import flat_of
 
@@ -47,7 +48,10 @@ def coalesced_allreduce(comm: Any, arrays: list, op: str, wait: bool, timeout: f
         adapter.synchronize()
         return given
 
-    work = comm.allreduce(packed, op, wait=wait, timeout=timeout, algorithm=algorithm)
+    # The sizes are part of the call's signature: peers whose lists differ but add up to
+    # the same total would otherwise reduce each other's arrays into the wrong ones.
+    work = comm.allreduce(packed, op, wait=wait, timeout=timeout, algorithm=algorithm,
+                          _layout=f",arrays={counts_digest(sizes)}")
     if wait:
         return unpack()
 

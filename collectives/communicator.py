@@ -183,7 +183,7 @@ class Communicator(NeighborAllreduce):
     # ------------------------------------------------------------------ collectives
     def allreduce(self, x: Any, op: str = "sum", *, wait: bool = True,
                   timeout: float | None = None, algorithm: str = "auto",
-                  compression: Any = None, residual: Any = None) -> Any:
+                  compression: Any = None, residual: Any = None, _layout: str = "") -> Any:
         """Reduce ``x`` (or a list of arrays in one call: coalesced.py) across all peers in
         place; returns it (or a Work). Every peer passes the same shape, dtype and op.
         ``algorithm``: "auto" (recursive doubling up to DEFAULT_SMALL_BYTES, ring above),
@@ -209,7 +209,7 @@ class Communicator(NeighborAllreduce):
                              "or 'recursive-doubling'")
         algo = ring_allreduce if algorithm == "ring" else recursive_doubling_allreduce
         seq = self._next_seq()
-        signature = f"allreduce({op},{algorithm})"
+        signature = f"allreduce({op},{algorithm}{_layout})"   # _layout: coalesced.py's
 
         def body() -> Any:
             if self.world_size > 1:

@@ -184,3 +184,19 @@ def coalesced(peer):
 def test_a_list_of_arrays_is_reduced_in_one_call():
     for result in spawn(coalesced, n=3, timeout=60, preload=("torch",)):
         assert result == (True, True, True, True), result
+
+
+def coalesced_other_layouts(peer):
+    import gossip
+    sizes = (3, 2) if peer.rank == 0 else (2, 3)      # the same 5 elements in all
+    try:
+        peer.allreduce([np.ones(sizes[0]), np.ones(sizes[1])], timeout=20)
+    except gossip.GossipError as exc:
+        return type(exc).__name__, str(exc)
+    return None
+
+
+def test_lists_of_other_sizes_raise_on_every_peer():
+    results = spawn(coalesced_other_layouts, n=2, timeout=60)
+    assert all(res is not None and res[0] == "ProtocolError" for res in results), results
+    assert all("arrays=[3,2]" in res[1] and "arrays=[2,3]" in res[1] for res in results)
