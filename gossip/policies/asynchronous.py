@@ -39,14 +39,14 @@ class Asynchronous(AsynchronousMembership, BackgroundPolicy):
     one peer through ``peer.channel(channel)`` (``quiesce()`` counts on the next number): a
     peer that pushed here since this one last pushed to it (push-pull, rotation.py's
     ``owed``), else the next out-neighbour of the topology in turn. A push still in flight
-    skips the round. Posting never blocks (the transport queues; push.py), so a push leaves
-    whoever gets the CPU next; the pushing thread only sees it through. A receiving thread
-    sleeps in the inbox (never polling) and averages each message into what the next step
-    folds in (arrivals.py), and each fold first absorbs what is waiting itself.
+    skips the round. Posting never blocks (push.py: the pushing thread only sees it through).
+    A receiving thread sleeps in the inbox and averages each message into what the next step
+    folds in (arrivals.py); each fold first absorbs what is waiting itself.
 
     The optimizer's own move needs no bookkeeping: it updates m, the parameters, in place
     after the fold, which is exactly push-sum's x <- x + w * move with the gradient taken
-    before the mix (as D-PSGD does), so a step counts fully however much mass is in transit.
+    before the mix (as D-PSGD does): a step moves the group's sum by w * move, so a peer
+    holding little mass (much of it in transit, or pushed away) moves it little.
     A loop that calls only ``after_step()`` (numpy arrays, no gradients) gets the same
     update: after_step folds in with m <- m + W/(w+W) (A - a), a being the parameters as the
     last after_step left them (one more buffer, and two more passes a step). Only the
@@ -96,8 +96,7 @@ class Asynchronous(AsynchronousMembership, BackgroundPolicy):
                  timeout: float | None = None, nan_guard: bool = False,
                  compression: Any = None) -> None:
         if compression is not None:
-            # Its pushes move half of (x, w) as mass: a lossy codec would break the mass
-            # accounting the weights rely on (a compressed push-sum is future work).
+            # Pushes move mass: a lossy codec would break the accounting the weights rely on.
             raise ValueError("Asynchronous does not take compression yet (its pushes carry "
                              "mass, which a lossy codec would not keep)")
         super().__init__(channel=channel, poll_interval=poll_interval,
@@ -114,7 +113,8 @@ class Asynchronous(AsynchronousMembership, BackgroundPolicy):
         self._drained_check = False   # a peer was dropped: did it take this peer's mass?
         self._restarts = 0            # weight restarts after such drops
         self._mixed_step = 0     # steps included in the last push
-        self._rounds = self._held_back = self._staleness_waits = self._receiver_wakeups = 0
+        self._rounds = self._turns = self._held_back = self._staleness_waits = 0   # (turns:
+        self._receiver_wakeups = 0   # pushes along the rotation, not answering: owed())
         self._lightest = 1.0     # the smallest weight an after_step() has seen
         self._background_seconds = 0.0
         self._sent_to: list[int] = []        # messages pushed, per destination
@@ -241,14 +241,14 @@ class Asynchronous(AsynchronousMembership, BackgroundPolicy):
                 return
         alive = functools.partial(self._alive, lost=self._peer.lost_peers())   # read once
         self._rotation.heal(alive)
-        dst = self._rotation.owed(self._arrivals.absorbed_from, alive)
-        if dst is None:
-            dst = self._rotation.next(self._rounds, alive)
-            self._rounds += 1
-        # Flow control: a peer that pushes faster than its in-neighbours push to it would
-        # halve its weight towards zero. Below min_weight it waits for their mass instead,
-        # so w stays within [min_weight / 2, n].
-        light = min(self._w) < self.min_weight
+        self._rounds += 1
+        light = min(self._w) < self.min_weight   # flow control (class docstring)
+        dst = None   # (owed() marks the peer answered: asked only when this round pushes)
+        if not light:
+            dst = self._rotation.owed(self._arrivals.absorbed_from, alive)
+            if dst is None:
+                dst = self._rotation.next(self._turns, alive)
+                self._turns += 1
         # A change at once under way (a leave): this transport's inboxes are closing, and a
         # push now may reach nobody (the leaver, or a member past its last drain).
         changing = getattr(self._peer, "changing_now", lambda: False)()
