@@ -21,18 +21,16 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
-import math
 import os
 import re
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, field
 from typing import IO
 
 from collectives import defaults
 from gossip.demo.data import Dataset, load_digits, load_mnist
-from gossip.demo.kill import Kill
+from gossip.demo.options import DATASETS, DEFAULT_EPOCHS, KILL_EPOCHS, DemoOptions
 from gossip.demo.progress import ProgressDisplay
 from gossip.demo.records import collect, finished_runs
 from gossip.demo.report import format_table, summarize, write_json, write_png
@@ -41,15 +39,8 @@ from gossip.demo.train import BASELINE, TrainConfig, run_baseline, run_peer
 __all__ = ["DemoOptions", "DemoFailed", "run_demo", "load_dataset", "DATASETS",
            "DEFAULT_EPOCHS", "KILL_EPOCHS", "PNG_NAME", "JSON_NAME"]
 
-DATASETS = ("digits", "mnist")
-#: Epochs per policy when not given: enough on digits for every policy to pass 95%.
-DEFAULT_EPOCHS = {"digits": 20, "mnist": 2}
-#: Under --kill: enough for the run to outlast the restart (a new process takes 2-4 s to come
-#: back here; 20 epochs of digits are over in about 2 s).
-KILL_EPOCHS = {"digits": 100, "mnist": 2}
 PNG_NAME = "demo.png"
 JSON_NAME = "demo.json"
-MAX_PEERS = 64
 _PEER_TIMEOUT_S = defaults.TIMEOUT  # each blocking call; a dead peer is noticed at once anyway
 # --kill: once the other peers finished, a restarted peer still on its way back (admitted at a
 # boundary the job never reached) gets this long, then is stopped: the job is over.
@@ -62,74 +53,6 @@ _PRELOAD = ("torch", "torch._dynamo")
 
 class DemoFailed(RuntimeError):
     """A peer failed or died, or the run passed its deadline; the message is one line."""
-
-
-@dataclass(frozen=True)
-class DemoOptions:
-    """What `gossip demo` runs; every field is checked at construction (ValueError)."""
-
-    policies: tuple[str, ...]          # canonical policy names, in the order to train them
-    peers: int = 4                     # peer processes on this machine
-    topology: str = "ring"             # the peers' graph (gossip, push-sum, asynchronous)
-    epochs: int | None = None          # per policy; None: DEFAULT_EPOCHS (KILL_EPOCHS) of the data
-    dataset: str = "digits"            # "digits" (inside scikit-learn) or "mnist" (IDX files)
-    data_dir: str | None = None        # where MNIST's IDX files are
-    out: str = "gossip-demo"           # directory for demo.png and demo.json
-    batch_size: int = 16               # samples per peer per step
-    lr: float = 0.05                   # SGD learning rate
-    seed: int = 0                      # weights, shards and batch order
-    baseline: bool = True              # also train one process with the total batch
-    timeout: float = 1800.0            # deadline of the whole run, seconds
-    bars: bool | None = None           # progress bars: None = when stderr is a terminal
-    policy_options: dict = field(default_factory=dict)  # name -> extra policy kwargs
-    kill: Kill | None = None           # a peer SIGKILLed and started again, in every policy
-    link: str | None = None            # emulated network per link, "1gbit,2ms" (GOSSIP_LINK)
-
-    def __post_init__(self) -> None:
-        from gossip.policies import names
-
-        known = names()
-        if not self.policies:
-            raise ValueError(f"no policy given; known policies: {', '.join(known)}, or all")
-        for p in self.policies:
-            if p not in known:
-                raise ValueError(f"unknown policy {p!r}; known policies: {', '.join(known)}, "
-                                 "or all")
-        if len(set(self.policies)) != len(self.policies):
-            raise ValueError(f"policy listed twice in {','.join(self.policies)}")
-        if not isinstance(self.peers, int) or not 2 <= self.peers <= MAX_PEERS:
-            raise ValueError(f"--peers must be between 2 and {MAX_PEERS}, got {self.peers}")
-        if self.epochs is not None and (not isinstance(self.epochs, int) or self.epochs < 1):
-            raise ValueError(f"--epochs must be at least 1, got {self.epochs}")
-        if self.dataset not in DATASETS:
-            raise ValueError(f"unknown dataset {self.dataset!r}; known: {', '.join(DATASETS)}")
-        if self.dataset == "mnist" and not self.data_dir:
-            raise ValueError("--dataset mnist needs --data-dir PATH, the directory with "
-                             "MNIST's four IDX files")
-        if self.dataset != "mnist" and self.data_dir:
-            raise ValueError(f"--data-dir is for --dataset mnist; {self.dataset} ships inside "
-                             "scikit-learn")
-        if not isinstance(self.batch_size, int) or self.batch_size < 1:
-            raise ValueError(f"--batch-size must be at least 1, got {self.batch_size}")
-        if not (math.isfinite(self.lr) and self.lr > 0):
-            raise ValueError(f"--lr must be a positive number, got {self.lr}")
-        if self.kill is not None:
-            self.kill.check(self.peers)
-        if self.link is not None:
-            from collectives.transport.emulation import parse_link
-
-            parse_link(self.link, "--link")  # a bad value fails here, not in every peer
-        if not (math.isfinite(self.timeout) and self.timeout > 0):
-            raise ValueError(f"--timeout must be a positive number of seconds, got "
-                             f"{self.timeout}")
-
-    @property
-    def epochs_per_policy(self) -> int:
-        """``epochs``, or the data set's DEFAULT_EPOCHS (KILL_EPOCHS under --kill) when not
-        given."""
-        if self.epochs is not None:
-            return self.epochs
-        return (DEFAULT_EPOCHS if self.kill is None else KILL_EPOCHS)[self.dataset]
 
 
 def load_dataset(options: DemoOptions) -> Dataset:
