@@ -56,8 +56,9 @@ def _table_rows(stdout: str) -> dict[str, list[str]]:
 def test_demo_trains_two_policies_and_writes_the_figures(tmp_path) -> None:
     out = tmp_path / "out"
     proc = _demo("--policy", "synchronous,gossip", "--epochs", "2", "--peers", "2",
-                 "--out", str(out))
+                 "--out", str(out), "--non-iid", "0.5")
     assert proc.returncode == 0, proc.stderr
+    assert "non-iid shards (Dirichlet alpha 0.5)" in proc.stdout
     assert "Traceback" not in proc.stderr
     # Visible progress, one line per policy start and end when not on a terminal.
     assert "synchronous: training" in proc.stderr and "gossip: done in" in proc.stderr
@@ -71,6 +72,7 @@ def test_demo_trains_two_policies_and_writes_the_figures(tmp_path) -> None:
     assert png.startswith(PNG_SIGNATURE) and len(png) > 20_000
     doc = json.loads((out / "demo.json").read_text())
     assert doc["run"]["peers"] == 2 and doc["run"]["dataset"] == "digits"
+    assert doc["run"]["non_iid"] == 0.5
     table = {row["policy"]: row for row in doc["table"]}
     assert set(table) == {"synchronous", "gossip", "baseline"}
     for row in table.values():
@@ -367,6 +369,25 @@ def test_shards_are_equal_disjoint_and_seeded() -> None:
     np.testing.assert_array_equal(parts[1], shard(103, 1, 4, seed=3))
     with pytest.raises(DataError):
         shard(3, 0, 4)
+
+
+def test_non_iid_shards_are_equal_disjoint_seeded_and_as_skewed_as_alpha_says() -> None:
+    labels = np.repeat(np.arange(10), 100)          # 10 classes of 100
+    def top2(alpha):   # the share of each peer's two largest classes, averaged
+        parts = [shard(1000, r, 4, seed=1, labels=labels, alpha=alpha) for r in range(4)]
+        assert all(len(p) == 250 for p in parts)
+        assert len(set(np.concatenate(parts).tolist())) == 1000
+        np.testing.assert_array_equal(parts[2], shard(1000, 2, 4, seed=1, labels=labels,
+                                                      alpha=alpha))
+        return np.mean([np.sort(np.bincount(labels[p], minlength=10))[-2:].sum() / 250
+                        for p in parts])
+    skewed, even = top2(0.1), top2(1000.0)
+    # (every sample is dealt out, so a class runs out: 0.55 here at alpha 0.1, 0.25 at 1000)
+    assert skewed > 0.45 and even < 0.35, (skewed, even)   # iid: 2 of 10 classes = 0.2
+    with pytest.raises(ValueError, match="positive alpha"):
+        shard(1000, 0, 4, labels=labels, alpha=0.0)
+    with pytest.raises(ValueError, match="--non-iid must be a positive alpha"):
+        DemoOptions(policies=("gossip",), non_iid=-1.0)
 
 
 def test_progress_display_reads_events_written_in_pieces(tmp_path) -> None:

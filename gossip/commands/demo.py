@@ -79,6 +79,11 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
                         "RATE (e.g. 1gbit, 100mbit, 500MB/s) with a one-way LATENCY (e.g. 2ms, "
                         "500us, 0), as GOSSIP_LINK does; wall times then show what each "
                         "policy's communication would cost on such a cluster")
+    parser.add_argument("--non-iid", type=float, default=None, metavar="ALPHA",
+                        help="non-iid data: each peer's mix of classes drawn from a Dirichlet "
+                        "distribution of concentration ALPHA (0.1: mostly one or two classes "
+                        "per peer; 100: nearly iid); shards stay disjoint and equal. Default: "
+                        "iid shards")
     parser.add_argument("--timeout", type=float, default=1800.0, metavar="S",
                         help="deadline of the whole run in seconds (default 1800)")
     parser.set_defaults(func=main)
@@ -153,7 +158,8 @@ def main(args: argparse.Namespace) -> int:
         epochs=args.epochs, dataset=args.dataset.strip().lower(), data_dir=args.data_dir,
         out=args.out, batch_size=args.batch_size, lr=args.lr, seed=args.seed,
         baseline=not args.no_baseline, timeout=args.timeout,
-        kill=None if args.kill is None else Kill.parse(args.kill), link=args.link)
+        kill=None if args.kill is None else Kill.parse(args.kill), link=args.link,
+        non_iid=args.non_iid)
     existed = os.path.isdir(options.out)
     try:
         return run_demo(options)

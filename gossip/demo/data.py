@@ -265,13 +265,37 @@ def load_mnist(data_dir: str | os.PathLike) -> Dataset:
 # ---------------------------------------------------------------------- sharding
 
 
-def shard(n_samples: int, rank: int, world_size: int, *, seed: int = 0) -> np.ndarray:
+def shard(n_samples: int, rank: int, world_size: int, *, seed: int = 0,
+          labels: np.ndarray | None = None, alpha: float | None = None) -> np.ndarray:
     """Row indices of ``rank``'s shard: a seeded permutation cut into ``world_size`` equal
-    parts (the remainder is left out, so every peer takes the same number of steps)."""
+    parts (the remainder is left out, so every peer takes the same number of steps).
+
+    ``alpha`` (with ``labels``): non-iid shards of the same size, each peer's mix of classes
+    drawn from a Dirichlet distribution of concentration ``alpha`` (Hsu et al. 2019): 0.1
+    gives each peer mostly one or two classes, 100 nearly the iid mix. The peers draw their
+    samples in turns, each a class by its own mix among the classes that have samples left,
+    so the shards stay disjoint and equal; every peer computes every shard from the seed."""
     if world_size < 1 or not 0 <= rank < world_size:
         raise ValueError(f"rank {rank} is not in a world of {world_size}")
     size = n_samples // world_size
     if size == 0:
         raise DataError(f"{n_samples} training samples cannot be shared by {world_size} peers")
-    order = np.random.default_rng(seed).permutation(n_samples)
-    return np.sort(order[rank * size:(rank + 1) * size])
+    rng = np.random.default_rng(seed)
+    if alpha is None:
+        order = rng.permutation(n_samples)
+        return np.sort(order[rank * size:(rank + 1) * size])
+    if not (alpha > 0 and np.isfinite(alpha)) or labels is None or len(labels) != n_samples:
+        raise ValueError(f"non-iid shards need a positive alpha and one label per sample, got "
+                         f"alpha {alpha!r}")
+    classes = np.unique(labels)
+    pools = [list(rng.permutation(np.flatnonzero(labels == c))) for c in classes]
+    mixes = rng.dirichlet(np.full(len(classes), float(alpha)), size=world_size)
+    shards: list[list[int]] = [[] for _ in range(world_size)]
+    for _ in range(size):
+        for peer in range(world_size):
+            left = np.array([len(p) > 0 for p in pools])
+            weights = mixes[peer] * left
+            total = weights.sum()
+            weights = weights / total if total > 0 else left / left.sum()
+            shards[peer].append(pools[rng.choice(len(classes), p=weights)].pop())
+    return np.sort(np.array(shards[rank]))

@@ -38,6 +38,7 @@ class DemoOptions:
     policy_options: dict = field(default_factory=dict)  # name -> extra policy kwargs
     kill: Kill | None = None           # a peer SIGKILLed and started again, in every policy
     link: str | None = None            # emulated network per link, "1gbit,2ms" (GOSSIP_LINK)
+    non_iid: float | None = None       # Dirichlet alpha of each peer's class mix (None: iid)
 
     def __post_init__(self) -> None:
         from gossip.policies import names
@@ -73,6 +74,8 @@ class DemoOptions:
             from collectives.transport.emulation import parse_link
 
             parse_link(self.link, "--link")  # a bad value fails here, not in every peer
+        if self.non_iid is not None and not (math.isfinite(self.non_iid) and self.non_iid > 0):
+            raise ValueError(f"--non-iid must be a positive alpha, got {self.non_iid}")
         if not (math.isfinite(self.timeout) and self.timeout > 0):
             raise ValueError(f"--timeout must be a positive number of seconds, got "
                              f"{self.timeout}")

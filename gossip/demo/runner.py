@@ -105,7 +105,8 @@ def run_demo(options: DemoOptions, *, stdout: IO[str] | None = None,
                              epochs=epochs, batch_size=options.batch_size, lr=options.lr,
                              seed=options.seed, baseline=options.baseline,
                              progress_path=progress_path,
-                             policy_options=dict(options.policy_options), kill=options.kill)
+                             policy_options=dict(options.policy_options), kill=options.kill,
+                             non_iid=options.non_iid)
         print(f"gossip demo: {dataset.describe()}; {options.peers} peers on {graph} "
               f"(loopback); {per_policy} of {steps_per_epoch} steps, batch "
               f"{options.batch_size} per peer, SGD lr {config.lr:g} momentum "
@@ -155,6 +156,8 @@ def _report(records: list[dict], options: DemoOptions, dataset: Dataset, config:
                     f"{options.peers} peers on {graph}, {per_policy}")
     if options.link:
         table_header += f"; every link {options.link} (emulated)"
+    if options.non_iid is not None:
+        table_header += f"; non-iid shards (Dirichlet alpha {options.non_iid:g})"
     if interrupted:
         table_header += "; interrupted (Ctrl-C): the runs that finished"
     if options.kill is not None:
@@ -170,7 +173,7 @@ def _report(records: list[dict], options: DemoOptions, dataset: Dataset, config:
             "peers": options.peers, "topology": graph, "epochs": epochs,
             "steps_per_epoch": steps_per_epoch,
             "batch_size_per_peer": options.batch_size, "lr": config.lr, "momentum": config.momentum,
-            "seed": options.seed, "parameters": parameters,
+            "seed": options.seed, "parameters": parameters, "non_iid": options.non_iid,
             "target_accuracy": config.target_accuracy, "policies": list(options.policies),
             "kill": None if options.kill is None else {
                 "rank": options.kill.rank, "fraction": options.kill.fraction,

@@ -61,6 +61,7 @@ class TrainConfig:
     evals_per_epoch: int = 4              # test-set evaluations per epoch (the curves' points)
     policy_options: dict = field(default_factory=dict)  # name -> extra policy kwargs
     kill: Kill | None = None              # a peer that dies and is started again (kill.py)
+    non_iid: float | None = None          # Dirichlet alpha of the peers' class mixes (None: iid)
 
     @property
     def reporter(self) -> int:
@@ -166,7 +167,8 @@ class _Data:
 def _data(dataset: Dataset, slot: int, n: int, config: TrainConfig) -> _Data:
     scale = dataset.max_value
     mean, std = _pixel_statistics(dataset)
-    rows = shard(len(dataset.train_labels), slot, n, seed=config.seed)
+    rows = shard(len(dataset.train_labels), slot, n, seed=config.seed,
+                 labels=dataset.train_labels, alpha=config.non_iid)
     x, y = _tensors(dataset.train_images[rows], dataset.train_labels[rows], scale, mean, std)
     test_x, test_y = _tensors(dataset.test_images, dataset.test_labels, scale, mean, std)
     steps_per_epoch = len(rows) // config.batch_size
