@@ -10,7 +10,7 @@ from typing import Any
 
 from collectives.algorithms.ring import counts_digest
 from collectives.arrays.adapter import adapter_for
-from collectives.send_recv import flat_of
+from collectives.send_recv import contiguous_flat
 
 __all__ = ["coalesced_allreduce"]
 
@@ -24,8 +24,7 @@ def coalesced_allreduce(comm: Any, arrays: list, op: str, wait: bool, timeout: f
         raise ValueError(f"rank {comm.rank}: allreduce of an empty list of arrays")
     parts = []   # (array, its contiguous stand-in or None, flat view, dtype)
     for a in arrays:
-        stand_in = adapter_for(a).stand_in(a)
-        other, flat, dtype = flat_of(a if stand_in is None else stand_in)
+        stand_in, other, flat, dtype = contiguous_flat(a)
         parts.append((a, stand_in, flat, dtype))
         if other.kind != adapter_for(arrays[0]).kind or dtype != parts[0][3]:
             raise TypeError(f"rank {comm.rank}: a coalesced allreduce takes arrays of one "

@@ -19,7 +19,7 @@ from collectives.arrays.adapter import ArrayAdapter, adapter_for
 from collectives.transport.transport import Transport
 from collectives.transport.wire import dtype_itemsize
 
-__all__ = ["SendRequest", "PointToPoint", "flat_of"]
+__all__ = ["SendRequest", "PointToPoint", "flat_of", "contiguous_flat"]
 
 
 def flat_of(x: Any, *, read_only: bool = False) -> tuple[ArrayAdapter, Any, str]:
@@ -33,6 +33,14 @@ def flat_of(x: Any, *, read_only: bool = False) -> tuple[ArrayAdapter, Any, str]
     else:
         flat = adapter.flat(x)
     return adapter, flat, adapter.dtype_name(flat)
+
+
+def contiguous_flat(x: Any, *, read_only: bool = False) -> tuple[Any, ArrayAdapter, Any, str]:
+    """(stand-in, adapter, flat view, dtype name): flat_of ``x`` itself (stand-in None), or of
+    a contiguous copy of it when it is not contiguous, which the caller writes back into
+    ``x`` if the call writes (collectives/staging.py) and keeps alive while it is read."""
+    stand_in = adapter_for(x).stand_in(x)
+    return (stand_in, *flat_of(x if stand_in is None else stand_in, read_only=read_only))
 
 
 class PointToPoint:
@@ -64,8 +72,7 @@ class PointToPoint:
         if not 0 <= dst < self.world_size or dst == self.rank:
             raise ValueError(f"rank {self.rank}: cannot send to rank {dst} (world size "
                              f"{self.world_size})")
-        stand_in = adapter_for(x).stand_in(x)   # a non-contiguous x travels as a copy
-        adapter, flat, dtype = flat_of(x if stand_in is None else stand_in, read_only=True)
+        stand_in, adapter, flat, dtype = contiguous_flat(x, read_only=True)   # (copy: sent)
         with self._lock:
             seq = self._send_seq[dst]
             self._send_seq[dst] += 1
@@ -73,7 +80,7 @@ class PointToPoint:
         call = Call(self.transport, self.channel, seq, "send", dtype, tuple(x.shape),
                     deadline)
         ticket = post_range(call, dst, adapter, flat, 0, adapter.size(flat), track=True)
-        return SendRequest(call, dst, ticket)
+        return SendRequest(call, dst, ticket, stand_in)
 
     def recv(self, src: int, out: Any = None, *, timeout: float | None = None) -> Any:
         """Receive the next array ``src`` sent. Into ``out`` if given (its dtype and size must
@@ -83,8 +90,9 @@ class PointToPoint:
                              f"{self.world_size})")
         # out's own checks (family, writable) come before anything is taken from the mailbox;
         # a non-contiguous out is filled through a contiguous stand-in.
-        stand_in = adapter_for(out).stand_in(out) if out is not None else None
-        target = flat_of(out if stand_in is None else stand_in) if out is not None else None
+        stand_in, target = None, None
+        if out is not None:
+            stand_in, *target = contiguous_flat(out)
         seq = self._recv_seq[src]
         t = self.transport
         deadline = time.monotonic() + (self.timeout if timeout is None else timeout)
@@ -170,10 +178,11 @@ class SendRequest:
     queue and the send would seem to succeed). Both raise PeerLost if the destination is
     lost or the request's deadline passes first."""
 
-    __slots__ = ("_call", "_dst", "_ticket", "_done")
+    __slots__ = ("_call", "_dst", "_ticket", "_done", "_stand_in")
 
-    def __init__(self, call: Call, dst: int, ticket: Any) -> None:
+    def __init__(self, call: Call, dst: int, ticket: Any, stand_in: Any = None) -> None:
         self._call, self._dst, self._ticket, self._done = call, dst, ticket, False
+        self._stand_in = stand_in   # a non-contiguous x's copy: sent zero-copy, kept alive
 
     def test(self) -> bool:
         """True once complete (then always); False while in flight."""

@@ -18,8 +18,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from collectives.arrays.adapter import adapter_for
-from collectives.send_recv import flat_of
+from collectives.send_recv import contiguous_flat
 
 __all__ = ["Staging"]
 
@@ -36,12 +35,10 @@ class Staging:
         """``x``'s adapter, flat view and dtype name, as flat_of, through a contiguous
         stand-in when ``x`` is not contiguous; ``written``: the call's result lands in
         ``x``, so it is copied back by finish() (else ``x`` is only read)."""
-        stand_in = adapter_for(x).stand_in(x)
-        if stand_in is None:
-            return flat_of(x)
-        if written:
-            self._written.append((adapter_for(x), x, stand_in))
-        return flat_of(stand_in)
+        stand_in, *view = contiguous_flat(x)
+        if stand_in is not None and written:
+            self._written.append((view[0], x, stand_in))
+        return tuple(view)
 
     def finish(self, result: Any = None) -> Any:
         """Copy each written stand-in back into its array; returns ``result`` (so a call's

@@ -106,7 +106,7 @@ def allreduce_hook(state: HookState, bucket: dist.GradBucket) -> torch.futures.F
     buf = bucket.buffer()
     work = state.peer.allreduce(buf, op="mean", wait=False, compression=state.compression,
                                 residual=state.residual(bucket))
-    return _future(work, buf, state, bucket)
+    return _future([work], buf, state, bucket)
 
 
 def gossip_hook(state: HookState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
@@ -114,7 +114,7 @@ def gossip_hook(state: HookState, bucket: dist.GradBucket) -> torch.futures.Futu
     buf = bucket.buffer()
     work = state.peer.neighbor_average(buf, state.step, wait=False,
                                        compression=state.compression)
-    return _future(work, buf, state, bucket)
+    return _future([work], buf, state, bucket)
 
 
 def diloco_hook(state: HookState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
@@ -147,11 +147,7 @@ def _periodic(state: HookState, bucket: Any) -> torch.futures.Future:
         wide = torch.float64 if any(p.dtype == torch.float64 for p in params) else torch.float32
         anchor = state._anchors[k] = _flat_params(params).to(wide)
     if state.step == 1 or (state.step - 1) % state.period:
-        if bucket.is_last():
-            state.step += 1
-        done: torch.futures.Future = torch.futures.Future()
-        done.set_result(buf)
-        return done
+        return _future([], buf, state, bucket)   # the local gradients, at once
     # The pseudo-gradient: how far this replica moved since the last outer step.
     pseudo = anchor - _flat_params(params).to(anchor.dtype)
     work = state.peer.allreduce(pseudo, op="mean", wait=False,
@@ -165,17 +161,18 @@ def _periodic(state: HookState, bucket: Any) -> torch.futures.Future:
                 m = p.numel()
                 p.copy_(anchor[at:at + m].view_as(p))
                 at += m
-    if bucket.is_last():
-        state.step += 1
-    return GossipWork([work], buf, outer_step).get_future()
+    return _future([work], buf, state, bucket, outer_step)
 
 
 def _flat_params(params: list) -> Any:
     return torch.cat([p.detach().reshape(-1) for p in params])
 
 
-def _future(work: Any, buf: Any, state: HookState, bucket: Any) -> torch.futures.Future:
-    """A torch Future of ``buf`` that completes with gossip's ``work`` (or its error)."""
+def _future(handles: list, buf: Any, state: HookState, bucket: Any,
+            finish: Any = None) -> torch.futures.Future:
+    """A torch Future of ``buf`` that completes once gossip's ``handles`` (none: at once)
+    and then ``finish`` did (or with their error); the bucket that ends an iteration counts
+    it in ``state.step``."""
     if bucket.is_last():
         state.step += 1
-    return GossipWork([work], buf).get_future()
+    return GossipWork(handles, buf, finish).get_future()
