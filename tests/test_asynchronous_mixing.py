@@ -29,6 +29,13 @@ def tight_loop(peer):
             a = np.tanh(a @ a.T / 120)
         policy.after_step()
     pushed = policy.stats()["messages_sent"]
+    # Counts drift apart (own_steps): a peer the scheduler starved runs its last steps after
+    # the others stopped, pushing into peers that no longer push back (a CI run ended at
+    # 3.5011 vs 3.4995 that way). So every peer mixes on until all have finished the loop.
+    everyone_done = peer.allreduce(np.zeros(1), wait=False)
+    while not everyone_done.done():
+        policy.after_step()
+    everyone_done.wait()
     policy.quiesce()
     return pushed, float(x.mean()), policy.weights[0]
 
@@ -39,11 +46,11 @@ def test_a_tight_loop_pushes_nearly_every_step_and_the_models_meet():
     means = [m for _, m, _ in out]
     weights = [w for _, _, w in out]
     print(f"\npushes per peer in {STEPS} steps: {pushes}; models after quiesce: "
-          f"{min(means):.7f}..{max(means):.7f} (the mean is 3.5)")
+          f"{min(means):.7f}..{max(means):.7f}, spread {max(means) - min(means):.1e} (the mean is 3.5)")
     # A third of the steps: before, 53-71 of 220 on a quiet machine; now 135-183 with twice
     # these peers on the 2 cores (two runs at once), at least 85 in a full test run.
     assert min(pushes) >= STEPS // 3, pushes
-    assert max(means) - min(means) < 1e-3, means
+    assert max(means) - min(means) < 1e-4, means
     # Push-sum keeps the weighted mean exactly, and the weights add up to n.
     assert abs(sum(weights) - 8) < 1e-9, weights
     assert abs(np.dot(weights, means) / sum(weights) - 3.5) < 1e-9, (weights, means)
