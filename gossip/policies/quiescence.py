@@ -11,7 +11,7 @@ import numpy as np
 
 from gossip.errors import PeerLost
 
-__all__ = ["pushes_to_absorb"]
+__all__ = ["Quiescence", "pushes_to_absorb"]
 
 
 def pushes_to_absorb(peer: Any, comm: Any, sent_to: list[int], timeout: float,
@@ -40,3 +40,42 @@ def pushes_to_absorb(peer: Any, comm: Any, sent_to: list[int], timeout: float,
         except PeerLost as exc:
             on_lost(f"quiesce: count from rank {j}", exc, j)
     return expected
+
+
+class Quiescence:
+    """Asynchronous's quiesce() and resume() (a mixin: the policy's push state, its
+    arrivals and its fold)."""
+
+    def quiesce(self, timeout: float | None = None) -> None:
+        """Stop pushing until every push a live peer made to this one is absorbed (the weights
+        then add up to n, less what the dead held): a collective of the live peers
+        (pushes_to_absorb: a dead peer does not stop it). ``resume()`` undoes it."""
+        self._check_ready()
+        timeout = self.timeout if timeout is None else timeout
+        self._paused = True
+        with self._cond:        # a push in progress completes first
+            self._wait_locked(lambda: self._job is None, timeout, 0.5,
+                              lambda: ("quiesce: the push in progress did not finish",
+                                       "asynchronous quiesce"))
+            sent = list(self._sent_to)
+        expected = pushes_to_absorb(self._peer, self._counts, sent, timeout,
+                                    self._exchange_failed)
+        absorbed = self._arrivals.absorbed_from
+        with self._cond:
+            self._wait_locked(
+                lambda: all(absorbed[j] >= count for j, count in expected.items()),
+                timeout, 0.5,
+                lambda: (f"quiesce: absorbed {[absorbed[j] for j in expected]} of the "
+                         f"{list(expected.values())} messages ranks {list(expected)} pushed "
+                         "to it", "asynchronous quiesce"))
+        # Fold the absorbed mass into the parameters (no move since the last step).
+        self._buckets.copy_in()
+        self._fold_in(moved=False)
+        self._buckets.copy_out()
+        if self._anchor is not None:
+            self._keep_anchor()
+
+    def resume(self) -> None:
+        """Push again after quiesce()."""
+        self._check_ready()
+        self._paused = False
