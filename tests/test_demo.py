@@ -240,6 +240,11 @@ def test_demo_compression_encodes_what_the_policies_send(tmp_path) -> None:
     (["--kill", "1@0.5", "--epochs", "1", "--batch-size", "359"], "needs at least 2 training"),
     (["--compression", "fp8"], "unknown codec 'fp8'"),
     (["--link", "fast"], "--link='fast': expected RATE[,LATENCY]"),
+    (["--straggler", "3"], "expected RANK@FACTOR"),
+    (["--straggler", "1@0.5"], "the factor must be above 1"),
+    (["--straggler", "7@2"], "rank 7 is not one of the 4 peers"),
+    (["--scenario", "nope"], "unknown scenario 'nope'; known: slow-network, straggler"),
+    (["--scenario", "death", "--policy", "gossip"], "--scenario sets the policies"),
 ])
 def test_bad_arguments_give_one_line(tmp_path, args, says) -> None:
     args = [a.replace("{empty}", str(tmp_path)) for a in args]
@@ -406,27 +411,73 @@ def test_progress_display_reads_events_written_in_pieces(tmp_path) -> None:
     assert display.current == "gossip"
 
 
-def test_ctrl_c_keeps_the_runs_that_finished(tmp_path) -> None:
-    # SIGINT once the first policy is done: its row is printed and written, exit 130.
-    out = tmp_path / "out"
-    proc = subprocess.Popen([sys.executable, "-m", "gossip", "demo", "--policy",
-                             "synchronous,gossip", "--epochs", "6", "--no-baseline",
-                             "--out", str(out)], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=_env())
-    lines = []
+def _interrupted(args: list[str], stream: str, at: str) -> tuple[int, str, str]:
+    """`gossip demo ARGS`, SIGINTed when a line of ``stream`` starts with ``at``: (exit code,
+    stdout, stderr)."""
+    proc = subprocess.Popen([sys.executable, "-m", "gossip", "demo", *args],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=_env())
+    seen = []
     try:
-        for line in proc.stderr:
-            lines.append(line)
-            if line.startswith("synchronous: done"):
+        for line in getattr(proc, stream):
+            seen.append(line)
+            if line.startswith(at):
                 proc.send_signal(signal.SIGINT)
                 break
-        stdout, rest = proc.communicate(timeout=120)
+        out, err = proc.communicate(timeout=120)
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-    err = "".join(lines) + rest
-    assert proc.returncode == 130, err[-3000:]
+    if stream == "stdout":
+        return proc.returncode, "".join(seen) + out, err
+    return proc.returncode, out, "".join(seen) + err
+
+
+def test_the_story_runs_each_scenario_and_writes_a_panel_for_each(tmp_path) -> None:
+    out = tmp_path / "out"
+    proc = _demo("--scenario", "straggler,non-iid", "--epochs", "1", "--peers", "2",
+                 "--no-baseline", "--out", str(out))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "=== scenario 1 of 2: straggler (the last peer 4x slower per step)" in proc.stdout
+    summary = proc.stdout.rsplit("=== scenario 2 of 2", 1)[1]
+    assert "straggler: the last peer 4x slower per step" in summary, summary
+    assert "non-iid: each peer's classes drawn from Dirichlet(0.1)" in summary, summary
+    story = json.loads((out / "story.json").read_text())
+    assert [s["name"] for s in story["scenarios"]] == ["straggler", "non-iid"]
+    straggler, non_iid = story["scenarios"]
+    assert straggler["run"]["straggler"] == {"rank": 1, "factor": 4.0}, straggler["run"]
+    assert non_iid["run"]["non_iid"] == 0.1 and non_iid["run"]["straggler"] is None
+    assert [r["policy"] for r in straggler["table"]] == ["synchronous", "gossip",
+                                                         "asynchronous"]
+    for row in straggler["table"] + non_iid["table"]:
+        assert row["worst_peer_accuracy"] <= row["final_accuracy"], row
+    for name in ("straggler", "non-iid"):   # each scenario's own run, as `gossip demo` writes
+        assert (out / name / "demo.json").exists() and (out / name / "demo.png").exists()
+    assert (out / "story.png").stat().st_size > 0
+
+
+def test_ctrl_c_keeps_the_scenarios_that_finished(tmp_path) -> None:
+    # SIGINT once the second scenario starts: the first stays in story.json, exit 130.
+    out = tmp_path / "out"
+    returncode, _, err = _interrupted(
+        ["--scenario", "non-iid,slow-network", "--epochs", "3", "--peers", "2",
+         "--no-baseline", "--out", str(out)], "stdout", "=== scenario 2 of 2")
+    assert returncode == 130, err[-3000:]
+    assert "interrupted; the finished scenarios are in" in err, err[-3000:]
+    assert "story.png: non-iid" in err, err[-3000:]
+    story = json.loads((out / "story.json").read_text())
+    assert [s["name"] for s in story["scenarios"]] == ["non-iid"]
+    assert (out / "story.png").stat().st_size > 0
+
+
+def test_ctrl_c_keeps_the_runs_that_finished(tmp_path) -> None:
+    # SIGINT once the first policy is done: its row is printed and written, exit 130.
+    out = tmp_path / "out"
+    returncode, stdout, err = _interrupted(
+        ["--policy", "synchronous,gossip", "--epochs", "6", "--no-baseline", "--out", str(out)],
+        "stderr", "synchronous: done")
+    assert returncode == 130, err[-3000:]
     assert "interrupted; 1 finished run(s) reported: synchronous" in err, err[-3000:]
     assert "synchronous" in stdout and "gossip " not in stdout.split("policy", 1)[1], stdout
     info = json.loads((out / "demo.json").read_text())

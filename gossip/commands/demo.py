@@ -25,11 +25,18 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
             "LeNet-style CNN on the handwritten digits that ship inside scikit-learn (8x8,\n"
             "never downloaded), sharded across the peers, once per averaging policy. Prints\n"
             "a table (test accuracy, wall time, time to 95%, samples/s, bytes sent per peer,\n"
-            "consensus distance) and writes OUT/demo.png and OUT/demo.json."
+            "consensus distance) and writes OUT/demo.png and OUT/demo.json.\n\n"
+            "With no --policy, --kill, --link, --non-iid or --straggler it tells the story:\n"
+            "four scenarios where the policies differ (slow-network, straggler, death,\n"
+            "non-iid; about 3 minutes on 2 cores), each into OUT/<scenario>/, then a summary\n"
+            "table, OUT/story.png (a panel per scenario) and OUT/story.json. --scenario NAMES\n"
+            "runs some of them."
         ),
         epilog=(
             "examples:\n"
-            "  gossip demo                                  # every policy, 4 peers (~1 min)\n"
+            "  gossip demo                                  # the four scenarios (~3 min)\n"
+            "  gossip demo --scenario straggler             # one of them\n"
+            "  gossip demo --policy all                     # every policy, 4 peers (~1 min)\n"
             "  gossip demo --policy synchronous,gossip --epochs 5 --out /tmp/demo\n"
             "  gossip demo --peers 8 --topology exponential --policy gossip,push-sum\n"
             "  gossip demo --dataset mnist --data-dir ~/data/mnist --epochs 1\n"
@@ -40,9 +47,13 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     )
     parser.add_argument("-n", "--peers", type=int, default=4, metavar="N",
                         help="peer processes to start on this machine (default 4)")
-    parser.add_argument("--policy", default="all", metavar="NAMES",
-                        help=f"all (default), or one or more of {_POLICY_HELP}, "
-                        "comma-separated")
+    parser.add_argument("--policy", default=None, metavar="NAMES",
+                        help=f"all, or one or more of {_POLICY_HELP}, comma-separated: one "
+                        "run of these policies instead of the scenarios")
+    parser.add_argument("--scenario", default=None, metavar="NAMES",
+                        help="all (the default when no --policy, --kill, --link, --non-iid "
+                        "or --straggler is given), or one or more of slow-network, "
+                        "straggler, death, non-iid, comma-separated")
     parser.add_argument("--topology", default="ring", metavar="SPEC",
                         help="the peers' graph, as for `gossip topology` (default ring); used "
                         "by gossip, push-sum and asynchronous")
@@ -84,6 +95,10 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
                         "distribution of concentration ALPHA (0.1: mostly one or two classes "
                         "per peer; 100: nearly iid); shards stay disjoint and equal. Default: "
                         "iid shards")
+    parser.add_argument("--straggler", metavar="RANK@FACTOR",
+                        help="peer RANK takes FACTOR times as long per step (it sleeps after "
+                        "each), as a slower node would; synchronous policies wait for it, "
+                        "asynchronous ones do not. E.g. 3@4")
     parser.add_argument("--timeout", type=float, default=1800.0, metavar="S",
                         help="deadline of the whole run in seconds (default 1800)")
     parser.set_defaults(func=main)
@@ -144,8 +159,19 @@ def main(args: argparse.Namespace) -> int:
     peer is one line here, with the details in OUT/failure.log."""
     from gossip.demo.kill import Kill
     from gossip.demo.runner import DemoFailed, DemoOptions, run_demo
+    from gossip.demo.straggler import Straggler
 
-    policies = parse_policies(args.policy)
+    single_run = [flag for flag, value in (("--policy", args.policy), ("--kill", args.kill),
+                                           ("--link", args.link), ("--non-iid", args.non_iid),
+                                           ("--straggler", args.straggler)) if value is not None]
+    if args.scenario is not None and single_run:
+        raise ValueError(f"--scenario sets the policies and conditions itself; drop "
+                         f"{' and '.join(single_run)} (or --scenario, for one run of your own)")
+    scenarios = None
+    if not single_run:
+        from gossip.demo.scenarios import parse_scenarios
+        scenarios = parse_scenarios(args.scenario or "all")
+    policies = parse_policies(args.policy or "all")
     policy_options: dict = {}
     if args.compression is not None:
         policy_options, plain = compression_options(policies, args.compression)
@@ -159,9 +185,13 @@ def main(args: argparse.Namespace) -> int:
         out=args.out, batch_size=args.batch_size, lr=args.lr, seed=args.seed,
         baseline=not args.no_baseline, timeout=args.timeout,
         kill=None if args.kill is None else Kill.parse(args.kill), link=args.link,
-        non_iid=args.non_iid)
+        non_iid=args.non_iid,
+        straggler=None if args.straggler is None else Straggler.parse(args.straggler))
     existed = os.path.isdir(options.out)
     try:
+        if scenarios is not None:
+            from gossip.demo.story import run_story
+            return run_story(options, scenarios, stdout=sys.stdout, stderr=sys.stderr)
         return run_demo(options)
     except DemoFailed as exc:
         print(f"gossip demo: error: {exc}", file=sys.stderr)

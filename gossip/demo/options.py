@@ -6,6 +6,7 @@ import math
 from dataclasses import dataclass, field
 
 from gossip.demo.kill import Kill
+from gossip.demo.straggler import Straggler
 
 __all__ = ["DemoOptions", "DATASETS", "DEFAULT_EPOCHS", "KILL_EPOCHS", "MAX_PEERS"]
 
@@ -39,6 +40,7 @@ class DemoOptions:
     kill: Kill | None = None           # a peer SIGKILLed and started again, in every policy
     link: str | None = None            # emulated network per link, "1gbit,2ms" (GOSSIP_LINK)
     non_iid: float | None = None       # Dirichlet alpha of each peer's class mix (None: iid)
+    straggler: Straggler | None = None  # a peer k times slower per step
 
     def __post_init__(self) -> None:
         from gossip.policies import names
@@ -70,6 +72,8 @@ class DemoOptions:
             raise ValueError(f"--lr must be a positive number, got {self.lr}")
         if self.kill is not None:
             self.kill.check(self.peers)
+        if self.straggler is not None:
+            self.straggler.check(self.peers)
         if self.link is not None:
             from collectives.transport.emulation import parse_link
 

@@ -115,6 +115,7 @@ def collect(directory: str, policy: str, slots: int, *, consensus: bool = True) 
         history.append({
             "time": max(clocks), "step": step, "epoch": group[0][1]["epoch"],
             "accuracy": _mean([r["accuracy"] for _, r in group]),
+            "worst_accuracy": min((r["accuracy"] for _, r in group), default=float("nan")),
             "test_loss": _mean([r["test_loss"] for _, r in group]),
             "train_loss": _mean([r["train_loss"] for _, r in group]),
             "consensus": (_consensus(directory, policy, [s for s, _ in group], step)

@@ -37,6 +37,7 @@ def _row(record: dict, target: float) -> dict:
         "peers": record["peers"],
         # The others failed: what they had reached is no final accuracy.
         "final_accuracy": None if failed or not final else final["accuracy"],
+        "worst_peer_accuracy": None if failed or not final else final.get("worst_accuracy"),
         "final_test_loss": final.get("test_loss"),
         "train_seconds": train_seconds,
         "wall_seconds": record["wall_seconds"],  # evaluations included

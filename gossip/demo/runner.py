@@ -106,7 +106,7 @@ def run_demo(options: DemoOptions, *, stdout: IO[str] | None = None,
                              seed=options.seed, baseline=options.baseline,
                              progress_path=progress_path,
                              policy_options=dict(options.policy_options), kill=options.kill,
-                             non_iid=options.non_iid)
+                             non_iid=options.non_iid, straggler=options.straggler)
         print(f"gossip demo: {dataset.describe()}; {options.peers} peers on {graph} "
               f"(loopback); {per_policy} of {steps_per_epoch} steps, batch "
               f"{options.batch_size} per peer, SGD lr {config.lr:g} momentum "
@@ -158,6 +158,9 @@ def _report(records: list[dict], options: DemoOptions, dataset: Dataset, config:
         table_header += f"; every link {options.link} (emulated)"
     if options.non_iid is not None:
         table_header += f"; non-iid shards (Dirichlet alpha {options.non_iid:g})"
+    if options.straggler is not None:
+        table_header += (f"; peer {options.straggler.rank} {options.straggler.factor:g}x "
+                         "slower per step")
     if interrupted:
         table_header += "; interrupted (Ctrl-C): the runs that finished"
     if options.kill is not None:
@@ -174,6 +177,8 @@ def _report(records: list[dict], options: DemoOptions, dataset: Dataset, config:
             "steps_per_epoch": steps_per_epoch,
             "batch_size_per_peer": options.batch_size, "lr": config.lr, "momentum": config.momentum,
             "seed": options.seed, "parameters": parameters, "non_iid": options.non_iid,
+            "link": options.link, "straggler": None if options.straggler is None else {
+                "rank": options.straggler.rank, "factor": options.straggler.factor},
             "target_accuracy": config.target_accuracy, "policies": list(options.policies),
             "kill": None if options.kill is None else {
                 "rank": options.kill.rank, "fraction": options.kill.fraction,

@@ -32,6 +32,7 @@ import numpy as np
 
 from gossip.demo.data import Dataset, DataError, shard
 from gossip.demo.kill import Kill, die
+from gossip.demo.straggler import Straggler
 from gossip.demo.loop import Loop
 from gossip.demo.model import count_parameters, make_cnn
 from gossip.demo.records import PeerRecords
@@ -62,11 +63,13 @@ class TrainConfig:
     policy_options: dict = field(default_factory=dict)  # name -> extra policy kwargs
     kill: Kill | None = None              # a peer that dies and is started again (kill.py)
     non_iid: float | None = None          # Dirichlet alpha of the peers' class mixes (None: iid)
+    straggler: Straggler | None = None    # a peer that takes k times as long per step
 
     @property
     def reporter(self) -> int:
-        """The slot that reports progress: one that is never killed."""
-        return 1 if self.kill is not None and self.kill.rank == 0 else 0
+        """The slot that reports progress: one that is never killed, nor the straggler."""
+        special = {x.rank for x in (self.kill, self.straggler) if x is not None}
+        return min(set(range(len(special) + 1)) - special)
 
 
 def make_policy(name: str, peer: Any, *, kill: bool = False, **options: Any) -> Any:
@@ -230,6 +233,16 @@ def _sgd_step(model: Any, optimizer: Any) -> Any:
     return train_step
 
 
+def _slowed(train_step: Any, straggler: Straggler) -> Any:
+    """--straggler: the step, then a sleep of (factor - 1) times its duration."""
+    def slow_step(xb: Any, yb: Any) -> float:
+        start = time.perf_counter()
+        loss = train_step(xb, yb)
+        time.sleep(straggler.delay(time.perf_counter() - start))
+        return loss
+    return slow_step
+
+
 def _train_policy(peer: Any, name: str, config: TrainConfig, data: _Data, dataset: Dataset,
                   progress: _Progress, slot: int, incarnation: int) -> dict:
     import torch
@@ -273,8 +286,11 @@ def _train_policy(peer: Any, name: str, config: TrainConfig, data: _Data, datase
                 _die(records, progress, name, slot, step, loop.samples,
                      peer.stats()["bytes_sent"] - sent)
 
+        train_step = _sgd_step(model, dopt)
+        if config.straggler is not None and config.straggler.rank == slot:
+            train_step = _slowed(train_step, config.straggler)
         try:
-            record = loop.run(data.x, data.y, _sgd_step(model, dopt), measure,
+            record = loop.run(data.x, data.y, train_step, measure,
                               lambda: dopt.policy.step, after_step)
             sent = peer.stats()["bytes_sent"] - sent
             stats = dopt.stats()
