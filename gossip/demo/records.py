@@ -122,6 +122,12 @@ def collect(directory: str, policy: str, slots: int, *, consensus: bool = True) 
                           if consensus else None),
             "peers": len(group),
         })
+    # The peers' average at the last evaluated step, for the averaged model's accuracy.
+    averaged = None
+    if consensus and history:
+        last = history[-1]["step"]
+        averaged = np.mean([np.load(_snapshot(directory, policy, s, last)).astype(np.float64)
+                            for s, _ in by_step[last]], axis=0)
     finals = [d[-1] for d in done.values() if d]
     ends = [r for s, ls in lines.items() for r in ls if r["kind"] in ("done", "killed")]
     sent = [sum(r.get("bytes_sent", 0) for r in ls if r["kind"] in ("done", "killed"))
@@ -137,6 +143,7 @@ def collect(directory: str, policy: str, slots: int, *, consensus: bool = True) 
         "wall_seconds": max((r["wall_seconds"] for r in timing), default=0.0),
         "bytes_per_peer": sum(sent) / len(sent) if sent else 0.0,
         "parameters": next((r["parameters"] for r in finals), None),
+        "averaged_parameters": averaged,
         "slots": {s: {"killed": next((r for r in ls if r["kind"] == "killed"), None),
                       "joined": next((r for r in ls if r["kind"] == "joined"), None),
                       "done": bool(done[s])}

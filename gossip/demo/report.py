@@ -38,6 +38,7 @@ def _row(record: dict, target: float) -> dict:
         # The others failed: what they had reached is no final accuracy.
         "final_accuracy": None if failed or not final else final["accuracy"],
         "worst_peer_accuracy": None if failed or not final else final.get("worst_accuracy"),
+        "averaged_model_accuracy": None if failed else record.get("averaged_accuracy"),
         "final_test_loss": final.get("test_loss"),
         "train_seconds": train_seconds,
         "wall_seconds": record["wall_seconds"],  # evaluations included
@@ -85,7 +86,7 @@ def _consensus(value: float | None) -> str:
 def format_table(rows: list[dict], *, target: float = 0.95, header: str = "") -> str:
     """The table the demo prints, one row per policy."""
     pct = f"{target * 100:g}%"
-    heads = ("policy", "test acc", "wall time", f"time to {pct}", "samples/s",
+    heads = ("policy", "test acc", "avg model", "wall time", f"time to {pct}", "samples/s",
              "sent/peer", "consensus")
     killing = any("restart" in r for r in rows)
     if killing:
@@ -94,11 +95,13 @@ def format_table(rows: list[dict], *, target: float = 0.95, header: str = "") ->
     for r in rows:
         name = r["policy"] + (" (1 process)" if r["peers"] == 1 else "")
         if r.get("failed"):   # the peers did not finish: no figure of theirs is final
-            cells = (name, "failed", "-", "-", "-", "-", "-")
+            cells = (name, "failed", "-", "-", "-", "-", "-", "-")
         else:
             cells = (
                 name,
                 f"{r['final_accuracy'] * 100:.1f}%",
+                "-" if r.get("averaged_model_accuracy") is None
+                else f"{r['averaged_model_accuracy'] * 100:.1f}%",
                 f"{r['train_seconds']:.1f} s",
                 "not reached" if r["time_to_target"] is None
                 else f"{r['time_to_target']:.1f} s",
@@ -115,7 +118,8 @@ def format_table(rows: list[dict], *, target: float = 0.95, header: str = "") ->
     lines += [
         "",
         "test acc: the peers' own models on the test set, averaged over the peers, after the "
-        "last epoch.",
+        "last epoch; avg model: the",
+        "model whose weights are the peers' average then (what a final allreduce would give).",
         "wall time: of training (the slowest peer's), the clock paused while evaluating; time "
         f"to {pct}: the first evaluation",
         f"at or above {pct}, on that clock. samples/s: training samples of all peers per "

@@ -34,7 +34,7 @@ from gossip.demo.options import DATASETS, DEFAULT_EPOCHS, KILL_EPOCHS, DemoOptio
 from gossip.demo.progress import ProgressDisplay
 from gossip.demo.records import collect, finished_runs
 from gossip.demo.report import format_table, summarize, write_json, write_png
-from gossip.demo.train import BASELINE, TrainConfig, run_baseline, run_peer
+from gossip.demo.train import BASELINE, TrainConfig, averaged_accuracy, run_baseline, run_peer
 
 __all__ = ["DemoOptions", "DemoFailed", "run_demo", "load_dataset", "DATASETS",
            "DEFAULT_EPOCHS", "KILL_EPOCHS", "PNG_NAME", "JSON_NAME"]
@@ -150,6 +150,10 @@ def _report(records: list[dict], options: DemoOptions, dataset: Dataset, config:
             interrupted: bool = False) -> None:
     """The table on stdout, the PNG and the JSON in the output folder."""
     epochs = options.epochs_per_policy
+    for r in records:   # the peers' average, evaluated here (the peers are gone)
+        averaged = r.pop("averaged_parameters", None)
+        if averaged is not None:
+            r["averaged_accuracy"] = averaged_accuracy(dataset, averaged)
     rows = summarize(records, target=config.target_accuracy)
     parameters = next((r["parameters"] for r in records if r["parameters"]), 0)
     table_header = (f"{dataset.describe()}, CNN of {parameters:,} parameters; "

@@ -30,9 +30,9 @@ def run_story(base: DemoOptions, scenarios: tuple[Scenario, ...], *, stdout: IO[
     finished: list[tuple[Scenario, dict]] = []   # (OUT is made by the first one's run_demo)
     for k, scenario in enumerate(scenarios, 1):
         options = scenario.options(base)
-        print(f"\n=== scenario {k} of {len(scenarios)}: {scenario.name} ({scenario.title})\n"
-              f"    expected: {scenario.shows}", file=stdout, flush=True)
-        try:
+        try:   # (the banner too: a Ctrl-C as it is printed is reported as any other)
+            print(f"\n=== scenario {k} of {len(scenarios)}: {scenario.name} "
+                  f"({scenario.title})\n    expected: {scenario.shows}", file=stdout, flush=True)
             run_demo(options, stdout=stdout, stderr=stderr)
         except KeyboardInterrupt:
             if finished:
@@ -58,11 +58,11 @@ def _seconds(value: Any) -> str:
 
 
 def summary_table(finished: list[tuple[Scenario, dict]]) -> str:
-    """One block per scenario: per policy, test accuracy (mean of the peers' models and the
-    worst peer's), time to the target, training time, samples/s, MB sent per peer and the
+    """One block per scenario: per policy, test accuracy (mean of the peers' models, the
+    worst peer's, and the model of their averaged weights), time to the target, training time, samples/s, MB sent per peer and the
     consensus distance, after the last epoch."""
-    head = ("policy", "test acc", "worst peer", "to target", "time", "samples/s", "sent/peer",
-            "consensus")
+    head = ("policy", "test acc", "worst peer", "avg model", "to target", "time", "samples/s",
+            "sent/peer", "consensus")
     lines = []
     for scenario, doc in finished:
         target = doc["run"].get("target_accuracy", 0.95)
@@ -71,7 +71,9 @@ def summary_table(finished: list[tuple[Scenario, dict]]) -> str:
         for r in doc["table"]:
             consensus = r.get("consensus")
             rows.append((r["policy"], _pct(r.get("final_accuracy")),
-                         _pct(r.get("worst_peer_accuracy")), _seconds(r.get("time_to_target")),
+                         _pct(r.get("worst_peer_accuracy")),
+                         _pct(r.get("averaged_model_accuracy")),
+                         _seconds(r.get("time_to_target")),
                          _seconds(r.get("train_seconds")), f"{r.get('throughput') or 0:,.0f}",
                          f"{(r.get('bytes_per_peer') or 0) / 1e6:.1f} MB",
                          "-" if consensus is None else f"{consensus:.3g}"))

@@ -137,6 +137,20 @@ def _evaluate(model: Any, x: Any, y: Any) -> tuple[float, float]:
     return correct / len(y), loss / len(y)
 
 
+def averaged_accuracy(dataset: Dataset, parameters: np.ndarray) -> float:
+    """Test accuracy of the model whose parameters are ``parameters`` (the peers' average,
+    one vector in _flat's order), normalised as the peers normalise."""
+    import torch
+
+    model = make_cnn(dataset.image_shape, dataset.classes)
+    with torch.no_grad():
+        torch.nn.utils.vector_to_parameters(
+            torch.from_numpy(parameters.astype(np.float32)), model.parameters())
+    mean, std = _pixel_statistics(dataset)
+    x, y = _tensors(dataset.test_images, dataset.test_labels, dataset.max_value, mean, std)
+    return _evaluate(model, x, y)[0]
+
+
 def _flat(model: Any) -> np.ndarray:
     """The model's parameters as one float32 vector (what the consensus distance compares)."""
     import torch
