@@ -124,7 +124,7 @@ def test_bench_vs_gloo():
     ["allreduce", "-n", "2", "--sizes", "4Q"],
     ["p2p", "-n", "3"],
     ["allreduce", "-n", "2", "--transport", "udp"],
-    ["allreduce", "-n", "2", "--vs", "mpi"],
+    ["allreduce", "-n", "2", "--vs", "nccl"],
     # before: 75 lines of thread dumps, the cause at line 47 (no memory check up front)
     ["allreduce", "-n", "4", "--sizes", "4K,100G"],
 ])

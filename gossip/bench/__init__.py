@@ -1,5 +1,6 @@
-"""Benchmarks of the collectives, reported like nccl-tests, with Gloo and plain pyzmq measured
-in the same run for comparison. ``gossip bench`` is the command line; everything here is usable
+"""Benchmarks of the collectives, reported like nccl-tests, with Gloo, OpenMPI (mpi4py) and
+plain pyzmq measured in the same run for comparison, and for allreduce this host's memory
+bound. ``gossip bench`` is the command line; everything here is usable
 from Python:
 
     from gossip.bench import run_bench, format_table
@@ -40,22 +41,27 @@ Method (as the baseline scripts in shared/bench/, and nccl-tests):
 The modules: ops (the operations: sizes, factors, notes, memory), sizes (parsing, sweeps,
 plans, deadlines), groups (processes that measure one size at a time), measure (what the
 gossip peers time), gloo_steps (what Gloo times), baselines (Gloo and plain pyzmq processes),
-tables (figures, header, rows, footer), runner (run_bench). torch is imported only by the Gloo
+mpi (the OpenMPI ranks under mpirun) and mpi_rank (what they run and time), membound (the
+memory bound of an on-host allreduce), tables (figures, header, rows, footer), runner
+(run_bench). torch is imported only by the Gloo
 comparison (in its own processes), never by ``gossip``.
 """
 from gossip.bench.baselines import BenchError, run_pyzmq_p2p
 from gossip.bench.measure import run_p2p
+from gossip.bench.membound import allreduce_bound, bound_applies, memory_rates
+from gossip.bench.mpi import check_mpi
 from gossip.bench.ops import SPLIT, busbw_factor, check_memory, layout
 from gossip.bench.runner import (ALGORITHMS, OPS, REDUCE_OPS, check_args, row_sizes, run_bench,
                                  supported_transports)
 from gossip.bench.sizes import (DEFAULT_SIZES, default_iters, format_size, parse_size,
                                 parse_sizes, stream_count, sweep_sizes)
 from gossip.bench.tables import (avg_busbw_line, column_header, footer, format_row,
-                                 format_table, header_line, summarize)
+                                 format_table, header_line, membound_line, summarize)
 
 __all__ = ["OPS", "REDUCE_OPS", "ALGORITHMS", "DEFAULT_SIZES", "SPLIT", "BenchError",
            "parse_size", "parse_sizes", "sweep_sizes", "supported_transports", "format_size",
            "default_iters", "busbw_factor", "layout", "check_args", "check_memory",
            "row_sizes", "run_bench", "format_table", "header_line", "column_header",
            "format_row", "footer", "avg_busbw_line", "run_p2p", "run_pyzmq_p2p", "summarize",
-           "stream_count"]
+           "stream_count", "check_mpi", "memory_rates", "allreduce_bound", "bound_applies",
+           "membound_line"]

@@ -1,8 +1,9 @@
 """One ``gossip bench`` run: check what was asked, start our peers and the baselines' processes
-(Gloo, and plain pyzmq for p2p), then measure size by size, ours then each baseline, and hand
-each row on as soon as its size is measured.
+(Gloo, OpenMPI through mpi4py, and plain pyzmq for p2p), then (allreduce) measure this host's
+memory bound, then measure size by size, ours then each baseline, and hand each row on as soon
+as its size is measured.
 
-    rows = run_bench("allreduce", 4, ["4K", "64M"], vs_gloo=True, on_row=print)
+    rows = run_bench("allreduce", 4, ["4K", "64M"], vs_gloo=("gloo", "mpi"), on_row=print)
 """
 from __future__ import annotations
 
@@ -13,6 +14,8 @@ from typing import Callable, Iterable, Sequence
 from gossip.bench.baselines import gloo_group, pyzmq_group
 from gossip.bench.groups import Group, stop_all
 from gossip.bench.measure import gossip_group, scheme
+from gossip.bench.membound import bound_applies, bound_fields, memory_rates
+from gossip.bench.mpi import check_mpi, mpi_group
 from gossip.bench.ops import OPS, REDUCING, layout
 from gossip.bench.sizes import (DEFAULT_SIZES, STARTUP_LIMIT, format_size, make_plan,
                                 parse_sizes, size_limit)
@@ -23,7 +26,9 @@ __all__ = ["OPS", "REDUCE_OPS", "ALGORITHMS", "BASELINES", "check_args",
 
 REDUCE_OPS = ("sum", "mean", "max", "min", "prod")
 ALGORITHMS = ("auto", "ring", "recursive-doubling")
-BASELINES = ("gloo",)
+BASELINES = ("gloo", "mpi")
+#: The groups measured after ours, in their order (pyzmq: p2p only).
+_OTHERS = ("pyzmq", "gloo", "mpi")
 
 
 def check_args(op: str, n: int, transport: str = "auto", vs: Sequence[str] = (),
@@ -43,6 +48,8 @@ def check_args(op: str, n: int, transport: str = "auto", vs: Sequence[str] = (),
     for v in vs:
         if v not in BASELINES:
             raise ValueError(f"unknown comparison {v!r}; choose one of {', '.join(BASELINES)}")
+    if "mpi" in vs:
+        check_mpi()
     if reduce_op not in REDUCE_OPS:
         raise ValueError(f"unknown reduce op {reduce_op!r}; choose one of {', '.join(REDUCE_OPS)}")
     if algorithm not in ALGORITHMS:
@@ -86,7 +93,11 @@ def run_bench(op: str, n: int, sizes: str | Iterable[str | int] = DEFAULT_SIZES,
     as soon as its size is measured, ours and the baselines'. ``vs_gloo``: also
     torch.distributed Gloo, same sizes and process count, giving ``gloo_*`` fields and
     ``ratio = gloo time / our time`` (or ``gloo_note`` where this torch's Gloo lacks the
-    operation). ``p2p`` (n = 2) always measures plain pyzmq too (``pyzmq_*`` fields; its
+    operation); "mpi" in ``vs_gloo``: also mpi4py under OpenMPI's mpirun on shared memory
+    (``mpi_*`` fields, ``mpi_ratio``; ValueError when mpi4py or mpirun is missing). An
+    allreduce with a size of at least 1 MiB measures numpy's copy and add rates on the
+    largest size first and gives its rows of 1 MiB and more the memory bound
+    (gossip.bench.membound: ``membound_busbw_GBps``, ``membound_fraction``). ``p2p`` (n = 2) always measures plain pyzmq too (``pyzmq_*`` fields; its
     ``ratio`` is pyzmq time / our time). ``timeout``: the wall limit of each size's
     measurement by each implementation (default: from the size). On an error or Ctrl-C
     (KeyboardInterrupt) every process is stopped before the exception goes on."""
@@ -97,7 +108,7 @@ def run_bench(op: str, n: int, sizes: str | Iterable[str | int] = DEFAULT_SIZES,
     emit = on_row or (lambda row: None)
     limits = [timeout or size_limit(entry, n) for entry in plan]
     # Every group waits idle while the others measure: each one's deadline is the whole run's.
-    run_limit = STARTUP_LIMIT * 3 + (2 if (vs or op == "p2p") else 1) * sum(limits)
+    run_limit = STARTUP_LIMIT * 3 + (1 + len(vs) + (op == "p2p")) * sum(limits)
     longest = max(limits, default=60.0)
 
     groups: dict[str, Group] = {}
@@ -119,10 +130,19 @@ def run_bench(op: str, n: int, sizes: str | Iterable[str | int] = DEFAULT_SIZES,
             say(f"starting {n} torch.distributed Gloo processes")
             groups["gloo"] = gloo_group(op, n, reduce_op=reduce_op, threads=gloo_threads,
                                         limit=run_limit, size_limit_s=longest)
-        for name in ("pyzmq", "gloo"):
+        if "mpi" in vs:
+            say(f"starting {n} OpenMPI ranks (mpi4py, mpirun)")
+            groups["mpi"] = mpi_group(op, n, reduce_op=reduce_op)
+        for name in _OTHERS:
             if name in groups:
                 groups[name].start()
                 groups[name].ready(STARTUP_LIMIT)
+        rates = None
+        if bound_applies(op, n, [e[0] for e in plan]):
+            # Every process is up and idle: the host's memory is ours alone for a moment.
+            largest = max(e[0] for e in plan)
+            say(f"measuring numpy copy and add rates on {format_size(largest)}")
+            rates = memory_rates(largest)
         notes: dict[str, str] = {}
         for entry, limit in zip(plan, limits):
             t0 = time.perf_counter()
@@ -130,7 +150,7 @@ def run_bench(op: str, n: int, sizes: str | Iterable[str | int] = DEFAULT_SIZES,
             wall = time.perf_counter() - t0
             used = scheme(addresses, ours[0]["shm"], transport) if n > 1 else "none"
             theirs = {}
-            for name in ("pyzmq", "gloo"):
+            for name in _OTHERS:
                 if name not in groups or name in notes:
                     continue
                 per_rank = groups[name].measure((*entry, 1), limit)
@@ -143,6 +163,10 @@ def run_bench(op: str, n: int, sizes: str | Iterable[str | int] = DEFAULT_SIZES,
                 theirs[name] = iteration_times(op, per_rank)
             row = _row(op, n, entry, transport, used, algorithm, reduce_op, key,
                        iteration_times(op, ours), theirs, notes, wall)
+            if "mpi" in theirs:
+                row["mpi_library"] = groups["mpi"].hello[0]["library"]
+            if rates is not None:
+                row.update(bound_fields(row, *rates))
             rows.append(row)
             emit(row)
         for name in list(groups):
@@ -166,7 +190,7 @@ def _row(op: str, n: int, entry: tuple[int, int, int], transport: str, used: str
         row["curve"] = True
     row.update(figures(op, n, nbytes, ours))
     row.update({"iters": iters, "warmup": warmup, "ncpu": os.cpu_count(), "wall_seconds": wall})
-    for name in ("pyzmq", "gloo"):
+    for name in _OTHERS:
         if name in notes:
             row[f"{name}_note"] = notes[name]
         if name not in theirs:

@@ -2,10 +2,10 @@
 busbw (nccl-tests conventions, gossip.bench.ops), the header line, and the nccl-tests style
 table in pieces, so that rows print as they are measured:
 
-    print(header_line("allreduce", 4))
-    print(column_header(["gloo"]))
+    print(header_line("allreduce", 4, vs=["gloo", "mpi"]))
+    print(column_header(["gloo", "mpi"], bound=True))   # bound: a '%bound' column
     for row in rows:
-        print(format_row(row, ["gloo"]))
+        print(format_row(row, ["gloo", "mpi"], bound=True))
     print(footer(rows))                  # the notes and "# Avg bus bandwidth"
     print(format_table(rows))            # all of the above but the header line, at once
 """
@@ -15,14 +15,16 @@ import os
 import statistics
 from typing import Any, Sequence
 
+from gossip.bench.membound import MIN_BOUND_BYTES, MODEL
 from gossip.bench.ops import NOTES, algbw_bytes, busbw_factor
+from gossip.bench.sizes import format_size
 
 __all__ = ["busbw_factor", "summarize", "iteration_times", "figures", "header_line",
            "column_header", "format_row", "footer", "avg_busbw_line", "format_table",
-           "BASELINE_COLUMNS"]
+           "BASELINE_COLUMNS", "membound_line"]
 
 #: The comparisons that get columns, in their order.
-BASELINE_COLUMNS = ("pyzmq", "gloo")
+BASELINE_COLUMNS = ("pyzmq", "gloo", "mpi")
 
 
 def summarize(times: Sequence[float]) -> tuple[float, float, float]:
@@ -47,15 +49,19 @@ def figures(op: str, n: int, nbytes: int, times: Sequence[float]) -> dict:
 
 
 def header_line(op: str, n: int, transport: str = "auto", *, vs_gloo: bool = False,
-                key: str | None = None, algorithm: str = "auto") -> str:
+                key: str | None = None, algorithm: str = "auto", vs: Sequence[str] = ()) -> str:
     """The line above the table: what ran, and how many CPUs the peers share (peers that
-    outnumber the cores contend, which the figures then include)."""
+    outnumber the cores contend, which the figures then include). ``vs``: the comparisons
+    (``vs_gloo``: the same as ``vs=["gloo"]``)."""
     ncpu = os.cpu_count() or 1
     share = f"the {n} peers share these CPUs"
     if n > ncpu:
         share += f": {n} peers on {ncpu} CPUs contend"
-    if vs_gloo:
-        share += "; Gloo measures each size right after ours, in its own processes"
+    names = {"gloo": "Gloo", "mpi": "OpenMPI"}
+    others = [names[v] for v in names if v in vs or (v == "gloo" and vs_gloo)]
+    if others:
+        share += (f"; {' and '.join(others)} measure{'s' if len(others) == 1 else ''} each "
+                  "size right after ours, in their own processes")
     extra = f", algorithm={algorithm}" if op == "allreduce" else ""
     extra += ", CURVE on" if key else ""
     timing = ("the receiver's time from a barrier" if op == "p2p"
@@ -69,28 +75,40 @@ def _fmt_us(seconds: float) -> str:
     return f"{us:.1f}" if us < 1e4 else f"{us:.0f}"
 
 
-def column_header(extras: Sequence[str] = ()) -> str:
-    """The two header lines of the table, with a group of columns per comparison."""
+def _fmt_ratio(ratio: float) -> str:
+    return f"{ratio:.2f}" if ratio >= 0.1 else f"{ratio:.3f}"
+
+
+def column_header(extras: Sequence[str] = (), bound: bool = False) -> str:
+    """The two header lines of the table, with a group of columns per comparison; ``bound``:
+    a column for the share of the memory bound gossip's busbw reached."""
     head1 = f"#{'size':>11} {'count':>11} {'type':>7} {'redop':>6} {'time':>10} " \
             f"{'algbw':>7} {'busbw':>7}"
     head2 = f"#{'(B)':>11} {'(elements)':>11} {'':>7} {'':>6} {'(us)':>10} " \
             f"{'(GB/s)':>7} {'(GB/s)':>7}"
+    if bound:
+        head1 += f" {'%bound':>7}"
+        head2 += f" {'(%)':>7}"
     for name in extras:
         head1 += f" | {name + ' time':>11} {name + ' busbw':>12} {'ratio':>6}"
         head2 += f" | {'(us)':>11} {'(GB/s)':>12} {'':>6}"
     return head1 + "\n" + head2
 
 
-def format_row(row: dict, extras: Sequence[str] = ()) -> str:
+def format_row(row: dict, extras: Sequence[str] = (), bound: bool = False) -> str:
     """One size's line; a comparison without figures for it (an operation its library does
-    not support) shows n/a."""
+    not support) shows n/a; ``bound``: the share of the memory bound reached, '-' for a size
+    below MIN_BOUND_BYTES."""
     line = (f" {row['bytes']:>11} {row['count']:>11} {row['type']:>7} "
             f"{row.get('redop') or 'none':>6} {_fmt_us(row['seconds_median']):>10} "
             f"{row['algbw_GBps']:>7.3f} {row['busbw_GBps']:>7.3f}")
+    if bound:
+        fraction = row.get("membound_fraction")
+        line += f" {'-' if fraction is None else f'{100 * fraction:.1f}':>7}"
     for name in extras:
         if f"{name}_seconds_median" in row:
             line += (f" | {_fmt_us(row[name + '_seconds_median']):>11} "
-                     f"{row[name + '_busbw_GBps']:>12.3f} {row[name + '_ratio']:>6.2f}")
+                     f"{row[name + '_busbw_GBps']:>12.3f} {_fmt_ratio(row[name + '_ratio']):>6}")
         else:
             line += f" | {'n/a':>11} {'n/a':>12} {'':>6}"
     return line
@@ -130,9 +148,33 @@ def footer(rows: Sequence[dict], *, avg: bool = True) -> str:
         lines.extend(f"# {name}: {note}" for note in sorted(notes))
     if first.get("transport_used"):
         lines.append(f"# peers connected over: {first['transport_used']}")
+    library = next((r["mpi_library"] for r in rows if "mpi_library" in r), None)
+    if library:
+        lines.append(f"# mpi: {library}; mpirun -np {first['nprocs']} on shared memory (pml "
+                     "ob1, btl self,vader); out-of-place where MPI has it")
+    bound = membound_line(rows)
+    if bound:
+        lines.extend([bound, f"# ({MODEL}; %bound = busbw / bound, sizes from "
+                             f"{MIN_BOUND_BYTES >> 20} MiB)"])
     if avg:
         lines.append(avg_busbw_line(rows))
     return "\n".join(lines)
+
+
+def membound_line(rows: Sequence[dict]) -> str | None:
+    """'# memory bound: copy X GB/s, add Y GB/s -> allreduce busbw bound Z GB/s; gossip
+    reached F%' at the largest size with a bound (the size the rates were measured on), with
+    each comparison's share; None when no row has one."""
+    with_bound = [r for r in rows if "membound_busbw_GBps" in r]
+    if not with_bound:
+        return None
+    r = max(with_bound, key=lambda row: row["bytes"])
+    line = (f"# memory bound: copy {r['mem_copy_GBps']:.2f} GB/s, add {r['mem_add_GBps']:.2f} "
+            f"GB/s -> allreduce busbw bound {r['membound_busbw_GBps']:.2f} GB/s; gossip reached "
+            f"{100 * r['membound_fraction']:.1f}%")
+    theirs = [f"{name} {100 * r[name + '_membound_fraction']:.1f}%"
+              for name in BASELINE_COLUMNS if f"{name}_membound_fraction" in r]
+    return line + f" (at {format_size(r['bytes'])}" + "".join(f"; {t}" for t in theirs) + ")"
 
 
 def format_table(rows: Sequence[dict]) -> str:
@@ -141,5 +183,6 @@ def format_table(rows: Sequence[dict]) -> str:
     if not rows:
         return "# (no rows)"
     extras = _extras(rows)
-    return "\n".join([column_header(extras), *(format_row(r, extras) for r in rows),
-                      footer(rows)])
+    bound = any("membound_fraction" in r for r in rows)
+    return "\n".join([column_header(extras, bound),
+                      *(format_row(r, extras, bound) for r in rows), footer(rows)])

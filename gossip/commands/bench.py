@@ -1,6 +1,7 @@
 """`gossip bench OP -n N`: time a collective over N local peers, nccl-tests style (sizes from
 --sizes or nccl-tests' -b/-e/-f sweep; rows printed as measured; "# Avg bus bandwidth" at the
-end), optionally against torch.distributed's Gloo in the same run."""
+end), optionally against torch.distributed's Gloo and OpenMPI (mpi4py) in the same run, and for
+allreduce against this host's memory bound."""
 from __future__ import annotations
 
 import argparse
@@ -23,8 +24,12 @@ def register(subparsers) -> argparse.ArgumentParser:
             "Start N peers on this host (loopback) and time OP on float32 arrays of each size.\n"
             "Per iteration: barrier, then the operation; the iteration's time is the slowest\n"
             "rank's and the table shows the median over iterations, one row printed as soon\n"
-            "as its size is measured (with --vs gloo: by both), then nccl-tests' '# Avg bus\n"
-            "bandwidth' line. Ctrl-C keeps the rows printed, stops every process, exit 130.\n\n"
+            "as its size is measured (with --vs gloo,mpi: by all), then nccl-tests' '# Avg bus\n"
+            "bandwidth' line. Ctrl-C keeps the rows printed, stops every process, exit 130.\n"
+            "--vs mpi: mpi4py under OpenMPI's mpirun -np N on shared memory (btl self,vader).\n"
+            "allreduce with a size of 1 MiB or more: numpy's copy and add rates on the largest\n"
+            "size, measured first, give a bound on busbw ('%bound' column, '# memory bound'\n"
+            "line: (2/n) / (1/add + 1/copy), see gossip/bench/membound.py).\n\n"
             "ops and what a size is (nccl-tests' conventions, but for allgather):\n"
             "  allreduce               each peer's array; busbw = algbw*2(n-1)/n\n"
             "  allgather               each peer's INPUT (nccl-tests: the gathered output);\n"
@@ -47,6 +52,7 @@ def register(subparsers) -> argparse.ArgumentParser:
         epilog=(
             "examples:\n"
             "  gossip bench allreduce -n 4 --sizes 4K,256K,4M,64M --vs gloo\n"
+            "  gossip bench allreduce -n 2 --sizes 4K,4M,64M --vs gloo,mpi\n"
             "  gossip bench reduce_scatter -n 4 -b 4K -e 64M -f 4 --vs gloo\n"
             "  gossip bench neighbor -n 4 --sizes 4M,64M --json\n"
             "  gossip bench p2p -n 2 --sizes 4K,4M,64M --transport tcp"))
@@ -68,7 +74,9 @@ def register(subparsers) -> argparse.ArgumentParser:
                         help="auto | tcp | ipc (| shm where built in); default auto: the "
                              "fastest path between peers on one host")
     parser.add_argument("--vs", action="append", default=[], metavar="IMPL",
-                        help="also measure IMPL in the same run: gloo (torch.distributed)")
+                        help="also measure IMPL in the same run: gloo (torch.distributed), "
+                             "mpi (mpi4py under OpenMPI's mpirun); comma separated or "
+                             "repeated")
     parser.add_argument("--json", action="store_true",
                         help="one JSON object per row on stdout instead of the table (the "
                              "header and '# Avg bus bandwidth' lines go to stderr)")
@@ -125,8 +133,8 @@ def main(args: argparse.Namespace) -> int:
     ValueError; a failed run is one line and exit code 1; Ctrl-C stops the peers, keeps the
     rows printed, says so in one line and gives exit code 130."""
     from collectives.errors import GossipError
-    from gossip.bench import (BenchError, check_args, check_memory, column_header, format_row,
-                              header_line, row_sizes, run_bench)
+    from gossip.bench import (BenchError, bound_applies, check_args, check_memory,
+                              column_header, format_row, header_line, row_sizes, run_bench)
 
     n = _int("-n (the number of peers)", args.n, 1)
     iters = None if args.iters is None else _int("--iters", args.iters, 1)
@@ -142,9 +150,10 @@ def main(args: argparse.Namespace) -> int:
     check_args(args.op, n, args.transport, vs, args.reduce_op, args.algorithm, iters, warmup)
     sizes = row_sizes(args.op, n, _sizes(args))
     check_memory(args.op, n, sizes)
-    header = header_line(args.op, n, args.transport, vs_gloo="gloo" in vs, key=args.key,
+    header = header_line(args.op, n, args.transport, vs=vs, key=args.key,
                          algorithm=args.algorithm)
-    extras = (["pyzmq"] if args.op == "p2p" else []) + (["gloo"] if "gloo" in vs else [])
+    extras = (["pyzmq"] if args.op == "p2p" else []) + [v for v in ("gloo", "mpi") if v in vs]
+    bound = bound_applies(args.op, n, sizes)
     table = sys.stderr if args.json else sys.stdout   # where the comment lines go
     rows: list[dict] = []
 
@@ -153,11 +162,11 @@ def main(args: argparse.Namespace) -> int:
 
     def on_row(row: dict) -> None:
         rows.append(row)
-        print(json.dumps(row) if args.json else format_row(row, extras), flush=True)
+        print(json.dumps(row) if args.json else format_row(row, extras, bound), flush=True)
 
     print(header, file=table, flush=True)
     if not args.json:
-        print(column_header(extras), flush=True)
+        print(column_header(extras, bound), flush=True)
     previous = None
     if threading.current_thread() is threading.main_thread():
         previous = signal.signal(signal.SIGINT, _first_interrupt)
@@ -183,9 +192,12 @@ def main(args: argparse.Namespace) -> int:
 def _close(rows: list, as_json: bool, table) -> None:
     """The lines under the rows: the notes and the average busbw (JSON: only the average, on
     stderr with the header)."""
-    from gossip.bench import avg_busbw_line, footer
+    from gossip.bench import avg_busbw_line, footer, membound_line
 
     if as_json:
+        bound = membound_line(rows)
+        if bound:
+            print(bound, file=table, flush=True)
         print(avg_busbw_line(rows), file=table, flush=True)
     elif rows:
         print(footer(rows), flush=True)
