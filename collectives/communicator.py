@@ -26,10 +26,11 @@ from collectives.algorithms.allgather import exchange_counts, ring_allgather_int
 from collectives.algorithms.barrier import dissemination_barrier
 from collectives.algorithms.broadcast import pipelined_broadcast
 from collectives.algorithms.p2p import Call, wait_sent
-from collectives.algorithms.ring import (counts_digest, ring_allreduce, ring_reduce_scatter,
-                                         segments, segments_of_counts)
+from collectives.algorithms.ring import (counts_digest, ring_reduce_scatter, segments,
+                                         segments_of_counts)
 from collectives.algorithms.compressed import CodecStats
-from collectives.algorithms.small import recursive_doubling_allreduce
+from collectives.algorithms.choice import allreduce_algorithm
+from collectives.algorithms.shm_allreduce import OnHostAllreduce
 from collectives.arrays.adapter import ArrayAdapter, check_reduce_op
 from collectives import rooted
 from collectives.coalesced import coalesced_allreduce
@@ -76,6 +77,7 @@ class Communicator(NeighborAllreduce):
         self._buffer_pool: dict[tuple, list] = {}  # free send-buffer sets, by shape
         self._peers = tuple(r for r in range(self.world_size) if r != self.rank)
         self.codec_stats = CodecStats()  # what the compressed calls encoded and refused
+        self._on_host = OnHostAllreduce(self.rank)   # its shared-memory arena, when used
 
     @property
     def timeout(self) -> float:
@@ -186,8 +188,9 @@ class Communicator(NeighborAllreduce):
                   compression: Any = None, residual: Any = None, _layout: str = "") -> Any:
         """Reduce ``x`` (or a list of arrays in one call: coalesced.py) across all peers in
         place; returns it (or a Work). Every peer passes the same shape, dtype and op.
-        ``algorithm``: "auto" (recursive doubling up to DEFAULT_SMALL_BYTES, ring above),
-        "ring" or "recursive-doubling"; ``compression``, ``residual``: compressed.py."""
+        ``algorithm``: "auto" (recursive doubling up to DEFAULT_SMALL_BYTES; above, "shm"
+        when every peer is on this host, else the ring), "ring", "recursive-doubling" or
+        "shm" (algorithms/choice.py); ``compression``, ``residual``: compressed.py."""
         if isinstance(x, (list, tuple)) and compression is None:
             return coalesced_allreduce(self, x, op, wait, timeout, algorithm)
         if compression is not None:
@@ -202,12 +205,8 @@ class Communicator(NeighborAllreduce):
                 adapter.divide(flat, self.world_size)
             return self._done(x, f"allreduce({op},nccl)", wait, stage)
         nbytes = adapter.size(flat) * dtype_itemsize(dtype)
-        if algorithm == "auto":
-            algorithm = "recursive-doubling" if nbytes <= DEFAULT_SMALL_BYTES else "ring"
-        if algorithm not in ("ring", "recursive-doubling"):
-            raise ValueError(f"unknown allreduce algorithm {algorithm!r}; use 'auto', 'ring' "
-                             "or 'recursive-doubling'")
-        algo = ring_allreduce if algorithm == "ring" else recursive_doubling_allreduce
+        algorithm, algo = allreduce_algorithm(algorithm, dtype, nbytes, DEFAULT_SMALL_BYTES,
+                                              self._on_host, self.transport, adapter)
         seq = self._next_seq()
         signature = f"allreduce({op},{algorithm}{_layout})"   # _layout: coalesced.py's
 
@@ -394,6 +393,7 @@ class Communicator(NeighborAllreduce):
         """Stop the worker thread (queued operations get up to ``timeout`` seconds to finish) and
         destroy the NCCL communicator; the transport is its owner's to close."""
         self._executor.close(timeout)
+        self._on_host.close()
         if self._nccl is not None:
             self._nccl.close()
 

@@ -21,7 +21,7 @@ import threading
 
 import numpy as np
 
-__all__ = ["ShmRing", "ShmView", "shm_supported", "parse_open", "ring_name"]
+__all__ = ["ShmRing", "ShmView", "shm_supported", "parse_open", "ring_name", "map_memfd"]
 
 _FLAGS_BYTES = 64 * 16  # busy flags of up to 512 slots, then the sender's "waiting" flag
 _WAITING = _FLAGS_BYTES - 64  # its own cache line
@@ -111,6 +111,27 @@ class ShmRing:
             pass
 
 
+def map_memfd(pid: int, fd: int, size: int, name: str | None) -> mmap.mmap:
+    """Map ``size`` bytes of another process's memfd, through /proc (same user only).
+
+    An announcement names any fd of any process of this user: without the name check a
+    forged one would make us map (and write into) an arbitrary open file. It is checked on
+    the descriptor we hold, so the fd cannot be swapped after the check. ValueError if it is
+    not the memfd ``name``, OSError if it is smaller than ``size``."""
+    handle = os.open(f"/proc/{pid}/fd/{fd}", os.O_RDWR)
+    try:
+        if name is not None:
+            target = os.readlink(f"/proc/self/fd/{handle}")
+            if target != f"/memfd:{name} (deleted)":
+                raise ValueError(f"pid {pid} fd {fd} is {target[:80]!r}, not the shared "
+                                 f"memory {name!r}")
+        if os.fstat(handle).st_size < size:
+            raise OSError(f"the shared memory {name!r} of pid {pid} is smaller than announced")
+        return mmap.mmap(handle, size)
+    finally:
+        os.close(handle)
+
+
 class ShmView:
     """The receiver's side: a mapping of another peer's ring."""
 
@@ -119,21 +140,7 @@ class ShmView:
         self.nslots = nslots
         self.slot_bytes = slot_bytes
         size = _FLAGS_BYTES + nslots * slot_bytes
-        handle = os.open(f"/proc/{pid}/fd/{fd}", os.O_RDWR)
-        try:
-            # The announcement names any fd of any process of this user: without this check a
-            # forged SHM_OPEN would make us map (and write flags into) an arbitrary open file.
-            # Checked on the descriptor we hold, so the fd cannot be swapped after the check.
-            if name is not None:
-                target = os.readlink(f"/proc/self/fd/{handle}")
-                if target != f"/memfd:{name} (deleted)":
-                    raise ValueError(f"pid {pid} fd {fd} is {target[:80]!r}, not the "
-                                     f"shared-memory ring {name!r}")
-            if os.fstat(handle).st_size < size:
-                raise OSError(f"the shared ring of pid {pid} is smaller than announced")
-            self._mm = mmap.mmap(handle, size)
-        finally:
-            os.close(handle)
+        self._mm = map_memfd(pid, fd, size, name)
         self.flags = np.frombuffer(self._mm, dtype=np.uint8, count=nslots)
         self.waiting = np.frombuffer(self._mm, dtype=np.uint8, count=1, offset=_WAITING)
         self._data = memoryview(self._mm)[_FLAGS_BYTES:]

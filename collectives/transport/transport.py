@@ -123,6 +123,10 @@ class Transport:
         self._shm.drop_prepared(self._shm.peers)
         self._shm.answer_unanswered()
 
+    def on_host_peers(self) -> frozenset[int]:
+        """The ranks this peer sends to through shared memory (on this host)."""
+        return frozenset(self._shm.peers)
+
     def expect_on_host(self, ranks) -> None:
         """Ranks expected on this host: their rings are made now (SharedMemory.prepare)."""
         self._shm.prepare(ranks, self.world_size)

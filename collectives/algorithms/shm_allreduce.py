@@ -1,0 +1,152 @@
+"""Allreduce among peers on one host through shared memory (issue #18): each peer copies its
+array into its own arena (transport/shm_arena.py), the peers reduce slice r straight out of
+every arena into its own array (its own slice never leaves it), publishes it in its arena,
+and each copies the others' reduced slices out. Per peer and byte: (n-1)/n copied in, n reads
+of 1/n (the reduce) and 1/n published while in cache, (n-1)/n copied out; no chunk hand-offs
+through ZeroMQ messages and the I/O thread, as the ring's 2(n-1) steps make.
+
+Rounds of at most ROUND_BYTES per peer keep the arena small (peak memory: the array plus two
+rounds), alternating between the arena's two halves: a peer writes half h in round k only
+after every peer's round k-1 began, which each began after reading half h in round k-2. Each
+call starts with the peers' announcements of their arenas (which also says each finished the
+call before), then two barriers a round: "my round is in", "my slice is reduced". Barriers are
+empty chunks of the call itself, so a peer making another call (or of another size or dtype)
+is a ProtocolError on every peer before anyone reads another's memory. Every element is
+reduced by one peer and copied to the others: the peers end bitwise identical.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from collectives.algorithms.p2p import Call, post_range, recv_range, wait_sent
+from collectives.algorithms.ring import segments
+from collectives.arrays.adapter import ArrayAdapter, adapter_for
+from collectives.errors import ProtocolError
+from collectives.transport.shm_arena import ArenaViews, ShmArena
+
+__all__ = ["OnHostAllreduce", "ROUND_BYTES", "SHM_MIN_BYTES", "ANNOUNCEMENT_BYTES"]
+
+#: Bytes of each peer's array per round (the arena holds two).
+ROUND_BYTES = 16 << 20
+#: Reduce in blocks of this many bytes, every peer's block in turn (stays in cache).
+BLOCK_BYTES = 256 << 10
+#: The smallest array "auto" sends this way: below it the barriers' messages dominate.
+SHM_MIN_BYTES = 1 << 20
+#: (pid, fd, size) as int64: an arena's announcement; the array must hold at least this.
+ANNOUNCEMENT_BYTES = 24
+
+
+class OnHostAllreduce:
+    """A communicator's on-host allreduce: its arena and its mappings of the peers'."""
+
+    def __init__(self, rank: int) -> None:
+        self.arena = ShmArena(rank)
+        self.views = ArenaViews()
+
+    @staticmethod
+    def usable(transport: Any, adapter: ArrayAdapter, nbytes: int) -> bool:
+        """Every other peer is on this host with shared memory, the array is in host memory,
+        and large enough ("auto" only: the same answer on every peer of one call)."""
+        others = set(range(transport.world_size)) - {transport.rank}
+        return (nbytes >= SHM_MIN_BYTES and adapter.on_host and bool(others)
+                and others <= transport.on_host_peers())
+
+    @staticmethod
+    def fits(dtype: str, nbytes: int) -> bool:
+        """The array holds an announcement, in a dtype numpy reads (not bfloat16)."""
+        try:
+            np.dtype(dtype)
+        except TypeError:
+            return False
+        return nbytes >= ANNOUNCEMENT_BYTES
+
+    def __call__(self, call: Call, adapter: ArrayAdapter, flat: Any, op: str) -> None:
+        t = call.transport
+        n, r = t.world_size, t.rank
+        others = [j for j in range(n) if j != r]
+        count, size = adapter.size(flat), call.itemsize
+        per_round = max(1, min(count, ROUND_BYTES // size))
+        half = per_round * size
+        reduce_op = "sum" if op == "mean" else op
+        with self.arena.lock:
+            arenas = self._exchange(call, others, 2 * half)
+            tickets = []
+            for k, start in enumerate(range(0, count, per_round)):
+                stop = min(start + per_round, count)
+                m, offset = stop - start, (k % 2) * half
+
+                def part(j: int, lo: int, hi: int) -> Any:
+                    frame = arenas[j][offset + lo * size:offset + hi * size]
+                    return adapter.from_frame(frame, call.frame_dtype, hi - lo)
+
+                segs = segments(m, n)
+                for j in others:   # what the others reduce (this peer's slice stays put)
+                    a, b = segs[j]
+                    if b > a:
+                        adapter.copy(part(r, a, b), adapter.slice(flat, start + a, start + b))
+                tickets += _barrier(call, adapter, flat, others)   # every round is in
+                lo, hi = segs[r]
+                block = max(1, BLOCK_BYTES // size)
+                for b in range(lo, hi, block):   # reduced in place, then published
+                    e = min(b + block, hi)
+                    mine = adapter.slice(flat, start + b, start + e)
+                    for j in others:
+                        adapter.reduce(reduce_op, mine, part(j, b, e))
+                    if op == "mean":
+                        adapter.divide(mine, n)
+                    adapter.copy(part(r, b, e), mine)   # (still in cache)
+                tickets += _barrier(call, adapter, flat, others)   # every slice is reduced
+                for j in others:
+                    a, b = segs[j]
+                    if b > a:
+                        adapter.copy(adapter.slice(flat, start + a, start + b), part(j, a, b))
+            for ticket in tickets:
+                wait_sent(call, ticket)
+
+    def _exchange(self, call: Call, others: list[int], nbytes: int) -> dict[int, np.ndarray]:
+        """Announce this peer's arena (grown to ``nbytes``) and map the others'; their
+        announcements also say they finished the call before (no one still reads here)."""
+        t = call.transport
+        mine = self.arena.buffer(nbytes)
+        # The announcement travels as the call's first elements (its 24 bytes read as the
+        # call's dtype), so a peer whose call differs (op, dtype, shape) fails here, before a
+        # byte of anyone's memory is read.
+        k = -(-ANNOUNCEMENT_BYTES // call.itemsize)
+        note = np.zeros(k * call.itemsize, dtype=np.uint8)
+        note[:ANNOUNCEMENT_BYTES] = self.arena.announcement().view(np.uint8)
+        note = note.view(np.dtype(call.dtype))
+        na = adapter_for(note)
+        tickets = [post_range(call, j, na, note, 0, k, track=True) for j in others]
+        arenas = {t.rank: mine}
+        for j in others:
+            got = np.empty(k, dtype=np.dtype(call.dtype))
+            for lo, hi, chunk in recv_range(call, j, na, 0, k):
+                got[lo:hi] = chunk
+            got = got.view(np.uint8)[:ANNOUNCEMENT_BYTES].view(np.int64)
+            try:
+                arenas[j] = self.views.view(j, got)
+            except (OSError, ValueError) as exc:
+                raise ProtocolError(f"rank {t.rank}: {call.describe()}: cannot map rank {j}'s "
+                                    f"shared-memory arena: {exc}") from None
+            if arenas[j].size < nbytes:
+                raise ProtocolError(f"rank {t.rank}: {call.describe()}: rank {j}'s arena holds "
+                                    f"{arenas[j].size} bytes, {nbytes} needed")
+        for ticket in tickets:
+            wait_sent(call, ticket)
+        return arenas
+
+    def close(self) -> None:
+        self.views.close()
+        self.arena.close()
+
+
+def _barrier(call: Call, adapter: ArrayAdapter, flat: Any, others: list[int]) -> list:
+    """Tell every other peer this one got here, and wait until each said the same (an empty
+    chunk of the call each way)."""
+    tickets = [post_range(call, j, adapter, flat, 0, 0) for j in others]
+    for j in others:
+        for _ in recv_range(call, j, adapter, 0, 0):
+            pass
+    return [tk for tk in tickets if tk is not None]

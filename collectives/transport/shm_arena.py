@@ -1,0 +1,108 @@
+"""Shared-memory arenas for collectives between peers on one host (issue #18): each peer owns
+one anonymous memfd that the others map, so an allreduce can reduce straight out of its
+peers' memory instead of passing the bytes along a ring (algorithms/shm_allreduce.py).
+
+The arena is made as shm_ring.py makes a ring (memfd, no file name, nothing left behind by a
+killed peer) and mapped the same way, through ``/proc/<pid>/fd/<fd>`` of its owner, which the
+kernel allows only between processes of the same user; the mapping side checks the memfd's
+name on the descriptor it opened, so an announcement cannot make it map another file. What it
+trusts: processes of this user on this host that the transport already sends to through
+shared memory (the same rule as the rings).
+
+An arena only grows (a larger call makes a new memfd; the peers see the new fd in the next
+announcement and map it again), and is unmapped when its communicator's transport closes.
+"""
+from __future__ import annotations
+
+import mmap
+import os
+import threading
+
+import numpy as np
+
+from collectives.transport.shm_ring import map_memfd
+
+__all__ = ["ShmArena", "ArenaViews", "arena_name"]
+
+_PAGE = mmap.PAGESIZE
+
+
+def arena_name(rank: int) -> str:
+    """The memfd name of rank ``rank``'s arena, checked before mapping one."""
+    return f"gossip-arena-r{rank}"
+
+
+class ShmArena:
+    """This peer's arena: ``buffer(nbytes)`` is at least ``nbytes`` of shared memory."""
+
+    def __init__(self, rank: int) -> None:
+        self.rank = rank
+        self.fd = -1
+        self.size = 0
+        self._mm: mmap.mmap | None = None
+        self.lock = threading.Lock()   # one collective at a time uses it
+
+    def buffer(self, nbytes: int) -> np.ndarray:
+        """The arena's bytes (uint8), grown to at least ``nbytes``; its pages are touched
+        once here, so a first collective does not pay for faults inside its timing."""
+        if nbytes > self.size:
+            self.close()
+            size = max(_PAGE, -(-nbytes // _PAGE) * _PAGE)
+            fd = os.memfd_create(arena_name(self.rank), 0)
+            try:
+                os.ftruncate(fd, size)
+                self._mm = mmap.mmap(fd, size)
+            except BaseException:
+                os.close(fd)
+                raise
+            self.fd, self.size = fd, size
+            np.frombuffer(self._mm, dtype=np.uint8)[:] = 0   # commit the pages now
+        return np.frombuffer(self._mm, dtype=np.uint8, count=self.size)
+
+    def announcement(self) -> np.ndarray:
+        """(pid, fd, size) for the others' ArenaViews.view."""
+        return np.array([os.getpid(), self.fd, self.size], dtype=np.int64)
+
+    def close(self) -> None:
+        if self._mm is not None:
+            try:
+                self._mm.close()
+            except BufferError:
+                pass   # a view is still alive: the mapping goes with it
+            self._mm = None
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd, self.size = -1, 0
+
+
+class ArenaViews:
+    """The other peers' arenas, mapped once per (pid, fd, size) they announce."""
+
+    def __init__(self) -> None:
+        self._views: dict[int, tuple[tuple[int, int, int], mmap.mmap]] = {}
+
+    def view(self, rank: int, announced: np.ndarray) -> np.ndarray:
+        """Rank ``rank``'s arena bytes (uint8) as it announced them: ValueError if the
+        announcement does not point at that rank's arena."""
+        pid, fd, size = (int(v) for v in announced[:3])
+        key = (pid, fd, size)
+        held = self._views.get(rank)
+        if held is None or held[0] != key:
+            if held is not None:
+                self._unmap(rank)
+            if pid <= 0 or fd < 0 or not 0 < size <= 1 << 40:
+                raise ValueError(f"rank {rank} announced an arena at pid {pid} fd {fd} of "
+                                 f"{size} bytes")
+            self._views[rank] = held = (key, map_memfd(pid, fd, size, arena_name(rank)))
+        return np.frombuffer(held[1], dtype=np.uint8, count=size)
+
+    def _unmap(self, rank: int) -> None:
+        _, mm = self._views.pop(rank)
+        try:
+            mm.close()
+        except BufferError:
+            pass
+
+    def close(self) -> None:
+        for rank in list(self._views):
+            self._unmap(rank)

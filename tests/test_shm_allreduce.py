@@ -1,0 +1,125 @@
+"""The on-host shared-memory allreduce (collectives/algorithms/shm_allreduce.py, issue #18):
+real peer processes on this host, their arenas mapped from each other's memfds. Results are
+bitwise identical on every peer, equal to the ring's for integers and within rounding of it
+for floats (the two sum in different orders); a disagreement is a ProtocolError on every peer before anyone
+reads another's memory; a peer that goes away is an error, never a hang."""
+from __future__ import annotations
+
+import hashlib
+
+import numpy as np
+
+import gossip
+from gossip.testing import spawn
+
+
+def small_rounds():
+    """Rounds of 64 KiB, so a test's arrays cross many rounds and both halves of the arena."""
+    from collectives.algorithms import shm_allreduce
+    shm_allreduce.ROUND_BYTES = 64 << 10
+
+
+def same_as_the_ring(peer):
+    small_rounds()
+    r = peer.rank
+    rng = np.random.default_rng(r)
+    cases = [("sum", rng.standard_normal(300_001).astype(np.float32)),
+             ("mean", rng.standard_normal(70_000)),
+             ("max", rng.integers(-1000, 1000, 50_003).astype(np.int32)),
+             ("min", rng.integers(-1000, 1000, 50_003).astype(np.int64)),
+             ("prod", (1 + rng.integers(0, 2, 40_000)).astype(np.int16)),
+             ("band", rng.integers(0, 1 << 30, 40_000).astype(np.int64)),
+             ("sum", rng.integers(0, 2, 100_000).astype(bool)),
+             ("sum", rng.standard_normal(30).astype(np.float32))]   # one tiny round
+    out = []
+    for op, x in cases:
+        ring, shm = x.copy(), x.copy()
+        peer.allreduce(ring, op, algorithm="ring")
+        peer.allreduce(shm, op, algorithm="shm")
+        exact = x.dtype.kind != "f"
+        same = np.array_equal(ring, shm) if exact else np.allclose(ring, shm, rtol=1e-5,
+                                                                  atol=1e-5)
+        out.append((op, str(x.dtype), bool(same), hashlib.sha256(shm.tobytes()).hexdigest()))
+    # auto: 2 MiB and up goes through shared memory; a view with strides is staged.
+    big = np.arange(3 << 20, dtype=np.float32)[::3] + r
+    want = np.arange(3 << 20, dtype=np.float32)[::3] * peer.world_size + sum(
+        range(peer.world_size))
+    peer.allreduce(big)
+    return out, bool(np.array_equal(big, want))
+
+
+def test_every_op_and_dtype_agrees_with_the_ring_and_is_identical_on_every_peer():
+    results = spawn(same_as_the_ring, n=3, timeout=120)
+    for out, strided_ok in results:
+        assert strided_ok
+        for op, dtype, equal, _ in out:
+            assert equal, (op, dtype)
+    digests = [[d for *_, d in out] for out, _ in results]
+    assert digests[0] == digests[1] == digests[2]
+
+
+def torch_tensors(peer):
+    import torch
+    small_rounds()
+    x = torch.arange(1 << 19, dtype=torch.float32) * (peer.rank + 1)
+    peer.allreduce(x, "mean")   # 2 MiB: auto takes shared memory
+    want = torch.arange(1 << 19, dtype=torch.float32) * sum(range(1, peer.world_size + 1)) \
+        / peer.world_size
+    return bool(torch.equal(x, want))
+
+
+def test_torch_cpu_tensors():
+    assert all(spawn(torch_tensors, n=2, timeout=60, preload=("torch",)))
+
+
+def disagree(peer):
+    """Rank 0 passes 1 element more; rank 1 forces the ring where auto picks shm."""
+    n = (1 << 20) + (peer.rank == 0)
+    x = np.ones(n, np.float32)
+    try:
+        peer.allreduce(x, algorithm="ring" if peer.rank == 1 else "auto")
+    except gossip.ProtocolError as exc:
+        return "ProtocolError", str(exc), float(x[0])
+    return "ok", "", float(x[0])
+
+
+def test_peers_that_disagree_all_raise_and_keep_their_arrays():
+    for kind, message, first in spawn(disagree, n=3, timeout=90, peer_timeout=20):
+        assert kind == "ProtocolError", message
+        assert "different calls" in message, message
+        assert first == 1.0   # nobody read another's memory, nobody wrote a result
+
+
+def one_leaves(peer):
+    small_rounds()
+    if peer.rank == 2:
+        return "left", ""   # never calls: its process ends, its transport with it
+    x = np.ones(1 << 20, np.float32)
+    try:
+        peer.allreduce(x, algorithm="shm")
+    except (gossip.PeerLost, gossip.OperationTimeout) as exc:
+        return type(exc).__name__, str(exc)
+    return "ok", ""
+
+
+def test_a_peer_that_never_comes_is_an_error_naming_it_not_a_hang():
+    results = spawn(one_leaves, n=3, timeout=90, peer_timeout=15)
+    assert results[2] == ("left", "")
+    for kind, message in results[:2]:
+        assert kind in ("PeerLost", "OperationTimeout"), (kind, message)
+        assert "rank 2" in message, message
+
+
+def arena_grows(peer):
+    small_rounds()
+    sums = []
+    for count in (1 << 18, 5 << 18, 1 << 16, 9 << 18):   # grows twice, maps again
+        x = np.full(count, float(peer.rank + 1), np.float32)
+        peer.allreduce(x, algorithm="shm")
+        sums.append(bool((x == sum(range(1, peer.world_size + 1))).all()))
+    return sums
+
+
+def test_the_arena_grows_and_the_peers_map_it_again():
+    for sums in spawn(arena_grows, n=2, timeout=60):
+        assert sums == [True] * 4
