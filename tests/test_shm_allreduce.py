@@ -110,6 +110,32 @@ def test_a_peer_that_never_comes_is_an_error_naming_it_not_a_hang():
         assert "rank 2" in message, message
 
 
+def killed_midway(peer):
+    """Rank 2 SIGKILLs itself while the allreduce runs (64 MiB in rounds of 64 KiB: a
+    thousand rounds, two barriers each); wherever it dies, the others must raise."""
+    import os
+    import signal
+    import threading
+    small_rounds()
+    x = np.ones(16 << 20, np.float32)
+    peer.allreduce(x[:1 << 20], algorithm="shm")   # together from here
+    if peer.rank == 2:
+        threading.Timer(0.01, lambda: os.kill(os.getpid(), signal.SIGKILL)).start()
+    try:
+        peer.allreduce(x, algorithm="shm")
+    except (gossip.PeerLost, gossip.OperationTimeout) as exc:
+        return type(exc).__name__, str(exc)
+    return "ok", ""
+
+
+def test_a_peer_killed_during_the_barriers_is_an_error_naming_it():
+    results = spawn(killed_midway, n=3, timeout=90, peer_timeout=15, tolerate=(2,))
+    assert results[2] is None
+    for kind, message in results[:2]:
+        assert kind == "PeerLost", (kind, message)
+        assert "rank 2" in message, message
+
+
 def arena_grows(peer):
     small_rounds()
     sums = []

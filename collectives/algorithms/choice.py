@@ -34,6 +34,6 @@ def allreduce_algorithm(name: str, dtype: str, nbytes: int, small_bytes: int,
         if not (on_host.usable(transport, adapter, 1 << 62) and on_host.fits(dtype, nbytes)):
             raise ValueError("allreduce algorithm 'shm' needs every peer on this host with "
                              "shared memory, and an array in host memory of a numpy dtype "
-                             "and at least 24 bytes")
+                             "and at least 32 bytes")
         return name, on_host
     return name, ring_allreduce if name == "ring" else recursive_doubling_allreduce

@@ -8,14 +8,23 @@ through ZeroMQ messages and the I/O thread, as the ring's 2(n-1) steps make.
 Rounds of at most ROUND_BYTES per peer keep the arena small (peak memory: the array plus two
 rounds), alternating between the arena's two halves: a peer writes half h in round k only
 after every peer's round k-1 began, which each began after reading half h in round k-2. Each
-call starts with the peers' announcements of their arenas (which also says each finished the
-call before), then two barriers a round: "my round is in", "my slice is reduced". Barriers are
-empty chunks of the call itself, so a peer making another call (or of another size or dtype)
-is a ProtocolError on every peer before anyone reads another's memory. Every element is
+call starts with the peers' announcements of their arenas, as the call's first elements over
+ZeroMQ (so a peer making another call, or of another size or dtype, is a ProtocolError on
+every peer before anyone reads another's memory; it also says each finished the call before),
+then two barriers a round: "my round is in", "my slice is reduced". A barrier is a counter in
+each arena's header: a peer bumps its own after its writes and waits until every other's
+reached the same step of this call (counted from the values announced, so a call that failed
+half-way on some peers leaves nothing out of step), yielding the CPU, then sleeping, checking
+its ZeroMQ mailboxes every millisecond for an abort or a lost peer, and giving up at the
+call's deadline. Counters in shared memory rely on stores becoming visible in program order
+(x86-64); elsewhere the barriers are empty chunks of the call over ZeroMQ. Every element is
 reduced by one peer and copied to the others: the peers end bitwise identical.
 """
 from __future__ import annotations
 
+import os
+import platform
+import time
 from typing import Any
 
 import numpy as np
@@ -23,8 +32,8 @@ import numpy as np
 from collectives.algorithms.p2p import Call, post_range, recv_range, wait_sent
 from collectives.algorithms.ring import segments
 from collectives.arrays.adapter import ArrayAdapter, adapter_for
-from collectives.errors import ProtocolError
-from collectives.transport.shm_arena import ArenaViews, ShmArena
+from collectives.errors import OperationTimeout, PeerLost, ProtocolError
+from collectives.transport.shm_arena import HEADER_BYTES, ArenaViews, ShmArena, counter_of
 
 __all__ = ["OnHostAllreduce", "ROUND_BYTES", "SHM_MIN_BYTES", "ANNOUNCEMENT_BYTES"]
 
@@ -34,8 +43,10 @@ ROUND_BYTES = 16 << 20
 BLOCK_BYTES = 256 << 10
 #: The smallest array "auto" sends this way: below it the barriers' messages dominate.
 SHM_MIN_BYTES = 1 << 20
-#: (pid, fd, size) as int64: an arena's announcement; the array must hold at least this.
-ANNOUNCEMENT_BYTES = 24
+#: (pid, fd, size, counter) as int64: an arena's announcement; the array holds at least this.
+ANNOUNCEMENT_BYTES = 32
+#: Barriers through the arenas' counters (x86-64's ordered stores), else over ZeroMQ.
+SHARED_COUNTERS = platform.machine() in ("x86_64", "AMD64")
 
 
 class OnHostAllreduce:
@@ -71,14 +82,16 @@ class OnHostAllreduce:
         half = per_round * size
         reduce_op = "sum" if op == "mean" else op
         with self.arena.lock:
-            arenas = self._exchange(call, others, 2 * half)
+            arenas, bases = self._exchange(call, others, 2 * half)
+            barrier = _Barrier(call, adapter, flat, others, arenas, bases)
             tickets = []
             for k, start in enumerate(range(0, count, per_round)):
                 stop = min(start + per_round, count)
                 m, offset = stop - start, (k % 2) * half
 
                 def part(j: int, lo: int, hi: int) -> Any:
-                    frame = arenas[j][offset + lo * size:offset + hi * size]
+                    frame = arenas[j][HEADER_BYTES + offset + lo * size:
+                                      HEADER_BYTES + offset + hi * size]
                     return adapter.from_frame(frame, call.frame_dtype, hi - lo)
 
                 segs = segments(m, n)
@@ -86,7 +99,7 @@ class OnHostAllreduce:
                     a, b = segs[j]
                     if b > a:
                         adapter.copy(part(r, a, b), adapter.slice(flat, start + a, start + b))
-                tickets += _barrier(call, adapter, flat, others)   # every round is in
+                barrier()   # every round is in
                 lo, hi = segs[r]
                 block = max(1, BLOCK_BYTES // size)
                 for b in range(lo, hi, block):   # reduced in place, then published
@@ -97,17 +110,19 @@ class OnHostAllreduce:
                     if op == "mean":
                         adapter.divide(mine, n)
                     adapter.copy(part(r, b, e), mine)   # (still in cache)
-                tickets += _barrier(call, adapter, flat, others)   # every slice is reduced
+                barrier()   # every slice is reduced
                 for j in others:
                     a, b = segs[j]
                     if b > a:
                         adapter.copy(adapter.slice(flat, start + a, start + b), part(j, a, b))
-            for ticket in tickets:
+            for ticket in tickets + barrier.tickets:
                 wait_sent(call, ticket)
 
-    def _exchange(self, call: Call, others: list[int], nbytes: int) -> dict[int, np.ndarray]:
+    def _exchange(self, call: Call, others: list[int],
+                  nbytes: int) -> tuple[dict[int, np.ndarray], dict[int, int]]:
         """Announce this peer's arena (grown to ``nbytes``) and map the others'; their
-        announcements also say they finished the call before (no one still reads here)."""
+        announcements also say they finished the call before (no one still reads here).
+        Returns every peer's arena bytes and its counter as announced."""
         t = call.transport
         mine = self.arena.buffer(nbytes)
         # The announcement travels as the call's first elements (its 24 bytes read as the
@@ -120,33 +135,83 @@ class OnHostAllreduce:
         na = adapter_for(note)
         tickets = [post_range(call, j, na, note, 0, k, track=True) for j in others]
         arenas = {t.rank: mine}
+        bases = {t.rank: int(counter_of(mine)[0])}
         for j in others:
             got = np.empty(k, dtype=np.dtype(call.dtype))
             for lo, hi, chunk in recv_range(call, j, na, 0, k):
                 got[lo:hi] = chunk
             got = got.view(np.uint8)[:ANNOUNCEMENT_BYTES].view(np.int64)
+            bases[j] = int(got[3])
             try:
                 arenas[j] = self.views.view(j, got)
+            except FileNotFoundError:
+                raise PeerLost(f"rank {t.rank}: {call.describe()}: rank {j} ended (process "
+                               f"{int(got[0])}) before its shared-memory arena was mapped",
+                               rank=j, operation=call.describe()) from None
             except (OSError, ValueError) as exc:
                 raise ProtocolError(f"rank {t.rank}: {call.describe()}: cannot map rank {j}'s "
                                     f"shared-memory arena: {exc}") from None
-            if arenas[j].size < nbytes:
+            if arenas[j].size < nbytes + HEADER_BYTES:
                 raise ProtocolError(f"rank {t.rank}: {call.describe()}: rank {j}'s arena holds "
                                     f"{arenas[j].size} bytes, {nbytes} needed")
         for ticket in tickets:
             wait_sent(call, ticket)
-        return arenas
+        return arenas, bases
 
     def close(self) -> None:
         self.views.close()
         self.arena.close()
 
 
-def _barrier(call: Call, adapter: ArrayAdapter, flat: Any, others: list[int]) -> list:
-    """Tell every other peer this one got here, and wait until each said the same (an empty
-    chunk of the call each way)."""
-    tickets = [post_range(call, j, adapter, flat, 0, 0) for j in others]
-    for j in others:
-        for _ in recv_range(call, j, adapter, 0, 0):
-            pass
-    return [tk for tk in tickets if tk is not None]
+class _Barrier:
+    """The call's barriers: ``barrier()`` returns once every peer reached it (see the module
+    docstring). ``tickets``: the ZeroMQ barriers' sends, to see through before returning."""
+
+    def __init__(self, call: Call, adapter: ArrayAdapter, flat: Any, others: list[int],
+                 arenas: dict[int, np.ndarray], bases: dict[int, int]) -> None:
+        self.call, self.adapter, self.flat, self.others = call, adapter, flat, others
+        self.counters = {j: counter_of(a) for j, a in arenas.items()}
+        self.bases, self.step, self.tickets = bases, 0, []
+
+    def __call__(self) -> None:
+        call, others = self.call, self.others
+        if not SHARED_COUNTERS:   # empty chunks of the call, each way
+            self.tickets += [tk for tk in (post_range(call, j, self.adapter, self.flat, 0, 0)
+                                           for j in others) if tk is not None]
+            for j in others:
+                for _ in recv_range(call, j, self.adapter, 0, 0):
+                    pass
+            return
+        self.step += 1
+        me = call.transport.rank
+        self.counters[me][0] = self.bases[me] + self.step   # after this peer's writes
+        pending = [j for j in others if self.counters[j][0] < self.bases[j] + self.step]
+        spins, check_at = 0, 0.0
+        while pending:
+            spins += 1
+            if spins > 64:
+                now = time.monotonic()
+                if now >= check_at:
+                    self._check(pending, now)
+                    check_at = now + 0.001
+                time.sleep(min(5e-4, 2e-6 * spins))
+            else:
+                os.sched_yield()
+            pending = [j for j in pending if self.counters[j][0] < self.bases[j] + self.step]
+
+    def _check(self, pending: list[int], now: float) -> None:
+        """Raise what a peer we wait for sent instead (an abort), its loss, or the timeout."""
+        call = self.call
+        t = call.transport
+        for j in pending:
+            if t.inbox.poll((j, call.channel, call.seq)):
+                header, _, release = t.recv(j, call.channel, call.seq, deadline=call.deadline,
+                                            operation=call)
+                if release is not None:
+                    release()
+                raise call.mismatch(j, header, "a message during a shared-memory barrier")
+        if now >= call.deadline:
+            raise OperationTimeout(
+                f"rank {t.rank}: {call.describe()}: rank(s) {pending} did not reach step "
+                f"{self.step} of the shared-memory allreduce within the timeout",
+                rank=pending[0], operation=call.describe())

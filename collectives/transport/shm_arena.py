@@ -9,6 +9,9 @@ name on the descriptor it opened, so an announcement cannot make it map another 
 trusts: processes of this user on this host that the transport already sends to through
 shared memory (the same rule as the rings).
 
+Layout: a header page, whose first 8 bytes are the owner's barrier counter (algorithms/
+shm_allreduce.py: it only grows, and only its owner writes it), then the data.
+
 An arena only grows (a larger call makes a new memfd; the peers see the new fd in the next
 announcement and map it again), and is unmapped when its communicator's transport closes.
 """
@@ -22,9 +25,11 @@ import numpy as np
 
 from collectives.transport.shm_ring import map_memfd
 
-__all__ = ["ShmArena", "ArenaViews", "arena_name"]
+__all__ = ["ShmArena", "ArenaViews", "arena_name", "HEADER_BYTES", "counter_of"]
 
 _PAGE = mmap.PAGESIZE
+#: Bytes before the data: the counter, alone on its page (no false sharing with the data).
+HEADER_BYTES = 4096
 
 
 def arena_name(rank: int) -> str:
@@ -43,11 +48,13 @@ class ShmArena:
         self.lock = threading.Lock()   # one collective at a time uses it
 
     def buffer(self, nbytes: int) -> np.ndarray:
-        """The arena's bytes (uint8), grown to at least ``nbytes``; its pages are touched
-        once here, so a first collective does not pay for faults inside its timing."""
-        if nbytes > self.size:
+        """The arena's bytes (uint8, the header first), grown to at least ``nbytes`` of data;
+        its pages are touched once here, so a first collective does not pay for faults inside
+        its timing. Growing keeps the counter's value."""
+        if nbytes + HEADER_BYTES > self.size:
+            count = int(counter_of(self.buffer(0))[0]) if self.size else 0
             self.close()
-            size = max(_PAGE, -(-nbytes // _PAGE) * _PAGE)
+            size = -(-(nbytes + HEADER_BYTES) // _PAGE) * _PAGE
             fd = os.memfd_create(arena_name(self.rank), 0)
             try:
                 os.ftruncate(fd, size)
@@ -57,11 +64,13 @@ class ShmArena:
                 raise
             self.fd, self.size = fd, size
             np.frombuffer(self._mm, dtype=np.uint8)[:] = 0   # commit the pages now
+            counter_of(self.buffer(0))[0] = count
         return np.frombuffer(self._mm, dtype=np.uint8, count=self.size)
 
     def announcement(self) -> np.ndarray:
-        """(pid, fd, size) for the others' ArenaViews.view."""
-        return np.array([os.getpid(), self.fd, self.size], dtype=np.int64)
+        """(pid, fd, size, counter) for the others' ArenaViews.view and barriers."""
+        return np.array([os.getpid(), self.fd, self.size, counter_of(self.buffer(0))[0]],
+                        dtype=np.int64)
 
     def close(self) -> None:
         if self._mm is not None:
@@ -73,6 +82,11 @@ class ShmArena:
         if self.fd >= 0:
             os.close(self.fd)
             self.fd, self.size = -1, 0
+
+
+def counter_of(arena: np.ndarray) -> np.ndarray:
+    """The barrier counter of an arena's bytes (a one-element int64 view)."""
+    return arena[:8].view(np.int64)
 
 
 class ArenaViews:
@@ -90,7 +104,7 @@ class ArenaViews:
         if held is None or held[0] != key:
             if held is not None:
                 self._unmap(rank)
-            if pid <= 0 or fd < 0 or not 0 < size <= 1 << 40:
+            if pid <= 0 or fd < 0 or not HEADER_BYTES <= size <= 1 << 40:
                 raise ValueError(f"rank {rank} announced an arena at pid {pid} fd {fd} of "
                                  f"{size} bytes")
             self._views[rank] = held = (key, map_memfd(pid, fd, size, arena_name(rank)))
