@@ -90,16 +90,20 @@ def test_peers_that_disagree_all_raise_and_keep_their_arrays():
         assert first == 1.0   # nobody read another's memory, nobody wrote a result
 
 
-def one_leaves(peer):
-    small_rounds()
-    if peer.rank == 2:
-        return "left", ""   # never calls: its process ends, its transport with it
-    x = np.ones(1 << 20, np.float32)
+def _fate(peer, x) -> tuple[str, str]:
+    """("ok", "") or the error's (type name, message) of a shm allreduce of ``x``."""
     try:
         peer.allreduce(x, algorithm="shm")
     except (gossip.PeerLost, gossip.OperationTimeout) as exc:
         return type(exc).__name__, str(exc)
     return "ok", ""
+
+
+def one_leaves(peer):
+    small_rounds()
+    if peer.rank == 2:
+        return "left", ""   # never calls: its process ends, its transport with it
+    return _fate(peer, np.ones(1 << 20, np.float32))
 
 
 def test_a_peer_that_never_comes_is_an_error_naming_it_not_a_hang():
@@ -121,11 +125,7 @@ def killed_midway(peer):
     peer.allreduce(x[:1 << 20], algorithm="shm")   # together from here
     if peer.rank == 2:
         threading.Timer(0.01, lambda: os.kill(os.getpid(), signal.SIGKILL)).start()
-    try:
-        peer.allreduce(x, algorithm="shm")
-    except (gossip.PeerLost, gossip.OperationTimeout) as exc:
-        return type(exc).__name__, str(exc)
-    return "ok", ""
+    return _fate(peer, x)
 
 
 def test_a_peer_killed_during_the_barriers_is_an_error_naming_it():
