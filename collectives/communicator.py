@@ -29,8 +29,7 @@ from collectives.algorithms.p2p import Call, wait_sent
 from collectives.algorithms.ring import (counts_digest, ring_reduce_scatter, segments,
                                          segments_of_counts)
 from collectives.algorithms.compressed import CodecStats
-from collectives.algorithms.choice import allreduce_algorithm
-from collectives.algorithms.shm_allreduce import OnHostAllreduce
+from collectives.algorithms.choice import OnHost, allreduce_algorithm
 from collectives.arrays.adapter import ArrayAdapter, check_reduce_op
 from collectives import rooted
 from collectives.coalesced import coalesced_allreduce
@@ -77,7 +76,7 @@ class Communicator(NeighborAllreduce):
         self._buffer_pool: dict[tuple, list] = {}  # free send-buffer sets, by shape
         self._peers = tuple(r for r in range(self.world_size) if r != self.rank)
         self.codec_stats = CodecStats()  # what the compressed calls encoded and refused
-        self._on_host = OnHostAllreduce(self.rank)   # its shared-memory arena, when used
+        self._on_host = OnHost(self.rank)   # its shared-memory allreduces' arenas
 
     @property
     def timeout(self) -> float:
@@ -207,7 +206,9 @@ class Communicator(NeighborAllreduce):
         nbytes = adapter.size(flat) * dtype_itemsize(dtype)
         algorithm, algo = allreduce_algorithm(algorithm, dtype, nbytes, DEFAULT_SMALL_BYTES,
                                               self._on_host, self.transport, adapter)
-        seq = self._next_seq()
+        with self._seq_lock:   # shared-memory calls run in sequence order (choice.py)
+            seq = next(self._seq)
+            self._on_host.reserve(seq, algorithm)
         signature = f"allreduce({op},{algorithm}{_layout})"   # _layout: coalesced.py's
 
         def body() -> Any:

@@ -73,7 +73,9 @@ def test_vs_mpi_without_mpi4py_is_one_line_saying_how_to_install(tmp_path):
 
 
 @needs_mpi
-@pytest.mark.parametrize("op", OPS)
+# allreduce in the default run; the other ops (an mpirun start each, 3-4 s) under -m slow.
+@pytest.mark.parametrize("op", [op if op == "allreduce" else pytest.param(op, marks=pytest.mark.slow)
+                                for op in OPS])
 def test_mpi_ranks_do_every_operation(op):
     """Each operation's MPI step runs and checks its result in the ranks (n = 3: the rings'
     two neighbours differ; p2p: 2)."""

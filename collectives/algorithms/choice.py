@@ -6,34 +6,67 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
+from collectives.algorithms.order import SequenceOrder
+
 from collectives.algorithms.ring import ring_allreduce
 from collectives.algorithms.shm_allreduce import OnHostAllreduce
+from collectives.algorithms.shm_small import OnHostSmall
 from collectives.algorithms.small import recursive_doubling_allreduce
 
-__all__ = ["allreduce_algorithm", "ALLREDUCE_ALGORITHMS"]
+__all__ = ["allreduce_algorithm", "ALLREDUCE_ALGORITHMS", "OnHost"]
 
-ALLREDUCE_ALGORITHMS = ("ring", "recursive-doubling", "shm")
+ALLREDUCE_ALGORITHMS = ("ring", "recursive-doubling", "shm", "shm-small")
+
+
+class OnHost:
+    """A communicator's shared-memory allreduces (made on first use; closed with it), and
+    their order. They share one process-wide state (the arenas, their counters), so each
+    runs alone, in sequence order: a blocking call in one thread and a Work on the
+    communicator's worker thread would otherwise take turns in different orders on
+    different peers, each waiting in shared memory for a call the other has not begun.
+    ``reserve`` is called as the sequence number is taken, under the same lock."""
+
+    def __init__(self, rank: int) -> None:
+        self.order = SequenceOrder()
+        self.large = OnHostAllreduce(rank, self.order)
+        self.small = OnHostSmall(rank, self.order)
+
+    def reserve(self, seq: int, algorithm: str) -> None:
+        if algorithm in ("shm", "shm-small"):
+            self.order.reserve(seq)
+
+    def close(self) -> None:
+        self.large.close()
+        self.small.close()
 
 
 def allreduce_algorithm(name: str, dtype: str, nbytes: int, small_bytes: int,
-                        on_host: OnHostAllreduce, transport: Any,
-                        adapter: Any) -> tuple[str, Callable]:
-    """(name, algorithm(call, adapter, flat, op)) for ``name`` ("auto": recursive doubling up
-    to ``small_bytes``, shared memory when every peer is on this host (OnHostAllreduce.usable),
-    else the ring); ValueError for an unknown name or "shm" where it cannot run."""
+                        on_host: OnHost, transport: Any, adapter: Any) -> tuple[str, Callable]:
+    """(name, algorithm(call, adapter, flat, op)) for ``name`` ("auto": up to
+    ``small_bytes``, "shm-small" when every peer is on this host (OnHostSmall.usable), else
+    recursive doubling; above, "shm" likewise (OnHostAllreduce.usable), else the ring);
+    ValueError for an unknown name, or a shared-memory one where it cannot run."""
     if name == "auto":
         if nbytes <= small_bytes:
-            name = "recursive-doubling"
+            name = ("shm-small" if on_host.small.usable(transport, adapter, dtype, nbytes)
+                    else "recursive-doubling")
         else:
-            name = ("shm" if on_host.usable(transport, adapter, nbytes)
-                    and on_host.fits(dtype, nbytes) else "ring")
+            name = ("shm" if on_host.large.usable(transport, adapter, nbytes)
+                    and on_host.large.fits(dtype, nbytes) else "ring")
     if name not in ALLREDUCE_ALGORITHMS:
         raise ValueError(f"unknown allreduce algorithm {name!r}; use 'auto', "
                          + ", ".join(f"'{a}'" for a in ALLREDUCE_ALGORITHMS))
+    if name == "shm-small":
+        if not on_host.small.usable(transport, adapter, dtype, nbytes):
+            raise ValueError("allreduce algorithm 'shm-small' needs every peer on this host "
+                             "with shared memory (x86-64), and an array in host memory of a "
+                             "numpy dtype, of 32 bytes to 64 KiB")
+        return name, on_host.small
     if name == "shm":
-        if not (on_host.usable(transport, adapter, 1 << 62) and on_host.fits(dtype, nbytes)):
+        if not (on_host.large.usable(transport, adapter, 1 << 62)
+                and on_host.large.fits(dtype, nbytes)):
             raise ValueError("allreduce algorithm 'shm' needs every peer on this host with "
                              "shared memory, and an array in host memory of a numpy dtype "
                              "and at least 32 bytes")
-        return name, on_host
+        return name, on_host.large
     return name, ring_allreduce if name == "ring" else recursive_doubling_allreduce

@@ -18,7 +18,9 @@ half-way on some peers leaves nothing out of step), yielding the CPU, then sleep
 its ZeroMQ mailboxes every millisecond for an abort or a lost peer, and giving up at the
 call's deadline. Counters in shared memory rely on stores becoming visible in program order
 (x86-64); elsewhere the barriers are empty chunks of the call over ZeroMQ. Every element is
-reduced by one peer and copied to the others: the peers end bitwise identical.
+reduced by one peer and copied to the others: the peers end bitwise identical. What a peer
+reads of another's arena counts as bytes that other sent it (transport.counters), as the
+ring's chunks would.
 """
 from __future__ import annotations
 
@@ -32,10 +34,11 @@ import numpy as np
 from collectives.algorithms.p2p import Call, post_range, recv_range, wait_sent
 from collectives.algorithms.ring import segments
 from collectives.arrays.adapter import ArrayAdapter, adapter_for
-from collectives.errors import OperationTimeout, PeerLost, ProtocolError
+from collectives.errors import PeerLost, ProtocolError
 from collectives.transport.shm_arena import HEADER_BYTES, ArenaViews, ShmArena, counter_of
 
-__all__ = ["OnHostAllreduce", "ROUND_BYTES", "SHM_MIN_BYTES", "ANNOUNCEMENT_BYTES"]
+__all__ = ["OnHostAllreduce", "ROUND_BYTES", "SHM_MIN_BYTES", "ANNOUNCEMENT_BYTES",
+           "exchange_arenas", "SharedBarrier", "wait_counters", "check_mailbox", "count_shared"]
 
 #: Bytes of each peer's array per round (the arena holds two).
 ROUND_BYTES = 16 << 20
@@ -52,9 +55,10 @@ SHARED_COUNTERS = platform.machine() in ("x86_64", "AMD64")
 class OnHostAllreduce:
     """A communicator's on-host allreduce: its arena and its mappings of the peers'."""
 
-    def __init__(self, rank: int) -> None:
+    def __init__(self, rank: int, order: Any) -> None:
         self.arena = ShmArena(rank)
         self.views = ArenaViews()
+        self.order = order   # choice.py's SequenceOrder: one call at a time, in order
 
     @staticmethod
     def usable(transport: Any, adapter: ArrayAdapter, nbytes: int) -> bool:
@@ -81,9 +85,9 @@ class OnHostAllreduce:
         per_round = max(1, min(count, ROUND_BYTES // size))
         half = per_round * size
         reduce_op = "sum" if op == "mean" else op
-        with self.arena.lock:
-            arenas, bases = self._exchange(call, others, 2 * half)
-            barrier = _Barrier(call, adapter, flat, others, arenas, bases)
+        with self.order.turn(call):
+            arenas, bases = exchange_arenas(call, others, self.arena, self.views, 2 * half)
+            barrier = SharedBarrier(call, adapter, flat, others, arenas, bases)
             tickets = []
             for k, start in enumerate(range(0, count, per_round)):
                 stop = min(start + per_round, count)
@@ -97,6 +101,7 @@ class OnHostAllreduce:
                 segs = segments(m, n)
                 for j in others:   # what the others reduce (this peer's slice stays put)
                     a, b = segs[j]
+                    count_shared(t, j, (b - a + segs[r][1] - segs[r][0]) * size)
                     if b > a:
                         adapter.copy(part(r, a, b), adapter.slice(flat, start + a, start + b))
                 barrier()   # every round is in
@@ -118,52 +123,78 @@ class OnHostAllreduce:
             for ticket in tickets + barrier.tickets:
                 wait_sent(call, ticket)
 
-    def _exchange(self, call: Call, others: list[int],
-                  nbytes: int) -> tuple[dict[int, np.ndarray], dict[int, int]]:
-        """Announce this peer's arena (grown to ``nbytes``) and map the others'; their
-        announcements also say they finished the call before (no one still reads here).
-        Returns every peer's arena bytes and its counter as announced."""
-        t = call.transport
-        mine = self.arena.buffer(nbytes)
-        # The announcement travels as the call's first elements (its 24 bytes read as the
-        # call's dtype), so a peer whose call differs (op, dtype, shape) fails here, before a
-        # byte of anyone's memory is read.
-        k = -(-ANNOUNCEMENT_BYTES // call.itemsize)
-        note = np.zeros(k * call.itemsize, dtype=np.uint8)
-        note[:ANNOUNCEMENT_BYTES] = self.arena.announcement().view(np.uint8)
-        note = note.view(np.dtype(call.dtype))
-        na = adapter_for(note)
-        tickets = [post_range(call, j, na, note, 0, k, track=True) for j in others]
-        arenas = {t.rank: mine}
-        bases = {t.rank: int(counter_of(mine)[0])}
-        for j in others:
-            got = np.empty(k, dtype=np.dtype(call.dtype))
-            for lo, hi, chunk in recv_range(call, j, na, 0, k):
-                got[lo:hi] = chunk
-            got = got.view(np.uint8)[:ANNOUNCEMENT_BYTES].view(np.int64)
-            bases[j] = int(got[3])
-            try:
-                arenas[j] = self.views.view(j, got)
-            except FileNotFoundError:
-                raise PeerLost(f"rank {t.rank}: {call.describe()}: rank {j} ended (process "
-                               f"{int(got[0])}) before its shared-memory arena was mapped",
-                               rank=j, operation=call.describe()) from None
-            except (OSError, ValueError) as exc:
-                raise ProtocolError(f"rank {t.rank}: {call.describe()}: cannot map rank {j}'s "
-                                    f"shared-memory arena: {exc}") from None
-            if arenas[j].size < nbytes + HEADER_BYTES:
-                raise ProtocolError(f"rank {t.rank}: {call.describe()}: rank {j}'s arena holds "
-                                    f"{arenas[j].size} bytes, {nbytes} needed")
-        for ticket in tickets:
-            wait_sent(call, ticket)
-        return arenas, bases
-
     def close(self) -> None:
         self.views.close()
         self.arena.close()
 
 
-class _Barrier:
+def exchange_arenas(call: Call, others: list[int], arena: ShmArena, views: ArenaViews,
+                    nbytes: int) -> tuple[dict[int, np.ndarray], dict[int, int]]:
+    """Announce this peer's ``arena`` (grown to ``nbytes`` of data) and map the others' into
+    ``views``; their announcements also say they finished the call before (no one still reads
+    here). Returns every peer's arena bytes and its counter as announced."""
+    t = call.transport
+    mine = arena.buffer(nbytes)
+    # The announcement travels as the call's first elements (its 32 bytes read as the
+    # call's dtype), so a peer whose call differs (op, dtype, shape) fails here, before a
+    # byte of anyone's memory is read.
+    k = -(-ANNOUNCEMENT_BYTES // call.itemsize)
+    note = np.zeros(k * call.itemsize, dtype=np.uint8)
+    note[:ANNOUNCEMENT_BYTES] = arena.announcement().view(np.uint8)
+    note = note.view(np.dtype(call.dtype))
+    na = adapter_for(note)
+    tickets = [post_range(call, j, na, note, 0, k, track=True) for j in others]
+    arenas = {t.rank: mine}
+    bases = {t.rank: int(counter_of(mine)[0])}
+    for j in _arrivals(call, others):   # in arrival order: a lost peer is named at once
+        got = np.empty(k, dtype=np.dtype(call.dtype))
+        for lo, hi, chunk in recv_range(call, j, na, 0, k):
+            got[lo:hi] = chunk
+        got = got.view(np.uint8)[:ANNOUNCEMENT_BYTES].view(np.int64)
+        bases[j] = int(got[3])
+        try:
+            arenas[j] = views.view(j, got)
+        except FileNotFoundError:
+            raise PeerLost(f"rank {t.rank}: {call.describe()}: rank {j} ended (process "
+                           f"{int(got[0])}) before its shared-memory arena was mapped",
+                           rank=j, operation=call.describe()) from None
+        except (OSError, ValueError) as exc:
+            raise ProtocolError(f"rank {t.rank}: {call.describe()}: cannot map rank {j}'s "
+                                f"shared-memory arena: {exc}") from None
+        if arenas[j].size < nbytes + HEADER_BYTES:
+            raise ProtocolError(f"rank {t.rank}: {call.describe()}: rank {j}'s arena holds "
+                                f"{arenas[j].size} bytes, {nbytes} needed")
+    for ticket in tickets:
+        wait_sent(call, ticket)
+    return arenas, bases
+
+
+def count_shared(transport: Any, rank: int, nbytes: int) -> None:
+    """``nbytes`` of this peer's arena that ``rank`` reads, in the traffic counters."""
+    transport.counters[rank].bytes_sent += nbytes
+
+
+def _arrivals(call: Call, others: list[int]):
+    """The ranks of ``others`` as their first message of the call arrives (or their loss is
+    known: their recv raises PeerLost); past the deadline, the first still silent (its recv
+    raises the transport's timeout, which asks it where it is)."""
+    t = call.transport
+    pending = list(others)
+    while pending:
+        lost = [j for j in pending if t.is_lost(j)]   # (wait_any does not wake for them)
+        if lost:
+            j = lost[0]
+        else:
+            key = t.wait_any([(j, call.channel, call.seq) for j in pending],
+                             min(call.deadline, time.monotonic() + 0.05))
+            if key is None and time.monotonic() < call.deadline and not t.closed:
+                continue   # (closed: the recv below raises "this peer was closed")
+            j = pending[0] if key is None else key[0]
+        pending.remove(j)
+        yield j
+
+
+class SharedBarrier:
     """The call's barriers: ``barrier()`` returns once every peer reached it (see the module
     docstring). ``tickets``: the ZeroMQ barriers' sends, to see through before returning."""
 
@@ -185,33 +216,53 @@ class _Barrier:
         self.step += 1
         me = call.transport.rank
         self.counters[me][0] = self.bases[me] + self.step   # after this peer's writes
-        pending = [j for j in others if self.counters[j][0] < self.bases[j] + self.step]
-        spins, check_at = 0, 0.0
-        while pending:
-            spins += 1
-            if spins > 64:
-                now = time.monotonic()
-                if now >= check_at:
-                    self._check(pending, now)
-                    check_at = now + 0.001
-                time.sleep(min(5e-4, 2e-6 * spins))
-            else:
-                os.sched_yield()
-            pending = [j for j in pending if self.counters[j][0] < self.bases[j] + self.step]
+        wait_counters(call, self.counters, {j: self.bases[j] + self.step for j in others},
+                      f"step {self.step} of the shared-memory allreduce")
 
-    def _check(self, pending: list[int], now: float) -> None:
-        """Raise what a peer we wait for sent instead (an abort), its loss, or the timeout."""
-        call = self.call
+
+def wait_counters(call: Call, counters: dict[int, np.ndarray], targets: dict[int, int],
+                  what: str) -> None:
+    """Return once ``counters[j][0] >= targets[j]`` for every j: yielding the CPU, then
+    sleeping, checking the call's mailboxes every millisecond for what a peer we wait for
+    sent instead (an abort: raised as the transport words it; a chunk: ProtocolError) or its
+    loss (PeerLost), and raising OperationTimeout at the call's deadline."""
+    pending = [j for j, target in targets.items() if counters[j][0] < target]
+    spins, check_at = 0, 0.0
+    while pending:
+        spins += 1
+        if spins > 64:
+            now = time.monotonic()
+            if now >= check_at:
+                _check(call, pending, now, what)
+                check_at = now + 0.001
+            time.sleep(min(5e-4, 2e-6 * spins))
+        else:
+            os.sched_yield()
+        pending = [j for j in pending if counters[j][0] < targets[j]]
+
+
+def _check(call: Call, pending: list[int], now: float, what: str) -> None:
+    check_mailbox(call, pending)
+    if now >= call.deadline:
+        # The transport's own timeout, which asks the peer where it is ("has not started
+        # allreduce ... idle since ..."), as any wait on it would.
         t = call.transport
-        for j in pending:
-            if t.inbox.poll((j, call.channel, call.seq)):
-                header, _, release = t.recv(j, call.channel, call.seq, deadline=call.deadline,
-                                            operation=call)
-                if release is not None:
-                    release()
-                raise call.mismatch(j, header, "a message during a shared-memory barrier")
-        if now >= call.deadline:
-            raise OperationTimeout(
-                f"rank {t.rank}: {call.describe()}: rank(s) {pending} did not reach step "
-                f"{self.step} of the shared-memory allreduce within the timeout",
-                rank=pending[0], operation=call.describe())
+        header, _, release = t.recv(pending[0], call.channel, call.seq,
+                                    deadline=call.deadline, operation=call)
+        if release is not None:
+            release()
+        raise call.mismatch(pending[0], header, f"a message instead of reaching {what}")
+
+
+def check_mailbox(call: Call, ranks: list[int]) -> None:
+    """Raise what one of ``ranks`` sent for this call over ZeroMQ while we wait for it in
+    shared memory (an abort, as the transport words it; a chunk: ProtocolError), or its loss
+    (PeerLost); return if nothing came."""
+    t = call.transport
+    for j in ranks:
+        if t.inbox.poll((j, call.channel, call.seq)):
+            header, _, release = t.recv(j, call.channel, call.seq, deadline=call.deadline,
+                                        operation=call)
+            if release is not None:
+                release()
+            raise call.mismatch(j, header, "a message during a shared-memory wait")

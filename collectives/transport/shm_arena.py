@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import mmap
 import os
-import threading
 
 import numpy as np
 
@@ -32,20 +31,19 @@ _PAGE = mmap.PAGESIZE
 HEADER_BYTES = 4096
 
 
-def arena_name(rank: int) -> str:
-    """The memfd name of rank ``rank``'s arena, checked before mapping one."""
-    return f"gossip-arena-r{rank}"
+def arena_name(rank: int, kind: str = "arena") -> str:
+    """The memfd name of rank ``rank``'s arena of ``kind``, checked before mapping one."""
+    return f"gossip-{kind}-r{rank}"
 
 
 class ShmArena:
     """This peer's arena: ``buffer(nbytes)`` is at least ``nbytes`` of shared memory."""
 
-    def __init__(self, rank: int) -> None:
-        self.rank = rank
+    def __init__(self, rank: int, kind: str = "arena") -> None:
+        self.rank, self.kind = rank, kind
         self.fd = -1
         self.size = 0
         self._mm: mmap.mmap | None = None
-        self.lock = threading.Lock()   # one collective at a time uses it
 
     def buffer(self, nbytes: int) -> np.ndarray:
         """The arena's bytes (uint8, the header first), grown to at least ``nbytes`` of data;
@@ -55,7 +53,7 @@ class ShmArena:
             count = int(counter_of(self.buffer(0))[0]) if self.size else 0
             self.close()
             size = -(-(nbytes + HEADER_BYTES) // _PAGE) * _PAGE
-            fd = os.memfd_create(arena_name(self.rank), 0)
+            fd = os.memfd_create(arena_name(self.rank, self.kind), 0)
             try:
                 os.ftruncate(fd, size)
                 self._mm = mmap.mmap(fd, size)
@@ -92,7 +90,8 @@ def counter_of(arena: np.ndarray) -> np.ndarray:
 class ArenaViews:
     """The other peers' arenas, mapped once per (pid, fd, size) they announce."""
 
-    def __init__(self) -> None:
+    def __init__(self, kind: str = "arena") -> None:
+        self.kind = kind
         self._views: dict[int, tuple[tuple[int, int, int], mmap.mmap]] = {}
 
     def view(self, rank: int, announced: np.ndarray) -> np.ndarray:
@@ -107,7 +106,8 @@ class ArenaViews:
             if pid <= 0 or fd < 0 or not HEADER_BYTES <= size <= 1 << 40:
                 raise ValueError(f"rank {rank} announced an arena at pid {pid} fd {fd} of "
                                  f"{size} bytes")
-            self._views[rank] = held = (key, map_memfd(pid, fd, size, arena_name(rank)))
+            self._views[rank] = held = (key, map_memfd(pid, fd, size,
+                                                       arena_name(rank, self.kind)))
         return np.frombuffer(held[1], dtype=np.uint8, count=size)
 
     def _unmap(self, rank: int) -> None:
