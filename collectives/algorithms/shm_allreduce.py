@@ -176,22 +176,22 @@ def count_shared(transport: Any, rank: int, nbytes: int) -> None:
 
 def _arrivals(call: Call, others: list[int]):
     """The ranks of ``others`` as their first message of the call arrives (or their loss is
-    known: their recv raises PeerLost); past the deadline, the first still silent (its recv
-    raises the transport's timeout, which asks it where it is)."""
+    known, or this peer closes: their recv raises); past the deadline, the first still silent
+    (its recv raises the transport's timeout, which asks it where it is). Reads the socket
+    in this thread while it waits, as a recv does (no hand-off to the I/O thread)."""
     t = call.transport
     pending = list(others)
     while pending:
-        lost = [j for j in pending if t.is_lost(j)]   # (wait_any does not wake for them)
-        if lost:
-            j = lost[0]
-        else:
-            key = t.wait_any([(j, call.channel, call.seq) for j in pending],
-                             min(call.deadline, time.monotonic() + 0.05))
-            if key is None and time.monotonic() < call.deadline and not t.closed:
-                continue   # (closed: the recv below raises "this peer was closed")
-            j = pending[0] if key is None else key[0]
-        pending.remove(j)
-        yield j
+        ready = [j for j in pending if t.inbox.poll((j, call.channel, call.seq))]
+        now = time.monotonic()
+        if ready or now >= call.deadline:
+            j = (ready or pending)[0]
+            pending.remove(j)
+            yield j
+            continue
+        until = min(call.deadline, now + 0.005)
+        if not t.pump((pending[0], call.channel, call.seq), until):   # another thread reads
+            t.wait_any([(j, call.channel, call.seq) for j in pending], until)
 
 
 class SharedBarrier:
@@ -230,12 +230,12 @@ def wait_counters(call: Call, counters: dict[int, np.ndarray], targets: dict[int
     spins, check_at = 0, 0.0
     while pending:
         spins += 1
-        if spins > 64:
+        if spins > 256:
             now = time.monotonic()
             if now >= check_at:
                 _check(call, pending, now, what)
                 check_at = now + 0.001
-            time.sleep(min(5e-4, 2e-6 * spins))
+            time.sleep(min(1e-4, 1e-6 * spins))   # (short sleeps: the late peer is close)
         else:
             os.sched_yield()
         pending = [j for j in pending if counters[j][0] < targets[j]]

@@ -101,7 +101,7 @@ class Transport:
                             self._send_quietly, self._acks, job_id=self.config.job_id,
                             view=self.config.view)
         self._command = self._loop.command
-        self._pump = self._loop.pump
+        self.pump = self._loop.pump   # (pump(key, deadline): loop.py's)
         self._loop.start(arrivals.handle, self._shm)
 
     # ------------------------------------------------------------------ set-up
@@ -245,7 +245,7 @@ class Transport:
             return None
         try:
             item = self._loop.wait_on_inbox(self.inbox.get, key, deadline) \
-                if not self._pump(key, deadline) else self.inbox.get(key, deadline)
+                if not self.pump(key, deadline) else self.inbox.get(key, deadline)
         finally:
             self.inbox.retire(key)
         if type(item) is not tuple:
@@ -280,7 +280,7 @@ class Transport:
                 log.debug("rank %d: %s: waiting on rank %d (channel %d, sequence %d), timeout "
                           "in %.3gs", self.rank, operation, src, channel, seq,
                           deadline - time.monotonic())
-        if item is None and self._pump(key, deadline):
+        if item is None and self.pump(key, deadline):
             item = self.inbox.get(key, deadline)
         elif item is None:
             item = self._loop.wait_on_inbox(self.inbox.get, key, deadline)
