@@ -187,9 +187,9 @@ class Communicator(NeighborAllreduce):
                   compression: Any = None, residual: Any = None, _layout: str = "") -> Any:
         """Reduce ``x`` (or a list of arrays in one call: coalesced.py) across all peers in
         place; returns it (or a Work). Every peer passes the same shape, dtype and op.
-        ``algorithm``: "auto" (recursive doubling up to DEFAULT_SMALL_BYTES; above, "shm"
-        when every peer is on this host, else the ring), "ring", "recursive-doubling" or
-        "shm" (algorithms/choice.py); ``compression``, ``residual``: compressed.py."""
+        ``algorithm``: "auto", "ring", "recursive-doubling", "shm" or "shm-small" (the last
+        two when every peer is on this host: algorithms/choice.py says which "auto" takes);
+        ``compression``, ``residual``: compressed.py."""
         if isinstance(x, (list, tuple)) and compression is None:
             return coalesced_allreduce(self, x, op, wait, timeout, algorithm)
         if compression is not None:

@@ -9,8 +9,9 @@ from typing import Any, Callable
 from collectives.algorithms.order import SequenceOrder
 
 from collectives.algorithms.ring import ring_allreduce
-from collectives.algorithms.shm_allreduce import OnHostAllreduce
-from collectives.algorithms.shm_small import OnHostSmall
+from collectives.algorithms.shm_allreduce import (SHARED_COUNTERS, SHM_MIN_BYTES,
+                                                  OnHostAllreduce, on_host)
+from collectives.algorithms.shm_small import SMALL_SHM_BYTES, OnHostSmall
 from collectives.algorithms.small import recursive_doubling_allreduce
 
 __all__ = ["allreduce_algorithm", "ALLREDUCE_ALGORITHMS", "OnHost"]
@@ -41,32 +42,32 @@ class OnHost:
 
 
 def allreduce_algorithm(name: str, dtype: str, nbytes: int, small_bytes: int,
-                        on_host: OnHost, transport: Any, adapter: Any) -> tuple[str, Callable]:
+                        shm: OnHost, transport: Any, adapter: Any) -> tuple[str, Callable]:
     """(name, algorithm(call, adapter, flat, op)) for ``name`` ("auto": up to
-    ``small_bytes``, "shm-small" when every peer is on this host (OnHostSmall.usable), else
-    recursive doubling; above, "shm" likewise (OnHostAllreduce.usable), else the ring);
-    ValueError for an unknown name, or a shared-memory one where it cannot run."""
+    ``small_bytes``, "shm-small" when the shared-memory allreduces can run (on_host) on
+    x86-64 and the array is at most SMALL_SHM_BYTES, else recursive doubling; above, "shm"
+    from SHM_MIN_BYTES where they can run, else the ring); ValueError for an unknown name, or
+    a shared-memory one where it cannot run."""
+    here = on_host(transport, adapter, dtype, nbytes)
+    small_here = here and SHARED_COUNTERS and nbytes <= SMALL_SHM_BYTES
     if name == "auto":
         if nbytes <= small_bytes:
-            name = ("shm-small" if on_host.small.usable(transport, adapter, dtype, nbytes)
-                    else "recursive-doubling")
+            name = "shm-small" if small_here else "recursive-doubling"
         else:
-            name = ("shm" if on_host.large.usable(transport, adapter, nbytes)
-                    and on_host.large.fits(dtype, nbytes) else "ring")
+            name = "shm" if here and nbytes >= SHM_MIN_BYTES else "ring"
     if name not in ALLREDUCE_ALGORITHMS:
         raise ValueError(f"unknown allreduce algorithm {name!r}; use 'auto', "
                          + ", ".join(f"'{a}'" for a in ALLREDUCE_ALGORITHMS))
     if name == "shm-small":
-        if not on_host.small.usable(transport, adapter, dtype, nbytes):
+        if not small_here:
             raise ValueError("allreduce algorithm 'shm-small' needs every peer on this host "
                              "with shared memory (x86-64), and an array in host memory of a "
                              "numpy dtype, of 32 bytes to 64 KiB")
-        return name, on_host.small
+        return name, shm.small
     if name == "shm":
-        if not (on_host.large.usable(transport, adapter, 1 << 62)
-                and on_host.large.fits(dtype, nbytes)):
+        if not here:
             raise ValueError("allreduce algorithm 'shm' needs every peer on this host with "
                              "shared memory, and an array in host memory of a numpy dtype "
                              "and at least 32 bytes")
-        return name, on_host.large
+        return name, shm.large
     return name, ring_allreduce if name == "ring" else recursive_doubling_allreduce

@@ -37,7 +37,7 @@ from collectives.arrays.adapter import ArrayAdapter, adapter_for
 from collectives.errors import PeerLost, ProtocolError
 from collectives.transport.shm_arena import HEADER_BYTES, ArenaViews, ShmArena, counter_of
 
-__all__ = ["OnHostAllreduce", "ROUND_BYTES", "SHM_MIN_BYTES", "ANNOUNCEMENT_BYTES",
+__all__ = ["OnHostAllreduce", "on_host", "ROUND_BYTES", "SHM_MIN_BYTES", "ANNOUNCEMENT_BYTES",
            "exchange_arenas", "SharedBarrier", "wait_counters", "check_mailbox", "count_shared"]
 
 #: Bytes of each peer's array per round (the arena holds two).
@@ -52,6 +52,19 @@ ANNOUNCEMENT_BYTES = 32
 SHARED_COUNTERS = platform.machine() in ("x86_64", "AMD64")
 
 
+def on_host(transport: Any, adapter: ArrayAdapter, dtype: str, nbytes: int) -> bool:
+    """The shared-memory allreduces can run: every other peer is on this host with shared
+    memory, the array is in host memory, of a dtype numpy reads (not bfloat16), and holds an
+    announcement. The same answer on every peer of one call."""
+    others = set(range(transport.world_size)) - {transport.rank}
+    try:
+        np.dtype(dtype)
+    except TypeError:
+        return False
+    return (adapter.on_host and bool(others) and others <= transport.on_host_peers()
+            and nbytes >= ANNOUNCEMENT_BYTES)
+
+
 class OnHostAllreduce:
     """A communicator's on-host allreduce: its arena and its mappings of the peers'."""
 
@@ -59,23 +72,6 @@ class OnHostAllreduce:
         self.arena = ShmArena(rank)
         self.views = ArenaViews()
         self.order = order   # choice.py's SequenceOrder: one call at a time, in order
-
-    @staticmethod
-    def usable(transport: Any, adapter: ArrayAdapter, nbytes: int) -> bool:
-        """Every other peer is on this host with shared memory, the array is in host memory,
-        and large enough ("auto" only: the same answer on every peer of one call)."""
-        others = set(range(transport.world_size)) - {transport.rank}
-        return (nbytes >= SHM_MIN_BYTES and adapter.on_host and bool(others)
-                and others <= transport.on_host_peers())
-
-    @staticmethod
-    def fits(dtype: str, nbytes: int) -> bool:
-        """The array holds an announcement, in a dtype numpy reads (not bfloat16)."""
-        try:
-            np.dtype(dtype)
-        except TypeError:
-            return False
-        return nbytes >= ANNOUNCEMENT_BYTES
 
     def __call__(self, call: Call, adapter: ArrayAdapter, flat: Any, op: str) -> None:
         t = call.transport

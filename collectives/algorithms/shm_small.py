@@ -21,9 +21,8 @@ from typing import Any
 import numpy as np
 
 from collectives.algorithms.p2p import Call
-from collectives.algorithms.shm_allreduce import (SHARED_COUNTERS, check_mailbox,
-                                                  count_shared, exchange_arenas,
-                                                  wait_counters)
+from collectives.algorithms.shm_allreduce import (check_mailbox, count_shared,
+                                                  exchange_arenas, wait_counters)
 from collectives.arrays.adapter import ArrayAdapter
 from collectives.errors import ProtocolError
 from collectives.transport.shm_arena import HEADER_BYTES, ArenaViews, ShmArena, counter_of
@@ -43,17 +42,8 @@ class OnHostSmall:
         self.arena = ShmArena(rank, kind="small")
         self.views = ArenaViews(kind="small")
         self._arenas: dict[int, np.ndarray] | None = None   # after the first call's exchange
+        self._counters: dict[int, np.ndarray] = {}          # their counters (views)
         self._last = -1    # the sequence number of the last call through here
-
-    @staticmethod
-    def usable(transport: Any, adapter: ArrayAdapter, dtype: str, nbytes: int) -> bool:
-        """Every other peer on this host with shared memory, x86-64 counters, a host array of
-        a numpy dtype up to SMALL_SHM_BYTES, big enough for the first call's announcement."""
-        from collectives.algorithms.shm_allreduce import OnHostAllreduce
-        others = set(range(transport.world_size)) - {transport.rank}
-        return (SHARED_COUNTERS and nbytes <= SMALL_SHM_BYTES and adapter.on_host
-                and bool(others) and others <= transport.on_host_peers()
-                and OnHostAllreduce.fits(dtype, nbytes))
 
     def __call__(self, call: Call, adapter: ArrayAdapter, flat: Any, op: str) -> None:
         with self.order.turn(call):
@@ -66,8 +56,8 @@ class OnHostSmall:
         if self._arenas is None:
             self._arenas, _ = exchange_arenas(call, others, self.arena, self.views,
                                               _SLOT_HEADER + SMALL_SHM_BYTES)
-        arenas = self._arenas
-        counters = {j: counter_of(a) for j, a in arenas.items()}
+            self._counters = {j: counter_of(a) for j, a in self._arenas.items()}
+        arenas, counters = self._arenas, self._counters
         count, size = adapter.size(flat), call.itemsize
         crc = zlib.crc32(f"{call.signature} {call.dtype} {call.shape}".encode())
         try:
@@ -107,7 +97,7 @@ class OnHostSmall:
         return adapter.from_frame(frame, call.frame_dtype, count)
 
     def close(self) -> None:
-        self._arenas = None
+        self._arenas, self._counters = None, {}
         self.views.close()
         self.arena.close()
 

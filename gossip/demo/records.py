@@ -82,10 +82,12 @@ def _mean(values: list[float]) -> float:
     return sum(finite) / len(finite) if finite else float("nan")
 
 
-def _consensus(directory: str, policy: str, slots: list[int], step: int) -> float:
+def _mean_and_consensus(directory: str, policy: str, slots: list[int],
+                        step: int) -> tuple[np.ndarray, float]:
+    """The peers' average parameters at ``step`` and their mean distance to it."""
     arrays = [np.load(_snapshot(directory, policy, s, step)).astype(np.float64) for s in slots]
     mean = np.mean(arrays, axis=0)
-    return float(np.mean([np.linalg.norm(a - mean) for a in arrays]))
+    return mean, float(np.mean([np.linalg.norm(a - mean) for a in arrays]))
 
 
 def collect(directory: str, policy: str, slots: int, *, consensus: bool = True) -> dict:
@@ -118,16 +120,13 @@ def collect(directory: str, policy: str, slots: int, *, consensus: bool = True) 
             "worst_accuracy": min((r["accuracy"] for _, r in group), default=float("nan")),
             "test_loss": _mean([r["test_loss"] for _, r in group]),
             "train_loss": _mean([r["train_loss"] for _, r in group]),
-            "consensus": (_consensus(directory, policy, [s for s, _ in group], step)
-                          if consensus else None),
+            "consensus": None,
             "peers": len(group),
         })
-    # The peers' average at the last evaluated step, for the averaged model's accuracy.
-    averaged = None
-    if consensus and history:
-        last = history[-1]["step"]
-        averaged = np.mean([np.load(_snapshot(directory, policy, s, last)).astype(np.float64)
-                            for s, _ in by_step[last]], axis=0)
+    averaged = None   # the peers' average at the last evaluated step (its accuracy)
+    for point in history if consensus else ():
+        averaged, point["consensus"] = _mean_and_consensus(
+            directory, policy, [s for s, _ in by_step[point["step"]]], point["step"])
     finals = [d[-1] for d in done.values() if d]
     ends = [r for s, ls in lines.items() for r in ls if r["kind"] in ("done", "killed")]
     sent = [sum(r.get("bytes_sent", 0) for r in ls if r["kind"] in ("done", "killed"))

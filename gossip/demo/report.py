@@ -17,7 +17,7 @@ import math
 import os
 from typing import Any
 
-__all__ = ["summarize", "format_table", "figures", "write_json", "write_png"]
+__all__ = ["summarize", "format_table", "figures", "write_json", "write_json_doc", "write_png"]
 
 
 def summarize(records: list[dict], *, target: float = 0.95) -> list[dict]:
@@ -179,7 +179,11 @@ def figures(rows: list[dict]) -> dict:
 def write_json(path: str | os.PathLike, rows: list[dict], info: dict) -> None:
     """Everything behind the table and the PNG: the run's settings, the rows, the figures."""
     table = [{k: v for k, v in r.items() if k != "history"} for r in rows]
-    doc = {"run": info, "table": table, "figures": figures(rows)}
+    write_json_doc(path, {"run": info, "table": table, "figures": figures(rows)})
+
+
+def write_json_doc(path: str | os.PathLike, doc: dict) -> None:
+    """``doc`` as JSON (NaN and infinities as null), replacing ``path`` whole, never torn."""
     tmp = f"{os.fspath(path)}.tmp"
     with open(tmp, "w") as f:
         json.dump(_clean(doc), f, indent=1)

@@ -12,6 +12,7 @@ import os
 from typing import IO, Any
 
 from gossip.demo.options import DemoOptions
+from gossip.demo.report import write_json_doc
 from gossip.demo.runner import run_demo
 from gossip.demo.scenarios import Scenario
 
@@ -86,13 +87,9 @@ def summary_table(finished: list[tuple[Scenario, dict]]) -> str:
 
 
 def _write(out: str, finished: list[tuple[Scenario, dict]]) -> None:
-    doc = {"scenarios": [{"name": s.name, "title": s.title, "expected": s.shows,
-                          "run": d["run"], "table": d["table"]} for s, d in finished]}
-    tmp = os.path.join(out, STORY_JSON + ".tmp")
-    with open(tmp, "w") as f:
-        json.dump(doc, f, indent=1)
-        f.write("\n")
-    os.replace(tmp, os.path.join(out, STORY_JSON))
+    write_json_doc(os.path.join(out, STORY_JSON), {"scenarios": [
+        {"name": s.name, "title": s.title, "expected": s.shows, "run": d["run"],
+         "table": d["table"]} for s, d in finished]})
     write_story_png(os.path.join(out, STORY_PNG), finished)
 
 
