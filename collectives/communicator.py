@@ -21,17 +21,15 @@ from typing import Any, Callable
 
 import numpy as np
 
-from collectives import defaults
+from collectives import defaults, rooted
 from collectives.algorithms.allgather import exchange_counts, ring_allgather_into
-from collectives.algorithms.barrier import dissemination_barrier
 from collectives.algorithms.broadcast import pipelined_broadcast
 from collectives.algorithms.p2p import Call, wait_sent
 from collectives.algorithms.ring import (counts_digest, ring_reduce_scatter, segments,
                                          segments_of_counts)
 from collectives.algorithms.compressed import CodecStats
-from collectives.algorithms.choice import OnHost, allreduce_algorithm
+from collectives.algorithms import choice
 from collectives.arrays.adapter import ArrayAdapter, check_reduce_op
-from collectives import rooted
 from collectives.coalesced import coalesced_allreduce
 from collectives.compressed import compressed_allreduce
 from collectives.neighbor_allgather import neighbor_allgather
@@ -76,7 +74,7 @@ class Communicator(NeighborAllreduce):
         self._buffer_pool: dict[tuple, list] = {}  # free send-buffer sets, by shape
         self._peers = tuple(r for r in range(self.world_size) if r != self.rank)
         self.codec_stats = CodecStats()  # what the compressed calls encoded and refused
-        self._on_host = OnHost(self.rank)   # its shared-memory allreduces' arenas
+        self._on_host = choice.OnHost(self.rank)   # its shared-memory allreduces' arenas
 
     @property
     def timeout(self) -> float:
@@ -84,9 +82,12 @@ class Communicator(NeighborAllreduce):
         return self.transport.config.timeout
 
     # ------------------------------------------------------------------ plumbing
-    def _next_seq(self) -> int:
+    def _next_seq(self, algorithm: str = "") -> int:
+        """The next sequence number (a shared-memory algorithm's reserved in order: choice.py)."""
         with self._seq_lock:
-            return next(self._seq)
+            seq = next(self._seq)
+            self._on_host.reserve(seq, algorithm)
+            return seq
 
     _flat = staticmethod(flat_of)
 
@@ -204,11 +205,9 @@ class Communicator(NeighborAllreduce):
                 adapter.divide(flat, self.world_size)
             return self._done(x, f"allreduce({op},nccl)", wait, stage)
         nbytes = adapter.size(flat) * dtype_itemsize(dtype)
-        algorithm, algo = allreduce_algorithm(algorithm, dtype, nbytes, DEFAULT_SMALL_BYTES,
+        algorithm, algo = choice.allreduce_algorithm(algorithm, dtype, nbytes, DEFAULT_SMALL_BYTES,
                                               self._on_host, self.transport, adapter)
-        with self._seq_lock:   # shared-memory calls run in sequence order (choice.py)
-            seq = next(self._seq)
-            self._on_host.reserve(seq, algorithm)
+        seq = self._next_seq(algorithm)
         signature = f"allreduce({op},{algorithm}{_layout})"   # _layout: coalesced.py's
 
         def body() -> Any:
@@ -364,10 +363,11 @@ class Communicator(NeighborAllreduce):
         last = self._executor.last()
         if last is not None:
             last.wait(self.timeout if timeout is None else timeout)
-        seq = self._next_seq()
+        name, algo = choice.barrier_algorithm(self._on_host, self.transport)
+        seq = self._next_seq(name)
         if self.world_size > 1:
-            self._execute(seq, "barrier", "uint8", (0,), timeout, self._all_peers(),
-                          dissemination_barrier)
+            self._execute(seq, f"barrier({name})", "uint8", choice.BARRIER_SHAPE, timeout,
+                          self._all_peers(), algo)
 
     # ------------------------------------------------------------------ point to point
     def send(self, dst: int, x: Any, *, timeout: float | None = None) -> None:

@@ -107,7 +107,10 @@ def one_leaves(peer):
 
 
 def test_a_peer_that_never_comes_is_an_error_naming_it_not_a_hang():
-    results = spawn(one_leaves, n=3, timeout=90, peer_timeout=15)
+    _rank_2_is_named(spawn(one_leaves, n=3, timeout=90, peer_timeout=15))
+
+
+def _rank_2_is_named(results) -> None:
     assert results[2] == ("left", "")
     for kind, message in results[:2]:
         assert kind in ("PeerLost", "OperationTimeout"), (kind, message)
@@ -149,3 +152,56 @@ def arena_grows(peer):
 def test_the_arena_grows_and_the_peers_map_it_again():
     for sums in spawn(arena_grows, n=2, timeout=60):
         assert sums == [True] * 4
+
+
+def disagree_after_entering_once(peer):
+    """After a first call has mapped the arenas, calls are entered through shared memory
+    alone (shm_entry.py): a size, algorithm or operation that differs is still a
+    ProtocolError on every peer, before anything is read, and the next matching call works."""
+    r, n = peer.rank, peer.world_size
+    mib = 1 << 18   # float32s
+    peer.allreduce(np.ones(mib, np.float32), algorithm="shm")
+    peer.barrier()
+    outcomes = []
+
+    def attempt(call, x):
+        try:
+            call()
+        except gossip.ProtocolError as exc:
+            outcomes.append(("ProtocolError", str(exc), float(x[0])))
+        else:
+            outcomes.append(("ok", "", float(x[0])))
+
+    x = np.ones(mib + (r == 0), np.float32)   # rank 0: one element more
+    attempt(lambda: peer.allreduce(x), x)
+    y = np.ones(1024, np.float32)             # rank 1: a barrier instead
+    attempt(peer.barrier if r == 1 else lambda: peer.allreduce(y, algorithm="shm-small"), y)
+    z = np.ones(1024, np.float32)             # rank 2: the large algorithm
+    attempt(lambda: peer.allreduce(z, algorithm="shm" if r == 2 else "shm-small"), z)
+    w = np.full(mib, float(r + 1), np.float32)
+    peer.allreduce(w)
+    peer.barrier()
+    return outcomes, bool((w == n * (n + 1) / 2).all())
+
+
+def test_calls_entered_through_shared_memory_that_disagree_all_raise():
+    for outcomes, recovered in spawn(disagree_after_entering_once, n=3, timeout=90,
+                                     peer_timeout=20):
+        assert recovered
+        assert len(outcomes) == 3
+        for kind, message, first in outcomes:
+            assert kind == "ProtocolError", message
+            assert "different calls" in message, message
+            assert first == 1.0, message
+
+
+def leaves_after_entering_once(peer):
+    small_rounds()
+    peer.allreduce(np.ones(1 << 18, np.float32), algorithm="shm")
+    if peer.rank == 2:
+        return "left", ""   # its process ends before the second call
+    return _fate(peer, np.ones(1 << 20, np.float32))
+
+
+def test_a_peer_gone_after_the_first_call_is_named():
+    _rank_2_is_named(spawn(leaves_after_entering_once, n=3, timeout=90, peer_timeout=15))

@@ -6,17 +6,21 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
+from collectives.algorithms.barrier import dissemination_barrier
 from collectives.algorithms.order import SequenceOrder
-
 from collectives.algorithms.ring import ring_allreduce
-from collectives.algorithms.shm_allreduce import (SHARED_COUNTERS, SHM_MIN_BYTES,
-                                                  OnHostAllreduce, on_host)
-from collectives.algorithms.shm_small import SMALL_SHM_BYTES, OnHostSmall
+from collectives.algorithms.shm_allreduce import SHM_MIN_BYTES, OnHostAllreduce, on_host
+from collectives.algorithms.shm_entry import ANNOUNCEMENT_BYTES, SHARED_COUNTERS, SharedEntry
+from collectives.algorithms.shm_small import SMALL_SHM_BYTES, OnHostSmall, shared_barrier
 from collectives.algorithms.small import recursive_doubling_allreduce
 
-__all__ = ["allreduce_algorithm", "ALLREDUCE_ALGORITHMS", "OnHost"]
+__all__ = ["allreduce_algorithm", "barrier_algorithm", "ALLREDUCE_ALGORITHMS", "BARRIER_SHAPE",
+           "OnHost"]
 
 ALLREDUCE_ALGORITHMS = ("ring", "recursive-doubling", "shm", "shm-small")
+#: A barrier's call: uint8 of this shape, room for the shared-memory arenas' announcement
+#: when a shared-memory barrier is the first such call (shm_entry.exchange_arenas).
+BARRIER_SHAPE = (ANNOUNCEMENT_BYTES,)
 
 
 class OnHost:
@@ -29,8 +33,10 @@ class OnHost:
 
     def __init__(self, rank: int) -> None:
         self.order = SequenceOrder()
-        self.large = OnHostAllreduce(rank, self.order)
-        self.small = OnHostSmall(rank, self.order)
+        self.entry = SharedEntry(rank, SMALL_SHM_BYTES)   # how every such call is entered
+        self.large = OnHostAllreduce(rank, self.entry, self.order)
+        self.small = OnHostSmall(self.entry, self.order)
+        self.barrier = shared_barrier(self.entry, self.order)
 
     def reserve(self, seq: int, algorithm: str) -> None:
         if algorithm in ("shm", "shm-small"):
@@ -38,21 +44,34 @@ class OnHost:
 
     def close(self) -> None:
         self.large.close()
-        self.small.close()
+        self.entry.close()
+
+
+def barrier_algorithm(shm: OnHost, transport: Any) -> tuple[str, Callable]:
+    """(name, barrier(call)): through shared memory ("shm") when every other peer is on this
+    host with shared memory on x86-64, as the small allreduces; else the dissemination
+    barrier over ZeroMQ. The name is part of the call's signature."""
+    others = set(range(transport.world_size)) - {transport.rank}
+    if SHARED_COUNTERS and others and others <= transport.on_host_peers():
+        return "shm", shm.barrier
+    return "dissemination", dissemination_barrier
 
 
 def allreduce_algorithm(name: str, dtype: str, nbytes: int, small_bytes: int,
                         shm: OnHost, transport: Any, adapter: Any) -> tuple[str, Callable]:
-    """(name, algorithm(call, adapter, flat, op)) for ``name`` ("auto": up to
-    ``small_bytes``, "shm-small" when the shared-memory allreduces can run (on_host) on
-    x86-64 and the array is at most SMALL_SHM_BYTES, else recursive doubling; above, "shm"
-    from SHM_MIN_BYTES where they can run, else the ring); ValueError for an unknown name, or
-    a shared-memory one where it cannot run."""
+    """(name, algorithm(call, adapter, flat, op)) for ``name``. "auto": where the
+    shared-memory allreduces can run (on_host) on x86-64, "shm-small" up to SMALL_SHM_BYTES
+    and "shm" above (entered through shared memory, 50 us at n = 2: shm_entry.py); elsewhere
+    recursive doubling up to ``small_bytes``, then "shm" from SHM_MIN_BYTES where it can run
+    (announced over ZeroMQ), else the ring. ValueError for an unknown name, or a
+    shared-memory one where it cannot run."""
     here = on_host(transport, adapter, dtype, nbytes)
     small_here = here and SHARED_COUNTERS and nbytes <= SMALL_SHM_BYTES
     if name == "auto":
-        if nbytes <= small_bytes:
-            name = "shm-small" if small_here else "recursive-doubling"
+        if here and SHARED_COUNTERS:
+            name = "shm-small" if small_here else "shm"
+        elif nbytes <= small_bytes:
+            name = "recursive-doubling"
         else:
             name = "shm" if here and nbytes >= SHM_MIN_BYTES else "ring"
     if name not in ALLREDUCE_ALGORITHMS:

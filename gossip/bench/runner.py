@@ -11,6 +11,7 @@ import os
 import time
 from typing import Callable, Iterable, Sequence
 
+from collectives.algorithms.choice import ALLREDUCE_ALGORITHMS
 from gossip.bench.baselines import gloo_group, pyzmq_group
 from gossip.bench.groups import Group, stop_all
 from gossip.bench.measure import gossip_group, scheme
@@ -25,7 +26,7 @@ __all__ = ["OPS", "REDUCE_OPS", "ALGORITHMS", "BASELINES", "check_args",
            "supported_transports", "row_sizes", "run_bench"]
 
 REDUCE_OPS = ("sum", "mean", "max", "min", "prod")
-ALGORITHMS = ("auto", "ring", "recursive-doubling")
+ALGORITHMS = ("auto",) + ALLREDUCE_ALGORITHMS   # collectives' own list
 BASELINES = ("gloo", "mpi")
 #: The groups measured after ours, in their order (pyzmq: p2p only).
 _OTHERS = ("pyzmq", "gloo", "mpi")

@@ -1,0 +1,262 @@
+"""How peers on one host enter and leave a shared-memory call without ZeroMQ (issue #18), and
+the waits every shared-memory algorithm uses.
+
+Each peer owns one small arena (transport/shm_arena.py, kind "small"), mapped by the others
+once, at the first shared-memory call, with one announcement over ZeroMQ
+(``exchange_arenas``); after that no call of the on-host allreduces (shm_allreduce.py,
+shm_small.py) or barrier touches ZeroMQ unless something goes wrong. The arena's data starts
+with a slot header: the call's sequence number, a CRC of its signature, dtype and shape, its
+byte count, and up to four words of the algorithm's own (the large allreduce's data arena:
+pid, fd, size, counter). The counter in the arena's header says how far its owner got, in
+absolute terms of the communicator's sequence numbers: 2s + 1, header written for call s;
+2s + 2, done with call s (done reading the others' memory, or failed), so a call that failed
+half-way leaves nothing to resynchronise.
+
+``enter`` waits until every other peer is done with this peer's previous call, writes the
+header (and the algorithm's slot), publishes 2s + 1, waits for the others' 2s + 1 and
+compares their headers: a peer that made another call at this sequence number (another
+operation, size, dtype or algorithm, a barrier included) is a ProtocolError on every peer,
+before anyone reads another's data. ``leave`` publishes 2s + 2.
+
+Waits (``wait_counters``) yield the CPU, then sleep briefly, check the call's ZeroMQ mailboxes
+every millisecond for what a peer sent instead (an abort, a chunk of another algorithm's
+call) or its loss, and end at the call's deadline with the transport's own timeout. Counters
+in shared memory rely on stores becoming visible in program order (x86-64: SHARED_COUNTERS);
+elsewhere the large allreduce announces and synchronises over ZeroMQ and the others are not
+chosen (choice.py).
+"""
+from __future__ import annotations
+
+import functools
+import os
+import platform
+import time
+import zlib
+from typing import Any, Callable
+
+import numpy as np
+
+from collectives.algorithms.p2p import Call, post_range, recv_range, wait_sent
+from collectives.arrays.adapter import adapter_for
+from collectives.errors import PeerLost, ProtocolError
+from collectives.transport.shm_arena import HEADER_BYTES, ArenaViews, ShmArena, counter_of
+
+__all__ = ["SharedEntry", "SLOT_HEADER", "SLOT_WORDS", "SHARED_COUNTERS", "ANNOUNCEMENT_BYTES",
+           "exchange_arenas", "map_arena", "wait_counters", "check_mailbox", "count_shared"]
+
+#: Bytes of the slot header at the start of each small arena's data (8 int64 words).
+SLOT_HEADER = 64
+#: Words of the slot header an algorithm may fill (after seq, CRC and byte count).
+SLOT_WORDS = 4
+#: (pid, fd, size, counter) as int64: an arena's announcement.
+ANNOUNCEMENT_BYTES = 32
+#: How long a wait yields the CPU in a loop before it sleeps: a peer that sleeps wakes tens of
+#: microseconds late (timer slack), which every small call would pay.
+SPIN_SECONDS = 0.002
+#: Barriers through the arenas' counters (x86-64's ordered stores), else over ZeroMQ.
+SHARED_COUNTERS = platform.machine() in ("x86_64", "AMD64")
+
+
+class SharedEntry:
+    """A communicator's small arena, its mappings of the peers', and the last call through
+    them. Used by one call at a time (choice.py's SequenceOrder)."""
+
+    def __init__(self, rank: int, data_bytes: int) -> None:
+        self.arena = ShmArena(rank, kind="small")
+        self.views = ArenaViews(kind="small")
+        self.data_bytes = data_bytes   # what the slot holds after its header
+        self.arenas: dict[int, np.ndarray] | None = None   # after the first exchange
+        self._counters: dict[int, np.ndarray] = {}   # views of their counters
+        self._headers: dict[int, np.ndarray] = {}    # and of their slot headers
+        self._last = -1
+
+    def slot(self, j: int) -> np.ndarray:
+        """Rank j's slot data (uint8), after its header."""
+        start = HEADER_BYTES + SLOT_HEADER
+        return self.arenas[j][start:start + self.data_bytes]
+
+    def enter(self, call: Call, nbytes: int, words: Any = (),
+              write: Callable[[], None] | None = None) -> dict[int, np.ndarray]:
+        """Enter ``call`` (see the module docstring): ``write`` fills this peer's slot once
+        the others are done with the previous call. Returns every peer's header words after
+        the byte count (``SLOT_WORDS`` int64). Call ``leave`` afterwards, whatever happens."""
+        t = call.transport
+        n, r, s = t.world_size, t.rank, call.seq
+        others = [j for j in range(n) if j != r]
+        if self.arenas is None:
+            self.arenas, _ = exchange_arenas(call, others, self.arena, self.views,
+                                             SLOT_HEADER + self.data_bytes)
+            self._counters = {j: counter_of(a) for j, a in self.arenas.items()}
+            self._headers = {j: a[HEADER_BYTES:HEADER_BYTES + SLOT_HEADER].view(np.int64)
+                             for j, a in self.arenas.items()}
+        counters, headers = self._counters, self._headers
+        crc = _crc(call.signature, call.dtype, call.shape)
+        if self._last >= 0:   # everyone is done with this peer's last call
+            wait_counters(call, counters, {j: 2 * self._last + 2 for j in others},
+                          "the end of the previous call")
+        header = headers[r]
+        header[:3] = (s, crc, nbytes)
+        header[3:3 + len(words)] = words
+        if write is not None:
+            write()
+        counters[r][0] = 2 * s + 1   # after the header and the slot
+        wait_counters(call, counters, {j: 2 * s + 1 for j in others}, "the call")
+        for j in others:
+            seq, theirs, got = headers[j][:3].tolist()
+            if (seq, theirs, got) != (s, crc, nbytes):
+                if seq != s:   # it marked itself done without writing: it failed
+                    _await_abort(call, j)
+                raise ProtocolError(
+                    f"rank {r}: called {call.describe()}, but rank {j} made another call at "
+                    f"that sequence ({got} bytes, signature CRC {theirs:08x} against "
+                    f"{crc:08x}): the peers made different calls")
+        return {j: headers[j][3:].copy() for j in range(n)}
+
+    def leave(self, call: Call) -> None:
+        """Done with ``call`` (or failed in it): the others may reuse what they shared."""
+        if self.arenas is not None:
+            self._counters[call.transport.rank][0] = 2 * call.seq + 2
+            self._last = call.seq
+
+    def close(self) -> None:
+        self.arenas, self._counters, self._headers = None, {}, {}
+        self.views.close()
+        self.arena.close()
+
+
+@functools.lru_cache(maxsize=256)
+def _crc(signature: str, dtype: str, shape: tuple) -> int:
+    """What a slot header says of its call (besides its sequence number and bytes)."""
+    return zlib.crc32(f"{signature} {dtype} {shape}".encode())
+
+
+def exchange_arenas(call: Call, others: list[int], arena: ShmArena, views: ArenaViews,
+                    nbytes: int) -> tuple[dict[int, np.ndarray], dict[int, int]]:
+    """Announce this peer's ``arena`` (grown to ``nbytes`` of data) over ZeroMQ and map the
+    others' into ``views``; their announcements also say they finished the call before (no
+    one still reads here). Returns every peer's arena bytes and its counter as announced."""
+    t = call.transport
+    mine = arena.buffer(nbytes)
+    # The announcement travels as the call's first elements (its 32 bytes read as the
+    # call's dtype), so a peer whose call differs (op, dtype, shape) fails here, before a
+    # byte of anyone's memory is read.
+    k = -(-ANNOUNCEMENT_BYTES // call.itemsize)
+    note = np.zeros(k * call.itemsize, dtype=np.uint8)
+    note[:ANNOUNCEMENT_BYTES] = arena.announcement().view(np.uint8)
+    note = note.view(np.dtype(call.dtype))
+    na = adapter_for(note)
+    tickets = [post_range(call, j, na, note, 0, k, track=True) for j in others]
+    arenas = {t.rank: mine}
+    bases = {t.rank: int(counter_of(mine)[0])}
+    for j in _arrivals(call, others):   # in arrival order: a lost peer is named at once
+        got = np.empty(k, dtype=np.dtype(call.dtype))
+        for lo, hi, chunk in recv_range(call, j, na, 0, k):
+            got[lo:hi] = chunk
+        got = got.view(np.uint8)[:ANNOUNCEMENT_BYTES].view(np.int64)
+        bases[j] = int(got[3])
+        arenas[j] = map_arena(call, views, j, got, nbytes)
+    for ticket in tickets:
+        wait_sent(call, ticket)
+    return arenas, bases
+
+
+def map_arena(call: Call, views: ArenaViews, j: int, announced: np.ndarray,
+              nbytes: int) -> np.ndarray:
+    """Rank j's arena as ``announced`` (pid, fd, size), holding at least ``nbytes`` of data:
+    PeerLost if its process is gone, ProtocolError if it cannot be mapped or is too small."""
+    r = call.transport.rank
+    try:
+        arena = views.view(j, announced)
+    except FileNotFoundError:
+        raise PeerLost(f"rank {r}: {call.describe()}: rank {j} ended (process "
+                       f"{int(announced[0])}) before its shared-memory arena was mapped",
+                       rank=j, operation=call.describe()) from None
+    except (OSError, ValueError) as exc:
+        raise ProtocolError(f"rank {r}: {call.describe()}: cannot map rank {j}'s "
+                            f"shared-memory arena: {exc}") from None
+    if arena.size < nbytes + HEADER_BYTES:
+        raise ProtocolError(f"rank {r}: {call.describe()}: rank {j}'s arena holds "
+                            f"{arena.size} bytes, {nbytes} needed")
+    return arena
+
+
+def count_shared(transport: Any, rank: int, nbytes: int) -> None:
+    """``nbytes`` of this peer's arena that ``rank`` reads, in the traffic counters."""
+    transport.counters[rank].bytes_sent += nbytes
+
+
+def _arrivals(call: Call, others: list[int]):
+    """The ranks of ``others`` as their first message of the call arrives (or their loss is
+    known, or this peer closes: their recv raises); past the deadline, the first still silent
+    (its recv raises the transport's timeout, which asks it where it is). Reads the socket
+    in this thread while it waits, as a recv does (no hand-off to the I/O thread)."""
+    t = call.transport
+    pending = list(others)
+    while pending:
+        ready = [j for j in pending if t.inbox.poll((j, call.channel, call.seq))]
+        now = time.monotonic()
+        if ready or now >= call.deadline:
+            j = (ready or pending)[0]
+            pending.remove(j)
+            yield j
+            continue
+        until = min(call.deadline, now + 0.005)
+        if not t.pump((pending[0], call.channel, call.seq), until):   # another thread reads
+            t.wait_any([(j, call.channel, call.seq) for j in pending], until)
+
+
+def wait_counters(call: Call, counters: dict[int, np.ndarray], targets: dict[int, int],
+                  what: str) -> None:
+    """Return once ``counters[j][0] >= targets[j]`` for every j: yielding the CPU, then
+    sleeping, checking the call's mailboxes every millisecond for what a peer we wait for
+    sent instead (an abort: raised as the transport words it; a chunk: ProtocolError) or its
+    loss (PeerLost), and raising OperationTimeout at the call's deadline."""
+    pending = [j for j, target in targets.items() if counters[j][0] < target]
+    now = time.monotonic()
+    spin_until, check_at = now + SPIN_SECONDS, now + 0.001
+    while pending:
+        if now >= check_at:
+            _check(call, pending, now, what)
+            check_at = now + 0.001
+        if now < spin_until:
+            os.sched_yield()
+        else:   # a long wait: sleep (briefly: the late peer is close)
+            time.sleep(1e-4)
+        pending = [j for j in pending if counters[j][0] < targets[j]]
+        now = time.monotonic()
+
+
+def _check(call: Call, pending: list[int], now: float, what: str) -> None:
+    check_mailbox(call, pending)
+    if now >= call.deadline:
+        # The transport's own timeout, which asks the peer where it is ("has not started
+        # allreduce ... idle since ..."), as any wait on it would.
+        t = call.transport
+        header, _, release = t.recv(pending[0], call.channel, call.seq,
+                                    deadline=call.deadline, operation=call)
+        if release is not None:
+            release()
+        raise call.mismatch(pending[0], header, f"a message instead of reaching {what}")
+
+
+def check_mailbox(call: Call, ranks: list[int]) -> None:
+    """Raise what one of ``ranks`` sent for this call over ZeroMQ while we wait for it in
+    shared memory (an abort, as the transport words it; a chunk: ProtocolError), or its loss
+    (PeerLost); return if nothing came."""
+    t = call.transport
+    for j in ranks:
+        if t.inbox.poll((j, call.channel, call.seq)):
+            header, _, release = t.recv(j, call.channel, call.seq, deadline=call.deadline,
+                                        operation=call)
+            if release is not None:
+                release()
+            raise call.mismatch(j, header, "a message during a shared-memory wait")
+
+
+def _await_abort(call: Call, j: int, grace: float = 0.2) -> None:
+    """Raise the abort rank ``j`` sent for this call (it failed before writing its slot), if
+    it comes within ``grace`` seconds; else return."""
+    deadline = time.monotonic() + grace
+    while time.monotonic() < deadline:
+        check_mailbox(call, [j])
+        time.sleep(0.001)
