@@ -8,19 +8,24 @@ from __future__ import annotations
 import hashlib
 
 import numpy as np
+import pytest
 
 import gossip
 from gossip.testing import spawn
 
 
-def small_rounds():
-    """Rounds of 64 KiB, so a test's arrays cross many rounds and both halves of the arena."""
-    from collectives.algorithms import shm_allreduce
+def small_rounds(direct: bool = True):
+    """Rounds of 64 KiB, so a test's arrays cross many rounds and both halves of the arena,
+    or, ``direct``, arrays from 64 KiB read from the peers in blocks of 16 KiB."""
+    from collectives.algorithms import shm_allreduce, shm_direct, shm_entry
     shm_allreduce.ROUND_BYTES = 64 << 10
+    shm_allreduce.DIRECT_MIN_BYTES = 64 << 10
+    shm_direct.BLOCK_BYTES = 16 << 10
+    shm_entry.SharedEntry.direct_reads = direct
 
 
-def same_as_the_ring(peer):
-    small_rounds()
+def same_as_the_ring(peer, direct):
+    small_rounds(direct)
     r = peer.rank
     rng = np.random.default_rng(r)
     cases = [("sum", rng.standard_normal(300_001).astype(np.float32)),
@@ -45,16 +50,22 @@ def same_as_the_ring(peer):
     want = np.arange(3 << 20, dtype=np.float32)[::3] * peer.world_size + sum(
         range(peer.world_size))
     peer.allreduce(big)
-    return out, bool(np.array_equal(big, want))
+    on_host = peer.communicator._on_host   # which way the calls went, and what it holds
+    used = (on_host.entry.direct, on_host.large.arena.size)
+    return out, bool(np.array_equal(big, want)), used
 
 
-def test_every_op_and_dtype_agrees_with_the_ring_and_is_identical_on_every_peer():
-    results = spawn(same_as_the_ring, n=3, timeout=120)
-    for out, strided_ok in results:
+@pytest.mark.parametrize("direct", [True, False], ids=["direct", "arenas"])
+def test_every_op_and_dtype_agrees_with_the_ring_and_is_identical_on_every_peer(direct):
+    results = spawn(same_as_the_ring, n=3, timeout=120, args=(direct,))
+    for out, strided_ok, (direct_used, arena_bytes) in results:
         assert strided_ok
+        assert direct_used == direct
+        if direct:   # an arena only as large as the calls below DIRECT_MIN_BYTES need
+            assert arena_bytes <= 2 * (64 << 10) + 4096, arena_bytes
         for op, dtype, equal, _ in out:
             assert equal, (op, dtype)
-    digests = [[d for *_, d in out] for out, _ in results]
+    digests = [[d for *_, d in out] for out, _, _ in results]
     assert digests[0] == digests[1] == digests[2]
 
 
@@ -117,13 +128,14 @@ def _rank_2_is_named(results) -> None:
         assert "rank 2" in message, message
 
 
-def killed_midway(peer):
+def killed_midway(peer, direct):
     """Rank 2 SIGKILLs itself while the allreduce runs (64 MiB in rounds of 64 KiB: a
-    thousand rounds, two barriers each); wherever it dies, the others must raise."""
+    thousand rounds, two barriers each; or read in blocks of 16 KiB, thousands of reads);
+    wherever it dies, the others must raise."""
     import os
     import signal
     import threading
-    small_rounds()
+    small_rounds(direct)
     x = np.ones(16 << 20, np.float32)
     peer.allreduce(x[:1 << 20], algorithm="shm")   # together from here
     if peer.rank == 2:
@@ -131,8 +143,10 @@ def killed_midway(peer):
     return _fate(peer, x)
 
 
-def test_a_peer_killed_during_the_barriers_is_an_error_naming_it():
-    results = spawn(killed_midway, n=3, timeout=90, peer_timeout=15, tolerate=(2,))
+@pytest.mark.parametrize("direct", [True, False], ids=["direct", "arenas"])
+def test_a_peer_killed_during_the_barriers_is_an_error_naming_it(direct):
+    results = spawn(killed_midway, n=3, timeout=90, peer_timeout=15, tolerate=(2,),
+                    args=(direct,))
     assert results[2] is None
     for kind, message in results[:2]:
         assert kind == "PeerLost", (kind, message)
@@ -140,7 +154,7 @@ def test_a_peer_killed_during_the_barriers_is_an_error_naming_it():
 
 
 def arena_grows(peer):
-    small_rounds()
+    small_rounds(direct=False)
     sums = []
     for count in (1 << 18, 5 << 18, 1 << 16, 9 << 18):   # grows twice, maps again
         x = np.full(count, float(peer.rank + 1), np.float32)

@@ -3,7 +3,9 @@ array into its own arena (transport/shm_arena.py), the peers reduce slice r stra
 every arena into its own array (its own slice never leaves it), publishes it in its arena,
 and each copies the others' reduced slices out. Per peer and byte: (n-1)/n copied in, n reads
 of 1/n (the reduce) and 1/n published while in cache, (n-1)/n copied out; no chunk hand-offs
-through ZeroMQ messages and the I/O thread, as the ring's 2(n-1) steps make.
+through ZeroMQ messages and the I/O thread, as the ring's 2(n-1) steps make. From
+DIRECT_MIN_BYTES, where every peer can read every other's memory, the peers read each other's
+arrays instead and hold no arena (shm_direct.py).
 
 Rounds of at most ROUND_BYTES per peer keep the arena small (peak memory: the array plus two
 rounds), alternating between the arena's two halves: a peer writes half h in round k only
@@ -29,18 +31,20 @@ from typing import Any
 
 import numpy as np
 
-from collectives.algorithms.p2p import Call, post_range, recv_range, wait_sent
+from collectives.algorithms.p2p import Call, wait_sent
 from collectives.algorithms.ring import segments
-from collectives.algorithms.shm_entry import (ANNOUNCEMENT_BYTES, SHARED_COUNTERS, SharedEntry,
-                                              count_shared, exchange_arenas, map_arena,
-                                              wait_counters)
+from collectives.algorithms.shm_direct import DIRECT_MIN_BYTES, DirectReads
+from collectives.algorithms.shm_entry import (ANNOUNCEMENT_BYTES, SHARED_COUNTERS, WORDS,
+                                              SharedBarrier, SharedEntry, count_shared,
+                                              exchange_arenas, map_arena)
 from collectives.arrays.adapter import ArrayAdapter
 from collectives.transport.shm_arena import HEADER_BYTES, ArenaViews, ShmArena, counter_of
 
-__all__ = ["OnHostAllreduce", "on_host", "ROUND_BYTES", "SHM_MIN_BYTES", "SharedBarrier"]
+__all__ = ["OnHostAllreduce", "on_host", "ROUND_BYTES", "SHM_MIN_BYTES"]
 
-#: Bytes of each peer's array per round (the arena holds two).
-ROUND_BYTES = 16 << 20
+#: Bytes of each peer's array per round (the arena holds two): peak memory 1.25x a 64 MiB
+#: array where the peers cannot read each other's arrays (shm_direct.py).
+ROUND_BYTES = 8 << 20
 #: Reduce in blocks of this many bytes, every peer's block in turn (stays in cache).
 BLOCK_BYTES = 256 << 10
 #: The smallest array "auto" sends this way where the barriers are ZeroMQ messages (not
@@ -69,6 +73,7 @@ class OnHostAllreduce:
         self.views = ArenaViews()
         self.entry = entry   # entered and left without ZeroMQ (x86-64)
         self.order = order   # choice.py's SequenceOrder: one call at a time, in order
+        self.direct = DirectReads(entry)
 
     def __call__(self, call: Call, adapter: ArrayAdapter, flat: Any, op: str) -> None:
         with self.order.turn(call):
@@ -78,16 +83,28 @@ class OnHostAllreduce:
                 if SHARED_COUNTERS:
                     self.entry.leave(call)
 
-    def _enter(self, call: Call, others: list[int], nbytes: int
-               ) -> tuple[dict[int, np.ndarray], dict[int, int]]:
-        """Every peer's data arena (of at least ``nbytes``) and its counter at the start."""
+    def _enter(self, call: Call, adapter: ArrayAdapter, flat: Any, op: str, others: list[int],
+               nbytes: int) -> tuple[dict[int, np.ndarray], dict[int, int]] | None:
+        """Every peer's data arena (of at least ``nbytes``) and its counter at the start; None
+        when the peers read each other's arrays directly instead (then done here)."""
         if not SHARED_COUNTERS:
             return exchange_arenas(call, others, self.arena, self.views, nbytes)
-        mine = self.arena.buffer(nbytes)
-        announced = self.entry.enter(call, call.nbytes, self.arena.announcement())
-        arenas = {j: map_arena(call, self.views, j, announced[j], nbytes) for j in others}
+        # Once every peer could read every other, they always can (shm_entry.py), so a peer
+        # that expects direct reads needs no arena.
+        direct = call.nbytes >= DIRECT_MIN_BYTES
+        mine = None if direct and self.entry.direct else self.arena.buffer(nbytes)
+        announced = self.arena.announcement() if mine is not None else (0, -1, 0, 0)
+        address = np.frombuffer(adapter.send_buffer(flat, 0, 1), np.uint8).ctypes.data
+        headers = self.entry.enter(call, call.nbytes, (*announced, address))
+        if direct and self.entry.direct:
+            self.views.close()   # an arena larger than smaller calls need goes back
+            if self.arena.size > 2 * DIRECT_MIN_BYTES + HEADER_BYTES:
+                self.arena.close()
+            self.direct(call, adapter, flat, op, others, headers)
+            return None
+        arenas = {j: map_arena(call, self.views, j, headers[j][WORDS:], nbytes) for j in others}
         arenas[call.transport.rank] = mine
-        return arenas, {j: int(w[3]) for j, w in announced.items()}
+        return arenas, {j: int(h[WORDS + 3]) for j, h in headers.items()}
 
     def _run(self, call: Call, adapter: ArrayAdapter, flat: Any, op: str) -> None:
         t = call.transport
@@ -97,8 +114,12 @@ class OnHostAllreduce:
         per_round = max(1, min(count, ROUND_BYTES // size))
         half = per_round * size
         reduce_op = "sum" if op == "mean" else op
-        arenas, bases = self._enter(call, others, 2 * half)
-        barrier = SharedBarrier(call, adapter, flat, others, arenas, bases)
+        entered = self._enter(call, adapter, flat, op, others, 2 * half)
+        if entered is None:
+            return
+        arenas, bases = entered
+        barrier = SharedBarrier(call, adapter, flat, others,
+                                {j: counter_of(a) for j, a in arenas.items()}, bases)
         for k, start in enumerate(range(0, count, per_round)):
             stop = min(start + per_round, count)
             m, offset = stop - start, (k % 2) * half
@@ -136,29 +157,3 @@ class OnHostAllreduce:
     def close(self) -> None:
         self.views.close()
         self.arena.close()
-
-
-class SharedBarrier:
-    """The call's barriers: ``barrier()`` returns once every peer reached it (see the module
-    docstring). ``tickets``: the ZeroMQ barriers' sends, to see through before returning."""
-
-    def __init__(self, call: Call, adapter: ArrayAdapter, flat: Any, others: list[int],
-                 arenas: dict[int, np.ndarray], bases: dict[int, int]) -> None:
-        self.call, self.adapter, self.flat, self.others = call, adapter, flat, others
-        self.counters = {j: counter_of(a) for j, a in arenas.items()}
-        self.bases, self.step, self.tickets = bases, 0, []
-
-    def __call__(self) -> None:
-        call, others = self.call, self.others
-        if not SHARED_COUNTERS:   # empty chunks of the call, each way
-            self.tickets += [tk for tk in (post_range(call, j, self.adapter, self.flat, 0, 0)
-                                           for j in others) if tk is not None]
-            for j in others:
-                for _ in recv_range(call, j, self.adapter, 0, 0):
-                    pass
-            return
-        self.step += 1
-        me = call.transport.rank
-        self.counters[me][0] = self.bases[me] + self.step   # after this peer's writes
-        wait_counters(call, self.counters, {j: self.bases[j] + self.step for j in others},
-                      f"step {self.step} of the shared-memory allreduce")

@@ -5,12 +5,14 @@ Each peer owns one small arena (transport/shm_arena.py, kind "small"), mapped by
 once, at the first shared-memory call, with one announcement over ZeroMQ
 (``exchange_arenas``); after that no call of the on-host allreduces (shm_allreduce.py,
 shm_small.py) or barrier touches ZeroMQ unless something goes wrong. The arena's data starts
-with a slot header: the call's sequence number, a CRC of its signature, dtype and shape, its
-byte count, and up to four words of the algorithm's own (the large allreduce's data arena:
-pid, fd, size, counter). The counter in the arena's header says how far its owner got, in
-absolute terms of the communicator's sequence numbers: 2s + 1, header written for call s;
-2s + 2, done with call s (done reading the others' memory, or failed), so a call that failed
-half-way leaves nothing to resynchronise.
+with a slot header of 16 int64 words: the call's sequence number, a CRC of its signature,
+dtype and shape, its byte count; the owner's pid, an address in it to probe, whether it can
+read every other peer's memory directly (transport/cma.py: probed once, at the first entry)
+and its step counter (``SharedEntry.steps``) as the call began; then ``SLOT_WORDS`` of the
+algorithm's own (the large allreduce's data arena and array address). The counter in the
+arena's header says how far its owner got, in absolute terms of the communicator's sequence
+numbers: 2s + 1, header written for call s; 2s + 2, done with call s (done reading the
+others' memory, or failed), so a call that failed half-way leaves nothing to resynchronise.
 
 ``enter`` waits until every other peer is done with this peer's previous call, writes the
 header (and the algorithm's slot), publishes 2s + 1, waits for the others' 2s + 1 and
@@ -37,38 +39,60 @@ from typing import Any, Callable
 import numpy as np
 
 from collectives.algorithms.p2p import Call, post_range, recv_range, wait_sent
-from collectives.arrays.adapter import adapter_for
+from collectives.arrays.adapter import ArrayAdapter, adapter_for
 from collectives.errors import PeerLost, ProtocolError
+from collectives.transport import cma
 from collectives.transport.shm_arena import HEADER_BYTES, ArenaViews, ShmArena, counter_of
 
 __all__ = ["SharedEntry", "SLOT_HEADER", "SLOT_WORDS", "SHARED_COUNTERS", "ANNOUNCEMENT_BYTES",
-           "exchange_arenas", "map_arena", "wait_counters", "check_mailbox", "count_shared"]
+           "PID", "PROBE", "DIRECT", "STEPS", "WORDS", "SharedBarrier", "exchange_arenas",
+           "map_arena",
+           "wait_counters", "check_mailbox", "await_abort", "count_shared"]
 
-#: Bytes of the slot header at the start of each small arena's data (8 int64 words).
-SLOT_HEADER = 64
-#: Words of the slot header an algorithm may fill (after seq, CRC and byte count).
-SLOT_WORDS = 4
+#: Bytes of the slot header at the start of each small arena's data (16 int64 words).
+SLOT_HEADER = 128
+#: The header's words (after seq, CRC and byte count): the owner's pid, an address of its
+#: to probe, its direct-read flag, its step counter at the call's start; the algorithm's
+#: words from WORDS on, SLOT_WORDS of them.
+PID, PROBE, DIRECT, STEPS, WORDS = 3, 4, 5, 6, 7
+SLOT_WORDS = SLOT_HEADER // 8 - WORDS
+#: Where each small arena's header page holds its step counter (a cache line of its own).
+_STEPS_OFFSET = 64
 #: (pid, fd, size, counter) as int64: an arena's announcement.
 ANNOUNCEMENT_BYTES = 32
-#: How long a wait yields the CPU in a loop before it sleeps: a peer that sleeps wakes tens of
-#: microseconds late (timer slack), which every small call would pay.
+#: How long a wait yields the CPU in a loop before it sleeps, when the peers have a CPU each:
+#: a peer that sleeps wakes tens of microseconds late (timer slack), which every small call
+#: would pay. With more peers than CPUs, spinning takes the CPU the awaited peer needs: 50 us.
 SPIN_SECONDS = 0.002
+_SPIN_CROWDED = 5e-5
+_CPUS = len(os.sched_getaffinity(0))   # (as the process started)
 #: Barriers through the arenas' counters (x86-64's ordered stores), else over ZeroMQ.
 SHARED_COUNTERS = platform.machine() in ("x86_64", "AMD64")
 
 
 class SharedEntry:
     """A communicator's small arena, its mappings of the peers', and the last call through
-    them. Used by one call at a time (choice.py's SequenceOrder)."""
+    them. Used by one call at a time (choice.py's SequenceOrder). ``steps``: every peer's
+    step counter (a one-element view; only its owner bumps it), for barriers within a call
+    (SharedBarrier). ``direct``: every peer can read every other's memory
+    (as the last entry's headers said; the same on every peer)."""
+
+    #: Whether peers read each other's memory directly where the system lets them
+    #: (transport/cma.py); tests turn it off to exercise the arenas.
+    direct_reads = cma.available()
 
     def __init__(self, rank: int, data_bytes: int) -> None:
         self.arena = ShmArena(rank, kind="small")
         self.views = ArenaViews(kind="small")
         self.data_bytes = data_bytes   # what the slot holds after its header
         self.arenas: dict[int, np.ndarray] | None = None   # after the first exchange
+        self.steps: dict[int, np.ndarray] = {}
+        self.direct = False
+        self._can_read: bool | None = None   # this peer reads every other (probed once)
         self._counters: dict[int, np.ndarray] = {}   # views of their counters
         self._headers: dict[int, np.ndarray] = {}    # and of their slot headers
         self._last = -1
+        self._probe_at = 0
 
     def slot(self, j: int) -> np.ndarray:
         """Rank j's slot data (uint8), after its header."""
@@ -78,25 +102,22 @@ class SharedEntry:
     def enter(self, call: Call, nbytes: int, words: Any = (),
               write: Callable[[], None] | None = None) -> dict[int, np.ndarray]:
         """Enter ``call`` (see the module docstring): ``write`` fills this peer's slot once
-        the others are done with the previous call. Returns every peer's header words after
-        the byte count (``SLOT_WORDS`` int64). Call ``leave`` afterwards, whatever happens."""
+        the others are done with the previous call. Returns every peer's header (16 int64,
+        a copy). Call ``leave`` afterwards, whatever happens."""
         t = call.transport
         n, r, s = t.world_size, t.rank, call.seq
         others = [j for j in range(n) if j != r]
         if self.arenas is None:
-            self.arenas, _ = exchange_arenas(call, others, self.arena, self.views,
-                                             SLOT_HEADER + self.data_bytes)
-            self._counters = {j: counter_of(a) for j, a in self.arenas.items()}
-            self._headers = {j: a[HEADER_BYTES:HEADER_BYTES + SLOT_HEADER].view(np.int64)
-                             for j, a in self.arenas.items()}
+            self._map(call, others)
         counters, headers = self._counters, self._headers
         crc = _crc(call.signature, call.dtype, call.shape)
         if self._last >= 0:   # everyone is done with this peer's last call
             wait_counters(call, counters, {j: 2 * self._last + 2 for j in others},
                           "the end of the previous call")
         header = headers[r]
-        header[:3] = (s, crc, nbytes)
-        header[3:3 + len(words)] = words
+        header[:WORDS] = (s, crc, nbytes, os.getpid(), self._probe_at, bool(self._can_read),
+                          self.steps[r][0])
+        header[WORDS:WORDS + len(words)] = words
         if write is not None:
             write()
         counters[r][0] = 2 * s + 1   # after the header and the slot
@@ -105,12 +126,18 @@ class SharedEntry:
             seq, theirs, got = headers[j][:3].tolist()
             if (seq, theirs, got) != (s, crc, nbytes):
                 if seq != s:   # it marked itself done without writing: it failed
-                    _await_abort(call, j)
+                    await_abort(call, j)
                 raise ProtocolError(
                     f"rank {r}: called {call.describe()}, but rank {j} made another call at "
                     f"that sequence ({got} bytes, signature CRC {theirs:08x} against "
                     f"{crc:08x}): the peers made different calls")
-        return {j: headers[j][3:].copy() for j in range(n)}
+        seen = {j: headers[j].copy() for j in range(n)}
+        self.direct = all(h[DIRECT] == 1 for h in seen.values())
+        if self._can_read is None:   # published from the next entry on
+            reader = cma.Reader()
+            self._can_read = self.direct_reads and all(
+                reader.probe(int(seen[j][PID]), int(seen[j][PROBE])) for j in others)
+        return seen
 
     def leave(self, call: Call) -> None:
         """Done with ``call`` (or failed in it): the others may reuse what they shared."""
@@ -118,10 +145,51 @@ class SharedEntry:
             self._counters[call.transport.rank][0] = 2 * call.seq + 2
             self._last = call.seq
 
+    def _map(self, call: Call, others: list[int]) -> None:
+        if self.direct_reads:
+            cma.allow_readers()   # before the others can know of this peer
+        self.arenas, _ = exchange_arenas(call, others, self.arena, self.views,
+                                         SLOT_HEADER + self.data_bytes)
+        self._counters = {j: counter_of(a) for j, a in self.arenas.items()}
+        self.steps = {j: a[_STEPS_OFFSET:_STEPS_OFFSET + 8].view(np.int64)
+                      for j, a in self.arenas.items()}
+        self._headers = {j: a[HEADER_BYTES:HEADER_BYTES + SLOT_HEADER].view(np.int64)
+                         for j, a in self.arenas.items()}
+        self._probe_at = self.arenas[call.transport.rank].ctypes.data   # (in this process)
+
     def close(self) -> None:
-        self.arenas, self._counters, self._headers = None, {}, {}
+        self.arenas, self._counters, self._headers, self.steps = None, {}, {}, {}
         self.views.close()
         self.arena.close()
+
+
+class SharedBarrier:
+    """A call's barriers: ``barrier()`` returns once every peer reached it. A peer bumps its
+    ``counters[j]`` (a one-element view only it writes) after its writes and waits until every
+    other's reached the same step of this call, counted from ``bases[j]`` (their values as
+    the call began, so a call that failed half-way on some peers leaves nothing out of step).
+    Not x86-64: empty chunks of the call over ZeroMQ; ``tickets``, their sends, to see
+    through before returning."""
+
+    def __init__(self, call: Call, adapter: ArrayAdapter, flat: Any, others: list[int],
+                 counters: dict[int, np.ndarray], bases: dict[int, int]) -> None:
+        self.call, self.adapter, self.flat, self.others = call, adapter, flat, others
+        self.counters, self.bases, self.step, self.tickets = counters, bases, 0, []
+
+    def __call__(self) -> None:
+        call, others = self.call, self.others
+        if not SHARED_COUNTERS:   # empty chunks of the call, each way
+            self.tickets += [tk for tk in (post_range(call, j, self.adapter, self.flat, 0, 0)
+                                           for j in others) if tk is not None]
+            for j in others:
+                for _ in recv_range(call, j, self.adapter, 0, 0):
+                    pass
+            return
+        self.step += 1
+        me = call.transport.rank
+        self.counters[me][0] = self.bases[me] + self.step   # after this peer's writes
+        wait_counters(call, self.counters, {j: self.bases[j] + self.step for j in others},
+                      f"step {self.step} of the shared-memory allreduce")
 
 
 @functools.lru_cache(maxsize=256)
@@ -213,7 +281,9 @@ def wait_counters(call: Call, counters: dict[int, np.ndarray], targets: dict[int
     loss (PeerLost), and raising OperationTimeout at the call's deadline."""
     pending = [j for j, target in targets.items() if counters[j][0] < target]
     now = time.monotonic()
-    spin_until, check_at = now + SPIN_SECONDS, now + 0.001
+    crowded = call.transport.world_size > _CPUS
+    spin_until = now + (_SPIN_CROWDED if crowded else SPIN_SECONDS)
+    check_at = now + 0.001
     while pending:
         if now >= check_at:
             _check(call, pending, now, what)
@@ -253,9 +323,9 @@ def check_mailbox(call: Call, ranks: list[int]) -> None:
             raise call.mismatch(j, header, "a message during a shared-memory wait")
 
 
-def _await_abort(call: Call, j: int, grace: float = 0.2) -> None:
-    """Raise the abort rank ``j`` sent for this call (it failed before writing its slot), if
-    it comes within ``grace`` seconds; else return."""
+def await_abort(call: Call, j: int, grace: float = 0.2) -> None:
+    """Raise the abort rank ``j`` sent for this call (it failed), if it comes within
+    ``grace`` seconds; else return."""
     deadline = time.monotonic() + grace
     while time.monotonic() < deadline:
         check_mailbox(call, [j])
