@@ -219,3 +219,24 @@ def leaves_after_entering_once(peer):
 
 def test_a_peer_gone_after_the_first_call_is_named():
     _rank_2_is_named(spawn(leaves_after_entering_once, n=3, timeout=90, peer_timeout=15))
+
+
+def one_cannot_read(peer):
+    """Rank 1 may not read the others' memory (as where ptrace is refused); the others can,
+    and the first call is a large one: they expected direct reads and hold no arena, so that
+    call goes over the ring, and the next through the arenas, every result exact."""
+    small_rounds(direct=peer.rank != 1)
+    n = peer.world_size
+    out = []
+    for k in range(3):
+        x = np.arange(1 << 17, dtype=np.int64) * (peer.rank + 1) + k
+        peer.allreduce(x, algorithm="shm")
+        want = np.arange(1 << 17, dtype=np.int64) * (n * (n + 1) // 2) + n * k
+        out.append(bool(np.array_equal(x, want)))
+    return out, peer.communicator._on_host.entry.direct
+
+
+def test_a_peer_that_cannot_read_the_others_keeps_everyone_on_the_arenas():
+    for exact, direct in spawn(one_cannot_read, n=3, timeout=60):
+        assert exact == [True, True, True]
+        assert direct is False

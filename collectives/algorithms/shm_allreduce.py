@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 
 from collectives.algorithms.p2p import Call, wait_sent
-from collectives.algorithms.ring import segments
+from collectives.algorithms.ring import ring_allreduce, segments
 from collectives.algorithms.shm_direct import DIRECT_MIN_BYTES, DirectReads
 from collectives.algorithms.shm_entry import (ANNOUNCEMENT_BYTES, SHARED_COUNTERS, WORDS,
                                               SharedBarrier, SharedEntry, count_shared,
@@ -88,12 +88,16 @@ class OnHostAllreduce:
         """Every peer's data arena (of at least ``nbytes``) and its counter at the start; None
         when the peers read each other's arrays directly instead (then done here)."""
         if not SHARED_COUNTERS:
-            return exchange_arenas(call, others, self.arena, self.views, nbytes)
+            arenas, announced = exchange_arenas(call, others, self.arena, self.views, nbytes)
+            return arenas, {j: int(a[3]) for j, a in announced.items()}
         # Once every peer could read every other, they always can (shm_entry.py), so a peer
-        # that expects direct reads needs no arena.
+        # that expects direct reads needs no arena; before the first entry it can only go by
+        # its own probe.
+        self.entry.ready(call)
         direct = call.nbytes >= DIRECT_MIN_BYTES
-        mine = None if direct and self.entry.direct else self.arena.buffer(nbytes)
-        announced = self.arena.announcement() if mine is not None else (0, -1, 0, 0)
+        expect = self.entry.can_read if self.entry.direct is None else self.entry.direct
+        mine = None if direct and expect else self.arena.buffer(nbytes)
+        announced = self.arena.announcement()[:4] if mine is not None else (0, -1, 0, 0)
         address = np.frombuffer(adapter.send_buffer(flat, 0, 1), np.uint8).ctypes.data
         headers = self.entry.enter(call, call.nbytes, (*announced, address))
         if direct and self.entry.direct:
@@ -101,6 +105,11 @@ class OnHostAllreduce:
             if self.arena.size > 2 * DIRECT_MIN_BYTES + HEADER_BYTES:
                 self.arena.close()
             self.direct(call, adapter, flat, op, others, headers)
+            return None
+        if any(h[WORDS + 1] < 0 for h in headers.values()):
+            # Some peer expected direct reads and has no arena, some peer cannot read: this
+            # once (the flags are known from here on), the ring over ZeroMQ.
+            ring_allreduce(call, adapter, flat, op)
             return None
         arenas = {j: map_arena(call, self.views, j, headers[j][WORDS:], nbytes) for j in others}
         arenas[call.transport.rank] = mine

@@ -6,10 +6,10 @@ once, at the first shared-memory call, with one announcement over ZeroMQ
 (``exchange_arenas``); after that no call of the on-host allreduces (shm_allreduce.py,
 shm_small.py) or barrier touches ZeroMQ unless something goes wrong. The arena's data starts
 with a slot header of 16 int64 words: the call's sequence number, a CRC of its signature,
-dtype and shape, its byte count; the owner's pid, an address in it to probe, whether it can
-read every other peer's memory directly (transport/cma.py: probed once, at the first entry)
-and its step counter (``SharedEntry.steps``) as the call began; then ``SLOT_WORDS`` of the
-algorithm's own (the large allreduce's data arena and array address). The counter in the
+dtype and shape, its byte count; the owner's pid, whether it can read every other peer's
+memory directly (transport/cma.py: probed once, at the addresses the arenas were announced
+with) and its step counter (``SharedEntry.steps``) as the call began; then ``SLOT_WORDS`` of
+the algorithm's own (the large allreduce's data arena and array address). The counter in the
 arena's header says how far its owner got, in absolute terms of the communicator's sequence
 numbers: 2s + 1, header written for call s; 2s + 2, done with call s (done reading the
 others' memory, or failed), so a call that failed half-way leaves nothing to resynchronise.
@@ -45,21 +45,20 @@ from collectives.transport import cma
 from collectives.transport.shm_arena import HEADER_BYTES, ArenaViews, ShmArena, counter_of
 
 __all__ = ["SharedEntry", "SLOT_HEADER", "SLOT_WORDS", "SHARED_COUNTERS", "ANNOUNCEMENT_BYTES",
-           "PID", "PROBE", "DIRECT", "STEPS", "WORDS", "SharedBarrier", "exchange_arenas",
+           "PID", "DIRECT", "STEPS", "WORDS", "SharedBarrier", "exchange_arenas",
            "map_arena",
            "wait_counters", "check_mailbox", "await_abort", "count_shared"]
 
 #: Bytes of the slot header at the start of each small arena's data (16 int64 words).
 SLOT_HEADER = 128
-#: The header's words (after seq, CRC and byte count): the owner's pid, an address of its
-#: to probe, its direct-read flag, its step counter at the call's start; the algorithm's
-#: words from WORDS on, SLOT_WORDS of them.
-PID, PROBE, DIRECT, STEPS, WORDS = 3, 4, 5, 6, 7
+#: The header's words (after seq, CRC and byte count): the owner's pid, its direct-read flag,
+#: its step counter at the call's start; the algorithm's words from WORDS on, SLOT_WORDS.
+PID, DIRECT, STEPS, WORDS = 3, 4, 5, 6
 SLOT_WORDS = SLOT_HEADER // 8 - WORDS
 #: Where each small arena's header page holds its step counter (a cache line of its own).
 _STEPS_OFFSET = 64
-#: (pid, fd, size, counter) as int64: an arena's announcement.
-ANNOUNCEMENT_BYTES = 32
+#: (pid, fd, size, counter, address) as int64: an arena's announcement.
+ANNOUNCEMENT_BYTES = 40
 #: How long a wait yields the CPU in a loop before it sleeps, when the peers have a CPU each:
 #: a peer that sleeps wakes tens of microseconds late (timer slack), which every small call
 #: would pay. With more peers than CPUs, spinning takes the CPU the awaited peer needs: 50 us.
@@ -74,8 +73,9 @@ class SharedEntry:
     """A communicator's small arena, its mappings of the peers', and the last call through
     them. Used by one call at a time (choice.py's SequenceOrder). ``steps``: every peer's
     step counter (a one-element view; only its owner bumps it), for barriers within a call
-    (SharedBarrier). ``direct``: every peer can read every other's memory
-    (as the last entry's headers said; the same on every peer)."""
+    (SharedBarrier). ``direct``: every peer can read every other's memory, as the last
+    entry's headers said (the same on every peer; None before the first entry); once True,
+    it stays True. ``can_read``: this peer can read every other's."""
 
     #: Whether peers read each other's memory directly where the system lets them
     #: (transport/cma.py); tests turn it off to exercise the arenas.
@@ -87,12 +87,11 @@ class SharedEntry:
         self.data_bytes = data_bytes   # what the slot holds after its header
         self.arenas: dict[int, np.ndarray] | None = None   # after the first exchange
         self.steps: dict[int, np.ndarray] = {}
-        self.direct = False
-        self._can_read: bool | None = None   # this peer reads every other (probed once)
+        self.direct: bool | None = None   # (None: before the first entry)
+        self.can_read = False   # this peer reads every other (probed as the arenas are mapped)
         self._counters: dict[int, np.ndarray] = {}   # views of their counters
         self._headers: dict[int, np.ndarray] = {}    # and of their slot headers
         self._last = -1
-        self._probe_at = 0
 
     def slot(self, j: int) -> np.ndarray:
         """Rank j's slot data (uint8), after its header."""
@@ -107,16 +106,14 @@ class SharedEntry:
         t = call.transport
         n, r, s = t.world_size, t.rank, call.seq
         others = [j for j in range(n) if j != r]
-        if self.arenas is None:
-            self._map(call, others)
+        self.ready(call)
         counters, headers = self._counters, self._headers
         crc = _crc(call.signature, call.dtype, call.shape)
         if self._last >= 0:   # everyone is done with this peer's last call
             wait_counters(call, counters, {j: 2 * self._last + 2 for j in others},
                           "the end of the previous call")
         header = headers[r]
-        header[:WORDS] = (s, crc, nbytes, os.getpid(), self._probe_at, bool(self._can_read),
-                          self.steps[r][0])
+        header[:WORDS] = (s, crc, nbytes, os.getpid(), self.can_read, self.steps[r][0])
         header[WORDS:WORDS + len(words)] = words
         if write is not None:
             write()
@@ -133,10 +130,6 @@ class SharedEntry:
                     f"{crc:08x}): the peers made different calls")
         seen = {j: headers[j].copy() for j in range(n)}
         self.direct = all(h[DIRECT] == 1 for h in seen.values())
-        if self._can_read is None:   # published from the next entry on
-            reader = cma.Reader()
-            self._can_read = self.direct_reads and all(
-                reader.probe(int(seen[j][PID]), int(seen[j][PROBE])) for j in others)
         return seen
 
     def leave(self, call: Call) -> None:
@@ -145,17 +138,25 @@ class SharedEntry:
             self._counters[call.transport.rank][0] = 2 * call.seq + 2
             self._last = call.seq
 
-    def _map(self, call: Call, others: list[int]) -> None:
+    def ready(self, call: Call) -> None:
+        """Map the peers' arenas (over ZeroMQ, as the first such call's first elements) and
+        probe whether their memory can be read directly; once per communicator."""
+        if self.arenas is not None:
+            return
+        t = call.transport
+        others = [j for j in range(t.world_size) if j != t.rank]
         if self.direct_reads:
             cma.allow_readers()   # before the others can know of this peer
-        self.arenas, _ = exchange_arenas(call, others, self.arena, self.views,
-                                         SLOT_HEADER + self.data_bytes)
+        self.arenas, announced = exchange_arenas(call, others, self.arena, self.views,
+                                                 SLOT_HEADER + self.data_bytes)
+        reader = cma.Reader()
+        self.can_read = self.direct_reads and all(
+            reader.probe(int(announced[j][0]), int(announced[j][4])) for j in others)
         self._counters = {j: counter_of(a) for j, a in self.arenas.items()}
         self.steps = {j: a[_STEPS_OFFSET:_STEPS_OFFSET + 8].view(np.int64)
                       for j, a in self.arenas.items()}
         self._headers = {j: a[HEADER_BYTES:HEADER_BYTES + SLOT_HEADER].view(np.int64)
                          for j, a in self.arenas.items()}
-        self._probe_at = self.arenas[call.transport.rank].ctypes.data   # (in this process)
 
     def close(self) -> None:
         self.arenas, self._counters, self._headers, self.steps = None, {}, {}, {}
@@ -199,13 +200,14 @@ def _crc(signature: str, dtype: str, shape: tuple) -> int:
 
 
 def exchange_arenas(call: Call, others: list[int], arena: ShmArena, views: ArenaViews,
-                    nbytes: int) -> tuple[dict[int, np.ndarray], dict[int, int]]:
+                    nbytes: int) -> tuple[dict[int, np.ndarray], dict[int, np.ndarray]]:
     """Announce this peer's ``arena`` (grown to ``nbytes`` of data) over ZeroMQ and map the
     others' into ``views``; their announcements also say they finished the call before (no
-    one still reads here). Returns every peer's arena bytes and its counter as announced."""
+    one still reads here). Returns every peer's arena bytes and its announcement (int64:
+    pid, fd, size, counter, address)."""
     t = call.transport
     mine = arena.buffer(nbytes)
-    # The announcement travels as the call's first elements (its 32 bytes read as the
+    # The announcement travels as the call's first elements (its 40 bytes read as the
     # call's dtype), so a peer whose call differs (op, dtype, shape) fails here, before a
     # byte of anyone's memory is read.
     k = -(-ANNOUNCEMENT_BYTES // call.itemsize)
@@ -215,17 +217,16 @@ def exchange_arenas(call: Call, others: list[int], arena: ShmArena, views: Arena
     na = adapter_for(note)
     tickets = [post_range(call, j, na, note, 0, k, track=True) for j in others]
     arenas = {t.rank: mine}
-    bases = {t.rank: int(counter_of(mine)[0])}
+    announced = {t.rank: arena.announcement()}
     for j in _arrivals(call, others):   # in arrival order: a lost peer is named at once
         got = np.empty(k, dtype=np.dtype(call.dtype))
         for lo, hi, chunk in recv_range(call, j, na, 0, k):
             got[lo:hi] = chunk
-        got = got.view(np.uint8)[:ANNOUNCEMENT_BYTES].view(np.int64)
-        bases[j] = int(got[3])
+        announced[j] = got = got.view(np.uint8)[:ANNOUNCEMENT_BYTES].view(np.int64).copy()
         arenas[j] = map_arena(call, views, j, got, nbytes)
     for ticket in tickets:
         wait_sent(call, ticket)
-    return arenas, bases
+    return arenas, announced
 
 
 def map_arena(call: Call, views: ArenaViews, j: int, announced: np.ndarray,

@@ -66,9 +66,11 @@ class ShmArena:
         return np.frombuffer(self._mm, dtype=np.uint8, count=self.size)
 
     def announcement(self) -> np.ndarray:
-        """(pid, fd, size, counter) for the others' ArenaViews.view and barriers."""
-        return np.array([os.getpid(), self.fd, self.size, counter_of(self.buffer(0))[0]],
-                        dtype=np.int64)
+        """(pid, fd, size, counter, address) for the others' ArenaViews.view and barriers;
+        the address is where this process maps it (algorithms/shm_entry.py probes it)."""
+        mine = self.buffer(0)
+        return np.array([os.getpid(), self.fd, self.size, counter_of(mine)[0],
+                         mine.ctypes.data], dtype=np.int64)
 
     def close(self) -> None:
         if self._mm is not None:
