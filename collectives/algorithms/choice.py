@@ -10,8 +10,9 @@ from collectives.algorithms.barrier import dissemination_barrier
 from collectives.algorithms.order import SequenceOrder
 from collectives.algorithms.ring import ring_allreduce
 from collectives.algorithms.shm_allreduce import SHM_MIN_BYTES, OnHostAllreduce, on_host
-from collectives.algorithms.shm_entry import ANNOUNCEMENT_BYTES, SHARED_COUNTERS, SharedEntry
-from collectives.algorithms.shm_small import SMALL_SHM_BYTES, OnHostSmall, shared_barrier
+from collectives.algorithms.shm_entry import (ANNOUNCEMENT_BYTES, SHARED_COUNTERS, SharedEntry,
+                                              shared_barrier)
+from collectives.algorithms.shm_small import SMALL_SHM_BYTES, OnHostSmall
 from collectives.algorithms.small import recursive_doubling_allreduce
 
 __all__ = ["allreduce_algorithm", "barrier_algorithm", "ALLREDUCE_ALGORITHMS", "BARRIER_SHAPE",

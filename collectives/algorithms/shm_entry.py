@@ -45,9 +45,9 @@ from collectives.transport import cma
 from collectives.transport.shm_arena import HEADER_BYTES, ArenaViews, ShmArena, counter_of
 
 __all__ = ["SharedEntry", "SLOT_HEADER", "SLOT_WORDS", "SHARED_COUNTERS", "ANNOUNCEMENT_BYTES",
-           "PID", "DIRECT", "STEPS", "WORDS", "SharedBarrier", "exchange_arenas",
-           "map_arena",
-           "wait_counters", "check_mailbox", "await_abort", "count_shared"]
+           "PID", "DIRECT", "STEPS", "WORDS", "SharedBarrier", "shared_barrier",
+           "exchange_arenas", "map_arena", "wait_counters", "check_mailbox", "await_abort",
+           "count_shared"]
 
 #: Bytes of the slot header at the start of each small arena's data (16 int64 words).
 SLOT_HEADER = 128
@@ -162,6 +162,18 @@ class SharedEntry:
         self.arenas, self._counters, self._headers, self.steps = None, {}, {}, {}
         self.views.close()
         self.arena.close()
+
+
+def shared_barrier(entry: SharedEntry, order: Any) -> Callable[[Call], None]:
+    """The communicator's barrier on one host (choice.py): a call entered and left through
+    ``entry``, in sequence order; it returns once every peer has entered it."""
+    def barrier(call: Call) -> None:
+        with order.turn(call):
+            try:
+                entry.enter(call, 0)
+            finally:
+                entry.leave(call)
+    return barrier
 
 
 class SharedBarrier:

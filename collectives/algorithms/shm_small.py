@@ -53,13 +53,3 @@ class OnHostSmall:
         frame = self.entry.slot(j)[:count * call.itemsize]
         return adapter.from_frame(frame, call.frame_dtype, count)
 
-
-def shared_barrier(entry: SharedEntry, order: Any):
-    """A barrier through ``entry``: every peer entered the call (shm_entry.py)."""
-    def barrier(call: Call) -> None:
-        with order.turn(call):
-            try:
-                entry.enter(call, 0)
-            finally:
-                entry.leave(call)
-    return barrier
