@@ -87,6 +87,13 @@ def test_bench_table():
     assert float(last.split(":")[1].split()[0]) == pytest.approx(mean, abs=2e-3)
 
 
+def test_bench_takes_every_allreduce_algorithm_of_the_collectives():
+    out = gossip("bench", "allreduce", "-n", "2", "--sizes", "64K", "--iters", "3",
+                 "--warmup", "1", "--algorithm", "shm")
+    assert out.returncode == 0, out.stderr
+    assert "algorithm=shm" in out.stdout and len(table_rows(out.stdout)) == 1
+
+
 def test_bench_json():
     out = gossip("bench", "allreduce", "-n", "2", "--sizes", "4K,64K", "--iters", "3",
                  "--warmup", "1", "--json")
@@ -125,6 +132,7 @@ def test_bench_vs_gloo():
     ["p2p", "-n", "3"],
     ["allreduce", "-n", "2", "--transport", "udp"],
     ["allreduce", "-n", "2", "--vs", "nccl"],
+    ["allreduce", "-n", "2", "--algorithm", "shared"],
     # before: 75 lines of thread dumps, the cause at line 47 (no memory check up front)
     ["allreduce", "-n", "4", "--sizes", "4K,100G"],
 ])
