@@ -4,12 +4,17 @@ the plumbing it calls (_flat, _out_like, _next_seq, _execute, _take_buffers, _la
 _seq_lock, _buffer_pool) is Communicator's."""
 from __future__ import annotations
 
+import time
 from typing import Any
 
+from collectives.algorithms.choice import neighbors_read_directly
 from collectives.algorithms.neighbor import (UNCHECKED, check_pattern_arguments, incomplete,
                                             neighbor_exchange)
+from collectives.algorithms.neighbor_direct import DIRECT_SIGNATURE, direct_exchange
+from collectives.algorithms.shm_direct import DirectReads
 from collectives.compressed import compressed_neighbor_allreduce
 from collectives.staging import Staging
+from collectives.transport.wire import dtype_itemsize
 
 __all__ = ["NeighborAllreduce"]
 
@@ -67,20 +72,34 @@ class NeighborAllreduce:
                                      "neighbor_allreduce", "scratch like x")
         seq = self._next_seq()
         peers = sorted(set(dst_ranks) | set(src_weights))
-        signature = "neighbor_allreduce" + ("" if check_pattern else UNCHECKED)
+        nbytes = adapter.size(flat) * dtype_itemsize(dtype)
 
         def body() -> Any:
+            # On one host, large arrays are read from the sources' memory instead of copied
+            # (neighbor_direct.py); never for a partial round.
+            deadline = time.monotonic() + (self.timeout if timeout is None else timeout)
+            direct = not partial and neighbors_read_directly(
+                self._on_host, seq, deadline, self.transport, peers, adapter, dtype, nbytes)
+            signature = ("neighbor_allreduce" + (DIRECT_SIGNATURE if direct else "")
+                         + ("" if check_pattern else UNCHECKED))
             # Push-sum scales a copy per destination every round: those buffers come from a
             # pool (an operation running concurrently gets its own), so rounds allocate none.
             key = (adapter.kind, dtype, adapter.size(flat), len(dst_ranks))
-            buffers = self._take_buffers(key, adapter, flat) if dst_weights is not None else None
+            pooled = dst_weights is not None and not direct
+            buffers = self._take_buffers(key, adapter, flat) if pooled else None
+
+            def exchange(call):
+                if direct:
+                    return direct_exchange(call, adapter, flat, float(self_weight), src_weights,
+                                           dst_ranks, dst_weights, scratch,
+                                           DirectReads(self._on_host.entry), out_flat,
+                                           check_pattern)
+                return neighbor_exchange(call, adapter, flat, float(self_weight), src_weights,
+                                         dst_ranks, dst_weights, scratch, buffers, out_flat,
+                                         partial)
             try:
-                missing = self._execute(
-                    seq, signature, dtype, tuple(x.shape), timeout, peers,
-                    lambda call: neighbor_exchange(call, adapter, flat, float(self_weight),
-                                                   src_weights, dst_ranks, dst_weights,
-                                                   scratch, buffers, out_flat, partial),
-                    neighbours=True)
+                missing = self._execute(seq, signature, dtype, tuple(x.shape), timeout, peers,
+                                        exchange, neighbours=True)
             finally:
                 if buffers is not None:
                     with self._seq_lock:

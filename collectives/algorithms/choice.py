@@ -6,7 +6,10 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
+import numpy as np
+
 from collectives.algorithms.barrier import dissemination_barrier
+from collectives.algorithms.neighbor_direct import DIRECT_NEIGHBOR_MIN_BYTES
 from collectives.algorithms.order import SequenceOrder
 from collectives.algorithms.ring import ring_allreduce
 from collectives.algorithms.shm_allreduce import SHM_MIN_BYTES, OnHostAllreduce, on_host
@@ -15,8 +18,8 @@ from collectives.algorithms.shm_entry import (ANNOUNCEMENT_BYTES, SHARED_COUNTER
 from collectives.algorithms.shm_small import SMALL_SHM_BYTES, OnHostSmall
 from collectives.algorithms.small import recursive_doubling_allreduce
 
-__all__ = ["allreduce_algorithm", "barrier_algorithm", "ALLREDUCE_ALGORITHMS", "BARRIER_SHAPE",
-           "OnHost"]
+__all__ = ["allreduce_algorithm", "barrier_algorithm", "neighbors_read_directly",
+           "ALLREDUCE_ALGORITHMS", "BARRIER_SHAPE", "OnHost"]
 
 ALLREDUCE_ALGORITHMS = ("ring", "recursive-doubling", "shm", "shm-small")
 #: A barrier's call: uint8 of this shape, room for the shared-memory arenas' announcement
@@ -91,3 +94,21 @@ def allreduce_algorithm(name: str, dtype: str, nbytes: int, small_bytes: int,
                              "and at least 32 bytes")
         return name, shm.large
     return name, ring_allreduce if name == "ring" else recursive_doubling_allreduce
+
+
+def neighbors_read_directly(shm: OnHost, seq: int, deadline: float, transport: Any,
+                            peers, adapter: Any, dtype: str, nbytes: int) -> bool:
+    """Whether neighbour exchange ``seq`` reads its sources' arrays (neighbor_direct.py):
+    from DIRECT_NEIGHBOR_MIN_BYTES, every peer of it on this host, an array in host memory
+    numpy reads, and every peer able to read every other's, as the shared-memory entries
+    before ``seq`` said. It waits for those entries first (this peer's earlier shared-memory
+    calls), so every peer of the exchange answers alike."""
+    try:
+        np.dtype(dtype)
+    except TypeError:
+        return False
+    if (nbytes < DIRECT_NEIGHBOR_MIN_BYTES or not adapter.on_host or not peers
+            or not set(peers) <= transport.on_host_peers()):
+        return False
+    shm.order.wait_before(seq, deadline, transport, f"neighbor_allreduce at sequence {seq}")
+    return shm.entry.direct is True

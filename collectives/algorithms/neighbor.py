@@ -24,7 +24,8 @@ from collectives.algorithms.pattern import MISSING, announce, check_pairing, pla
 from collectives.arrays.adapter import ArrayAdapter
 from collectives.errors import ExchangeIncomplete
 
-__all__ = ["neighbor_exchange", "check_pattern_arguments", "incomplete", "refuse", "UNCHECKED"]
+__all__ = ["neighbor_exchange", "check_pattern_arguments", "incomplete", "refuse", "combine",
+           "UNCHECKED"]
 
 # The signature's suffix of an exchange called with check_pattern=False: no plans travel and
 # no pairing is checked (a peer that checks meets a call of another signature instead).
@@ -142,16 +143,24 @@ def neighbor_exchange(call: Call, adapter: ArrayAdapter, flat: Any, self_weight:
     if missing and dst_weights is not None:
         # The shares of the destinations missing from the round were not absorbed there.
         self_weight += sum(dst_weights[d] for d in dst_ranks if d in missing)
+    combine(adapter, flat, self_weight, scratch, out, heard=not first)
+    return missing
+
+
+def combine(adapter: ArrayAdapter, flat: Any, self_weight: float, scratch: Any, out: Any,
+            heard: bool) -> None:
+    """The round's last pass: ``flat`` (or ``out``) <- self_weight * flat + what the
+    in-neighbours sent, summed in ``scratch`` (in ``out`` when given); ``heard``: some
+    in-neighbour did send."""
     if out is not None:
-        if first:
+        if not heard:
             adapter.scaled_copy(out, self_weight, flat)
         elif self_weight:
             adapter.axpy(out, self_weight, flat)
-    elif first:
+    elif not heard:
         adapter.scale(flat, self_weight)  # no in-neighbours this round
     else:
         adapter.scale_add(flat, self_weight, scratch)
-    return missing
 
 
 def refuse(call: Call, peers, problems: list[str], tickets) -> None:

@@ -24,6 +24,25 @@ class SequenceOrder:
         with self._cond:
             self._reserved.add(seq)
 
+    def wait_before(self, seq: int, deadline: float, transport: Any, what: str) -> None:
+        """Return once every call reserved before ``seq`` is done (OperationTimeout at
+        ``deadline``; PeerLost once the transport closes), without taking a turn; ``what``:
+        the waiting call, as errors name it."""
+        with self._cond:
+            while any(s < seq for s in self._reserved):
+                left = deadline - time.monotonic()
+                self._check(seq, left, transport, what)
+                self._cond.wait(min(left, 0.1))
+
+    def _check(self, seq: int, left: float, t: Any, what: str) -> None:
+        if t.closed:
+            raise PeerLost(f"rank {t.rank}: {what}: this peer was closed", operation=what)
+        if left <= 0:
+            raise OperationTimeout(
+                f"rank {t.rank}: {what}: shared-memory calls "
+                f"{sorted(s for s in self._reserved if s < seq)} of this peer, taken "
+                "before it, did not run within the timeout", operation=what)
+
     @contextlib.contextmanager
     def turn(self, call: Any) -> Iterator[None]:
         """Wait until ``call.seq`` is the lowest reserved (OperationTimeout at the call's
@@ -34,18 +53,12 @@ class SequenceOrder:
             self._reserved.add(seq)   # (a call made without reserve: runs in its turn too)
             while min(self._reserved) != seq:
                 left = call.deadline - time.monotonic()
-                if t.closed:
+                try:
+                    self._check(seq, left, t, call.describe())
+                except (PeerLost, OperationTimeout):
                     self._reserved.discard(seq)
                     self._cond.notify_all()
-                    raise PeerLost(f"rank {t.rank}: {call.describe()}: this peer was closed",
-                                   operation=call.describe())
-                if left <= 0:
-                    self._reserved.discard(seq)
-                    self._cond.notify_all()
-                    raise OperationTimeout(
-                        f"rank {call.transport.rank}: {call.describe()}: shared-memory calls "
-                        f"{sorted(s for s in self._reserved if s < seq)} of this peer, taken "
-                        "before it, did not run within the timeout", operation=call.describe())
+                    raise
                 self._cond.wait(min(left, 0.1))
         try:
             yield

@@ -68,7 +68,7 @@ class DirectReads:
             e = min(b + block, hi)
             mine = adapter.slice(flat, b, e)
             for j in others:
-                self._read(call, j, where[j], b * size, buffer, (e - b) * size)
+                self.read(call, j, where[j], b * size, buffer, (e - b) * size)
                 adapter.reduce(reduce_op, mine, adapter.from_frame(
                     self._block[:(e - b) * size], call.frame_dtype, e - b))
             if op == "mean":
@@ -78,11 +78,14 @@ class DirectReads:
             a, b = segs[j]
             if b > a:
                 into = np.frombuffer(adapter.send_buffer(flat, a, b), np.uint8).ctypes.data
-                self._read(call, j, where[j], a * size, into, (b - a) * size)
+                self.read(call, j, where[j], a * size, into, (b - a) * size)
         barrier()   # no one reads this peer's array any more
 
-    def _read(self, call: Call, j: int, where: tuple[int, int], offset: int, into: int,
-              nbytes: int) -> None:
+    def read(self, call: Call, j: int, where: tuple[int, int], offset: int, into: int,
+             nbytes: int) -> None:
+        """``nbytes`` at ``offset`` of rank j's array, at ``where`` (its pid, the array's
+        address), to address ``into`` here; PeerLost if j is gone, its abort if it gave up
+        on the call, else ProtocolError."""
         pid, address = where
         try:
             self.reader.read(pid, address + offset, into, nbytes)

@@ -338,8 +338,17 @@ def check_mailbox(call: Call, ranks: list[int]) -> None:
 
 def await_abort(call: Call, j: int, grace: float = 0.2) -> None:
     """Raise the abort rank ``j`` sent for this call (it failed), if it comes within
-    ``grace`` seconds; else return."""
+    ``grace`` seconds; else return. Empty chunks it sent before (a neighbour exchange's
+    "done") are passed over; any other chunk is a ProtocolError."""
+    t = call.transport
     deadline = time.monotonic() + grace
     while time.monotonic() < deadline:
-        check_mailbox(call, [j])
-        time.sleep(0.001)
+        if not t.inbox.poll((j, call.channel, call.seq)):
+            time.sleep(0.001)
+            continue
+        header, _, release = t.recv(j, call.channel, call.seq, deadline=call.deadline,
+                                    operation=call)   # (an abort raises here)
+        if release is not None:
+            release()
+        if header.length:
+            raise call.mismatch(j, header, "a message during a shared-memory wait")

@@ -1,0 +1,116 @@
+"""The neighbour exchange that reads its sources' arrays on one host
+(collectives/algorithms/neighbor_direct.py, issue #18), with real peer processes: the same
+results as the copying exchange for every form of the call (weights, push-sum's per-destination
+weights, out=, a directed pattern, self weight 0, several blocks), the pairing check still a
+ValueError, and a peer killed in the middle of a round an error on the others, not a hang."""
+from __future__ import annotations
+
+import numpy as np
+
+from gossip.testing import spawn
+
+
+def _read_directly(peer, direct: bool) -> list:
+    """From here on, exchanges of 1 KiB and more read directly (blocks of 16 KiB) or, not
+    ``direct``, never do; returns the list the direct exchanges are counted in."""
+    from collectives import neighbor_allreduce
+    from collectives.algorithms import choice, shm_direct
+    choice.DIRECT_NEIGHBOR_MIN_BYTES = 1024 if direct else 1 << 62
+    shm_direct.BLOCK_BYTES = 16 << 10
+    calls = []
+    real = neighbor_allreduce.direct_exchange
+
+    def counted(*args, **kwargs):
+        calls.append(1)
+        return real(*args, **kwargs)
+    neighbor_allreduce.direct_exchange = counted
+    peer.barrier()   # a shared-memory entry: every peer knows the others can be read
+    return calls
+
+
+def rounds(peer, direct):
+    calls = _read_directly(peer, direct)
+    n, r = peer.world_size, peer.rank
+    left, right = (r - 1) % n, (r + 1) % n
+    rng = np.random.default_rng(r)
+    out = {}
+    x = rng.standard_normal(300_001).astype(np.float32)
+    peer.neighbor_allreduce(x, 1 / 3, {left: 1 / 3, right: 1 / 3}, [left, right])
+    out["ring"] = x
+    y = rng.standard_normal(70_000)   # push-sum: keep 1/3, send 1/3 each way
+    peer.neighbor_allreduce(y, 1 / 3, {left: 1.0, right: 1.0}, [left, right],
+                            dst_weights={left: 1 / 3, right: 1 / 3})
+    out["push"] = y
+    z = rng.standard_normal(50_000)   # directed, into out=, z only sent
+    into = np.empty_like(z)
+    before = z.copy()
+    peer.neighbor_allreduce(z, 0.5, {left: 0.5}, [right], out=into)
+    out["directed"], out["kept"] = into, bool(np.array_equal(z, before))
+    w = rng.standard_normal(40_000)   # self weight 0, unchecked
+    peer.neighbor_allreduce(w, 0.0, {left: 0.5, right: 0.5}, [left, right],
+                            check_pattern=False)
+    out["unchecked"] = w
+    return out, len(calls)
+
+
+def test_reading_the_sources_gives_what_copying_gives():
+    direct = spawn(rounds, n=4, timeout=120, args=(True,))
+    copied = spawn(rounds, n=4, timeout=120, args=(False,))
+    for (got, calls), (want, none) in zip(direct, copied):
+        assert calls == 4 and none == 0
+        assert got["kept"] and want["kept"]
+        for key in ("ring", "push", "directed", "unchecked"):
+            assert np.allclose(got[key], want[key], rtol=1e-6, atol=1e-6), key
+    total = sum(out["push"].sum() for out, _ in direct)
+    assert abs(total - sum(out["push"].sum() for out, _ in copied)) < 1e-6
+
+
+def unpaired(peer, direct):
+    """Ranks 0 and 1 exchange, but rank 1 does not send to rank 0, which expects it."""
+    _read_directly(peer, direct)
+    x = np.ones(1 << 16, np.float32)
+    r = peer.rank
+    if r == 2:
+        return "uninvolved"
+    srcs, dsts = ({1: 0.5}, [1]) if r == 0 else ({0: 0.5}, [])
+    try:
+        peer.neighbor_allreduce(x, 0.5, srcs, dsts)
+    except ValueError as exc:
+        return str(exc)
+    return "no error"
+
+
+def test_a_pattern_that_does_not_pair_is_still_a_value_error_on_both_ends():
+    for direct in (True, False):
+        results = spawn(unpaired, n=3, timeout=60, peer_timeout=20, args=(direct,))
+        for message in results[:2]:
+            assert "do not pair" in message and "rank 1" in message, (direct, message)
+
+
+def killed_mid_round(peer):
+    """Rank 2 SIGKILLs itself while its neighbours read its 64 MiB in blocks of 16 KiB."""
+    import os
+    import signal
+    import threading
+    import gossip
+    _read_directly(peer, True)
+    n, r = peer.world_size, peer.rank
+    x = np.ones(16 << 20, np.float32)
+    left, right = (r - 1) % n, (r + 1) % n
+    peer.barrier()
+    if r == 2:
+        threading.Timer(0.01, lambda: os.kill(os.getpid(), signal.SIGKILL)).start()
+    try:
+        peer.neighbor_allreduce(x, 1 / 3, {left: 1 / 3, right: 1 / 3}, [left, right])
+    except (gossip.PeerLost, gossip.OperationTimeout) as exc:
+        return type(exc).__name__, str(exc)
+    return "ok", ""
+
+
+def test_a_source_killed_mid_round_is_an_error_naming_it():
+    results = spawn(killed_mid_round, n=4, timeout=90, peer_timeout=15, tolerate=(2,))
+    assert results[2] is None
+    for r in (1, 3):   # rank 2's neighbours
+        kind, message = results[r]
+        assert kind == "PeerLost", (kind, message)
+        assert "rank 2" in message, message
