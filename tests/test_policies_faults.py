@@ -224,11 +224,17 @@ def test_an_elastic_local_sgd_survivor_left_inside_the_averaging_takes_the_other
                 transport="tcp",
                 peer_timeout=20, args=(kind,))
     assert out[3] is None
+    # As in the test above: if the victim was killed before its sends to ranks 0 and 2 left
+    # its process (seen 1 run in 30 of this test under the suite's load), no survivor
+    # completed that averaging and the three do it again, to 2.0 on every replica.
+    mean = out[0][0][-1][1]
+    assert mean in (2.5, 2.0), out[0][0]
     for seen, world in out[:3]:
         assert world == 3
-        off = [(step, lo, hi) for step, lo, hi in seen if step >= 4 and not lo == hi == 2.5]
+        off = [(step, lo, hi) for step, lo, hi in seen if step >= 4 and not lo == hi == mean]
         assert not off, (off, world)
-    # Rank 1 was the one behind: its averaging of step 3 failed, its step count jumped to
-    # the source's.
-    steps = [step for step, _, _ in out[1][0]]
-    assert steps[:3] == [1, 2, 3] and steps[3] >= 4, steps
+    if mean == 2.5:
+        # Rank 1 was the one behind: its averaging of step 3 failed, its step count jumped
+        # to the source's.
+        steps = [step for step, _, _ in out[1][0]]
+        assert steps[:3] == [1, 2, 3] and steps[3] >= 4, steps
