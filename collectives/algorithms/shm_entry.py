@@ -61,8 +61,10 @@ _STEPS_OFFSET = 64
 ANNOUNCEMENT_BYTES = 40
 #: How long a wait yields the CPU in a loop before it sleeps, when the peers have a CPU each:
 #: a peer that sleeps wakes tens of microseconds late (timer slack), which every small call
-#: would pay. With more peers than CPUs, spinning takes the CPU the awaited peer needs: 50 us.
-SPIN_SECONDS = 0.002
+#: would pay; longer, it takes CPU from the caller's other threads (4 KiB, n = 2, `gossip
+#: bench`: 0.2 ms, 24-72 us, median 26 of 6 invocations; 2 ms, 42-55 us). With more peers
+#: than CPUs, spinning takes the CPU the awaited peer needs: 50 us.
+SPIN_SECONDS = 0.0002
 _SPIN_CROWDED = 5e-5
 _CPUS = len(os.sched_getaffinity(0))   # (as the process started)
 #: Barriers through the arenas' counters (x86-64's ordered stores), else over ZeroMQ.
