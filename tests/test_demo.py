@@ -471,6 +471,7 @@ def test_ctrl_c_keeps_the_scenarios_that_finished(tmp_path) -> None:
     assert (out / "story.png").stat().st_size > 0
 
 
+@pytest.mark.slow   # (the default run keeps the scenario-level Ctrl-C test below)
 def test_ctrl_c_keeps_the_runs_that_finished(tmp_path) -> None:
     # SIGINT once the first policy is done: its row is printed and written, exit 130.
     out = tmp_path / "out"
