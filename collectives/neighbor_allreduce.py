@@ -11,9 +11,9 @@ from collectives.algorithms.choice import neighbors_read_directly
 from collectives.algorithms.neighbor import (UNCHECKED, check_pattern_arguments, incomplete,
                                             neighbor_exchange)
 from collectives.algorithms.neighbor_direct import DIRECT_SIGNATURE, direct_exchange
-from collectives.algorithms.shm_direct import DirectReads
 from collectives.compressed import compressed_neighbor_allreduce
 from collectives.staging import Staging
+from collectives.transport import cma
 from collectives.transport.wire import dtype_itemsize
 
 __all__ = ["NeighborAllreduce"]
@@ -91,9 +91,8 @@ class NeighborAllreduce:
             def exchange(call):
                 if direct:
                     return direct_exchange(call, adapter, flat, float(self_weight), src_weights,
-                                           dst_ranks, dst_weights, scratch,
-                                           DirectReads(self._on_host.entry), out_flat,
-                                           check_pattern)
+                                           dst_ranks, dst_weights, scratch, cma.Reader(),
+                                           out_flat, check_pattern)
                 return neighbor_exchange(call, adapter, flat, float(self_weight), src_weights,
                                          dst_ranks, dst_weights, scratch, buffers, out_flat,
                                          partial)

@@ -6,8 +6,6 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-import numpy as np
-
 from collectives.algorithms.barrier import dissemination_barrier
 from collectives.algorithms.neighbor_direct import DIRECT_NEIGHBOR_MIN_BYTES
 from collectives.algorithms.order import SequenceOrder
@@ -85,13 +83,13 @@ def allreduce_algorithm(name: str, dtype: str, nbytes: int, small_bytes: int,
         if not small_here:
             raise ValueError("allreduce algorithm 'shm-small' needs every peer on this host "
                              "with shared memory (x86-64), and an array in host memory of a "
-                             "numpy dtype, of 32 bytes to 64 KiB")
+                             f"numpy dtype, of {ANNOUNCEMENT_BYTES} bytes to 64 KiB")
         return name, shm.small
     if name == "shm":
         if not here:
             raise ValueError("allreduce algorithm 'shm' needs every peer on this host with "
                              "shared memory, and an array in host memory of a numpy dtype "
-                             "and at least 32 bytes")
+                             f"and at least {ANNOUNCEMENT_BYTES} bytes")
         return name, shm.large
     return name, ring_allreduce if name == "ring" else recursive_doubling_allreduce
 
@@ -103,12 +101,8 @@ def neighbors_read_directly(shm: OnHost, seq: int, deadline: float, transport: A
     numpy reads, and every peer able to read every other's, as the shared-memory entries
     before ``seq`` said. It waits for those entries first (this peer's earlier shared-memory
     calls), so every peer of the exchange answers alike."""
-    try:
-        np.dtype(dtype)
-    except TypeError:
-        return False
-    if (nbytes < DIRECT_NEIGHBOR_MIN_BYTES or not adapter.on_host or not peers
-            or not set(peers) <= transport.on_host_peers()):
+    if nbytes < DIRECT_NEIGHBOR_MIN_BYTES or not on_host(transport, adapter, dtype, nbytes,
+                                                         peers):
         return False
     shm.order.wait_before(seq, deadline, transport, f"neighbor_allreduce at sequence {seq}")
     return shm.entry.direct is True

@@ -25,9 +25,10 @@ import numpy as np
 from collectives.algorithms.neighbor import combine, refuse
 from collectives.algorithms.p2p import Call, post_range, recv_range, wait_sent
 from collectives.algorithms.pattern import announce, check_pairing, plan_bits
-from collectives.algorithms.shm_direct import BLOCK_BYTES, DirectReads
+from collectives.algorithms.shm_direct import BLOCK_BYTES, read_peer
 from collectives.algorithms.shm_entry import count_shared
 from collectives.arrays.adapter import ArrayAdapter, adapter_for
+from collectives.transport import cma
 
 __all__ = ["direct_exchange", "DIRECT_NEIGHBOR_MIN_BYTES", "DIRECT_SIGNATURE"]
 
@@ -44,7 +45,7 @@ _NOTE_BYTES = 24   # pid, address (int64), weight (float64)
 
 def direct_exchange(call: Call, adapter: ArrayAdapter, flat: Any, self_weight: float,
                     src_weights: dict[int, float], dst_ranks: list[int],
-                    dst_weights: dict[int, float] | None, scratch: Any, reads: DirectReads,
+                    dst_weights: dict[int, float] | None, scratch: Any, reader: cma.Reader,
                     out: Any = None, checked: bool = True) -> dict[int, Exception]:
     """neighbor_exchange's result (algorithms/neighbor.py), reading the sources' arrays."""
     t = call.transport
@@ -80,8 +81,8 @@ def direct_exchange(call: Call, adapter: ArrayAdapter, flat: Any, self_weight: f
         weight = src_weights[src] * float(raw[16:24].view(np.float64)[0])
         for a in range(0, size, block):
             b = min(a + block, size)
-            reads.read(call, src, (pid, where), a * itemsize, buffer.ctypes.data,
-                       (b - a) * itemsize)
+            read_peer(reader, call, src, (pid, where), a * itemsize, buffer.ctypes.data,
+                      (b - a) * itemsize)
             part = adapter.from_frame(buffer[:(b - a) * itemsize], call.frame_dtype, b - a)
             if first:
                 adapter.scaled_copy(adapter.slice(acc, a, b), weight, part)

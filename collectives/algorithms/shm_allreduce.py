@@ -52,11 +52,12 @@ BLOCK_BYTES = 256 << 10
 SHM_MIN_BYTES = 1 << 20
 
 
-def on_host(transport: Any, adapter: ArrayAdapter, dtype: str, nbytes: int) -> bool:
-    """The shared-memory allreduces can run: every other peer is on this host with shared
-    memory, the array is in host memory, of a dtype numpy reads (not bfloat16), and holds an
-    announcement. The same answer on every peer of one call."""
-    others = set(range(transport.world_size)) - {transport.rank}
+def on_host(transport: Any, adapter: ArrayAdapter, dtype: str, nbytes: int,
+            peers=None) -> bool:
+    """The shared-memory paths can run: the ``peers`` (default: every other peer) are on
+    this host with shared memory, the array is in host memory, of a dtype numpy reads (not
+    bfloat16), and holds an announcement. The same answer on every peer of one call."""
+    others = set(range(transport.world_size)) - {transport.rank} if peers is None else set(peers)
     try:
         np.dtype(dtype)
     except TypeError:

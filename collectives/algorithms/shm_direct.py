@@ -26,7 +26,7 @@ from collectives.arrays.adapter import ArrayAdapter
 from collectives.errors import PeerLost, ProtocolError
 from collectives.transport import cma
 
-__all__ = ["DirectReads", "BLOCK_BYTES", "DIRECT_MIN_BYTES"]
+__all__ = ["DirectReads", "read_peer", "BLOCK_BYTES", "DIRECT_MIN_BYTES"]
 
 #: Bytes read from a peer and reduced at a time (stays in cache).
 BLOCK_BYTES = 1 << 20
@@ -68,7 +68,7 @@ class DirectReads:
             e = min(b + block, hi)
             mine = adapter.slice(flat, b, e)
             for j in others:
-                self.read(call, j, where[j], b * size, buffer, (e - b) * size)
+                read_peer(self.reader, call, j, where[j], b * size, buffer, (e - b) * size)
                 adapter.reduce(reduce_op, mine, adapter.from_frame(
                     self._block[:(e - b) * size], call.frame_dtype, e - b))
             if op == "mean":
@@ -78,24 +78,25 @@ class DirectReads:
             a, b = segs[j]
             if b > a:
                 into = np.frombuffer(adapter.send_buffer(flat, a, b), np.uint8).ctypes.data
-                self.read(call, j, where[j], a * size, into, (b - a) * size)
+                read_peer(self.reader, call, j, where[j], a * size, into, (b - a) * size)
         barrier()   # no one reads this peer's array any more
 
-    def read(self, call: Call, j: int, where: tuple[int, int], offset: int, into: int,
-             nbytes: int) -> None:
-        """``nbytes`` at ``offset`` of rank j's array, at ``where`` (its pid, the array's
-        address), to address ``into`` here; PeerLost if j is gone, its abort if it gave up
-        on the call, else ProtocolError."""
-        pid, address = where
-        try:
-            self.reader.read(pid, address + offset, into, nbytes)
-        except OSError as exc:
-            r, what = call.transport.rank, call.describe()
-            if exc.errno == errno.ESRCH:
-                raise PeerLost(f"rank {r}: {what}: rank {j} (process {pid}) ended while its "
-                               "array was being read", rank=j, operation=what) from None
-            # Its array is gone while it is alive: it gave up on the call (a lost peer, a
-            # timeout) and returned; raise what it says (its abort), not the symptom.
-            await_abort(call, j, grace=1.0)
-            raise ProtocolError(f"rank {r}: {what}: cannot read rank {j}'s array (process "
-                                f"{pid}): {exc}") from None
+
+def read_peer(reader: cma.Reader, call: Call, j: int, where: tuple[int, int], offset: int,
+              into: int, nbytes: int) -> None:
+    """``nbytes`` at ``offset`` of rank j's array, at ``where`` (its pid, the array's
+    address), to address ``into`` here; PeerLost if j is gone, its abort if it gave up
+    on the call, else ProtocolError."""
+    pid, address = where
+    try:
+        reader.read(pid, address + offset, into, nbytes)
+    except OSError as exc:
+        r, what = call.transport.rank, call.describe()
+        if exc.errno == errno.ESRCH:
+            raise PeerLost(f"rank {r}: {what}: rank {j} (process {pid}) ended while its "
+                           "array was being read", rank=j, operation=what) from None
+        # Its array is gone while it is alive: it gave up on the call (a lost peer, a
+        # timeout) and returned; raise what it says (its abort), not the symptom.
+        await_abort(call, j, grace=1.0)
+        raise ProtocolError(f"rank {r}: {what}: cannot read rank {j}'s array (process "
+                            f"{pid}): {exc}") from None

@@ -94,6 +94,7 @@ class SharedEntry:
         self._counters: dict[int, np.ndarray] = {}   # views of their counters
         self._headers: dict[int, np.ndarray] = {}    # and of their slot headers
         self._last = -1
+        self._pid = os.getpid()
 
     def slot(self, j: int) -> np.ndarray:
         """Rank j's slot data (uint8), after its header."""
@@ -115,7 +116,7 @@ class SharedEntry:
             wait_counters(call, counters, {j: 2 * self._last + 2 for j in others},
                           "the end of the previous call")
         header = headers[r]
-        header[:WORDS] = (s, crc, nbytes, os.getpid(), self.can_read, self.steps[r][0])
+        header[:WORDS] = (s, crc, nbytes, self._pid, self.can_read, self.steps[r][0])
         header[WORDS:WORDS + len(words)] = words
         if write is not None:
             write()

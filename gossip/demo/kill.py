@@ -18,6 +18,8 @@ import signal
 from dataclasses import dataclass
 from typing import NoReturn
 
+from gossip.demo.rank_at import check_rank, parse_rank_at
+
 __all__ = ["Kill", "die"]
 
 
@@ -31,22 +33,13 @@ class Kill:
     @classmethod
     def parse(cls, text: str) -> "Kill":
         """``RANK@FRACTION`` (``2@0.33``); ValueError (one line) for anything else."""
-        rank, at, fraction = str(text).strip().partition("@")
-        try:
-            kill = cls(int(rank), float(fraction))
-        except ValueError:
-            raise ValueError(f"--kill {text!r}: expected RANK@FRACTION, e.g. 2@0.33 (peer 2 "
-                             "dies after a third of its training steps)") from None
-        if not at:
-            raise ValueError(f"--kill {text!r}: expected RANK@FRACTION, e.g. 2@0.33")
-        return kill
+        return cls(*parse_rank_at(text, "--kill", "RANK@FRACTION", "2@0.33",
+                                  "peer 2 dies after a third of its training steps"))
 
     def check(self, peers: int) -> None:
         """ValueError (one line) unless the rank is one of ``peers`` and the fraction inside
         the run."""
-        if not 0 <= self.rank < peers:
-            raise ValueError(f"--kill {self}: rank {self.rank} is not one of the {peers} "
-                             f"peers (0 to {peers - 1})")
+        check_rank("--kill", self, self.rank, peers)
         if not 0 < self.fraction < 1:
             raise ValueError(f"--kill {self}: the fraction must be between 0 and 1 "
                              f"(exclusive), got {self.fraction:g}")

@@ -12,6 +12,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from gossip.demo.rank_at import check_rank, parse_rank_at
+
 __all__ = ["Straggler"]
 
 
@@ -25,21 +27,12 @@ class Straggler:
     @classmethod
     def parse(cls, text: str) -> "Straggler":
         """``RANK@FACTOR`` (``3@4``); ValueError (one line) for anything else."""
-        rank, at, factor = str(text).strip().partition("@")
-        try:
-            straggler = cls(int(rank), float(factor))
-        except ValueError:
-            raise ValueError(f"--straggler {text!r}: expected RANK@FACTOR, e.g. 3@4 (peer 3 "
-                             "takes four times as long per step)") from None
-        if not at:
-            raise ValueError(f"--straggler {text!r}: expected RANK@FACTOR, e.g. 3@4")
-        return straggler
+        return cls(*parse_rank_at(text, "--straggler", "RANK@FACTOR", "3@4",
+                                  "peer 3 takes four times as long per step"))
 
     def check(self, peers: int) -> None:
         """ValueError (one line) unless the rank is one of ``peers`` and the factor above 1."""
-        if not 0 <= self.rank < peers:
-            raise ValueError(f"--straggler {self}: rank {self.rank} is not one of the {peers} "
-                             f"peers (0 to {peers - 1})")
+        check_rank("--straggler", self, self.rank, peers)
         if not (math.isfinite(self.factor) and 1 < self.factor <= 100):
             raise ValueError(f"--straggler {self}: the factor must be above 1 and at most "
                              f"100, got {self.factor:g}")
