@@ -188,9 +188,9 @@ class Communicator(NeighborAllreduce):
                   compression: Any = None, residual: Any = None, _layout: str = "") -> Any:
         """Reduce ``x`` (or a list of arrays in one call: coalesced.py) across all peers in
         place; returns it (or a Work). Every peer passes the same shape, dtype and op.
-        ``algorithm``: "auto", "ring", "recursive-doubling", "shm" or "shm-small" (the last
-        two when every peer is on this host: algorithms/choice.py says which "auto" takes);
-        ``compression``, ``residual``: compressed.py."""
+        ``algorithm``: "auto" or one of choice.ALLREDUCE_ALGORITHMS ("shm", "shm-small":
+        every peer on this host; "hierarchical": hosts in two levels; choice.py says which
+        "auto" takes); ``compression``, ``residual``: compressed.py."""
         if isinstance(x, (list, tuple)) and compression is None:
             return coalesced_allreduce(self, x, op, wait, timeout, algorithm)
         if compression is not None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from collectives.algorithms.barrier import dissemination_barrier
+from collectives.algorithms.hierarchical import hierarchical_allreduce, spans_hosts
 from collectives.algorithms.neighbor_direct import DIRECT_NEIGHBOR_MIN_BYTES
 from collectives.algorithms.order import SequenceOrder
 from collectives.algorithms.ring import ring_allreduce
@@ -19,7 +20,7 @@ from collectives.algorithms.small import recursive_doubling_allreduce
 __all__ = ["allreduce_algorithm", "barrier_algorithm", "neighbors_read_directly",
            "ALLREDUCE_ALGORITHMS", "BARRIER_SHAPE", "OnHost"]
 
-ALLREDUCE_ALGORITHMS = ("ring", "recursive-doubling", "shm", "shm-small")
+ALLREDUCE_ALGORITHMS = ("ring", "recursive-doubling", "shm", "shm-small", "hierarchical")
 #: A barrier's call: uint8 of this shape, room for the shared-memory arenas' announcement
 #: when a shared-memory barrier is the first such call (shm_entry.exchange_arenas).
 BARRIER_SHAPE = (ANNOUNCEMENT_BYTES,)
@@ -65,7 +66,8 @@ def allreduce_algorithm(name: str, dtype: str, nbytes: int, small_bytes: int,
     shared-memory allreduces can run (on_host) on x86-64, "shm-small" up to SMALL_SHM_BYTES
     and "shm" above (entered through shared memory, 50 us at n = 2: shm_entry.py); elsewhere
     recursive doubling up to ``small_bytes``, then "shm" from SHM_MIN_BYTES where it can run
-    (announced over ZeroMQ), else the ring. ValueError for an unknown name, or a
+    (announced over ZeroMQ), else "hierarchical" where the peers span hosts with more than one
+    peer on some host (hierarchical.py), else the ring. ValueError for an unknown name, or a
     shared-memory one where it cannot run."""
     here = on_host(transport, adapter, dtype, nbytes)
     small_here = here and SHARED_COUNTERS and nbytes <= SMALL_SHM_BYTES
@@ -74,8 +76,11 @@ def allreduce_algorithm(name: str, dtype: str, nbytes: int, small_bytes: int,
             name = "shm-small" if small_here else "shm"
         elif nbytes <= small_bytes:
             name = "recursive-doubling"
+        elif here and nbytes >= SHM_MIN_BYTES:
+            name = "shm"
         else:
-            name = "shm" if here and nbytes >= SHM_MIN_BYTES else "ring"
+            name = ("hierarchical" if spans_hosts(transport.hosts, transport.world_size)
+                    else "ring")
     if name not in ALLREDUCE_ALGORITHMS:
         raise ValueError(f"unknown allreduce algorithm {name!r}; use 'auto', "
                          + ", ".join(f"'{a}'" for a in ALLREDUCE_ALGORITHMS))
@@ -91,7 +96,8 @@ def allreduce_algorithm(name: str, dtype: str, nbytes: int, small_bytes: int,
                              "shared memory, and an array in host memory of a numpy dtype "
                              f"and at least {ANNOUNCEMENT_BYTES} bytes")
         return name, shm.large
-    return name, ring_allreduce if name == "ring" else recursive_doubling_allreduce
+    return name, {"ring": ring_allreduce, "hierarchical": hierarchical_allreduce,
+                  "recursive-doubling": recursive_doubling_allreduce}[name]
 
 
 def neighbors_read_directly(shm: OnHost, seq: int, deadline: float, transport: Any,

@@ -52,18 +52,28 @@ def counts_digest(values: list[int]) -> str:
     return f"[{text}]" if len(text) <= 48 else f"crc32:{zlib.crc32(text.encode()):08x}"
 
 
+def _place(call: Call, ring: list[int] | None) -> tuple[int, int, int, int]:
+    """(n, position, right, left) of this peer in ``ring`` (ranks in ring order; default:
+    every rank in rank order)."""
+    t = call.transport
+    if ring is None:
+        n, r = t.world_size, t.rank
+        return n, r, (r + 1) % n, (r - 1) % n
+    n, r = len(ring), ring.index(t.rank)
+    return n, r, ring[(r + 1) % n], ring[(r - 1) % n]
+
+
 def ring_reduce_scatter(call: Call, adapter: ArrayAdapter, flat: Any, op: str, *,
                         segs: list[tuple[int, int]], divide_by: int = 0,
-                        forward_final: bool = False):
-    """Reduce-scatter in place: afterwards peer r holds the reduced segment (r + 1) % n.
+                        forward_final: bool = False, ring: list[int] | None = None):
+    """Reduce-scatter in place: afterwards the peer at position r of ``ring`` (default: rank
+    r of every rank) holds the reduced segment (r + 1) % n; ``segs`` has one per position.
 
     With ``divide_by``, the owned segment is divided (op "mean"). With ``forward_final``, each
     finished chunk goes straight on to the right neighbour as the first allgather step.
     Returns the ticket of the last send (to wait on before the buffer may change).
     """
-    t = call.transport
-    n, r = t.world_size, t.rank
-    right, left = (r + 1) % n, (r - 1) % n
+    n, r, right, left = _place(call, ring)
     lo, hi = segs[r]
     ticket = post_range(call, right, adapter, flat, lo, hi)
     for s in range(n - 1):
@@ -80,13 +90,13 @@ def ring_reduce_scatter(call: Call, adapter: ArrayAdapter, flat: Any, op: str, *
 
 
 def ring_allgather(call: Call, adapter: ArrayAdapter, flat: Any, *,
-                   segs: list[tuple[int, int]], first_sent: bool = False, owned_shift: int = 1):
-    """Allgather in place: peer r starts owning segment (r + owned_shift) % n and ends with
-    all of them. ``first_sent``: the owned segment was already forwarded (by a pipelined
-    reduce-scatter). Returns the ticket of the last send."""
-    t = call.transport
-    n, r = t.world_size, t.rank
-    right, left = (r + 1) % n, (r - 1) % n
+                   segs: list[tuple[int, int]], first_sent: bool = False, owned_shift: int = 1,
+                   ring: list[int] | None = None):
+    """Allgather in place: the peer at position r of ``ring`` (as ring_reduce_scatter's)
+    starts owning segment (r + owned_shift) % n and ends with all of them. ``first_sent``: the
+    owned segment was already forwarded (by a pipelined reduce-scatter). Returns the ticket of
+    the last send."""
+    n, r, right, left = _place(call, ring)
     ticket = None
     if not first_sent:
         lo, hi = segs[(r + owned_shift) % n]
@@ -101,13 +111,18 @@ def ring_allgather(call: Call, adapter: ArrayAdapter, flat: Any, *,
     return ticket
 
 
-def ring_allreduce(call: Call, adapter: ArrayAdapter, flat: Any, op: str) -> None:
-    """Ring allreduce in place (reduce-scatter then allgather, pipelined across the phases)."""
-    n = call.transport.world_size
-    segs = segments(adapter.size(flat), n)
-    divide_by = n if op == "mean" else 0
+def ring_allreduce(call: Call, adapter: ArrayAdapter, flat: Any, op: str, *,
+                   ring: list[int] | None = None, lo: int = 0, hi: int | None = None,
+                   divide_by: int | None = None) -> None:
+    """Ring allreduce in place (reduce-scatter then allgather, pipelined across the phases)
+    of elements [lo, hi) of ``flat`` among ``ring`` (ranks in ring order; default every rank).
+    Op "mean" divides by ``divide_by`` (default: the ring's size)."""
+    n = call.transport.world_size if ring is None else len(ring)
+    hi = adapter.size(flat) if hi is None else hi
+    segs = [(lo + a, lo + b) for a, b in segments(hi - lo, n)]
+    divide_by = (n if divide_by is None else divide_by) if op == "mean" else 0
     reduce_op = "sum" if op == "mean" else op
     ticket = ring_reduce_scatter(call, adapter, flat, reduce_op, segs=segs, divide_by=divide_by,
-                                 forward_final=True)
-    ticket = ring_allgather(call, adapter, flat, segs=segs, first_sent=True) or ticket
+                                 forward_final=True, ring=ring)
+    ticket = ring_allgather(call, adapter, flat, segs=segs, first_sent=True, ring=ring) or ticket
     wait_sent(call, ticket)

@@ -70,6 +70,7 @@ class Transport:
         self.config = config or TransportConfig()
         self.inbox = Inbox()
         self.counters = [PeerCounters() for _ in range(world_size)]
+        self.hosts: dict[int, str] = {}   # rank -> host_id, from the table (set_peers)
         self._closed = False
         self._armed: tuple | None = None   # the last wait logged (DEBUG): one line per wait
         self.interrupted = False   # interrupt() was called: a view change ends this transport
@@ -107,8 +108,8 @@ class Transport:
     # ------------------------------------------------------------------ set-up
     def set_peers(self, table: dict[int, dict]) -> None:
         """Install the endpoint table from the rendezvous: rank -> {tcp, ipc, host}."""
-        me = self.endpoints["host"]
-        mode = self.config.transport
+        me, mode = self.endpoints["host"], self.config.transport
+        self.hosts = {rank: str(entry.get("host")) for rank, entry in table.items()}
         for rank, entry in table.items():
             same_host = entry.get("host") == me
             use_ipc = entry.get("ipc") and mode != "tcp" and (mode == "ipc" or same_host)

@@ -1,0 +1,98 @@
+"""Allreduce across hosts in two levels (issue #18): the peers of each host reduce among
+themselves over the on-host transport (shared-memory rings), only then does anything cross a
+host boundary, and the result comes back on each host the same way.
+
+- Every host with the same number of peers k (the common placement, Horovod's hierarchical
+  allreduce and NCCL's rings work alike): a ring reduce-scatter on each host leaves the peer
+  at local position i with the host's sum of slice (i + 1) % k; the peers of the same local
+  position, one per host, allreduce that slice in a ring across the hosts (k such rings run
+  at once, each over its own connections); a ring allgather on each host spreads the slices.
+  Per peer, 2(H-1)/H of a k-th of the array crosses hosts (H hosts), against 2(n-1)/n of the
+  whole for a flat ring whose neighbours sit on other hosts.
+- Hosts of different sizes: the host's reduce-scatter, its slices gathered by the host's
+  leader (its lowest rank), a ring allreduce among the leaders, then the leader scatters the
+  slices back and the host allgathers them.
+
+Each element of the result is reduced by one peer of the cross-host ring and copied to the
+others, so every peer ends bitwise identical, as with the flat ring. The hosts are the
+rendezvous table's host identities (collectives.transport.host_id: host and network
+namespace), the same table on every peer, so every peer groups alike.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from collectives.algorithms.p2p import Call, post_range, recv_range, wait_sent
+from collectives.algorithms.ring import (ring_allgather, ring_allreduce, ring_reduce_scatter,
+                                         segments)
+from collectives.arrays.adapter import ArrayAdapter
+
+__all__ = ["host_groups", "hierarchical_allreduce", "spans_hosts"]
+
+
+def host_groups(hosts: dict[int, str], world_size: int) -> list[list[int]]:
+    """The ranks of each host, in rank order, the hosts ordered by their lowest rank."""
+    groups: dict[str, list[int]] = {}
+    for rank in range(world_size):
+        groups.setdefault(hosts.get(rank, f"<rank {rank}>"), []).append(rank)
+    return list(groups.values())
+
+
+def spans_hosts(hosts: dict[int, str], world_size: int) -> bool:
+    """More than one host, and more than one peer on some host: where two levels help."""
+    groups = host_groups(hosts, world_size)
+    return 1 < len(groups) < world_size
+
+
+def hierarchical_allreduce(call: Call, adapter: ArrayAdapter, flat: Any, op: str) -> None:
+    """Allreduce ``flat`` in place in two levels (module docstring)."""
+    t = call.transport
+    n, r = t.world_size, t.rank
+    groups = host_groups(t.hosts, n)
+    local = next(g for g in groups if r in g)
+    i, k = local.index(r), len(local)
+    count = adapter.size(flat)
+    segs = segments(count, k)
+    reduce_op = "sum" if op == "mean" else op
+    divide_by = n if op == "mean" else 0
+    if k > 1:   # the host's sums, slice (i + 1) % k at local position i
+        wait_sent(call, ring_reduce_scatter(call, adapter, flat, reduce_op, segs=segs,
+                                            ring=local))
+    if all(len(g) == k for g in groups):
+        lo, hi = segs[(i + 1) % k]
+        if len(groups) > 1:
+            ring_allreduce(call, adapter, flat, op, ring=[g[i] for g in groups], lo=lo, hi=hi,
+                           divide_by=n)
+        elif divide_by:
+            adapter.divide(adapter.slice(flat, lo, hi), n)
+    else:
+        _through_leaders(call, adapter, flat, op, groups, local, segs)
+    if k > 1:
+        wait_sent(call, ring_allgather(call, adapter, flat, segs=segs, ring=local))
+
+
+def _through_leaders(call: Call, adapter: ArrayAdapter, flat: Any, op: str,
+                     groups: list[list[int]], local: list[int], segs: list[tuple[int, int]]
+                     ) -> None:
+    """Hosts of different sizes: the local slices to the host's leader, the leaders'
+    allreduce, the slices back (each peer then holds slice (i + 1) % k, as after the host's
+    reduce-scatter, ready for its allgather)."""
+    t = call.transport
+    k, leader = len(local), local[0]
+    if t.rank != leader:
+        lo, hi = segs[(local.index(t.rank) + 1) % k]
+        wait_sent(call, post_range(call, leader, adapter, flat, lo, hi, track=True))
+        for a, b, chunk in recv_range(call, leader, adapter, lo, hi):
+            adapter.copy(adapter.slice(flat, a, b), chunk)
+        return
+    for j, peer in enumerate(local[1:], start=1):
+        lo, hi = segs[(j + 1) % k]
+        for a, b, chunk in recv_range(call, peer, adapter, lo, hi):
+            adapter.copy(adapter.slice(flat, a, b), chunk)
+    ring_allreduce(call, adapter, flat, op, ring=[g[0] for g in groups],
+                   divide_by=t.world_size)
+    ticket = None
+    for j, peer in enumerate(local[1:], start=1):
+        lo, hi = segs[(j + 1) % k]
+        ticket = post_range(call, peer, adapter, flat, lo, hi, track=True) or ticket
+    wait_sent(call, ticket)
