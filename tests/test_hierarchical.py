@@ -109,3 +109,19 @@ def test_auto_goes_in_two_levels_across_hosts_and_crosses_a_third_of_the_rings_b
     rings = sum(res["ring"]["away_bytes"] for res in out)
     levels = sum(res["auto"]["away_bytes"] for res in out)
     assert rings >= 2.9 * levels, (rings, levels)
+
+
+def test_the_benchmark_runs_both_placements_under_a_rate_limit(two_hosts, capsys):
+    """benchmarks/hierarchical.py end to end, small (its own namespaces: the fixture only
+    says they can be made): a row per placement, the round-robin ring's bytes across hosts
+    three times the two levels'."""
+    two_hosts.close()
+    sys.path.insert(0, os.path.join(REPO, "benchmarks"))
+    import hierarchical as bench
+    assert bench.main(["--sizes", "1M", "--repeats", "1", "--invocations", "1",
+                       "--rate", "1gbit"]) == 0
+    rows = [line.split() for line in capsys.readouterr().out.splitlines()[2:]]
+    assert [row[0] for row in rows] == ["round-robin", "blocks"], rows
+    for row in rows:
+        ring_mib, levels_mib = float(row[-3]), float(row[-1])
+        assert abs(ring_mib - 3 * levels_mib) < 0.05 * ring_mib, row
