@@ -20,9 +20,11 @@ compares their headers: a peer that made another call at this sequence number (a
 operation, size, dtype or algorithm, a barrier included) is a ProtocolError on every peer,
 before anyone reads another's data. ``leave`` publishes 2s + 2.
 
-Waits (``wait_counters``) yield the CPU, then sleep briefly, check the call's ZeroMQ mailboxes
-every millisecond for what a peer sent instead (an abort, a chunk of another algorithm's
-call) or its loss, and end at the call's deadline with the transport's own timeout. Counters
+Waits (``wait_counters``) yield the CPU, then sleep on the awaited counter until it moves
+(transport/futex.py: woken by the peer that bumps it, at most a millisecond), check the
+call's ZeroMQ mailboxes every millisecond for what a peer sent instead (an abort, a chunk of
+another algorithm's call) or its loss, and end at the call's deadline with the transport's
+own timeout. Counters
 in shared memory rely on stores becoming visible in program order (x86-64: SHARED_COUNTERS);
 elsewhere the large allreduce announces and synchronises over ZeroMQ and the others are not
 chosen (choice.py).
@@ -41,7 +43,7 @@ import numpy as np
 from collectives.algorithms.p2p import Call, post_range, recv_range, wait_sent
 from collectives.arrays.adapter import ArrayAdapter, adapter_for
 from collectives.errors import PeerLost, ProtocolError
-from collectives.transport import cma
+from collectives.transport import cma, futex
 from collectives.transport.shm_arena import HEADER_BYTES, ArenaViews, ShmArena, counter_of
 
 __all__ = ["SharedEntry", "SLOT_HEADER", "SLOT_WORDS", "SHARED_COUNTERS", "ANNOUNCEMENT_BYTES",
@@ -74,7 +76,7 @@ SHARED_COUNTERS = platform.machine() in ("x86_64", "AMD64")
 class SharedEntry:
     """A communicator's small arena, its mappings of the peers', and the last call through
     them. Used by one call at a time (choice.py's SequenceOrder). ``steps``: every peer's
-    step counter (a one-element view; only its owner bumps it), for barriers within a call
+    step counter (counter_of's pair; only its owner bumps it), for barriers within a call
     (SharedBarrier). ``direct``: every peer can read every other's memory, as the last
     entry's headers said (the same on every peer; None before the first entry); once True,
     it stays True. ``can_read``: this peer can read every other's."""
@@ -120,7 +122,7 @@ class SharedEntry:
         header[WORDS:WORDS + len(words)] = words
         if write is not None:
             write()
-        counters[r][0] = 2 * s + 1   # after the header and the slot
+        futex.publish(counters[r], 2 * s + 1)   # after the header and the slot
         wait_counters(call, counters, {j: 2 * s + 1 for j in others}, "the call")
         for j in others:
             seq, theirs, got = headers[j][:3].tolist()
@@ -138,7 +140,7 @@ class SharedEntry:
     def leave(self, call: Call) -> None:
         """Done with ``call`` (or failed in it): the others may reuse what they shared."""
         if self.arenas is not None:
-            self._counters[call.transport.rank][0] = 2 * call.seq + 2
+            futex.publish(self._counters[call.transport.rank], 2 * call.seq + 2)
             self._last = call.seq
 
     def ready(self, call: Call) -> None:
@@ -156,7 +158,7 @@ class SharedEntry:
         self.can_read = self.direct_reads and all(
             reader.probe(int(announced[j][0]), int(announced[j][4])) for j in others)
         self._counters = {j: counter_of(a) for j, a in self.arenas.items()}
-        self.steps = {j: a[_STEPS_OFFSET:_STEPS_OFFSET + 8].view(np.int64)
+        self.steps = {j: a[_STEPS_OFFSET:_STEPS_OFFSET + 16].view(np.int64)
                       for j, a in self.arenas.items()}
         self._headers = {j: a[HEADER_BYTES:HEADER_BYTES + SLOT_HEADER].view(np.int64)
                          for j, a in self.arenas.items()}
@@ -181,7 +183,7 @@ def shared_barrier(entry: SharedEntry, order: Any) -> Callable[[Call], None]:
 
 class SharedBarrier:
     """A call's barriers: ``barrier()`` returns once every peer reached it. A peer bumps its
-    ``counters[j]`` (a one-element view only it writes) after its writes and waits until every
+    ``counters[j]`` (counter_of's pair: only it writes [0]) after its writes and waits until every
     other's reached the same step of this call, counted from ``bases[j]`` (their values as
     the call began, so a call that failed half-way on some peers leaves nothing out of step).
     Not x86-64: empty chunks of the call over ZeroMQ; ``tickets``, their sends, to see
@@ -203,7 +205,7 @@ class SharedBarrier:
             return
         self.step += 1
         me = call.transport.rank
-        self.counters[me][0] = self.bases[me] + self.step   # after this peer's writes
+        futex.publish(self.counters[me], self.bases[me] + self.step)   # after its writes
         wait_counters(call, self.counters, {j: self.bases[j] + self.step for j in others},
                       f"step {self.step} of the shared-memory allreduce")
 
@@ -292,7 +294,7 @@ def _arrivals(call: Call, others: list[int]):
 def wait_counters(call: Call, counters: dict[int, np.ndarray], targets: dict[int, int],
                   what: str) -> None:
     """Return once ``counters[j][0] >= targets[j]`` for every j: yielding the CPU, then
-    sleeping, checking the call's mailboxes every millisecond for what a peer we wait for
+    sleeping on the first awaited counter (futex.wait, woken as it moves), checking the call's mailboxes every millisecond for what a peer we wait for
     sent instead (an abort: raised as the transport words it; a chunk: ProtocolError) or its
     loss (PeerLost), and raising OperationTimeout at the call's deadline."""
     pending = [j for j, target in targets.items() if counters[j][0] < target]
@@ -306,8 +308,8 @@ def wait_counters(call: Call, counters: dict[int, np.ndarray], targets: dict[int
             check_at = now + 0.001
         if now < spin_until:
             os.sched_yield()
-        else:   # a long wait: sleep (briefly: the late peer is close)
-            time.sleep(1e-4)
+        else:   # a long wait: sleep until the first awaited counter moves, or the next check
+            futex.wait(counters[pending[0]], targets[pending[0]], max(1e-5, check_at - now))
         pending = [j for j in pending if counters[j][0] < targets[j]]
         now = time.monotonic()
 

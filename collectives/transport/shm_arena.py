@@ -85,8 +85,9 @@ class ShmArena:
 
 
 def counter_of(arena: np.ndarray) -> np.ndarray:
-    """The barrier counter of an arena's bytes (a one-element int64 view)."""
-    return arena[:8].view(np.int64)
+    """The barrier counter of an arena's bytes: an int64 pair, [0] the counter, [1] whether a
+    peer may sleep on it (transport/futex.py)."""
+    return arena[:16].view(np.int64)
 
 
 class ArenaViews:
