@@ -8,11 +8,11 @@ push_fraction 1/4 (flow control holds back fewer rounds).
 
 Fixed (issue #15): on the issue's task the peers ended about 3 points below training alone
 with push-sum's halves, which left most of the mass in transit at each step (the weight held
-at a step averaged 0.04-0.46): 0.954-0.966 in batches of 8 runs. Two causes, measured: the
-mass in transit carries stale models and, with a step that moved the group's sum by w * move,
-a peer holding little mass barely moved it. Now a step moves the sum by the whole move (SGP's
-numerator step) and flow control keeps w >= 3/8 (min_weight 1/2): 0.987 (0.984-0.988) in 8
-runs, Gossip 0.987, alone 0.990."""
+at a step averaged 0.04-0.46): 0.954-0.966 in batches of 8 runs. The mass in transit carries
+models that go stale on the way, and a peer holding little of it barely moves the group's sum:
+push_fraction 1/4 and flow control keeping w >= 3/8 (min_weight 1/2) bound both: 0.986 over 8
+runs, Gossip 0.987, alone 0.990. (SGP's step scaling, the move divided by w, gave 0.987 here
+but diverged with momentum beside a straggler: see Asynchronous's docstring.)"""
 from __future__ import annotations
 
 import numpy as np

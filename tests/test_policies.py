@@ -424,7 +424,7 @@ def async_move_after_a_fold(peer):
         policy.after_backward()         # (1, 1) + (0, 1/2): m = 2/3, w = 3/2
         assert np.allclose(x, 2 / 3, rtol=0, atol=1e-15), x[:3]
         x += move
-        policy.after_step()             # no fold (done): 2/3 + move/(3/2), pushes 3/4 of w
+        policy.after_step()             # no fold (done), pushes (2/3 + move, 3/4)
     peer.barrier()
     if peer.rank == 0:                  # a loop that calls only after_step(): the anchor path
         absorbed(1)
@@ -437,17 +437,15 @@ def async_move_after_a_fold(peer):
     return result, move
 
 
-def test_asynchronous_step_moves_the_numerator_fully_with_or_without_after_backward():
-    # SGP's numerator step: x = w m moves by the optimizer's whole move, so m by move / w.
-    # Rank 1 folds rank 0's push (0, 1/2) into (1, 1) before its move: 2/3, w = 3/2, and the
-    # move lands on top divided by 3/2. Rank 0, after its move, folds rank 1's push
-    # (2/3 + 2/3 move, 3/4) into its pre-move pair (0, 1/2): 3/5 of it, w = 5/4, and its own
-    # move lands on top divided by 5/4.
+def test_asynchronous_move_counts_fully_with_or_without_after_backward():
+    # Rank 1 folds rank 0's push (0, 1/2) into (1, 1) before its move: 2/3, and the move
+    # lands on top, undiluted. Rank 0, after its move, folds rank 1's push (2/3 + move, 3/4)
+    # into its pre-move pair (0, 1/2): 3/5 (2/3 + move), and its own move lands on top.
     # Before, both peers pushed at once and a fold could take the other's push early (under
     # load: 2/3 where the test expected 1/2, the other peer's push folded before its own).
     (r0, move), (r1, _) = spawn(async_move_after_a_fold, n=2, timeout=60)
-    assert np.allclose(r1, 2 / 3 + move / 1.5, rtol=0, atol=1e-15)
-    assert np.allclose(r0, 0.6 * (2 / 3 + move / 1.5) + move / 1.25, rtol=0, atol=1e-14)
+    assert np.allclose(r1, 2 / 3 + move, rtol=0, atol=1e-15)
+    assert np.allclose(r0, 0.6 * (2 / 3 + move) + move, rtol=0, atol=1e-14)
 
 
 def quiesce_beside_a_user_send(peer):

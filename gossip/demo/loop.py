@@ -11,6 +11,12 @@ docstring asks): after an elastic recovery the step taken over is trained again 
 batch, identically on every replica, and a process that joins the running job starts at the
 step it took with the state. The batch of step s is fixed by s alone, so the joiner continues
 the data order of the peer it replaces.
+
+Evaluations are numbered (a point's ``index``): evals_per_epoch per epoch, at the same steps
+on every peer. A run whose peers split the group's steps by speed (``share``, under a
+straggler: AD-PSGD's setting, where fast workers take more steps) spreads the evaluations
+after the first epoch evenly over each peer's own steps, so the k-th evaluations of all peers
+fall at about the same time and are put together as one point (records.collect).
 """
 from __future__ import annotations
 
@@ -19,7 +25,17 @@ from typing import Any, Callable
 
 import numpy as np
 
-__all__ = ["Loop", "BatchOrder"]
+__all__ = ["Loop", "BatchOrder", "evaluation_steps"]
+
+
+def evaluation_steps(total: int, spe: int, evals: int, count: int) -> list[int]:
+    """The steps after which evaluations 1..``count`` come: ``evals`` in the first epoch of
+    ``spe`` steps, the rest evenly over the steps after it up to ``total``. With ``total``
+    = epochs * spe and ``count`` = epochs * evals, that is ``evals`` per epoch at the same
+    places in each; a peer's own total (share()) spreads the same count over its steps."""
+    first = [round(k * spe / evals) for k in range(1, evals + 1)]
+    rest = count - evals
+    return first + [spe + round(k * (total - spe) / rest) for k in range(1, rest + 1)]
 
 
 class BatchOrder:
@@ -58,32 +74,39 @@ class Loop:
 
     def run(self, x: Any, y: Any, train_step: Callable[[Any, Any], float],
             measure: Callable[[dict], dict], step_now: Callable[[], int],
-            after_step: Callable[[int], Any] | None = None) -> dict:
+            after_step: Callable[[int], Any] | None = None,
+            share: Callable[[float], int] | None = None) -> dict:
         """Train from step ``step_now()`` to the last: ``train_step(xb, yb)`` returns the
-        batch's loss, ``measure(point)`` evaluates (point: time, step, epoch, train_loss; it
-        adds accuracy and test_loss), ``after_step(step)`` runs after each step the count
-        advanced by. The clock starts here and pauses while evaluating: points' times and
-        ``train_seconds`` are seconds of training; ``wall_seconds`` also counts the
-        evaluations (diagnostics, which would otherwise favour policies that train fast per
-        evaluation)."""
+        batch's loss, ``measure(point)`` evaluates (point: time, step, epoch, index,
+        train_loss; it adds accuracy and test_loss), ``after_step(step)`` runs after each
+        step the count advanced by. ``share(seconds)``, if given, is called once at the end
+        of the first epoch with its seconds of training and returns this peer's total steps
+        from then on (module docstring). The clock starts here and pauses while evaluating:
+        points' times and ``train_seconds`` are seconds of training; ``wall_seconds`` also
+        counts the evaluations (diagnostics, which would otherwise favour policies that
+        train fast per evaluation)."""
         config, spe = self.config, self.steps_per_epoch
         total = config.epochs * spe
         every = max(1, spe // max(1, config.progress_every))
         evals = min(max(1, config.evals_per_epoch), spe)
-        eval_at = {round(k * spe / evals) for k in range(1, evals + 1)}   # 1..spe
+        count = config.epochs * evals
+        schedule = evaluation_steps(total, spe, evals, count)
         order = BatchOrder(self.rng, len(y), spe, self.batch)
         step = first = step_now()
         if step == 0:
-            self._evaluate(measure, {"time": 0.0, "step": 0, "epoch": 0.0,
+            self._evaluate(measure, {"time": 0.0, "step": 0, "epoch": 0.0, "index": 0,
                                      "train_loss": float("nan")})
         self.progress.emit(event="start", policy=self.name, steps=total)
         eval_seconds, loss_sum, losses = 0.0, 0.0, 0
         start = time.perf_counter()
         # A step the count does not advance by (a recovery took it over) is trained again;
         # a policy whose count never advanced would loop for ever: bounded, with a message.
-        for _ in range(2 * (total - first) + 100):
-            if step >= total:
-                break
+        bound, trained = 2 * (total - first) + 100, 0
+        while step < total:
+            if trained >= bound:
+                raise RuntimeError(f"{self.name}: the policy's step count stayed at {step} "
+                                   f"of {total} through {bound} training steps")
+            trained += 1
             idx = order.batch(step)
             loss_sum += train_step(x[idx], y[idx])
             losses += 1
@@ -94,10 +117,16 @@ class Loop:
             before, step = step, new
             if step // every > before // every:
                 self.progress.emit(event="step", policy=self.name, step=step)
-            if step > before and (step - 1) % spe + 1 in eval_at:
+            if share is not None and before < spe <= step and first < spe:
+                total = max(step + count - evals,   # (a step for each evaluation left)
+                            share(time.perf_counter() - start - eval_seconds))
+                schedule = evaluation_steps(total, spe, evals, count)
+                bound = 2 * (total - first) + 100
+            due = [k for k, at in enumerate(schedule, 1) if before < at <= step]
+            if step > before and due:
                 paused = time.perf_counter()
                 self._evaluate(measure, {"time": paused - start - eval_seconds, "step": step,
-                                         "epoch": step / spe,
+                                         "epoch": step / spe, "index": due[-1],
                                          "train_loss": loss_sum / max(1, losses)})
                 eval_seconds += time.perf_counter() - paused
                 loss_sum, losses = 0.0, 0
@@ -106,9 +135,6 @@ class Loop:
                                    step=step, accuracy=self.last_accuracy)
             if after_step is not None:
                 after_step(step)
-        else:
-            raise RuntimeError(f"{self.name}: the policy's step count stayed at {step} of "
-                               f"{total} through {2 * (total - first) + 100} training steps")
         wall = time.perf_counter() - start
         return {"steps": step, "first_step": first, "samples": self.samples,
                 "wall_seconds": wall, "train_seconds": wall - eval_seconds}

@@ -82,17 +82,19 @@ def _mean(values: list[float]) -> float:
     return sum(finite) / len(finite) if finite else float("nan")
 
 
-def _mean_and_consensus(directory: str, policy: str, slots: list[int],
-                        step: int) -> tuple[np.ndarray, float]:
-    """The peers' average parameters at ``step`` and their mean distance to it."""
-    arrays = [np.load(_snapshot(directory, policy, s, step)).astype(np.float64) for s in slots]
+def _mean_and_consensus(directory: str, policy: str,
+                        at: list[tuple[int, int]]) -> tuple[np.ndarray, float]:
+    """The peers' average parameters, each (slot, step) of ``at`` as saved at that step, and
+    their mean distance to it."""
+    arrays = [np.load(_snapshot(directory, policy, s, step)).astype(np.float64)
+              for s, step in at]
     mean = np.mean(arrays, axis=0)
     return mean, float(np.mean([np.linalg.norm(a - mean) for a in arrays]))
 
 
 def collect(directory: str, policy: str, slots: int, *, consensus: bool = True) -> dict:
     """One record of ``policy`` from the records of its ``slots`` peers: ``history`` (one
-    point per evaluated step: accuracy and losses averaged over the peers that evaluated it,
+    point per evaluation, the peers' k-th together: accuracy and losses averaged over the peers that evaluated it,
     ``peers`` of them, the consensus distance among them, and the time on the clock of the
     slowest peer that trained the whole run in one process), ``train_seconds`` and
     ``wall_seconds`` (the slowest such peer's), ``samples`` (every process's), ``bytes_per_peer``
@@ -105,17 +107,20 @@ def collect(directory: str, policy: str, slots: int, *, consensus: bool = True) 
     whole = [s for s, ls in lines.items()
              if done[s] and not any(r["kind"] == "killed" for r in ls)
              and len({r["inc"] for r in ls}) == 1]
-    by_step: dict[int, list[tuple[int, dict]]] = {}
+    # The k-th evaluations of all peers are one point (loop.py: at the same step on every
+    # peer, or, where the peers split the steps by speed, at about the same time).
+    by_index: dict[int, list[tuple[int, dict]]] = {}
     for s, ls in lines.items():
         for r in ls:
             if r["kind"] == "eval":
-                by_step.setdefault(r["step"], []).append((s, r))
+                by_index.setdefault(r["index"], []).append((s, r))
     history = []
-    for step in sorted(by_step):
-        group = by_step[step]
+    for index in sorted(by_index):
+        group = by_index[index]
         clocks = [r["time"] for s, r in group if s in whole] or [r["time"] for _, r in group]
         history.append({
-            "time": max(clocks), "step": step, "epoch": group[0][1]["epoch"],
+            "time": max(clocks), "step": max(r["step"] for _, r in group),
+            "epoch": max(r["epoch"] for _, r in group), "index": index,
             "accuracy": _mean([r["accuracy"] for _, r in group]),
             "worst_accuracy": min((r["accuracy"] for _, r in group), default=float("nan")),
             "test_loss": _mean([r["test_loss"] for _, r in group]),
@@ -126,7 +131,7 @@ def collect(directory: str, policy: str, slots: int, *, consensus: bool = True) 
     averaged = None   # the peers' average at the last evaluated step (its accuracy)
     for point in history if consensus else ():
         averaged, point["consensus"] = _mean_and_consensus(
-            directory, policy, [s for s, _ in by_step[point["step"]]], point["step"])
+            directory, policy, [(s, r["step"]) for s, r in by_index[point["index"]]])
     finals = [d[-1] for d in done.values() if d]
     ends = [r for s, ls in lines.items() for r in ls if r["kind"] in ("done", "killed")]
     sent = [sum(r.get("bytes_sent", 0) for r in ls if r["kind"] in ("done", "killed"))

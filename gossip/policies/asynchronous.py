@@ -43,24 +43,26 @@ class Asynchronous(AsynchronousMembership, Quiescence, BackgroundPolicy):
     A receiving thread sleeps in the inbox and averages each message into what the next step
     folds in (arrivals.py); each fold first absorbs what is waiting itself.
 
-    The optimizer's move is push-sum's numerator step, as SGP's x <- x - lr g: the
-    optimizer moves m in place after the fold (the gradient taken before the mix, as D-PSGD
-    does), and after_step() scales that move by 1/w, m <- a + (m - a) / w (a: the parameters
-    before the move, one more buffer and two passes), so the group's sum moves by the whole
-    step however much of a peer's mass is in transit. A loop that calls only ``after_step()``
-    (numpy arrays) gets the same, the fold computed past the move: m <- m + W/(w+W) (A - a).
-    Only the training thread touches the parameters, so the optimizer never sees a
-    half-mixed buffer and the threads never see a half-updated one.
+    The optimizer's own move needs no bookkeeping: it updates m, the parameters, in place
+    after the fold, which is push-sum's x <- x + w * move with the gradient taken before the
+    mix (as D-PSGD does): a step moves the group's sum by w * move, so a peer holding little
+    mass (much of it in transit, or pushed away) moves it little. A loop that calls only
+    ``after_step()`` (numpy arrays) gets the same update: m <- m + W/(w+W) (A - a), a being
+    the parameters as the last after_step left them (one more buffer, two more passes). Only
+    the training thread ever touches the parameters, so the optimizer never sees a half-mixed
+    buffer and the threads never see a half-updated one.
 
     ``push_fraction`` (default 1/4, not push-sum's usual 1/2) and ``min_weight`` (default
-    1/2): a push in transit for several steps (short steps, a busy machine) holds mass whose
-    model goes stale while it travels, and a peer holding little mass would move its sum
-    little (without the 1/w step) or amplify its gradient noise (with it). Flow control
-    (below) keeps w >= (1 - f) min_weight, so the step is at most 2.7 times the optimizer's.
-    Measured on issue #15's task (4 peers on 2 cores, a 10-16-2 MLP, 200 steps, mean
-    accuracy on the peers' own samples over 6-8 runs; alone 0.990, Gossip 0.987): f 1/2 and
-    min_weight 1/16, 0.954-0.966; f 1/4, 0.967 (0.944-0.988); with the 1/w step capped at 2,
-    0.983; min_weight 1/4, 0.981; 1/2, 0.987 (0.984-0.988; 0.986 without the 1/w step).
+    1/2): when a push is in transit for several steps (short steps, a busy machine), the mass
+    in flight is what a step does not move, and its model goes stale on the way; flow control
+    (below) keeps w >= (1 - f) min_weight = 3/8. Measured on issue #15's task (4 peers on 2
+    cores, a 10-16-2 MLP, 200 steps, mean accuracy on the peers' own samples over 6-8 runs;
+    alone 0.990, Gossip 0.987): f 1/2 and min_weight 1/16, 0.954-0.966 (the weight held at a
+    step averaged 0.04-0.46); f 1/4, 0.967 (0.944-0.988); min_weight 1/4, 0.981; 1/2, 0.986.
+    SGP's step scaling (the move divided by w, so the numerator moves by the whole step) was
+    tried: 0.987 on that task, but with momentum 0.9 beside a 4x straggler (`gossip demo
+    --policy asynchronous --straggler 3@4`) peers diverged (accuracy 64-75%, consensus
+    distance 19-23, against 91-92% and 3.7-4.7 without it): not taken.
 
     Lost peers: a neighbour found lost (peer.lost_peers()), or one a push to it timed out
     (``send_timeout``), is dropped from the rotation (its own out-neighbours join it: see
@@ -86,7 +88,7 @@ class Asynchronous(AsynchronousMembership, Quiescence, BackgroundPolicy):
 
     When to use it: heterogeneous or unreliable peers (stragglers, preemption). Cost: one
     message of P bytes (+ one element) per peer per step, sent in the background; memory:
-    five buffers of P (send, receive, two for the arrivals, the move's anchor).
+    four buffers of P (send, receive, two for the arrivals), five without after_backward().
 
     ``topology``: default ``OnePeerExponential(n)``. ``close()`` (and ``peer.close()``) stops
     both threads within an operation in progress. ``channel``, ``poll_interval``: see
@@ -164,7 +166,7 @@ class Asynchronous(AsynchronousMembership, Quiescence, BackgroundPolicy):
         self._fold_in(moved=False)
         self._buckets.copy_out()
         self._folded = True
-        self._keep_anchor()   # the optimizer's move is measured from here (_scale_moves)
+        self._anchor = None   # not needed while after_backward() folds in
 
     def _after_step(self, step: int) -> None:
         self._check_worker()
@@ -172,8 +174,6 @@ class Asynchronous(AsynchronousMembership, Quiescence, BackgroundPolicy):
         folded, self._folded = self._folded, False
         if not folded:   # a loop without after_backward(): fold in past the move
             self._fold_in(moved=self._anchor is not None)
-        else:
-            self._scale_moves(enumerate(self._w))
         if self.max_staleness is not None:
             # A push of this step must leave: wait for the one under way to finish.
             with self._cond:
@@ -221,11 +221,9 @@ class Asynchronous(AsynchronousMembership, Quiescence, BackgroundPolicy):
                 else:
                     adapter_for(got).lerp(got, back, back_weight / (weight + back_weight))
                 weight += back_weight
-            total = self._w[k] + weight
-            if moved:
-                self._scale_moves([(k, total)])
             if got is None:
                 continue
+            total = self._w[k] + weight
             adapter = adapter_for(b.flat)
             if moved:
                 adapter.axpy(b.flat, weight / total, got)
@@ -241,13 +239,6 @@ class Asynchronous(AsynchronousMembership, Quiescence, BackgroundPolicy):
             self._w = [1.0] * len(self._w)
             self._restarts += 1
         self._lightest = min(self._lightest, min(self._w))
-
-    def _scale_moves(self, weights) -> None:
-        """m <- a + (m - a) / w for each (bucket k, its weight w), a the anchor: the
-        numerator x = w m moves by the optimizer's whole move (SGP's x <- x - lr g)."""
-        for k, w in weights:
-            b = self._buckets.buckets[k]
-            adapter_for(b.flat).lerp(b.flat, self._anchor[k], 1.0 - 1.0 / w)
 
     def _hand_over(self, included: int) -> None:
         """(Training thread.) If the last push is through: post (m, f w) and keep the rest
