@@ -113,6 +113,7 @@ def test_asynchronous_beside_a_straggler_splits_the_steps_by_speed_and_does_not_
     assert len(curve["time"]) == 1 + 4 * 6   # every peer's k-th evaluation is one point
 
 
+@pytest.mark.slow   # the IDX reader is tested below on its own; this is the path through
 def test_demo_reads_mnist_idx_files(tmp_path) -> None:
     """--dataset mnist on a tiny MNIST-shaped data set (gzipped and plain files mixed)."""
     rng = np.random.default_rng(0)
@@ -479,6 +480,34 @@ def test_the_story_runs_each_scenario_and_writes_a_panel_for_each(tmp_path) -> N
     for name in ("straggler", "non-iid"):   # each scenario's own run, as `gossip demo` writes
         assert (out / name / "demo.json").exists() and (out / name / "demo.png").exists()
     assert (out / "story.png").stat().st_size > 0
+    # The time budget: the first policy to finish sets T, and its own accuracy at T is its
+    # final one.
+    for scenario in story["scenarios"]:
+        rows = {r["policy"]: r for r in scenario["table"]}
+        first = min(rows.values(), key=lambda r: r["train_seconds"])
+        assert scenario["budget_seconds"] == first["train_seconds"], scenario
+        assert scenario["accuracy_at_budget"][first["policy"]] == first["final_accuracy"]
+    assert "T = " in summary and "at T" in summary, summary
+
+
+def _curve_doc(runs: dict) -> dict:
+    """A demo.json's table and curves: runs = {policy: (train_seconds, [(time, acc), ...])}."""
+    return {"table": [{"policy": p, "train_seconds": t} for p, (t, _) in runs.items()],
+            "figures": {"test_accuracy_vs_wall_time": {
+                p: {"time": [x for x, _ in c], "accuracy": [a for _, a in c]}
+                for p, (_, c) in runs.items()}}}
+
+
+def test_the_budget_is_the_first_finish_and_each_run_is_read_at_its_last_point_by_then():
+    from gossip.demo.story import budget
+
+    doc = _curve_doc({"fast": (1.0, [(0, 0.1), (0.5, 0.8), (1.0, 0.9)]),
+                      "slow": (3.0, [(0, 0.1), (0.9, 0.6), (1.1, 0.7), (3.0, 0.95)]),
+                      "late": (2.0, [(0, 0.1), (1.5, 0.5), (2.0, 0.6)]),
+                      "baseline": (0.2, [(0, 0.1), (0.2, 0.99)])})
+    t, at = budget(doc)
+    assert t == 1.0   # the baseline, alone on the machine afterwards, sets no budget
+    assert at == {"fast": 0.9, "slow": 0.6, "late": None, "baseline": 0.99}
 
 
 def test_ctrl_c_keeps_the_scenarios_that_finished(tmp_path) -> None:

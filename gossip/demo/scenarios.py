@@ -51,7 +51,8 @@ SCENARIOS = (
              ("synchronous", "local-sgd", "elastic", "gossip"), settings={"link": "100mbit,1ms"}),
     Scenario("straggler", "the last peer 4x slower per step",
              "synchronous and gossip wait for the slow peer at every step; asynchronous lets "
-             "the others go on (more samples per second), at some cost in accuracy",
+             "the others go on: its fast peers take more of the group's steps (split by "
+             "speed) and it finishes first, while the slow peer's own model lags",
              ("synchronous", "gossip", "asynchronous"), settings={"straggler": "{last}@4"}),
     Scenario("death", "the last peer SIGKILLed at a third, started again",
              "gossip and asynchronous train on past a dead neighbour; synchronous "

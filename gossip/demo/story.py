@@ -15,8 +15,9 @@ from gossip.demo.options import DemoOptions
 from gossip.demo.report import write_json_doc
 from gossip.demo.runner import run_demo
 from gossip.demo.scenarios import Scenario
+from gossip.demo.train import BASELINE
 
-__all__ = ["run_story", "STORY_PNG", "STORY_JSON"]
+__all__ = ["run_story", "budget", "summary_table", "STORY_PNG", "STORY_JSON"]
 
 STORY_PNG, STORY_JSON = "story.png", "story.json"
 # Distinct dashes and markers: two runs that coincide (gossip and push-sum on an undirected
@@ -58,22 +59,43 @@ def _seconds(value: Any) -> str:
     return "-" if value is None else f"{value:.1f} s"
 
 
+def budget(doc: dict) -> tuple[float | None, dict[str, float | None]]:
+    """The scenario's time budget T, the training time of the first policy to finish (the
+    one-process baseline aside), and each run's test accuracy at T: its last evaluation at
+    or before T (None: none yet besides the start). Comparing at equal time is what a user
+    with a deadline sees: a policy that trains the same epochs faster is further along."""
+    times = [r["train_seconds"] for r in doc["table"]
+             if r["policy"] != BASELINE and not r.get("failed") and r.get("train_seconds")]
+    if not times:
+        return None, {}
+    t = min(times)
+    at = {}
+    for name, curve in doc["figures"]["test_accuracy_vs_wall_time"].items():
+        points = [a for time, a in zip(curve["time"], curve["accuracy"])
+                  if time <= t * (1 + 1e-9)]
+        at[name] = points[-1] if len(points) > 1 else None
+    return t, at
+
+
 def summary_table(finished: list[tuple[Scenario, dict]]) -> str:
     """One block per scenario: per policy, test accuracy (mean of the peers' models, the
-    worst peer's, and the model of their averaged weights), time to the target, training time, samples/s, MB sent per peer and the
-    consensus distance, after the last epoch."""
-    head = ("policy", "test acc", "worst peer", "avg model", "to target", "time", "samples/s",
-            "sent/peer", "consensus")
+    worst peer's, and the model of their averaged weights), its accuracy at the scenario's
+    time budget (budget()), time to the target, training time, samples/s, MB sent per peer
+    and the consensus distance, after the last epoch."""
+    head = ("policy", "test acc", "worst peer", "avg model", "at T", "to target", "time",
+            "samples/s", "sent/peer", "consensus")
     lines = []
     for scenario, doc in finished:
         target = doc["run"].get("target_accuracy", 0.95)
-        lines.append(f"{scenario.name}: {scenario.title} (time to {100 * target:.0f}%)")
+        t, at = budget(doc)
+        lines.append(f"{scenario.name}: {scenario.title} (time to {100 * target:.0f}%; at T: "
+                     f"test acc when the first policy finished, T = {_seconds(t)})")
         rows = [head]
         for r in doc["table"]:
             consensus = r.get("consensus")
             rows.append((r["policy"], _pct(r.get("final_accuracy")),
                          _pct(r.get("worst_peer_accuracy")),
-                         _pct(r.get("averaged_model_accuracy")),
+                         _pct(r.get("averaged_model_accuracy")), _pct(at.get(r["policy"])),
                          _seconds(r.get("time_to_target")),
                          _seconds(r.get("train_seconds")), f"{r.get('throughput') or 0:,.0f}",
                          f"{(r.get('bytes_per_peer') or 0) / 1e6:.1f} MB",
@@ -87,9 +109,13 @@ def summary_table(finished: list[tuple[Scenario, dict]]) -> str:
 
 
 def _write(out: str, finished: list[tuple[Scenario, dict]]) -> None:
-    write_json_doc(os.path.join(out, STORY_JSON), {"scenarios": [
-        {"name": s.name, "title": s.title, "expected": s.shows, "run": d["run"],
-         "table": d["table"]} for s, d in finished]})
+    scenarios = []
+    for s, d in finished:
+        t, at = budget(d)
+        scenarios.append({"name": s.name, "title": s.title, "expected": s.shows,
+                          "run": d["run"], "budget_seconds": t, "accuracy_at_budget": at,
+                          "table": d["table"]})
+    write_json_doc(os.path.join(out, STORY_JSON), {"scenarios": scenarios})
     write_story_png(os.path.join(out, STORY_PNG), finished)
 
 
@@ -133,6 +159,11 @@ def write_story_png(path: str, finished: list[tuple[Scenario, dict]]) -> None:
                         label=f"{name} ({_pct(final)})" if final is not None else name)
             target = doc["run"].get("target_accuracy", 0.95)
             ax.axhline(100 * target, color="gray", lw=0.8, ls=":")
+            t, _ = budget(doc)
+            if t is not None:
+                ax.axvline(t, color="gray", lw=0.8, ls="--")
+                ax.annotate(" T", (t, 0.02), xycoords=("data", "axes fraction"),
+                            fontsize=8, color="gray")
             ax.set_ylim(*_zoom([[100 * a for a in d["accuracy"]] for d in curves.values()]))
             ax.set(xlabel="training time (s)", ylabel="test accuracy (%)",
                    title=f"{scenario.name}: {scenario.title}")
