@@ -33,6 +33,7 @@ class Coordinator:
         self.active: Proposal | None = None      # the proposal under way
         self.ready: dict[str, dict] = {}         # its members' answers
         self.deadline = 0.0
+        self.lost_when_proposed: set = set()   # known_lost() as the active proposal went out
         self.counter = itertools.count(1)
         self.leaving: dict[str, str] = {}        # name -> door of a member that leaves
         self.lates = 0   # boundaries of the change under way that a member was past already
@@ -97,7 +98,7 @@ class Coordinator:
         members += [m for n, m in self.pending.items() if n not in names]
         p = Proposal(f"{self.changes.view.number + 1}.{next(self.counter)}", self.changes.view.number + 1,
                      tuple(members), at_step, self.changes.door.address)
-        self.active, self.ready = p, {}
+        self.active, self.ready, self.lost_when_proposed = p, {}, lost
         self.deadline = time.monotonic() + self.changes.timeout / 2
         log.info("%s: proposes view %d at step %s (lost: %s): %s", self.changes.name,
                  p.number, "now" if at_step is None else at_step, sorted(lost),
@@ -241,18 +242,32 @@ class Coordinator:
         return out
 
     def tick(self) -> None:
-        """Door thread: a proposal whose answers are late. A silent member is left out only
-        once this process counts it lost (its transport saw it die, or another member said
-        so); one that is merely slow is asked again, never dropped for slowness, or two
-        coordinators could commit two different views."""
+        """Door thread: a proposal some members have not answered. A silent member is left
+        out only once this process counts it lost (its transport saw it die, or another
+        member said so); one that is merely slow is asked again at the deadline, never
+        dropped for slowness, or two coordinators could commit two different views. A loss
+        learnt after the proposal went out (it was made as the member died: a peer that
+        read a dead process's memory knows first) leaves the member out at once, not at the
+        deadline (15 s); one known before, or a member admitted again (pending), may be a
+        restarted member's old self, and the new process, under the same name, has until
+        the deadline to answer."""
         with self.changes.cond:
             p = self.active
-            if p is None or time.monotonic() < self.deadline:
+            if p is None:
                 return
+            late = time.monotonic() >= self.deadline
             silent = [m.name for m in p.members if m.name not in self.ready]
-            lost = self.changes.known_lost() | self._joiners_silent(p, silent)
+            if not silent:
+                return
+            lost = self.changes.known_lost()
+            if late:
+                lost |= self._joiners_silent(p, silent)
+            else:   # (a joiner or restarted process in this proposal: pending, not lost)
+                lost -= self.lost_when_proposed | set(self.pending)
             gone = [name for name in silent if name in lost]
             if not gone:
+                if not late:
+                    return
                 self.deadline = time.monotonic() + self.changes.timeout / 4
                 log.info("%s: view %d's proposal waits for %s: asking again", self.changes.name,
                          p.number, silent)
