@@ -93,6 +93,7 @@ class Loop:
         schedule = evaluation_steps(total, spe, evals, count)
         order = BatchOrder(self.rng, len(y), spe, self.batch)
         step = first = step_now()
+        passed = sum(1 for at in schedule if at <= step)   # evaluations behind us
         if step == 0:
             self._evaluate(measure, {"time": 0.0, "step": 0, "epoch": 0.0, "index": 0,
                                      "train_loss": float("nan")})
@@ -122,11 +123,14 @@ class Loop:
                             share(time.perf_counter() - start - eval_seconds))
                 schedule = evaluation_steps(total, spe, evals, count)
                 bound = 2 * (total - first) + 100
-            due = [k for k, at in enumerate(schedule, 1) if before < at <= step]
-            if step > before and due:
+            due = passed
+            while due < len(schedule) and schedule[due] <= step:
+                due += 1
+            if due > passed:   # (several at once: the last one's index)
+                passed = due
                 paused = time.perf_counter()
                 self._evaluate(measure, {"time": paused - start - eval_seconds, "step": step,
-                                         "epoch": step / spe, "index": due[-1],
+                                         "epoch": step / spe, "index": due,
                                          "train_loss": loss_sum / max(1, losses)})
                 eval_seconds += time.perf_counter() - paused
                 loss_sum, losses = 0.0, 0

@@ -94,13 +94,13 @@ def _mean_and_consensus(directory: str, policy: str,
 
 def collect(directory: str, policy: str, slots: int, *, consensus: bool = True) -> dict:
     """One record of ``policy`` from the records of its ``slots`` peers: ``history`` (one
-    point per evaluation, the peers' k-th together: accuracy and losses averaged over the peers that evaluated it,
-    ``peers`` of them, the consensus distance among them, and the time on the clock of the
-    slowest peer that trained the whole run in one process), ``train_seconds`` and
-    ``wall_seconds`` (the slowest such peer's), ``samples`` (every process's), ``bytes_per_peer``
-    (per slot, its processes' together), ``steps``, ``parameters``, and per slot the
-    ``killed`` and ``joined`` lines (a peer killed and started again) and whether it finished
-    (``done``)."""
+    point per evaluation, the peers' k-th together: accuracy and losses averaged over the
+    peers that evaluated it, ``peers`` of them, the consensus distance among them, and the
+    time on the clock of the slowest peer that trained the whole run in one process),
+    ``train_seconds`` and ``wall_seconds`` (the slowest such peer's), ``samples`` (every
+    process's), ``bytes_per_peer`` (per slot, its processes' together), ``steps``,
+    ``parameters``, and per slot the ``killed`` and ``joined`` lines (a peer killed and
+    started again) and whether it finished (``done``)."""
     lines = {s: records_of(directory, policy, s) for s in range(slots)}
     done = {s: [r for r in ls if r["kind"] == "done"] for s, ls in lines.items()}
     # A slot trained the whole run in one process: one start, finished, never killed.
