@@ -233,6 +233,7 @@ def test_demo_kill_every_policy_rejoins_or_says_why_not(tmp_path) -> None:
 # ---------------------------------------------------------------------- bad arguments
 
 
+@pytest.mark.slow   # 7 s; the codecs' byte counts are tested in test_policies_compression.py
 def test_demo_compression_encodes_what_the_policies_send(tmp_path) -> None:
     out = tmp_path / "out"
     proc = _demo("--policy", "synchronous,push-sum", "--epochs", "1", "--peers", "2",

@@ -175,6 +175,7 @@ def test_train_torch_under_torchrun_with_a_gossip_port() -> None:
     assert _number(final, "averaged model test accuracy") > 0.4, final
 
 
+@pytest.mark.slow   # 8 s; torchrun stays in the default run through tests/test_torch_backend.py
 def test_train_torch_under_plain_torchrun() -> None:
     # torchrun's agent store holds MASTER_PORT for the whole run; gossip takes the next port.
     final = _final(_check(_torchrun()))
