@@ -53,6 +53,7 @@ def _table_rows(stdout: str) -> dict[str, list[str]]:
 # ---------------------------------------------------------------------- end to end
 
 
+@pytest.mark.slow   # 7-9 s; the story and straggler tests below run the same path
 def test_demo_trains_two_policies_and_writes_the_figures(tmp_path) -> None:
     out = tmp_path / "out"
     proc = _demo("--policy", "synchronous,gossip", "--epochs", "2", "--peers", "2",

@@ -321,6 +321,7 @@ def test_gossip_converges_over_slow_links(network, tmp_path, digits, request, st
 LOSS = 0.05
 
 
+@pytest.mark.slow   # 5-10 s; the default run keeps the cut-host and slow-link netns tests
 def test_gossip_converges_with_packet_loss(network, tmp_path, digits, request):
     reference = baseline(network, tmp_path, digits, "gossip")
     network.set_loss(LOSS)
