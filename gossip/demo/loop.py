@@ -25,10 +25,10 @@ from typing import Any, Callable
 
 import numpy as np
 
-__all__ = ["Loop", "BatchOrder", "evaluation_steps"]
+__all__ = ["Loop", "BatchOrder"]
 
 
-def evaluation_steps(total: int, spe: int, evals: int, count: int) -> list[int]:
+def _evaluation_steps(total: int, spe: int, evals: int, count: int) -> list[int]:
     """The steps after which evaluations 1..``count`` come: ``evals`` in the first epoch of
     ``spe`` steps, the rest evenly over the steps after it up to ``total``. With ``total``
     = epochs * spe and ``count`` = epochs * evals, that is ``evals`` per epoch at the same
@@ -90,7 +90,7 @@ class Loop:
         every = max(1, spe // max(1, config.progress_every))
         evals = min(max(1, config.evals_per_epoch), spe)
         count = config.epochs * evals
-        schedule = evaluation_steps(total, spe, evals, count)
+        schedule = _evaluation_steps(total, spe, evals, count)
         order = BatchOrder(self.rng, len(y), spe, self.batch)
         step = first = step_now()
         passed = sum(1 for at in schedule if at <= step)   # evaluations behind us
@@ -121,7 +121,7 @@ class Loop:
             if share is not None and before < spe <= step and first < spe:
                 total = max(step + count - evals,   # (a step for each evaluation left)
                             share(time.perf_counter() - start - eval_seconds))
-                schedule = evaluation_steps(total, spe, evals, count)
+                schedule = _evaluation_steps(total, spe, evals, count)
                 bound = 2 * (total - first) + 100
             due = passed
             while due < len(schedule) and schedule[due] <= step:

@@ -264,8 +264,6 @@ def _speed_share(peer: Any, total: int, steps_per_epoch: int) -> Any:
     more steps; without it the fast peers would stop early and leave the slow one to train
     alone). One allreduce of the peers' step rates, at the end of the first epoch: the fast
     peers wait for the slow one once."""
-    import numpy as np
-
     def share(seconds: float) -> int:
         rates = np.array([steps_per_epoch / max(seconds, 1e-6)])
         mine = float(rates[0])
