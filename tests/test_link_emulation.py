@@ -89,9 +89,38 @@ def collectives_round(peer):
 
 
 def test_results_are_bit_exact_under_emulation():
-    plain = spawn(collectives_round, n=3, timeout=60)
+    # Against the same algorithms without emulation: emulated peers on one host do not meet in
+    # shared memory (below), so the plain run is one whose peers cannot either (tcp).
+    plain = spawn(collectives_round, n=3, timeout=60, transport="tcp")
     emulated = spawn(collectives_round, n=3, timeout=60, env={"GOSSIP_LINK": "1gbit,2ms"})
     assert emulated == plain
+
+
+def timed_collectives(peer, nbytes):
+    """The seconds a barrier, an allreduce and a neighbour average of ``nbytes`` took here."""
+    data = np.ones(nbytes // 4, dtype=np.float32)
+    seconds = []
+    peer.barrier()
+    for op in (peer.barrier, lambda: peer.allreduce(data),
+               lambda: peer.neighbor_average(data, step=0)):
+        start = time.monotonic()
+        op()
+        seconds.append(time.monotonic() - start)
+    return seconds
+
+
+def test_collectives_on_one_host_cross_the_emulated_link():
+    # Two peers on one host would otherwise meet in shared memory (a barrier, an allreduce
+    # and a neighbour exchange that read each other's memory), which no network delays: the
+    # emulated run would cost nothing the network would. 50 ms one way: a barrier waits for
+    # a message from the other peer; 80 Mbit/s: 4 MiB sent either way (the ring's two
+    # halves, or the whole array to the neighbour) cannot cross in under 0.41 s.
+    results = spawn(timed_collectives, n=2, args=(4 * MIB,), timeout=90,
+                    env={"GOSSIP_LINK": "80mbit,50ms"})
+    barrier, allreduce, neighbor = (max(r[k] for r in results) for k in range(3))
+    assert barrier >= 0.05, results
+    assert allreduce >= (4 * MIB - 64 * 1024) / 10e6, results
+    assert neighbor >= (4 * MIB - 64 * 1024) / 10e6, results
 
 
 def test_bad_values_name_the_setting(monkeypatch):

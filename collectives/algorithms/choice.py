@@ -55,7 +55,7 @@ def barrier_algorithm(shm: OnHost, transport: Any) -> tuple[str, Callable]:
     host with shared memory on x86-64, as the small allreduces; else the dissemination
     barrier over ZeroMQ. The name is part of the call's signature."""
     others = set(range(transport.world_size)) - {transport.rank}
-    if SHARED_COUNTERS and others and others <= transport.on_host_peers():
+    if SHARED_COUNTERS and others and others <= transport.shared_memory_peers():
         return "shm", shm.barrier
     return "dissemination", dissemination_barrier
 

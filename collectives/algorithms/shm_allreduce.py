@@ -55,14 +55,14 @@ SHM_MIN_BYTES = 1 << 20
 def on_host(transport: Any, adapter: ArrayAdapter, dtype: str, nbytes: int,
             peers=None) -> bool:
     """The shared-memory paths can run: the ``peers`` (default: every other peer) are on
-    this host with shared memory, the array is in host memory, of a dtype numpy reads (not
+    this host with shared memory and no link emulation (shared_memory_peers), the array is in host memory, of a dtype numpy reads (not
     bfloat16), and holds an announcement. The same answer on every peer of one call."""
     others = set(range(transport.world_size)) - {transport.rank} if peers is None else set(peers)
     try:
         np.dtype(dtype)
     except TypeError:
         return False
-    return (adapter.on_host and bool(others) and others <= transport.on_host_peers()
+    return (adapter.on_host and bool(others) and others <= transport.shared_memory_peers()
             and nbytes >= ANNOUNCEMENT_BYTES)
 
 
