@@ -394,6 +394,35 @@ def test_load_mnist_checks_element_types(tmp_path) -> None:
         load_mnist(tmp_path)
 
 
+def test_shifted_digits_are_the_digits_at_seeded_places_on_a_larger_canvas() -> None:
+    from gossip.demo.data import load_digits, load_shifted_digits
+
+    plain, shifted = load_digits(), load_shifted_digits()
+    assert shifted.image_shape == (12, 12) and shifted.max_value == plain.max_value
+    assert len(shifted.train_labels) == 4 * len(plain.train_labels)
+    assert len(shifted.test_labels) == 8 * len(plain.test_labels)
+    # Same split: a test digit never trains, at any place.
+    for images, labels, originals, copies in (
+            (shifted.train_images, shifted.train_labels, plain.train_images, 4),
+            (shifted.test_images, shifted.test_labels, plain.test_images, 8)):
+        n = len(originals)
+        assert np.array_equal(labels, np.tile(labels[:n], copies))
+        offsets = set()
+        for i in range(0, copies * n, 97):   # each image is its original, somewhere, on zeros
+            image, original = images[i], originals[i % n]
+            found = [(dy, dx) for dy in range(5) for dx in range(5)
+                     if np.array_equal(image[dy:dy + 8, dx:dx + 8], original)
+                     and image.sum() == original.sum()]
+            assert found, i
+            offsets.add(found[0])
+        assert len(offsets) > 10   # placed at many offsets, not one
+    again = load_shifted_digits()
+    assert np.array_equal(again.train_images, shifted.train_images)
+    assert np.array_equal(again.test_images, shifted.test_images)
+    with pytest.raises(ValueError, match="canvas must be at least 8"):
+        load_shifted_digits(canvas=6)
+
+
 def test_shards_are_equal_disjoint_and_seeded() -> None:
     parts = [shard(103, r, 4, seed=3) for r in range(4)]
     assert all(len(p) == 25 for p in parts)
@@ -463,8 +492,9 @@ def _interrupted(args: list[str], stream: str, at: str) -> tuple[int, str, str]:
 
 def test_the_story_runs_each_scenario_and_writes_a_panel_for_each(tmp_path) -> None:
     out = tmp_path / "out"
+    # (--dataset digits: the mechanics, at a quarter of the story's default data's steps.)
     proc = _demo("--scenario", "straggler,non-iid", "--epochs", "1", "--peers", "2",
-                 "--no-baseline", "--out", str(out))
+                 "--dataset", "digits", "--no-baseline", "--out", str(out))
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "=== scenario 1 of 2: straggler (the last peer 4x slower per step)" in proc.stdout
     summary = proc.stdout.rsplit("=== scenario 2 of 2", 1)[1]
@@ -473,6 +503,9 @@ def test_the_story_runs_each_scenario_and_writes_a_panel_for_each(tmp_path) -> N
     story = json.loads((out / "story.json").read_text())
     assert [s["name"] for s in story["scenarios"]] == ["straggler", "non-iid"]
     straggler, non_iid = story["scenarios"]
+    for scenario in story["scenarios"]:
+        assert scenario["run"]["dataset"] == "digits", scenario["run"]
+        assert scenario["run"]["target_accuracy"] == 0.95, scenario["run"]
     assert straggler["run"]["straggler"] == {"rank": 1, "factor": 4.0}, straggler["run"]
     assert non_iid["run"]["non_iid"] == 0.1 and non_iid["run"]["straggler"] is None
     assert [r["policy"] for r in straggler["table"]] == ["synchronous", "gossip",
@@ -489,7 +522,33 @@ def test_the_story_runs_each_scenario_and_writes_a_panel_for_each(tmp_path) -> N
         first = min(rows.values(), key=lambda r: r["train_seconds"])
         assert scenario["budget_seconds"] == first["train_seconds"], scenario
         assert scenario["accuracy_at_budget"][first["policy"]] == first["final_accuracy"]
-    assert "T = " in summary and "at T" in summary, summary
+        # ... and its averaged model's at T is its final averaged model's (both evaluated
+        # from the same average, at the last point).
+        assert (scenario["averaged_accuracy_at_budget"][first["policy"]]
+                == first["averaged_model_accuracy"]), scenario
+    assert "T = " in summary and "at T" in summary and "avg at T" in summary, summary
+
+
+@pytest.mark.parametrize("args, dataset, epochs", [
+    ([], "shifted-digits", {"slow-network": 4, "straggler": 4, "death": 8, "non-iid": 4}),
+    (["--scenario", "death", "--epochs", "2"], "shifted-digits", {"death": 2}),
+    (["--scenario", "straggler", "--dataset", "digits"], "digits", {"straggler": 20}),
+    (["--policy", "gossip"], "digits", None),
+    (["--policy", "gossip", "--dataset", "shifted-digits"], "shifted-digits", None),
+])
+def test_the_story_trains_on_the_shifted_digits_unless_a_data_set_is_named(args, dataset,
+                                                                           epochs) -> None:
+    # The story's scenarios differ beyond the seeds' noise only on the harder data; one run of
+    # the user's own keeps the plain digits (and their figures in the README).
+    from gossip.cli import build_parser
+    from gossip.commands.demo import demo_options
+
+    options, scenarios = demo_options(build_parser().parse_args(["demo", *args]))
+    assert options.dataset == dataset
+    if epochs is None:
+        assert scenarios is None
+    else:
+        assert {s.name: s.options(options).epochs_per_policy for s in scenarios} == epochs
 
 
 def _curve_doc(runs: dict) -> dict:
@@ -510,6 +569,12 @@ def test_the_budget_is_the_first_finish_and_each_run_is_read_at_its_last_point_b
     t, at = budget(doc)
     assert t == 1.0   # the baseline, alone on the machine afterwards, sets no budget
     assert at == {"fast": 0.9, "slow": 0.6, "late": None, "baseline": 0.99}
+    # The averaged models' curves where a run has them; the baseline's one model otherwise.
+    curves = doc["figures"]["test_accuracy_vs_wall_time"]
+    curves["fast"]["averaged_accuracy"] = [0.1, 0.85, 0.95]
+    curves["slow"]["averaged_accuracy"] = [0.1, 0.7, 0.8, 0.96]
+    assert budget(doc, "averaged_accuracy") == (1.0, {"fast": 0.95, "slow": 0.7, "late": None,
+                                                      "baseline": 0.99})
 
 
 def test_ctrl_c_keeps_the_scenarios_that_finished(tmp_path) -> None:
@@ -517,7 +582,8 @@ def test_ctrl_c_keeps_the_scenarios_that_finished(tmp_path) -> None:
     out = tmp_path / "out"
     returncode, _, err = _interrupted(
         ["--scenario", "non-iid,slow-network", "--epochs", "3", "--peers", "2",
-         "--no-baseline", "--out", str(out)], "stdout", "=== scenario 2 of 2")
+         "--dataset", "digits", "--no-baseline", "--out", str(out)], "stdout",
+        "=== scenario 2 of 2")
     assert returncode == 130, err[-3000:]
     assert "interrupted; the finished scenarios are in" in err, err[-3000:]
     assert "story.png: non-iid" in err, err[-3000:]

@@ -5,9 +5,9 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from typing import NoReturn
+from typing import Any, NoReturn
 
-__all__ = ["register", "main", "parse_policies", "compression_options"]
+__all__ = ["register", "main", "demo_options", "parse_policies", "compression_options"]
 
 # The names `gossip.policies.names()` returns; repeated here so that building the parser does
 # not import the policies (every `gossip` invocation builds it). main() checks them.
@@ -28,7 +28,8 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
             "consensus distance) and writes OUT/demo.png and OUT/demo.json.\n\n"
             "With no --policy, --kill, --link, --non-iid or --straggler it tells the story:\n"
             "four scenarios where the policies differ (slow-network, straggler, death,\n"
-            "non-iid; about 3 minutes on 2 cores), each into OUT/<scenario>/, then a summary\n"
+            "non-iid; about 3 minutes on 2 cores), on a harder task by default (the digits\n"
+            "at random places on a 12x12 canvas), each into OUT/<scenario>/, then a summary\n"
             "table, OUT/story.png (a panel per scenario) and OUT/story.json. --scenario NAMES\n"
             "runs some of them."
         ),
@@ -58,10 +59,13 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
                         help="the peers' graph, as for `gossip topology` (default ring); used "
                         "by gossip, push-sum and asynchronous")
     parser.add_argument("--epochs", type=int, default=None, metavar="N",
-                        help="epochs per policy (default: 20 on digits, 2 on mnist; with "
-                        "--kill 100 on digits)")
-    parser.add_argument("--dataset", default="digits", metavar="NAME",
-                        help="digits (default; inside scikit-learn) or mnist (needs --data-dir)")
+                        help="epochs per policy (default: 20 on digits, 5 on shifted-digits, "
+                        "2 on mnist; with --kill 100 and 25; in the scenarios 4, 8 under the "
+                        "death, on shifted-digits)")
+    parser.add_argument("--dataset", default=None, metavar="NAME",
+                        help="digits (inside scikit-learn; the default for one run), "
+                        "shifted-digits (the digits at random places on 12x12: harder; the "
+                        "scenarios' default) or mnist (needs --data-dir)")
     parser.add_argument("--data-dir", metavar="PATH",
                         help="directory with MNIST's IDX files: train-images-idx3-ubyte, "
                         "train-labels-idx1-ubyte, t10k-images-idx3-ubyte, "
@@ -154,11 +158,11 @@ def compression_options(policies: tuple[str, ...], spec: str) -> tuple[dict, lis
     return options, plain
 
 
-def main(args: argparse.Namespace) -> int:
-    """Run `gossip demo`. Bad settings are ValueErrors, shown by the CLI in one line; a failed
-    peer is one line here, with the details in OUT/failure.log."""
+def demo_options(args: argparse.Namespace) -> tuple[Any, tuple | None]:
+    """(DemoOptions, the scenarios to run or None for one run) from the parsed arguments;
+    ValueError (one line) for settings that do not go together."""
     from gossip.demo.kill import Kill
-    from gossip.demo.runner import DemoFailed, DemoOptions, run_demo
+    from gossip.demo.options import DemoOptions
     from gossip.demo.straggler import Straggler
 
     single_run = [flag for flag, value in (("--policy", args.policy), ("--kill", args.kill),
@@ -172,6 +176,11 @@ def main(args: argparse.Namespace) -> int:
         from gossip.demo.scenarios import parse_scenarios
         scenarios = parse_scenarios(args.scenario or "all")
     policies = parse_policies(args.policy or "all")
+    if args.dataset is not None:
+        dataset = args.dataset.strip().lower()
+    else:
+        from gossip.demo.scenarios import STORY_DATASET
+        dataset = "digits" if scenarios is None else STORY_DATASET
     policy_options: dict = {}
     if args.compression is not None:
         policy_options, plain = compression_options(policies, args.compression)
@@ -181,12 +190,21 @@ def main(args: argparse.Namespace) -> int:
     options = DemoOptions(
         policies=policies, policy_options=policy_options, peers=args.peers,
         topology=args.topology,
-        epochs=args.epochs, dataset=args.dataset.strip().lower(), data_dir=args.data_dir,
+        epochs=args.epochs, dataset=dataset, data_dir=args.data_dir,
         out=args.out, batch_size=args.batch_size, lr=args.lr, seed=args.seed,
         baseline=not args.no_baseline, timeout=args.timeout,
         kill=None if args.kill is None else Kill.parse(args.kill), link=args.link,
         non_iid=args.non_iid,
         straggler=None if args.straggler is None else Straggler.parse(args.straggler))
+    return options, scenarios
+
+
+def main(args: argparse.Namespace) -> int:
+    """Run `gossip demo`. Bad settings are ValueErrors, shown by the CLI in one line; a failed
+    peer is one line here, with the details in OUT/failure.log."""
+    from gossip.demo.runner import DemoFailed, run_demo
+
+    options, scenarios = demo_options(args)
     existed = os.path.isdir(options.out)
     try:
         if scenarios is not None:

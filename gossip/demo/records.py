@@ -95,7 +95,8 @@ def _mean_and_consensus(directory: str, policy: str,
 def collect(directory: str, policy: str, slots: int, *, consensus: bool = True) -> dict:
     """One record of ``policy`` from the records of its ``slots`` peers: ``history`` (one
     point per evaluation, the peers' k-th together: accuracy and losses averaged over the
-    peers that evaluated it, ``peers`` of them, the consensus distance among them, and the
+    peers that evaluated it, ``peers`` of them, the consensus distance among them and their
+    average (``averaged_parameters``, with ``consensus``), and the
     time on the clock of the slowest peer that trained the whole run in one process),
     ``train_seconds`` and ``wall_seconds`` (the slowest such peer's), ``samples`` (every
     process's), ``bytes_per_peer`` (per slot, its processes' together), ``steps``,
@@ -132,6 +133,10 @@ def collect(directory: str, policy: str, slots: int, *, consensus: bool = True) 
     for point in history if consensus else ():
         averaged, point["consensus"] = _mean_and_consensus(
             directory, policy, [(s, r["step"]) for s, r in by_index[point["index"]]])
+        # The average at each point too (the runner evaluates it, then drops the array): what
+        # a final allreduce would give at that time, the deliverable of elastic and
+        # asynchronous, whose peers' own models are not meant to agree while they train.
+        point["averaged_parameters"] = averaged
     finals = [d[-1] for d in done.values() if d]
     ends = [r for s, ls in lines.items() for r in ls if r["kind"] in ("done", "killed")]
     sent = [sum(r.get("bytes_sent", 0) for r in ls if r["kind"] in ("done", "killed"))

@@ -161,6 +161,8 @@ def figures(rows: list[dict]) -> dict:
         h = r["history"]
         name = r["policy"]
         acc[name] = {"time": [p["time"] for p in h], "accuracy": [p["accuracy"] for p in h]}
+        if any("averaged_accuracy" in p for p in h):   # (not the baseline's: one model)
+            acc[name]["averaged_accuracy"] = [p.get("averaged_accuracy") for p in h]
         loss[name] = {"time": [p["time"] for p in h],
                       "train_loss": [p["train_loss"] for p in h],
                       "test_loss": [p["test_loss"] for p in h]}

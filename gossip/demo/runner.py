@@ -29,12 +29,13 @@ import time
 from typing import IO
 
 from collectives import defaults
-from gossip.demo.data import Dataset, load_digits, load_mnist
-from gossip.demo.options import DATASETS, DEFAULT_EPOCHS, KILL_EPOCHS, DemoOptions
+from gossip.demo.data import Dataset, load_digits, load_mnist, load_shifted_digits
+from gossip.demo.options import DATASETS, DEFAULT_EPOCHS, KILL_EPOCHS, TARGETS, DemoOptions
 from gossip.demo.progress import ProgressDisplay
 from gossip.demo.records import collect, finished_runs
 from gossip.demo.report import format_table, summarize, write_json, write_png
-from gossip.demo.train import BASELINE, TrainConfig, averaged_accuracy, run_baseline, run_peer
+from gossip.demo.train import (BASELINE, TrainConfig, averaged_accuracies, averaged_accuracy,
+                               run_baseline, run_peer)
 
 __all__ = ["DemoOptions", "DemoFailed", "run_demo", "load_dataset", "DATASETS",
            "DEFAULT_EPOCHS", "KILL_EPOCHS", "PNG_NAME", "JSON_NAME"]
@@ -60,6 +61,8 @@ def load_dataset(options: DemoOptions) -> Dataset:
     be loaded."""
     if options.dataset == "mnist":
         return load_mnist(options.data_dir)
+    if options.dataset == "shifted-digits":
+        return load_shifted_digits()
     return load_digits()
 
 
@@ -106,7 +109,8 @@ def run_demo(options: DemoOptions, *, stdout: IO[str] | None = None,
                              seed=options.seed, baseline=options.baseline,
                              progress_path=progress_path,
                              policy_options=dict(options.policy_options), kill=options.kill,
-                             non_iid=options.non_iid, straggler=options.straggler)
+                             non_iid=options.non_iid, straggler=options.straggler,
+                             target_accuracy=TARGETS[options.dataset])
         print(f"gossip demo: {dataset.describe()}; {options.peers} peers on {graph} "
               f"(loopback); {per_policy} of {steps_per_epoch} steps, batch "
               f"{options.batch_size} per peer, SGD lr {config.lr:g} momentum "
@@ -118,7 +122,8 @@ def run_demo(options: DemoOptions, *, stdout: IO[str] | None = None,
                   "per policy (synchronous, local-sgd and elastic with elastic=True)",
                   file=stderr, flush=True)
         print(f"starting {options.peers} peer processes...", file=stderr, flush=True)
-        with ProgressDisplay(progress_path, stream=stderr, bars=options.bars) as display:
+        with ProgressDisplay(progress_path, stream=stderr, bars=options.bars,
+                             target=config.target_accuracy) as display:
             try:
                 fates = _launch(options, dataset, config)
             except KeyboardInterrupt:
@@ -154,6 +159,12 @@ def _report(records: list[dict], options: DemoOptions, dataset: Dataset, config:
         averaged = r.pop("averaged_parameters", None)
         if averaged is not None:
             r["averaged_accuracy"] = averaged_accuracy(dataset, averaged)
+        points = [p for p in r["history"] if p.get("averaged_parameters") is not None]
+        for p, accuracy in zip(points, averaged_accuracies(
+                dataset, [p["averaged_parameters"] for p in points])):
+            p["averaged_accuracy"] = accuracy
+        for p in r["history"]:
+            p.pop("averaged_parameters", None)
     rows = summarize(records, target=config.target_accuracy)
     parameters = next((r["parameters"] for r in records if r["parameters"]), 0)
     table_header = (f"{dataset.describe()}, CNN of {parameters:,} parameters; "

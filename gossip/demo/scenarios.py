@@ -3,8 +3,10 @@ of the demo's own options (a slow network, a straggler, a peer that dies, non-ii
 one after the other by story.py. Each trains the policies that the scenario tells apart, from
 the same start on the same batches, with the one-process baseline beside them.
 
-Sized for about three minutes on 2 cores in all (4 peers): digits, 10 epochs (30 under the
-death, so the restarted process, 2-4 s to come back, still has steps to train).
+Sized for about three minutes on 2 cores in all (4 peers): the shifted digits (STORY_DATASET,
+a task on which accuracy keeps rising for a few epochs, so a policy that is further along is
+seen to be), 4 epochs (8 under the death, so the restarted process, 2-4 s to come back, still
+has steps to train). On another data set (--dataset) the scenarios take its default epochs.
 """
 from __future__ import annotations
 
@@ -16,7 +18,12 @@ from gossip.demo.kill import Kill
 from gossip.demo.options import DemoOptions
 from gossip.demo.straggler import Straggler
 
-__all__ = ["Scenario", "SCENARIOS", "scenario_names", "parse_scenarios"]
+__all__ = ["Scenario", "SCENARIOS", "STORY_DATASET", "scenario_names", "parse_scenarios"]
+
+#: The story's data set when none is named: digits at random places on a 12x12 canvas. On the
+#: plain digits every policy passes 95% within an epoch or two and ends within the seeds' noise
+#: of the others (96.9-98.9% over three seeds in every scenario).
+STORY_DATASET = "shifted-digits"
 
 
 @dataclass(frozen=True)
@@ -27,19 +34,21 @@ class Scenario:
     title: str                 # one line, for the table and the figure's panel
     shows: str                 # what it is expected to show, and why (printed before it runs)
     policies: tuple[str, ...]
-    epochs: int = 10
+    epochs: int = 4            # on STORY_DATASET
     settings: dict = field(default_factory=dict)   # DemoOptions fields it sets
 
     def options(self, base: DemoOptions) -> DemoOptions:
         """``base`` (the user's peers, seed, data, ...) with this scenario's policies, epochs
-        and settings, writing into OUT/<name>/."""
+        (the user's, else this scenario's on STORY_DATASET, else the data set's default) and
+        settings, writing into OUT/<name>/."""
         settings = dict(self.settings)
         # "{last}": the last peer, so that peer 0, which reports progress, is a normal one.
         for key, parse in (("kill", Kill.parse), ("straggler", Straggler.parse)):
             if key in settings:
                 settings[key] = parse(settings[key].format(last=base.peers - 1))
         return dataclasses.replace(
-            base, policies=self.policies, epochs=base.epochs or self.epochs,
+            base, policies=self.policies,
+            epochs=base.epochs or (self.epochs if base.dataset == STORY_DATASET else None),
             out=os.path.join(base.out, self.name), **settings)
 
 
@@ -58,7 +67,7 @@ SCENARIOS = (
              "gossip and asynchronous train on past a dead neighbour; synchronous "
              "(elastic=True) re-forms its group and goes on; the restarted peer rejoins with "
              "the running job's state",
-             ("synchronous", "gossip", "asynchronous"), epochs=30, settings={"kill": "{last}@0.33"}),
+             ("synchronous", "gossip", "asynchronous"), epochs=8, settings={"kill": "{last}@0.33"}),
     Scenario("non-iid", "each peer's classes drawn from Dirichlet(0.1)",
              "peers see mostly one or two classes: synchronous averages every step and keeps "
              "its accuracy; gossip on a ring and local-sgd's drift between averages cost "

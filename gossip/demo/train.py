@@ -140,15 +140,23 @@ def _evaluate(model: Any, x: Any, y: Any) -> tuple[float, float]:
 def averaged_accuracy(dataset: Dataset, parameters: np.ndarray) -> float:
     """Test accuracy of the model whose parameters are ``parameters`` (the peers' average,
     one vector in _flat's order), normalised as the peers normalise."""
+    return averaged_accuracies(dataset, [parameters])[0]
+
+
+def averaged_accuracies(dataset: Dataset, vectors: list[np.ndarray]) -> list[float]:
+    """averaged_accuracy of each of ``vectors``, with one model and one copy of the test set."""
     import torch
 
     model = make_cnn(dataset.image_shape, dataset.classes)
-    with torch.no_grad():
-        torch.nn.utils.vector_to_parameters(
-            torch.from_numpy(parameters.astype(np.float32)), model.parameters())
     mean, std = _pixel_statistics(dataset)
     x, y = _tensors(dataset.test_images, dataset.test_labels, dataset.max_value, mean, std)
-    return _evaluate(model, x, y)[0]
+    out = []
+    for parameters in vectors:
+        with torch.no_grad():
+            torch.nn.utils.vector_to_parameters(
+                torch.from_numpy(parameters.astype(np.float32)), model.parameters())
+        out.append(_evaluate(model, x, y)[0])
+    return out
 
 
 def _flat(model: Any) -> np.ndarray:
