@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import threading
 
 import pytest
@@ -9,6 +10,15 @@ import pytest
 from gossip.snapshot import crc
 from gossip.testing import wait_until
 from helpers import ipc_sockets
+
+
+# A suite started in the background by a non-interactive shell (`pytest &`, nohup) inherits
+# SIGINT ignored, and so would every process it starts (an ignored signal stays ignored
+# across exec): the tests that send SIGINT to a launcher or a demo would wait out their
+# timeouts and fail (4 of them, 420 s). The tests send it on purpose, so the suite takes it
+# back: a Python handler is reset to the default in the children at exec.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def gossip_threads() -> list[str]:
