@@ -407,6 +407,8 @@ def long_run(peer, seconds):
 
 
 @pytest.mark.slow
+# Its own deadline: the run lasts LONG_SECONDS (600 by default), past the suite's --timeout.
+@pytest.mark.timeout(LONG_SECONDS + 240)
 def test_long_asynchronous_run_memory_is_flat_and_push_sum_mass_is_conserved():
     out = spawn(long_run, n=N, timeout=LONG_SECONDS + 180, args=(LONG_SECONDS,))
     for rank, r in enumerate(out):

@@ -61,7 +61,8 @@ SCENARIOS = (
     Scenario("straggler", "the last peer 4x slower per step",
              "synchronous and gossip wait for the slow peer at every step; asynchronous lets "
              "the others go on: its fast peers take more of the group's steps (split by "
-             "speed) and it finishes first, while the slow peer's own model lags",
+             "speed) and it finishes first, its averaged model ahead at any deadline, while "
+             "its peers' own models lag behind that average",
              ("synchronous", "gossip", "asynchronous"), settings={"straggler": "{last}@4"}),
     Scenario("death", "the last peer SIGKILLed at a third, started again",
              "gossip and asynchronous train on past a dead neighbour; synchronous "
@@ -70,8 +71,8 @@ SCENARIOS = (
              ("synchronous", "gossip", "asynchronous"), epochs=8, settings={"kill": "{last}@0.33"}),
     Scenario("non-iid", "each peer's classes drawn from Dirichlet(0.1)",
              "peers see mostly one or two classes: synchronous averages every step and keeps "
-             "its accuracy; gossip on a ring and local-sgd's drift between averages cost "
-             "points",
+             "its accuracy; gossip on a ring mixes only with neighbours and loses points (its "
+             "worst peer most); local-sgd's drift over 4 steps between averages costs little",
              ("synchronous", "gossip", "local-sgd"), settings={"non_iid": 0.1}),
 )
 
