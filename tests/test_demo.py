@@ -577,6 +577,20 @@ def test_the_budget_is_the_first_finish_and_each_run_is_read_at_its_last_point_b
                                                       "baseline": 0.99})
 
 
+def test_the_story_draws_an_averaged_model_where_the_peers_disagree_late_in_the_run():
+    from gossip.demo.story import _averaged_differs
+
+    own = [0.1, 0.5, 0.8, 0.9, 0.92]
+    assert not _averaged_differs({"accuracy": own})                      # no average at all
+    assert not _averaged_differs({"accuracy": own, "averaged_accuracy": own})   # replicas
+    # Apart early (a steep start), together late: one line is enough.
+    assert not _averaged_differs({"accuracy": own,
+                                  "averaged_accuracy": [0.1, 0.7, 0.81, 0.9, 0.925]})
+    # Apart over the second half (asynchronous, elastic): the average gets its line.
+    assert _averaged_differs({"accuracy": own,
+                              "averaged_accuracy": [None, 0.55, 0.86, 0.93, 0.95]})
+
+
 def test_ctrl_c_keeps_the_scenarios_that_finished(tmp_path) -> None:
     # SIGINT once the second scenario starts: the first stays in story.json, exit 130.
     out = tmp_path / "out"

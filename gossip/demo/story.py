@@ -141,8 +141,20 @@ def _color(policy: str) -> str:
     return f"C{known.index(policy)}" if policy in known else "0.35"
 
 
+def _averaged_differs(curve: dict) -> bool:
+    """Whether a run's averaged model is worth a line of its own: over the second half of the
+    run, more than a point from its peers' mean accuracy on average (elastic's and
+    asynchronous's peers are not meant to agree while they train; where the peers are
+    replicas, or nearly, the two lines would coincide)."""
+    pairs = [(a, b) for a, b in zip(curve.get("averaged_accuracy") or [], curve["accuracy"])
+             if a is not None]
+    late = pairs[len(pairs) // 2:]
+    return bool(late) and sum(abs(a - b) for a, b in late) / len(late) > 0.01
+
+
 def write_story_png(path: str, finished: list[tuple[Scenario, dict]]) -> None:
-    """A panel per scenario: test accuracy (mean of the peers) against training time."""
+    """A panel per scenario: test accuracy (mean of the peers) against training time, and
+    the averaged model's (thin, dotted) for a run whose peers' models disagree."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -163,6 +175,12 @@ def write_story_png(path: str, finished: list[tuple[Scenario, dict]]) -> None:
                 ax.plot(d["time"], [100 * a for a in d["accuracy"]], linestyle=dash,
                         marker=marker, ms=3, lw=1.4, color=_color(name),
                         label=f"{name} ({_pct(final)})" if final is not None else name)
+                if _averaged_differs(d):   # its peers disagree: their average, thin
+                    averaged = table.get(name, {}).get("averaged_model_accuracy")
+                    ax.plot(d["time"], [100 * a if a is not None else math.nan
+                                        for a in d["averaged_accuracy"]],
+                            linestyle=":", lw=1.0, alpha=0.7, color=_color(name),
+                            label=f"{name}, avg model ({_pct(averaged)})")
             target = doc["run"].get("target_accuracy", 0.95)
             ax.axhline(100 * target, color="gray", lw=0.8, ls=":")
             t, _ = budget(doc)
