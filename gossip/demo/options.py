@@ -31,7 +31,8 @@ class DemoOptions:
     peers: int = 4                     # peer processes on this machine
     topology: str = "ring"             # the peers' graph (gossip, push-sum, asynchronous)
     epochs: int | None = None          # per policy; None: DEFAULT_EPOCHS (KILL_EPOCHS) of the data
-    dataset: str = "digits"            # "digits" (inside scikit-learn) or "mnist" (IDX files)
+    dataset: str = "digits"            # "digits", "shifted-digits" (both inside scikit-learn)
+                                       # or "mnist" (IDX files)
     data_dir: str | None = None        # where MNIST's IDX files are
     out: str = "gossip-demo"           # directory for demo.png and demo.json
     batch_size: int = 16               # samples per peer per step

@@ -82,8 +82,9 @@ def budget(doc: dict, key: str = "accuracy") -> tuple[float | None, dict[str, fl
 def summary_table(finished: list[tuple[Scenario, dict]]) -> str:
     """One block per scenario: per policy, test accuracy (mean of the peers' models, the
     worst peer's, and the model of their averaged weights), those of the peers' own and
-    of the averaged model at the scenario's time budget (budget()), time to the target, training time, samples/s, MB sent per peer
-    and the consensus distance, after the last epoch."""
+    of the averaged model at the scenario's time budget (budget()), time to the target,
+    training time, samples/s, MB sent per peer and the consensus distance, after the last
+    epoch."""
     head = ("policy", "test acc", "worst peer", "avg model", "at T", "avg at T", "to target",
             "time", "samples/s", "sent/peer", "consensus")
     lines = []
