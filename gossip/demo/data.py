@@ -22,7 +22,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["Dataset", "DataError", "load_digits", "load_shifted_digits", "load_mnist", "read_idx", "write_idx",
+__all__ = ["Dataset", "DataError", "load_digits", "load_shifted_digits", "load_mnist",
+           "read_idx", "write_idx",
            "shard", "MNIST_FILES", "IDX_DTYPES"]
 
 
