@@ -11,7 +11,8 @@ from collectives.algorithms.hierarchical import hierarchical_allreduce, spans_ho
 from collectives.algorithms.neighbor_direct import DIRECT_NEIGHBOR_MIN_BYTES
 from collectives.algorithms.order import SequenceOrder
 from collectives.algorithms.ring import ring_allreduce
-from collectives.algorithms.shm_allreduce import SHM_MIN_BYTES, OnHostAllreduce, on_host
+from collectives.algorithms.shm_allreduce import (SHM_MIN_BYTES, OnHostAllreduce, on_host,
+                                              shared_memory_peers)
 from collectives.algorithms.shm_entry import (ANNOUNCEMENT_BYTES, SHARED_COUNTERS, SharedEntry,
                                               shared_barrier)
 from collectives.algorithms.shm_small import SMALL_SHM_BYTES, OnHostSmall
@@ -55,7 +56,7 @@ def barrier_algorithm(shm: OnHost, transport: Any) -> tuple[str, Callable]:
     host with shared memory on x86-64, as the small allreduces; else the dissemination
     barrier over ZeroMQ. The name is part of the call's signature."""
     others = set(range(transport.world_size)) - {transport.rank}
-    if SHARED_COUNTERS and others and others <= transport.shared_memory_peers():
+    if SHARED_COUNTERS and others and others <= shared_memory_peers(transport):
         return "shm", shm.barrier
     return "dissemination", dissemination_barrier
 

@@ -40,7 +40,7 @@ from collectives.algorithms.shm_entry import (ANNOUNCEMENT_BYTES, SHARED_COUNTER
 from collectives.arrays.adapter import ArrayAdapter
 from collectives.transport.shm_arena import HEADER_BYTES, ArenaViews, ShmArena, counter_of
 
-__all__ = ["OnHostAllreduce", "on_host", "ROUND_BYTES", "SHM_MIN_BYTES"]
+__all__ = ["OnHostAllreduce", "on_host", "shared_memory_peers", "ROUND_BYTES", "SHM_MIN_BYTES"]
 
 #: Bytes of each peer's array per round (the arena holds two): peak memory 1.25x a 64 MiB
 #: array where the peers cannot read each other's arrays (shm_direct.py).
@@ -52,17 +52,27 @@ BLOCK_BYTES = 256 << 10
 SHM_MIN_BYTES = 1 << 20
 
 
+def shared_memory_peers(transport: Any) -> frozenset[int]:
+    """The ranks whose memory the on-host algorithms may use directly, with no message (an
+    allreduce, a barrier or a neighbour exchange through shared memory): the transport's
+    on-host peers, or none under link emulation (``config.link``), where every byte between
+    two peers crosses an emulated link; a read of a peer's memory would cost nothing the
+    network would, and the run would not show what it claims."""
+    return frozenset() if transport.config.link is not None else transport.on_host_peers()
+
+
 def on_host(transport: Any, adapter: ArrayAdapter, dtype: str, nbytes: int,
             peers=None) -> bool:
     """The shared-memory paths can run: the ``peers`` (default: every other peer) are on
-    this host with shared memory and no link emulation (shared_memory_peers), the array is in host memory, of a dtype numpy reads (not
-    bfloat16), and holds an announcement. The same answer on every peer of one call."""
+    this host with shared memory and no link emulation (shared_memory_peers), the array is
+    in host memory, of a dtype numpy reads (not bfloat16), and holds an announcement. The
+    same answer on every peer of one call."""
     others = set(range(transport.world_size)) - {transport.rank} if peers is None else set(peers)
     try:
         np.dtype(dtype)
     except TypeError:
         return False
-    return (adapter.on_host and bool(others) and others <= transport.shared_memory_peers()
+    return (adapter.on_host and bool(others) and others <= shared_memory_peers(transport)
             and nbytes >= ANNOUNCEMENT_BYTES)
 
 

@@ -128,14 +128,6 @@ class Transport:
         """The ranks this peer sends to through shared memory (on this host)."""
         return frozenset(self._shm.peers)
 
-    def shared_memory_peers(self) -> frozenset[int]:
-        """The ranks whose memory the on-host algorithms may use directly, with no message
-        (an allreduce, a barrier or a neighbour exchange through shared memory): those of
-        on_host_peers(), or none under link emulation (``config.link``), where every byte
-        between two peers crosses an emulated link; there a read of a peer's memory would
-        cost nothing the network would, and the run would not show what it claims."""
-        return frozenset() if self.config.link is not None else self.on_host_peers()
-
     def expect_on_host(self, ranks) -> None:
         """Ranks expected on this host: their rings are made now (SharedMemory.prepare)."""
         self._shm.prepare(ranks, self.world_size)

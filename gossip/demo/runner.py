@@ -30,12 +30,12 @@ from typing import IO
 
 from collectives import defaults
 from gossip.demo.data import Dataset, load_digits, load_mnist, load_shifted_digits
+from gossip.demo.evaluation import averaged_accuracies, averaged_accuracy
 from gossip.demo.options import DATASETS, DEFAULT_EPOCHS, KILL_EPOCHS, TARGETS, DemoOptions
 from gossip.demo.progress import ProgressDisplay
 from gossip.demo.records import collect, finished_runs
 from gossip.demo.report import format_table, summarize, write_json, write_png
-from gossip.demo.train import (BASELINE, TrainConfig, averaged_accuracies, averaged_accuracy,
-                               run_baseline, run_peer)
+from gossip.demo.train import BASELINE, TrainConfig, run_baseline, run_peer
 
 __all__ = ["DemoOptions", "DemoFailed", "run_demo", "load_dataset", "DATASETS",
            "DEFAULT_EPOCHS", "KILL_EPOCHS", "PNG_NAME", "JSON_NAME"]

@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 
 from gossip.demo.data import Dataset, DataError, shard
+from gossip.demo.evaluation import evaluate, flat_parameters, pixel_statistics, tensors
 from gossip.demo.kill import Kill, die
 from gossip.demo.straggler import Straggler
 from gossip.demo.loop import Loop
@@ -41,7 +42,6 @@ __all__ = ["TrainConfig", "run_peer", "run_baseline", "make_policy", "BASELINE"]
 
 #: The name of the single-process SGD baseline in results and reports.
 BASELINE = "baseline"
-_EVAL_CHUNK = 1000  # test images per forward pass: bounds memory on MNIST's 10000
 
 
 @dataclass(frozen=True)
@@ -112,72 +112,6 @@ class _Progress:
             self._file.close()
 
 
-def _tensors(images: np.ndarray, labels: np.ndarray, max_value: float, mean: float,
-             std: float) -> tuple[Any, Any]:
-    import torch
-
-    x = (images.astype(np.float32) / max_value - mean) / std
-    return torch.from_numpy(x[:, None]), torch.from_numpy(labels.astype(np.int64))
-
-
-def _evaluate(model: Any, x: Any, y: Any) -> tuple[float, float]:
-    """(accuracy, mean cross-entropy) of ``model`` on (x, y)."""
-    import torch
-    import torch.nn.functional as F
-
-    model.eval()
-    correct, loss = 0, 0.0
-    with torch.no_grad():
-        for lo in range(0, len(y), _EVAL_CHUNK):
-            logits = model(x[lo:lo + _EVAL_CHUNK])
-            target = y[lo:lo + _EVAL_CHUNK]
-            loss += float(F.cross_entropy(logits, target, reduction="sum"))
-            correct += int((logits.argmax(1) == target).sum())
-    model.train()
-    return correct / len(y), loss / len(y)
-
-
-def averaged_accuracy(dataset: Dataset, parameters: np.ndarray) -> float:
-    """Test accuracy of the model whose parameters are ``parameters`` (the peers' average,
-    one vector in _flat's order), normalised as the peers normalise."""
-    return averaged_accuracies(dataset, [parameters])[0]
-
-
-def averaged_accuracies(dataset: Dataset, vectors: list[np.ndarray]) -> list[float]:
-    """averaged_accuracy of each of ``vectors``, with one model and one copy of the test set."""
-    import torch
-
-    model = make_cnn(dataset.image_shape, dataset.classes)
-    mean, std = _pixel_statistics(dataset)
-    x, y = _tensors(dataset.test_images, dataset.test_labels, dataset.max_value, mean, std)
-    out = []
-    for parameters in vectors:
-        with torch.no_grad():
-            torch.nn.utils.vector_to_parameters(
-                torch.from_numpy(parameters.astype(np.float32)), model.parameters())
-        out.append(_evaluate(model, x, y)[0])
-    return out
-
-
-def _flat(model: Any) -> np.ndarray:
-    """The model's parameters as one float32 vector (what the consensus distance compares)."""
-    import torch
-
-    with torch.no_grad():
-        return torch.cat([p.detach().reshape(-1) for p in model.parameters()]).numpy().copy()
-
-
-def _pixel_statistics(dataset: Dataset) -> tuple[float, float]:
-    """Mean and standard deviation of the training pixels on the [0, 1] scale: every peer
-    normalises with the whole training set's, so they agree. From a histogram of the uint8
-    values, so MNIST's 47 MB never becomes a float copy."""
-    counts = np.bincount(dataset.train_images.ravel(), minlength=256).astype(np.float64)
-    values = np.arange(len(counts)) / dataset.max_value
-    mean = float(counts @ values / counts.sum())
-    std = float(np.sqrt(counts @ (values - mean) ** 2 / counts.sum()))
-    return mean, std or 1.0
-
-
 @dataclass
 class _Data:
     """This peer's shard, the test set and the loop's shape."""
@@ -191,11 +125,11 @@ class _Data:
 
 def _data(dataset: Dataset, slot: int, n: int, config: TrainConfig) -> _Data:
     scale = dataset.max_value
-    mean, std = _pixel_statistics(dataset)
+    mean, std = pixel_statistics(dataset)
     rows = shard(len(dataset.train_labels), slot, n, seed=config.seed,
                  labels=dataset.train_labels, alpha=config.non_iid)
-    x, y = _tensors(dataset.train_images[rows], dataset.train_labels[rows], scale, mean, std)
-    test_x, test_y = _tensors(dataset.test_images, dataset.test_labels, scale, mean, std)
+    x, y = tensors(dataset.train_images[rows], dataset.train_labels[rows], scale, mean, std)
+    test_x, test_y = tensors(dataset.test_images, dataset.test_labels, scale, mean, std)
     steps_per_epoch = len(rows) // config.batch_size
     if steps_per_epoch < 1:
         raise DataError(f"a shard of {len(rows)} samples is smaller than one batch of "
@@ -310,8 +244,8 @@ def _train_policy(peer: Any, name: str, config: TrainConfig, data: _Data, datase
             kill_step = config.kill.step(config.epochs * data.steps_per_epoch)
 
         def measure(point: dict) -> dict:
-            point["accuracy"], point["test_loss"] = _evaluate(model, data.test_x, data.test_y)
-            records.evaluation(point, _flat(model))
+            point["accuracy"], point["test_loss"] = evaluate(model, data.test_x, data.test_y)
+            records.evaluation(point, flat_parameters(model))
             return point
 
         sent = peer.stats()["bytes_sent"]
@@ -370,9 +304,9 @@ def _train_baseline(n: int, config: TrainConfig, dataset: Dataset, progress: _Pr
     number of steps: what synchronous training computes, without the network."""
     import torch
 
-    scale, (mean, std) = dataset.max_value, _pixel_statistics(dataset)
-    x, y = _tensors(dataset.train_images, dataset.train_labels, scale, mean, std)
-    test_x, test_y = _tensors(dataset.test_images, dataset.test_labels, scale, mean, std)
+    scale, (mean, std) = dataset.max_value, pixel_statistics(dataset)
+    x, y = tensors(dataset.train_images, dataset.train_labels, scale, mean, std)
+    test_x, test_y = tensors(dataset.test_images, dataset.test_labels, scale, mean, std)
     steps_per_epoch = len(dataset.train_labels) // n // config.batch_size   # as the peers'
     torch.manual_seed(config.seed)
     model = make_cnn(dataset.image_shape, dataset.classes)
@@ -387,7 +321,7 @@ def _train_baseline(n: int, config: TrainConfig, dataset: Dataset, progress: _Pr
         return sgd_step(xb, yb)
 
     def measure(point: dict) -> dict:
-        point["accuracy"], point["test_loss"] = _evaluate(model, test_x, test_y)
+        point["accuracy"], point["test_loss"] = evaluate(model, test_x, test_y)
         records.evaluation(point, None)
         return point
 
