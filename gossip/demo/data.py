@@ -109,7 +109,7 @@ def load_shifted_digits(*, canvas: int = 12, train_copies: int = 4, test_copies:
     A harder task made only of the data scikit-learn ships: the model must learn the digits
     wherever they sit, so accuracy keeps rising for several epochs instead of passing 95% in
     the first one or two, and a policy that trains faster or mixes better is seen to be ahead.
-    The test set's copies make it 8x larger (2880 images), so one image is 0.035% rather than
+    The test set's copies make it 8x larger (2872 images), so one image is 0.035% rather than
     0.28%. Training copies of one image may land on different peers (as augmented copies do)."""
     if canvas < 8:
         raise ValueError(f"canvas must be at least 8 (the digits are 8x8), got {canvas!r}")

@@ -11,8 +11,7 @@ import numpy as np
 from gossip.demo.data import Dataset
 from gossip.demo.model import make_cnn
 
-__all__ = ["tensors", "evaluate", "pixel_statistics", "flat_parameters", "averaged_accuracy",
-           "averaged_accuracies"]
+__all__ = ["tensors", "evaluate", "pixel_statistics", "flat_parameters", "averaged_accuracies"]
 
 _EVAL_CHUNK = 1000  # test images per forward pass: bounds memory on MNIST's 10000
 
@@ -44,14 +43,10 @@ def evaluate(model: Any, x: Any, y: Any) -> tuple[float, float]:
     return correct / len(y), loss / len(y)
 
 
-def averaged_accuracy(dataset: Dataset, parameters: np.ndarray) -> float:
-    """Test accuracy of the model whose parameters are ``parameters`` (the peers' average,
-    one vector in flat_parameters's order), normalised as the peers normalise."""
-    return averaged_accuracies(dataset, [parameters])[0]
-
-
 def averaged_accuracies(dataset: Dataset, vectors: list[np.ndarray]) -> list[float]:
-    """averaged_accuracy of each of ``vectors``, with one model and one copy of the test set."""
+    """Test accuracy of the model whose parameters are each of ``vectors`` (the peers'
+    averages, each one vector in flat_parameters' order), normalised as the peers
+    normalise: one model and one copy of the test set for all."""
     import torch
 
     model = make_cnn(dataset.image_shape, dataset.classes)

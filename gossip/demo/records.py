@@ -129,14 +129,13 @@ def collect(directory: str, policy: str, slots: int, *, consensus: bool = True) 
             "consensus": None,
             "peers": len(group),
         })
-    averaged = None   # the peers' average at the last evaluated step (its accuracy)
     for point in history if consensus else ():
-        averaged, point["consensus"] = _mean_and_consensus(
+        # The average at each point (the runner evaluates it, then drops the array; the last
+        # one's is the run's "avg model"): what a final allreduce would give at that time,
+        # the deliverable of elastic and asynchronous, whose peers' own models are not meant
+        # to agree while they train.
+        point["averaged_parameters"], point["consensus"] = _mean_and_consensus(
             directory, policy, [(s, r["step"]) for s, r in by_index[point["index"]]])
-        # The average at each point too (the runner evaluates it, then drops the array): what
-        # a final allreduce would give at that time, the deliverable of elastic and
-        # asynchronous, whose peers' own models are not meant to agree while they train.
-        point["averaged_parameters"] = averaged
     finals = [d[-1] for d in done.values() if d]
     ends = [r for s, ls in lines.items() for r in ls if r["kind"] in ("done", "killed")]
     sent = [sum(r.get("bytes_sent", 0) for r in ls if r["kind"] in ("done", "killed"))
@@ -152,7 +151,6 @@ def collect(directory: str, policy: str, slots: int, *, consensus: bool = True) 
         "wall_seconds": max((r["wall_seconds"] for r in timing), default=0.0),
         "bytes_per_peer": sum(sent) / len(sent) if sent else 0.0,
         "parameters": next((r["parameters"] for r in finals), None),
-        "averaged_parameters": averaged,
         "slots": {s: {"killed": next((r for r in ls if r["kind"] == "killed"), None),
                       "joined": next((r for r in ls if r["kind"] == "joined"), None),
                       "done": bool(done[s])}

@@ -30,7 +30,7 @@ from typing import IO
 
 from collectives import defaults
 from gossip.demo.data import Dataset, load_digits, load_mnist, load_shifted_digits
-from gossip.demo.evaluation import averaged_accuracies, averaged_accuracy
+from gossip.demo.evaluation import averaged_accuracies
 from gossip.demo.options import DATASETS, DEFAULT_EPOCHS, KILL_EPOCHS, TARGETS, DemoOptions
 from gossip.demo.progress import ProgressDisplay
 from gossip.demo.records import collect, finished_runs
@@ -155,16 +155,13 @@ def _report(records: list[dict], options: DemoOptions, dataset: Dataset, config:
             interrupted: bool = False) -> None:
     """The table on stdout, the PNG and the JSON in the output folder."""
     epochs = options.epochs_per_policy
-    for r in records:   # the peers' average, evaluated here (the peers are gone)
-        averaged = r.pop("averaged_parameters", None)
-        if averaged is not None:
-            r["averaged_accuracy"] = averaged_accuracy(dataset, averaged)
+    for r in records:   # the peers' averages, evaluated here (the peers are gone)
         points = [p for p in r["history"] if p.get("averaged_parameters") is not None]
         for p, accuracy in zip(points, averaged_accuracies(
-                dataset, [p["averaged_parameters"] for p in points])):
+                dataset, [p.pop("averaged_parameters") for p in points])):
             p["averaged_accuracy"] = accuracy
-        for p in r["history"]:
-            p.pop("averaged_parameters", None)
+        if points:   # the run's "avg model": its average at the last evaluation
+            r["averaged_accuracy"] = points[-1]["averaged_accuracy"]
     rows = summarize(records, target=config.target_accuracy)
     parameters = next((r["parameters"] for r in records if r["parameters"]), 0)
     table_header = (f"{dataset.describe()}, CNN of {parameters:,} parameters; "
