@@ -44,7 +44,7 @@ import sys
 import time
 
 from gossip.bench import parse_size
-from gossip.supervisor import first_failure, free_port, supervise
+from gossip.launch.supervisor import first_failure, free_port, supervise
 from gossip.testing import spawn
 
 

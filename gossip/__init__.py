@@ -7,8 +7,9 @@
 
 torch is imported only where torch objects are handled, so ``import gossip`` stays light;
 when torch is imported already, ``import gossip`` also registers the torch.distributed
-backend "gossip" (gossip/torch_backend.py; or ``import gossip.torch_backend`` at any time);
-``gossip.testing`` (the multi-process harness) is imported on first use, for the same reason.
+backend "gossip" (gossip/torch_backend/; or ``import gossip.torch_backend`` at any time);
+``gossip.testing`` (the multi-process harness) and ``gossip.ddp_hooks`` (DDP's communication
+hooks, gossip/torch_backend/ddp_hooks.py) are imported on first use, for the same reason.
 """
 from gossip.errors import (AuthenticationError, ExchangeIncomplete, GossipError,
                            OperationTimeout, PeerLost, ProtocolError, RendezvousError,
@@ -40,11 +41,15 @@ __all__ = [
 ]
 
 
+# ``gossip.testing.spawn(...)`` after a plain ``import gossip``, without every import of
+# gossip paying for the harness (nor for torch: ``from gossip import ddp_hooks``): the module
+# loads on first access (PEP 562).
+_LAZY = {"testing": "gossip.testing", "ddp_hooks": "gossip.torch_backend.ddp_hooks"}
+
+
 def __getattr__(name: str):
-    # ``gossip.testing.spawn(...)`` after a plain ``import gossip``, without every import of
-    # gossip paying for the harness: the submodule loads on first access (PEP 562).
-    if name == "testing":
+    if name in _LAZY:
         import importlib
 
-        return importlib.import_module("gossip.testing")
+        return importlib.import_module(_LAZY[name])
     raise AttributeError(f"module 'gossip' has no attribute {name!r}")

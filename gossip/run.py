@@ -1,10 +1,10 @@
 """`python -m gossip.run -n 4 script.py ...`: the launcher, as torchrun's `python -m
-torch.distributed.run` is. Same options as `gossip run`; see gossip.launcher."""
+torch.distributed.run` is. Same options as `gossip run`; see gossip.launch.launcher."""
 from __future__ import annotations
 
 import sys
 
-from gossip.launcher import main
+from gossip.launch.launcher import main
 
 __all__ = ["main"]
 

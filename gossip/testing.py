@@ -9,7 +9,7 @@
 
     results = spawn(check, n=4, timeout=60, args=(10,))   # one result per rank
 
-The processes are gossip.supervisor's (forked from multiprocessing's fork server, which has
+The processes are gossip.launch.supervisor's (forked from multiprocessing's fork server, which has
 imported numpy, pyzmq and gossip once: a peer starts in milliseconds, with the caller's
 environment and directory of the moment): the first peer to fail (an exception or a non-zero
 exit) stops the others, each asked to dump its threads' stacks (faulthandler), then
@@ -27,7 +27,7 @@ from typing import Any, Callable
 
 from collectives import defaults
 from collectives.errors import GossipError
-from gossip.supervisor import PeerOutcome, after_report, first_failure, free_port, supervise
+from gossip.launch.supervisor import PeerOutcome, after_report, first_failure, free_port, supervise
 
 __all__ = ["spawn", "spawn_outcomes", "SpawnError", "SpawnTimeout", "PeerOutcome", "free_port",
            "wait_until"]
@@ -106,7 +106,7 @@ def spawn(fn: Callable, n: int = 4, *, timeout: float = defaults.TIMEOUT, topolo
     function). Extra keyword arguments go to gossip.init (key=, transport=, config=).
     ``tolerate``: ranks expected to die or fail (fault-injection tests); the others go on, and
     those ranks' results are None. ``restarts`` (rank -> count) and ``tolerated_grace``: see
-    gossip.supervisor.supervise; a restarted rank's process calls gossip.init as the first
+    gossip.launch.supervisor.supervise; a restarted rank's process calls gossip.init as the first
     did, so it rejoins the running group (gossip/membership.py). ``preload``: modules each
     process imports before gossip.init (``("torch",)``).
     """

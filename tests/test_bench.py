@@ -63,7 +63,7 @@ def test_format_table_columns():
 
 
 def test_import_does_not_import_torch():
-    code = "import sys, gossip, gossip.bench, gossip.commands.bench; print('torch' in sys.modules)"
+    code = "import sys, gossip, gossip.bench, gossip.cli.bench_command; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          timeout=60, cwd=ROOT)
     assert out.stdout.strip() == "False", out.stderr

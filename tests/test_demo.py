@@ -541,7 +541,7 @@ def test_the_story_trains_on_the_shifted_digits_unless_a_data_set_is_named(args,
     # The story's scenarios differ beyond the seeds' noise only on the harder data; one run of
     # the user's own keeps the plain digits (and their figures in the README).
     from gossip.cli import build_parser
-    from gossip.commands.demo import demo_options
+    from gossip.cli.demo_command import demo_options
 
     options, scenarios = demo_options(build_parser().parse_args(["demo", *args]))
     assert options.dataset == dataset

@@ -10,7 +10,7 @@ import subprocess
 import sys
 import textwrap
 
-from gossip.supervisor import free_port
+from gossip.launch.supervisor import free_port
 from gossip.testing import wait_until
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

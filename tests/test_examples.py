@@ -296,7 +296,7 @@ def _documented_commands(program: str) -> list[list[str]]:
 
 
 def test_documented_gossip_run_commands_parse() -> None:
-    from gossip.launcher import build_parser
+    from gossip.launch.launcher import build_parser
     commands = _documented_commands("gossip run")
     assert len(commands) >= 3
     for args in commands:

@@ -9,7 +9,7 @@ import threading
 
 import pytest
 
-from gossip.supervisor import supervise
+from gossip.launch.supervisor import supervise
 from gossip.testing import PeerOutcome, SpawnError, _verdict
 
 

@@ -17,7 +17,7 @@ import pytest
 
 from gossip.testing import wait_until
 
-from gossip.launcher import launch
+from gossip.launch.launcher import launch
 from gossip.testing import free_port
 
 SCRIPTS = Path(__file__).parent / "launcher_scripts"
@@ -312,7 +312,7 @@ def test_bad_arguments_are_one_line_errors(args: list[str], words: str, entry: s
 
 
 def test_the_launcher_does_not_import_torch() -> None:
-    code = ("import sys, gossip.launcher, gossip.run, gossip.commands.run; "
+    code = ("import sys, gossip.launch.launcher, gossip.run, gossip.cli.run_command; "
             "print('torch' in sys.modules)")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           timeout=WAIT_S, env=_env())

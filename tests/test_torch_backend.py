@@ -1,5 +1,5 @@
-"""The torch.distributed backend "gossip" (gossip/torch_backend.py) and the DDP hooks
-(gossip/ddp_hooks.py) under a real torchrun:
+"""The torch.distributed backend "gossip" (gossip/torch_backend/process_group.py) and the DDP hooks
+(gossip/torch_backend/ddp_hooks.py) under a real torchrun:
 every c10d collective it serves checked against c10d's documented results, DDP training
 equal to the same steps done by hand, and a rank that dies named by PeerLost on the others
 through torch's own calls (tests/launcher_scripts/c10d_backend.py does the checking)."""

@@ -51,7 +51,7 @@ from gossip.bench.measure import run_p2p
 from gossip.bench.membound import allreduce_bound, bound_applies, memory_rates
 from gossip.bench.mpi import check_mpi
 from gossip.bench.ops import SPLIT, busbw_factor, check_memory, layout
-from gossip.bench.runner import (ALGORITHMS, OPS, REDUCE_OPS, check_args, row_sizes, run_bench,
+from gossip.bench.session import (ALGORITHMS, OPS, REDUCE_OPS, check_args, row_sizes, run_bench,
                                  supported_transports)
 from gossip.bench.sizes import (DEFAULT_SIZES, default_iters, format_size, parse_size,
                                 parse_sizes, stream_count, sweep_sizes)

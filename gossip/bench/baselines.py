@@ -1,6 +1,6 @@
 """The baselines ``gossip bench`` measures in the same run: torch.distributed's Gloo (the
 same operation, sizes and process count; gossip.bench.gloo_steps) and plain pyzmq (a PAIR
-socket, rank 0 -> rank 1). Each is a group of its own processes under gossip.supervisor,
+socket, rank 0 -> rank 1). Each is a group of its own processes under gossip.launch.supervisor,
 measuring one size at a time (gossip.bench.groups); torch is imported only there.
 
     group = gloo_group("allreduce", 4, reduce_op="sum", threads=1, limit=600)
@@ -13,13 +13,14 @@ from __future__ import annotations
 import os
 import tempfile
 import time
+from dataclasses import dataclass
 from typing import Any, Sequence
 
 from gossip.bench.groups import BenchError, Group, announce, run_plan, serve
 from gossip.bench.measure import timed_iterations
 from gossip.bench.sizes import ITEMSIZE, STARTUP_LIMIT, deadline_for, make_plan
 from gossip.bench.tables import iteration_times
-from gossip.supervisor import first_failure, free_port, supervise
+from gossip.launch.supervisor import first_failure, free_port, supervise
 
 __all__ = ["BenchError", "gloo_group", "pyzmq_group", "run_gloo", "run_pyzmq_p2p"]
 
@@ -41,8 +42,20 @@ def _run_processes(name: str, target, n: int, args: tuple, timeout: float) -> li
     return [o.result for o in outcomes]
 
 
-def _gloo_worker(rank: int, n: int, port: int, op: str, reduce_op: str, threads: int,
-                 timeout: float, ends: list) -> None:
+@dataclass(frozen=True)
+class _GlooSetup:
+    """What every process of a Gloo group is started with."""
+    n: int            # the group's size
+    port: int         # rank 0's TCP port on 127.0.0.1 (torch's tcp:// init method)
+    op: str           # the operation measured (gossip.bench.ops)
+    reduce_op: str    # its reduction, for the reducing operations
+    threads: int      # torch's intra-op threads (and OMP_NUM_THREADS) per process
+    timeout: float    # seconds: Gloo's own timeout of every call
+
+
+def _gloo_worker(rank: int, setup: _GlooSetup, ends: list) -> None:
+    n, port, op, reduce_op = setup.n, setup.port, setup.op, setup.reduce_op
+    threads, timeout = setup.threads, setup.timeout
     conn = announce(ends, rank)   # before torch's import: seconds in which Ctrl-C may come
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     os.environ.setdefault("OMP_NUM_THREADS", str(threads))
@@ -74,9 +87,9 @@ def gloo_group(op: str, n: int, *, reduce_op: str, threads: int, limit: float,
     """torch.distributed Gloo doing ``op`` in n processes, not started. ``limit``: the run's
     wall limit; ``size_limit_s``: the longest one size may take (Gloo's own timeout)."""
     def launch(ends: list) -> None:
-        _run_processes("gloo", _gloo_worker, n,
-                       (n, free_port(), op, reduce_op, threads,
-                        STARTUP_LIMIT + size_limit_s, ends), limit)
+        setup = _GlooSetup(n=n, port=free_port(), op=op, reduce_op=reduce_op, threads=threads,
+                           timeout=STARTUP_LIMIT + size_limit_s)
+        _run_processes("gloo", _gloo_worker, n, (setup, ends), limit)
     return Group("gloo", n, launch)
 
 

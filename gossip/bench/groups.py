@@ -18,7 +18,7 @@ Each process first calls ``announce`` (its pid, so that even a process still sta
 be stopped), sets up (imports, connects), then runs ``serve``: it says it is ready, then
 answers every task ``(bytes, warm-up, iterations, messages per iteration)`` with what its
 ``measure`` returns, until it reads None or the pipe closes. The processes are
-gossip.supervisor's (through gossip.testing.spawn for gossip peers), supervised in a thread
+gossip.launch.supervisor's (through gossip.testing.spawn for gossip peers), supervised in a thread
 of this process, so a failing process stops its group and its traceback comes back in the
 error.
 """

@@ -37,7 +37,7 @@ def _check(ok: bool, what: str) -> None:
         raise AssertionError(what)
 
 
-def mpi_step(comm: Any, MPI: Any, np: Any, op: str, rank: int, n: int, count: int,
+def mpi_step(comm: Any, MPI: Any, np: Any, op: str, *, rank: int, n: int, count: int,
              reduce_op: str) -> Callable[[], Any]:
     """Set up one size (``count`` float32s, the row's count times n for the split ops): run
     it once and check the result, then return the callable that is timed. Out-of-place where
@@ -204,7 +204,8 @@ def main(argv: list[str] | None = None) -> int:
             if task is None:
                 break
             nbytes, warmup, iters, k = task
-            step = mpi_step(comm, MPI, np, op, rank, n, nbytes // 4, reduce_op)
+            step = mpi_step(comm, MPI, np, op, rank=rank, n=n, count=nbytes // 4,
+                            reduce_op=reduce_op)
 
             def steps() -> None:
                 for _ in range(k):

@@ -1,5 +1,5 @@
 """`gossip demo --kill RANK@FRACTION`: one peer SIGKILLs itself after FRACTION of its training
-steps, and the demo starts it again (gossip.supervisor's ``restarts``) as the same slot with
+steps, and the demo starts it again (gossip.launch.supervisor's ``restarts``) as the same slot with
 the next GOSSIP_INCARNATION, so the new process rejoins the running job and trains the rest
 (gossip/membership.py). What the kill costs is then in the demo's table, beside the run
 without it.

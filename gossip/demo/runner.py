@@ -136,8 +136,9 @@ def run_demo(options: DemoOptions, *, stdout: IO[str] | None = None,
                     print(f"gossip demo: interrupted; {len(finished)} finished run(s) "
                           f"reported: {', '.join(r['policy'] for r in finished)}",
                           file=stderr, flush=True)
-                    _report(finished, options, dataset, config, graph, per_policy,
-                            steps_per_epoch, stdout, interrupted=True)
+                    _report(finished, options, dataset, config, graph=graph,
+                            per_policy=per_policy, steps_per_epoch=steps_per_epoch,
+                            stdout=stdout, interrupted=True)
                 raise
             except Exception as exc:
                 display.close()
@@ -146,12 +147,13 @@ def run_demo(options: DemoOptions, *, stdout: IO[str] | None = None,
                    for name in options.policies]
         if options.baseline:
             records.append(collect(records_dir, BASELINE, 1, consensus=False))
-    _report(records, options, dataset, config, graph, per_policy, steps_per_epoch, stdout)
+    _report(records, options, dataset, config, graph=graph, per_policy=per_policy,
+            steps_per_epoch=steps_per_epoch, stdout=stdout)
     return 0
 
 
 def _report(records: list[dict], options: DemoOptions, dataset: Dataset, config: TrainConfig,
-            graph: str, per_policy: str, steps_per_epoch: int, stdout: IO[str], *,
+            *, graph: str, per_policy: str, steps_per_epoch: int, stdout: IO[str],
             interrupted: bool = False) -> None:
     """The table on stdout, the PNG and the JSON in the output folder."""
     epochs = options.epochs_per_policy

@@ -153,7 +153,8 @@ def run_peer(peer: Any, dataset: Dataset, config: TrainConfig) -> dict:
     try:
         for name in config.policies:
             out["policies"][name] = _train_policy(peer, name, config, data, dataset,
-                                                  progress, slot, incarnation)
+                                                  progress, slot=slot,
+                                                  incarnation=incarnation)
         if config.baseline and slot == 0:
             _train_baseline(n, config, dataset, progress)
     finally:
@@ -215,7 +216,7 @@ def _speed_share(peer: Any, total: int, steps_per_epoch: int) -> Any:
 
 
 def _train_policy(peer: Any, name: str, config: TrainConfig, data: _Data, dataset: Dataset,
-                  progress: _Progress, slot: int, incarnation: int) -> dict:
+                  progress: _Progress, *, slot: int, incarnation: int) -> dict:
     import torch
 
     import gossip

@@ -28,7 +28,7 @@
   optimizer's step instead, which needs a call in the training loop).
 
 The state names the gossip Peer: by default the one behind the default process group when
-its backend is "gossip" (gossip/torch_backend.py); with another backend, pass
+its backend is "gossip" (process_group.py); with another backend, pass
 ``peer=gossip.init(...)`` (a gossip group of its own beside, say, Gloo's).
 """
 from typing import Any, Dict
@@ -38,7 +38,7 @@ import torch.distributed as dist
 
 from collectives.codecs.registry import parse as parse_codec
 from gossip.policies.outer_optimizer import SGD, resolve_outer_optimizer
-from gossip.torch_work import GossipWork
+from gossip.torch_backend.c10d_work import GossipWork
 
 __all__ = ["HookState", "allreduce_hook", "gossip_hook", "diloco_hook", "local_sgd_hook"]
 

@@ -1,4 +1,4 @@
-"""The `gossip` command line: one subcommand per module in gossip/commands/."""
+"""The `gossip` command line: one subcommand per module gossip/cli/NAME_command.py."""
 from __future__ import annotations
 
 import argparse
@@ -7,7 +7,7 @@ import sys
 
 __all__ = ["main", "build_parser"]
 
-# name -> module under gossip.commands; each module defines register(subparsers).
+# name -> module gossip.cli.NAME_command; each module defines register(subparsers).
 # Modules are imported only when the parser is built, so `gossip --help` stays cheap.
 SUBCOMMANDS = ("topology", "keygen", "run", "bench", "demo")
 
@@ -22,7 +22,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"gossip {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in SUBCOMMANDS:
-        importlib.import_module(f"gossip.commands.{name}").register(sub)
+        importlib.import_module(f"gossip.cli.{name}_command").register(sub)
     return parser
 
 

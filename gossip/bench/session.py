@@ -32,7 +32,7 @@ BASELINES = ("gloo", "mpi")
 _OTHERS = ("pyzmq", "gloo", "mpi")
 
 
-def check_args(op: str, n: int, transport: str = "auto", vs: Sequence[str] = (),
+def check_args(op: str, n: int, *, transport: str = "auto", vs: Sequence[str] = (),
                reduce_op: str = "sum", algorithm: str = "auto", iters: int | None = None,
                warmup: int = 3) -> None:
     """Raise ValueError (one line) for arguments run_bench would refuse."""
@@ -103,7 +103,8 @@ def run_bench(op: str, n: int, sizes: str | Iterable[str | int] = DEFAULT_SIZES,
     measurement by each implementation (default: from the size). On an error or Ctrl-C
     (KeyboardInterrupt) every process is stopped before the exception goes on."""
     vs = ("gloo",) if vs_gloo is True else tuple(vs_gloo or ())
-    check_args(op, n, transport, vs, reduce_op, algorithm, iters, warmup)
+    check_args(op, n, transport=transport, vs=vs, reduce_op=reduce_op, algorithm=algorithm,
+               iters=iters, warmup=warmup)
     plan = make_plan(row_sizes(op, n, sizes), iters, warmup)
     say = progress or (lambda msg: None)
     emit = on_row or (lambda row: None)
@@ -162,8 +163,9 @@ def run_bench(op: str, n: int, sizes: str | Iterable[str | int] = DEFAULT_SIZES,
                     groups.pop(name).close(abort=True)
                     continue
                 theirs[name] = iteration_times(op, per_rank)
-            row = _row(op, n, entry, transport, used, algorithm, reduce_op, key,
-                       iteration_times(op, ours), theirs, notes, wall)
+            row = _row(op, n, entry, transport=transport, used=used, algorithm=algorithm,
+                       reduce_op=reduce_op, key=key, ours=iteration_times(op, ours),
+                       theirs=theirs, notes=notes, wall=wall)
             if "mpi" in theirs:
                 row["mpi_library"] = groups["mpi"].hello[0]["library"]
             if rates is not None:
@@ -177,7 +179,7 @@ def run_bench(op: str, n: int, sizes: str | Iterable[str | int] = DEFAULT_SIZES,
     return rows
 
 
-def _row(op: str, n: int, entry: tuple[int, int, int], transport: str, used: str,
+def _row(op: str, n: int, entry: tuple[int, int, int], *, transport: str, used: str,
          algorithm: str, reduce_op: str, key: str | None, ours: list[float],
          theirs: dict[str, list[float]], notes: dict[str, str], wall: float) -> dict:
     nbytes, warmup, iters = entry

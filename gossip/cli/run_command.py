@@ -1,9 +1,9 @@
-"""`gossip run`: start N peers on this machine, torchrun-style (see gossip.launcher)."""
+"""`gossip run`: start N peers on this machine, torchrun-style (see gossip.launch.launcher)."""
 from __future__ import annotations
 
 import argparse
 
-from gossip import launcher
+from gossip.launch import launcher
 
 __all__ = ["register", "main"]
 

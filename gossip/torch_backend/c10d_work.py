@@ -1,6 +1,6 @@
 """c10d Work objects over gossip's handles (collectives.work.Work), for the torch.distributed
-backend (gossip/torch_backend.py): what ``dist.all_reduce(..., async_op=True)`` returns, and
-the future DDP's communication hooks chain on."""
+backend (process_group.py): what ``dist.all_reduce(..., async_op=True)`` returns, and the
+future DDP's communication hooks chain on."""
 from __future__ import annotations
 
 import datetime

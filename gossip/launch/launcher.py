@@ -38,9 +38,9 @@ from typing import Mapping, Sequence
 
 from collectives import defaults
 from collectives.config import MAX_JOB_ID, check_job_id
-from gossip.local_peers import LocalPeers
+from gossip.launch.local_peers import LocalPeers
 from gossip.logs import check_log_level
-from gossip.supervisor import free_port
+from gossip.launch.supervisor import free_port
 
 __all__ = ["launch", "main", "build_parser", "add_arguments", "run_from_args", "parse_nnodes",
            "parse_tee", "DEFAULT_GRACE"]
@@ -88,7 +88,7 @@ def parse_tee(text: str, nprocs: int) -> list[int]:
     return tee
 
 
-def _check(nprocs: int, nnodes: int, node_rank: int, master_addr: str | None,
+def _check(nprocs: int, *, nnodes: int, node_rank: int, master_addr: str | None,
            master_port: int | None, topology: str | None, timeout: float | None,
            key: str | None, grace: float, max_nodes: int) -> None:
     """Raise ValueError with a one-line message for every input a user can get wrong."""
@@ -157,11 +157,12 @@ def launch(cmd: list[str], nprocs: int, *, nnodes: int = 1, node_rank: int = 0,
     its earlier ones after a marker line); ``tee`` (torchrun's --tee, see parse_tee; default
     "3") chooses which of them are also shown here. A peer's traceback is shown in one line
     when another rank's failure caused it, or when it is a RendezvousError, unless the
-    environment's GOSSIP_LOG_LEVEL is DEBUG (gossip/failure_report.py).
+    environment's GOSSIP_LOG_LEVEL is DEBUG (gossip/launch/failure_report.py).
     """
     max_nodes = nnodes if max_nodes is None else max_nodes
-    _check(nprocs, nnodes, node_rank, master_addr, master_port, topology, timeout, key, grace,
-           max_nodes)
+    _check(nprocs, nnodes=nnodes, node_rank=node_rank, master_addr=master_addr,
+           master_port=master_port, topology=topology, timeout=timeout, key=key, grace=grace,
+           max_nodes=max_nodes)
     if type(max_restarts) is not int or max_restarts < 0:
         raise ValueError(f"--max-restarts must be >= 0, got {max_restarts}")
     if job_id is not None:
@@ -210,8 +211,9 @@ def launch(cmd: list[str], nprocs: int, *, nnodes: int = 1, node_rank: int = 0,
     if isinstance(level, str):
         level = logging.getLevelName(level) if level else 0
     verbose = 0 < level <= logging.DEBUG
-    return LocalPeers(cmd, nprocs, node_rank * nprocs, base, prefix, grace, keep_going,
-                      max_restarts, log_dir, streams, verbose).run()
+    return LocalPeers(cmd, nprocs, first_rank=node_rank * nprocs, env=base, prefix=prefix,
+                      grace=grace, keep_going=keep_going, max_restarts=max_restarts,
+                      log_dir=log_dir, tee=streams, verbose=verbose).run()
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

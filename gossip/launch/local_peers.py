@@ -4,7 +4,7 @@ The first peer to fail stops the others (SIGTERM, then SIGKILL after ``grace`` s
 its exit code becomes the launcher's (128+N for death by signal N, like a shell).
 SIGINT/SIGTERM/SIGHUP to the launcher are forwarded to every peer, with the same escalation.
 
-Why not gossip.supervisor: that one runs Python functions and brings their results back
+Why not gossip.launch.supervisor: that one runs Python functions and brings their results back
 through pipes, asking each child for a faulthandler stack dump (SIGUSR1) before terminating
 it. Here the peers are arbitrary commands: the unit is a process group (a peer's own
 children go too), the output is streamed, not collected, SIGUSR1 would kill a program that
@@ -24,7 +24,7 @@ from functools import partial
 from typing import IO, Callable
 
 from collectives.transport.sockets import remove_ipc_files
-from gossip.failure_report import FailureReport
+from gossip.launch.failure_report import FailureReport
 
 __all__ = ["LocalPeers"]
 
@@ -120,7 +120,7 @@ def _pump(src: IO[bytes], dst: IO[str] | None, prefix: bytes, lock: threading.Lo
 class LocalPeers:
     """The peers of this node: starts them, watches them, stops them, reaps them."""
 
-    def __init__(self, cmd: list[str], nprocs: int, first_rank: int, env: dict[str, str],
+    def __init__(self, cmd: list[str], nprocs: int, *, first_rank: int, env: dict[str, str],
                  prefix: bool, grace: float, keep_going: bool = False,
                  max_restarts: int = 0, log_dir: str | None = None,
                  tee: list[int] | None = None, verbose: bool = False) -> None:

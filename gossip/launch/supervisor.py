@@ -15,7 +15,7 @@ killed and started again rejoins the running job: `gossip demo --kill`).
 
 Used by gossip.testing.spawn (peer processes), by the bench's gossip and baseline runs (Gloo,
 plain pyzmq) and by benchmarks/policies.py's torch.distributed runs. ``gossip run``
-(gossip.launcher) supervises arbitrary commands instead: see its docstring.
+(gossip.launch.launcher) supervises arbitrary commands instead: see its docstring.
 """
 from __future__ import annotations
 
@@ -130,7 +130,7 @@ def _watch_parent(parent: int) -> None:
             pass
 
 
-def _child(target: Callable, rank: int, args: tuple, conn, log_path: str, parent: int,
+def _child(target: Callable, rank: int, args: tuple, conn, *, log_path: str, parent: int,
            backstop_s: float, env: dict[str, str], cwd: str) -> None:
     # Forked from the fork server: the supervisor's environment and directory as they are
     # now (not the server's, from its start), and numpy's global generator seeded afresh,
@@ -175,7 +175,7 @@ def _child(target: Callable, rank: int, args: tuple, conn, log_path: str, parent
 # What the fork server imports once, so that a child starts as a fork of a process that has
 # them (about 10 ms) instead of a fresh interpreter importing them (0.2-0.3 s each, 4 of
 # them on 2 cores about 0.8 s before a peer's first line: measured, a trivial 4-peer spawn).
-_PRELOAD = ["numpy", "zmq", "msgpack", "gossip", "gossip.supervisor", "gossip.testing"]
+_PRELOAD = ["numpy", "zmq", "msgpack", "gossip", "gossip.launch.supervisor", "gossip.testing"]
 
 
 def _context() -> Any:
@@ -206,9 +206,9 @@ class _Children:
         suffix = f".{incarnation}" if incarnation else ""
         path = os.path.join(self.logdir, f"rank{rank}{suffix}.log")
         backstop = max(1.0, self.backstop_at - time.monotonic())
-        p = self.ctx.Process(target=_child, args=(self.target, rank, self.args, send_end, path,
-                                                  os.getpid(), backstop,
-                                                  {**os.environ, **env}, os.getcwd()),
+        p = self.ctx.Process(target=_child, args=(self.target, rank, self.args, send_end),
+                             kwargs=dict(log_path=path, parent=os.getpid(), backstop_s=backstop,
+                                         env={**os.environ, **env}, cwd=os.getcwd()),
                              name=f"{self.name}-{rank}", daemon=True)
         p.start()
         send_end.close()

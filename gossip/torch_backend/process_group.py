@@ -34,7 +34,7 @@ import torch.distributed as dist
 from torch.distributed import ReduceOp
 
 from collectives.work import Executor, Work as OurWork
-from gossip.torch_work import GossipWork, joined as _joined, seconds as _seconds
+from gossip.torch_backend.c10d_work import GossipWork, joined as _joined, seconds as _seconds
 
 __all__ = ["GossipProcessGroup", "register", "BACKEND_NAME"]
 

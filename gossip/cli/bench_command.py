@@ -147,7 +147,8 @@ def main(args: argparse.Namespace) -> int:
             raise ValueError(f"--timeout must be a number of seconds, got {args.timeout!r}") \
                 from None
     vs = tuple(v for item in args.vs for v in item.split(",") if v)
-    check_args(args.op, n, args.transport, vs, args.reduce_op, args.algorithm, iters, warmup)
+    check_args(args.op, n, transport=args.transport, vs=vs, reduce_op=args.reduce_op,
+               algorithm=args.algorithm, iters=iters, warmup=warmup)
     sizes = row_sizes(args.op, n, _sizes(args))
     check_memory(args.op, n, sizes)
     header = header_line(args.op, n, args.transport, vs=vs, key=args.key,
