@@ -31,7 +31,7 @@ after the last step (what is in flight completed first). Figures are medians ove
 Verdicts are computed from the measured figures with the thresholds printed beside them.
 4 peer processes on 2 cores contend for the CPUs: the compute per step is slower than on
 4 cores, which shrinks communication's share; the header says how many cores there are.
-No figure is asserted anywhere (tests/test_claims.py checks the table's shape only).
+No figure is asserted anywhere (tests/bench/test_claims.py checks the table's shape only).
 """
 from __future__ import annotations
 

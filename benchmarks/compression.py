@@ -25,7 +25,7 @@ Two tables:
    which always compresses). "x less" is the uncompressed figure of that policy divided by
    this one.
 
-No figure is asserted: tests/test_bench.py runs the shapes only. On the shared 2-core
+No figure is asserted: tests/bench/test_bench.py runs the shapes only. On the shared 2-core
 machine the throughput moves 10-20% between runs; compare ratios within one run.
 """
 from __future__ import annotations

@@ -5,7 +5,7 @@ parameters, real ZeroMQ sockets between processes on this machine).
 Usage:
   python benchmarks/invariants.py [--json rows.jsonl]
 
-What it prints, one row per promise (the tests in tests/test_policies*.py assert the same
+What it prints, one row per promise (the tests in tests/policies/test_policies*.py assert the same
 things with tolerances; this prints the figures themselves):
 
 - Gossip on Ring(8): the per-round contraction of the disagreement |x - mean|, the geometric

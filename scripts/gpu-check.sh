@@ -11,4 +11,4 @@ import cupy, numpy
 print("cupy", cupy.__version__, "devices", cupy.cuda.runtime.getDeviceCount())
 PY
 python -m pip install --quiet --no-deps -e . 2>/dev/null || export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
-timeout 300 python -m pytest -q -p no:cacheprovider -m gpu tests/test_gpu.py tests/test_arrays.py -rs "$@"
+timeout 300 python -m pytest -q -p no:cacheprovider -m gpu tests/collectives/test_gpu.py tests/collectives/test_arrays.py -rs "$@"

@@ -1,13 +1,15 @@
-"""Small helpers several test files share (importable by spawned peers: tests/ is on the
-path, as for wire_relay)."""
+"""Small helpers test files of several folders share (importable by spawned peers: tests/ is
+on the path)."""
 from __future__ import annotations
 
 import os
+import signal
 from pathlib import Path
 
 import numpy as np
 
-__all__ = ["publish", "read", "batch_plan", "mlp", "regression_batch", "train"]
+__all__ = ["publish", "read", "batch_plan", "mlp", "regression_batch", "train", "quiet_point",
+           "export_and_die"]
 
 
 def publish(path: Path, text: str) -> None:
@@ -90,3 +92,25 @@ def ipc_exists(endpoint: str) -> bool:
         pid = int(path.split("-")[1])
         return path in ipc_sockets(pid)
     return os.path.exists(path)
+
+
+def quiet_point(peer, *victims: int) -> None:
+    """Every peer's earlier operations are complete everywhere (the barrier waits for this
+    peer's own and for every peer to enter), and a victim dies only once every survivor has
+    left the barrier too (each tells it so), so no message of a victim is still on its way
+    when it dies: it holds exactly what it holds, and nothing is in transit."""
+    peer.barrier()
+    survivors = [r for r in range(peer.world_size) if r not in victims]
+    if peer.rank in victims:
+        for r in survivors:
+            peer.recv(r, np.zeros(1))
+    else:
+        for v in victims:
+            peer.send(v, np.ones(1))
+
+
+def export_and_die(path: str, numerators: np.ndarray, weight: float) -> None:
+    """The victim's last state, written where the test reads it (atomically), then SIGKILL."""
+    np.save(path + ".tmp.npy", np.concatenate([numerators, [weight]]))
+    os.replace(path + ".tmp.npy", path)
+    os.kill(os.getpid(), signal.SIGKILL)
