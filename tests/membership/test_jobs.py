@@ -194,11 +194,13 @@ def _check_never_mixed(outcomes) -> int:
 
 
 def test_two_launches_at_one_port_never_mix(tmp_path):
-    outcomes = _race(MEMBER, trials=4)
+    script = MEMBER
+    outcomes = _race(str(script), trials=4)
     # The one that binds the port first always completes; the other may find it in use.
     assert _check_never_mixed(outcomes) >= 4
 
 
 @pytest.mark.slow
 def test_two_launches_at_one_port_never_mix_in_many_trials(tmp_path):
-    assert _check_never_mixed(_race(MEMBER, trials=40)) >= 40
+    script = MEMBER
+    assert _check_never_mixed(_race(str(script), trials=40)) >= 40
