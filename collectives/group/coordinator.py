@@ -59,11 +59,12 @@ class Coordinator:
                 self.changes.door.tell(msg["from"], "redirect", to=c.door)
                 return
             rank = self.changes.view.rank_of(member.name)
-            if rank is not None and self.changes.view.member(rank).incarnation >= member.incarnation \
+            live = self.changes.view.member(rank) if rank is not None else None
+            if live is not None and live.incarnation >= member.incarnation \
                     and member.name not in self.changes.known_lost():
                 self.changes.door.tell(msg["from"], "refused",
-                               reason=f"{member.name} is a live member already "
-                                      f"(incarnation {self.changes.view.member(rank).incarnation})")
+                                       reason=f"{member.name} is a live member already "
+                                              f"(incarnation {live.incarnation})")
                 return
             reason = self.changes.process.refusal()
             limit = self.changes.max_members
@@ -80,7 +81,8 @@ class Coordinator:
                 self.changes.door.tell(msg["from"], "refused", reason=reason)
                 return
             self.pending[member.name] = member
-            log.info("%s: %s asks to join %s", self.changes.name, member, self.changes.view.describe())
+            log.info("%s: %s asks to join %s", self.changes.name, member,
+                     self.changes.view.describe())
             self.changes.door.tell(msg["from"], "pending", view=self.changes.view.to_wire())
 
     def propose(self, at_step: int | None, also_lost: frozenset = frozenset()) -> None:
@@ -96,8 +98,9 @@ class Coordinator:
                 members.append(m)
         names = {m.name for m in members}
         members += [m for n, m in self.pending.items() if n not in names]
-        p = Proposal(f"{self.changes.view.number + 1}.{next(self.counter)}", self.changes.view.number + 1,
-                     tuple(members), at_step, self.changes.door.address)
+        number = self.changes.view.number + 1
+        p = Proposal(f"{number}.{next(self.counter)}", number, tuple(members), at_step,
+                     self.changes.door.address)
         self.active, self.ready, self.lost_when_proposed = p, {}, lost
         self.deadline = time.monotonic() + self.changes.timeout / 2
         log.info("%s: proposes view %d at step %s (lost: %s): %s", self.changes.name,

@@ -13,10 +13,10 @@ takes from another.
 The step boundary, one way through three objects:
 
     Policy.after_step()
-      -> peer.at_boundary(policy, step)            PolicyHost (gossip/policies/base/contracts.py)
-        -> controller.at_boundary(policy, step)     the Peer delegates to the controller it owns
-          -> policy.view_changing(switch), ...      MembershipParticipant hooks
-          -> peer.install_transport(transport)      MembershipHost: the Peer's public methods
+      -> peer.at_boundary(policy, step)          PolicyHost (policies/base/policy_host.py)
+        -> controller.at_boundary(policy, step)  the Peer delegates to the controller it owns
+          -> policy.view_changing(switch), ...   MembershipParticipant: the policies' hooks
+          -> peer.install_transport(transport)   MembershipHost: the Peer's public methods
 
 The policy calls only the peer, the peer only its controller, and the controller calls the
 policies only through their public hooks and the peer only through its public methods; no

@@ -9,7 +9,7 @@ from gossip.policies.base.buckets import (DEFAULT_BUCKET_BYTES, Bucket, BucketSe
                                           is_torch_tensor)
 from gossip.policies.base.clock import PolicyClock
 from gossip.policies.base.compression import Compression
-from gossip.policies.base.contracts import PolicyHost
+from gossip.policies.base.policy_host import PolicyHost
 from gossip.policies.base.failures import PEER_FAILURES, Attempt, tolerate
 from gossip.policies.base.nan_guard import NanGuard
 from gossip.policies.base.policy import Policy

@@ -16,7 +16,7 @@ attach the same policy (same class and arguments) to the same model and call it 
 Policy is whole here: the step and its failure rule, what it reports (stats), what it saves
 (state_dict) and how it takes part in a membership change (the hooks the peer's membership
 controller calls, gossip/membership/contracts.py's MembershipParticipant). What it may ask of
-the peer is base/contracts.py's PolicyHost.
+the peer is base/policy_host.py's PolicyHost.
 """
 from __future__ import annotations
 
@@ -34,7 +34,7 @@ from gossip.policies.base.arguments import check_int, check_number
 from gossip.policies.base.buckets import DEFAULT_BUCKET_BYTES, BucketSet
 from gossip.policies.base.clock import PolicyClock
 from gossip.policies.base.compression import Compression
-from gossip.policies.base.contracts import PolicyHost
+from gossip.policies.base.policy_host import PolicyHost
 from gossip.policies.base.failures import PEER_FAILURES, Attempt, tolerate
 from gossip.policies.base.nan_guard import NanGuard
 from gossip.policies.neighborhood import resize_topology, resolve_topology

@@ -1,8 +1,8 @@
 """The neighbourhood machinery of the graph policies (Gossip, Choco, PushSum, Asynchronous)
 and of Peer.neighbor_average: the graph a policy runs on and its size after a view change
-(graph.py), the round plan of one neighbour exchange with the lost peers folded out
+(policy_graph.py), the round plan of one neighbour exchange with the lost peers folded out
 (rounds.py), and the edges healed around a lost neighbour (healing.py)."""
-from gossip.policies.neighborhood.graph import (ONE_PEER_EXPONENTIAL, PEER_TOPOLOGY,
+from gossip.policies.neighborhood.policy_graph import (ONE_PEER_EXPONENTIAL, PEER_TOPOLOGY,
                                                 check_topology, resize_topology,
                                                 resolve_topology)
 from gossip.policies.neighborhood.healing import HEAL_CHANNEL, Healer

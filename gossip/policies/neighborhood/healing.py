@@ -25,7 +25,7 @@ from gossip.errors import GossipError
 from gossip.peer_channels import PeerChannel
 
 if TYPE_CHECKING:
-    from gossip.policies.base.contracts import PolicyHost
+    from gossip.policies.base.policy_host import PolicyHost
 
 __all__ = ["Healer", "HEAL_CHANNEL"]
 

@@ -36,7 +36,7 @@ import numpy as np
 from gossip.policies.neighborhood.healing import Healer
 
 if TYPE_CHECKING:
-    from gossip.policies.base.contracts import PolicyHost
+    from gossip.policies.base.policy_host import PolicyHost
 
 __all__ = ["Round", "Neighborhood", "mixing_round", "live_mixing_round", "push_round"]
 

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 from gossip.errors import TopologyError
 
 if TYPE_CHECKING:
-    from gossip.policies.base.contracts import PolicyHost
+    from gossip.policies.base.policy_host import PolicyHost
 
 __all__ = ["check_topology", "resolve_topology", "resize_topology", "PEER_TOPOLOGY",
            "ONE_PEER_EXPONENTIAL"]
