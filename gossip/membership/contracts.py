@@ -77,6 +77,9 @@ class MembershipParticipant(Protocol):
     def after_step(self) -> None:
         """One more round (a planned leaver takes rounds until its boundary)."""
 
+    def close(self) -> None:
+        """Stop the policy's threads (the peer closes its policies before its sockets)."""
+
     # -- the hooks of a view change -------------------------------------------------------------
     def view_changing(self, switch: Switch) -> None:
         """A committed change, on the old view's transport: finish what must end there."""

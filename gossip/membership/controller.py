@@ -26,7 +26,7 @@ from __future__ import annotations
 import logging
 import os
 import time
-from typing import Callable
+from typing import Callable, Mapping
 
 from collectives import Transport
 from collectives.config import TransportConfig
@@ -45,12 +45,12 @@ log = logging.getLogger("gossip")
 MEMBER_FIELDS = ("name", "inc", "door")
 
 
-def member_identity(rank: int, env: dict[str, str] | None = None) -> tuple[str, int]:
+def member_identity(rank: int, env: Mapping[str, str] | None = None) -> tuple[str, int]:
     """(name, incarnation) of this process: see the module docstring."""
-    env = os.environ if env is None else env
-    name = env.get("GOSSIP_MEMBER_NAME") or f"rank{rank}"
+    variables = os.environ if env is None else env
+    name = variables.get("GOSSIP_MEMBER_NAME") or f"rank{rank}"
     for variable in ("GOSSIP_INCARNATION", "TORCHELASTIC_RESTART_COUNT"):
-        value = env.get(variable, "")
+        value = variables.get(variable, "")
         if value.isdigit():
             # A launcher's count, made larger than any clock-made incarnation of the same
             # slot would not be: counts stay small, so they order among themselves only.
@@ -79,8 +79,8 @@ class PeerMembership:
                                    host=host, max_members=int(bound or 0))
         self.rendezvous_address: str | None = None
         self._rendezvous_host = ""
-        self._peer: MembershipHost | None = None
-        self._joined: Switch | None = None   # a joiner's admission, until its state came
+        self._bound: MembershipHost | None = None
+        # A joiner's state, coming since its admission, until its first policy takes it.
         self._prefetch: Prefetch | None = None
         self._departed = False   # a planned leave reached its boundary (_depart)
         self._view_callbacks: list[Callable[[View], None]] = []
@@ -90,10 +90,15 @@ class PeerMembership:
     def bind(self, peer: MembershipHost, joined: Switch | None = None) -> None:
         """The Peer this controller serves (it owns it); ``joined``: the admission of a
         joiner, whose state starts coming now, while the model is built."""
-        self._peer = peer
+        self._bound = peer
         if joined is not None:
-            self._joined = joined
             self._prefetch = Prefetch(peer, joined.senders, self.changes.timeout)
+
+    @property
+    def _peer(self) -> MembershipHost:
+        if self._bound is None:
+            raise RuntimeError(f"{self.name}: the membership controller serves no peer yet")
+        return self._bound
 
     # ------------------------------------------------------------------ views
     @property
@@ -104,7 +109,7 @@ class PeerMembership:
     @property
     def joining(self) -> bool:
         """True from a join until the running job's state arrived (at the first attach)."""
-        return self._joined is not None
+        return self._prefetch is not None
 
     def on_view_change(self, callback: Callable[[View], None]) -> None:
         """Call ``callback(view)`` after every view change, in the thread that took it."""
@@ -196,7 +201,7 @@ class PeerMembership:
         return {view.member(r).name for r in transport.lost_ranks() if r < len(view)}
 
     def _participants(self) -> list[MembershipParticipant]:
-        return self._peer.policies if self._peer is not None else []
+        return self._bound.policies if self._bound is not None else []
 
     def sharing(self) -> str:
         """"identical" (replicas: the members at the source's step may all donate),
@@ -217,7 +222,8 @@ class PeerMembership:
     def max_drift(self) -> int | None:
         """The most steps a member can be ahead of another (None: unknown; margin.py)."""
         drifts = [p.max_drift() for p in self._participants()]
-        return None if not drifts or None in drifts else max(drifts)
+        known = [d for d in drifts if d is not None]
+        return max(known) if known and len(known) == len(drifts) else None
 
     def refusal(self) -> str | None:
         """Why this peer cannot take a view change now (None: it can)."""
@@ -343,10 +349,11 @@ class PeerMembership:
         boundary where they admitted it. If the state does not fit (another model) or does
         not arrive, the joiner closes at once, so the members leave it out without
         waiting."""
-        if self._joined is None:
+        fetched = self._prefetch
+        if fetched is None:
             return
-        self._joined = None
-        fetched, peer = self._prefetch, self._peer
+        self._prefetch = None
+        peer = self._peer
         try:
             step, snapshot = fetched.result(peer, state_of(policy))
             load_state(policy, snapshot, step)
