@@ -20,8 +20,7 @@ from typing import Any, Callable, Iterable
 
 import numpy as np
 
-from gossip.policies.policy import Policy
-from gossip.policies.buckets import is_torch_tensor
+from gossip.policies.base import Policy, is_torch_tensor
 from gossip.policies.registry import resolve
 
 __all__ = ["DistributedOptimizer", "broadcast_parameters", "POLICY_STATE_KEY"]
@@ -89,9 +88,9 @@ class DistributedOptimizer:
         else:
             # Before attach: a joining peer takes the running job's state there, and the
             # optimizer's state (momentum, moments) must come with the parameters.
-            policy._transfer_optimizer = optimizer
+            policy.transfer_optimizer = optimizer
             policy.attach(_require_peer(peer, "DistributedOptimizer"), params)
-        policy._transfer_optimizer = optimizer
+        policy.transfer_optimizer = optimizer
         self.optimizer = optimizer
         self.policy = policy
         self.peer = policy.peer

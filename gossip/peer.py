@@ -4,16 +4,15 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import Any
+from typing import Any, Callable
 
 from collectives import defaults
 from collectives.communicator import Communicator
-from collectives.membership.proposal import Departure
+from collectives.group import Switch, View
 from collectives.transport.channels import channel_pair
 from collectives.transport.transport import Transport
-from gossip import elastic
-from gossip.membership import attach_policy_answers
-from gossip.policies.neighborhood import live_mixing_round
+from gossip.membership import MembershipParticipant, PeerMembership
+from gossip.policies.neighborhood import live_mixing_round, resize_topology
 from gossip.settings import LaunchSettings
 
 __all__ = ["Peer"]
@@ -27,36 +26,32 @@ class Peer:
     instead of hanging. Use as a context manager, or call close()."""
 
     def __init__(self, transport: Transport, topology: Any, settings: LaunchSettings, *,
-                 membership: Any = None, joined: Any = None) -> None:
+                 membership: PeerMembership | None = None, joined: Switch | None = None
+                 ) -> None:
         self._transport = transport
         self._comm = Communicator(transport)
         self._channels: dict[int, Communicator] = {}
         self.topology = topology
         self.settings = settings
         self._closed = False
-        # The door and view changes (gossip/membership.py); None for a bare Peer.
-        self._membership = membership
-        # A joiner's admission: the state it takes when its policy attaches.
-        self._joined = joined
-        self._view_callbacks: list[Any] = []
         # Objects whose state_dict() travels with the state a joiner takes (an
-        # ElasticSampler's cursor): name -> object.
-        self.tracked_state: dict[str, Any] = {}
-        self.pending_tracked: dict[str, Any] = {}   # received before their object existed
-        self.join_stats: dict[str, Any] = {}
-        self._departed = False   # a planned leave reached its boundary (elastic.depart)
-        if joined is not None:   # the state starts coming now, while the model is built
-            self._prefetch = elastic.prefetch(self, joined)
-        if membership is not None:
-            membership.changes.refusal = self._refusal
-            attach_policy_answers(membership.changes, lambda: self.policies)
+        # ElasticSampler's cursor): name -> object; and states received before their object
+        # existed.
+        self._tracked: dict[str, Any] = {}
+        self._pending_tracked: dict[str, Any] = {}
         # Traffic totals of the transports of earlier views (stats() adds them).
         self._earlier_totals = dict.fromkeys(
             ("bytes_sent", "bytes_received", "messages_sent", "messages_received", "dropped"), 0)
         # Policies attached to this peer (they register themselves): close() stops them first,
         # so no background thread of theirs outlives the sockets.
-        self._policies: list[Any] = []
+        self._policies: list[MembershipParticipant] = []
         self._policies_lock = threading.Lock()
+        # The membership controller (gossip/membership/): the door, view changes, state
+        # transfer; None for a bare Peer. A joiner's (``joined``: its admission) starts
+        # receiving the running job's state now, while the model is built.
+        self._membership = membership
+        if membership is not None:
+            membership.bind(self, joined)
 
     # -- identity ---------------------------------------------------------------------------
     @property
@@ -252,15 +247,10 @@ class Peer:
         # bytes, and payloads refused for not decoding.
         stats["codec"] = self._comm.codec_stats.snapshot()
         if self._membership is not None:
-            door = self._membership.door
-            stats["view"] = self._membership.view.number if self._membership.view else None
-            stats["door"] = {"dropped": door.dropped,
-                             "handshakes_refused": dict(door.refusals.by_reason)}
-            if self.join_stats:   # a joiner: how its state came
-                stats["join"] = dict(self.join_stats)
+            stats.update(self._membership.stats())
         return stats
 
-    def register_policy(self, policy: Any) -> None:
+    def register_policy(self, policy: MembershipParticipant) -> None:
         """Called by Policy.attach: close() will close ``policy`` first."""
         with self._policies_lock:
             if self._closed:
@@ -268,22 +258,28 @@ class Peer:
             if policy not in self._policies:
                 self._policies.append(policy)
 
-    def unregister_policy(self, policy: Any) -> None:
+    def unregister_policy(self, policy: MembershipParticipant) -> None:
         """Called by Policy.close."""
         with self._policies_lock:
             if policy in self._policies:
                 self._policies.remove(policy)
 
     @property
-    def policies(self) -> list:
+    def policies(self) -> list[MembershipParticipant]:
         """The policies attached to this peer and not yet closed."""
         with self._policies_lock:
             return list(self._policies)
 
     # -- membership ---------------------------------------------------------------------------
     @property
-    def view(self) -> Any:
-        """The current membership view (collectives.membership.View: number, members with
+    def membership(self) -> PeerMembership | None:
+        """The peer's membership controller (gossip.membership.PeerMembership: its door,
+        view changes and state transfer), None for a peer without membership."""
+        return self._membership
+
+    @property
+    def view(self) -> View | None:
+        """The current membership view (collectives.group.View: number, members with
         name and incarnation, in rank order), or None for a peer without membership."""
         return self._membership.view if self._membership is not None else None
 
@@ -291,32 +287,44 @@ class Peer:
     def joining(self) -> bool:
         """True from a join until the state of the running job arrived (at the first
         policy's attach): broadcast_parameters and a policy's start broadcast are skipped."""
-        return self._joined is not None
+        return self._membership is not None and self._membership.joining
+
+    @property
+    def join_stats(self) -> dict[str, Any]:
+        """A joiner: how its state came (state_bytes, receive_seconds, donors); else {}."""
+        return self._membership.join_stats if self._membership is not None else {}
 
     def track_state(self, name: str, obj: Any) -> None:
         """Send ``obj.state_dict()`` (plain values) with the state a joiner (or a member a
         step behind) takes, and load it there with ``obj.load_state_dict``."""
-        self.tracked_state[name] = obj
-        if name in self.pending_tracked:
-            obj.load_state_dict(self.pending_tracked.pop(name))
+        self._tracked[name] = obj
+        if name in self._pending_tracked:
+            obj.load_state_dict(self._pending_tracked.pop(name))
 
-    def on_view_change(self, callback: Any) -> None:
-        """Call ``callback(view)`` after every view change, in the thread that took it."""
-        self._view_callbacks.append(callback)
+    def tracked_states(self) -> dict[str, Any]:
+        """Each tracked object's state_dict(), by the name it was tracked under."""
+        return {name: obj.state_dict() for name, obj in self._tracked.items()}
 
-    def _refusal(self) -> str | None:
-        """Why this peer cannot take a view change now (None: it can)."""
-        stuck = [p.name for p in self.policies if not p.follows_view_changes]
-        if stuck:
-            return (f"the group runs policy {stuck[0]!r}, which does not follow membership "
-                    "changes yet (synchronous, local-sgd, gossip, asynchronous, push-sum, "
-                    "choco and elastic do)")
-        return None
+    def load_tracked_states(self, states: dict[str, Any]) -> None:
+        """Received tracked states (an ElasticSampler's cursor) into the objects tracked under
+        their names; the others wait for their track_state()."""
+        for name, state in states.items():
+            obj = self._tracked.get(name)
+            if obj is not None:
+                obj.load_state_dict(state)
+            else:
+                self._pending_tracked[name] = state
+
+    def on_view_change(self, callback: Callable[[View], None]) -> None:
+        """Call ``callback(view)`` after every view change, in the thread that took it (a
+        peer without membership has none)."""
+        if self._membership is not None:
+            self._membership.on_view_change(callback)
 
     def changing_now(self) -> bool:
         """True while a membership change that takes effect at once is proposed to this peer
         (a recovery, a leave): a PeerLost meanwhile is that change, not a failure."""
-        return self._membership is not None and self._membership.changes.changing_now()
+        return self._membership is not None and self._membership.changing_now()
 
     def leave(self) -> None:
         """Leave the group for good, between steps: the others go on in a view without this
@@ -324,41 +332,54 @@ class Peer:
         change), then this peer closes. With a policy whose state must not be cut mid-round
         attached (push-sum), the leave is planned instead: this peer takes that policy's
         rounds (no local update) until the boundary the group agrees on, hands its state
-        (x, w) to a member there, then closes (elastic.leave_at_boundary)."""
+        (x, w) to a member there, then closes (PeerMembership.leave)."""
         if self._membership is not None and not self._closed:
-            planned = [p for p in self.policies if p.hands_off_at_leave]
-            if not (planned and elastic.leave_at_boundary(self, planned[0])):
-                self._membership.changes.leave()
+            self._membership.leave()
         self.close()
 
-    def at_boundary(self, policy: Any, step: int) -> bool:
+    def at_boundary(self, policy: MembershipParticipant, step: int) -> bool:
         """Called by a policy after each step (``step`` completed): take a view change that
         takes effect here. True if the view changed."""
         if self._membership is None:
             return False
-        switch = self._membership.boundary(step)
-        if switch is None:
-            return False
-        if isinstance(switch, Departure):
-            elastic.depart(self, switch)
-        else:
-            elastic.take_switch(self, switch, policy)
-        return True
+        return self._membership.at_boundary(policy, step)
 
-    def recover(self, policy: Any, step: int) -> int:
+    def recover(self, policy: MembershipParticipant, step: int) -> int:
         """After a peer was lost mid-step (an elastic policy): agree with the survivors on the
         next view, take the state of the one that completed most steps, and return the step
         count to go on from."""
         if self._membership is None:
             raise RuntimeError("this peer has no membership (made without gossip.init())")
-        switch = self._membership.recover(step)
-        return elastic.take_switch(self, switch, policy)
+        return self._membership.recover(policy, step)
 
-    def attached(self, policy: Any) -> None:
+    def attached(self, policy: MembershipParticipant) -> None:
         """Called by Policy.attach: a joiner takes the running job's state now."""
-        if self._joined is not None:
-            switch, self._joined = self._joined, None
-            elastic.take_state(self, switch, policy, self._prefetch)
+        if self._membership is not None:
+            self._membership.attached(policy)
+
+    def install_transport(self, transport: Transport) -> tuple[Transport, list[Communicator]]:
+        """(The membership controller, at a view change.) Take the new view's ``transport``:
+        its traffic totals start from the old one's, a new communicator replaces the old
+        (channels are made afresh on their next use), and the topology is recomputed over
+        the new size (logged with its spectral gap when it changes). Returns the old
+        transport and communicators, which the caller closes once the new view settled."""
+        old = self._transport.stats()
+        for name in self._earlier_totals:
+            self._earlier_totals[name] += old[name]
+        retired = (self._transport, [self._comm, *self._channels.values()])
+        self._transport = transport
+        self._comm = Communicator(transport)
+        self._channels = {}
+        topology = resize_topology(self.topology, transport.world_size)
+        if topology.size != getattr(self.topology, "size", topology.size):
+            try:
+                gap = f"{topology.spectral_gap():.4f}"
+            except Exception:  # a time-varying graph may have none
+                gap = "n/a"
+            log.info("rank %d: topology recomputed for %d peers: %r (spectral gap %s)",
+                     self.rank, topology.size, topology, gap)
+        self.topology = topology
+        return retired
 
     def close(self) -> None:
         """Close the attached policies (their background threads stop), then stop the worker

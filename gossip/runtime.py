@@ -15,8 +15,9 @@ from collectives.transport.emulation import parse_link
 from collectives.transport.transport import Transport, host_id
 from gossip.errors import TopologyError
 from gossip.logs import configure_logging
-from gossip.membership import PeerMembership, member_identity, resize_topology
+from gossip.membership import PeerMembership, member_identity
 from gossip.peer import Peer
+from gossip.policies.neighborhood import resize_topology
 from gossip.settings import resolve_settings
 from gossip.snapshot import crc
 
@@ -89,7 +90,7 @@ def init(*, rank: int | None = None, world_size: int | None = None,
     ``join`` (GOSSIP_JOIN): join a running job instead of forming one: True asks the members
     at the rendezvous address, a string lists member doors (``tcp://h:p,tcp://h2:p2``). A
     process started again with the variables of its first start needs no flag: a running
-    member answers at the rendezvous address and it joins (gossip/membership.py).
+    member answers at the rendezvous address and it joins (gossip/membership/).
     """
     configure_logging()
     settings = resolve_settings(rank=rank, world_size=world_size, rendezvous=rendezvous,

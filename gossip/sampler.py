@@ -22,9 +22,12 @@ For a torch DataLoader: ``DataLoader(dataset, batch_sampler=sampler)``.
 """
 from __future__ import annotations
 
-from typing import Any, Iterator
+from typing import TYPE_CHECKING, Iterator
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from gossip.peer import Peer
 
 __all__ = ["ElasticSampler"]
 
@@ -36,7 +39,7 @@ class ElasticSampler:
     equal share of them (False, the default; a rank may then get fewer, even none) or is
     skipped (True)."""
 
-    def __init__(self, length: int, batch_size: int, *, peer: Any, shuffle: bool = True,
+    def __init__(self, length: int, batch_size: int, *, peer: Peer, shuffle: bool = True,
                  seed: int = 0, drop_last: bool = False) -> None:
         if length < 0 or batch_size < 1:
             raise ValueError(f"need length >= 0 and batch_size >= 1, got {length}, "
@@ -46,9 +49,7 @@ class ElasticSampler:
         self.peer = peer
         self.epoch = 0
         self.cursor = 0        # positions of this epoch's order the group has consumed
-        register = getattr(peer, "track_state", None)
-        if register is not None:
-            register("elastic_sampler", self)
+        peer.track_state("elastic_sampler", self)
 
     def set_epoch(self, epoch: int) -> None:
         """Start epoch ``epoch`` (its own order) from its beginning, unless it is the epoch

@@ -107,7 +107,7 @@ def spawn(fn: Callable, n: int = 4, *, timeout: float = defaults.TIMEOUT, topolo
     ``tolerate``: ranks expected to die or fail (fault-injection tests); the others go on, and
     those ranks' results are None. ``restarts`` (rank -> count) and ``tolerated_grace``: see
     gossip.launch.supervisor.supervise; a restarted rank's process calls gossip.init as the first
-    did, so it rejoins the running group (gossip/membership.py). ``preload``: modules each
+    did, so it rejoins the running group (gossip/membership/). ``preload``: modules each
     process imports before gossip.init (``("torch",)``).
     """
     outcomes = spawn_outcomes(fn, n, timeout=timeout, topology=topology, args=args,

@@ -1,7 +1,7 @@
 """`gossip demo --kill RANK@FRACTION`: one peer SIGKILLs itself after FRACTION of its training
 steps, and the demo starts it again (gossip.launch.supervisor's ``restarts``) as the same slot with
 the next GOSSIP_INCARNATION, so the new process rejoins the running job and trains the rest
-(gossip/membership.py). What the kill costs is then in the demo's table, beside the run
+(gossip/membership/). What the kill costs is then in the demo's table, beside the run
 without it.
 
     kill = Kill.parse("2@0.33")       # peer 2, after a third of its steps

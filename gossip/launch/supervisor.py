@@ -257,7 +257,7 @@ def supervise(target: Callable, n: int, *, args: tuple = (), timeout: float,
     ``restarts``: rank -> how many times that rank is started again when it fails (an error
     or a death), as ``gossip run --max-restarts`` does: each of its processes has
     GOSSIP_INCARNATION set to its start's number (0, then 1, ...), so a gossip peer started
-    again rejoins the running job (gossip/membership.py). A failure followed by a restart is
+    again rejoins the running job (gossip/membership/). A failure followed by a restart is
     no failure (it is kept in the outcome's ``earlier``); the last one allowed counts as
     usual. ``tolerated_grace``: once every rank outside ``tolerate`` has reported, the
     tolerated ranks still running get this many seconds, then are ``stopped`` (a restarted

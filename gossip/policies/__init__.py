@@ -15,30 +15,33 @@
 | elastic      | ElasticAveraging       | elastic pull to a centre every period steps    |
 | choco        | Choco                  | compressed differences to public copies        |
 
-Shared mechanisms, each in one module: ``policy`` (the step, nan guard and failure rule of
-every policy), ``neighborhood`` (the default topology and the round plan over live and healed
-neighbours: Gossip, PushSum, Peer.neighbor_average), ``worker`` (background threads, error
-hand-off and dropped peers: Asynchronous, ElasticAveraging), ``buckets`` (parameter packing);
-arrays are touched only through collectives.arrays' adapters.
+("easgd" names ElasticAveraging too.)
+
+The rooms, each a package: ``base`` (Policy whole: the step, nan guard, failure rule, stats,
+checkpoints and membership hooks; BackgroundPolicy, the threads and error hand-off of
+Asynchronous and ElasticAveraging; the PolicyHost contract, what a policy may ask of its peer;
+buckets, compression), ``neighborhood`` (the graph a policy runs on and the round plan over
+live and healed neighbours: Gossip, Choco, PushSum, Peer.neighbor_average), then one per
+family, its membership behaviour in its class: ``synchronous`` (Synchronous, LocalSGD,
+DiLoCo's outer step), ``dpsgd`` (Gossip, Choco), ``push_sum`` (PushSum), ``asynchronous``
+(Asynchronous), ``easgd`` (ElasticAveraging); ``registry`` finds them by name. Arrays are
+touched only through collectives.arrays' adapters.
 
 No module here imports torch at import time; torch is imported where torch tensors are
 handled.
 """
 from gossip.policies.asynchronous import Asynchronous
-from gossip.policies.choco import Choco
-from gossip.policies.buckets import DEFAULT_BUCKET_BYTES, Bucket, BucketSet
-from gossip.policies.elastic_averaging import ElasticAveraging
-from gossip.policies.gossip_policy import Gossip
-from gossip.policies.compression import Compression
-from gossip.policies.local_sgd import LocalSGD
-from gossip.policies.outer_optimizer import DILOCO, SGD
-from gossip.policies.policy import Policy
+from gossip.policies.base import (DEFAULT_BUCKET_BYTES, BackgroundPolicy, Bucket, BucketSet,
+                                  Compression, Policy, PolicyHost)
+from gossip.policies.dpsgd import Choco, Gossip
+from gossip.policies.easgd import ElasticAveraging
 from gossip.policies.push_sum import PushSum
-from gossip.policies.registry import POLICIES, make, names, policy_class, resolve
-from gossip.policies.synchronous import Synchronous
+from gossip.policies.registry import ALIASES, POLICIES, make, names, policy_class, resolve
+from gossip.policies.synchronous import DILOCO, SGD, LocalSGD, Synchronous
 
 __all__ = [
     "Policy", "Synchronous", "LocalSGD", "Gossip", "Asynchronous", "PushSum", "Choco",
-    "ElasticAveraging", "make", "names", "policy_class", "resolve", "POLICIES", "Bucket",
-    "BucketSet", "DEFAULT_BUCKET_BYTES", "SGD", "DILOCO", "Compression",
+    "ElasticAveraging", "make", "names", "policy_class", "resolve", "POLICIES", "ALIASES",
+    "Bucket", "BucketSet", "DEFAULT_BUCKET_BYTES", "SGD", "DILOCO", "Compression",
+    "BackgroundPolicy", "PolicyHost",
 ]

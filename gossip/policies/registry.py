@@ -1,23 +1,25 @@
 """Policies by name: ``gossip.policies.make("gossip")``, and what ``policy="..."`` accepts in
-gossip.DistributedOptimizer."""
+gossip.DistributedOptimizer. A class's ``aliases`` are accepted too (EASGD: "easgd" and
+"elastic" name ElasticAveraging)."""
 from __future__ import annotations
 
 from typing import Any
 
 from gossip.policies.asynchronous import Asynchronous
-from gossip.policies.choco import Choco
-from gossip.policies.elastic_averaging import ElasticAveraging
-from gossip.policies.gossip_policy import Gossip
-from gossip.policies.local_sgd import LocalSGD
-from gossip.policies.policy import Policy
+from gossip.policies.base import Policy
+from gossip.policies.dpsgd import Choco, Gossip
+from gossip.policies.easgd import ElasticAveraging
 from gossip.policies.push_sum import PushSum
-from gossip.policies.synchronous import Synchronous
+from gossip.policies.synchronous import LocalSGD, Synchronous
 
-__all__ = ["POLICIES", "make", "names", "policy_class", "resolve"]
+__all__ = ["POLICIES", "ALIASES", "make", "names", "policy_class", "resolve"]
 
 #: Canonical name -> policy class.
 POLICIES: dict[str, type[Policy]] = {cls.name: cls for cls in (
     Synchronous, LocalSGD, Gossip, Asynchronous, PushSum, ElasticAveraging, Choco)}
+#: Other accepted name -> policy class.
+ALIASES: dict[str, type[Policy]] = {alias: cls for cls in POLICIES.values()
+                                    for alias in cls.aliases}
 
 
 def names() -> list[str]:
@@ -31,7 +33,7 @@ def policy_class(name: str) -> type[Policy]:
     if not isinstance(name, str):
         raise TypeError(f"policy name must be a string, got {type(name).__name__}")
     key = name.strip().lower().replace("_", "-")
-    cls = POLICIES.get(key)
+    cls = POLICIES.get(key) or ALIASES.get(key)
     if cls is None:
         raise ValueError(f"unknown policy {name!r}; known policies: {', '.join(POLICIES)}")
     return cls

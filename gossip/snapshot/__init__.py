@@ -24,9 +24,9 @@ disjoint ranges of.
 
 Modules: ``snapshot`` (the Snapshot), ``receiver`` (SnapshotReceiver), ``files`` (disk),
 ``manifest`` (the description, its digest and the one comparison), ``structure`` (state
-dicts as trees), ``arrays`` (specs, byte views, digests), ``layout`` (the byte space).
+dicts as trees), ``array_specs`` (specs, byte views, digests), ``layout`` (the byte space).
 """
-from gossip.snapshot.arrays import ArraySpec
+from gossip.snapshot.array_specs import ArraySpec
 from gossip.snapshot.layout import Layout
 from gossip.snapshot.receiver import SnapshotReceiver
 from gossip.snapshot.snapshot import Snapshot

@@ -1,6 +1,6 @@
 """CRC-32 (zlib's) of large buffers on every core, and the pieces' sums combined.
 
-A snapshot's digests are over the CRC-32 of each 4 MiB piece (arrays.PIECE_BYTES). zlib sums
+A snapshot's digests are over the CRC-32 of each 4 MiB piece (array_specs.PIECE_BYTES). zlib sums
 at ~4 GB/s on one core of this project's 2-core machine, slower than the shared-memory path
 delivers a joiner's state (5-6 GB/s): summed on one thread, the check would be the transfer's
 bound, and a transfer's last piece (a 4 MiB state's only one) is summed after it lands, with

@@ -22,7 +22,7 @@ from typing import Any, Callable, Sequence
 
 from gossip.errors import SnapshotCorrupt, SnapshotError
 from gossip.snapshot import manifest as mf
-from gossip.snapshot.arrays import allocate, byte_view, digest_of, verify
+from gossip.snapshot.array_specs import allocate, byte_view, digest_of, verify
 from gossip.snapshot.layout import Layout
 
 __all__ = ["write", "read", "base_name"]

@@ -16,13 +16,14 @@ from typing import Any, Sequence
 import msgpack
 
 from gossip.errors import SnapshotError, SnapshotMismatch
-from gossip.snapshot.arrays import DIGEST_BYTES, ArraySpec
+from gossip.snapshot.array_specs import DIGEST_BYTES, ArraySpec
 
 __all__ = ["FORMAT", "VERSION", "PARTS", "build", "parse", "digest", "pack", "unpack",
            "compare"]
 
 FORMAT = "gossip-snapshot"
-VERSION = 2  # 2: array digests over pieces' CRC-32 (arrays.PIECE_BYTES); 1: blake2b of the bytes
+# 2: array digests over pieces' CRC-32 (array_specs.PIECE_BYTES); 1: blake2b of the bytes
+VERSION = 2
 #: The parts a snapshot may hold, in the order they are stored and restored.
 PARTS = ("model", "params", "optimizer", "policy", "extra")
 # A manifest describes, it does not carry: 64 MiB of msgpack is millions of arrays.

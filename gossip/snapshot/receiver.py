@@ -19,8 +19,8 @@ import numpy as np
 from gossip.errors import SnapshotError
 from gossip.snapshot import crc as crc32
 from gossip.snapshot import manifest as mf
-from gossip.snapshot.arrays import (PIECE_BYTES, allocate, byte_view, digest_of_pieces,
-                                    spec_of, verify)
+from gossip.snapshot.array_specs import (PIECE_BYTES, allocate, byte_view,
+                                         digest_of_pieces, spec_of, verify)
 from gossip.snapshot.layout import Layout
 from gossip.snapshot.snapshot import Snapshot
 
@@ -85,7 +85,7 @@ class SnapshotReceiver:
     the first, and every corrupted array's range counts as missing again, so the caller can
     fetch it from another donor and call finish() again.
 
-    A write (or ``wrote``) that covers whole pieces of an array (arrays.PIECE_BYTES from its
+    A write (or ``wrote``) that covers whole pieces of an array (array_specs.PIECE_BYTES from its
     start: what Layout.ranges(PIECE_BYTES) cuts) has them checksummed at once, on every core
     (snapshot.crc's threads) while the writer receives the next chunk, so finish() has little
     left to do; a piece written in parts in order is summed part by part; pieces written

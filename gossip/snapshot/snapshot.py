@@ -10,8 +10,8 @@ import numpy as np
 from gossip.errors import SnapshotError, SnapshotMismatch
 from gossip.optim import DistributedOptimizer
 from gossip.snapshot import files, manifest as mf
-from gossip.snapshot.arrays import (ArraySpec, byte_view, crcs_of, digest_of_pieces, is_array,
-                                    prepare, spec_of)
+from gossip.snapshot.array_specs import (ArraySpec, byte_view, crcs_of, digest_of_pieces,
+                                         is_array, prepare, spec_of)
 from gossip.snapshot.layout import Layout
 from gossip.snapshot.structure import decode, encode
 
@@ -122,9 +122,9 @@ class Snapshot:
             params = _param_list(params)
             self._check_target(Snapshot.of(params=params), "params", "the params")
         if model is not None:
-            state = OrderedDict(self._decode(tree["state"], clone=False))
-            state._metadata = OrderedDict(self._decode(tree["metadata"], clone=False))
-            model.load_state_dict(state)
+            model.load_state_dict(_ModuleState(
+                self._decode(tree["state"], clone=False),
+                OrderedDict(self._decode(tree["metadata"], clone=False))))
         if params is not None:
             for dst, src in zip(params, self._decode(self._parts["params"], clone=False)):
                 _copy_into(dst, src)
@@ -179,7 +179,8 @@ class Snapshot:
 
     @property
     def digests(self) -> list[str]:
-        """Each array's digest (over kind, dtype, shape and its pieces' CRC-32, arrays.py), hex."""
+        """Each array's digest (over kind, dtype, shape and its pieces' CRC-32:
+        array_specs.py), hex."""
         if self._digests is None:
             self._digests = [digest_of_pieces(s, c) for s, c in zip(self._specs,
                                                                     self.piece_crcs)]
@@ -187,7 +188,7 @@ class Snapshot:
 
     @property
     def piece_crcs(self) -> list[list[int]]:
-        """Each array's pieces' CRC-32 (arrays.PIECE_BYTES each), what its digest is over: a
+        """Each array's pieces' CRC-32 (array_specs.PIECE_BYTES each), what its digest is over: a
         receiver that compares its own learns which pieces are bad, not only which array."""
         if self._crcs is None:
             self._crcs = crcs_of(self._byte_views())
@@ -247,6 +248,15 @@ class Snapshot:
     def __repr__(self) -> str:
         return (f"<Snapshot {len(self._specs)} arrays, {self._layout.total} bytes, parts "
                 f"{self.parts}>")
+
+
+class _ModuleState(OrderedDict):
+    """A torch module's state dict as Module.state_dict() gives it: the tensors by key, and
+    torch's ``_metadata`` (each submodule's version), which load_state_dict reads."""
+
+    def __init__(self, state: Any, metadata: OrderedDict) -> None:
+        super().__init__(state)
+        self._metadata = metadata
 
 
 def _param_list(params: Any) -> list:

@@ -15,7 +15,7 @@ from typing import Any, Callable
 import numpy as np
 
 from gossip.errors import SnapshotError
-from gossip.snapshot.arrays import is_array
+from gossip.snapshot.array_specs import is_array
 
 __all__ = ["encode", "decode"]
 

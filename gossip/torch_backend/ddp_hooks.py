@@ -37,7 +37,7 @@ import torch
 import torch.distributed as dist
 
 from collectives.codecs.registry import parse as parse_codec
-from gossip.policies.outer_optimizer import SGD, resolve_outer_optimizer
+from gossip.policies.synchronous.outer_optimizer import SGD, resolve_outer_optimizer
 from gossip.torch_backend.c10d_work import GossipWork
 
 __all__ = ["HookState", "allreduce_hook", "gossip_hook", "diloco_hook", "local_sgd_hook"]

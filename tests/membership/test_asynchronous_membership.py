@@ -1,5 +1,5 @@
-"""Asynchronous gossip follows membership view changes (gossip/policies/
-asynchronous_membership.py): a joiner takes a share of its source's weights and its model,
+"""Asynchronous gossip follows membership view changes (gossip/policies/asynchronous/
+asynchronous.py): a joiner takes a share of its source's weights and its model,
 every member scales its weights by n_new / n_old once the pushes between members are
 absorbed, so across a join the mass is exact and the consensus value does not move; a killed
 peer started again rejoins and takes the state; a leaver goes at once and the others go on in
@@ -135,7 +135,7 @@ def test_a_joiner_enters_a_running_asynchronous_group_and_the_mass_stays_exact(t
 def refusal_with_asynchronous(peer):
     from gossip.policies import Asynchronous
     policy = Asynchronous().attach(peer, [np.zeros(4)])
-    why = peer._refusal()
+    why = peer.membership.refusal()
     policy.close()
     return why
 

@@ -1,9 +1,9 @@
-"""The margin a view change is proposed at (collectives/membership/margin.py): the members'
+"""The margin a view change is proposed at (collectives/group/margin.py): the members'
 spread plus the steps they take while the prepare travels, from the coordinator's step times.
 Pure arithmetic on given times; the protocol around it runs in test_membership.py."""
 from __future__ import annotations
 
-from collectives.membership.margin import PREPARE_TRAVEL, BoundaryMargin
+from collectives.group.margin import PREPARE_TRAVEL, BoundaryMargin
 
 
 def margin_after(step_seconds: float, drift, members: int = 4, steps: int = 6) -> int:

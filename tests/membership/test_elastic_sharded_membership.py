@@ -1,5 +1,5 @@
 """Elastic averaging (EASGD) with the sharded centre follows membership view changes
-(gossip/policies/elastic_sharded_membership.py): a joiner enters a running group and the
+(gossip/policies/easgd/easgd.py): a joiner enters a running group and the
 centre is cut again over the new view; a planned leave hands the leaver's shards over; with
 elastic=True a SIGKILLed owner's shards come from their backup. In each the assembled centre
 after the change is the assembled centre before it, bitwise. Real peer processes, real
@@ -36,7 +36,7 @@ class Recorded(ElasticAveraging):
         self.workdir = workdir
 
     def attach(self, peer, params):
-        # Its name: at _view_changing the peer's view is the new one already, its rank
+        # Its name: at view_changing the peer's view is the new one already, its rank
         # and transport still the old view's.
         self.member = peer.view.member(peer.rank).name
         return super().attach(peer, params)
@@ -44,20 +44,20 @@ class Recorded(ElasticAveraging):
     def _write(self, phase, number):
         record(self, self.workdir, f"{phase}-v{number}", self.member)
 
-    def _view_changing(self, switch):
+    def view_changing(self, switch):
         self._number = switch.view.number
-        super()._view_changing(switch)
+        super().view_changing(switch)
 
     def _wait_for_leavers(self, handoffs):
         super()._wait_for_leavers(handoffs)
         self._write("before", self._number)   # every round of the old view is done
 
-    def _hand_off(self, to):
+    def hand_off(self, to):
         self._write("before", self._peer.view.number + 1)
-        super()._hand_off(to)
+        super().hand_off(to)
 
-    def _settle_view(self):
-        super()._settle_view()
+    def settle_view(self):
+        super().settle_view()
         self._write("after", self._peer.view.number)   # before the switch's barrier
 
 

@@ -153,7 +153,7 @@ def donor_splits(peer, overlap, parts_list):
         before = [a.copy() for a in policy.numerators], policy.weights
         policy._split(parts)
         state = policy.state_dict()          # what the joiners get
-        policy._state_sent()
+        policy.state_sent()
         kept = policy.numerators, policy.weights
         share_w = state["weights"][0]
         share_x = state["numerators"][0] if "numerators" in state else share_w * x
@@ -283,7 +283,7 @@ def test_a_member_that_leaves_hands_its_mass_over_and_the_consensus_stays(overla
 def refusal_with_push_sum(peer):
     from gossip.policies import PushSum
     policy = PushSum().attach(peer, [np.zeros(4)])
-    why = peer._refusal()
+    why = peer.membership.refusal()
     policy.close()
     return why
 
@@ -295,7 +295,7 @@ def test_joiners_are_not_refused_while_push_sum_is_attached():
 def refusal_with_choco(peer):
     from gossip.policies import Choco
     policy = Choco(compression="topk:0.5").attach(peer, [np.zeros(4)])
-    why = peer._refusal()
+    why = peer.membership.refusal()
     policy.close()
     return why
 

@@ -281,7 +281,7 @@ def test_chunked_transfer_from_two_donors_reassembles_and_names_a_bad_chunk():
 
 
 def test_pieces_are_checksummed_as_they_land_and_received_in_place_into_given_arrays():
-    from gossip.snapshot.arrays import PIECE_BYTES
+    from gossip.snapshot.array_specs import PIECE_BYTES
     rng = np.random.default_rng(7)
     big = rng.standard_normal((5 * PIECE_BYTES) // 8 + 3)   # 5 pieces and a short one
     donor = Snapshot.of(params=[big, np.arange(10, dtype=np.int64)], copy=True)
@@ -320,7 +320,7 @@ def test_pieces_are_checksummed_as_they_land_and_received_in_place_into_given_ar
 
 
 def test_a_piece_written_in_parts_in_order_is_summed_part_by_part():
-    from gossip.snapshot.arrays import PIECE_BYTES
+    from gossip.snapshot.array_specs import PIECE_BYTES
     big = np.random.default_rng(3).standard_normal((2 * PIECE_BYTES) // 8)   # 2 pieces
     donor = Snapshot.of(params=[big], copy=True)
     part = PIECE_BYTES // 4
