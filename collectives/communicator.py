@@ -127,8 +127,8 @@ class Communicator:
 
         def body() -> Any:
             if self.world_size > 1:
-                self.engine.execute(seq, signature, dtype, tuple(x.shape), timeout, self.engine.peers,
-                              lambda call: algo(call, adapter, flat, op))
+                self.engine.execute(seq, signature, dtype, tuple(x.shape), timeout,
+                                    self.engine.peers, lambda call: algo(call, adapter, flat, op))
             adapter.synchronize()
             return x
         return self.engine.launch(f"{signature} seq {seq}", body, wait, stage)
@@ -162,7 +162,7 @@ class Communicator:
                                                  divide_by=n if op == "mean" else 0)
                     wait_sent(call, ticket)
                 self.engine.execute(seq, signature, dtype, tuple(x.shape), timeout,
-                              self.engine.peers, run)
+                                    self.engine.peers, run)
             lo, hi = segs[r]
             adapter.synchronize()
             return adapter.slice(flat, lo, hi)
@@ -180,7 +180,8 @@ class Communicator:
         if not variable and out is None and self._use_nccl(adapter, x, None, dtype):
             gathered = adapter.empty(n * count, dtype, flat)
             self._nccl.allgather(flat, gathered, count, dtype)
-            return self.engine.done(gathered.reshape((n,) + tuple(x.shape)), "allgather(nccl)", wait)
+            return self.engine.done(gathered.reshape((n,) + tuple(x.shape)), "allgather(nccl)",
+                                    wait)
         if not variable:
             # Checked before the call takes a sequence number: a refused out= leaves this peer
             # in step with the others (their next call meets this peer's next call).
@@ -190,7 +191,7 @@ class Communicator:
                 out_flat = adapter.flat(out)
             else:
                 out_flat = self.engine.out_like(adapter, dtype, n * count, out, "allgather",
-                                          f"{count} elements from {n} peers", stage)
+                                                f"{count} elements from {n} peers", stage)
         elif out is not None:
             raise ValueError(f"rank {self.rank}: allgather(variable=True) returns a list of "
                              "arrays; it takes no out=")
@@ -218,7 +219,7 @@ class Communicator:
             else:
                 call_shape = (n * count,) if not variable else shape
                 result = self.engine.execute(seq, signature, dtype, call_shape, timeout,
-                                       self.engine.peers, run)
+                                             self.engine.peers, run)
             adapter.synchronize()
             return result
         return self.engine.launch(f"{signature} seq {seq}", body, wait, stage)
@@ -238,8 +239,9 @@ class Communicator:
 
         def body() -> Any:
             if self.world_size > 1:
-                self.engine.execute(seq, signature, dtype, tuple(x.shape), timeout, self.engine.peers,
-                              lambda call: pipelined_broadcast(call, adapter, flat, root))
+                self.engine.execute(seq, signature, dtype, tuple(x.shape), timeout,
+                                    self.engine.peers,
+                                    lambda call: pipelined_broadcast(call, adapter, flat, root))
             adapter.synchronize()
             return x
         return self.engine.launch(f"{signature} seq {seq}", body, wait, stage)

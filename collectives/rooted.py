@@ -1,5 +1,6 @@
-"""Rooted and personalised collectives of a Communicator, run through its Engine: reduce to a root, gather to a root,
-scatter from a root, all-to-all (MPI's and torch.distributed's semantics, equal sizes).
+"""Rooted and personalised collectives of a Communicator, run through its Engine: reduce to a
+root, gather to a root, scatter from a root, all-to-all (MPI's and torch.distributed's
+semantics, equal sizes).
 
 - ``reduce``: Rabenseifner's scheme, a ring reduce-scatter then each peer's reduced segment
   sent to the root: every peer sends about 2 (n-1)/n of the array, as an allreduce's first
@@ -78,7 +79,7 @@ def gather(engine: Engine, x: Any, root: int, out: Any, wait: bool,
         if out is None:
             out = adapter.empty(n * count, dtype, flat).reshape((n,) + tuple(x.shape))
         out_flat = engine.out_like(adapter, dtype, n * count, out, "gather",
-                                  f"{count} elements from {n} peers", stage)
+                                   f"{count} elements from {n} peers", stage)
     seq = engine.next_seq()
 
     def run(call: Call) -> None:
@@ -159,7 +160,7 @@ def alltoall(engine: Engine, x: Any, out: Any, wait: bool, timeout: float | None
         if out is None:
             out = adapter.empty(sum(recvs), dtype, flat)
         out_flat = engine.out_like(adapter, dtype, sum(recvs), out, "alltoall",
-                                  f"the sum of recv_counts {recvs}", stage)
+                                   f"the sum of recv_counts {recvs}", stage)
     seq = engine.next_seq()
     signature = "alltoallv"
     result = [out]
@@ -210,7 +211,7 @@ def _alltoall_equal(engine: Engine, x: Any, out: Any, wait: bool, timeout: float
     if out is None:
         out = adapter.empty(total, dtype, flat).reshape(tuple(x.shape))
     out_flat = engine.out_like(adapter, dtype, total, out, "alltoall", f"{total} elements",
-                              stage)
+                               stage)
     count = total // n
     seq = engine.next_seq()
 

@@ -214,7 +214,7 @@ def forged_acks(peer):
     """Rank 1 acknowledges what rank 0 never sent, and goes backwards: each is dropped as a
     strike, a sound one still applies, and after MAX_STRIKES rank 0 cuts rank 1."""
     from collectives.transport.channels import Channel
-    from collectives.transport.wire import ACK, encode_header
+    from collectives.transport.wire import ACK, Header, encode_header
     t = peer.transport
     if peer.rank == 0:
         for i in range(3):
@@ -230,7 +230,7 @@ def forged_acks(peer):
         peer.recv(0)
     numbers = [1, 10**9, 0, 1] + [10**9] * (defaults.MAX_STRIKES - 2)
     for number in numbers:
-        t.send(0, encode_header(ACK, 1, Channel.LINK, number))
+        t.send(0, encode_header(Header(ACK, 1, Channel.LINK, number)))
     peer.recv(0)
     return None
 

@@ -20,6 +20,7 @@ import logging
 from typing import Callable
 
 from collectives import defaults
+from collectives.config import TransportConfig
 from collectives.transport.activity import Activity
 from collectives.transport.drops import DropLog
 from collectives.transport.inbox import Inbox, Lost, MailboxError
@@ -44,17 +45,21 @@ def status_channel(channel: int) -> int:
 
 class Arrivals:
     """The validation and the dispatch table of one peer (run by whichever thread reads the
-    ROUTER). ``handlers`` adds kinds handled elsewhere (shm.SharedMemory.handlers())."""
+    ROUTER), of the group ``config`` names (its job, view and message bound).
 
-    def __init__(self, rank: int, world_size: int, max_message_bytes: int, inbox: Inbox,
+    Wiring: ``inbox`` takes what passes; ``counters`` count it per peer and ``drops`` what
+    does not; ``handlers`` adds kinds handled elsewhere (shm.SharedMemory.handlers(),
+    flow control's); ``activity`` answers PLAN and STATUS; ``answer(rank, header)`` sends a
+    header-only message quietly; ``acks`` (window.Acks) acknowledges what is read."""
+
+    def __init__(self, rank: int, world_size: int, config: TransportConfig, *, inbox: Inbox,
                  counters: list, drops: DropLog, handlers: dict[int, Handler],
-                 activity: Activity, answer: Callable[[int, bytes], None], acks,
-                 job_id: str = "", view: int = 0) -> None:
+                 activity: Activity, answer: Callable[[int, bytes], None], acks) -> None:
         self.rank = rank
         self._world_size = world_size
-        self._job_id = job_id
-        self._view = view
-        self._max_bytes = max_message_bytes
+        self._job_id = job_id = config.job_id
+        self._view = view = config.view
+        self._max_bytes = config.max_message_bytes
         self._inbox = inbox
         self._counters = counters
         self._drops = drops
@@ -237,8 +242,9 @@ class Arrivals:
         # This peer's call at that sequence does not involve src: say so now (src waits for
         # it), and refuse what src sends there after the plan.
         self._inbox.retire((src, channel, seq))
-        self._answer(src, encode_header(PLAN, self.rank, channel, seq, header.op, header.dtype,
-                                        header.shape, header.nbytes, slot=PLAN_ANSWER))
+        self._answer(src, encode_header(Header(PLAN, self.rank, channel, seq, header.op,
+                                               header.dtype, header.shape, header.nbytes,
+                                               slot=PLAN_ANSWER)))
         if header.kind == DATA:
             self._drops.stale(src, header)  # counted: a data chunk this call does not take
             return False
@@ -251,6 +257,7 @@ class Arrivals:
                             defaults.HELD_OVERHEAD)
             return True
         state, current, signature, waiting_on = self._activity.status(channel, seq)
-        self._answer(src, encode_header(STATUS, self.rank, channel, seq, signature[:200],
-                                        slot=state, offset=current + 1, length=waiting_on + 1))
+        self._answer(src, encode_header(Header(STATUS, self.rank, channel, seq, signature[:200],
+                                               offset=current + 1, length=waiting_on + 1,
+                                               slot=state)))
         return True

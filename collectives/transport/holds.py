@@ -47,8 +47,8 @@ class Holds:
 
     def request(self, src: int, pause: bool, generation: int) -> None:
         """Ask ``src`` to pause or resume its sends to this peer (any thread, no lock held)."""
-        header = encode_header(HOLD, self.rank, Channel.LINK, generation,
-                               "pause" if pause else "resume")
+        header = encode_header(Header(HOLD, self.rank, Channel.LINK, generation,
+                                      "pause" if pause else "resume"))
         try:
             link = self._connect(src)
         except (PeerLost, ValueError) as exc:  # closing, or no address: the bound still holds

@@ -34,7 +34,7 @@ from collectives.transport.channels import Channel
 from collectives.transport.inbox import Inbox, Lost
 from collectives.transport.liveness import Liveness
 from collectives.transport.sockets import Sockets
-from collectives.transport.wire import BYE, encode_header
+from collectives.transport.wire import BYE, Header, encode_header
 
 __all__ = ["IoLoop"]
 
@@ -360,7 +360,8 @@ class IoLoop:
             self._poller.unregister(link.sock)
 
     def _say_goodbye(self) -> None:
-        bye = (encode_header(BYE, self.rank, Channel.LINK, 0, self.goodbye_cause[:250]),)
+        bye = (encode_header(Header(BYE, self.rank, Channel.LINK, 0,
+                                    self.goodbye_cause[:250])),)
         for link in list(self._sockets.links.values()):
             # A link with messages still queued (its receiver paused it, holds.py, or its send
             # window is full, window.py) would keep the goodbye behind them, and they are

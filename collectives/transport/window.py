@@ -38,7 +38,7 @@ from collections import deque
 from collectives import defaults
 from collectives.errors import PeerLost
 from collectives.transport.channels import Channel
-from collectives.transport.wire import ACK, encode_header
+from collectives.transport.wire import ACK, Header, encode_header
 
 __all__ = ["SendWindow", "Acks", "message_cost"]
 
@@ -147,7 +147,8 @@ class Acks:
                 log.debug("rank %d: ACK to rank %d not sent: %s", self.rank, src, exc)
                 return
             self._sent[src] = number
-            if link.send_control("ack", (encode_header(ACK, self.rank, Channel.LINK, number),)):
+            ack = encode_header(Header(ACK, self.rank, Channel.LINK, number))
+            if link.send_control("ack", (ack,)):
                 self._command(("flush", link))
             self.sent += 1
 
