@@ -9,7 +9,7 @@ this peer's earlier operations, so it implies they finished everywhere.
 
 When an operation fails on one peer (a lost peer, a mismatched call), that peer tells the others
 in the operation (ABORT), so they raise at once instead of waiting out their timeout.
-Point-to-point send/recv run on the communicator's second channel (send_recv.py).
+Point-to-point send/recv run on the communicator's second channel (operations/send_recv.py).
 
 The class is whole here; what every call does around its data movement (sequence numbers,
 the operation's life, the worker thread, the send-buffer pool) is a component with a public
@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from collectives import defaults, rooted
+from collectives import defaults
 from collectives.algorithms import choice
 from collectives.algorithms.allgather import exchange_counts, ring_allgather_into
 from collectives.algorithms.broadcast import pipelined_broadcast
@@ -35,23 +35,23 @@ from collectives.algorithms.p2p import Call, wait_sent
 from collectives.algorithms.ring import (counts_digest, ring_reduce_scatter, segments,
                                          segments_of_counts)
 from collectives.arrays.adapter import ArrayAdapter, check_reduce_op
-from collectives.coalesced import coalesced_allreduce
-from collectives.compressed import compressed_allreduce
 from collectives.engine import Engine
-from collectives.neighbor_allgather import neighbor_allgather
-from collectives.neighbor_allreduce import neighbor_allreduce
 from collectives.neighbor_plan import NeighborPlan
-from collectives.send_recv import PointToPoint
+from collectives.operations import rooted
+from collectives.operations.coalesced import coalesced_allreduce
+from collectives.operations.compressed_allreduce import compressed_allreduce
+from collectives.operations.neighbor_allgather import neighbor_allgather
+from collectives.operations.neighbor_allreduce import neighbor_allreduce
+from collectives.operations.send_recv import PointToPoint
 from collectives.staging import Staging
-from collectives.transport.channels import Channel
 from collectives.transport.transport import Transport
-from collectives.transport.wire import dtype_itemsize
+from collectives.transport.wire import Channel, dtype_itemsize
 
 __all__ = ["Communicator", "COLLECTIVE_CHANNEL", "P2P_CHANNEL", "DEFAULT_SMALL_BYTES"]
 
 log = logging.getLogger("collectives")
 
-# The main communicator's channels (public names; the registry is transport/channels.py).
+# The main communicator's channels (public names; the registry is transport/wire.py's Channel).
 COLLECTIVE_CHANNEL = Channel.COLLECTIVE
 P2P_CHANNEL = Channel.P2P
 # Below this many bytes allreduce uses recursive doubling (latency-bound); above, the ring
@@ -68,7 +68,7 @@ class Communicator:
         self.world_size = transport.world_size
         if channel % 2:
             raise ValueError(f"channel {channel} is odd; communicators take even channels")
-        # A pair (see channels.py): sequence numbers of two communicators never interleave.
+        # A pair (wire.Channel): sequence numbers of two communicators never interleave.
         self.channel = int(channel)  # a plain int: it is part of every mailbox key
         self.p2p_channel = channel + Channel.P2P - Channel.COLLECTIVE
         self._p2p = PointToPoint(transport, self.p2p_channel)
@@ -99,11 +99,11 @@ class Communicator:
     def allreduce(self, x: Any, op: str = "sum", *, wait: bool = True,
                   timeout: float | None = None, algorithm: str = "auto",
                   compression: Any = None, residual: Any = None, _layout: str = "") -> Any:
-        """Reduce ``x`` (or a list of arrays in one call: coalesced.py) across all peers in
-        place; returns it (or a Work). Every peer passes the same shape, dtype and op.
+        """Reduce ``x`` (or a list of arrays in one call: operations/coalesced.py) across all
+        peers in place; returns it (or a Work). Every peer passes the same shape, dtype and op.
         ``algorithm``: "auto" or one of choice.ALLREDUCE_ALGORITHMS ("shm", "shm-small":
         every peer on this host; "hierarchical": hosts in two levels; choice.py says which
-        "auto" takes); ``compression``, ``residual``: compressed.py."""
+        "auto" takes); ``compression``, ``residual``: operations/compressed_allreduce.py."""
         if isinstance(x, (list, tuple)) and compression is None:
             return coalesced_allreduce(self.engine, self.allreduce, x, op, wait=wait,
                                        timeout=timeout, algorithm=algorithm)
@@ -123,7 +123,7 @@ class Communicator:
         algorithm, algo = choice.allreduce_algorithm(algorithm, dtype, nbytes, DEFAULT_SMALL_BYTES,
                                               self._on_host, self.transport, adapter)
         seq = self.engine.next_seq(algorithm)
-        signature = f"allreduce({op},{algorithm}{_layout})"   # _layout: coalesced.py's
+        signature = f"allreduce({op},{algorithm}{_layout})"   # _layout: coalesced's
 
         def body() -> Any:
             if self.world_size > 1:
@@ -294,7 +294,7 @@ class Communicator:
         aborted, and ExchangeIncomplete (a PeerLost) is raised afterwards naming the missing
         ranks, with the result in place (see algorithms/neighbor.py).
 
-        ``plan.compression``: the encodings travel instead (neighbor_allreduce.py)."""
+        ``plan.compression``: the encodings travel instead (operations/neighbor_allreduce.py)."""
         return neighbor_allreduce(self.engine, x, plan, scratch=scratch, out=out, wait=wait,
                                   timeout=timeout, stats=self.codec_stats)
 
@@ -313,7 +313,7 @@ class Communicator:
     def neighbor_allgather(self, x: Any, src_ranks, dst_ranks, *, wait: bool = True,
                            timeout: float | None = None) -> Any:
         """``x`` to ``dst_ranks``; the ``src_ranks``' arrays concatenated along the first
-        axis, ascending rank (collectives/neighbor_allgather.py)."""
+        axis, ascending rank (operations/neighbor_allgather.py)."""
         return neighbor_allgather(self.engine, x, src_ranks, dst_ranks, wait, timeout)
 
     def barrier(self, timeout: float | None = None) -> None:

@@ -16,8 +16,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Mapping
 
-from collectives.codecs.base import Codec
-from collectives.codecs.registry import parse
+from collectives.codecs.codec import Codec
+from collectives.codecs.catalog import parse
 
 __all__ = ["NeighborPlan"]
 

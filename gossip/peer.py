@@ -9,7 +9,7 @@ from typing import Any
 from collectives import NeighborPlan, defaults
 from collectives.communicator import Communicator
 from collectives.membership.proposal import Departure
-from collectives.transport.channels import channel_pair
+from collectives.transport import channel_pair
 from collectives.transport.transport import Transport
 from gossip import elastic
 from gossip.membership import attach_policy_answers

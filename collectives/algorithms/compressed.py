@@ -55,7 +55,7 @@ from collectives.algorithms.pattern import announce, check_pairing, plan_bits
 from collectives.algorithms.neighbor import refuse
 from collectives.algorithms.ring import ring_allgather
 from collectives.arrays.adapter import adapter_for
-from collectives.codecs.base import Codec, CodecError, array_module
+from collectives.codecs.codec import Codec, CodecError, array_module
 from collectives.neighbor_plan import NeighborPlan
 
 __all__ = ["CodecStats", "encode_with_feedback", "gather_allreduce",

@@ -11,8 +11,8 @@ wait for each other, as in the copying exchange.
 
 The note is the call's first data chunk to each destination, so the pairing check
 (pattern.py) rides on it unchanged. Peers choose this way alike (the exchange decides from
-what every peer saw: neighbor_allreduce.py) and the signature says so, so a peer that copies
-meets a ProtocolError, never a misread note. Not for ``partial`` rounds (a lost
+what every peer saw: operations/neighbor_allreduce.py) and the signature says so, so a peer
+that copies meets a ProtocolError, never a misread note. Not for ``partial`` rounds (a lost
 peer's memory cannot be read; push-sum's rule needs the copying exchange's accounting).
 """
 from __future__ import annotations

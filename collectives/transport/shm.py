@@ -36,12 +36,11 @@ from collections import deque
 from typing import Any, Callable
 
 from collectives import defaults
-from collectives.transport.channels import Channel
 from collectives.transport.inbox import Inbox, Lost
 from collectives.transport.shm_ring import (ShmRing, ShmView, parse_open, ring_name,
                                              shm_supported)
-from collectives.transport.wire import (CREDIT, SHM, SHM_MAPPED, SHM_OPEN, STARVED, Header,
-                                        encode_header)
+from collectives.transport.wire import (CREDIT, SHM, SHM_MAPPED, SHM_OPEN, STARVED, Channel,
+                                        Header, encode_header)
 
 __all__ = ["SharedMemory", "PREPARED_RINGS"]
 

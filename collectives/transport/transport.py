@@ -3,13 +3,14 @@ every other peer, by mailbox ``(src, channel, seq)``, with deadlines and errors 
 peer, its address and the operation.
 
 ``Transport`` is a facade over the parts, each of which owns its state: the sockets
-(sockets.py), the I/O loop that owns them once running (loop.py), the validation and dispatch of
-what arrives (arrivals.py, drops.py), liveness (liveness.py), refused handshakes (refusals.py),
-the shared-memory protocol between peers on one host (shm.py), the inbox where operations wait
-(inbox.py) and the flow control of what it holds for operations not started (holds.py). It
+(sockets.py), the I/O loop that owns them once running (io_loop.py), the validation and
+dispatch of what arrives (dispatch.py; drops counted in throttled_log.py's DropLog), liveness
+(liveness.py), refused handshakes (refusals.py), the shared-memory protocol between peers on
+one host (shm.py), the inbox where operations wait (inbox.py) and the flow control of what it
+holds for operations not started and of what each link has in flight (flow_control.py). It
 wires them together here, once, and adds what a caller needs on top: sends that pick the path
 (inline, shared memory or zero-copy frame), receives that read the socket themselves when it is
-free, and errors worded with what the transport knows.
+free, errors worded with what the transport knows, and ``stats()``, what they all counted.
 """
 from __future__ import annotations
 
@@ -24,17 +25,16 @@ from collectives import defaults
 from collectives.config import TransportConfig
 from collectives.errors import PeerLost, ProtocolError, RendezvousError
 from collectives.transport.activity import Activity, Status
-from collectives.transport.arrivals import Arrivals, status_channel
-from collectives.transport.drops import DropLog
+from collectives.transport.dispatch import Arrivals, status_channel
+from collectives.transport.emulation import emulation_stats
+from collectives.transport.flow_control import Acks, Holds
 from collectives.transport.inbox import Inbox
+from collectives.transport.io_loop import IoLoop
 from collectives.transport.link import Link, SendTicket
-from collectives.transport.holds import Holds
-from collectives.transport.window import Acks
 from collectives.transport.liveness import Liveness
-from collectives.transport.loop import IoLoop
 from collectives.transport.shm import SharedMemory
 from collectives.transport.sockets import Sockets, host_id
-from collectives.transport.traffic_stats import traffic_stats
+from collectives.transport.throttled_log import DropLog
 from collectives.transport.wait_errors import wait_error
 from collectives.transport.wire import (ABORT, PLAN, PLAN_ANSWER, SHM, STATUS, Header,
                                         encode_header)
@@ -102,7 +102,7 @@ class Transport:
                             handlers={**self._shm.handlers(), **self._holds.handlers()},
                             activity=self.activity, answer=self._send_quietly, acks=self._acks)
         self._command = self._loop.command
-        self.pump = self._loop.pump   # (pump(key, deadline): loop.py's)
+        self.pump = self._loop.pump   # (pump(key, deadline): io_loop.py's)
         self._loop.start(arrivals.handle, self._shm)
 
     # ------------------------------------------------------------------ set-up
@@ -353,9 +353,40 @@ class Transport:
         return self._drops.by_reason
 
     def stats(self) -> dict:
-        """A snapshot of this peer's traffic: endpoints, counters per peer and in total, drops, lost
-        ranks and refused CURVE clients (traffic_stats.py)."""
-        return traffic_stats(self)
+        """A snapshot of this peer's traffic: endpoints, counters per peer and in total, drops,
+        lost ranks, refused handshakes, flow control and link emulation, gathered from the
+        transport's parts (the one place that reads them all)."""
+        counters = self.counters
+        zap = self._sockets.zap
+        stats = {
+            "rank": self.rank,
+            "endpoints": dict(self.endpoints),
+            "peers": {r: vars(c).copy() for r, c in enumerate(counters)
+                      if c.messages_sent or c.messages_received},
+            "bytes_sent": sum(c.bytes_sent for c in counters),
+            "bytes_received": sum(c.bytes_received for c in counters),
+            "messages_sent": sum(c.messages_sent for c in counters),
+            "messages_received": sum(c.messages_received for c in counters),
+            "dropped": self._drops.count,
+            "dropped_by_reason": dict(self._drops.by_reason),
+            "lost": self.lost_ranks(),
+            "authentication_denied": zap.denied if zap else 0,
+            # Every refused handshake: ZAP's denials, those libzmq refuses before ZAP
+            # (no CURVE, another server key), and peers refusing this one ("outbound").
+            "handshakes_refused": dict(self._sockets.refusals.by_reason),
+            # Flow control of messages for operations not started (flow_control.Holds).
+            "holds_sent": dict(self._holds.sent),
+            "holds_received": dict(self._holds.received),
+            "held_peak": self.inbox.held_peak,
+            # The send window (flow_control.Acks): acknowledgements sent and received.
+            "acks_sent": self._acks.sent,
+            "acks_received": self._acks.received,
+        }
+        if self.config.link is not None:
+            # Link emulation (emulation.py): what its pacing held back, all links together.
+            stats["link_emulation"] = emulation_stats(
+                self.config.link, [link.emulated for link in list(self._links.values())])
+        return stats
 
     def interrupt(self) -> None:
         """End every wait at once (each raises PeerLost: this peer was closed), leaving the

@@ -18,12 +18,12 @@ Header (a msgpack array, in this order; arrays pack smaller and parse faster tha
   none; ``op`` that operation's signature), HOLD (flow control: the receiver holds too much
   for operations it has not started; ``op`` "pause" or "resume", ``seq`` a generation), ACK
   (the send window: the receiver read every message of this connection up to number ``seq``,
-  see window.py). Any other kind is malformed.
+  see flow_control.py). Any other kind is malformed.
 - ``channel``/``seq``: which operation the message belongs to; concurrent operations use
-  different (channel, seq) mailboxes and never mix (channel numbers: channels.py).
+  different (channel, seq) mailboxes and never mix (channel numbers: ``Channel`` below).
 - ``op``: the signature of the call that sent it ("allreduce(sum)"), to detect mismatched calls.
 - ``dtype``/``shape``/``nbytes``: the whole logical array the chunk belongs to. A compressed
-  payload names its codec here ("codec:int8", "codec:topk:0.01", codecs/registry.py): then
+  payload names its codec here ("codec:int8", "codec:topk:0.01", codecs/catalog.py): then
   ``shape`` is (parts..., count), each part the encoding of ``count`` elements, ``nbytes``
   must be parts x the codec's encoded size of ``count``, and offsets count bytes. An unknown
   codec, or a byte count its codec does not give, is malformed.
@@ -51,11 +51,13 @@ from typing import NamedTuple
 
 import msgpack
 
-from collectives.codecs.registry import from_wire
+from collectives.codecs.catalog import from_wire
 
 __all__ = [
     "PROTOCOL_VERSION",
     "Kind",
+    "Channel",
+    "channel_pair",
     "DATA",
     "BYE",
     "ABORT",
@@ -101,12 +103,38 @@ class Kind(enum.IntEnum):
     # 10 and 11 are left unused (tests/test_hostile.py sends them as unknown kinds).
     PLAN = 12
     STATUS = 13
-    # Flow control of what a receiver holds for operations not started (holds.py): op is
+    # Flow control of what a receiver holds for operations not started (flow_control.py): op is
     # "pause" or "resume", seq a generation (the newest wins).
     HOLD = 14
-    # The send window (window.py): seq is the number of the last message read from the
+    # The send window (flow_control.py): seq is the number of the last message read from the
     # receiving peer's connection.
     ACK = 15
+
+
+class Channel(enum.IntEnum):
+    """The channel registry: which channel numbers mean what on the wire.
+
+    A message names its operation by ``(channel, seq)``; concurrent streams of operations use
+    different channels so their sequence numbers never meet in one mailbox. A communicator
+    takes a pair: an even channel for its collectives and the next odd one for its
+    point-to-point messages. The peer's own communicator has the first pair; independent ones
+    (a policy's background thread, numbered 1, 2, ... through ``peer.channel(number)``) take
+    the pair of their number (``channel_pair``)."""
+
+    # The peer's main communicator: its collectives...
+    COLLECTIVE = 0
+    # ...and its point-to-point send/recv.
+    P2P = 1
+    # Link-level control messages (SHM_OPEN, SHM_MAPPED, STARVED, CREDIT, BYE) concern a
+    # connection, not an operation: their kind says everything and they never reach a mailbox,
+    # so they carry the first channel (an alias of COLLECTIVE, seq 0).
+    LINK = 0
+
+
+def channel_pair(number: int) -> tuple[int, int]:
+    """The (collective, point-to-point) channels of communicator ``number`` (0: the peer's
+    own, COLLECTIVE and P2P)."""
+    return Channel.COLLECTIVE + 2 * number, Channel.P2P + 2 * number
 
 
 # Plain ints for the per-message comparisons and table lookups: against an int read from a

@@ -5,14 +5,15 @@ the group (not this peer's own), the frames are a header and at most one payload
 decodes and passes wire.decode_header's checks against the payload, agrees with the identity,
 and carries a message number above the last one heard from that source (replays and duplicates
 are refused before anything reaches the inbox, so a chunk is never reduced twice). A message
-that fails is dropped and counted (drops.py); one that passes goes to the handler of its kind,
-from a table. The shared-memory kinds are handled by shm.SharedMemory; the operation kinds
-(DATA, ABORT) and BYE here, and the two questions this peer's I/O thread answers itself from
-its activity record (activity.py), so a peer busy in Python or idle between calls still
-answers: PLAN (a neighbour exchange names this peer; if this peer's call does not name the
-sender, the answer says so at once) and STATUS (which operation this peer is inside). Every
-message that passes is counted for the send window's acknowledgements, and an ACK that does not
-fit what this peer sent is a strike (window.py).
+that fails is dropped and counted (throttled_log.DropLog); one that passes goes to the handler
+of its kind, from a table. The shared-memory kinds are handled by shm.SharedMemory, HOLD by
+flow_control.Holds; the operation kinds (DATA, ABORT) and BYE here, and the two questions this
+peer's I/O thread answers itself from its activity record (activity.py), so a peer busy in
+Python or idle between calls still answers: PLAN (a neighbour exchange names this peer; if
+this peer's call does not name the sender, the answer says so at once) and STATUS (which
+operation this peer is inside). Every message that passes is counted for the send window's
+acknowledgements, and an ACK that does not fit what this peer sent is a strike
+(flow_control.py).
 """
 from __future__ import annotations
 
@@ -22,9 +23,9 @@ from typing import Callable
 from collectives import defaults
 from collectives.config import TransportConfig
 from collectives.transport.activity import Activity
-from collectives.transport.drops import DropLog
 from collectives.transport.inbox import Inbox, Lost, MailboxError
 from collectives.transport.sockets import identity_of, job_of_identity, rank_of_identity
+from collectives.transport.throttled_log import DropLog
 from collectives.transport.wire import (ABORT, ACK, BYE, DATA, PLAN, PLAN_ANSWER, SHM, STATUS,
                                         Header, WireError, decode_header, encode_header)
 
@@ -50,7 +51,7 @@ class Arrivals:
     Wiring: ``inbox`` takes what passes; ``counters`` count it per peer and ``drops`` what
     does not; ``handlers`` adds kinds handled elsewhere (shm.SharedMemory.handlers(),
     flow control's); ``activity`` answers PLAN and STATUS; ``answer(rank, header)`` sends a
-    header-only message quietly; ``acks`` (window.Acks) acknowledges what is read."""
+    header-only message quietly; ``acks`` (flow_control.Acks) acknowledges what is read."""
 
     def __init__(self, rank: int, world_size: int, config: TransportConfig, *, inbox: Inbox,
                  counters: list, drops: DropLog, handlers: dict[int, Handler],
@@ -73,7 +74,7 @@ class Arrivals:
         self.cut_dropped = [0] * world_size  # messages dropped unread after the cut
         self._activity = activity
         self._answer = answer  # send one header-only message to a rank, quietly
-        self._acks = acks  # window.Acks: what is read is acknowledged, ACKs are judged
+        self._acks = acks  # flow_control.Acks: what is read is acknowledged, ACKs are judged
         self._handlers: dict[int, Handler] = {DATA: self._data, ABORT: self._abort,
                                               BYE: self._bye, PLAN: self._plan,
                                               STATUS: self._status, ACK: self._ack, **handlers}

@@ -24,8 +24,8 @@ from collectives.algorithms.choice import neighbors_read_directly
 from collectives.algorithms.compressed import CodecStats, compressed_exchange
 from collectives.algorithms.neighbor import UNCHECKED, incomplete, neighbor_exchange
 from collectives.algorithms.neighbor_direct import DIRECT_SIGNATURE, direct_exchange
-from collectives.codecs.arrays import as_float32, write_back
-from collectives.codecs.registry import wire_dtype
+from collectives.codecs.float32 import as_float32, write_back
+from collectives.codecs.catalog import wire_dtype
 from collectives.engine import Engine
 from collectives.neighbor_plan import NeighborPlan
 from collectives.staging import Staging, flat_of

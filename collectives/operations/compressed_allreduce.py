@@ -10,9 +10,9 @@ from typing import Any
 
 from collectives.algorithms.compressed import (CodecStats, gather_allreduce, padded_count,
                                                ring_allreduce_compressed)
-from collectives.codecs.arrays import as_float32, write_back
-from collectives.codecs.base import array_module
-from collectives.codecs.registry import parse, wire_dtype
+from collectives.codecs.float32 import as_float32, write_back
+from collectives.codecs.codec import array_module
+from collectives.codecs.catalog import parse, wire_dtype
 from collectives.engine import Engine
 from collectives.staging import flat_of
 
