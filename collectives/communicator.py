@@ -9,44 +9,49 @@ this peer's earlier operations, so it implies they finished everywhere.
 
 When an operation fails on one peer (a lost peer, a mismatched call), that peer tells the others
 in the operation (ABORT), so they raise at once instead of waiting out their timeout.
-Point-to-point send/recv run on the communicator's second channel (send_recv.py).
+Point-to-point send/recv run on the communicator's second channel (operations/send_recv.py).
+
+The class is whole here; what every call does around its data movement (sequence numbers,
+the operation's life, the worker thread, the send-buffer pool) is a component with a public
+interface, the Engine (engine.py), which the Communicator owns and hands to the calls that
+have a module of their own (the neighbour exchange, the rooted calls, the compressed and
+coalesced allreduces, the neighbour allgather). So those modules, like this one, use only
+the engine's public methods, never the Communicator's private state.
 """
 from __future__ import annotations
 
-import itertools
 import logging
-import threading
 import time
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
-from collectives import defaults, rooted
+from collectives import defaults
+from collectives.algorithms import choice
 from collectives.algorithms.allgather import exchange_counts, ring_allgather_into
 from collectives.algorithms.broadcast import pipelined_broadcast
+from collectives.algorithms.compressed import CodecStats
 from collectives.algorithms.p2p import Call, wait_sent
 from collectives.algorithms.ring import (counts_digest, ring_reduce_scatter, segments,
                                          segments_of_counts)
-from collectives.algorithms.compressed import CodecStats
-from collectives.algorithms import choice
 from collectives.arrays.adapter import ArrayAdapter, check_reduce_op
-from collectives.coalesced import coalesced_allreduce
-from collectives.compressed import compressed_allreduce
-from collectives.neighbor_allgather import neighbor_allgather
-from collectives.neighbor_allreduce import NeighborAllreduce
-from collectives.errors import GossipError, OperationTimeout, PeerLost, ViewChanging
-from collectives.send_recv import PointToPoint, flat_of
+from collectives.engine import Engine
+from collectives.neighbor_plan import NeighborPlan
+from collectives.operations import rooted
+from collectives.operations.coalesced import coalesced_allreduce
+from collectives.operations.compressed_allreduce import compressed_allreduce
+from collectives.operations.neighbor_allgather import neighbor_allgather
+from collectives.operations.neighbor_allreduce import neighbor_allreduce
+from collectives.operations.send_recv import PointToPoint
 from collectives.staging import Staging
-from collectives.transport.channels import Channel
 from collectives.transport.transport import Transport
-from collectives.transport.wire import dtype_itemsize
-from collectives.work import Executor, Work
+from collectives.transport.wire import Channel, dtype_itemsize
 
 __all__ = ["Communicator", "COLLECTIVE_CHANNEL", "P2P_CHANNEL", "DEFAULT_SMALL_BYTES"]
 
 log = logging.getLogger("collectives")
 
-# The main communicator's channels (public names; the registry is transport/channels.py).
+# The main communicator's channels (public names; the registry is transport/wire.py's Channel).
 COLLECTIVE_CHANNEL = Channel.COLLECTIVE
 P2P_CHANNEL = Channel.P2P
 # Below this many bytes allreduce uses recursive doubling (latency-bound); above, the ring
@@ -54,7 +59,7 @@ P2P_CHANNEL = Channel.P2P
 DEFAULT_SMALL_BYTES = 256 * 1024
 
 
-class Communicator(NeighborAllreduce):
+class Communicator:
     """One stream of collective operations (and its point-to-point twin) over a Transport."""
 
     def __init__(self, transport: Transport, *, channel: int = COLLECTIVE_CHANNEL) -> None:
@@ -63,75 +68,21 @@ class Communicator(NeighborAllreduce):
         self.world_size = transport.world_size
         if channel % 2:
             raise ValueError(f"channel {channel} is odd; communicators take even channels")
-        # A pair (see channels.py): sequence numbers of two communicators never interleave.
+        # A pair (wire.Channel): sequence numbers of two communicators never interleave.
         self.channel = int(channel)  # a plain int: it is part of every mailbox key
         self.p2p_channel = channel + Channel.P2P - Channel.COLLECTIVE
-        self._seq = itertools.count()
-        self._seq_lock = threading.Lock()
         self._p2p = PointToPoint(transport, self.p2p_channel)
-        self._executor = Executor(f"gossip-ops-r{self.rank}")
         self._nccl = None  # NcclGroup, made on the first device array
-        self._buffer_pool: dict[tuple, list] = {}  # free send-buffer sets, by shape
-        self._peers = tuple(r for r in range(self.world_size) if r != self.rank)
         self.codec_stats = CodecStats()  # what the compressed calls encoded and refused
         self._on_host = choice.OnHost(self.rank)   # its shared-memory allreduces' arenas
+        #: What every call runs through: sequence numbers, the operation's life, the worker
+        #: thread (engine.py).
+        self.engine = Engine(transport, self.channel, self._on_host)
 
     @property
     def timeout(self) -> float:
         """The transport's timeout in seconds, for calls given none."""
         return self.transport.config.timeout
-
-    # ------------------------------------------------------------------ plumbing
-    def _next_seq(self, algorithm: str = "") -> int:
-        """The next sequence number (a shared-memory algorithm's reserved in order: choice.py)."""
-        with self._seq_lock:
-            seq = next(self._seq)
-            self._on_host.reserve(seq, algorithm)
-            return seq
-
-    _flat = staticmethod(flat_of)
-
-    def _launch(self, description: str, body: Callable[[], Any], wait: bool,
-                stage: Staging | None = None) -> Any:
-        """Run ``body`` now or on the worker thread (a Work), then a ``stage``'s write-back."""
-        if stage:
-            run = body
-
-            def body() -> Any:
-                return stage.finish(run())
-        if wait:
-            return body()
-        return self._executor.submit(body, Work(f"rank {self.rank}: {description}"))
-
-    def _execute(self, seq: int, signature: str, dtype: str, shape: tuple, timeout: float | None,
-                 peers, body: Callable[[Call], Any], *, neighbours: bool = False) -> Any:
-        """Run ``body`` as operation ``seq`` with ``peers`` (``neighbours``: only they take part,
-        a neighbour exchange; else every peer)."""
-        deadline = time.monotonic() + (self.timeout if timeout is None else timeout)
-        call = Call(self.transport, self.channel, seq, signature, dtype, shape, deadline)
-        inbox, activity = self.transport.inbox, self.transport.activity
-        inbox.begin(self.channel, seq)
-        for src in activity.begin(self.channel, seq, signature,
-                                  frozenset(peers) if neighbours else None):
-            # It named this call before it began, though this call does not name it: it waits
-            # for the answer (see algorithms/pattern.py); this call refuses itself there too.
-            self.transport.answer_plan(src, self.channel, seq)
-        failed = True
-        try:
-            result = body(call)
-            failed = False
-            self.transport.succeeded()
-            return result
-        except GossipError as exc:
-            lost = exc.rank if isinstance(exc, PeerLost) else None
-            late = exc.rank if isinstance(exc, OperationTimeout) else None
-            self.transport.abort(peers, self.channel, seq, str(exc), lost_rank=lost,
-                                 late_rank=late, view_change=isinstance(exc, ViewChanging))
-            raise
-        finally:
-            activity.end(self.channel, seq, failed)
-            inbox.end(self.channel, seq)
-            self.transport.retire(self.channel, seq, peers)
 
     def _use_nccl(self, adapter: ArrayAdapter, x: Any, op: str | None, dtype: str) -> bool:
         """Device arrays go through NCCL when every peer can (decided collectively, once)."""
@@ -144,57 +95,21 @@ class Communicator(NeighborAllreduce):
         return self._nccl.decide(int(device), self.transport.endpoints["host"]) and \
             self._nccl.supports(op, dtype)
 
-    def _done(self, result: Any, description: str, wait: bool,
-              stage: Staging | None = None) -> Any:
-        """A call that completed synchronously (NCCL enqueues on the stream), as its twin."""
-        if stage:
-            stage.finish()
-        if wait:
-            return result
-        work = Work(f"rank {self.rank}: {description}")
-        work._finish(result)
-        return work
-
-    def _take_buffers(self, key: tuple, adapter: ArrayAdapter, flat: Any) -> list:
-        with self._seq_lock:
-            free = self._buffer_pool.get(key)
-            if free:
-                return free.pop()
-        _, dtype, size, count = key
-        return [adapter.empty(size, dtype, flat) for _ in range(count)]
-
-    def _all_peers(self) -> tuple[int, ...]:
-        return self._peers
-
-    def _out_like(self, adapter: ArrayAdapter, dtype: str, count: int, out: Any, what: str,
-                  needs: str, stage: Staging | None = None) -> Any:
-        """The flat view of a caller's ``out``, which must be of x's family and dtype, with
-        ``count`` elements and writable (else TypeError/ValueError, before any sequence
-        number is taken); through a stand-in of ``stage`` if not contiguous. A different
-        dtype of the same itemsize would otherwise be filled with the bytes of another type,
-        silently."""
-        out_adapter, out_flat, out_dtype = (stage.flat(out) if stage is not None
-                                            else self._flat(out))
-        got = out_adapter.size(out_flat)
-        if out_adapter.kind != adapter.kind or out_dtype != dtype or got != count:
-            raise ValueError(f"rank {self.rank}: {what}: out must be a {adapter.kind} array "
-                             f"of {count} {dtype} elements ({needs}), got {out_adapter.kind} "
-                             f"{out_dtype} of {got}")
-        return out_flat
-
     # ------------------------------------------------------------------ collectives
     def allreduce(self, x: Any, op: str = "sum", *, wait: bool = True,
                   timeout: float | None = None, algorithm: str = "auto",
                   compression: Any = None, residual: Any = None, _layout: str = "") -> Any:
-        """Reduce ``x`` (or a list of arrays in one call: coalesced.py) across all peers in
-        place; returns it (or a Work). Every peer passes the same shape, dtype and op.
+        """Reduce ``x`` (or a list of arrays in one call: operations/coalesced.py) across all
+        peers in place; returns it (or a Work). Every peer passes the same shape, dtype and op.
         ``algorithm``: "auto" or one of choice.ALLREDUCE_ALGORITHMS ("shm", "shm-small":
         every peer on this host; "hierarchical": hosts in two levels; choice.py says which
-        "auto" takes); ``compression``, ``residual``: compressed.py."""
+        "auto" takes); ``compression``, ``residual``: operations/compressed_allreduce.py."""
         if isinstance(x, (list, tuple)) and compression is None:
-            return coalesced_allreduce(self, x, op, wait, timeout, algorithm)
+            return coalesced_allreduce(self.engine, self.allreduce, x, op, wait=wait,
+                                       timeout=timeout, algorithm=algorithm)
         if compression is not None:
-            return compressed_allreduce(self, x, op, compression, wait=wait, timeout=timeout,
+            return compressed_allreduce(self.engine, x, op, compression, wait=wait,
+                                        timeout=timeout, stats=self.codec_stats,
                                         residual=residual, small_bytes=DEFAULT_SMALL_BYTES)
         stage = Staging()
         adapter, flat, dtype = stage.flat(x)
@@ -203,20 +118,20 @@ class Communicator(NeighborAllreduce):
             self._nccl.allreduce(flat, adapter.size(flat), dtype, op)
             if op == "mean":
                 adapter.divide(flat, self.world_size)
-            return self._done(x, f"allreduce({op},nccl)", wait, stage)
+            return self.engine.done(x, f"allreduce({op},nccl)", wait, stage)
         nbytes = adapter.size(flat) * dtype_itemsize(dtype)
         algorithm, algo = choice.allreduce_algorithm(algorithm, dtype, nbytes, DEFAULT_SMALL_BYTES,
                                               self._on_host, self.transport, adapter)
-        seq = self._next_seq(algorithm)
-        signature = f"allreduce({op},{algorithm}{_layout})"   # _layout: coalesced.py's
+        seq = self.engine.next_seq(algorithm)
+        signature = f"allreduce({op},{algorithm}{_layout})"   # _layout: coalesced's
 
         def body() -> Any:
             if self.world_size > 1:
-                self._execute(seq, signature, dtype, tuple(x.shape), timeout, self._all_peers(),
-                              lambda call: algo(call, adapter, flat, op))
+                self.engine.execute(seq, signature, dtype, tuple(x.shape), timeout,
+                                    self.engine.peers, lambda call: algo(call, adapter, flat, op))
             adapter.synchronize()
             return x
-        return self._launch(f"{signature} seq {seq}", body, wait, stage)
+        return self.engine.launch(f"{signature} seq {seq}", body, wait, stage)
 
     def reduce_scatter(self, x: Any, op: str = "sum", *, counts: Any = None,
                        wait: bool = True, timeout: float | None = None) -> Any:
@@ -236,7 +151,7 @@ class Communicator(NeighborAllreduce):
         else:
             segs = segments_of_counts(counts, size, n, r, "reduce_scatter")
             signature = f"reduce_scatter({op},counts={counts_digest([b - a for a, b in segs])})"
-        seq = self._next_seq()
+        seq = self.engine.next_seq()
         shifted = segs[-1:] + segs[:-1]   # the ring leaves peer r with segment r + 1
 
         def body() -> Any:
@@ -246,12 +161,12 @@ class Communicator(NeighborAllreduce):
                                                  else op, segs=shifted,
                                                  divide_by=n if op == "mean" else 0)
                     wait_sent(call, ticket)
-                self._execute(seq, signature, dtype, tuple(x.shape), timeout,
-                              self._all_peers(), run)
+                self.engine.execute(seq, signature, dtype, tuple(x.shape), timeout,
+                                    self.engine.peers, run)
             lo, hi = segs[r]
             adapter.synchronize()
             return adapter.slice(flat, lo, hi)
-        return self._launch(f"{signature} seq {seq}", body, wait)
+        return self.engine.launch(f"{signature} seq {seq}", body, wait)
 
     def allgather(self, x: Any, *, out: Any = None, variable: bool = False, wait: bool = True,
                   timeout: float | None = None) -> Any:
@@ -265,7 +180,8 @@ class Communicator(NeighborAllreduce):
         if not variable and out is None and self._use_nccl(adapter, x, None, dtype):
             gathered = adapter.empty(n * count, dtype, flat)
             self._nccl.allgather(flat, gathered, count, dtype)
-            return self._done(gathered.reshape((n,) + tuple(x.shape)), "allgather(nccl)", wait)
+            return self.engine.done(gathered.reshape((n,) + tuple(x.shape)), "allgather(nccl)",
+                                    wait)
         if not variable:
             # Checked before the call takes a sequence number: a refused out= leaves this peer
             # in step with the others (their next call meets this peer's next call).
@@ -274,12 +190,12 @@ class Communicator(NeighborAllreduce):
                 out = out.reshape((n,) + tuple(x.shape))
                 out_flat = adapter.flat(out)
             else:
-                out_flat = self._out_like(adapter, dtype, n * count, out, "allgather",
-                                          f"{count} elements from {n} peers", stage)
+                out_flat = self.engine.out_like(adapter, dtype, n * count, out, "allgather",
+                                                f"{count} elements from {n} peers", stage)
         elif out is not None:
             raise ValueError(f"rank {self.rank}: allgather(variable=True) returns a list of "
                              "arrays; it takes no out=")
-        seq = self._next_seq()
+        seq = self.engine.next_seq()
         signature = "allgather(variable)" if variable else "allgather"
         shape = (count,) if variable else tuple(x.shape)
 
@@ -298,15 +214,15 @@ class Communicator(NeighborAllreduce):
                 ring_allgather_into(call, adapter, flat, out_flat, segments(n * count, n))
                 return out
             if n == 1:
-                result = run(Call(self.transport, self.channel, seq, signature, dtype, shape,
-                                  time.monotonic() + self.timeout))
+                result = run(self.engine.call(seq, signature, dtype, shape,
+                                              time.monotonic() + self.timeout))
             else:
                 call_shape = (n * count,) if not variable else shape
-                result = self._execute(seq, signature, dtype, call_shape, timeout,
-                                       self._all_peers(), run)
+                result = self.engine.execute(seq, signature, dtype, call_shape, timeout,
+                                             self.engine.peers, run)
             adapter.synchronize()
             return result
-        return self._launch(f"{signature} seq {seq}", body, wait, stage)
+        return self.engine.launch(f"{signature} seq {seq}", body, wait, stage)
 
     def broadcast(self, x: Any, root: int = 0, *, wait: bool = True,
                   timeout: float | None = None) -> Any:
@@ -317,57 +233,100 @@ class Communicator(NeighborAllreduce):
         adapter, flat, dtype = stage.flat(x)
         if self._use_nccl(adapter, x, None, dtype):
             self._nccl.broadcast(flat, adapter.size(flat), dtype, root)
-            return self._done(x, f"broadcast(root={root},nccl)", wait, stage)
-        seq = self._next_seq()
+            return self.engine.done(x, f"broadcast(root={root},nccl)", wait, stage)
+        seq = self.engine.next_seq()
         signature = f"broadcast(root={root})"
 
         def body() -> Any:
             if self.world_size > 1:
-                self._execute(seq, signature, dtype, tuple(x.shape), timeout, self._all_peers(),
-                              lambda call: pipelined_broadcast(call, adapter, flat, root))
+                self.engine.execute(seq, signature, dtype, tuple(x.shape), timeout,
+                                    self.engine.peers,
+                                    lambda call: pipelined_broadcast(call, adapter, flat, root))
             adapter.synchronize()
             return x
-        return self._launch(f"{signature} seq {seq}", body, wait, stage)
+        return self.engine.launch(f"{signature} seq {seq}", body, wait, stage)
 
     def reduce(self, x: Any, root: int = 0, op: str = "sum", *, wait: bool = True,
                timeout: float | None = None) -> Any:
         """Reduce every peer's ``x`` into the root's, in place (rooted.reduce)."""
-        return rooted.reduce(self, x, root, op, wait, timeout)
+        return rooted.reduce(self.engine, x, root, op, wait, timeout)
 
     def gather(self, x: Any, root: int = 0, *, out: Any = None, wait: bool = True,
                timeout: float | None = None) -> Any:
         """Every peer's ``x`` at the root, shape (n, *x.shape); None elsewhere (rooted.gather)."""
-        return rooted.gather(self, x, root, out, wait, timeout)
+        return rooted.gather(self.engine, x, root, out, wait, timeout)
 
     def scatter(self, x: Any, root: int = 0, *, out: Any = None, wait: bool = True,
                 timeout: float | None = None) -> Any:
         """Part r of the root's ``x`` into peer r's ``out`` (rooted.scatter)."""
-        return rooted.scatter(self, x, root, out, wait, timeout)
+        return rooted.scatter(self.engine, x, root, out, wait, timeout)
 
     def alltoall(self, x: Any, *, out: Any = None, send_counts: Any = None,
                  recv_counts: Any = None, wait: bool = True,
                  timeout: float | None = None) -> Any:
         """Block j of ``x`` to peer j; block r of every peer's in ``out``; equal blocks, or
         ``send_counts``/``recv_counts`` elements per peer (rooted.alltoall)."""
-        return rooted.alltoall(self, x, out, wait, timeout, send_counts, recv_counts)
+        return rooted.alltoall(self.engine, x, out, wait, timeout, send_counts, recv_counts)
+
+    def neighbor_exchange(self, x: Any, plan: NeighborPlan, *, scratch: Any = None,
+                          out: Any = None, wait: bool = True,
+                          timeout: float | None = None) -> Any:
+        """One round of the neighbour exchange ``plan`` on ``x``: x <- plan.self_weight * x +
+        sum_j plan.src_weights[j] * x_j, sending x to ``plan.dst_ranks`` (each scaled by
+        ``plan.dst_weights[dst]`` if given). In place; returns x. With ``out`` (an array of
+        x's size and dtype) the result goes there instead, x is only sent and stays as it was,
+        and out is returned; ``scratch``: a buffer like x for what arrives (else allocated
+        each round).
+
+        Only the peers named take part, so a pattern may be directed or change every round;
+        peers must agree on it (j in my src_weights iff I am in j's dst_ranks). With
+        ``plan.check_pattern`` (the default) that is checked before the data is combined: a
+        pattern that does not pair is a ValueError on the peers involved, naming both ranks,
+        instead of a wait for the timeout (algorithms/pattern.py). The plan rides in the
+        data's header, so on a ring it costs nothing measurable; on a directed pattern a peer
+        also waits for its destinations to begin, and peers it only hears from get one tiny
+        message more. Without the check, every peer of the exchange must skip it too (a peer
+        that checks meets a call of another signature: ProtocolError).
+
+        ``plan.partial``: a peer lost (or silent past the timeout) during the round is left
+        out instead of failing it: the round completes over the others (with
+        ``dst_weights``, a missing destination's share stays in ``self_weight``), nothing is
+        aborted, and ExchangeIncomplete (a PeerLost) is raised afterwards naming the missing
+        ranks, with the result in place (see algorithms/neighbor.py).
+
+        ``plan.compression``: the encodings travel instead (operations/neighbor_allreduce.py)."""
+        return neighbor_allreduce(self.engine, x, plan, scratch=scratch, out=out, wait=wait,
+                                  timeout=timeout, stats=self.codec_stats)
+
+    def neighbor_allreduce(self, x: Any, self_weight: float, src_weights: dict[int, float],
+                           dst_ranks, *, dst_weights: dict[int, float] | None = None,
+                           scratch: Any = None, out: Any = None, wait: bool = True,
+                           timeout: float | None = None, partial: bool = False,
+                           check_pattern: bool = True, compression: Any = None) -> Any:
+        """x <- self_weight * x + sum_j src_weights[j] * x_j, sending x to ``dst_ranks``:
+        neighbor_exchange with the NeighborPlan of these arguments (see there)."""
+        plan = NeighborPlan(self_weight, src_weights, dst_ranks, dst_weights, partial,
+                            check_pattern, compression)
+        return self.neighbor_exchange(x, plan, scratch=scratch, out=out, wait=wait,
+                                      timeout=timeout)
 
     def neighbor_allgather(self, x: Any, src_ranks, dst_ranks, *, wait: bool = True,
                            timeout: float | None = None) -> Any:
         """``x`` to ``dst_ranks``; the ``src_ranks``' arrays concatenated along the first
-        axis, ascending rank (collectives/neighbor_allgather.py)."""
-        return neighbor_allgather(self, x, src_ranks, dst_ranks, wait, timeout)
+        axis, ascending rank (operations/neighbor_allgather.py)."""
+        return neighbor_allgather(self.engine, x, src_ranks, dst_ranks, wait, timeout)
 
     def barrier(self, timeout: float | None = None) -> None:
         """Return once every peer has entered the barrier, and this peer's earlier
         non-blocking operations have finished."""
-        last = self._executor.last()
+        last = self.engine.last()
         if last is not None:
             last.wait(self.timeout if timeout is None else timeout)
         name, algo = choice.barrier_algorithm(self._on_host, self.transport)
-        seq = self._next_seq(name)
+        seq = self.engine.next_seq(name)
         if self.world_size > 1:
-            self._execute(seq, f"barrier({name})", "uint8", choice.BARRIER_SHAPE, timeout,
-                          self._all_peers(), algo)
+            self.engine.execute(seq, f"barrier({name})", "uint8", choice.BARRIER_SHAPE, timeout,
+                          self.engine.peers, algo)
 
     # ------------------------------------------------------------------ point to point
     def send(self, dst: int, x: Any, *, timeout: float | None = None) -> None:
@@ -393,7 +352,7 @@ class Communicator(NeighborAllreduce):
     def close(self, timeout: float = defaults.CLOSE_TIMEOUT) -> None:
         """Stop the worker thread (queued operations get up to ``timeout`` seconds to finish) and
         destroy the NCCL communicator; the transport is its owner's to close."""
-        self._executor.close(timeout)
+        self.engine.close(timeout)
         self._on_host.close()
         if self._nccl is not None:
             self._nccl.close()

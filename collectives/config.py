@@ -74,7 +74,7 @@ class TransportConfig:
     # rendezvous and of every connection's routing id, so peers of two jobs never mix, even
     # when they meet at one address. Empty: an unnamed job (meets only unnamed ones).
     job_id: str = ""
-    # The membership view this transport serves (collectives/membership): part of the routing
+    # The membership view this transport serves (collectives/group): part of the routing
     # id too, so messages of an old view never reach a new view's transport.
     view: int = 0
     # Link emulation (collectives/transport/emulation.py; GOSSIP_LINK, init(link=)): every link

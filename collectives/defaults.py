@@ -41,7 +41,7 @@ LAUNCHER_GRACE           5 s        -                     polite signal, then SI
 STATUS_WAIT              2 s        -                     a timed-out wait asks who is missing
 =======================  =========  ====================  ==================================
 
-The held bound, derived (collectives/transport/window.py, holds.py). A receiver pauses a source
+The held bound, derived (collectives/transport/flow_control.py). A receiver pauses a source
 once it holds more than HELD_PAUSE from it, so at most HELD_PAUSE + one message M then; from
 then on it acknowledges nothing to that source until it resumes it, and the source never has
 more than max(SEND_WINDOW, ACK_EVERY + M) unacknowledged. So what it can hold from an honest
@@ -123,16 +123,16 @@ REACH_POLL_MAX = 0.02
 # message is dropped ("over-bound") instead of growing the process without bound.
 HELD_PER_LINK = 256 << 20
 HELD_TOTAL = 4 * HELD_PER_LINK
-# Flow control (collectives/transport/holds.py): past HELD_PAUSE from one source the receiver
-# asks it to hold its sends, below HELD_RESUME to go on. The gap to HELD_PER_LINK is for what
-# was in flight when it paused, which the send window bounds in bytes (the derivation is in the
-# docstring above): libzmq's queues bound it only in messages, and 128 whole 4 MiB messages
-# are 512 MiB.
+# Flow control (collectives/transport/flow_control.py, Holds): past HELD_PAUSE from one source
+# the receiver asks it to hold its sends, below HELD_RESUME to go on. The gap to HELD_PER_LINK
+# is for what was in flight when it paused, which the send window bounds in bytes (the
+# derivation is in the docstring above): libzmq's queues bound it only in messages, and 128
+# whole 4 MiB messages are 512 MiB.
 HELD_PAUSE = HELD_PER_LINK // 4
 HELD_RESUME = HELD_PAUSE // 2
-# The send window (collectives/transport/window.py): bytes a link may have sent and not had
-# acknowledged (payloads plus HELD_OVERHEAD per message, the held bound's units), and how
-# often a receiver acknowledges what it read from a source.
+# The send window (collectives/transport/flow_control.py, Acks): bytes a link may have sent
+# and not had acknowledged (payloads plus HELD_OVERHEAD per message, the held bound's units),
+# and how often a receiver acknowledges what it read from a source.
 SEND_WINDOW = 32 << 20
 ACK_EVERY = SEND_WINDOW // 4
 # Measured (tracemalloc): a held message's mailbox, deque, header and frame objects cost about

@@ -48,7 +48,7 @@ _PROBE_HELD = 0.3
 
 class JobRunning(RendezvousError):
     """The rendezvous address is held by a running member of this job (a door, see
-    collectives/membership/door.py): this process should join it. ``view`` is the job's view
+    collectives/group/door.py): this process should join it. ``view`` is the job's view
     (its wire form) and ``doors`` where its members listen."""
 
     def __init__(self, message: str, view: dict, doors: list[str]) -> None:

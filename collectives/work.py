@@ -58,7 +58,10 @@ class Work:
                 return
         _call(fn, self)
 
-    def _finish(self, result: Any = None, error: BaseException | None = None) -> None:
+    def finish(self, result: Any = None, error: BaseException | None = None) -> None:
+        """Complete the operation with ``result`` or ``error`` (whoever ran it: the executor,
+        a call that completed synchronously, a torch handle's settling) and run the done
+        callbacks, in this thread."""
         with self._lock:
             self._result, self._error = result, error
             self._event.set()
@@ -114,9 +117,9 @@ class Executor:
                 return
             fn, work = item
             try:
-                work._finish(fn())
+                work.finish(fn())
             except BaseException as exc:  # handed to whoever waits on the handle
-                work._finish(error=exc)
+                work.finish(error=exc)
 
     def close(self, timeout: float = defaults.CLOSE_TIMEOUT) -> None:
         """Refuse new submissions and let the thread run what is queued, waiting up to ``timeout``

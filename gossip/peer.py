@@ -6,10 +6,10 @@ import logging
 import threading
 from typing import Any, Callable
 
-from collectives import defaults
+from collectives import NeighborPlan, defaults
 from collectives.communicator import Communicator
 from collectives.group import Switch, View
-from collectives.transport.channels import channel_pair
+from collectives.transport import channel_pair
 from collectives.transport.transport import Transport
 from gossip.membership import MembershipParticipant, PeerMembership
 from gossip.policies.neighborhood import live_mixing_round, resize_topology
@@ -195,6 +195,17 @@ class Peer:
         that never came."""
         self._comm.barrier(timeout)
 
+    def neighbor_exchange(self, x: Any, plan: NeighborPlan, *, scratch: Any = None,
+                          out: Any = None, wait: bool = True,
+                          timeout: float | None = None) -> Any:
+        """One neighbour exchange as a plan (collectives.NeighborPlan: weights, destinations,
+        partial/pattern/codec options): ``x <- plan.self_weight x + sum_j plan.src_weights[j]
+        x_j``, in place (into ``out`` if given, ``x`` only sent); ``scratch``: a buffer like
+        ``x`` for the received values. Errors and options as neighbor_allreduce;
+        Communicator.neighbor_exchange."""
+        return self._comm.neighbor_exchange(x, plan, scratch=scratch, out=out, wait=wait,
+                                            timeout=timeout)
+
     def neighbor_allreduce(self, x: Any, self_weight: float, src_weights: dict[int, float],
                            dst_ranks, *, dst_weights: dict[int, float] | None = None,
                            scratch: Any = None, out: Any = None, wait: bool = True,
@@ -208,12 +219,12 @@ class Peer:
         else ValueError naming both ranks; PeerLost or OperationTimeout if a neighbour dies
         or stalls; ``partial=True``: the round completes without the neighbours lost during
         it, then ExchangeIncomplete names them; ``check_pattern``, ``compression``: see
-        Communicator.neighbor_allreduce."""
-        return self._comm.neighbor_allreduce(x, self_weight, src_weights, dst_ranks,
-                                             dst_weights=dst_weights, scratch=scratch,
-                                             out=out, wait=wait, timeout=timeout,
-                                             partial=partial, check_pattern=check_pattern,
-                                             compression=compression)
+        Communicator.neighbor_exchange. The arguments make a NeighborPlan
+        (neighbor_exchange)."""
+        plan = NeighborPlan(self_weight, src_weights, dst_ranks, dst_weights, partial,
+                            check_pattern, compression)
+        return self.neighbor_exchange(x, plan, scratch=scratch, out=out, wait=wait,
+                                      timeout=timeout)
 
     def neighbor_average(self, x: Any, step: int = 0, *, scratch: Any = None, wait: bool = True,
                          timeout: float | None = None, compression: Any = None) -> Any:
@@ -226,11 +237,10 @@ class Peer:
         one round gives every survivor their exact mean (gossip.policies.neighborhood's
         live_mixing_round; it needs the survivors to agree on who is lost). Errors as
         neighbor_allreduce; ``compression`` as there."""
-        plan = live_mixing_round(self.topology, self.rank, step,
-                                 self._transport.lost_ranks())
-        extra = {"compression": compression} if compression is not None else \
-            {"scratch": scratch}
-        return plan.run(self._comm.neighbor_allreduce, x, wait=wait, timeout=timeout, **extra)
+        mixing = live_mixing_round(self.topology, self.rank, step,
+                                   self._transport.lost_ranks())
+        return self._comm.neighbor_exchange(x, mixing.plan(compression=compression),
+                                            scratch=scratch, wait=wait, timeout=timeout)
 
     # -- observability and lifetime ------------------------------------------------------
     def lost_peers(self) -> dict[int, str]:

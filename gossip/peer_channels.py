@@ -6,7 +6,7 @@ own sequence numbers, so its messages never meet the main thread's in one mailbo
 communicator of its own through ``peer.channel(number)``, and every peer must use the same
 number for the same purpose. Number 0 is the peer's own communicator (``peer.allreduce`` and
 the other collectives). On the wire, communicator ``number`` uses the channel pair
-``collectives.transport.channels.channel_pair(number)``.
+``collectives.transport.channel_pair(number)``.
 
 Two policies that run at once in one group need different numbers: the policies take
 ``channel=`` for that, defaulting to the numbers below.

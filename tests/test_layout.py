@@ -98,7 +98,6 @@ HOUSE = ("gossip", "collectives")   # where classes and private attributes are c
 MAX_POSITIONAL = 7                  # positional parameters of a function, self/cls aside
 # The checks below fail until the branches of issue #33 that move the code are merged: today's
 # code has the mixins, the writes, the long signatures and the names they remove.
-UNTIL_MERGED = pytest.mark.xfail(strict=True, reason="until the house branches merge")
 
 
 def _sources(tops) -> dict[str, ast.Module]:
@@ -165,7 +164,6 @@ def _mixins(classes: dict[str, list[tuple[str, ast.ClassDef]]]) -> dict[str, str
     return found
 
 
-@UNTIL_MERGED
 def test_no_class_has_a_mixin_among_its_bases() -> None:
     classes: dict[str, list[tuple[str, ast.ClassDef]]] = defaultdict(list)
     for path, tree in _sources(HOUSE).items():
@@ -182,7 +180,6 @@ def test_no_class_has_a_mixin_among_its_bases() -> None:
                        "the class owns:\n  " + "\n  ".join(wrong))
 
 
-@UNTIL_MERGED
 def test_nothing_writes_another_objects_private_attributes() -> None:
     wrong = []
     for path, tree in _sources(HOUSE).items():
@@ -201,7 +198,6 @@ def test_nothing_writes_another_objects_private_attributes() -> None:
                        "class a public method (or property) for it:\n  " + "\n  ".join(wrong))
 
 
-@UNTIL_MERGED
 def test_no_function_takes_more_than_seven_positional_parameters() -> None:
     wrong = []
     for path, tree in _sources(PACKAGES).items():
@@ -218,7 +214,6 @@ def test_no_function_takes_more_than_seven_positional_parameters() -> None:
                        "options), or make the rest keyword-only:\n  " + "\n  ".join(wrong))
 
 
-@UNTIL_MERGED
 def test_no_two_modules_share_a_name() -> None:
     by_name: dict[str, list[str]] = defaultdict(list)
     for module, path in sorted(MODULES.items()):
@@ -232,7 +227,6 @@ def test_no_two_modules_share_a_name() -> None:
                        "\n  " + "\n  ".join(wrong))
 
 
-@UNTIL_MERGED
 def test_every_package_has_an_init_that_says_what_it_holds() -> None:
     wrong = []
     for top in PACKAGES:

@@ -17,6 +17,7 @@ from collectives.algorithms.shm_entry import (ANNOUNCEMENT_BYTES, SHARED_COUNTER
                                               shared_barrier)
 from collectives.algorithms.shm_small import SMALL_SHM_BYTES, OnHostSmall
 from collectives.algorithms.small import recursive_doubling_allreduce
+from collectives.neighbor_plan import NeighborPlan
 
 __all__ = ["allreduce_algorithm", "barrier_algorithm", "neighbors_read_directly",
            "ALLREDUCE_ALGORITHMS", "BARRIER_SHAPE", "OnHost"]
@@ -101,15 +102,17 @@ def allreduce_algorithm(name: str, dtype: str, nbytes: int, small_bytes: int,
                   "recursive-doubling": recursive_doubling_allreduce}[name]
 
 
-def neighbors_read_directly(shm: OnHost, seq: int, deadline: float, transport: Any,
-                            peers, adapter: Any, dtype: str, nbytes: int) -> bool:
-    """Whether neighbour exchange ``seq`` reads its sources' arrays (neighbor_direct.py):
+def neighbors_read_directly(shm: OnHost, transport: Any, seq: int, deadline: float,
+                            plan: NeighborPlan, *, adapter: Any, dtype: str,
+                            nbytes: int) -> bool:
+    """Whether neighbour exchange ``seq`` of ``plan`` reads its sources' arrays
+    (neighbor_direct.py): never for a partial round (a lost peer's memory cannot be read);
     from DIRECT_NEIGHBOR_MIN_BYTES, every peer of it on this host, an array in host memory
     numpy reads, and every peer able to read every other's, as the shared-memory entries
     before ``seq`` said. It waits for those entries first (this peer's earlier shared-memory
     calls), so every peer of the exchange answers alike."""
-    if nbytes < DIRECT_NEIGHBOR_MIN_BYTES or not on_host(transport, adapter, dtype, nbytes,
-                                                         peers):
+    if plan.partial or nbytes < DIRECT_NEIGHBOR_MIN_BYTES or \
+            not on_host(transport, adapter, dtype, nbytes, plan.peers):
         return False
     shm.order.wait_before(seq, deadline, transport, f"neighbor_allreduce at sequence {seq}")
     return shm.entry.direct is True

@@ -52,10 +52,11 @@ from typing import Any
 from collectives.algorithms.allgather import direct_allgather
 from collectives.algorithms.p2p import Call, post_range, recv_range, wait_reached, wait_sent
 from collectives.algorithms.pattern import announce, check_pairing, plan_bits
-from collectives.algorithms.neighbor import UNCHECKED, refuse
+from collectives.algorithms.neighbor import refuse
 from collectives.algorithms.ring import ring_allgather
 from collectives.arrays.adapter import adapter_for
-from collectives.codecs.base import Codec, CodecError, array_module
+from collectives.codecs.codec import Codec, CodecError, array_module
+from collectives.neighbor_plan import NeighborPlan
 
 __all__ = ["CodecStats", "encode_with_feedback", "gather_allreduce",
            "ring_allreduce_compressed", "padded_count", "compressed_exchange"]
@@ -211,19 +212,19 @@ def ring_allreduce_compressed(call: Call, codec: Codec, x: Any, op: str,
     return x
 
 
-def compressed_exchange(call: Call, codec: Codec, x: Any, self_weight: float,
-                        src_weights: dict[int, float], dst_ranks: list[int],
-                        stats: CodecStats, accumulate: str = "float32") -> Any:
-    """The neighbour exchange of the module docstring on float32 ``x``. Afterwards ``x``
-    holds its own decoded encoding D(E(x)); returns the combination, a new array of dtype
-    ``accumulate`` (float32, or float64 for float64 parameters: CHOCO's public copies sum
-    many small decoded differences, which float32 would round). ``call`` describes one
-    encoding (dtype wire_dtype(codec), shape (count,))."""
+def compressed_exchange(call: Call, x: Any, plan: NeighborPlan, stats: CodecStats,
+                        accumulate: str = "float32") -> Any:
+    """The neighbour exchange of the module docstring on float32 ``x``, in ``plan``'s codec.
+    Afterwards ``x`` holds its own decoded encoding D(E(x)); returns the combination, a new
+    array of dtype ``accumulate`` (float32, or float64 for float64 parameters: CHOCO's public
+    copies sum many small decoded differences, which float32 would round). ``call``
+    describes one encoding (dtype wire_dtype(codec), shape (count,))."""
+    codec, src_weights, dst_ranks = plan.compression, plan.src_weights, plan.dst_ranks
     xp = array_module(x)
     count = x.size
     size = codec.encoded_nbytes(count)
-    peers = sorted(set(src_weights) | set(dst_ranks))
-    checked = not call.signature.endswith(UNCHECKED)
+    peers = plan.peers
+    checked = plan.check_pattern
     if checked:
         announce(call, peers, src_weights, dst_ranks)
     enc = xp.empty(size, dtype=xp.uint8)
@@ -240,7 +241,7 @@ def compressed_exchange(call: Call, codec: Codec, x: Any, self_weight: float,
     own = xp.empty_like(x)
     codec.decode(enc, own)
     acc = own.astype(accumulate)
-    acc *= self_weight
+    acc *= plan.self_weight
     got = xp.empty(size, dtype=xp.uint8)
     part = xp.empty_like(x)
     for src in sorted(src_weights):

@@ -23,33 +23,13 @@ from collectives.algorithms.p2p import Call, post_range, recv_range, wait_reache
 from collectives.algorithms.pattern import MISSING, announce, check_pairing, plan_bits
 from collectives.arrays.adapter import ArrayAdapter
 from collectives.errors import ExchangeIncomplete
+from collectives.neighbor_plan import NeighborPlan
 
-__all__ = ["neighbor_exchange", "check_pattern_arguments", "incomplete", "refuse", "combine",
-           "UNCHECKED"]
+__all__ = ["neighbor_exchange", "incomplete", "refuse", "combine", "UNCHECKED"]
 
 # The signature's suffix of an exchange called with check_pattern=False: no plans travel and
 # no pairing is checked (a peer that checks meets a call of another signature instead).
 UNCHECKED = "(unchecked)"
-
-
-def check_pattern_arguments(rank: int, world_size: int, dtype: str,
-                            src_weights: dict[int, float], dst_ranks,
-                            dst_weights: dict[int, float] | None
-                            ) -> tuple[dict[int, float], list[int]]:
-    """The local checks of a neighbour exchange, before it takes a sequence number: (the
-    sources' weights as floats, the sorted destinations); TypeError or ValueError otherwise."""
-    if not (dtype.startswith("float") or dtype.startswith("complex") or dtype == "bfloat16"):
-        raise TypeError(f"neighbor_allreduce averages with real weights; {dtype} arrays "
-                        "cannot hold the result (use a floating-point array)")
-    dst_ranks = sorted(set(int(d) for d in dst_ranks))
-    src_weights = {int(k): float(v) for k, v in src_weights.items()}
-    for r in list(dst_ranks) + list(src_weights):
-        if not 0 <= r < world_size or r == rank:
-            raise ValueError(f"rank {rank}: neighbour {r} is not another peer of the "
-                             f"{world_size}")
-    if dst_weights is not None and set(dst_weights) != set(dst_ranks):
-        raise ValueError("dst_weights must have exactly one weight per destination rank")
-    return src_weights, dst_ranks
 
 
 def incomplete(rank: int, seq: int, missing: dict[int, Exception],
@@ -62,21 +42,21 @@ def incomplete(rank: int, seq: int, missing: dict[int, Exception],
         missing_destinations=sorted(d for d in dst_ranks if d in missing), operation=operation)
 
 
-def neighbor_exchange(call: Call, adapter: ArrayAdapter, flat: Any, self_weight: float,
-                      src_weights: dict[int, float], dst_ranks: list[int],
-                      dst_weights: dict[int, float] | None, scratch: Any,
-                      send_buffers: list | None = None, out: Any = None,
-                      partial: bool = False) -> dict[int, Exception]:
-    """Combine in place into ``flat``, or into ``out`` if given (``flat`` is then only sent);
-    ``scratch`` is a caller-owned buffer of the same size (reused across rounds, so a round
-    allocates nothing of the array's size; unused with ``out``). With ``dst_weights``,
-    ``send_buffers`` holds one caller-owned buffer per destination for the scaled copies
-    (reused too; they are free again when this returns). Returns the peers missing from the
-    round (rank -> error): always empty unless ``partial``."""
+def neighbor_exchange(call: Call, adapter: ArrayAdapter, flat: Any, plan: NeighborPlan, *,
+                      scratch: Any, send_buffers: list | None = None,
+                      out: Any = None) -> dict[int, Exception]:
+    """Run ``plan`` on ``flat``: combine in place into ``flat``, or into ``out`` if given
+    (``flat`` is then only sent); ``scratch`` is a caller-owned buffer of the same size (reused
+    across rounds, so a round allocates nothing of the array's size; unused with ``out``).
+    With ``plan.dst_weights``, ``send_buffers`` holds one caller-owned buffer per destination
+    for the scaled copies (reused too; they are free again when this returns). Returns the
+    peers missing from the round (rank -> error): always empty unless ``plan.partial``."""
+    src_weights, dst_ranks, dst_weights = plan.src_weights, plan.dst_ranks, plan.dst_weights
+    self_weight, partial = plan.self_weight, plan.partial
     size = adapter.size(flat)
     missing: dict[int, Exception] | None = {} if partial else None
-    peers = sorted(set(src_weights) | set(dst_ranks))
-    checked = not call.signature.endswith(UNCHECKED)
+    peers = plan.peers
+    checked = plan.check_pattern
     if checked:
         announce(call, peers, src_weights, dst_ranks, missing)
     tickets = []

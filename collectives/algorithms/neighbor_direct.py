@@ -10,9 +10,9 @@ readers raise its abort instead of keeping what they read. Only the peers of the
 wait for each other, as in the copying exchange.
 
 The note is the call's first data chunk to each destination, so the pairing check
-(pattern.py) rides on it unchanged. Peers choose this way alike (the communicator decides
-from what every peer saw: neighbor_allreduce.py) and the signature says so, so a peer that
-copies meets a ProtocolError, never a misread note. Not for ``partial`` rounds (a lost
+(pattern.py) rides on it unchanged. Peers choose this way alike (the exchange decides from
+what every peer saw: operations/neighbor_allreduce.py) and the signature says so, so a peer
+that copies meets a ProtocolError, never a misread note. Not for ``partial`` rounds (a lost
 peer's memory cannot be read; push-sum's rule needs the copying exchange's accounting).
 """
 from __future__ import annotations
@@ -28,6 +28,7 @@ from collectives.algorithms.pattern import announce, check_pairing, plan_bits
 from collectives.algorithms.shm_direct import BLOCK_BYTES, read_peer
 from collectives.algorithms.shm_entry import count_shared
 from collectives.arrays.adapter import ArrayAdapter, adapter_for
+from collectives.neighbor_plan import NeighborPlan
 from collectives.transport import cma
 
 __all__ = ["direct_exchange", "DIRECT_NEIGHBOR_MIN_BYTES", "DIRECT_SIGNATURE"]
@@ -43,14 +44,14 @@ DIRECT_SIGNATURE = "+direct"
 _NOTE_BYTES = 24   # pid, address (int64), weight (float64)
 
 
-def direct_exchange(call: Call, adapter: ArrayAdapter, flat: Any, self_weight: float,
-                    src_weights: dict[int, float], dst_ranks: list[int],
-                    dst_weights: dict[int, float] | None, scratch: Any, reader: cma.Reader,
-                    out: Any = None, checked: bool = True) -> dict[int, Exception]:
+def direct_exchange(call: Call, adapter: ArrayAdapter, flat: Any, plan: NeighborPlan, *,
+                    scratch: Any, reader: cma.Reader, out: Any = None) -> dict[int, Exception]:
     """neighbor_exchange's result (algorithms/neighbor.py), reading the sources' arrays."""
+    src_weights, dst_ranks, dst_weights = plan.src_weights, plan.dst_ranks, plan.dst_weights
+    checked = plan.check_pattern
     t = call.transport
     size, itemsize = adapter.size(flat), call.itemsize
-    peers = sorted(set(src_weights) | set(dst_ranks))
+    peers = plan.peers
     if checked:
         announce(call, peers, src_weights, dst_ranks)
     address = np.frombuffer(adapter.send_buffer(flat, 0, 1), np.uint8).ctypes.data
@@ -98,7 +99,7 @@ def direct_exchange(call: Call, adapter: ArrayAdapter, flat: Any, self_weight: f
     for ticket in tickets:
         if ticket is not None:
             wait_sent(call, ticket)
-    combine(adapter, flat, self_weight, scratch, out, heard=not first)
+    combine(adapter, flat, plan.self_weight, scratch, out, heard=not first)
     return {}
 
 

@@ -17,9 +17,11 @@ from collectives.arrays.adapter import ArrayAdapter
 from collectives.errors import PeerLost, ProtocolError
 from collectives.transport.link import SendTicket
 from collectives.transport.transport import Transport
-from collectives.transport.wire import Header, payload_layout
+from collectives.transport.wire import DATA, Header, payload_layout
 
 __all__ = ["Call", "post_range", "recv_range", "chunk_elements", "wait_sent", "wait_reached"]
+
+_tuple_new = tuple.__new__
 
 
 class Call:
@@ -40,6 +42,15 @@ class Call:
         # A codec's payload (dtype "codec:..."): bytes, read as uint8 (wire.payload_layout).
         self.itemsize, self.nbytes, self.frame_dtype = payload_layout(dtype, self.shape)
         self.deadline = deadline
+
+    def header(self, kind: int, offset: int = 0, length: int = 0, slot: int = 0) -> Header:
+        """The header of this peer's message of ``kind`` in this call (a chunk: bytes
+        ``[offset, offset + length)`` of the array; ``slot``: a PLAN's bits). Made for every
+        chunk sent: straight from its fields (tuple.__new__, as Header's own constructor does
+        after a Python call more)."""
+        return _tuple_new(Header, (kind, self.transport.rank, self.channel, self.seq,
+                                   self.signature, self.dtype, self.shape, self.nbytes, offset,
+                                   length, slot, 0))
 
     def describe(self) -> str:
         """The call as errors word it: signature, dtype, shape and sequence number."""
@@ -72,19 +83,18 @@ def post_range(call: Call, dst: int, adapter: ArrayAdapter, flat: Any, start: in
     ticket = None
     if stop <= start:
         # An empty range still sends one empty chunk, so the receiver's walk stays in step.
-        return t.post_chunk(dst, call.channel, call.seq, call.signature, call.dtype,
-                            call.shape, call.nbytes, start * size, b"",
-                            deadline=call.deadline, track=track, plan=plan)
+        return t.post_chunk(dst, call.header(DATA, start * size, 0, plan), b"",
+                            deadline=call.deadline, track=track)
     if (stop - start) * size <= t.config.whole_message_bytes:
         step = stop - start
     else:
         step = chunk_elements(t.chunk_bytes(dst), size)
     for lo in range(start, stop, step):
         hi = min(lo + step, stop)
-        ticket = t.post_chunk(dst, call.channel, call.seq, call.signature, call.dtype,
-                              call.shape, call.nbytes, lo * size,
+        ticket = t.post_chunk(dst, call.header(DATA, lo * size, (hi - lo) * size,
+                                               plan if lo == start else 0),
                               adapter.send_buffer(flat, lo, hi), deadline=call.deadline,
-                              track=track and hi == stop, plan=plan if lo == start else 0)
+                              track=track and hi == stop)
     return ticket
 
 

@@ -40,8 +40,7 @@ def announce(call: Call, peers, sources, destinations,
     for p in peers:
         if p not in destinations:
             try:
-                t.post_plan(p, call.channel, call.seq, call.signature, call.dtype, call.shape,
-                            call.nbytes, plan_bits(p, sources, destinations))
+                t.post_plan(p, call.header(PLAN, slot=plan_bits(p, sources, destinations)))
             except MISSING as exc:
                 if missing is None:
                     raise

@@ -1,7 +1,7 @@
 """Which adapter serves an array: ``adapter_for(x)``, the one place that dispatches on the
 array's family. torch and cupy are recognised by duck typing and their adapters imported
 only when such an array shows up, so numpy-only peers never import them. Dependencies go
-one way: this module imports the families, they import only collectives.arrays.base.
+one way: this module imports the families, they import only collectives.arrays.interface.
 
 The interface itself (ArrayAdapter, check_reduce_op, REDUCE_OPS) is re-exported here for
 the algorithms that import it with adapter_for.
@@ -14,7 +14,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from collectives.arrays.base import REDUCE_OPS, ArrayAdapter, check_reduce_op
+from collectives.arrays.interface import REDUCE_OPS, ArrayAdapter, check_reduce_op
 from collectives.arrays.numpy_arrays import NumpyAdapter
 
 __all__ = ["ArrayAdapter", "NumpyAdapter", "adapter_for", "REDUCE_OPS", "check_reduce_op"]

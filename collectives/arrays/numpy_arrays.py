@@ -6,7 +6,7 @@ from typing import Any
 
 import numpy as np
 
-from collectives.arrays.base import ArrayAdapter, contiguous_error
+from collectives.arrays.interface import ArrayAdapter, contiguous_error
 
 __all__ = ["NumpyAdapter", "BLOCK"]
 

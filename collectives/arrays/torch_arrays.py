@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from collectives.arrays.base import ArrayAdapter, contiguous_error
+from collectives.arrays.interface import ArrayAdapter, contiguous_error
 
 __all__ = ["TorchCPUAdapter", "TorchCUDAAdapter", "torch_adapter_for", "TORCH_DTYPES", "CPU"]
 

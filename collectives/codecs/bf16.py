@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from collectives.codecs.base import WORK_ELEMENTS, Codec, array_module
+from collectives.codecs.codec import WORK_ELEMENTS, Codec, array_module
 from collectives.codecs.fast import torch_views
 
 __all__ = ["BFloat16"]

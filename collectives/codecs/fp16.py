@@ -6,7 +6,7 @@ from typing import Any
 
 import numpy as np
 
-from collectives.codecs.base import Codec, array_module
+from collectives.codecs.codec import Codec, array_module
 from collectives.codecs.fast import torch_views
 from collectives.codecs.halves import decode_fp16, encode_fp16
 

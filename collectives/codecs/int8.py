@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from collectives.codecs.base import WORK_ELEMENTS, Codec, array_module
+from collectives.codecs.codec import WORK_ELEMENTS, Codec, array_module
 from collectives.codecs.fast import torch_views
 
 __all__ = ["Int8Block", "BLOCK"]

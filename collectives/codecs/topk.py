@@ -1,7 +1,8 @@
 """top-k: the k largest-magnitude elements, as (index, value) pairs; the rest read as zero.
 
 Meant for gradients and differences with error feedback (what is not sent is kept in a
-residual and added to the next step's input: collectives/compressed.py), not for parameters.
+residual and added to the next step's input: operations/compressed_allreduce.py), not for
+parameters.
 Layout for ``count`` elements: k uint32 indices, strictly increasing, then k float32 values,
 k = min(count, max(1, ceil(ratio * count))) (0 for count 0).
 """
@@ -10,7 +11,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from collectives.codecs.base import Codec, CodecError, array_module
+from collectives.codecs.codec import Codec, CodecError, array_module
 
 __all__ = ["TopK", "DEFAULT_RATIO"]
 

@@ -140,7 +140,7 @@ class Activity:
         key = (channel, seq)
         op = self._ops.get(key)
         if op is None:
-            # Collective channels are even (channels.py); point-to-point ones have no begin.
+            # Collective channels are even (wire.Channel); point-to-point ones have no begin.
             if channel % 2 or key in self._early:
                 return None
             with self._lock:  # begin() may be registering it right now

@@ -5,20 +5,48 @@ the order in which the source sent them (one ZeroMQ pipe per source preserves or
 chunked array arrives chunk by chunk. A mailbox is retired when its operation ends; anything
 that later arrives for a retired mailbox is a duplicate or a replay and is dropped. ("Mailbox",
 not "slot": in collectives a slot is always a shared-memory ring's slot.)
+
+A wait on a mailbox can also end without a message: its source is ``Lost`` (dead, closed,
+refused), or an error was posted to the mailbox (a ``MailboxError``: an ABORT, a malformed
+message, a chunk of another call). collectives/transport/wait_errors.py words them as
+exceptions.
 """
 from __future__ import annotations
 
 import threading
 import time
 from collections import deque
+from dataclasses import dataclass
 from typing import Any, Callable
 
 from collectives import defaults
-from collectives.transport.mailbox_ends import Lost, MailboxError
 
 __all__ = ["Inbox", "Lost", "MailboxError", "Address"]
 
 Address = tuple[int, int, int]  # a mailbox: (src, channel, seq)
+
+
+@dataclass
+class Lost:
+    """Why a source cannot deliver any more: it died, closed, or failed authentication.
+    ``cause``: the rank whose loss made the source give up, when it closed right after an
+    operation of its own failed for that loss (its goodbye says so): that rank is the one to
+    blame, not the source, which was only the first to leave."""
+    reason: str
+    kind: str = "lost"  # "lost" | "closed" | "auth"
+    cause: int | None = None
+
+
+@dataclass
+class MailboxError:
+    """An error posted to one mailbox: a malformed message or an ABORT from the source.
+    ``lost_rank`` is set when the source abandoned the operation because that rank was lost,
+    so the error can travel on as PeerLost naming the dead peer."""
+    message: str
+    lost_rank: int | None = None
+    late_rank: int | None = None  # the source timed out and found this rank missing
+    local: bool = False  # this peer's own finding (a chunk of another call), not the source's
+    view_change: bool = False  # the source was ended by a change of the group's view
 
 
 class _Mailbox:
@@ -82,7 +110,7 @@ class Inbox:
         self._held_total = 0
         self._held_per_link = held_per_link
         self._held_bound = held_total
-        # Flow control (holds.py): sources asked to pause, the callback that asks
+        # Flow control (flow_control.Holds): sources asked to pause, the callback that asks
         # (src, pause, generation), called after the lock is released, and the generation.
         self._holding: set[int] = set()
         self.on_hold: Callable[[int, bool, int], None] | None = None

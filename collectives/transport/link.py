@@ -14,8 +14,8 @@ A queued entry is either ``(frames, ticket)`` or a *staged* message: an object w
 frames once the resource it needs is free (None: not yet). The shared-memory chunks of
 collectives/transport/shm.py are the staged messages; the link knows nothing else about them.
 
-Messages also queue while the receiver asked this peer to pause (holds.py) or while the send
-window is full (window.py: the bytes sent and not yet acknowledged). Control messages that
+Messages also queue while the receiver asked this peer to pause or while the send window is
+full (flow_control.py: HOLD, and the bytes sent and not yet acknowledged). Control messages that
 unblock the other side (HOLD, ACK) go ahead of all that (``send_control``): one pending per
 purpose, the newest replacing an older one, sent before anything queued.
 
@@ -37,7 +37,7 @@ import zmq
 
 from collectives.errors import PeerLost
 from collectives.transport.emulation import Pacer
-from collectives.transport.window import SendWindow, message_cost
+from collectives.transport.flow_control import SendWindow, message_cost
 from collectives.transport.wire import stamp_number
 
 __all__ = ["Link", "SendTicket"]
@@ -90,12 +90,12 @@ class Link:
         self.created = time.monotonic()
         self.closed = False
         self.sent_number = 0  # number stamped on the last message the socket took
-        # The receiver asked us to hold our messages (holds.py): they queue, nothing leaves
-        # but urgent control messages; ``hold_generation`` is that request's, the newest wins.
+        # The receiver asked us to hold our messages (flow_control.Holds): they queue, nothing
+        # leaves but urgent control messages; ``hold_generation`` is that request's, the newest wins.
         self.paused = False
         self.hold_generation = -1
-        # Bytes sent and not acknowledged (window.py), and the control messages waiting for
-        # room in the socket, by purpose ("hold", "ack"): they go before anything queued.
+        # Bytes sent and not acknowledged (flow_control.SendWindow), and the control messages
+        # waiting for room in the socket, by purpose ("hold", "ack"): they go before anything queued.
         self.window = SendWindow()
         self.control: dict[str, tuple] = {}
         self._on_sent = on_sent  # counters: (rank, messages, payload bytes)
@@ -207,9 +207,10 @@ class Link:
     def flush(self, fail: Callable[[Any], None] | None = None) -> str:
         """Drain the queue (I/O thread). Returns "done", "pollout" (the socket is full: poll
         it for POLLOUT), "blocked" (a staged message waits for its resource), "held" (the
-        receiver asked us to pause, see holds.py) or "windowed" (the send window is full, see
-        window.py) or "paced" (link emulation: the head is not due yet, see ``next_due``). With
-        ``fail`` (the peer is lost), every queued message's ticket is handed to it instead."""
+        receiver asked us to pause) or "windowed" (the send window is full; both
+        flow_control.py) or "paced" (link emulation: the head is not due yet, see
+        ``next_due``). With ``fail`` (the peer is lost), every queued message's ticket is
+        handed to it instead."""
         with self.lock:
             control = self.control
             while control and fail is None:

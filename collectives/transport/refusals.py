@@ -20,7 +20,7 @@ import socket as pysocket
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
-from collectives.transport.throttle import ThrottledLog
+from collectives.transport.throttled_log import ThrottledLog
 
 __all__ = ["Refusals"]
 

@@ -36,12 +36,11 @@ from collections import deque
 from typing import Any, Callable
 
 from collectives import defaults
-from collectives.transport.channels import Channel
 from collectives.transport.inbox import Inbox, Lost
 from collectives.transport.shm_ring import (ShmRing, ShmView, parse_open, ring_name,
                                              shm_supported)
-from collectives.transport.wire import (CREDIT, SHM, SHM_MAPPED, SHM_OPEN, STARVED, Header,
-                                        encode_header)
+from collectives.transport.wire import (CREDIT, SHM, SHM_MAPPED, SHM_OPEN, STARVED, Channel,
+                                        Header, encode_header)
 
 __all__ = ["SharedMemory", "PREPARED_RINGS"]
 
@@ -55,14 +54,15 @@ PREPARE_WAIT = 2.0
 
 class _Chunk:
     """A chunk on its way into a ring, a staged message of the link's queue (see link.py): its
-    header fields but the slot, the caller's buffer (read once a slot is free), its ticket."""
+    SHM header (the slot filled in once it has one), the caller's buffer (read once a slot is
+    free), its ticket."""
 
-    __slots__ = ("ring", "fields", "payload", "ticket", "counters", "nbytes")
+    __slots__ = ("ring", "header", "payload", "ticket", "counters", "nbytes")
 
-    def __init__(self, ring: ShmRing, fields: tuple, payload: Any, ticket, counters) -> None:
-        self.ring, self.fields, self.payload, self.ticket = ring, fields, payload, ticket
+    def __init__(self, ring: ShmRing, header: Header, payload: Any, ticket, counters) -> None:
+        self.ring, self.header, self.payload, self.ticket = ring, header, payload, ticket
         self.counters = counters
-        self.nbytes = fields[-1]  # its payload's length: what link emulation paces it by
+        self.nbytes = header.length  # its payload's length: what link emulation paces it by
 
     def stage(self, retry: bool) -> tuple | None:
         """Copy into the lowest free slot and return the SHM header; None if none is free. A
@@ -79,7 +79,7 @@ class _Chunk:
         self.counters.bytes_sent += ring.write(slot, self.payload)
         if retry and self.ticket is not None:
             self.ticket.queued.set()  # the buffer was copied: reusable now
-        return (encode_header(*self.fields, slot),)
+        return (encode_header(self.header._replace(slot=slot)),)
 
 
 class _Releaser:
@@ -117,7 +117,7 @@ class SharedMemory:
     ``links`` and ``addresses`` are the sockets' tables, read only.
     """
 
-    def __init__(self, rank: int, config, inbox: Inbox, counters: list, drops, loop,
+    def __init__(self, rank: int, config, *, inbox: Inbox, counters: list, drops, loop,
                  links: dict, addresses: dict,
                  send_quietly: Callable[[int, bytes], None]) -> None:
         self.rank = rank
@@ -137,7 +137,7 @@ class SharedMemory:
         self._starved_at: dict[int, float] = {}    # when we last sent STARVED, by destination
         self._unanswered: deque = deque()          # rings mapped before we had the table
         self._prepared: dict[int, tuple[ShmRing, threading.Thread]] = {}  # see prepare()
-        self._credit = encode_header(CREDIT, rank, Channel.LINK, 0)
+        self._credit = encode_header(Header(CREDIT, rank, Channel.LINK, 0))
         self._closed = False
 
     # -- sender side ------------------------------------------------------------------------
@@ -188,17 +188,17 @@ class SharedMemory:
             ring_name(self.rank, link.rank))
         self._rings[link.rank] = ring
         self._mapped[link.rank] = threading.Event()
-        link.send((encode_header(SHM_OPEN, self.rank, Channel.LINK, 0, ring.announcement()),),
-                  None)
+        link.send((encode_header(Header(SHM_OPEN, self.rank, Channel.LINK, 0,
+                                        ring.announcement())),), None)
 
     def has_ring(self, dst: int) -> bool:
         return dst in self._rings
 
-    def post(self, link, fields: tuple, payload: Any, ticket) -> tuple[bool, bool]:
-        """A chunk (``fields``: its SHM header fields but the slot) into the ring to
+    def post(self, link, header: Header, payload: Any, ticket) -> tuple[bool, bool]:
+        """A chunk (``header``: its SHM header, the slot to be filled in) into the ring to
         ``link``'s peer: copied now into a free slot, or queued until one frees up. Returns
         (queued, wake the I/O thread), as Link.post."""
-        return link.post(_Chunk(self._rings[link.rank], fields, payload, ticket,
+        return link.post(_Chunk(self._rings[link.rank], header, payload, ticket,
                                 self._counters[link.rank]))
 
     def on_blocked(self, link) -> None:
@@ -206,7 +206,7 @@ class SharedMemory:
         self.blocked.add(link)  # re-flushed every SLOT_RETRY, and on a CREDIT
         now = time.monotonic()
         if now - self._starved_at.get(link.rank, 0.0) > defaults.STARVED_REPEAT:
-            if link.send_urgent((encode_header(STARVED, self.rank, Channel.LINK, 0),)):
+            if link.send_urgent((encode_header(Header(STARVED, self.rank, Channel.LINK, 0)),)):
                 self._starved_at[link.rank] = now
 
     def wait_mapped(self, until: float) -> None:
@@ -262,7 +262,7 @@ class SharedMemory:
         # From now on the ring outlives its sender: tell it that it may exit. A peer that got
         # the address table before us may be heard from before we can answer it.
         if src in self._addresses:
-            self._send_quietly(src, encode_header(SHM_MAPPED, self.rank, Channel.LINK, 0))
+            self._send_quietly(src, encode_header(Header(SHM_MAPPED, self.rank, Channel.LINK, 0)))
         else:
             self._unanswered.append(src)
         return True
@@ -271,7 +271,7 @@ class SharedMemory:
         """The address table arrived: answer the rings mapped before it."""
         while self._unanswered:
             self._send_quietly(self._unanswered.popleft(),
-                               encode_header(SHM_MAPPED, self.rank, Channel.LINK, 0))
+                               encode_header(Header(SHM_MAPPED, self.rank, Channel.LINK, 0)))
 
     def on_mapped(self, src: int, header: Header, payload) -> bool:
         mapped = self._mapped.get(src)

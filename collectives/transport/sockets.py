@@ -4,7 +4,7 @@ handler.
 
 Data always flows DEALER(src) -> ROUTER(dst). A DEALER's routing id is ``gossip:<rank>``, so
 the ROUTER knows which peer a message came from (the arrivals check that the header's ``src``
-agrees). Which thread may touch which socket is the I/O loop's business (loop.py, link.py);
+agrees). Which thread may touch which socket is the I/O loop's business (io_loop.py, link.py);
 this module makes, configures and closes them.
 """
 from __future__ import annotations

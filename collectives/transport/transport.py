@@ -3,13 +3,14 @@ every other peer, by mailbox ``(src, channel, seq)``, with deadlines and errors 
 peer, its address and the operation.
 
 ``Transport`` is a facade over the parts, each of which owns its state: the sockets
-(sockets.py), the I/O loop that owns them once running (loop.py), the validation and dispatch of
-what arrives (arrivals.py, drops.py), liveness (liveness.py), refused handshakes (refusals.py),
-the shared-memory protocol between peers on one host (shm.py), the inbox where operations wait
-(inbox.py) and the flow control of what it holds for operations not started (holds.py). It
+(sockets.py), the I/O loop that owns them once running (io_loop.py), the validation and
+dispatch of what arrives (dispatch.py; drops counted in throttled_log.py's DropLog), liveness
+(liveness.py), refused handshakes (refusals.py), the shared-memory protocol between peers on
+one host (shm.py), the inbox where operations wait (inbox.py) and the flow control of what it
+holds for operations not started and of what each link has in flight (flow_control.py). It
 wires them together here, once, and adds what a caller needs on top: sends that pick the path
 (inline, shared memory or zero-copy frame), receives that read the socket themselves when it is
-free, and errors worded with what the transport knows.
+free, errors worded with what the transport knows, and ``stats()``, what they all counted.
 """
 from __future__ import annotations
 
@@ -24,19 +25,18 @@ from collectives import defaults
 from collectives.config import TransportConfig
 from collectives.errors import PeerLost, ProtocolError, RendezvousError
 from collectives.transport.activity import Activity, Status
-from collectives.transport.arrivals import Arrivals, status_channel
-from collectives.transport.drops import DropLog
+from collectives.transport.dispatch import Arrivals, status_channel
+from collectives.transport.emulation import emulation_stats
+from collectives.transport.flow_control import Acks, Holds
 from collectives.transport.inbox import Inbox
+from collectives.transport.io_loop import IoLoop
 from collectives.transport.link import Link, SendTicket
-from collectives.transport.holds import Holds
-from collectives.transport.window import Acks
 from collectives.transport.liveness import Liveness
-from collectives.transport.loop import IoLoop
 from collectives.transport.shm import SharedMemory
 from collectives.transport.sockets import Sockets, host_id
-from collectives.transport.traffic_stats import traffic_stats
+from collectives.transport.throttled_log import DropLog
 from collectives.transport.wait_errors import wait_error
-from collectives.transport.wire import (ABORT, DATA, PLAN, PLAN_ANSWER, SHM, STATUS, Header,
+from collectives.transport.wire import (ABORT, PLAN, PLAN_ANSWER, SHM, STATUS, Header,
                                         encode_header)
 
 __all__ = ["Transport", "PeerCounters", "host_id"]
@@ -85,8 +85,9 @@ class Transport:
         self._liveness = Liveness(self.inbox, self.config.effective_heartbeat_timeout,
                                   self._sockets.refusals)
         self._loop = IoLoop(rank, world_size, self._sockets, self.inbox, self._liveness)
-        self._shm = SharedMemory(rank, self.config, self.inbox, self.counters, self._drops,
-                                 self._loop, self._links, self._addresses, self._send_quietly)
+        self._shm = SharedMemory(rank, self.config, inbox=self.inbox, counters=self.counters,
+                                 drops=self._drops, loop=self._loop, links=self._links,
+                                 addresses=self._addresses, send_quietly=self._send_quietly)
         # What this peer holds for operations not started is bounded in the inbox; holds asks
         # a source running ahead to wait, and obeys such requests from others; the send
         # window bounds in bytes what each link has in flight, paused or not.
@@ -96,13 +97,12 @@ class Transport:
         self.inbox.on_hold = self._holds.request
         # What this peer's operations are doing, for the peers that ask (activity.py).
         self.activity = Activity()
-        arrivals = Arrivals(rank, world_size, self.config.max_message_bytes, self.inbox,
-                            self.counters, self._drops,
-                            {**self._shm.handlers(), **self._holds.handlers()}, self.activity,
-                            self._send_quietly, self._acks, job_id=self.config.job_id,
-                            view=self.config.view)
+        arrivals = Arrivals(rank, world_size, self.config, inbox=self.inbox,
+                            counters=self.counters, drops=self._drops,
+                            handlers={**self._shm.handlers(), **self._holds.handlers()},
+                            activity=self.activity, answer=self._send_quietly, acks=self._acks)
         self._command = self._loop.command
-        self.pump = self._loop.pump   # (pump(key, deadline): loop.py's)
+        self.pump = self._loop.pump   # (pump(key, deadline): io_loop.py's)
         self._loop.start(arrivals.handle, self._shm)
 
     # ------------------------------------------------------------------ set-up
@@ -176,34 +176,33 @@ class Transport:
         except (PeerLost, ValueError) as exc:
             log.debug("rank %d: control message to rank %d not sent: %s", self.rank, dst, exc)
 
-    def post_chunk(self, dst: int, channel: int, seq: int, op: str, dtype: str,
-                   shape: tuple, nbytes: int, offset: int, payload: Any, *, deadline: float,
-                   track: bool = False, plan: int = 0) -> SendTicket | None:
-        """Send one chunk of an array (bytes ``[offset, offset + len(payload))``) to ``dst``.
+    def post_chunk(self, dst: int, header: Header, payload: Any, *, deadline: float,
+                   track: bool = False) -> SendTicket | None:
+        """Send one chunk of an array to ``dst``: ``header`` is its DATA header (from this
+        peer; ``offset`` and ``length`` the chunk's byte range in the array, ``length`` the
+        payload's own length; ``slot`` a neighbour exchange's PLAN bits or 0).
 
         To a peer on this host the chunk is copied into a shared-memory slot (or, if none is
         free, queued until one is; the ticket then says when the buffer was copied); otherwise
         it is sent zero-copy, and with ``track`` the ticket says when the buffer may change.
-        Never blocks: a full ring or socket queues, in order. ``plan``: a neighbour exchange's
-        PLAN bits, carried in the DATA header (a shared-memory chunk's header holds its slot
-        there, so a separate PLAN goes first)."""
+        Never blocks: a full ring or socket queues, in order. PLAN bits travel in the DATA
+        header; a shared-memory chunk's header holds its slot there, so a separate PLAN goes
+        first."""
         if self._closed:
             raise PeerLost(f"rank {self.rank}: send to rank {dst} after close()", rank=dst)
-        length = payload.nbytes if isinstance(payload, memoryview) else len(payload)
         link = self._links.get(dst) or self.connect(dst)
-        if length <= _INLINE_BYTES:
+        if header.length <= _INLINE_BYTES:
             # Small: ZeroMQ copies it anyway, so the buffer is free at once (no tracking).
             # Straight to the link: this is the path of every latency-bound operation.
-            if link.send((encode_header(DATA, self.rank, channel, seq, op, dtype, shape, nbytes,
-                                        offset, length, plan), bytes(payload)), None):
+            if link.send((encode_header(header), bytes(payload)), None):
                 self._command(("flush", link))
             return None
         if self._shm.has_ring(dst):
-            if plan:
-                self.post_plan(dst, channel, seq, op, dtype, shape, nbytes, plan)
+            if header.slot:
+                self.post_plan(dst, header._replace(kind=PLAN, offset=0, length=0))
             ticket = SendTicket() if track else None
-            fields = (SHM, self.rank, channel, seq, op, dtype, shape, nbytes, offset, length)
-            queued, wake = self._shm.post(link, fields, payload, ticket)
+            queued, wake = self._shm.post(link, header._replace(kind=SHM, slot=0), payload,
+                                          ticket)
             if link.closed:
                 raise PeerLost(f"rank {self.rank}: send to rank {dst} after close()", rank=dst)
             if not queued:
@@ -212,16 +211,14 @@ class Transport:
                 self._command(("flush", link))
             return ticket
         ticket = SendTicket() if track else None
-        self.send(dst, encode_header(DATA, self.rank, channel, seq, op, dtype, shape, nbytes,
-                                     offset, length, plan), payload, ticket=ticket)
+        self.send(dst, encode_header(header), payload, ticket=ticket)
         return ticket
 
-    def post_plan(self, dst: int, channel: int, seq: int, op: str, dtype: str, shape: tuple,
-                  nbytes: int, bits: int) -> None:
-        """Tell ``dst`` this peer's pattern towards it in neighbour exchange ``(channel, seq)``
-        (wire.PLAN_* bits), ahead of any data of the call (one pipe keeps the order)."""
-        self.send(dst, encode_header(PLAN, self.rank, channel, seq, op, dtype, shape, nbytes,
-                                     slot=bits))
+    def post_plan(self, dst: int, header: Header) -> None:
+        """Tell ``dst`` this peer's pattern towards it in a neighbour exchange: ``header`` is
+        the PLAN of that call (wire.PLAN_* bits in ``slot``), sent ahead of any data of the
+        call (one pipe keeps the order)."""
+        self.send(dst, encode_header(header))
 
     def answer_plan(self, src: int, channel: int, seq: int) -> None:
         """Answer the plan ``src`` sent for ``(channel, seq)``, which this peer's call there does
@@ -232,16 +229,16 @@ class Transport:
             header = item[0]
             if item[2] is not None:
                 item[2]()
-            self._send_quietly(src, encode_header(PLAN, self.rank, channel, seq, header.op,
-                                                  header.dtype, header.shape, header.nbytes,
-                                                  slot=PLAN_ANSWER))
+            self._send_quietly(src, encode_header(Header(
+                PLAN, self.rank, channel, seq, header.op, header.dtype, header.shape,
+                header.nbytes, slot=PLAN_ANSWER)))
 
     def ask_status(self, rank: int, channel: int, seq: int, deadline: float) -> Status | None:
         """What ``rank`` says it is doing about operation ``(channel, seq)`` (its I/O thread
         answers, even while its Python is busy or idle); None if no answer by ``deadline``."""
         key = (rank, status_channel(channel), seq)
         try:
-            self.send(rank, encode_header(STATUS, self.rank, channel, seq))
+            self.send(rank, encode_header(Header(STATUS, self.rank, channel, seq)))
         except PeerLost:
             return None
         try:
@@ -308,7 +305,7 @@ class Transport:
             self._loop.goodbye_cause = reason   # until an operation succeeds
         elif late_rank is not None:
             reason = f"late:{late_rank}|{reason}"
-        header = encode_header(ABORT, self.rank, channel, seq, reason[:250])
+        header = encode_header(Header(ABORT, self.rank, channel, seq, reason[:250]))
         for dst in dsts:
             if dst != self.rank and self.inbox.lost(dst) is None:
                 try:
@@ -356,14 +353,45 @@ class Transport:
         return self._drops.by_reason
 
     def stats(self) -> dict:
-        """A snapshot of this peer's traffic: endpoints, counters per peer and in total, drops, lost
-        ranks and refused CURVE clients (traffic_stats.py)."""
-        return traffic_stats(self)
+        """A snapshot of this peer's traffic: endpoints, counters per peer and in total, drops,
+        lost ranks, refused handshakes, flow control and link emulation, gathered from the
+        transport's parts (the one place that reads them all)."""
+        counters = self.counters
+        zap = self._sockets.zap
+        stats = {
+            "rank": self.rank,
+            "endpoints": dict(self.endpoints),
+            "peers": {r: vars(c).copy() for r, c in enumerate(counters)
+                      if c.messages_sent or c.messages_received},
+            "bytes_sent": sum(c.bytes_sent for c in counters),
+            "bytes_received": sum(c.bytes_received for c in counters),
+            "messages_sent": sum(c.messages_sent for c in counters),
+            "messages_received": sum(c.messages_received for c in counters),
+            "dropped": self._drops.count,
+            "dropped_by_reason": dict(self._drops.by_reason),
+            "lost": self.lost_ranks(),
+            "authentication_denied": zap.denied if zap else 0,
+            # Every refused handshake: ZAP's denials, those libzmq refuses before ZAP
+            # (no CURVE, another server key), and peers refusing this one ("outbound").
+            "handshakes_refused": dict(self._sockets.refusals.by_reason),
+            # Flow control of messages for operations not started (flow_control.Holds).
+            "holds_sent": dict(self._holds.sent),
+            "holds_received": dict(self._holds.received),
+            "held_peak": self.inbox.held_peak,
+            # The send window (flow_control.Acks): acknowledgements sent and received.
+            "acks_sent": self._acks.sent,
+            "acks_received": self._acks.received,
+        }
+        if self.config.link is not None:
+            # Link emulation (emulation.py): what its pacing held back, all links together.
+            stats["link_emulation"] = emulation_stats(
+                self.config.link, [link.emulated for link in list(self._links.values())])
+        return stats
 
     def interrupt(self) -> None:
         """End every wait at once (each raises PeerLost: this peer was closed), leaving the
         sockets up, so aborts still go out: the membership replaces this transport by the
-        next view's (collectives/membership), and a member waiting here must answer."""
+        next view's (collectives/group), and a member waiting here must answer."""
         self.interrupted = True   # what its aborts say from now on (see abort)
         self.inbox.close()
 

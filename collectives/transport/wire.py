@@ -18,12 +18,12 @@ Header (a msgpack array, in this order; arrays pack smaller and parse faster tha
   none; ``op`` that operation's signature), HOLD (flow control: the receiver holds too much
   for operations it has not started; ``op`` "pause" or "resume", ``seq`` a generation), ACK
   (the send window: the receiver read every message of this connection up to number ``seq``,
-  see window.py). Any other kind is malformed.
+  see flow_control.py). Any other kind is malformed.
 - ``channel``/``seq``: which operation the message belongs to; concurrent operations use
-  different (channel, seq) mailboxes and never mix (channel numbers: channels.py).
+  different (channel, seq) mailboxes and never mix (channel numbers: ``Channel`` below).
 - ``op``: the signature of the call that sent it ("allreduce(sum)"), to detect mismatched calls.
 - ``dtype``/``shape``/``nbytes``: the whole logical array the chunk belongs to. A compressed
-  payload names its codec here ("codec:int8", "codec:topk:0.01", codecs/registry.py): then
+  payload names its codec here ("codec:int8", "codec:topk:0.01", codecs/catalog.py): then
   ``shape`` is (parts..., count), each part the encoding of ``count`` elements, ``nbytes``
   must be parts x the codec's encoded size of ``count``, and offsets count bytes. An unknown
   codec, or a byte count its codec does not give, is malformed.
@@ -46,15 +46,18 @@ from __future__ import annotations
 
 import enum
 import math
+import threading
 from typing import NamedTuple
 
 import msgpack
 
-from collectives.codecs.registry import from_wire
+from collectives.codecs.catalog import from_wire
 
 __all__ = [
     "PROTOCOL_VERSION",
     "Kind",
+    "Channel",
+    "channel_pair",
     "DATA",
     "BYE",
     "ABORT",
@@ -100,12 +103,38 @@ class Kind(enum.IntEnum):
     # 10 and 11 are left unused (tests/test_hostile.py sends them as unknown kinds).
     PLAN = 12
     STATUS = 13
-    # Flow control of what a receiver holds for operations not started (holds.py): op is
+    # Flow control of what a receiver holds for operations not started (flow_control.py): op is
     # "pause" or "resume", seq a generation (the newest wins).
     HOLD = 14
-    # The send window (window.py): seq is the number of the last message read from the
+    # The send window (flow_control.py): seq is the number of the last message read from the
     # receiving peer's connection.
     ACK = 15
+
+
+class Channel(enum.IntEnum):
+    """The channel registry: which channel numbers mean what on the wire.
+
+    A message names its operation by ``(channel, seq)``; concurrent streams of operations use
+    different channels so their sequence numbers never meet in one mailbox. A communicator
+    takes a pair: an even channel for its collectives and the next odd one for its
+    point-to-point messages. The peer's own communicator has the first pair; independent ones
+    (a policy's background thread, numbered 1, 2, ... through ``peer.channel(number)``) take
+    the pair of their number (``channel_pair``)."""
+
+    # The peer's main communicator: its collectives...
+    COLLECTIVE = 0
+    # ...and its point-to-point send/recv.
+    P2P = 1
+    # Link-level control messages (SHM_OPEN, SHM_MAPPED, STARVED, CREDIT, BYE) concern a
+    # connection, not an operation: their kind says everything and they never reach a mailbox,
+    # so they carry the first channel (an alias of COLLECTIVE, seq 0).
+    LINK = 0
+
+
+def channel_pair(number: int) -> tuple[int, int]:
+    """The (collective, point-to-point) channels of communicator ``number`` (0: the peer's
+    own, COLLECTIVE and P2P)."""
+    return Channel.COLLECTIVE + 2 * number, Channel.P2P + 2 * number
 
 
 # Plain ints for the per-message comparisons and table lookups: against an int read from a
@@ -141,18 +170,20 @@ class WireError(ValueError):
 
 
 class Header(NamedTuple):
-    """A decoded, validated header (a named tuple: built for every message received, and a
-    tuple is made several times faster than a frozen dataclass)."""
+    """One message's header, the wire's one value for it: what encode_header packs and
+    decode_header returns, decoded and validated (a named tuple: built for every message, and
+    a tuple is made several times faster than a frozen dataclass). The defaults are those of
+    a control message, which names no array."""
 
     kind: int
     src: int
     channel: int
     seq: int
-    op: str
-    dtype: str
-    shape: tuple[int, ...]
-    nbytes: int
-    offset: int
+    op: str = ""
+    dtype: str = "uint8"
+    shape: tuple[int, ...] = (0,)
+    nbytes: int = 0
+    offset: int = 0
     length: int = 0
     slot: int = 0
     number: int = 0
@@ -188,16 +219,25 @@ def payload_layout(dtype: str, shape: tuple[int, ...]) -> tuple[int, int, str]:
 _UINT64 = b"\xcf"  # msgpack's fixed-width uint64 marker
 
 
-def encode_header(kind: int, src: int, channel: int, seq: int, op: str = "", dtype: str = "uint8",
-                  shape: tuple[int, ...] = (0,), nbytes: int = 0, offset: int = 0,
-                  length: int = 0, slot: int = 0, number: int = 0) -> bytes:
-    """Pack a header (fields in the order of the module docstring); the link stamps ``number`` in
-    place when the socket takes the message, so callers leave it 0."""
-    packed = msgpack.packb([PROTOCOL_VERSION, kind, src, channel, seq, op, dtype, list(shape),
-                            nbytes, offset, length, slot], use_bin_type=True)
-    # 12 fields pack as a fixarray (0x9c); make it 13 and append the number as a fixed-width
-    # uint64, so the link can stamp it in place when the socket takes the message.
-    return b"\x9d" + packed[1:] + _UINT64 + number.to_bytes(8, "big")
+# One msgpack Packer per thread, made on its first header: a Packer made per message (what
+# msgpack.packb does) was a third of the cost of packing a header. Per thread, since a Packer
+# keeps its buffer between calls (atomic under the GIL in msgpack's C extension, but not in
+# its pure-Python fallback).
+_packers = threading.local()
+
+
+def encode_header(header: Header) -> bytes:
+    """Pack ``header`` (fields in the order of the module docstring); the link stamps its
+    ``number`` in place when the socket takes the message, so senders leave it 0."""
+    try:
+        pack = _packers.pack
+    except AttributeError:
+        pack = _packers.pack = msgpack.Packer(use_bin_type=True).pack
+    # The 12 fields but the number (a tuple packs as an array, the shape too) pack as a
+    # fixarray (0x9c); make it 13 and append the number as a fixed-width uint64, so the link
+    # can stamp it in place when the socket takes the message.
+    packed = pack((PROTOCOL_VERSION,) + header[:11])
+    return b"\x9d" + packed[1:] + _UINT64 + header[11].to_bytes(8, "big")
 
 
 def stamp_number(header: bytes, number: int) -> bytes:

@@ -99,8 +99,8 @@ def _settle(handle: OurWork, future: Any) -> None:
     try:
         future.value()
     except BaseException as exc:
-        handle._finish(error=exc)
+        handle.finish(error=exc)
     else:
-        handle._finish()
+        handle.finish()
 
 

@@ -36,7 +36,7 @@ from typing import Any, Dict
 import torch
 import torch.distributed as dist
 
-from collectives.codecs.registry import parse as parse_codec
+from collectives.codecs import parse as parse_codec
 from gossip.policies.synchronous.outer_optimizer import SGD, resolve_outer_optimizer
 from gossip.torch_backend.c10d_work import GossipWork
 

@@ -168,9 +168,9 @@ class GossipProcessGroup(dist.ProcessGroup):
         try:
             self._comm.barrier()
         except BaseException as exc:
-            work._finish(error=exc)
+            work.finish(error=exc)
         else:
-            work._finish()
+            work.finish()
         return GossipWork([work], None)
 
     def send(self, tensors: list, dst: int, tag: int = 0) -> GossipWork:

@@ -118,7 +118,7 @@ def test_allocation_and_finiteness_match_the_array(kind, size):
 
 
 def test_an_adapter_missing_an_operation_fails_at_construction():
-    from collectives.arrays.base import ArrayAdapter
+    from collectives.arrays.interface import ArrayAdapter
     from collectives.arrays.numpy_arrays import NumpyAdapter
 
     namespace = {name: getattr(NumpyAdapter, name) for name in ArrayAdapter.__abstractmethods__

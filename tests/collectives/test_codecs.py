@@ -11,7 +11,7 @@ import pytest
 from collectives.codecs import (BLOCK, BFloat16, CodecError, Int8Block, TopK, as_float32,
                                 from_wire, parse, wire_dtype, write_back)
 from collectives.arrays import adapter_for
-from collectives.transport.wire import DATA, WireError, decode_header, encode_header
+from collectives.transport.wire import DATA, Header, WireError, decode_header, encode_header
 
 SPECS = ["fp16", "bf16", "int8", "topk:0.01", "topk:0.3", "topk:1.0"]
 SIZES = [0, 1, 7, BLOCK - 1, BLOCK, BLOCK + 1, 70_001]
@@ -123,8 +123,8 @@ def test_parse_names_and_refuses_unknown_specs():
 
 
 def header(dtype, shape, nbytes, length):
-    return encode_header(DATA, 1, 0, 5, "allreduce(sum,int8)", dtype, shape, nbytes, 0,
-                         length, number=1)
+    return encode_header(Header(DATA, 1, 0, 5, "allreduce(sum,int8)", dtype, shape, nbytes, 0,
+                                length, number=1))
 
 
 def test_wire_checks_a_codec_payload_against_its_header():

@@ -13,7 +13,7 @@ from collectives import COLLECTIVE_CHANNEL
 from collectives.algorithms.compressed import padded_count
 from collectives.communicator import DEFAULT_SMALL_BYTES
 from collectives.codecs import TopK, parse, wire_dtype
-from collectives.transport.wire import DATA, encode_header
+from collectives.transport.wire import DATA, Header, encode_header
 from gossip.testing import spawn
 
 SPECS = ["fp16", "bf16", "int8", "topk:0.1"]
@@ -167,8 +167,9 @@ def malformed_sender(peer):
                 (wire_dtype(codec), (n, count + 1), n * size),
                 ("codec:", (count,), size)]
         for dtype, shape, nbytes in lies:
-            t.send(0, encode_header(DATA, r, int(COLLECTIVE_CHANNEL), 10_000,
-                                    "allreduce(sum,topk:0.1)", dtype, shape, nbytes, 0, size),
+            t.send(0, encode_header(Header(DATA, r, int(COLLECTIVE_CHANNEL), 10_000,
+                                           "allreduce(sum,topk:0.1)", dtype, shape, nbytes, 0,
+                                           size)),
                    bytes(size))
     peer.allreduce(np.zeros(1), timeout=30)   # after it, rank 0 has read (and counted) them
     # A payload whose header is right but whose bytes are not: rank 1's top-k lies.

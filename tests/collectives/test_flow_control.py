@@ -51,7 +51,7 @@ def test_fast_sender_waits_instead_of_being_dropped():
 # ---------------------------------------------------------------- the send window
 # Whole messages: up to whole_message_bytes (4 MiB) an array travels as one frame, so libzmq's
 # queues (send_hwm + recv_hwm messages) alone would let 512 MiB of them be in flight past a
-# pause. The send window bounds that in bytes (collectives/transport/window.py).
+# pause. The send window bounds that in bytes (collectives/transport/flow_control.py).
 WHOLE = 4 << 20
 POSTED = 160  # 640 MiB posted at once, without waiting: more than twice HELD_PER_LINK
 BASE = (np.arange(WHOLE) % 251).astype(np.uint8)
@@ -66,7 +66,7 @@ def isend(peer, dst: int, x, seq: int):
     must make no peer.send of its own to ``dst`` (it would take the same sequence numbers)."""
     from collectives.algorithms.p2p import Call, post_range
     from collectives.communicator import P2P_CHANNEL
-    from collectives.send_recv import flat_of
+    from collectives.staging import flat_of
 
     adapter, flat, dtype = flat_of(x)
     call = Call(peer.transport, P2P_CHANNEL, seq, "send", dtype, tuple(x.shape),
@@ -213,8 +213,7 @@ def test_close_with_a_full_window_fails_the_queued_sends():
 def forged_acks(peer):
     """Rank 1 acknowledges what rank 0 never sent, and goes backwards: each is dropped as a
     strike, a sound one still applies, and after MAX_STRIKES rank 0 cuts rank 1."""
-    from collectives.transport.channels import Channel
-    from collectives.transport.wire import ACK, encode_header
+    from collectives.transport.wire import ACK, Channel, Header, encode_header
     t = peer.transport
     if peer.rank == 0:
         for i in range(3):
@@ -230,7 +229,7 @@ def forged_acks(peer):
         peer.recv(0)
     numbers = [1, 10**9, 0, 1] + [10**9] * (defaults.MAX_STRIKES - 2)
     for number in numbers:
-        t.send(0, encode_header(ACK, 1, Channel.LINK, number))
+        t.send(0, encode_header(Header(ACK, 1, Channel.LINK, number)))
     peer.recv(0)
     return None
 
@@ -243,7 +242,7 @@ def test_forged_acks_are_strikes_and_never_open_the_window():
 
 
 def test_window_accounts_by_message_number():
-    from collectives.transport.window import Acks, SendWindow, message_cost
+    from collectives.transport.flow_control import Acks, SendWindow, message_cost
     w = SendWindow(limit=100, every=25)
     assert w.room(1000)  # nothing unacknowledged: even a message larger than the window
     for cost in (40, 40, 10):

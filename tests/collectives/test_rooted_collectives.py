@@ -1,5 +1,5 @@
-"""reduce, gather, scatter and alltoall (collectives/rooted.py) between real peer processes:
-the results MPI and torch.distributed document, for every root, awkward sizes (fewer
+"""reduce, gather, scatter and alltoall (collectives/operations/rooted.py) between real peer
+processes: the results MPI and torch.distributed document, for every root, awkward sizes (fewer
 elements than peers, not a multiple of n), numpy and torch, the non-blocking twins, and a
 mismatched call raising instead of hanging."""
 from __future__ import annotations

@@ -14,7 +14,7 @@ import pytest
 import zmq
 
 import gossip
-from collectives.transport.wire import ALLOWED_DTYPES, DATA, encode_header
+from collectives.transport.wire import ALLOWED_DTYPES, DATA, Header, encode_header
 from gossip.testing import spawn, wait_until
 
 DTYPES = [d for d in ALLOWED_DTYPES if d != "bfloat16"]  # bfloat16 is torch's; see collectives
@@ -121,7 +121,8 @@ def fuzz_target(peer, endpoint_file, done_file, expected):
 
 def _hostile_messages(count: int, seed: int):
     rng = random.Random(seed)
-    good = encode_header(DATA, 1, 0, 3, "allreduce(sum,ring)", "float64", (50_000,), 400_000, 0)
+    good = encode_header(Header(DATA, 1, 0, 3, "allreduce(sum,ring)", "float64", (50_000,),
+                                400_000, 0))
     for i in range(count):
         kind = i % 6
         if kind == 0:    # random bytes in random frame counts
@@ -191,7 +192,8 @@ def malformed_from_a_member(peer):
     serving the next operation."""
     if peer.rank == 1:
         peer.transport.send(0, b"\x93not a header")
-        peer.transport.send(0, encode_header(DATA, 1, 0, 0, "x", "object", (1,), 8, 0), b"1" * 8)
+        peer.transport.send(0, encode_header(Header(DATA, 1, 0, 0, "x", "object", (1,), 8, 0)),
+                            b"1" * 8)
     x = np.ones(10)
     peer.allreduce(x)
     peer.barrier()

@@ -3,8 +3,8 @@ payload is touched."""
 import msgpack
 import pytest
 
-from collectives.transport.wire import (ABORT, BYE, DATA, PROTOCOL_VERSION, SHM, WireError,
-                                        decode_header, encode_header)
+from collectives.transport.wire import (ABORT, BYE, DATA, PROTOCOL_VERSION, SHM, Header,
+                                        WireError, decode_header, encode_header)
 
 GiB = 1 << 30
 
@@ -25,7 +25,8 @@ def valid(**changes):
 
 
 def test_round_trip():
-    h = decode(encode_header(DATA, 2, 3, 9, "broadcast(root=1)", "float64", (3, 2), 48, 16, 16),
+    h = decode(encode_header(Header(DATA, 2, 3, 9, "broadcast(root=1)", "float64", (3, 2), 48,
+                                    16, 16)),
                payload_len=16)
     assert (h.kind, h.src, h.channel, h.seq, h.op, h.dtype, h.shape, h.nbytes, h.offset) == \
         (DATA, 2, 3, 9, "broadcast(root=1)", "float64", (3, 2), 48, 16)
@@ -83,5 +84,5 @@ def test_huge_announcement_refused_without_allocation():
 
 
 def test_abort_carries_reason():
-    h = decode(encode_header(ABORT, 3, 0, 4, "lost:2|rank 2 died"))
+    h = decode(encode_header(Header(ABORT, 3, 0, 4, "lost:2|rank 2 died")))
     assert h.kind == ABORT and h.op == "lost:2|rank 2 died"

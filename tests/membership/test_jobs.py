@@ -15,7 +15,7 @@ import zmq
 
 import gossip
 from collectives.transport.sockets import identity_of, job_of_identity, rank_of_identity
-from collectives.transport.wire import DATA, encode_header
+from collectives.transport.wire import DATA, Header, encode_header
 from gossip.settings import resolve_job_id
 from gossip.testing import free_port, spawn, wait_until
 
@@ -139,8 +139,9 @@ def test_messages_of_another_jobs_peer_are_dropped_and_logged(tmp_path):
         s.connect(endpoint)
         try:
             for number in range(1, 6):   # well-formed: only the job tells them apart
-                s.send_multipart([encode_header(DATA, 1, 0, 10**6, "allreduce(sum)", "float64",
-                                                (1000,), 8000, 0, 8000, number=number),
+                s.send_multipart([encode_header(Header(DATA, 1, 0, 10**6, "allreduce(sum)",
+                                                       "float64", (1000,), 8000, 0, 8000,
+                                                       number=number)),
                                   np.ones(1000).tobytes()])
         finally:
             s.close(linger=2000)

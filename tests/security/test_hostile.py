@@ -26,7 +26,7 @@ import pytest
 import zmq
 
 from collectives.transport.wire import (ABORT, BYE, CREDIT, DATA, PROTOCOL_VERSION, SHM,
-                                        SHM_OPEN, encode_header)
+                                        SHM_OPEN, Header, encode_header)
 from gossip.testing import spawn, wait_until
 from helpers import publish as _publish, read as _read
 from wire_relay import Relay
@@ -251,8 +251,8 @@ def hostile_frames(count: int, seed: int, corpus: list[list[bytes]]):
 
     @maker
     def control_with_payload():
-        return [encode_header(rng.choice([CREDIT, BYE, ABORT, SHM_OPEN]), 2, 0, 1,
-                              number=rng.randint(1, 2**40)), b"payload"]
+        return [encode_header(Header(rng.choice([CREDIT, BYE, ABORT, SHM_OPEN]), 2, 0, 1,
+                                     number=rng.randint(1, 2**40))), b"payload"]
 
     @maker
     def forged_shm():
@@ -264,7 +264,8 @@ def hostile_frames(count: int, seed: int, corpus: list[list[bytes]]):
     def shm_open_elsewhere():
         text = rng.choice(["memfd:1:3:8:4096", f"memfd:{os.getpid()}:0:8:4096", "../../etc",
                            "memfd:99999999:99:512:1073741824", ""])
-        return [encode_header(SHM_OPEN, 2, 0, 0, text, number=rng.randint(1, 2**40))]
+        return [encode_header(Header(SHM_OPEN, 2, 0, 0, text,
+                                     number=rng.randint(1, 2**40)))]
 
     @maker
     def pickle():
@@ -332,8 +333,8 @@ def test_hundred_thousand_hostile_frames_during_allreduce(tmp_path):
 
 
 def test_fuzzer_is_deterministic_per_seed():
-    corpus = [[encode_header(DATA, 3, 0, 5, "allreduce(sum,ring)", "float64", (N,), 8 * N,
-                             8000, 800, number=9), bytes(800)]]
+    corpus = [[encode_header(Header(DATA, 3, 0, 5, "allreduce(sum,ring)", "float64", (N,),
+                                    8 * N, 8000, 800, number=9)), bytes(800)]]
     a = list(hostile_frames(500, 3, corpus))
     assert a == list(hostile_frames(500, 3, corpus))
     assert a != list(hostile_frames(500, 4, corpus))
@@ -391,7 +392,8 @@ def huge_frame_attacker(endpoint: str, relay: Relay) -> int:
     socks = _dealers(ctx, endpoint, [SQUAT])
     monitor = socks[0].get_monitor_socket(zmq.EVENT_DISCONNECTED)
     try:
-        socks[0].send_multipart([encode_header(DATA, 2, 0, 1, number=1), bytes(256 << 20)])
+        socks[0].send_multipart([encode_header(Header(DATA, 2, 0, 1, number=1)),
+                                 bytes(256 << 20)])
         relay.disconnected = monitor.poll(30_000) != 0
     finally:
         socks[0].disable_monitor()
@@ -440,8 +442,8 @@ def flood_attacker(endpoint: str, relay: Relay) -> int:
     sent = 0
     try:
         for i in range(FLOOD):
-            header = encode_header(DATA, 2, 0, 1_000_000 + i, "allreduce", "uint8",
-                                   (1 << 20,), 1 << 20, 0, 1 << 20, number=i + 1)
+            header = encode_header(Header(DATA, 2, 0, 1_000_000 + i, "allreduce", "uint8",
+                                          (1 << 20,), 1 << 20, 0, 1 << 20, number=i + 1))
             socks[0].send_multipart([header, chunk])
             sent += 1
     finally:
@@ -483,8 +485,9 @@ def malformed_attacker(endpoint: str, relay: Relay) -> int:
             if i < 10:
                 socks[0].send_multipart([b"\x93garbage", b"x"])
             else:
-                socks[0].send_multipart([encode_header(DATA, 2, 0, 2_000_000 + i, "allreduce",
-                                                       "uint8", (8,), 8, 0, 8, number=i + 1),
+                socks[0].send_multipart([encode_header(Header(
+                    DATA, 2, 0, 2_000_000 + i, "allreduce", "uint8", (8,), 8, 0, 8,
+                    number=i + 1)),
                                          bytes(8)])
             sent += 1
     finally:

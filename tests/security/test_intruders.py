@@ -12,7 +12,7 @@ import pytest
 import zmq
 
 from collectives.security import load_cluster_key, write_cluster_key
-from collectives.transport.wire import DATA, encode_header
+from collectives.transport.wire import DATA, Header, encode_header
 from gossip.testing import spawn, wait_until
 from helpers import publish as _publish, read as _read
 from wire_relay import Relay
@@ -115,8 +115,9 @@ def test_intruder_taking_a_rank_identity_first_gets_nothing_with_a_key(tmp_path,
                 s.linger = 0
                 s.routing_id = b"gossip:1"    # rank 1's identity, before rank 1 connects
                 s.connect(endpoint)
-                hostile = encode_header(DATA, 1, 0, 0, "allreduce(sum,recursive-doubling)",
-                                        "float64", (1000,), 8000, 0, 8000, number=1)
+                hostile = encode_header(Header(DATA, 1, 0, 0,
+                                               "allreduce(sum,recursive-doubling)", "float64",
+                                               (1000,), 8000, 0, 8000, number=1))
                 for _ in range(20):
                     s.send_multipart([hostile, np.full(1000, 1e9).tobytes()], zmq.NOBLOCK)
             events = {0: set(), 1: set()}

@@ -13,7 +13,7 @@ import zmq
 
 import gossip
 from collectives.security import load_cluster_key, write_cluster_key
-from collectives.transport.wire import DATA, encode_header
+from collectives.transport.wire import DATA, Header, encode_header
 from gossip.testing import free_port, spawn, wait_until
 
 
@@ -103,8 +103,9 @@ def test_intruder_without_key_is_rejected(tmp_path, key_path):
                 s.routing_id = identity
                 s.connect(endpoint)
                 socks.append(s)
-                hostile = encode_header(DATA, 1, 0, 5, "allreduce(sum,recursive-doubling)",
-                                        "float64", (1000,), 8000, 0)
+                hostile = encode_header(Header(DATA, 1, 0, 5,
+                                               "allreduce(sum,recursive-doubling)", "float64",
+                                               (1000,), 8000, 0))
                 for _ in range(50):
                     try:  # a refused connection leaves no pipe: a blocking send would hang
                         s.send_multipart([hostile, np.zeros(1000).tobytes()], zmq.NOBLOCK)

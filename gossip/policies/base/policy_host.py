@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
-    from collectives import Communicator, Transport
+    from collectives import Communicator, NeighborPlan, Transport
     from collectives.group import View
     from gossip.membership.contracts import MembershipParticipant
     from topologies import Topology
@@ -81,12 +81,11 @@ class PolicyHost(Protocol):
                   timeout: float | None = None) -> Any:
         """Overwrite ``x`` with ``root``'s, in place."""
 
-    def neighbor_allreduce(self, x: Any, self_weight: float, src_weights: dict[int, float],
-                           dst_ranks: Any, *, dst_weights: dict[int, float] | None = None,
-                           scratch: Any = None, out: Any = None, wait: bool = True,
-                           timeout: float | None = None, partial: bool = False,
-                           check_pattern: bool = True, compression: Any = None) -> Any:
-        """One neighbour exchange with explicit weights (a round plan's run())."""
+    def neighbor_exchange(self, x: Any, plan: NeighborPlan, *, scratch: Any = None,
+                          out: Any = None, wait: bool = True,
+                          timeout: float | None = None) -> Any:
+        """One neighbour exchange as one value (a round's ``plan()``): weights, destinations
+        and the exchange's options."""
 
     # -- membership ---------------------------------------------------------------------------
     def register_policy(self, policy: MembershipParticipant) -> None:

@@ -100,7 +100,7 @@ class Choco(Policy):
                 np.abs(w.sum(axis=0) - 1).max() > _STOCHASTIC_TOL:
             raise TopologyError(f"Choco needs a doubly stochastic mixing matrix; {topo!r}'s "
                                 "is not (use weights='metropolis')")
-        self._round = mixing_round(topo, self._peer.rank, 0)
+        self._plan = mixing_round(topo, self._peer.rank, 0).plan(compression=self.compression)
 
     def _restart_copies(self) -> None:
         """Public copies and their sums back to zero, as at attach: the same on every member
@@ -131,14 +131,13 @@ class Choco(Policy):
     def _after_step(self, step: int) -> None:
         buckets = self._buckets
         buckets.copy_in()
-        plan, gamma = self._round, self.consensus_step
+        plan, gamma = self._plan, self.consensus_step
         for b, public, mixed, diff, heard in zip(buckets, self._public, self._mixed,
                                                  self._diff, self._heard):
             x = self._work(b)
             np.subtract(x, public, out=diff)
             # diff becomes D(E(diff)), heard its W-weighted sum with the neighbours'.
-            plan.run(self._peer.neighbor_allreduce, diff, out=heard, timeout=self.timeout,
-                     compression=self.compression)
+            self._peer.neighbor_exchange(diff, plan, out=heard, timeout=self.timeout)
             public += diff
             mixed += heard
             np.subtract(mixed, public, out=heard)

@@ -82,14 +82,13 @@ class Gossip(Policy):
     def _after_step(self, step: int) -> None:
         buckets = self._buckets
         buckets.copy_in()
-        plan = self._neighborhood.round(step)
+        plan = self._neighborhood.round(step).plan(compression=self.compression)
         for b, scratch in zip(buckets, self._scratch):
             # Every bucket's exchange is called even after one failed, so this peer's
             # sequence numbers stay in step with its neighbours'.
             with self._tolerate(f"round {step}, bucket {b.index}"):
-                codec = {"compression": self.compression} if self.compression else \
-                    {"scratch": scratch}
-                plan.run(self._peer.neighbor_allreduce, b.flat, timeout=self.timeout, **codec)
+                self._peer.neighbor_exchange(b.flat, plan, timeout=self.timeout,
+                                             scratch=None if self.compression else scratch)
         buckets.copy_out()
 
     def view_changed(self) -> None:

@@ -7,7 +7,7 @@ transport for its lost peers once:
 
     neighborhood = Neighborhood(peer, topology, push=False, timeout=30.0)
     plan = neighborhood.round(step)      # lost peers read once, healing proposals exchanged
-    plan.run(peer.neighbor_allreduce, x, scratch=scratch)
+    peer.neighbor_exchange(x, plan.plan(), scratch=scratch)
 
 Folding: a lost peer's weight stays with this peer, so a mixing row (gossip) or a push column
 (push-sum) still sums to one. Gossip weights its sources (row i of W), push-sum its
@@ -29,10 +29,11 @@ ends must agree on who is lost (r_j is computed from this peer's view of j's nei
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Collection
+from typing import TYPE_CHECKING, Any, Collection
 
 import numpy as np
 
+from collectives import NeighborPlan
 from gossip.policies.neighborhood.healing import Healer
 
 if TYPE_CHECKING:
@@ -51,10 +52,13 @@ class Round:
     dst_ranks: list[int]
     dst_weights: dict[int, float] | None = None
 
-    def run(self, exchange: Callable[..., Any], x: Any, **kwargs: Any) -> Any:
-        """``exchange`` (peer.neighbor_allreduce or a communicator's) called with this plan."""
-        return exchange(x, self.self_weight, self.src_weights, self.dst_ranks,
-                        dst_weights=self.dst_weights, **kwargs)
+    def plan(self, *, partial: bool = False, check_pattern: bool = True,
+             compression: Any = None) -> NeighborPlan:
+        """This round with the exchange's options, as the one value the neighbour exchange
+        takes down the layers (``peer.neighbor_exchange(x, round.plan())``)."""
+        return NeighborPlan(self.self_weight, self.src_weights, self.dst_ranks,
+                            self.dst_weights, partial=partial, check_pattern=check_pattern,
+                            compression=compression)
 
 
 def _fold(own: float, weighted: dict[int, float], plain: Any, lost: Collection[int],

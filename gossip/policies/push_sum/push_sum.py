@@ -213,14 +213,15 @@ class PushSum(Policy):
             self._launch(self._neighborhood.round(step))
         else:
             self._local_update()
-            plan = self._neighborhood.round(step)
+            # partial: see "Lost peers" above.
+            plan = self._neighborhood.round(step).plan(partial=True)
             for k, (z, scratch) in enumerate(zip(self._z, self._scratch)):
                 # partial: a neighbour lost during the round is left out of it and the
                 # share meant for it stays here (see "Lost peers" above). Every bucket is
                 # still called, to keep sequence numbers in step.
                 with self._tolerate(f"round {step}, bucket {k}"):
-                    plan.run(self._peer.neighbor_allreduce, z, scratch=scratch,
-                             timeout=self.timeout, partial=True)
+                    self._peer.neighbor_exchange(z, plan, scratch=scratch,
+                                                 timeout=self.timeout)
             self._debias()
         self._buckets.copy_out()
 

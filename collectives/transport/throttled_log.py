@@ -1,7 +1,12 @@
 """A log that a flood cannot turn into one line per event: events of one kind are logged one by
 one up to MAX_LOGGED_DROPS, then as one summary line per DROP_SUMMARY_INTERVAL at most, with
-the count by reason so far and the latest event. Dropped messages (drops.py) and refused
-handshakes (refusals.py) both log through it.
+the count by reason so far and the latest event. Dropped messages (DropLog, below) and
+refused handshakes (refusals.py) both log through it.
+
+Dropped messages: a receiver never raises on a bad message (a malformed frame, a foreign
+sender, a replay, a message for a finished operation): it drops it, counts it in its DropLog,
+and keeps serving. Every message that arrives is either dropped (counted there) or received
+(counted per peer), never both, so the two add up to what arrived.
 """
 from __future__ import annotations
 
@@ -9,8 +14,9 @@ import logging
 import time
 
 from collectives import defaults
+from collectives.transport.wire import Header
 
-__all__ = ["ThrottledLog"]
+__all__ = ["ThrottledLog", "DropLog"]
 
 log = logging.getLogger("collectives")
 
@@ -47,3 +53,19 @@ class ThrottledLog:
                         self._who, self._many, self.count - count, now - when, self.by_reason,
                         reason, detail)
             self._logged_at = (now, self.count)
+
+
+class DropLog(ThrottledLog):
+    """The drop counters of one peer (written by whichever thread reads the ROUTER)."""
+
+    def __init__(self, rank: int) -> None:
+        super().__init__(rank, "dropped a message", "dropped messages:")
+
+    def drop(self, reason: str, detail: str) -> None:
+        """Count one dropped message under ``reason`` and log it (throttled)."""
+        self.note(reason, detail)
+
+    def stale(self, src: int, header: Header) -> None:
+        """A message for an operation whose mailbox was retired (a late or replayed one)."""
+        self.drop("stale", f"rank {src} sent to finished operation "
+                           f"(channel {header.channel}, seq {header.seq})")

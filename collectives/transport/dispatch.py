@@ -5,14 +5,15 @@ the group (not this peer's own), the frames are a header and at most one payload
 decodes and passes wire.decode_header's checks against the payload, agrees with the identity,
 and carries a message number above the last one heard from that source (replays and duplicates
 are refused before anything reaches the inbox, so a chunk is never reduced twice). A message
-that fails is dropped and counted (drops.py); one that passes goes to the handler of its kind,
-from a table. The shared-memory kinds are handled by shm.SharedMemory; the operation kinds
-(DATA, ABORT) and BYE here, and the two questions this peer's I/O thread answers itself from
-its activity record (activity.py), so a peer busy in Python or idle between calls still
-answers: PLAN (a neighbour exchange names this peer; if this peer's call does not name the
-sender, the answer says so at once) and STATUS (which operation this peer is inside). Every
-message that passes is counted for the send window's acknowledgements, and an ACK that does not
-fit what this peer sent is a strike (window.py).
+that fails is dropped and counted (throttled_log.DropLog); one that passes goes to the handler
+of its kind, from a table. The shared-memory kinds are handled by shm.SharedMemory, HOLD by
+flow_control.Holds; the operation kinds (DATA, ABORT) and BYE here, and the two questions this
+peer's I/O thread answers itself from its activity record (activity.py), so a peer busy in
+Python or idle between calls still answers: PLAN (a neighbour exchange names this peer; if
+this peer's call does not name the sender, the answer says so at once) and STATUS (which
+operation this peer is inside). Every message that passes is counted for the send window's
+acknowledgements, and an ACK that does not fit what this peer sent is a strike
+(flow_control.py).
 """
 from __future__ import annotations
 
@@ -20,10 +21,11 @@ import logging
 from typing import Callable
 
 from collectives import defaults
+from collectives.config import TransportConfig
 from collectives.transport.activity import Activity
-from collectives.transport.drops import DropLog
 from collectives.transport.inbox import Inbox, Lost, MailboxError
 from collectives.transport.sockets import identity_of, job_of_identity, rank_of_identity
+from collectives.transport.throttled_log import DropLog
 from collectives.transport.wire import (ABORT, ACK, BYE, DATA, PLAN, PLAN_ANSWER, SHM, STATUS,
                                         Header, WireError, decode_header, encode_header)
 
@@ -44,17 +46,21 @@ def status_channel(channel: int) -> int:
 
 class Arrivals:
     """The validation and the dispatch table of one peer (run by whichever thread reads the
-    ROUTER). ``handlers`` adds kinds handled elsewhere (shm.SharedMemory.handlers())."""
+    ROUTER), of the group ``config`` names (its job, view and message bound).
 
-    def __init__(self, rank: int, world_size: int, max_message_bytes: int, inbox: Inbox,
+    Wiring: ``inbox`` takes what passes; ``counters`` count it per peer and ``drops`` what
+    does not; ``handlers`` adds kinds handled elsewhere (shm.SharedMemory.handlers(),
+    flow control's); ``activity`` answers PLAN and STATUS; ``answer(rank, header)`` sends a
+    header-only message quietly; ``acks`` (flow_control.Acks) acknowledges what is read."""
+
+    def __init__(self, rank: int, world_size: int, config: TransportConfig, *, inbox: Inbox,
                  counters: list, drops: DropLog, handlers: dict[int, Handler],
-                 activity: Activity, answer: Callable[[int, bytes], None], acks,
-                 job_id: str = "", view: int = 0) -> None:
+                 activity: Activity, answer: Callable[[int, bytes], None], acks) -> None:
         self.rank = rank
         self._world_size = world_size
-        self._job_id = job_id
-        self._view = view
-        self._max_bytes = max_message_bytes
+        self._job_id = job_id = config.job_id
+        self._view = view = config.view
+        self._max_bytes = config.max_message_bytes
         self._inbox = inbox
         self._counters = counters
         self._drops = drops
@@ -68,7 +74,7 @@ class Arrivals:
         self.cut_dropped = [0] * world_size  # messages dropped unread after the cut
         self._activity = activity
         self._answer = answer  # send one header-only message to a rank, quietly
-        self._acks = acks  # window.Acks: what is read is acknowledged, ACKs are judged
+        self._acks = acks  # flow_control.Acks: what is read is acknowledged, ACKs are judged
         self._handlers: dict[int, Handler] = {DATA: self._data, ABORT: self._abort,
                                               BYE: self._bye, PLAN: self._plan,
                                               STATUS: self._status, ACK: self._ack, **handlers}
@@ -237,8 +243,9 @@ class Arrivals:
         # This peer's call at that sequence does not involve src: say so now (src waits for
         # it), and refuse what src sends there after the plan.
         self._inbox.retire((src, channel, seq))
-        self._answer(src, encode_header(PLAN, self.rank, channel, seq, header.op, header.dtype,
-                                        header.shape, header.nbytes, slot=PLAN_ANSWER))
+        self._answer(src, encode_header(Header(PLAN, self.rank, channel, seq, header.op,
+                                               header.dtype, header.shape, header.nbytes,
+                                               slot=PLAN_ANSWER)))
         if header.kind == DATA:
             self._drops.stale(src, header)  # counted: a data chunk this call does not take
             return False
@@ -251,6 +258,7 @@ class Arrivals:
                             defaults.HELD_OVERHEAD)
             return True
         state, current, signature, waiting_on = self._activity.status(channel, seq)
-        self._answer(src, encode_header(STATUS, self.rank, channel, seq, signature[:200],
-                                        slot=state, offset=current + 1, length=waiting_on + 1))
+        self._answer(src, encode_header(Header(STATUS, self.rank, channel, seq, signature[:200],
+                                               offset=current + 1, length=waiting_on + 1,
+                                               slot=state)))
         return True

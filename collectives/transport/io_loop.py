@@ -30,11 +30,10 @@ import zmq
 
 from collectives import defaults
 from collectives.errors import PeerLost
-from collectives.transport.channels import Channel
 from collectives.transport.inbox import Inbox, Lost
 from collectives.transport.liveness import Liveness
 from collectives.transport.sockets import Sockets
-from collectives.transport.wire import BYE, encode_header
+from collectives.transport.wire import BYE, Channel, Header, encode_header
 
 __all__ = ["IoLoop"]
 
@@ -360,10 +359,11 @@ class IoLoop:
             self._poller.unregister(link.sock)
 
     def _say_goodbye(self) -> None:
-        bye = (encode_header(BYE, self.rank, Channel.LINK, 0, self.goodbye_cause[:250]),)
+        bye = (encode_header(Header(BYE, self.rank, Channel.LINK, 0,
+                                    self.goodbye_cause[:250])),)
         for link in list(self._sockets.links.values()):
-            # A link with messages still queued (its receiver paused it, holds.py, or its send
-            # window is full, window.py) would keep the goodbye behind them, and they are
+            # A link with messages still queued (its receiver paused it, or its send window is
+            # full: flow_control.py) would keep the goodbye behind them, and they are
             # failed just below: it goes ahead instead.
             if not link.send_urgent(bye):
                 link.send(bye, None)

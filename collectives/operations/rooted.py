@@ -1,5 +1,6 @@
-"""Rooted and personalised collectives of a Communicator: reduce to a root, gather to a root,
-scatter from a root, all-to-all (MPI's and torch.distributed's semantics, equal sizes).
+"""Rooted and personalised collectives of a Communicator, run through its Engine: reduce to a
+root, gather to a root, scatter from a root, all-to-all (MPI's and torch.distributed's
+semantics, equal sizes).
 
 - ``reduce``: Rabenseifner's scheme, a ring reduce-scatter then each peer's reduced segment
   sent to the root: every peer sends about 2 (n-1)/n of the array, as an allreduce's first
@@ -25,23 +26,24 @@ from collectives.algorithms.allgather import direct_allgather
 from collectives.algorithms.p2p import Call, post_range, recv_range, wait_sent
 from collectives.algorithms.ring import ring_reduce_scatter, segments, segments_of_counts
 from collectives.arrays.adapter import adapter_for, check_reduce_op
+from collectives.engine import Engine
 from collectives.errors import ProtocolError
 from collectives.staging import Staging
 
 __all__ = ["reduce", "gather", "scatter", "alltoall"]
 
 
-def reduce(comm: Any, x: Any, root: int, op: str, wait: bool, timeout: float | None) -> Any:
+def reduce(engine: Engine, x: Any, root: int, op: str, wait: bool, timeout: float | None) -> Any:
     """Reduce every peer's ``x`` into the root's ``x`` (in place); returns ``x``."""
-    _check_root(comm, root)
+    _check_root(engine, root)
     stage = Staging()
-    adapter, flat, dtype = stage.flat(x, written=comm.rank == root)
+    adapter, flat, dtype = stage.flat(x, written=engine.rank == root)
     check_reduce_op(op, dtype)
-    n, r = comm.world_size, comm.rank
+    n, r = engine.world_size, engine.rank
     count = adapter.size(flat)
     segs = segments(count, n)
     shifted = segs[-1:] + segs[:-1]   # the ring leaves peer r with segment r + 1: rotated
-    seq = comm._next_seq()
+    seq = engine.next_seq()
     signature = f"reduce({op},root={root})"
 
     def run(call: Call) -> None:
@@ -60,25 +62,25 @@ def reduce(comm: Any, x: Any, root: int, op: str, wait: bool, timeout: float | N
                 for a, b, chunk in recv_range(call, src, adapter, *segs[src]):
                     adapter.copy(adapter.slice(flat, a, b), chunk)
 
-    return _start(comm, seq, signature, dtype, (count,), timeout, run, x, adapter, wait,
-                  stage)
+    return _start(engine, seq, signature, dtype, (count,), timeout, run, result=x,
+                  adapter=adapter, wait=wait, stage=stage)
 
 
-def gather(comm: Any, x: Any, root: int, out: Any, wait: bool,
+def gather(engine: Engine, x: Any, root: int, out: Any, wait: bool,
            timeout: float | None) -> Any:
     """Every peer's ``x`` at the root, in rank order: an array of shape (n, *x.shape) (into
     ``out`` if given); None on the other peers."""
-    _check_root(comm, root)
+    _check_root(engine, root)
     stage = Staging()
     adapter, flat, dtype = stage.flat(x, written=False)
-    n, r = comm.world_size, comm.rank
+    n, r = engine.world_size, engine.rank
     count = adapter.size(flat)
     if r == root:
         if out is None:
             out = adapter.empty(n * count, dtype, flat).reshape((n,) + tuple(x.shape))
-        out_flat = comm._out_like(adapter, dtype, n * count, out, "gather",
-                                  f"{count} elements from {n} peers", stage)
-    seq = comm._next_seq()
+        out_flat = engine.out_like(adapter, dtype, n * count, out, "gather",
+                                   f"{count} elements from {n} peers", stage)
+    seq = engine.next_seq()
 
     def run(call: Call) -> None:
         if r != root:
@@ -91,28 +93,28 @@ def gather(comm: Any, x: Any, root: int, out: Any, wait: bool,
                     adapter.copy(adapter.slice(out_flat, src * count + a, src * count + b),
                                  chunk)
 
-    return _start(comm, seq, f"gather(root={root})", dtype, (count,), timeout, run,
-                  out if r == root else None, adapter, wait, stage)
+    return _start(engine, seq, f"gather(root={root})", dtype, (count,), timeout, run,
+                  result=out if r == root else None, adapter=adapter, wait=wait, stage=stage)
 
 
-def scatter(comm: Any, x: Any, root: int, out: Any, wait: bool,
+def scatter(engine: Engine, x: Any, root: int, out: Any, wait: bool,
             timeout: float | None) -> Any:
     """Part r of the root's ``x`` (its first axis cut in n equal parts, or the flat array
     in n equal runs) into peer r's ``out``, returned; the others' ``x`` is not read (None
     will do)."""
-    _check_root(comm, root)
+    _check_root(engine, root)
     if out is None:
-        raise ValueError(f"rank {comm.rank}: scatter needs out= (this peer's part)")
+        raise ValueError(f"rank {engine.rank}: scatter needs out= (this peer's part)")
     stage = Staging()
     adapter, out_flat, dtype = stage.flat(out)
-    n, r = comm.world_size, comm.rank
+    n, r = engine.world_size, engine.rank
     count = adapter.size(out_flat)
     if r == root:
         _, flat, x_dtype = stage.flat(x, written=False)
         if x_dtype != dtype or adapter.size(flat) != n * count:
             raise ValueError(f"rank {r}: scatter from {x_dtype} of {adapter.size(flat)} "
                              f"elements into {n} parts of {count} {dtype} (out)")
-    seq = comm._next_seq()
+    seq = engine.next_seq()
 
     def run(call: Call) -> None:
         if r != root:
@@ -126,11 +128,11 @@ def scatter(comm: Any, x: Any, root: int, out: Any, wait: bool,
         for ticket in tickets:
             wait_sent(call, ticket)
 
-    return _start(comm, seq, f"scatter(root={root})", dtype, (count,), timeout, run, out,
-                  adapter, wait, stage)
+    return _start(engine, seq, f"scatter(root={root})", dtype, (count,), timeout, run,
+                  result=out, adapter=adapter, wait=wait, stage=stage)
 
 
-def alltoall(comm: Any, x: Any, out: Any, wait: bool, timeout: float | None,
+def alltoall(engine: Engine, x: Any, out: Any, wait: bool, timeout: float | None,
              send_counts: Any = None, recv_counts: Any = None) -> Any:
     """Block j of ``x`` (its flat elements cut in n equal blocks) to peer j; ``out`` (like
     x, allocated if None) gets block r of every peer's x, in rank order; returns it.
@@ -142,10 +144,10 @@ def alltoall(comm: Any, x: Any, out: Any, wait: bool, timeout: float | None,
     once) and check them all, so a pair that does not match is a ProtocolError on every
     peer, naming the pair, before any data moves."""
     if send_counts is None and recv_counts is None:
-        return _alltoall_equal(comm, x, out, wait, timeout)
+        return _alltoall_equal(engine, x, out, wait, timeout)
     stage = Staging()
     adapter, flat, dtype = stage.flat(x, written=False)
-    n, r = comm.world_size, comm.rank
+    n, r = engine.world_size, engine.rank
     sends = _sizes(segments_of_counts(send_counts, adapter.size(flat), n, r, "alltoall send"))
     recvs = None if recv_counts is None else \
         _sizes(segments_of_counts(recv_counts, None, n, r, "alltoall recv"))
@@ -157,9 +159,9 @@ def alltoall(comm: Any, x: Any, out: Any, wait: bool, timeout: float | None,
     if recvs is not None:
         if out is None:
             out = adapter.empty(sum(recvs), dtype, flat)
-        out_flat = comm._out_like(adapter, dtype, sum(recvs), out, "alltoall",
-                                  f"the sum of recv_counts {recvs}", stage)
-    seq = comm._next_seq()
+        out_flat = engine.out_like(adapter, dtype, sum(recvs), out, "alltoall",
+                                   f"the sum of recv_counts {recvs}", stage)
+    seq = engine.next_seq()
     signature = "alltoallv"
     result = [out]
     send_at = _offsets(sends)
@@ -190,28 +192,28 @@ def alltoall(comm: Any, x: Any, out: Any, wait: bool, timeout: float | None,
 
     def body() -> Any:
         if n > 1:
-            comm._execute(seq, signature, dtype, (n,), timeout, comm._all_peers(), run)
+            engine.execute(seq, signature, dtype, (n,), timeout, engine.peers, run)
         else:
-            run(Call(comm.transport, comm.channel, seq, signature, dtype, (n,), 0.0))
+            run(engine.call(seq, signature, dtype, (n,)))
         adapter.synchronize()
         return result[0]
-    return comm._launch(f"{signature} seq {seq}", body, wait, stage)
+    return engine.launch(f"{signature} seq {seq}", body, wait, stage)
 
 
-def _alltoall_equal(comm: Any, x: Any, out: Any, wait: bool, timeout: float | None) -> Any:
+def _alltoall_equal(engine: Engine, x: Any, out: Any, wait: bool, timeout: float | None) -> Any:
     stage = Staging()
     adapter, flat, dtype = stage.flat(x, written=False)
-    n, r = comm.world_size, comm.rank
+    n, r = engine.world_size, engine.rank
     total = adapter.size(flat)
     if total % n:
         raise ValueError(f"rank {r}: alltoall of {total} elements: not a multiple of the "
                          f"{n} peers (pass send_counts for unequal blocks)")
     if out is None:
         out = adapter.empty(total, dtype, flat).reshape(tuple(x.shape))
-    out_flat = comm._out_like(adapter, dtype, total, out, "alltoall", f"{total} elements",
-                              stage)
+    out_flat = engine.out_like(adapter, dtype, total, out, "alltoall", f"{total} elements",
+                               stage)
     count = total // n
-    seq = comm._next_seq()
+    seq = engine.next_seq()
 
     def block(a: Any, j: int) -> Any:
         return adapter.slice(a, j * count, (j + 1) * count)
@@ -227,8 +229,8 @@ def _alltoall_equal(comm: Any, x: Any, out: Any, wait: bool, timeout: float | No
         for ticket in tickets:
             wait_sent(call, ticket)
 
-    return _start(comm, seq, "alltoall", dtype, (count,), timeout, run, out, adapter, wait,
-                  stage)
+    return _start(engine, seq, "alltoall", dtype, (count,), timeout, run, result=out,
+                  adapter=adapter, wait=wait, stage=stage)
 
 
 def _sizes(segs: list[tuple[int, int]]) -> list[int]:
@@ -264,20 +266,22 @@ def _agree_counts(call: Call, sends: list[int], recvs: list[int] | None) -> list
     return [int(table[j, 0, r]) for j in range(n)]
 
 
-def _start(comm: Any, seq: int, signature: str, dtype: str, shape: tuple,
-           timeout: float | None, run: Any, result: Any, adapter: Any, wait: bool,
+def _start(engine: Engine, seq: int, signature: str, dtype: str, shape: tuple,
+           timeout: float | None, run: Any, *, result: Any, adapter: Any, wait: bool,
            stage: Staging) -> Any:
+    """Run ``run`` as operation ``seq`` (alone when there is no other peer) and return
+    ``result``, now or as a Work."""
     def body() -> Any:
-        if comm.world_size > 1:
-            comm._execute(seq, signature, dtype, shape, timeout, comm._all_peers(), run)
+        if engine.world_size > 1:
+            engine.execute(seq, signature, dtype, shape, timeout, engine.peers, run)
         else:
-            run(Call(comm.transport, comm.channel, seq, signature, dtype, shape, 0.0))
+            run(engine.call(seq, signature, dtype, shape))
         adapter.synchronize()
         return result
-    return comm._launch(f"{signature} seq {seq}", body, wait, stage)
+    return engine.launch(f"{signature} seq {seq}", body, wait, stage)
 
 
-def _check_root(comm: Any, root: int) -> None:
-    if not 0 <= root < comm.world_size:
-        raise ValueError(f"rank {comm.rank}: root {root} is outside world size "
-                         f"{comm.world_size}")
+def _check_root(engine: Engine, root: int) -> None:
+    if not 0 <= root < engine.world_size:
+        raise ValueError(f"rank {engine.rank}: root {root} is outside world size "
+                         f"{engine.world_size}")

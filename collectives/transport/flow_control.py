@@ -1,30 +1,51 @@
-"""The send window: how many bytes a sender may have on their way to one peer, counted in bytes,
-not messages, and the acknowledgements (ACK) that free them.
+"""Flow control between a sender and one receiver, both ends of it: the pause a receiver asks
+for when it holds too much for operations it has not started (HOLD, ``Holds``), and the send
+window that bounds in bytes what each link has in flight (ACK: ``SendWindow`` is one link's
+account, ``Acks`` one peer's side of the protocol).
 
-libzmq bounds a pipe in messages (send_hwm + recv_hwm), and the kernel adds its buffers, so
-what a sender has in flight once its receiver asks it to pause (holds.py) depends on message
-sizes: 128 whole 4 MiB messages are 512 MiB, past what the receiver may hold from one source
-(HELD_PER_LINK), and an honest sender would be cut as a hostile one. So every link counts what
-it sent (payload bytes plus HELD_OVERHEAD per message, the units the receiver's held bound
-counts in) and keeps its later messages in its own queue (link.py) while that, less what the
-receiver acknowledged, would pass SEND_WINDOW; the receiver's ROUTER reader counts what it read
-from each source and acknowledges every ACK_EVERY bytes. A message may always go while less
-than ACK_EVERY is unacknowledged: the receiver owes no ACK then, and a message larger than the
-window still travels.
+Pause and resume. One ROUTER reads every link, so a receiver cannot stop reading just one
+sender and let libzmq's high-water mark push back on it. It asks instead: once what it holds
+for unstarted operations from one source passes HELD_PAUSE, it sends that source HOLD
+(pause); once that falls below HELD_RESUME (an operation started and claimed its messages, or
+retired them) it sends HOLD (resume). A paused sender keeps its messages to this peer in its
+link's queue (link.py), so its sends wait, as for a full shared-memory ring
+(STARVED/CREDIT). What was in flight when it paused (its libzmq queue, the kernel's) still
+lands: at most one send window, within the hard bound HELD_PER_LINK that the inbox enforces;
+a sender that ignores the pause meets that bound and is cut (dispatch.py).
+
+An operation under way that waits on a paused source resumes it (its own messages may be
+queued behind the held ones, on another channel); the hard bound still applies then.
+
+HOLD travels ahead of queued data and of a full send window (Link.send_control). Pause and
+resume are decided under the inbox lock but sent after it, possibly from two threads: each
+carries a generation in ``seq``, and the sender keeps only the newest.
+
+The send window: how many bytes a sender may have on their way to one peer, counted in bytes,
+not messages, and the acknowledgements (ACK) that free them. libzmq bounds a pipe in messages
+(send_hwm + recv_hwm), and the kernel adds its buffers, so what a sender has in flight once
+its receiver asks it to pause depends on message sizes: 128 whole 4 MiB messages are 512 MiB,
+past what the receiver may hold from one source (HELD_PER_LINK), and an honest sender would
+be cut as a hostile one. So every link counts what it sent (payload bytes plus HELD_OVERHEAD
+per message, the units the receiver's held bound counts in) and keeps its later messages in
+its own queue (link.py) while that, less what the receiver acknowledged, would pass
+SEND_WINDOW; the receiver's ROUTER reader counts what it read from each source and
+acknowledges every ACK_EVERY bytes. A message may always go while less than ACK_EVERY is
+unacknowledged: the receiver owes no ACK then, and a message larger than the window still
+travels.
 
 An ACK names the *message number* of the last message read from that source (wire.py: numbers
 are stamped by the link as its socket takes them, 1, 2, 3, ...), not a byte count: the sender
 maps numbers to its own running total, so a message lost with a dropped connection is
 forgiven by the next one read, and nothing needs resetting per connection. The sender checks
 an ACK before it trusts it: one naming a message not sent yet, or one going backwards, is
-dropped and counted as a strike (arrivals.py); one from a peer this peer has no link to opens
+dropped and counted as a strike (dispatch.py); one from a peer this peer has no link to opens
 nothing and is ignored (as HOLD is).
 
-While a receiver has a source paused (holds.py) it sends it no ACK, so once it pauses, what can
-still land is at most one window: the bound of defaults.py's table (HELD_PAUSE + one message +
-SEND_WINDOW under HELD_PER_LINK). The resume carries an ACK. ACKs travel ahead of queued data
-and of a pause (Link.send_control), so two peers both sending heavily never wait on each other's
-data for the acknowledgement that would unblock it.
+While a receiver has a source paused it sends it no ACK, so once it pauses, what can still
+land is at most one window: the bound of defaults.py's table (HELD_PAUSE + one message +
+SEND_WINDOW under HELD_PER_LINK). The resume first acknowledges what was read meanwhile. ACKs
+travel ahead of queued data and of a pause (Link.send_control), so two peers both sending
+heavily never wait on each other's data for the acknowledgement that would unblock it.
 
 Shared-memory chunks count only their header-only SHM message (HELD_OVERHEAD): their payload is
 bounded by the ring's slots, not by this window.
@@ -37,10 +58,9 @@ from collections import deque
 
 from collectives import defaults
 from collectives.errors import PeerLost
-from collectives.transport.channels import Channel
-from collectives.transport.wire import ACK, encode_header
+from collectives.transport.wire import ACK, HOLD, Channel, Header, encode_header
 
-__all__ = ["SendWindow", "Acks", "message_cost"]
+__all__ = ["Holds", "SendWindow", "Acks", "message_cost"]
 
 log = logging.getLogger("collectives")
 
@@ -133,7 +153,7 @@ class Acks:
         self._unacked[src] = unacked
 
     def resume(self, src: int) -> None:
-        """``src`` may go on (holds.py): acknowledge what was read while it was paused."""
+        """``src`` may go on (Holds): acknowledge what was read while it was paused."""
         self._send(src)
 
     def _send(self, src: int) -> None:
@@ -147,7 +167,8 @@ class Acks:
                 log.debug("rank %d: ACK to rank %d not sent: %s", self.rank, src, exc)
                 return
             self._sent[src] = number
-            if link.send_control("ack", (encode_header(ACK, self.rank, Channel.LINK, number),)):
+            ack = encode_header(Header(ACK, self.rank, Channel.LINK, number))
+            if link.send_control("ack", (ack,)):
                 self._command(("flush", link))
             self.sent += 1
 
@@ -168,3 +189,47 @@ class Acks:
         if verdict:
             self._command(("flush", link))  # room again for what waits in its queue
         return None
+
+
+class Holds:
+    """Both ends of the flow control of one peer: ``request(src, pause, generation)`` is the
+    inbox's callback (receiver side), ``on_hold`` the HOLD handler (sender side)."""
+
+    def __init__(self, rank: int, links: dict, connect, command, acks) -> None:
+        self.rank = rank
+        self._links = links        # rank -> Link, the transport's table
+        self._connect = connect    # rank -> Link, opening it if needed
+        self._command = command    # the I/O loop's command queue (to flush a resumed link)
+        self._acks = acks          # Acks: a resume acknowledges what was read
+        self.sent = {"pause": 0, "resume": 0}
+        self.received = {"pause": 0, "resume": 0}
+
+    def request(self, src: int, pause: bool, generation: int) -> None:
+        """Ask ``src`` to pause or resume its sends to this peer (any thread, no lock held)."""
+        header = encode_header(Header(HOLD, self.rank, Channel.LINK, generation,
+                                      "pause" if pause else "resume"))
+        try:
+            link = self._connect(src)
+        except (PeerLost, ValueError) as exc:  # closing, or no address: the bound still holds
+            log.debug("rank %d: HOLD to rank %d not sent: %s", self.rank, src, exc)
+            return
+        if not pause:
+            self._acks.resume(src)  # first, so the resumed sender finds room in its window
+        if link.send_control("hold", (header,)):
+            self._command(("flush", link))  # its socket is full: out as soon as it has room
+        self.sent["pause" if pause else "resume"] += 1
+
+    def on_hold(self, src: int, header: Header, payload) -> bool:
+        """HOLD from ``src``: pause or resume what this peer sends it."""
+        pause = header.op == "pause"
+        link = self._links.get(src)
+        if link is None or not pause and header.op != "resume":
+            return True  # nothing to hold (or an unknown request): received, ignored
+        self.received["pause" if pause else "resume"] += 1
+        if link.hold(pause, header.seq) is False:
+            self._command(("flush", link))  # resumed with messages queued
+        return True
+
+    def handlers(self) -> dict:
+        """Kind -> handler, for the arrivals table."""
+        return {HOLD: self.on_hold}

@@ -4,7 +4,7 @@ A codec maps ``count`` float32 elements to exactly ``encoded_nbytes(count)`` byt
 fixed by the codec and the count alone, so a receiver can check a header's byte count
 against its codec and shape before it touches the payload (wire.py). Encoding and decoding
 are written once against an array module ``xp`` (numpy, or cupy on a GPU: the same calls),
-so one code path serves every array family; torch tensors reach it through codecs/arrays.py.
+so one code path serves every array family; torch tensors reach it through codecs/float32.py.
 
 Decoding never trusts the bytes beyond their length: a codec whose payload can be
 inconsistent (top-k's indices) checks it and raises CodecError, a ProtocolError.
@@ -39,7 +39,7 @@ def array_module(x: Any) -> Any:
 
 class Codec(abc.ABC):
     """A lossy map from float32 arrays to bytes. Stateless: error feedback (top-k) is the
-    caller's, which passes a residual buffer (collectives/compressed.py)."""
+    caller's, which passes a residual buffer (collectives/operations/compressed_allreduce.py)."""
 
     #: Family name, the part of the wire name before any ':' ("fp16", "topk").
     family: ClassVar[str] = "abstract"

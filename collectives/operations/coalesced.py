@@ -6,28 +6,30 @@ shapes may differ. A non-blocking call unpacks on the communicator's worker thre
 after the allreduce, so its Work is done only once every array holds its result."""
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 from collectives.algorithms.ring import counts_digest
 from collectives.arrays.adapter import adapter_for
-from collectives.send_recv import contiguous_flat
+from collectives.engine import Engine
+from collectives.staging import contiguous_flat
 
 __all__ = ["coalesced_allreduce"]
 
 
-def coalesced_allreduce(comm: Any, arrays: list, op: str, wait: bool, timeout: float | None,
-                        algorithm: str) -> Any:
-    """Reduce every array of ``arrays`` across peers, in place; returns ``arrays`` (or a
-    Work whose result it is)."""
+def coalesced_allreduce(engine: Engine, allreduce: Callable[..., Any], arrays: list, op: str,
+                        *, wait: bool, timeout: float | None, algorithm: str) -> Any:
+    """Reduce every array of ``arrays`` across peers, in place, by one ``allreduce`` (the
+    communicator's) of their packed copy; returns ``arrays`` (or a Work whose result it
+    is)."""
     given, arrays = arrays, list(arrays)
     if not arrays:
-        raise ValueError(f"rank {comm.rank}: allreduce of an empty list of arrays")
+        raise ValueError(f"rank {engine.rank}: allreduce of an empty list of arrays")
     parts = []   # (array, its contiguous stand-in or None, flat view, dtype)
     for a in arrays:
         stand_in, other, flat, dtype = contiguous_flat(a)
         parts.append((a, stand_in, flat, dtype))
         if other.kind != adapter_for(arrays[0]).kind or dtype != parts[0][3]:
-            raise TypeError(f"rank {comm.rank}: a coalesced allreduce takes arrays of one "
+            raise TypeError(f"rank {engine.rank}: a coalesced allreduce takes arrays of one "
                             f"family and dtype: {adapter_for(arrays[0]).kind} {parts[0][3]} "
                             f"and {other.kind} {dtype}")
     adapter = adapter_for(parts[0][2])
@@ -49,12 +51,12 @@ def coalesced_allreduce(comm: Any, arrays: list, op: str, wait: bool, timeout: f
 
     # The sizes are part of the call's signature: peers whose lists differ but add up to
     # the same total would otherwise reduce each other's arrays into the wrong ones.
-    work = comm.allreduce(packed, op, wait=wait, timeout=timeout, algorithm=algorithm,
-                          _layout=f",arrays={counts_digest(sizes)}")
+    work = allreduce(packed, op, wait=wait, timeout=timeout, algorithm=algorithm,
+                     _layout=f",arrays={counts_digest(sizes)}")
     if wait:
         return unpack()
 
     def after() -> list:
         work.wait()
         return unpack()
-    return comm._launch(f"allreduce of {len(arrays)} arrays", after, False)
+    return engine.launch(f"allreduce of {len(arrays)} arrays", after, False)

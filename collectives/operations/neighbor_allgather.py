@@ -21,19 +21,20 @@ from collectives.algorithms.neighbor import refuse
 from collectives.algorithms.p2p import Call, post_range, recv_range, wait_reached, wait_sent
 from collectives.algorithms.pattern import announce, check_pairing, plan_bits
 from collectives.arrays.adapter import adapter_for
+from collectives.engine import Engine
 from collectives.errors import ProtocolError
 from collectives.staging import Staging
 
 __all__ = ["neighbor_allgather"]
 
 
-def neighbor_allgather(comm: Any, x: Any, src_ranks, dst_ranks, wait: bool,
+def neighbor_allgather(engine: Engine, x: Any, src_ranks, dst_ranks, wait: bool,
                        timeout: float | None) -> Any:
     """The in-neighbours' ``x`` concatenated along the first axis (ascending rank), of
     shape (sum of their first dims, *x.shape[1:]); an empty array (first dim 0) when
     ``src_ranks`` is empty. A Work handle with ``wait=False``."""
     adapter, flat, dtype = Staging().flat(x, written=False)
-    r, n = comm.rank, comm.world_size
+    r, n = engine.rank, engine.world_size
     srcs, dsts = sorted({int(s) for s in src_ranks}), sorted({int(d) for d in dst_ranks})
     for p in srcs + dsts:
         if not 0 <= p < n or p == r:
@@ -46,7 +47,7 @@ def neighbor_allgather(comm: Any, x: Any, src_ranks, dst_ranks, wait: bool,
     # The dtype and trailing shape are in the signature: peers that differ in either meet
     # a call of another signature (ProtocolError naming both) at the count message.
     signature = f"neighbor_allgather({dtype}{list(rest)})"
-    seq = comm._next_seq()
+    seq = engine.next_seq()
     result = [None]
 
     def run(call: Call) -> None:
@@ -90,8 +91,8 @@ def neighbor_allgather(comm: Any, x: Any, src_ranks, dst_ranks, wait: bool,
     def body() -> Any:
         # Even with no neighbours the call begins: a peer that names this one is answered
         # "not involved" (transport/activity.py) instead of waiting out its timeout.
-        comm._execute(seq, signature, "int64", (1,), timeout, peers, run, neighbours=True)
+        engine.execute(seq, signature, "int64", (1,), timeout, peers, run, neighbours=True)
         adapter.synchronize()
         return result[0]
-    return comm._launch(f"{signature} seq {seq}", body, wait)
+    return engine.launch(f"{signature} seq {seq}", body, wait)
 

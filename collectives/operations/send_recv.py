@@ -15,32 +15,11 @@ from typing import Any
 import numpy as np
 
 from collectives.algorithms.p2p import Call, post_range, recv_range, wait_reached, wait_sent
-from collectives.arrays.adapter import ArrayAdapter, adapter_for
+from collectives.staging import contiguous_flat, flat_of
 from collectives.transport.transport import Transport
 from collectives.transport.wire import dtype_itemsize
 
-__all__ = ["SendRequest", "PointToPoint", "flat_of", "contiguous_flat"]
-
-
-def flat_of(x: Any, *, read_only: bool = False) -> tuple[ArrayAdapter, Any, str]:
-    """An array's adapter, its flat view and its dtype's wire name. ``read_only``: the caller
-    only reads it (a send), so a read-only numpy array (a snapshot's zero-copy bytes) will do;
-    collectives refuse one, since they write their result in place."""
-    adapter = adapter_for(x)
-    if read_only and isinstance(x, np.ndarray) and not x.flags.writeable \
-            and x.flags.c_contiguous:
-        flat = x.reshape(-1)
-    else:
-        flat = adapter.flat(x)
-    return adapter, flat, adapter.dtype_name(flat)
-
-
-def contiguous_flat(x: Any, *, read_only: bool = False) -> tuple[Any, ArrayAdapter, Any, str]:
-    """(stand-in, adapter, flat view, dtype name): flat_of ``x`` itself (stand-in None), or of
-    a contiguous copy of it when it is not contiguous, which the caller writes back into
-    ``x`` if the call writes (collectives/staging.py) and keeps alive while it is read."""
-    stand_in = adapter_for(x).stand_in(x)
-    return (stand_in, *flat_of(x if stand_in is None else stand_in, read_only=read_only))
+__all__ = ["SendRequest", "PointToPoint"]
 
 
 class PointToPoint:

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from collectives.codecs.base import Codec
 from collectives.codecs.bf16 import BFloat16
+from collectives.codecs.codec import Codec
 from collectives.codecs.fp16 import Float16
 from collectives.codecs.int8 import Int8Block
 from collectives.codecs.topk import TopK

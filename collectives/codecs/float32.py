@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from collectives.arrays.base import ArrayAdapter
+from collectives.arrays.interface import ArrayAdapter
 
 __all__ = ["as_float32", "write_back", "zeros_float32", "FLOAT_DTYPES"]
 
