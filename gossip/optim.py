@@ -46,7 +46,7 @@ class DistributedOptimizer:
     ``policy.after_step()`` (parameter averaging).
 
     ``policy``: a Policy instance, or one of the names of gossip.policies.names()
-    ("synchronous", "local-sgd", "gossip", "asynchronous", "push-sum", "elastic") made with
+    ("synchronous", "local-sgd", "gossip", "asynchronous", "push-sum", "easgd", "choco") made with
     its defaults. On construction the policy is attached to the optimizer's parameters (in
     param_groups order), which packs them into buckets: ``param.data`` becomes a view of a
     bucket, so build the optimizer after moving the model to its device. An already attached
