@@ -132,7 +132,8 @@ def run_once(n: int, nbytes: int, insecure: bool = False) -> dict:
     if not rows:
         raise RuntimeError(f"the joiner reported nothing:\n{out.get('text', '')[-3000:]}")
     row = json.loads(rows[0])
-    row.update(bytes=nbytes, n=n, curve=key is not None, p2p_GBps=results[0][0] / 1e9, member_step=results[0][1],
+    row.update(bytes=nbytes, n=n, curve=key is not None, p2p_GBps=results[0][0] / 1e9,
+               member_step=results[0][1],
                receive_GBps=nbytes / row["receive"] / 1e9 if row["receive"] > 0 else 0.0)
     row["receive_vs_p2p"] = row["receive_GBps"] / row["p2p_GBps"] if row["p2p_GBps"] else 0.0
     return row

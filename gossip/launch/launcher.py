@@ -2,8 +2,8 @@
 
     gossip run -n 4 train.py --lr 0.1          # or: python -m gossip.run -n 4 train.py ...
     gossip run -n 2 -m mypkg.train             # a module instead of a script
-    gossip run --nnodes 2 --node-rank 1 --master-addr node0 -n 8 train.py
-    gossip run --nnodes 2:4 --node-rank 3 --master-addr node0 -n 8 train.py   # elastic
+    gossip run --nnodes 2 --node-rank 1 --master-addr node0 --key cluster.key -n 8 train.py
+    gossip run --nnodes 2:4 --node-rank 3 --master-addr node0 --key cluster.key -n 8 train.py
 
 ``--nnodes MIN:MAX``: nodes 0..MIN-1 form the job (WORLD_SIZE = MIN x N at the start); a node
 of rank MIN..MAX-1 starts its peers as joiners of the running job (GOSSIP_JOIN, through the
@@ -28,8 +28,9 @@ starts. Under ``--insecure`` the peers get GOSSIP_INSECURE=1 (gossip.init then d
 
 Every output line is prefixed with the peer's rank (``--log-dir``, ``--tee``: see launch). The
 first peer to fail stops the others (SIGTERM, then SIGKILL after ``grace`` seconds) and its
-exit code becomes the launcher's (128+N for death by signal N, like a shell). SIGINT/SIGTERM/SIGHUP to the launcher are forwarded to every peer,
-with the same escalation, and the launcher exits 128+signal.
+exit code becomes the launcher's (128+N for death by signal N, like a shell).
+SIGINT/SIGTERM/SIGHUP to the launcher are forwarded to every peer, with the same escalation,
+and the launcher exits 128+signal.
 
 This module must not import torch: it only starts processes, and should start fast.
 

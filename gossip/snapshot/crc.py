@@ -31,8 +31,8 @@ from typing import Any
 
 import xxhash
 
-__all__ = ["checksum", "combine", "xxh3", "warm", "workers", "PendingCrc", "PendingXxh3", "Xxh3Stream",
-           "SPLIT_BYTES", "THREAD_PREFIX"]
+__all__ = ["checksum", "combine", "xxh3", "warm", "workers", "PendingCrc", "PendingXxh3",
+           "Xxh3Stream", "SPLIT_BYTES", "THREAD_PREFIX"]
 
 #: Parts of a buffer summed apart. Small enough that a 4 MiB piece keeps every core busy, large
 #: enough that a part's hand-off (~20 us) is noise against its sum (~0.25 ms).
