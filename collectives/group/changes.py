@@ -23,9 +23,17 @@ A planned change (a process asks to join, or a restarted one comes back):
 An unplanned change (a synchronous member sees a peer die in a step, with elastic=True):
 the member stops at once and tells the coordinator ``recover`` {its step, whom it knows lost};
 the coordinator proposes at once (at_step None) the members it did not hear are lost, and the
-rest is steps 3-4. The commit names as ``source`` the member that completed the most steps
-(the step some finished and others did not is thus skipped identically everywhere: everyone
-takes the source's state). A member stopped at a planned S takes part in the recovery. Joiners
+rest is steps 3-4. The commit names as ``source`` the member that completed the most steps;
+the members behind it take its state, which holds the steps they did not complete. Each
+``ready`` also says whether the member is ``pending``: stopped inside a step whose local
+update its state holds, not yet combined with the others' (a parameter-side policy's step
+cut off by the death); the commit's ``completes`` is the source's. The group goes on from the
+source's step count S: a member that keeps its own state completes step S in the new view
+if it was pending (its own update), a member that took the source's state if ``completes``
+(the source's update), and every other member begins step S afresh at its boundary, so each
+member's next collective is step S's and the step is applied exactly once
+(gossip/policies/base/policy.py has the policies' side). A member stopped at a planned S
+takes part in the recovery. Joiners
 (a door and no view yet, ``view`` None) wait for ``prepare`` and ``commit`` as stopped members
 do. A live member left out (counted lost) gets LeftOut, and may ask to join again as the next
 incarnation of its name (start_over()).
@@ -185,10 +193,11 @@ class ViewChanges:
         p = self._proposal
         return p is not None and p.at_step is None
 
-    def recover(self, step: int, lost: set) -> Switch:
-        """Stop at once after a peer was lost mid-step; returns the recovery's switch. A
-        coordinator that does not propose within a quarter of the timeout is counted lost
-        too, and the next one is asked."""
+    def recover(self, step: int, lost: set, pending: bool = False) -> Switch:
+        """Stop at once after a peer was lost mid-step; returns the recovery's switch.
+        ``pending``: this member's state holds its local update of the step in progress, not
+        yet combined (the module docstring). A coordinator that does not propose within a
+        quarter of the timeout is counted lost too, and the next one is asked."""
         with self.cond:
             self.reported_lost |= set(lost)
         deadline = time.monotonic() + self.timeout
@@ -213,7 +222,7 @@ class ViewChanges:
                                 self.name, c)
                     self.reported_lost.add(c.name)
             if proposed:
-                return self._stopped(step, recovering=True)
+                return self._stopped(step, recovering=True, pending=pending)
             if time.monotonic() >= deadline:
                 raise OperationTimeout(f"{self.name}: no member coordinated the recovery "
                                        f"within {self.timeout:g}s")
@@ -240,17 +249,20 @@ class ViewChanges:
                 raise LeftOut(f"{self.name}: the group went on in view "
                               f"{self._answer.get('number')} without it")
 
-    def _stopped(self, step: int, recovering: bool = False) -> Switch | None:
-        """Stopped at a boundary: answer each proposal that includes this member with a fresh
-        transport, until one is committed (or a proposal moves the boundary further on)."""
+    def _stopped(self, step: int, recovering: bool = False,
+                 pending: bool = False) -> Switch | None:
+        """Stopped at a boundary (``pending``: inside a step, its update not yet combined):
+        answer each proposal that includes this member with a fresh transport, until one is
+        committed (or a proposal moves the boundary further on)."""
         deadline = time.monotonic() + self.timeout
         self._stopped_now = True
         try:
-            return self._answer_proposals(step, recovering, deadline)
+            return self._answer_proposals(step, recovering, pending, deadline)
         finally:
             self._stopped_now = False
 
-    def _answer_proposals(self, step: int, recovering: bool, deadline: float) -> Switch | None:
+    def _answer_proposals(self, step: int, recovering: bool, pending: bool,
+                          deadline: float) -> Switch | None:
         answered: str | None = None
         transport = None
         while True:
@@ -290,7 +302,7 @@ class ViewChanges:
             entry = dict(transport.endpoints)
             self.door.tell(p.coordinator, "ready", pid=p.pid, name=self.name, entry=entry,
                            step=step, lost=sorted(self.known_lost()),
-                           sharing=str(self.process.sharing()))
+                           sharing=str(self.process.sharing()), pending=bool(pending))
             answered = p.pid
 
     def _take(self, commit: dict, p: Proposal, transport: Any) -> Switch:
@@ -309,7 +321,8 @@ class ViewChanges:
                     if isinstance(h, list) and len(h) == 2
                     and all(type(r) is int for r in h)]
         return Switch(view, transport, source, commit["step"], list(commit["receivers"]),
-                      donors, handoffs, at_once=p.at_step is None)
+                      donors, handoffs, at_once=p.at_step is None,
+                      completes=commit.get("completes") is True)
 
     @staticmethod
     def _close(transport: Any) -> None:

@@ -176,7 +176,8 @@ class Coordinator:
                 return
             sharing = msg.get("sharing")
             self.ready[name] = {"entry": entry, "step": step,
-                                "sharing": sharing if sharing in SHARING else "own"}
+                                "sharing": sharing if sharing in SHARING else "own",
+                                "pending": msg.get("pending") is True}
             if len(self.ready) == len(p.members):
                 self._commit_active()
 
@@ -204,8 +205,12 @@ class Coordinator:
                     step if p.at_step is None else p.at_step)
         table = {str(r): self.ready[p.members[r].name]["entry"] for r in ranks}
         handoffs = self._handoffs(p, olds) if p.at_step is not None else {}
+        # The source's state holds its update of step ``step``, not yet combined: those that
+        # take it complete that step in the new view (changes.py).
+        completes = self.ready[p.members[source].name]["pending"]
         commit = {"pid": p.pid, "view": view.to_wire(), "table": table, "source": source,
                   "step": step, "receivers": receivers, "donors": donors,
+                  "completes": completes,
                   "handoffs": [[new, self.changes.view.rank_of(name)]
                                for name, (new, _) in handoffs.items()]}
         for m in p.members:
@@ -223,8 +228,9 @@ class Coordinator:
                 del self.departing[name]
         self.active = None
         self.lates = 0
-        log.info("%s: committed %s (state from ranks %s at step %d to ranks %s)",
-                 self.changes.name, view.describe(), donors, step, receivers)
+        log.info("%s: committed %s (state from ranks %s at step %d%s to ranks %s)",
+                 self.changes.name, view.describe(), donors, step,
+                 ", its update not yet combined" if completes else "", receivers)
 
     def _handoffs(self, p: Proposal, olds: list[int]) -> dict[str, tuple[int, int]]:
         """Each planned leaver of the current view -> (new rank, old rank) of the member that
