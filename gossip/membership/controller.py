@@ -5,7 +5,10 @@ Every peer of a group started by the rendezvous is a member of view 0: its name 
 launcher slot (``GOSSIP_MEMBER_NAME``, default ``rank<R>`` from the rank it started with, so
 a restarted process under the same variables is recognised as the same member) and its
 incarnation grows with every start (``GOSSIP_INCARNATION``, torchrun's restart count, else
-the start time in microseconds).
+the start time in microseconds). A process whose launcher gave it no rank (a joiner started
+by hand with ``GOSSIP_JOIN`` alone) has no slot to come back to: it is named after its host
+and process id, a fresh member. A joiner under a live member's name is refused, and a
+restart replaces only a member that is gone (collectives/group/coordinator.py, on_join).
 
 A committed view change (``take_switch``): the attached policies finish what they must in
 the old view (``view_changing``: push-sum's exchange in flight, a planned leaver's mass), the
@@ -29,6 +32,7 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
 import time
 from typing import Callable, Mapping
 
@@ -49,10 +53,13 @@ log = logging.getLogger("gossip")
 MEMBER_FIELDS = ("name", "inc", "door")
 
 
-def member_identity(rank: int, env: Mapping[str, str] | None = None) -> tuple[str, int]:
-    """(name, incarnation) of this process: see the module docstring."""
+def member_identity(rank: int | None, env: Mapping[str, str] | None = None) -> tuple[str, int]:
+    """(name, incarnation) of this process: see the module docstring. ``rank``: the
+    launcher's rank (its slot), None when no launcher gave one: then, unless
+    GOSSIP_MEMBER_NAME names it, a name of its own, ``<host>-<pid>``."""
     variables = os.environ if env is None else env
-    name = variables.get("GOSSIP_MEMBER_NAME") or f"rank{rank}"
+    name = variables.get("GOSSIP_MEMBER_NAME") or (
+        f"rank{rank}" if rank is not None else f"{socket.gethostname()[:200]}-{os.getpid()}")
     for variable in ("GOSSIP_INCARNATION", "TORCHELASTIC_RESTART_COUNT"):
         value = variables.get(variable, "")
         if value.isdigit():
