@@ -287,8 +287,17 @@ class Peer:
     @property
     def joining(self) -> bool:
         """True from a join until the state of the running job arrived (at the first
-        policy's attach): broadcast_parameters and a policy's start broadcast are skipped."""
+        policy's attach): a policy's start collective (Synchronous's broadcast, the anchors'
+        or the centre's first average) is skipped, as broadcast_parameters is (entering)."""
         return self._membership is not None and self._membership.joining
+
+    @property
+    def entering(self) -> bool:
+        """True from a join (a restarted process, a joiner) until this peer's first step of
+        its own in the running job: its script's set-up collectives are behind the members,
+        so gossip.broadcast_parameters skips them (its state comes from the members when its
+        policy attaches)."""
+        return self._membership is not None and self._membership.entering
 
     @property
     def join_stats(self) -> dict[str, Any]:

@@ -96,6 +96,10 @@ class PeerMembership:
         # ... and whether it holds the source's update of its step, not yet combined (a
         # joiner admitted by a recovery: Switch.completes).
         self._prefetch_completes = False
+        # A joiner until its first step of its own (entering): the step count after which
+        # that is, once its state came (None: not yet).
+        self._entering = False
+        self._entered_at: int | None = None
         self._departed = False   # a planned leave reached its boundary (_depart)
         self._view_callbacks: list[Callable[[View], None]] = []
         #: A joiner: how its state came (bytes, seconds, donors); empty otherwise.
@@ -108,6 +112,7 @@ class PeerMembership:
         if joined is not None:
             self._prefetch = Prefetch(peer, joined.senders, self.changes.timeout)
             self._prefetch_completes = joined.completes
+            self._entering = True
 
     @property
     def _peer(self) -> MembershipHost:
@@ -125,6 +130,14 @@ class PeerMembership:
     def joining(self) -> bool:
         """True from a join until the running job's state arrived (at the first attach)."""
         return self._prefetch is not None
+
+    @property
+    def entering(self) -> bool:
+        """True from a join until this peer's first step boundary of its own in the running
+        job: what a script does before its training loop (its set-up) is then behind the
+        members, whose state it takes, so its set-up collectives are skipped
+        (gossip.broadcast_parameters)."""
+        return self._entering
 
     def on_view_change(self, callback: Callable[[View], None]) -> None:
         """Call ``callback(view)`` after every view change, in the thread that took it."""
@@ -260,6 +273,8 @@ class PeerMembership:
         """After ``policy``'s step ``step``: take a view change that takes effect at this
         boundary (a switch, or this peer's planned departure). True if the view changed."""
         self.changes.passing(step)   # first: see ViewChanges._on_prepare
+        if self._entering and self._entered_at is not None and step > self._entered_at:
+            self._entering = False   # its first step of its own: set-up is over
         if not self.changes.has_pending():
             return False
         try:
@@ -387,6 +402,8 @@ class PeerMembership:
             # Admitted by a recovery whose source was inside a step: the policy completes it
             # with the members (its next collective, after attach) instead of a step of its own.
             policy.resume_at(step, complete=self._prefetch_completes)
+            # (The step it completes at attach, if owed, is not one of its own yet.)
+            self._entered_at = step + int(self._prefetch_completes)
             policy.settle_view()   # with the members' (take_switch), before the barrier
             peer.barrier()
         except BaseException:
