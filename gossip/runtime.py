@@ -135,7 +135,8 @@ def init(*, rank: int | None = None, world_size: int | None = None,
                                                        settings.master_port))
     cfg = (config or TransportConfig()).with_(**changes)
 
-    name, incarnation = member_identity(settings.rank)
+    # Without a rank from a launcher there is no slot to come back to: a name of its own.
+    name, incarnation = member_identity(settings.rank if settings.rank_given else None)
 
     def make_transport(rank: int, size: int, view: int, hosts: list[str]) -> Transport:
         transport = Transport(rank, size, cfg.with_(view=view))
