@@ -18,10 +18,11 @@ REPO = str(Path(__file__).resolve().parents[1])
 def clean_env(**extra: str) -> dict[str, str]:
     """This process's environment without any launcher's variables (the test's own run may
     be under one), this checkout first on PYTHONPATH, and ``extra``: for a process a test
-    starts by hand."""
+    starts by hand. GOSSIP_KEY stays: the group's key (conftest's group_key), which a process
+    joining the test's group needs."""
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("GOSSIP_", "RANK", "WORLD_SIZE", "MASTER_", "SLURM_", "OMPI_",
-                                "TORCHELASTIC_"))}
+                                "TORCHELASTIC_")) or k == "GOSSIP_KEY"}
     env["PYTHONPATH"] = REPO + os.pathsep + env.get("PYTHONPATH", "")
     env.update(extra)
     return env

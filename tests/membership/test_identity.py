@@ -15,9 +15,13 @@ import sys
 import threading
 
 import numpy as np
+import pytest
 
 from gossip.testing import spawn, wait_until
 from helpers import clean_env
+
+# The joiners started by hand hold the group's key (tests/conftest.py's group_key).
+pytestmark = pytest.mark.usefixtures("group_key")
 
 JOINER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "workers",
                       "identity_joiner.py")
