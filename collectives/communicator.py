@@ -108,7 +108,7 @@ class Communicator:
 
     # ------------------------------------------------------------------ collectives
     # Each call with ``wait`` returns its result, or with wait=False a Work whose result it
-    # is: the overloads tell a type checker that a call without wait=False gets no Work.
+    # is: the overloads say which to a type checker.
     @overload
     def allreduce(self, x: Array, op: str = "sum", *, wait: Literal[True] = True,
                   timeout: float | None = None, algorithm: str = "auto",
@@ -116,7 +116,13 @@ class Communicator:
                   _layout: str = "") -> Array: ...
 
     @overload
-    def allreduce(self, x: Array, op: str = "sum", *, wait: bool,
+    def allreduce(self, x: Array, op: str = "sum", *, wait: Literal[False],
+                  timeout: float | None = None, algorithm: str = "auto",
+                  compression: CodecSpec = None, residual: Array | None = None,
+                  _layout: str = "") -> Work: ...
+
+    @overload
+    def allreduce(self, x: Array, op: str = "sum", *, wait: bool = True,
                   timeout: float | None = None, algorithm: str = "auto",
                   compression: CodecSpec = None, residual: Array | None = None,
                   _layout: str = "") -> Array | Work: ...
@@ -167,7 +173,11 @@ class Communicator:
 
     @overload
     def reduce_scatter(self, x: Array, op: str = "sum", *, counts: Sequence[int] | None = None,
-                       wait: bool, timeout: float | None = None) -> Array | Work: ...
+                       wait: Literal[False], timeout: float | None = None) -> Work: ...
+
+    @overload
+    def reduce_scatter(self, x: Array, op: str = "sum", *, counts: Sequence[int] | None = None,
+                       wait: bool = True, timeout: float | None = None) -> Array | Work: ...
 
     def reduce_scatter(self, x: Array, op: str = "sum", *, counts: Sequence[int] | None = None,
                        wait: bool = True, timeout: float | None = None) -> Array | Work:
@@ -211,6 +221,10 @@ class Communicator:
     @overload
     def allgather(self, x: Array, *, out: Array | None = None, variable: Literal[True],
                   wait: Literal[True] = True, timeout: float | None = None) -> list[Array]: ...
+
+    @overload
+    def allgather(self, x: Array, *, out: Array | None = None, variable: bool = False,
+                  wait: Literal[False], timeout: float | None = None) -> Work: ...
 
     @overload
     def allgather(self, x: Array, *, out: Array | None = None, variable: bool = False,
@@ -280,7 +294,11 @@ class Communicator:
                   timeout: float | None = None) -> Array: ...
 
     @overload
-    def broadcast(self, x: Array, root: int = 0, *, wait: bool,
+    def broadcast(self, x: Array, root: int = 0, *, wait: Literal[False],
+                  timeout: float | None = None) -> Work: ...
+
+    @overload
+    def broadcast(self, x: Array, root: int = 0, *, wait: bool = True,
                   timeout: float | None = None) -> Array | Work: ...
 
     def broadcast(self, x: Array, root: int = 0, *, wait: bool = True,
@@ -311,7 +329,11 @@ class Communicator:
                timeout: float | None = None) -> Array: ...
 
     @overload
-    def reduce(self, x: Array, root: int = 0, op: str = "sum", *, wait: bool,
+    def reduce(self, x: Array, root: int = 0, op: str = "sum", *, wait: Literal[False],
+               timeout: float | None = None) -> Work: ...
+
+    @overload
+    def reduce(self, x: Array, root: int = 0, op: str = "sum", *, wait: bool = True,
                timeout: float | None = None) -> Array | Work: ...
 
     def reduce(self, x: Array, root: int = 0, op: str = "sum", *, wait: bool = True,
@@ -325,7 +347,11 @@ class Communicator:
 
     @overload
     def gather(self, x: Array, root: int = 0, *, out: Array | None = None,
-               wait: bool, timeout: float | None = None) -> Array | None | Work: ...
+               wait: Literal[False], timeout: float | None = None) -> Work: ...
+
+    @overload
+    def gather(self, x: Array, root: int = 0, *, out: Array | None = None,
+               wait: bool = True, timeout: float | None = None) -> Array | None | Work: ...
 
     def gather(self, x: Array, root: int = 0, *, out: Array | None = None, wait: bool = True,
                timeout: float | None = None) -> Array | None | Work:
@@ -338,7 +364,11 @@ class Communicator:
 
     @overload
     def scatter(self, x: Array, root: int = 0, *, out: Array | None = None,
-                wait: bool, timeout: float | None = None) -> Array | Work: ...
+                wait: Literal[False], timeout: float | None = None) -> Work: ...
+
+    @overload
+    def scatter(self, x: Array, root: int = 0, *, out: Array | None = None,
+                wait: bool = True, timeout: float | None = None) -> Array | Work: ...
 
     def scatter(self, x: Array, root: int = 0, *, out: Array | None = None, wait: bool = True,
                 timeout: float | None = None) -> Array | Work:
@@ -354,7 +384,13 @@ class Communicator:
     @overload
     def alltoall(self, x: Array, *, out: Array | None = None,
                  send_counts: Sequence[int] | None = None,
-                 recv_counts: Sequence[int] | None = None, wait: bool,
+                 recv_counts: Sequence[int] | None = None, wait: Literal[False],
+                 timeout: float | None = None) -> Work: ...
+
+    @overload
+    def alltoall(self, x: Array, *, out: Array | None = None,
+                 send_counts: Sequence[int] | None = None,
+                 recv_counts: Sequence[int] | None = None, wait: bool = True,
                  timeout: float | None = None) -> Array | Work: ...
 
     def alltoall(self, x: Array, *, out: Array | None = None,
@@ -372,7 +408,12 @@ class Communicator:
 
     @overload
     def neighbor_exchange(self, x: Array, plan: NeighborPlan, *, scratch: Array | None = None,
-                          out: Array | None = None, wait: bool,
+                          out: Array | None = None, wait: Literal[False],
+                          timeout: float | None = None) -> Work: ...
+
+    @overload
+    def neighbor_exchange(self, x: Array, plan: NeighborPlan, *, scratch: Array | None = None,
+                          out: Array | None = None, wait: bool = True,
                           timeout: float | None = None) -> Array | Work: ...
 
     def neighbor_exchange(self, x: Array, plan: NeighborPlan, *, scratch: Array | None = None,
@@ -419,7 +460,16 @@ class Communicator:
                            dst_ranks: Iterable[int], *,
                            dst_weights: Mapping[int, float] | None = None,
                            scratch: Array | None = None, out: Array | None = None,
-                           wait: bool, timeout: float | None = None,
+                           wait: Literal[False], timeout: float | None = None,
+                           partial: bool = False, check_pattern: bool = True,
+                           compression: CodecSpec = None) -> Work: ...
+
+    @overload
+    def neighbor_allreduce(self, x: Array, self_weight: float, src_weights: Mapping[int, float],
+                           dst_ranks: Iterable[int], *,
+                           dst_weights: Mapping[int, float] | None = None,
+                           scratch: Array | None = None, out: Array | None = None,
+                           wait: bool = True, timeout: float | None = None,
                            partial: bool = False, check_pattern: bool = True,
                            compression: CodecSpec = None) -> Array | Work: ...
 
@@ -444,7 +494,11 @@ class Communicator:
 
     @overload
     def neighbor_allgather(self, x: Array, src_ranks: Iterable[int], dst_ranks: Iterable[int],
-                           *, wait: bool, timeout: float | None = None) -> Array | Work: ...
+                           *, wait: Literal[False], timeout: float | None = None) -> Work: ...
+
+    @overload
+    def neighbor_allgather(self, x: Array, src_ranks: Iterable[int], dst_ranks: Iterable[int],
+                           *, wait: bool = True, timeout: float | None = None) -> Array | Work: ...
 
     def neighbor_allgather(self, x: Array, src_ranks: Iterable[int], dst_ranks: Iterable[int],
                            *, wait: bool = True, timeout: float | None = None) -> Array | Work:

@@ -137,14 +137,20 @@ class Peer:
 
     # -- collectives ------------------------------------------------------------------------
     # Each call with ``wait`` returns its result, or with wait=False a Work whose result it
-    # is: the overloads tell a type checker that a call without wait=False gets no Work.
+    # is: the overloads say which to a type checker.
     @overload
     def allreduce(self, x: Array, op: str = "sum", *, wait: Literal[True] = True,
                   timeout: float | None = None, algorithm: str = "auto",
                   compression: CodecSpec = None, residual: Array | None = None) -> Array: ...
 
     @overload
-    def allreduce(self, x: Array, op: str = "sum", *, wait: bool,
+    def allreduce(self, x: Array, op: str = "sum", *, wait: Literal[False],
+                  timeout: float | None = None, algorithm: str = "auto",
+                  compression: CodecSpec = None,
+                  residual: Array | None = None) -> Work: ...
+
+    @overload
+    def allreduce(self, x: Array, op: str = "sum", *, wait: bool = True,
                   timeout: float | None = None, algorithm: str = "auto",
                   compression: CodecSpec = None,
                   residual: Array | None = None) -> Array | Work: ...
@@ -174,7 +180,11 @@ class Peer:
 
     @overload
     def reduce_scatter(self, x: Array, op: str = "sum", *, counts: Sequence[int] | None = None,
-                       wait: bool, timeout: float | None = None) -> Array | Work: ...
+                       wait: Literal[False], timeout: float | None = None) -> Work: ...
+
+    @overload
+    def reduce_scatter(self, x: Array, op: str = "sum", *, counts: Sequence[int] | None = None,
+                       wait: bool = True, timeout: float | None = None) -> Array | Work: ...
 
     def reduce_scatter(self, x: Array, op: str = "sum", *, counts: Sequence[int] | None = None,
                        wait: bool = True, timeout: float | None = None) -> Array | Work:
@@ -193,6 +203,10 @@ class Peer:
 
     @overload
     def allgather(self, x: Array, *, out: Array | None = None, variable: bool = False,
+                  wait: Literal[False], timeout: float | None = None) -> Work: ...
+
+    @overload
+    def allgather(self, x: Array, *, out: Array | None = None, variable: bool = False,
                   wait: bool = True, timeout: float | None = None
                   ) -> Array | list[Array] | Work: ...
 
@@ -208,7 +222,11 @@ class Peer:
                   timeout: float | None = None) -> Array: ...
 
     @overload
-    def broadcast(self, x: Array, root: int = 0, *, wait: bool,
+    def broadcast(self, x: Array, root: int = 0, *, wait: Literal[False],
+                  timeout: float | None = None) -> Work: ...
+
+    @overload
+    def broadcast(self, x: Array, root: int = 0, *, wait: bool = True,
                   timeout: float | None = None) -> Array | Work: ...
 
     def broadcast(self, x: Array, root: int = 0, *, wait: bool = True,
@@ -222,7 +240,11 @@ class Peer:
                timeout: float | None = None) -> Array: ...
 
     @overload
-    def reduce(self, x: Array, root: int = 0, op: str = "sum", *, wait: bool,
+    def reduce(self, x: Array, root: int = 0, op: str = "sum", *, wait: Literal[False],
+               timeout: float | None = None) -> Work: ...
+
+    @overload
+    def reduce(self, x: Array, root: int = 0, op: str = "sum", *, wait: bool = True,
                timeout: float | None = None) -> Array | Work: ...
 
     def reduce(self, x: Array, root: int = 0, op: str = "sum", *, wait: bool = True,
@@ -236,7 +258,11 @@ class Peer:
 
     @overload
     def gather(self, x: Array, root: int = 0, *, out: Array | None = None,
-               wait: bool, timeout: float | None = None) -> Array | None | Work: ...
+               wait: Literal[False], timeout: float | None = None) -> Work: ...
+
+    @overload
+    def gather(self, x: Array, root: int = 0, *, out: Array | None = None,
+               wait: bool = True, timeout: float | None = None) -> Array | None | Work: ...
 
     def gather(self, x: Array, root: int = 0, *, out: Array | None = None, wait: bool = True,
                timeout: float | None = None) -> Array | None | Work:
@@ -249,7 +275,11 @@ class Peer:
 
     @overload
     def scatter(self, x: Array, root: int = 0, *, out: Array | None = None,
-                wait: bool, timeout: float | None = None) -> Array | Work: ...
+                wait: Literal[False], timeout: float | None = None) -> Work: ...
+
+    @overload
+    def scatter(self, x: Array, root: int = 0, *, out: Array | None = None,
+                wait: bool = True, timeout: float | None = None) -> Array | Work: ...
 
     def scatter(self, x: Array, root: int = 0, *, out: Array | None = None, wait: bool = True,
                 timeout: float | None = None) -> Array | Work:
@@ -265,7 +295,13 @@ class Peer:
     @overload
     def alltoall(self, x: Array, *, out: Array | None = None,
                  send_counts: Sequence[int] | None = None,
-                 recv_counts: Sequence[int] | None = None, wait: bool,
+                 recv_counts: Sequence[int] | None = None, wait: Literal[False],
+                 timeout: float | None = None) -> Work: ...
+
+    @overload
+    def alltoall(self, x: Array, *, out: Array | None = None,
+                 send_counts: Sequence[int] | None = None,
+                 recv_counts: Sequence[int] | None = None, wait: bool = True,
                  timeout: float | None = None) -> Array | Work: ...
 
     def alltoall(self, x: Array, *, out: Array | None = None,
@@ -281,7 +317,11 @@ class Peer:
                            timeout: float | None = None) -> Array: ...
 
     @overload
-    def neighbor_allgather(self, x: Array, step: int = 0, *, wait: bool,
+    def neighbor_allgather(self, x: Array, step: int = 0, *, wait: Literal[False],
+                           timeout: float | None = None) -> Work: ...
+
+    @overload
+    def neighbor_allgather(self, x: Array, step: int = 0, *, wait: bool = True,
                            timeout: float | None = None) -> Array | Work: ...
 
     def neighbor_allgather(self, x: Array, step: int = 0, *, wait: bool = True,
@@ -306,7 +346,12 @@ class Peer:
 
     @overload
     def neighbor_exchange(self, x: Array, plan: NeighborPlan, *, scratch: Array | None = None,
-                          out: Array | None = None, wait: bool,
+                          out: Array | None = None, wait: Literal[False],
+                          timeout: float | None = None) -> Work: ...
+
+    @overload
+    def neighbor_exchange(self, x: Array, plan: NeighborPlan, *, scratch: Array | None = None,
+                          out: Array | None = None, wait: bool = True,
                           timeout: float | None = None) -> Array | Work: ...
 
     def neighbor_exchange(self, x: Array, plan: NeighborPlan, *, scratch: Array | None = None,
@@ -334,7 +379,16 @@ class Peer:
                            dst_ranks: Iterable[int], *,
                            dst_weights: Mapping[int, float] | None = None,
                            scratch: Array | None = None, out: Array | None = None,
-                           wait: bool, timeout: float | None = None,
+                           wait: Literal[False], timeout: float | None = None,
+                           partial: bool = False, check_pattern: bool = True,
+                           compression: CodecSpec = None) -> Work: ...
+
+    @overload
+    def neighbor_allreduce(self, x: Array, self_weight: float, src_weights: Mapping[int, float],
+                           dst_ranks: Iterable[int], *,
+                           dst_weights: Mapping[int, float] | None = None,
+                           scratch: Array | None = None, out: Array | None = None,
+                           wait: bool = True, timeout: float | None = None,
                            partial: bool = False, check_pattern: bool = True,
                            compression: CodecSpec = None) -> Array | Work: ...
 
@@ -367,7 +421,12 @@ class Peer:
 
     @overload
     def neighbor_average(self, x: Array, step: int = 0, *, scratch: Array | None = None,
-                         wait: bool, timeout: float | None = None,
+                         wait: Literal[False], timeout: float | None = None,
+                         compression: CodecSpec = None) -> Work: ...
+
+    @overload
+    def neighbor_average(self, x: Array, step: int = 0, *, scratch: Array | None = None,
+                         wait: bool = True, timeout: float | None = None,
                          compression: CodecSpec = None) -> Array | Work: ...
 
     def neighbor_average(self, x: Array, step: int = 0, *, scratch: Array | None = None,

@@ -13,7 +13,8 @@ from __future__ import annotations
 import abc
 from typing import Any, TypeAlias
 
-__all__ = ["Array", "ArrayAdapter", "REDUCE_OPS", "BITWISE_OPS", "check_reduce_op", "contiguous_error", "segment"]
+__all__ = ["Array", "ArrayAdapter", "REDUCE_OPS", "BITWISE_OPS", "check_reduce_op",
+           "contiguous_error", "segment"]
 
 #: An array a collective or a policy takes: a numpy ndarray, a torch Tensor (CPU or CUDA) or a
 #: cupy ndarray, in any dtype the wire carries (transport/wire.py). torch and cupy are

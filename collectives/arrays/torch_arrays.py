@@ -33,9 +33,10 @@ class TorchCPUAdapter(ArrayAdapter):
 
     kind = "torch"
 
-    _reduce: dict[str, Callable[..., torch.Tensor]] = {"sum": torch.add, "mean": torch.add, "max": torch.maximum,
-               "min": torch.minimum, "prod": torch.mul, "band": torch.bitwise_and,
-               "bor": torch.bitwise_or, "bxor": torch.bitwise_xor}
+    _reduce: dict[str, Callable[..., torch.Tensor]] = {
+        "sum": torch.add, "mean": torch.add, "max": torch.maximum, "min": torch.minimum,
+        "prod": torch.mul, "band": torch.bitwise_and, "bor": torch.bitwise_or,
+        "bxor": torch.bitwise_xor}
 
     def flat(self, x: torch.Tensor) -> torch.Tensor:
         if not x.is_contiguous():

@@ -204,13 +204,13 @@ class Asynchronous(BackgroundPolicy):
         return min(self.timeout, 5.0)
 
     def _setup(self) -> None:
-        nb = len(self._buckets)
+        nb = len(self._packed())
         self._w = [1.0] * nb   # the push-sum weight of each bucket (training thread's)
         # For loops without after_backward(): the parameters as the last after_step left
         # them (the move since then is m - anchor: _fold_in); dropped at after_backward().
-        self._anchor = [adapter_for(b.flat).clone(b.flat) for b in self._buckets]
+        self._anchor = [adapter_for(b.flat).clone(b.flat) for b in self._packed()]
         self._folded = False     # after_backward() folded the arrivals in this step
-        self._out = [b.new(extra=1) for b in self._buckets]   # the message being pushed
+        self._out = [b.new(extra=1) for b in self._packed()]   # the message being pushed
         self._for_view()   # rotation, communicators, arrivals; the threads start
 
     def _stop_seconds(self) -> float:
@@ -223,15 +223,15 @@ class Asynchronous(BackgroundPolicy):
     # ------------------------------------------------------------------ training loop side
     def _after_backward(self) -> None:
         self._check_worker()
-        self._buckets.copy_in()
+        self._packed().copy_in()
         self._fold_in(moved=False)
-        self._buckets.copy_out()
+        self._packed().copy_out()
         self._folded = True
         self._anchor = None   # not needed while after_backward() folds in
 
     def _after_step(self, step: int) -> None:
         self._check_worker()
-        self._buckets.copy_in()
+        self._packed().copy_in()
         folded, self._folded = self._folded, False
         if not folded:   # a loop without after_backward(): fold in past the move
             self._fold_in(moved=self._anchor is not None)
@@ -243,7 +243,7 @@ class Asynchronous(BackgroundPolicy):
                                            "asynchronous after_step"), stoppable=True)
         if not self._paused:
             self._hand_over(step + 1)
-        self._buckets.copy_out()
+        self._packed().copy_out()
         if not folded:
             self._keep_anchor()
         if self.max_staleness is not None:
@@ -253,9 +253,9 @@ class Asynchronous(BackgroundPolicy):
         """(Loops without after_backward().) The parameters as they are now: the next
         after_step's move is measured from here."""
         if self._anchor is None:
-            self._anchor = [adapter_for(b.flat).clone(b.flat) for b in self._buckets]
+            self._anchor = [adapter_for(b.flat).clone(b.flat) for b in self._packed()]
         else:
-            for b, anchor in zip(self._buckets.buckets, self._anchor):
+            for b, anchor in zip(self._packed().buckets, self._anchor):
                 adapter_for(anchor).copy(anchor, b.flat)
 
     def _fold_in(self, moved: bool) -> None:
@@ -273,7 +273,7 @@ class Asynchronous(BackgroundPolicy):
         with self._cond:
             returned, self._returned = self._returned, None
             check, self._drained_check = self._drained_check, False
-        for k, b in enumerate(self._buckets.buckets):
+        for k, b in enumerate(self._packed().buckets):
             got, weight = arrivals[k] or (None, 0.0)
             if returned is not None and k >= returned:   # a push that did not leave
                 back, back_weight = self._out[k][:-1], float(self._out[k][-1])
@@ -296,7 +296,7 @@ class Asynchronous(BackgroundPolicy):
             # Pushes taken for a dead peer went down with it; flow control would wait for
             # ever. w <- 1 changes the survivors' mass, so only then.
             log.warning("rank %d: asynchronous gossip: weight %.3g below min_weight after a "
-                        "drop: restarting the weights", self._peer.rank, min(self._w))
+                        "drop: restarting the weights", self._host().rank, min(self._w))
             self._w = [1.0] * len(self._w)
             self._restarts += 1
         self._lightest = min(self._lightest, min(self._w))
@@ -313,7 +313,7 @@ class Asynchronous(BackgroundPolicy):
                 # Still sending the last one (or what it could not deliver is still in the
                 # send buffer, to be folded back next step): this round is skipped.
                 return
-        alive = functools.partial(self._alive, lost=self._peer.lost_peers())   # read once
+        alive = functools.partial(self._alive, lost=self._host().lost_peers())   # read once
         self._rotation.heal(alive)
         self._rounds += 1
         light = min(self._w) < self.min_weight   # flow control (class docstring)
@@ -325,14 +325,14 @@ class Asynchronous(BackgroundPolicy):
                 self._turns += 1
         # A change at once under way (a leave): this transport's inboxes are closing, and a
         # push now may reach nobody (the leaver, or a member past its last drain).
-        changing = self._peer.changing_now()
+        changing = self._host().changing_now()
         if dst is None or light or changing:   # alone, too light to push, or changing
             self._held_back += light
             with self._cond:
                 self._mixed_step = included
                 self._cond.notify_all()
             return
-        for k, (b, out) in enumerate(zip(self._buckets, self._out)):
+        for k, (b, out) in enumerate(zip(self._packed(), self._out)):
             w = self._w[k]
             adapter_for(out).copy(out[:-1], b.flat)   # push m with weight f w ...
             out[-1] = w * self.push_fraction
@@ -432,9 +432,9 @@ class Asynchronous(BackgroundPolicy):
                          f"{list(expected.values())} messages ranks {list(expected)} pushed "
                          "to it", "asynchronous quiesce"))
         # Fold the absorbed mass into the parameters (no move since the last step).
-        self._buckets.copy_in()
+        self._packed().copy_in()
         self._fold_in(moved=False)
-        self._buckets.copy_out()
+        self._packed().copy_out()
         if self._anchor is not None:
             self._keep_anchor()
 
@@ -455,7 +455,7 @@ class Asynchronous(BackgroundPolicy):
         outstanding there would meet them. A peer lost meanwhile is left out and dropped
         (the failure rule); a live one too slow to answer raises OperationTimeout, as any
         collective."""
-        peer, comm = self._peer, self._counts
+        peer, comm = self._host(), self._counts
         if partners is None:
             lost = peer.lost_peers()
             live = [j for j in range(peer.world_size) if j != peer.rank and j not in lost]
@@ -479,16 +479,16 @@ class Asynchronous(BackgroundPolicy):
     def _for_view(self) -> None:
         """(Attach, and after each view change.) What depends on the view's ranks and size;
         then start the threads."""
-        n, rank = self._peer.world_size, self._peer.rank
-        self._members = self._peer.view
+        n, rank = self._host().world_size, self._host().rank
+        self._members = self._host().view
         self._rotation = Rotation(self._topology, rank)   # one push per round, in turn
         # Every other peer: a healed graph sends from peers that were not in-neighbours.
         self._sources = [j for j in range(n) if j != rank]
         self._sent_to = [0] * n
-        self._comm = self._peer.channel(self._channel_number)
-        self._counts = self._peer.channel(self._channel_number + 1)   # quiesce()'s
+        self._comm = self._host().channel(self._channel_number)
+        self._counts = self._host().channel(self._channel_number + 1)   # quiesce()'s
         if self._arrivals is None:
-            self._arrivals = Arrivals(self._buckets, rank=rank, world_size=n, cond=self._cond)
+            self._arrivals = Arrivals(self._packed(), rank=rank, world_size=n, cond=self._cond)
         else:
             self._arrivals.renumber(rank, n)
         self._start(self._run, "gossip-async")
@@ -500,7 +500,7 @@ class Asynchronous(BackgroundPolicy):
         self._settle(switch)
         # Everything up to now is in what this member holds: max_staleness counts from here.
         self._mixed_step = int(switch.step)
-        old, new = self._peer.world_size, len(switch.view)
+        old, new = self._host().world_size, len(switch.view)
         if new != old:
             self._w = [w * (new / old) for w in self._w]
         if switch.transport.rank == switch.source and switch.receivers:
@@ -532,11 +532,11 @@ class Asynchronous(BackgroundPolicy):
     def _continuing(self, switch: Switch) -> list[int]:
         """Ranks, in the old view, of the other members that go on in ``switch``'s view as
         themselves (same name and incarnation)."""
-        old, new, me = self._members, switch.view, self._peer.rank
+        old, new, me = self._members, switch.view, self._host().rank
         if old is None:
             return []
         out = []
-        for r, m in enumerate(old.members[:self._peer.world_size]):
+        for r, m in enumerate(old.members[:self._host().world_size]):
             j = new.rank_of(m.name)
             if r != me and j is not None and new.member(j).incarnation == m.incarnation:
                 out.append(r)
@@ -565,9 +565,9 @@ class Asynchronous(BackgroundPolicy):
                                  f"{list(expected)} sent it", "asynchronous view change"))
             except (OperationTimeout, RuntimeError) as exc:
                 log.warning("rank %d: %s: the pushes in flight did not all arrive before "
-                            "view %d (%s): what did not is lost", self._peer.rank, self.name,
+                            "view %d (%s): what did not is lost", self._host().rank, self.name,
                             switch.view.number, exc)
-        gone = [r for r in range(self._peer.world_size) if r != self._peer.rank
+        gone = [r for r in range(self._host().world_size) if r != self._host().rank
                 and r not in partners and self._members is not None]
         for r in gone:
             self._drop(r, f"not in view {switch.view.number} as itself")
@@ -580,9 +580,9 @@ class Asynchronous(BackgroundPolicy):
                 self._arrivals.absorb_from(self._comm, src, self.send_timeout)
             except PEER_FAILURES:
                 pass   # lost with nothing queued, or the inbox closed by a change at once
-        self._buckets.copy_in()
+        self._packed().copy_in()
         self._fold_in(moved=False)   # at a boundary: the parameters are the anchor
-        self._buckets.copy_out()
+        self._packed().copy_out()
         if self._anchor is not None:
             self._keep_anchor()
 
@@ -599,10 +599,10 @@ class Asynchronous(BackgroundPolicy):
         if self._anchor is not None:
             # From the user's arrays, not via copy_in: a joiner's buckets hold the state
             # just received, and its arrays get it only in took_state.
-            if self._buckets.kind == "numpy":
-                for b, anchor in zip(self._buckets.buckets, self._anchor):
+            if self._packed().kind == "numpy":
+                for b, anchor in zip(self._packed().buckets, self._anchor):
                     for s in b.placements:
-                        np.copyto(b.view(s, anchor), self._buckets.params[s.index])
+                        np.copyto(b.view(s, anchor), self._packed().params[s.index])
             else:
                 self._keep_anchor()   # (torch: the parameters are the buckets)
 

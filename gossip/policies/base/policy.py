@@ -122,17 +122,28 @@ class Policy(abc.ABC):
     #: Whether the policy follows a view change (a join, a restart, an elastic recovery).
     #: Those that do not yet make the group refuse joiners while they are attached.
     follows_view_changes: ClassVar[bool] = True
-    #: Whether ``peer.leave()`` must be planned at a step boundary the group agrees on, the
-    #: leaver taking rounds until then and handing its state to a member there (push-sum's
-    #: mass); False: the leave takes effect at once (collectives/group/changes.py).
-    hands_off_at_leave: ClassVar[bool] = False
-    #: Whether part of the state is the same bytes on every member although the models are
-    #: each their own (elastic averaging's replicated centre, local SGD's last average): after
-    #: a recovery a member behind the source's step count takes the source's state, as
-    #: identical replicas do. A member behind is one whose collective failed where the
-    #: others' completed (its last send to it was lost with the dead peer): going on from its
-    #: own state would leave it out of a round the others counted it in.
-    shared_state: ClassVar[bool] = False
+
+    # (Read-only properties, so that a policy may answer per instance: elastic averaging's
+    # depend on its centre; a subclass answering for all its instances sets a class
+    # attribute.)
+    @property
+    def hands_off_at_leave(self) -> bool:
+        """Whether ``peer.leave()`` must be planned at a step boundary the group agrees on,
+        the leaver taking rounds until then and handing its state to a member there
+        (push-sum's mass); False: the leave takes effect at once
+        (collectives/group/changes.py)."""
+        return False
+
+    @property
+    def shared_state(self) -> bool:
+        """Whether part of the state is the same bytes on every member although the models
+        are each their own (elastic averaging's replicated centre, local SGD's last
+        average): after a recovery a member behind the source's step count takes the
+        source's state, as identical replicas do. A member behind is one whose collective
+        failed where the others' completed (its last send to it was lost with the dead
+        peer): going on from its own state would leave it out of a round the others counted
+        it in."""
+        return False
 
     def __init__(self, *, bucket_bytes: int = DEFAULT_BUCKET_BYTES,
                  timeout: float | None = None, nan_guard: bool = False,
@@ -326,6 +337,25 @@ class Policy(abc.ABC):
             raise RuntimeError(f"{self.name}: call attach(peer, params) first")
         if self._closed:
             raise RuntimeError(f"{self.name}: the policy was closed")
+
+    def _host(self) -> PolicyHost:
+        """The peer the policy is attached to, for what runs attached (a step, a round, a
+        view change's hook); RuntimeError before attach."""
+        if self._peer is None:
+            raise RuntimeError(f"{self.name}: call attach(peer, params) first")
+        return self._peer
+
+    def _packed(self) -> BucketSet:
+        """The buckets the parameters were packed into at attach; RuntimeError before."""
+        if self._buckets is None:
+            raise RuntimeError(f"{self.name}: call attach(peer, params) first")
+        return self._buckets
+
+    def _nan_guard(self) -> NanGuard:
+        """The nan guard made at attach (it watches the buckets); RuntimeError before."""
+        if self._guard is None:
+            raise RuntimeError(f"{self.name}: call attach(peer, params) first")
+        return self._guard
 
     # ------------------------------------------------------------------ nan guard
     def _guard_parameters(self) -> None:

@@ -83,7 +83,7 @@ class Choco(Policy):
 
     def _setup(self) -> None:
         self._plan_graph()
-        work = [self._work(b) for b in self._buckets]
+        work = [self._work(b) for b in self._packed()]
         self._public = [np.zeros_like(x) for x in work]     # x^_i
         self._mixed = [np.zeros_like(x) for x in work]      # s_i
         self._diff = [np.zeros_like(x) for x in work]       # q_i, then D(E(q_i))
@@ -100,7 +100,7 @@ class Choco(Policy):
                 np.abs(w.sum(axis=0) - 1).max() > _STOCHASTIC_TOL:
             raise TopologyError(f"Choco needs a doubly stochastic mixing matrix; {topo!r}'s "
                                 "is not (use weights='metropolis')")
-        self._plan = mixing_round(topo, self._peer.rank, 0).plan(compression=self.compression)
+        self._plan = mixing_round(topo, self._host().rank, 0).plan(compression=self.compression)
 
     def _restart_copies(self) -> None:
         """Public copies and their sums back to zero, as at attach: the same on every member
@@ -129,7 +129,7 @@ class Choco(Policy):
         return as_float32(adapter, b.flat, dtype)
 
     def _after_step(self, step: int) -> None:
-        buckets = self._buckets
+        buckets = self._packed()
         buckets.copy_in()
         plan, gamma = self._plan, self.consensus_step
         for b, public, mixed, diff, heard in zip(buckets, self._public, self._mixed,
@@ -137,7 +137,7 @@ class Choco(Policy):
             x = self._work(b)
             np.subtract(x, public, out=diff)
             # diff becomes D(E(diff)), heard its W-weighted sum with the neighbours'.
-            self._peer.neighbor_exchange(diff, plan, out=heard, timeout=self.timeout)
+            self._host().neighbor_exchange(diff, plan, out=heard, timeout=self.timeout)
             public += diff
             mixed += heard
             np.subtract(mixed, public, out=heard)

@@ -76,25 +76,25 @@ class Gossip(Policy):
                               "weighted average); PushSum corrects for that", UserWarning,
                               stacklevel=3)
                 break
-        self._scratch = [b.new() for b in self._buckets]
-        self._neighborhood = Neighborhood(self._peer, topo, push=False, timeout=self.timeout)
+        self._scratch = [b.new() for b in self._packed()]
+        self._neighborhood = Neighborhood(self._host(), topo, push=False, timeout=self.timeout)
 
     def _after_step(self, step: int) -> None:
-        buckets = self._buckets
+        buckets = self._packed()
         buckets.copy_in()
         plan = self._neighborhood.round(step).plan(compression=self.compression)
         for b, scratch in zip(buckets, self._scratch):
             # Every bucket's exchange is called even after one failed, so this peer's
             # sequence numbers stay in step with its neighbours'.
             with self._tolerate(f"round {step}, bucket {b.index}"):
-                self._peer.neighbor_exchange(b.flat, plan, timeout=self.timeout,
-                                             scratch=None if self.compression else scratch)
+                self._host().neighbor_exchange(b.flat, plan, timeout=self.timeout,
+                                               scratch=None if self.compression else scratch)
         buckets.copy_out()
 
     def view_changed(self) -> None:
         # The graph over the new view, and healing starts afresh (no lost peer in a new view).
         super().view_changed()
-        self._neighborhood = Neighborhood(self._peer, self._topology, push=False,
+        self._neighborhood = Neighborhood(self._host(), self._topology, push=False,
                                           timeout=self.timeout)
 
     def _extra_stats(self) -> dict:
