@@ -208,7 +208,8 @@ class Asynchronous(BackgroundPolicy):
         self._w = [1.0] * nb   # the push-sum weight of each bucket (training thread's)
         # For loops without after_backward(): the parameters as the last after_step left
         # them (the move since then is m - anchor: _fold_in); dropped at after_backward().
-        self._anchor = [adapter_for(b.flat).clone(b.flat) for b in self._packed()]
+        self._anchor: list[Any] | None = [adapter_for(b.flat).clone(b.flat)
+                                          for b in self._packed()]
         self._folded = False     # after_backward() folded the arrivals in this step
         self._out = [b.new(extra=1) for b in self._packed()]   # the message being pushed
         self._for_view()   # rotation, communicators, arrivals; the threads start
@@ -268,11 +269,12 @@ class Asynchronous(BackgroundPolicy):
         the parameters before the move): m <- m + W/(w+W) (A - a), which is the same mix with
         the move d = m - a added back. Either way a step counts fully however much mass is
         in transit, as if the pair had absorbed each message the moment it arrived."""
-        self._arrivals.drain(self._comm, self._sources, self.send_timeout)
-        arrivals = self._arrivals.take()
+        self._inbox().drain(self._comm, self._sources, self.send_timeout)
+        arrivals = self._inbox().take()
         with self._cond:
             returned, self._returned = self._returned, None
             check, self._drained_check = self._drained_check, False
+        anchor = self._anchor if moved else None   # a (kept whenever moved)
         for k, b in enumerate(self._packed().buckets):
             got, weight = arrivals[k] or (None, 0.0)
             if returned is not None and k >= returned:   # a push that did not leave
@@ -286,9 +288,9 @@ class Asynchronous(BackgroundPolicy):
                 continue
             total = self._w[k] + weight
             adapter = adapter_for(b.flat)
-            if moved:
+            if anchor is not None:
                 adapter.axpy(b.flat, weight / total, got)
-                adapter.axpy(b.flat, -weight / total, self._anchor[k])
+                adapter.axpy(b.flat, -weight / total, anchor[k])
             else:
                 adapter.lerp(b.flat, got, weight / total)
             self._w[k] = total
@@ -319,7 +321,7 @@ class Asynchronous(BackgroundPolicy):
         light = min(self._w) < self.min_weight   # flow control (class docstring)
         dst = None   # (owed() marks the peer answered: asked only when this round pushes)
         if not light:
-            dst = self._rotation.owed(self._arrivals.absorbed_from, alive)
+            dst = self._rotation.owed(self._inbox().absorbed_from, alive)
             if dst is None:
                 dst = self._rotation.next(self._turns, alive)
                 self._turns += 1
@@ -378,7 +380,7 @@ class Asynchronous(BackgroundPolicy):
     def _receive(self) -> None:
         """The receiver: sleeps until a message from any peer is waiting, then absorbs it."""
         # Its view's (a view change halts it before they are replaced).
-        stop, comm, sources, arrivals = self._stop, self._comm, self._sources, self._arrivals
+        stop, comm, sources, arrivals = self._stop, self._comm, self._sources, self._inbox()
         while not stop.is_set():
             # Dropped and lost sources too: what they sent before dying is mass (a lost
             # source with nothing queued never wakes this thread).
@@ -423,7 +425,7 @@ class Asynchronous(BackgroundPolicy):
                                        "asynchronous quiesce"))
             sent = list(self._sent_to)
         expected = self._pushes_to_absorb(sent, timeout)
-        absorbed = self._arrivals.absorbed_from
+        absorbed = self._inbox().absorbed_from
         with self._cond:
             self._wait_locked(
                 lambda: all(absorbed[j] >= count for j, count in expected.items()),
@@ -555,7 +557,7 @@ class Asynchronous(BackgroundPolicy):
         if partners and not switch.at_once:
             try:
                 expected = self._pushes_to_absorb(sent, self.timeout, partners)
-                absorbed = self._arrivals.absorbed_from
+                absorbed = self._inbox().absorbed_from
                 with self._cond:
                     self._wait_locked(
                         lambda: all(absorbed[j] >= c for j, c in expected.items()),
@@ -577,7 +579,7 @@ class Asynchronous(BackgroundPolicy):
         self._halt()
         for src in self._sources:   # what is queued still (from a leaver, the dead, ...)
             try:
-                self._arrivals.absorb_from(self._comm, src, self.send_timeout)
+                self._inbox().absorb_from(self._comm, src, self.send_timeout)
             except PEER_FAILURES:
                 pass   # lost with nothing queued, or the inbox closed by a change at once
         self._packed().copy_in()
@@ -629,14 +631,20 @@ class Asynchronous(BackgroundPolicy):
         if self._anchor is not None:
             self._keep_anchor()
 
+    def _inbox(self) -> Arrivals:
+        """What arrived from the other peers (made at attach, renumbered at a view change)."""
+        if self._arrivals is None:
+            raise RuntimeError(f"{self.name}: call attach(peer, params) first")
+        return self._arrivals
+
     def _extra_stats(self) -> dict:
         return {"background_rounds": self._rounds, "pushes_held_back": self._held_back,
-                "messages_absorbed": self._arrivals.absorbed, "lightest_weight": self._lightest,
+                "messages_absorbed": self._inbox().absorbed, "lightest_weight": self._lightest,
                 "min_weight": self.min_weight, "background_seconds": self._background_seconds,
                 "staleness_waits": self._staleness_waits, "weights_restarted": self._restarts,
                 "receiver_wakeups": self._receiver_wakeups,
                 "messages_sent_to": list(self._sent_to),   # (in this view)
-                "messages_absorbed_from": list(self._arrivals.absorbed_from),
+                "messages_absorbed_from": list(self._inbox().absorbed_from),
                 "dropped_peers": sorted(self._dropped), "rotation": list(self._rotation.ranks),
                 "healed_around": sorted(self._rotation.healed),
                 "weights": self.weights, "topology": repr(self.topology)}
