@@ -206,6 +206,7 @@ def _verdict(outcomes: list[PeerOutcome], timeout: float, tolerate: frozenset) -
     # The headline names the failure seen first (the cause), not the lowest rank.
     first = first_failure(outcomes, tolerate)
     head = (f"spawned peers did not finish within {timeout:g}s" if timed_out
+            else "spawned peers failed" if first is None
             else f"rank {first.rank} {'failed' if first.status == 'error' else 'died'} "
                  f"(exit code {first.exitcode})")
     cls = SpawnTimeout if timed_out else SpawnError
