@@ -231,7 +231,7 @@ def broadcast_parameters(model_or_params: Any, root: int = 0, *, peer: Any = Non
         groups.setdefault(key, []).append(t)
     for key, tensors in sorted(groups.items(), key=lambda kv: kv[0]):
         if key[0] == "numpy":
-            flat = np.concatenate([np.ravel(t) for t in tensors]) if tensors else None
+            flat = np.concatenate([np.ravel(t) for t in tensors])   # (a group has one or more)
             peer.broadcast(flat, root=root)
             offset = 0
             for t in tensors:
@@ -240,9 +240,9 @@ def broadcast_parameters(model_or_params: Any, root: int = 0, *, peer: Any = Non
         else:
             import torch
             with torch.no_grad():
-                flat = torch.cat([t.detach().reshape(-1) for t in tensors])
-                peer.broadcast(flat, root=root)
+                packed = torch.cat([t.detach().reshape(-1) for t in tensors])
+                peer.broadcast(packed, root=root)
                 offset = 0
                 for t in tensors:
-                    t.copy_(flat[offset:offset + t.numel()].view_as(t))
+                    t.copy_(packed[offset:offset + t.numel()].view_as(t))
                     offset += t.numel()

@@ -261,8 +261,8 @@ class Policy(abc.ABC):
                 self._recover(exc, pending=False)
                 self._recovered = True
                 return
-            if self.nan_guard and not self._guard.gradients_finite():
-                self._guard.skip("gradients")
+            if self.nan_guard and not self._nan_guard().gradients_finite():
+                self._nan_guard().skip("gradients")
 
     @property
     def skip_update(self) -> bool:
@@ -290,7 +290,7 @@ class Policy(abc.ABC):
                 if not self._owed:   # begun again: the optimizer step was skipped
                     return
             else:
-                self._buckets.check_bound()
+                self._packed().check_bound()
                 if self.nan_guard and not self._guard_after_communication:
                     self._guard_parameters()   # before anything is sent
             self._communicate()
@@ -311,10 +311,10 @@ class Policy(abc.ABC):
             if self.nan_guard:
                 if self._guard_after_communication:
                     self._guard_parameters()
-                self._guard.keep()
-            self._guard.skip_update = False
+                self._nan_guard().keep()
+            self._nan_guard().skip_update = False
             self._step += 1
-            if self._peer.at_boundary(self, self._step):
+            if self._host().at_boundary(self, self._step):
                 self._check_min_peers()
                 if self._owed:   # it took a state holding the source's update of this step
                     continue
@@ -359,7 +359,7 @@ class Policy(abc.ABC):
 
     # ------------------------------------------------------------------ nan guard
     def _guard_parameters(self) -> None:
-        if self._guard.restore_if_not_finite():
+        if self._nan_guard().restore_if_not_finite():
             self._restored()
 
     def _restored(self) -> None:
@@ -383,23 +383,23 @@ class Policy(abc.ABC):
         push-sum) completed over the peers that took part: it is counted, not skipped."""
         if isinstance(exc, ExchangeIncomplete):
             self._rounds_partial += 1
-            log.warning("rank %d: %s %s completed without rank(s) %s: %s", self._peer.rank,
+            log.warning("rank %d: %s %s completed without rank(s) %s: %s", self._host().rank,
                         self.name, what, sorted(exc.missing), exc)
             return
         self._rounds_skipped += 1
-        log.warning("rank %d: %s %s skipped: %s", self._peer.rank, self.name, what, exc)
+        log.warning("rank %d: %s %s skipped: %s", self._host().rank, self.name, what, exc)
 
     # ------------------------------------------------------------------ observability
     def stats(self, consensus: bool = False) -> dict:
         """Counters of this peer's policy. ``consensus=True`` also measures the consensus
         distance, which is a collective: every peer must call it together."""
         self._check_ready()
-        counters = self._peer.stats()
+        counters = self._host().stats()
         sent = counters["bytes_sent"] - self._bytes0
         comm, compute = self._clock.comm_seconds, self._clock.compute_seconds
         out = {
             "policy": self.name,
-            "rank": self._peer.rank,
+            "rank": self._host().rank,
             "steps": self._step,
             "bytes_sent": sent,
             "messages_sent": counters["messages_sent"] - self._messages0,
@@ -407,9 +407,9 @@ class Policy(abc.ABC):
             "comm_seconds": comm,
             "compute_seconds": compute,
             "comm_fraction": comm / (comm + compute) if comm + compute > 0 else 0.0,
-            "parameters_bytes": self._buckets.nbytes,
-            "lost_peers": sorted(self._peer.lost_peers()),
-            "skipped_steps": self._guard.skipped_steps,
+            "parameters_bytes": self._packed().nbytes,
+            "lost_peers": sorted(self._host().lost_peers()),
+            "skipped_steps": self._nan_guard().skipped_steps,
         }
         out.update(self._compression.stats())
         codec = counters.get("codec")
@@ -431,8 +431,8 @@ class Policy(abc.ABC):
     def _consensus_buffers(self) -> list:
         """The flat buffers whose disagreement consensus_distance() measures: the
         parameters the model uses (de-biased ones, for push-sum)."""
-        self._buckets.copy_in()
-        return [b.flat for b in self._buckets]
+        self._packed().copy_in()
+        return [b.flat for b in self._packed()]
 
     def consensus_distance(self) -> float:
         """||x_i - mean_j x_j|| (over every parameter) averaged over the peers, by
@@ -440,7 +440,7 @@ class Policy(abc.ABC):
         the same point. Allocates a float64 copy of the parameters (a diagnostic, not a
         step)."""
         self._check_ready()
-        peer, timeout = self._peer, self.timeout
+        peer, timeout = self._host(), self.timeout
         total = 0.0
         for flat in self._consensus_buffers():
             # In float64: a float32 mean rounds, and identical replicas would read as apart.
@@ -497,22 +497,22 @@ class Policy(abc.ABC):
         resume_at (called by the view change) says whether the step is owed."""
         # A change under way (a leave, a recovery at once), known here or heard of from a
         # member that it ended (ViewChanging: that member's notice came first).
-        changing = self._peer.changing_now() or isinstance(exc, ViewChanging)
+        changing = self._host().changing_now() or isinstance(exc, ViewChanging)
         if not self.elastic and not changing:
             raise exc   # a failure of the group; a planned change (a leave) any policy takes
         log.warning("rank %d: %s lost a peer in step %d (%s): re-forming the group",
-                    self._peer.rank, self.name, self._step, exc)
-        self._step = self._peer.recover(self, self._step, pending)
-        if self._peer.world_size < self.min_peers:
-            raise PeerLost(f"rank {self._peer.rank}: {self.name}: {self._peer.world_size} "
+                    self._host().rank, self.name, self._step, exc)
+        self._step = self._host().recover(self, self._step, pending)
+        if self._host().world_size < self.min_peers:
+            raise PeerLost(f"rank {self._host().rank}: {self.name}: {self._host().world_size} "
                            f"members left, fewer than min_peers={self.min_peers}") from exc
 
     def _check_min_peers(self) -> None:
         """After a view change taken at a step boundary (not in _recover: a member that was
         not in a collective when a peer died hears of the recovery there): fewer members than
         ``min_peers`` is PeerLost, as in _recover."""
-        if self.elastic and self._peer.world_size < self.min_peers:
-            raise PeerLost(f"rank {self._peer.rank}: {self.name}: {self._peer.world_size} "
+        if self.elastic and self._host().world_size < self.min_peers:
+            raise PeerLost(f"rank {self._host().rank}: {self.name}: {self._host().world_size} "
                            f"members left, fewer than min_peers={self.min_peers}")
 
     def max_drift(self) -> int | None:
@@ -530,18 +530,18 @@ class Policy(abc.ABC):
         """The group's view changed (the peer has its new transport and topology): graph
         policies follow the topology; policies with per-peer state override this."""
         if self.default_topology is not None:
-            self._topology = resize_topology(self._topology, self._peer.world_size)
+            self._topology = resize_topology(self._topology, self._host().world_size)
 
     def took_state(self, step: int) -> None:
         """The source's state was loaded into the buckets (gossip/membership/state_transfer.py):
         push it to the user's arrays and go on from ``step``."""
-        self._buckets.copy_out()
+        self._packed().copy_out()
         self._step = int(step)
         # A residual is what its peer has not sent yet: taken over from the source, the
         # source's unsent error would reach the average twice. This peer starts without.
         self._compression.forget_residuals()
         if self.nan_guard:
-            self._guard.keep()
+            self._nan_guard().keep()
 
     def state_sent(self) -> None:
         """This member (the switch's source) sent its state to the receivers."""
@@ -587,14 +587,14 @@ class Policy(abc.ABC):
         """The packed parameters (numpy: refreshed from the user's arrays only around a
         communication)."""
         self._check_ready()
-        return self._buckets
+        return self._packed()
 
     @property
     def arrays(self) -> list:
         """The parameters as attached (torch: now views of the buckets; numpy: the user's own
         arrays, which the policy updates in place)."""
         self._check_ready()
-        return list(self._buckets.params)
+        return list(self._packed().params)
 
     @property
     def step(self) -> int:
