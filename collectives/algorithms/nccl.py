@@ -12,14 +12,13 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import numpy as np
 
-if TYPE_CHECKING:
-    from collectives.communicator import Communicator
+from collectives.arrays.interface import Array
 
-__all__ = ["NcclGroup", "nccl_available"]
+__all__ = ["NcclGroup", "HostCollectives", "nccl_available"]
 
 log = logging.getLogger("collectives")
 
@@ -57,10 +56,37 @@ def _pointer_and_stream(x: Any) -> tuple[int, int]:
     return x.data.ptr, cupy.cuda.get_current_stream().ptr
 
 
+class HostCollectives(Protocol):
+    """What an NcclGroup asks of the communicator it serves (a Communicator): its place in
+    the group and the host collectives that decide on NCCL and hand out its unique id."""
+
+    @property
+    def rank(self) -> int:
+        """This peer's rank."""
+        ...
+
+    @property
+    def world_size(self) -> int:
+        """The number of peers."""
+        ...
+
+    def allreduce(self, x: Array, op: str = "sum") -> Array:
+        """Reduce ``x`` over every peer, in place."""
+        ...
+
+    def allgather(self, x: Array) -> Array:
+        """Every peer's ``x``, stacked in rank order."""
+        ...
+
+    def broadcast(self, x: Array, root: int = 0) -> Array:
+        """``root``'s ``x`` into every peer's, in place."""
+        ...
+
+
 class NcclGroup:
     """One NCCL communicator over all peers, created lazily and collectively."""
 
-    def __init__(self, comm: Communicator) -> None:
+    def __init__(self, comm: HostCollectives) -> None:
         self._comm = comm  # the Communicator, for the id broadcast and the collective decision
         # cupy's NcclCommunicator (cupy has no type information), made by decide()
         self._nccl_comm: Any | None = None

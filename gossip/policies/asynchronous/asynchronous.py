@@ -56,12 +56,13 @@ import functools
 import logging
 import threading
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from collectives import Communicator
 from collectives.arrays import adapter_for
+from collectives.codecs import CodecSpec
 from collectives.group import Switch, View
 from gossip.errors import OperationTimeout, PeerLost
 from gossip.peer_channels import PeerChannel
@@ -72,6 +73,9 @@ from gossip.policies.base import (DEFAULT_BUCKET_BYTES, PEER_FAILURES, Backgroun
                                   check_int, check_number)
 from gossip.policies.neighborhood import ONE_PEER_EXPONENTIAL
 from gossip.policies.push_sum import weights_from_state
+
+if TYPE_CHECKING:
+    from topologies import Topology
 
 __all__ = ["Asynchronous"]
 
@@ -154,13 +158,13 @@ class Asynchronous(BackgroundPolicy):
     own_steps = True   # the training loop never waits on a peer: counts drift apart
     worker_name = "asynchronous gossip thread"
 
-    def __init__(self, *, topology: Any = None, max_staleness: int | None = None,
+    def __init__(self, *, topology: Topology | None = None, max_staleness: int | None = None,
                  push_fraction: float = 1 / 4, min_weight: float = 1 / 2,
                  channel: int = PeerChannel.ASYNCHRONOUS, poll_interval: float = 0.25,
                  send_timeout: float | None = None,
                  bucket_bytes: int = DEFAULT_BUCKET_BYTES,
                  timeout: float | None = None, nan_guard: bool = False,
-                 compression: Any = None) -> None:
+                 compression: CodecSpec = None) -> None:
         if compression is not None:
             # Pushes move mass: a lossy codec would break the accounting the weights rely on.
             raise ValueError("Asynchronous does not take compression yet (its pushes carry "
@@ -483,7 +487,7 @@ class Asynchronous(BackgroundPolicy):
         then start the threads."""
         n, rank = self._host().world_size, self._host().rank
         self._members = self._host().view
-        self._rotation = Rotation(self._topology, rank)   # one push per round, in turn
+        self._rotation = Rotation(self._graph(), rank)   # one push per round, in turn
         # Every other peer: a healed graph sends from peers that were not in-neighbours.
         self._sources = [j for j in range(n) if j != rank]
         self._sent_to = [0] * n

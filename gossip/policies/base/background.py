@@ -21,9 +21,10 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import Any, Callable, ClassVar
+from typing import Callable, ClassVar
 
 from collectives import Communicator
+from collectives.codecs import CodecSpec
 from gossip.errors import OperationTimeout
 from gossip.policies.base.arguments import check_int, check_number
 from gossip.policies.base.buckets import DEFAULT_BUCKET_BYTES
@@ -45,7 +46,7 @@ class BackgroundPolicy(Policy):
 
     def __init__(self, *, channel: int, poll_interval: float,
                  bucket_bytes: int = DEFAULT_BUCKET_BYTES, timeout: float | None = None,
-                 nan_guard: bool = False, compression: Any = None) -> None:
+                 nan_guard: bool = False, compression: CodecSpec = None) -> None:
         super().__init__(bucket_bytes=bucket_bytes, timeout=timeout, nan_guard=nan_guard,
                          compression=compression)
         check_int("channel", channel, note=" (0 is the peer's own)")

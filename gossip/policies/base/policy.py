@@ -23,25 +23,44 @@ from __future__ import annotations
 import abc
 import logging
 import math
-from typing import Any, ClassVar, ContextManager
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, ClassVar, ContextManager, Protocol, TypeVar
 
 import numpy as np
 
 from collectives import defaults
+from collectives.arrays import Array
+from collectives.codecs import Codec, CodecSpec
 from collectives.group import Switch
 from gossip.errors import ExchangeIncomplete, PeerLost, ViewChanging
 from gossip.policies.base.arguments import check_int, check_number
 from gossip.policies.base.buckets import DEFAULT_BUCKET_BYTES, BucketSet
 from gossip.policies.base.clock import PolicyClock
 from gossip.policies.base.compression import Compression
-from gossip.policies.base.policy_host import PolicyHost
 from gossip.policies.base.failures import PEER_FAILURES, Attempt, tolerate
 from gossip.policies.base.nan_guard import NanGuard
+from gossip.policies.base.policy_host import PolicyHost
 from gossip.policies.neighborhood import resize_topology, resolve_topology
 
-__all__ = ["Policy"]
+if TYPE_CHECKING:
+    import torch
+
+    from topologies import Topology
+
+__all__ = ["Policy", "ParameterSource"]
 
 log = logging.getLogger("gossip")
+
+_P = TypeVar("_P", bound="Policy")   # attach() returns the policy as its own class
+
+
+class ParameterSource(Protocol):
+    """What ``Policy.attach`` takes besides a list of arrays: an object whose
+    ``parameters()`` are the arrays (a torch.nn.Module)."""
+
+    def parameters(self) -> Iterable[Array]:
+        """The parameters, in a fixed order."""
+        ...
 
 
 class Policy(abc.ABC):
@@ -147,7 +166,7 @@ class Policy(abc.ABC):
 
     def __init__(self, *, bucket_bytes: int = DEFAULT_BUCKET_BYTES,
                  timeout: float | None = None, nan_guard: bool = False,
-                 compression: Any = None) -> None:
+                 compression: CodecSpec = None) -> None:
         self._bucket_bytes = check_int("bucket_bytes", bucket_bytes)
         self._compression = Compression(compression)
         self._timeout_arg = check_number("timeout", timeout, lambda t: t > 0,
@@ -162,8 +181,8 @@ class Policy(abc.ABC):
         self._codec0: dict[str, int] = {}
         self.nan_guard = bool(nan_guard)
         self._guard: NanGuard | None = None
-        self._topology_arg: Any = None   # graph policies: the topology= argument
-        self._topology: Any = None       # ... resolved at attach (default_topology)
+        self._topology_arg: Topology | None = None   # graph policies: the topology= argument
+        self._topology: Topology | None = None       # ... resolved at attach (default_topology)
         self._rounds_skipped = 0         # exchanges abandoned by the failure rule
         self._rounds_partial = 0         # exchanges completed without a lost peer (push-sum)
         self._recovered = False          # after_backward's step was taken over by a recovery
@@ -173,10 +192,10 @@ class Policy(abc.ABC):
         #: The torch optimizer whose state travels with the policy's when a member takes
         #: another's state (DistributedOptimizer sets it): a joiner's momentum must be the
         #: replicas', or its steps would differ. None: the parameters and the policy only.
-        self.transfer_optimizer: Any = None
+        self.transfer_optimizer: torch.optim.Optimizer | None = None
 
     # ------------------------------------------------------------------ lifetime
-    def attach(self, peer: PolicyHost, params: Any) -> "Policy":
+    def attach(self: _P, peer: PolicyHost, params: Iterable[Array] | ParameterSource) -> _P:
         """Pack ``params`` into buckets and get ready to communicate with ``peer``'s group;
         returns the policy. Every peer must attach together (some policies communicate
         here: Synchronous broadcasts rank 0's parameters, ElasticAveraging averages the
@@ -191,6 +210,9 @@ class Policy(abc.ABC):
                                 f"{type(peer).__name__}")
         if hasattr(params, "parameters") and callable(params.parameters):
             params = list(params.parameters())  # a torch module
+        if not isinstance(params, Iterable):
+            raise TypeError(f"params must be arrays or tensors, or a torch module, got "
+                            f"{type(params).__name__}")
         buckets = BucketSet(params, bucket_bytes=self._bucket_bytes,
                             first_bucket_bytes=self._first_bucket_bytes,
                             gradients=self.uses_gradients)
@@ -241,10 +263,10 @@ class Policy(abc.ABC):
     def _shutdown(self) -> None:
         """Subclasses stop their threads and remove their hooks here."""
 
-    def __enter__(self) -> "Policy":
+    def __enter__(self: _P) -> _P:
         return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
     # ------------------------------------------------------------------ the step
@@ -350,6 +372,13 @@ class Policy(abc.ABC):
         if self._buckets is None:
             raise RuntimeError(f"{self.name}: call attach(peer, params) first")
         return self._buckets
+
+    def _graph(self) -> Topology:
+        """The graph a graph policy runs on, resolved at attach (default_topology);
+        RuntimeError before, or for a policy on no graph."""
+        if self._topology is None:
+            raise RuntimeError(f"{self.name}: no graph (before attach, or a policy on none)")
+        return self._topology
 
     def _nan_guard(self) -> NanGuard:
         """The nan guard made at attach (it watches the buckets); RuntimeError before."""
@@ -530,7 +559,7 @@ class Policy(abc.ABC):
         """The group's view changed (the peer has its new transport and topology): graph
         policies follow the topology; policies with per-peer state override this."""
         if self.default_topology is not None:
-            self._topology = resize_topology(self._topology, self._host().world_size)
+            self._topology = resize_topology(self._graph(), self._host().world_size)
 
     def took_state(self, step: int) -> None:
         """The source's state was loaded into the buckets (gossip/membership/state_transfer.py):
@@ -566,7 +595,7 @@ class Policy(abc.ABC):
 
     # ------------------------------------------------------------------ attributes
     @property
-    def compression(self) -> Any:
+    def compression(self) -> Codec | None:
         """The policy's codec (a collectives.codecs.Codec), None without one."""
         return self._compression.codec
 
@@ -576,7 +605,7 @@ class Policy(abc.ABC):
         return self._peer
 
     @property
-    def topology(self) -> Any:
+    def topology(self) -> Topology | None:
         """The graph the policy runs on: after attach the resolved one (default_topology
         when none was given), before it the ``topology`` argument; None for policies on no
         graph."""

@@ -81,6 +81,7 @@ import numpy as np
 
 from collectives import Work
 from collectives.arrays import adapter_for, segment
+from collectives.codecs import CodecSpec
 from collectives.group import Switch
 from gossip.errors import GossipError, PeerLost, ProtocolError
 from gossip.peer_channels import PeerChannel
@@ -174,7 +175,7 @@ class ElasticAveraging(BackgroundPolicy):
                  poll_interval: float = 0.25,
                  bucket_bytes: int = DEFAULT_BUCKET_BYTES, timeout: float | None = None,
                  nan_guard: bool = False, elastic: bool = False, min_peers: int = 1,
-                 compression: Any = None) -> None:
+                 compression: CodecSpec = None) -> None:
         super().__init__(channel=channel, poll_interval=poll_interval,
                          bucket_bytes=bucket_bytes, timeout=timeout, nan_guard=nan_guard,
                          compression=compression)

@@ -3,17 +3,21 @@ how its mass (numerators x, weights w) follows a membership view change exactly.
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from collectives import NeighborPlan
 from collectives.arrays import adapter_for
+from collectives.codecs import CodecSpec
 from collectives.group import Switch
 from gossip.errors import ExchangeIncomplete
 from gossip.peer_channels import PeerChannel
 from gossip.policies.base import DEFAULT_BUCKET_BYTES, PEER_FAILURES, Policy
 from gossip.policies.neighborhood import ONE_PEER_EXPONENTIAL, Neighborhood, Round
+
+if TYPE_CHECKING:
+    from topologies import Topology
 
 __all__ = ["PushSum", "weights_from_state"]
 
@@ -118,9 +122,9 @@ class PushSum(Policy):
     default_topology = ONE_PEER_EXPONENTIAL
     hands_off_at_leave = True
 
-    def __init__(self, *, topology: Any = None, overlap: bool = False,
+    def __init__(self, *, topology: Topology | None = None, overlap: bool = False,
                  bucket_bytes: int = DEFAULT_BUCKET_BYTES, timeout: float | None = None,
-                 nan_guard: bool = False, compression: Any = None) -> None:
+                 nan_guard: bool = False, compression: CodecSpec = None) -> None:
         if compression is not None:
             # Its shares are scaled per destination and carry mass (x, w): a lossy codec
             # would break the mass the de-biasing relies on (future work).
@@ -153,7 +157,7 @@ class PushSum(Policy):
         # Without overlap: the exchange's scratch. With overlap: where the in-neighbours'
         # messages add up (the exchange's out), folded into the parameters one step later.
         self._scratch = [b.new(extra=1) for b in self._packed()]
-        self._neighborhood = Neighborhood(self._host(), self._topology, push=True,
+        self._neighborhood = Neighborhood(self._host(), self._graph(), push=True,
                                           timeout=self.timeout)
 
     def _shutdown(self) -> None:
@@ -324,7 +328,7 @@ class PushSum(Policy):
 
     def view_changed(self) -> None:
         super().view_changed()   # the topology over the new view
-        self._neighborhood = Neighborhood(self._host(), self._topology, push=True,
+        self._neighborhood = Neighborhood(self._host(), self._graph(), push=True,
                                           timeout=self.timeout)
 
     def _scale(self, factor: float) -> None:

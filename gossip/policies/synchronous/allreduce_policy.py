@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from collectives.arrays import adapter_for
+from collectives.codecs import CodecSpec
 from gossip.errors import PeerLost
 from gossip.policies.base import DEFAULT_BUCKET_BYTES, Policy, check_int
 from gossip.policies.synchronous.outer_step import OuterStep
@@ -30,7 +31,7 @@ class AllreducePolicy(Policy):
 
     def __init__(self, *, bucket_bytes: int = DEFAULT_BUCKET_BYTES,
                  timeout: float | None = None, nan_guard: bool = False, elastic: bool = False,
-                 min_peers: int = 1, compression: Any = None) -> None:
+                 min_peers: int = 1, compression: CodecSpec = None) -> None:
         super().__init__(bucket_bytes=bucket_bytes, timeout=timeout, nan_guard=nan_guard,
                          compression=compression)
         self.elastic = bool(elastic)

@@ -93,7 +93,7 @@ class SGD:
         return f"SGD(lr={self.lr}, momentum={self.momentum}, nesterov={self.nesterov})"
 
 
-def resolve_outer_optimizer(value: Any) -> SGD | None:
+def resolve_outer_optimizer(value: SGD | str | None) -> SGD | None:
     """None, an SGD (copied), or "diloco"."""
     if value is None:
         return None

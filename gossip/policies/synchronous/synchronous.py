@@ -5,6 +5,7 @@ import contextlib
 import threading
 from typing import Any, Iterator
 
+from collectives.codecs import CodecSpec
 from gossip.policies.base import DEFAULT_BUCKET_BYTES
 from gossip.policies.synchronous.allreduce_policy import AllreducePolicy
 from gossip.policies.synchronous.outer_optimizer import SGD
@@ -74,7 +75,7 @@ class Synchronous(AllreducePolicy):
     def __init__(self, *, broadcast_start: bool = True,
                  bucket_bytes: int = DEFAULT_BUCKET_BYTES, timeout: float | None = None,
                  nan_guard: bool = False, elastic: bool = False, min_peers: int = 1,
-                 compression: Any = None) -> None:
+                 compression: CodecSpec = None) -> None:
         super().__init__(bucket_bytes=bucket_bytes, timeout=timeout, nan_guard=nan_guard,
                          elastic=elastic, min_peers=min_peers, compression=compression)
         self._first_bucket_bytes = min(FIRST_BUCKET_BYTES, bucket_bytes)
