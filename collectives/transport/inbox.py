@@ -162,7 +162,7 @@ class Inbox:
             if self._any_waiters:  # (a Condition's notify is Python code: skipped when idle)
                 self._arrivals.notify_all()
         if pause is not None:
-            self.on_hold(*pause)
+            self._ask(pause)
         return True
 
     def post_error(self, key: Address, error: MailboxError) -> None:
@@ -199,6 +199,12 @@ class Inbox:
                 box.notify(every=True)
             self._arrivals.notify_all()
 
+    def _ask(self, request: tuple) -> None:
+        """Pass a pause or resume request (src, pause, generation) to ``on_hold``, which is
+        set whenever a source can be held (a pause is made only then)."""
+        if self.on_hold is not None:
+            self.on_hold(*request)
+
     # -- consumer side (operations) ----------------------------------------------------------
     def _claim(self, key: Address) -> tuple[Any, Any]:
         """(Under the lock.) The mailbox ``key``, claimed by its operation: what it holds no
@@ -230,7 +236,7 @@ class Inbox:
                 if box.cond is None:
                     box.cond = threading.Condition(self._lock)
                 box.cond.wait(remaining)
-        self.on_hold(*resume)
+        self._ask(resume)
         return self.get(key, deadline)
 
     def take(self, key: Address) -> Any:
@@ -239,7 +245,7 @@ class Inbox:
             box, resume = self._claim(key)
             ready = self._ready(key, box)
         if resume is not None:
-            self.on_hold(*resume)
+            self._ask(resume)
         return ready
 
     def _ready(self, key: Address, box: _Mailbox) -> Any:
@@ -318,7 +324,7 @@ class Inbox:
                 finally:
                     self._any_waiters -= 1
         for resume in resumes:
-            self.on_hold(*resume)
+            self._ask(resume)
         return self.wait_any(keys, deadline)
 
     def retire(self, key: Address) -> list:
@@ -328,7 +334,8 @@ class Inbox:
 
     def retire_all(self, channel: int, seq: int, srcs) -> list:
         """retire() mailbox ``(src, channel, seq)`` of each of ``srcs`` under one lock."""
-        left, resumes = [], []
+        left: list = []
+        resumes: list[tuple | None] = []
         with self._lock:
             boxes, retired = self._boxes, self._retired
             for src in srcs:
@@ -340,7 +347,7 @@ class Inbox:
                     resumes.append(self._release(src, box) if box.held else None)
                     left.extend(box.items)
         for resume in filter(None, resumes):
-            self.on_hold(*resume)
+            self._ask(resume)
         return left
 
     def drop_unclaimed(self, src: int) -> int:
