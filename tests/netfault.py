@@ -56,6 +56,7 @@ from gossip.testing import wait_until
 __all__ = ["Network", "Host", "netns_unavailable", "remove_stale_namespaces", "PREFIX",
            "SUBNET", "proxy_main"]
 
+_REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PREFIX = "gnf"          # namespace names: gnf-<pid>-<tag>-sw / -h<i>
 SUBNET = "10.77.0"      # host i is SUBNET.(i+1)/24
 _CMD_TIMEOUT = 20.0     # seconds any one `ip` / `tc` command may take
@@ -309,13 +310,33 @@ class Network:
         (GOSSIP_BIND_HOST=127.0.0.1). Returns the sidecar processes."""
         procs = []
         for host in self.hosts:
-            argv = [sys.executable, os.path.abspath(__file__), "proxy", "--addr", host.addr,
+            # -P: the script's folder (tests/, which holds a tests/collectives/ folder) is not
+            # put first on sys.path, where it would shadow the collectives package
+            argv = [sys.executable, "-P", os.path.abspath(__file__), "proxy", "--addr", host.addr,
                     "--delay", repr(delay), "--stall-probability", repr(stall_probability),
                     "--stall", repr(stall), "--seed", str(host.index),
                     "--parent", str(os.getpid())]
             log = os.path.join(log_dir, f"proxy-{host.index}.log") if log_dir else None
-            procs.append(self.run(host, argv, dict(os.environ), log_path=log))
+            env = dict(os.environ, PYTHONPATH=_REPO)
+            procs.append(self.run(host, argv, env, log_path=log))
+        if log_dir:
+            for host, proc in zip(self.hosts, procs):
+                self._wait_for_sidecar(proc, os.path.join(log_dir, f"proxy-{host.index}.log"))
         return procs
+
+    @staticmethod
+    def _wait_for_sidecar(proc: subprocess.Popen, log: str) -> None:
+        """Wait until a relay sidecar printed its first line; one that exits first (an import
+        error, a bad argument) fails here with its log, not later as peers that never finish."""
+        def started() -> bool:
+            if proc.poll() is not None:
+                return True
+            with open(log, errors="replace") as f:
+                return f.read().startswith("proxy on ")
+        wait_until(started, 30.0, interval=0.02, what=f"the relay sidecar writing {log}")
+        if proc.poll() is not None:
+            with open(log, errors="replace") as f:
+                raise RuntimeError(f"relay sidecar exited with {proc.returncode}:\n{f.read()}")
 
 
 # ---------------------------------------------------------------------- the relay sidecar
