@@ -226,7 +226,7 @@ def flood_attacker(endpoint: str) -> dict:
     """Well-formed 1 MiB DATA chunks for sequence numbers that never come, from three free
     ranks' identities at once, ignoring HOLD (a raw DEALER never reads)."""
     ctx = zmq.Context()
-    socks = []
+    socks, monitors = [], []
     chunk = bytes(1 << 20)
     sent = 0
     try:
@@ -235,8 +235,10 @@ def flood_attacker(endpoint: str) -> dict:
             s.linger = 0
             s.sndhwm = 0
             s.routing_id = identity
+            monitors.append(s.get_monitor_socket(zmq.EVENT_DISCONNECTED))
             s.connect(endpoint)
             socks.append(s)
+        start = time.monotonic()
         for i in range(FLOOD_CHUNKS):
             for k, s in enumerate(socks):
                 src = int(FLOOD_IDENTITIES[k].rsplit(b":", 1)[1])
@@ -244,10 +246,13 @@ def flood_attacker(endpoint: str) -> dict:
                     [PROTOCOL_VERSION, DATA, src, 0, 1_000_000 + i, "allreduce", "uint8",
                      [1 << 20], 1 << 20, 0, 1 << 20, 0, i + 1]), chunk])
                 sent += 1
+        cut_after = [m.poll(10_000) and time.monotonic() - start for m in monitors]
         time.sleep(3)  # what libzmq still holds goes out meanwhile
-        return {"sent": sent}
+        return {"sent": sent, "cut_after": cut_after}
     finally:
-        for s in socks:
+        for s, m in zip(socks, monitors):
+            s.disable_monitor()
+            m.close(linger=0)
             s.close(linger=0)
         ctx.term()
 
@@ -264,7 +269,8 @@ def test_flood_from_several_identities_is_bounded_in_total(tmp_path):
           f"{held.get('bound_per_link', 0) / 2**20:.0f}); dropped {stats['dropped_by_reason']}; "
           f"cut {stats.get('disconnected')} {stats.get('disconnected_by_reason')}; rank 0 RSS "
           f"peak +{victim['rss_peak_growth'] / 2**20:.1f} MiB, end "
-          f"+{victim['rss_growth'] / 2**20:.1f} MiB; {victim['rounds']} exact rounds")
+          f"+{victim['rss_growth'] / 2**20:.1f} MiB; {victim['rounds']} exact rounds; first "
+          f"cut after {[round(t, 2) if t else None for t in attacker['cut_after']]} s")
     assert attacker["sent"] == len(FLOOD_IDENTITIES) * FLOOD_CHUNKS
     # Never more than 64 MiB, all links together (sampled every round; below, the exact peak).
     assert victim["held_sampled_peak"] <= 64 << 20, victim["held_sampled_peak"]
