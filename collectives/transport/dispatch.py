@@ -27,6 +27,7 @@ from typing import Callable
 from collectives import defaults
 from collectives.config import TransportConfig
 from collectives.transport.activity import Activity
+from collectives.transport.flow_control import WINDOW_FREE
 from collectives.transport.inbox import OVER_LINK, RETIRED, Inbox, Lost, MailboxError
 from collectives.transport.offenders import Offenders
 from collectives.transport.sockets import identity_of, job_of_identity, rank_of_identity
@@ -142,7 +143,8 @@ class Arrivals:
                                        "unnumbered)")
             return
         self._heard[src] = header.number
-        if src in self._paused and self._judge_window \
+        kind = header.kind
+        if src in self._paused and self._judge_window and kind not in WINDOW_FREE \
                 and self._acks.past_window(src, len(payload) if payload is not None else 0):
             # Asked to wait, it sent past its window: no honest sender can (flow_control.py).
             self._strike(src, OVER_LINK, f"rank {src} sent past its send window while asked "
@@ -150,7 +152,6 @@ class Arrivals:
             return
         # Every message is either dropped (and counted as such) or received, never both:
         # dropped + received accounts for every message that arrived.
-        kind = header.kind
         counted: bool | str
         if kind == DATA and not header.slot:  # the usual message, without the table
             counted = self._deliver(src, header, payload)
@@ -164,7 +165,7 @@ class Arrivals:
         elif counted:  # a handler's message the inbox refused (see the class docstring)
             self._refused(src, header, counted)
         # Read, so acknowledged (after the handler: a pause it decided holds this ACK back).
-        self._acks.read(src, len(payload) if payload is not None else 0, header.number)
+        self._acks.read(src, len(payload) if payload is not None else 0, header.number, kind)
 
     def _foreign(self, frames: list, identity: bytes) -> None:
         """A message under no rank of this group: dropped; its connection is cut after

@@ -50,6 +50,13 @@ heavily never wait on each other's data for the acknowledgement that would unblo
 Shared-memory chunks count only their header-only SHM message (HELD_OVERHEAD): their payload is
 bounded by the ring's slots, not by this window.
 
+Without a cluster key a paused source is also judged by its window (``Acks.past_window``):
+what was read from it since the last ACK sent to it, counting only the messages its window
+constrains (not WINDOW_FREE: ACK, HOLD, BYE, STARVED go whatever the window), is at most what
+it may have unacknowledged, since its window counts from the last ACK it received, which is
+no later. A source past that ignores HOLD: its message is refused as a strike (dispatch.py),
+and it is cut long before the hard bound.
+
 The figures are one value, ``HeldBounds``: with a cluster key the defaults' HELD_* and
 SEND_WINDOW (``KEYED_BOUNDS``); without one, where anyone who reaches the port can send as a free
 rank, smaller ones (``OPEN_BOUNDS``: 64 MiB held in total, all links together), where a source
@@ -65,10 +72,15 @@ from dataclasses import dataclass
 
 from collectives import defaults
 from collectives.errors import PeerLost
-from collectives.transport.wire import ACK, HOLD, Channel, Header, encode_header
+from collectives.transport.wire import ACK, BYE, HOLD, STARVED, Channel, Header, encode_header
 
 __all__ = ["Holds", "SendWindow", "Acks", "message_cost", "HeldBounds", "KEYED_BOUNDS",
-           "OPEN_BOUNDS", "held_bounds"]
+           "OPEN_BOUNDS", "held_bounds", "WINDOW_FREE"]
+
+# The kinds a sender sends whatever its window (Link.send_control, send_urgent): they unblock
+# the other side or end the link. Counted in the window like any message, they are the only
+# ones that may take it past its limit, so a paused source is judged without them.
+WINDOW_FREE = frozenset({ACK, HOLD, BYE, STARVED})
 
 log = logging.getLogger("collectives")
 
@@ -204,6 +216,10 @@ class Acks:
         # a source is never judged for more than it has in flight.
         self._read = [0] * world_size
         self._acked_at = [0] * world_size
+        # The same for the messages the sender's window constrains (not WINDOW_FREE): what a
+        # paused source is judged by (past_window).
+        self._windowed = [0] * world_size
+        self._windowed_at = [0] * world_size
         self._last = [0] * world_size
         self._sent = [0] * world_size
         self._lock = threading.Lock()
@@ -211,10 +227,14 @@ class Acks:
         self.received = 0
 
     # -- receiver side ----------------------------------------------------------------------
-    def read(self, src: int, nbytes: int, number: int) -> None:
-        """The ROUTER's reader took message ``number`` with ``nbytes`` of payload from ``src``."""
-        read = self._read[src] + nbytes + _OVERHEAD
+    def read(self, src: int, nbytes: int, number: int, kind: int) -> None:
+        """The ROUTER's reader took message ``number`` of ``kind`` with ``nbytes`` of payload
+        from ``src``."""
+        cost = nbytes + _OVERHEAD
+        read = self._read[src] + cost
         self._read[src] = read
+        if kind not in WINDOW_FREE:
+            self._windowed[src] += cost
         self._last[src] = number
         if read - self._acked_at[src] >= self._every and not self._holding(src):
             self._send(src)
@@ -223,9 +243,11 @@ class Acks:
         """Would a message of ``nbytes`` from ``src``, which this peer asked to wait, take what
         was read from it since its last ACK past its window? An honest sender cannot get there
         (its window counts from the last ACK it received, which is no later than the last
-        one sent): the caller refuses the message and counts a strike. (The caller asks only
-        while ``src`` is paused, and only where the bounds judge windows.)"""
-        return self._read[src] + nbytes + _OVERHEAD - self._acked_at[src] > self._allowance
+        one sent, and what goes whatever the window, WINDOW_FREE, is not counted): the caller
+        refuses the message and counts a strike. (The caller asks only for a message the
+        window constrains, while ``src`` is paused, and only where the bounds judge windows.)"""
+        return (self._windowed[src] + nbytes + _OVERHEAD - self._windowed_at[src]
+                > self._allowance)
 
     def resume(self, src: int) -> None:
         """``src`` may go on (Holds): acknowledge what was read while it was paused."""
@@ -235,6 +257,7 @@ class Acks:
         with self._lock:
             number = self._last[src]
             read = self._read[src]  # after the number: it covers that message's bytes
+            windowed = self._windowed[src]
             if number <= self._sent[src]:
                 return
             try:
@@ -244,6 +267,7 @@ class Acks:
                 return
             self._sent[src] = number
             self._acked_at[src] = read
+            self._windowed_at[src] = windowed
             ack = encode_header(Header(ACK, self.rank, Channel.LINK, number))
             if link.send_control("ack", (ack,)):
                 self._command(("flush", link))

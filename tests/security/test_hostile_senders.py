@@ -34,6 +34,7 @@ from zmq.utils.monitor import recv_monitor_message
 import gossip
 from collectives import defaults
 from collectives.security import write_cluster_key
+from collectives.transport.flow_control import KEYED_BOUNDS
 from collectives.transport.wire import DATA, PROTOCOL_VERSION
 from gossip.testing import free_port, spawn, wait_until
 from helpers import publish as _publish, read as _read
@@ -435,3 +436,32 @@ def test_rendezvous_refusals_count_in_the_hosting_peer_stats(key_path, caplog, n
         for p in peers.values():
             p.close()
         rank0.join(5)
+
+
+# ---------------------------------------------------------------- the window judgment
+def test_a_paused_source_is_judged_by_what_its_window_constrains():
+    """Without a key, a source asked to wait that sends past its window is struck. What an
+    honest sender can have sent since the last ACK it was sent is its window, or a message
+    begun below ack_every (SendWindow.room); ACK, HOLD, BYE and STARVED go whatever the window
+    and are not counted, however many come."""
+    from collectives.transport.flow_control import OPEN_BOUNDS, Acks, SendWindow
+    from collectives.transport.wire import ACK, DATA
+    bounds = OPEN_BOUNDS
+    largest = 2 * (4 << 20) + defaults.HELD_OVERHEAD  # as Transport computes it
+    allowance = bounds.window_allowance(largest)
+    for chunk in (1 << 20, (2 << 20) - 1, 4 << 20):   # chunks, and whole messages up to 4 MiB
+        acks = Acks(0, 2, {}, None, None, {1}.__contains__, every=bounds.ack_every,
+                    allowance=allowance)
+        window = SendWindow(bounds.window, bounds.ack_every)
+        number = 0
+        while window.room(chunk + defaults.HELD_OVERHEAD):   # all an honest sender may send
+            window.on_sent(chunk + defaults.HELD_OVERHEAD)
+            number += 1
+            assert not acks.past_window(1, chunk), (chunk, number)
+            acks.read(1, chunk, number, DATA)
+        for _ in range(10_000):  # its ACKs of what this peer sends it, during a long pause
+            number += 1
+            acks.read(1, 0, number, ACK)
+        assert not acks.past_window(1, 0), chunk
+        assert acks.past_window(1, allowance), chunk  # far past: not an honest sender
+    assert KEYED_BOUNDS.window_allowance(largest) is None  # with a key: never judged
