@@ -19,6 +19,8 @@ setup(
         "numpy>=1.23",
         "pyzmq>=25",
         "msgpack>=1.0",
+        # Snapshot digests (state transfer, checkpoints): XXH3-64 of each 4 MiB piece.
+        "xxhash>=3.0",
     ],
     extras_require={
         # torch only for torch users (tensors, DistributedOptimizer, the c10d backend, the

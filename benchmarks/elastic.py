@@ -5,6 +5,7 @@ state transfer, against the point-to-point bandwidth measured in the same run.
 
 Usage:
   python benchmarks/elastic.py [-n 4] [--sizes 4M,64M,256M] [--repeats 3] [--json rows.jsonl]
+                               [--insecure]
 
 ``n - 1`` members train ``Synchronous`` on float32 parameters of each size (numpy: an
 allreduce of the parameters per step, every step a few milliseconds apart); a new process
@@ -17,13 +18,15 @@ before the join (a view change waits for the next step boundary, so admission ta
 step or two). Before the join, rank
 0 sends rank 1 the same bytes point to point (``peer.send``, 3 times, median): the bandwidth
 the transfer is compared with. Medians over ``--repeats``. On this 2-core machine the
-members and the joiner contend for the cores: compare within a run.
+members and the joiner contend for the cores: compare within a run. The group and the joiner
+hold a cluster key made for the run, as `gossip run`'s do (``--insecure``: none).
 """
 from __future__ import annotations
 
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -34,6 +37,7 @@ import time
 
 import numpy as np
 
+from collectives.security import write_cluster_key
 from gossip.testing import spawn, wait_until
 
 JOINER = textwrap.dedent("""
@@ -96,10 +100,11 @@ def member(peer, workdir: str, count: int):
             statistics.median(steps[:-1] or steps))
 
 
-def run_once(n: int, nbytes: int) -> dict:
+def run_once(n: int, nbytes: int, insecure: bool = False) -> dict:
     count = nbytes // 4
-    workdir = tempfile.mkdtemp(prefix="gossip-elastic-")
+    workdir = tempfile.mkdtemp(prefix="gossip-elastic-")   # mode 0700: the key's home
     out: dict = {}
+    key = None if insecure else write_cluster_key(os.path.join(workdir, "cluster.key")).path
 
     def joiner() -> None:
         address = wait_until(lambda: os.path.exists(os.path.join(workdir, "address"))
@@ -108,7 +113,9 @@ def run_once(n: int, nbytes: int) -> dict:
         script = os.path.join(workdir, "joiner.py")
         with open(script, "w") as f:
             f.write(JOINER)
-        env = dict(os.environ, GOSSIP_RENDEZVOUS=address, GOSSIP_MEMBER_NAME="joiner")
+        env = dict(os.environ, GOSSIP_RENDEZVOUS=address, GOSSIP_MEMBER_NAME="joiner",
+                   **({"GOSSIP_KEY": key} if key else {"GOSSIP_KEY": "",
+                                                      "GOSSIP_INSECURE": "1"}))
         proc = subprocess.run([sys.executable, script, str(count)],
                               capture_output=True, text=True, env=env, timeout=600)
         out["text"] = proc.stdout + proc.stderr
@@ -117,14 +124,16 @@ def run_once(n: int, nbytes: int) -> dict:
     thread.start()
     try:
         results = spawn(member, n=n - 1, timeout=900, args=(workdir, count),
-                        peer_timeout=300)
+                        peer_timeout=300, **({"key": key} if key else {"insecure": True}))
     finally:
         thread.join(600)
+        shutil.rmtree(workdir, ignore_errors=True)   # the joiner's script, the key
     rows = [line[4:] for line in out.get("text", "").splitlines() if line.startswith("ROW ")]
     if not rows:
         raise RuntimeError(f"the joiner reported nothing:\n{out.get('text', '')[-3000:]}")
     row = json.loads(rows[0])
-    row.update(bytes=nbytes, n=n, p2p_GBps=results[0][0] / 1e9, member_step=results[0][1],
+    row.update(bytes=nbytes, n=n, curve=key is not None, p2p_GBps=results[0][0] / 1e9,
+               member_step=results[0][1],
                receive_GBps=nbytes / row["receive"] / 1e9 if row["receive"] > 0 else 0.0)
     row["receive_vs_p2p"] = row["receive_GBps"] / row["p2p_GBps"] if row["p2p_GBps"] else 0.0
     return row
@@ -142,12 +151,14 @@ def main(argv=None) -> int:
     parser.add_argument("--sizes", default="4M,64M,256M")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--json", default=None, help="append every row to this file")
+    parser.add_argument("--insecure", action="store_true",
+                        help="no cluster key (default: one made for each run)")
     args = parser.parse_args(argv)
     print(f"{'bytes':>10} {'start s':>8} {'admit s':>8} {'build s':>8} {'attach s':>8} "
           f"{'1st step s':>10} {'step s':>7} "
           f"{'total s':>8} {'recv s':>7} {'recv GB/s':>9} {'p2p GB/s':>9} {'ratio':>6}")
     for size in args.sizes.split(","):
-        rows = [run_once(args.n, _size(size)) for _ in range(args.repeats)]
+        rows = [run_once(args.n, _size(size), args.insecure) for _ in range(args.repeats)]
         med = {k: statistics.median(r[k] for r in rows) for k in rows[0] if k != "view"}
         print(f"{size:>10} {med['start']:8.2f} {med['admission']:8.2f} {med['build']:8.2f} "
               f"{med['transfer']:8.2f} "

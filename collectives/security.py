@@ -5,22 +5,30 @@ writes it). Every server socket uses it as its server key and every client socke
 key; a ZAP handler admits only clients whose public key is the cluster's. Holding the public key
 alone is not enough: the CURVE handshake makes the client prove it has the secret key, so a
 process without the key file can neither connect, read nor inject.
+
+Groups that our own tools start (``gossip run``, ``gossip.testing.spawn``, the demo) use a
+``JobKey``: a fresh cluster key in a private temporary folder, made for the job and removed
+when it ends. A process started under another launcher without a key is told so once
+(``InsecureWarning``) unless GOSSIP_INSECURE=1 says the open group is meant.
 """
 from __future__ import annotations
 
 import logging
 import os
+import shutil
 import stat
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Mapping
 
 import zmq
 from zmq.utils import z85
 
 from collectives.errors import AuthenticationError
 
-__all__ = ["ClusterKey", "write_cluster_key", "load_cluster_key", "ZapHandler", "ZAP_ENDPOINT"]
+__all__ = ["ClusterKey", "write_cluster_key", "load_cluster_key", "JobKey", "InsecureWarning",
+           "insecure_requested", "ZapHandler", "ZAP_ENDPOINT"]
 
 log = logging.getLogger("collectives")
 
@@ -103,6 +111,55 @@ def load_cluster_key(path: str | os.PathLike) -> ClusterKey:
     if mode & (stat.S_IRGRP | stat.S_IROTH):
         log.warning("cluster key %s is readable by other users; chmod 600 it", path)
     return ClusterKey(public, secret, str(path))
+
+
+class InsecureWarning(UserWarning):
+    """A group of several processes runs without a cluster key: anyone who can reach its
+    ports can take a rank, read and inject data (GOSSIP_INSECURE=1 silences it)."""
+
+
+def insecure_requested(env: Mapping[str, str] | None = None) -> bool:
+    """GOSSIP_INSECURE is set to 1 (or true, yes, on): a group without a key is meant."""
+    value = (os.environ if env is None else env).get("GOSSIP_INSECURE", "")
+    return value.strip().lower() in ("1", "true", "yes", "on")
+
+
+class JobKey:
+    """A fresh cluster key for one job, in a private temporary folder (mode 0700, the key file
+    0600), removed by ``close()`` or at the end of a ``with`` block; ``path`` is what the job's
+    processes get as GOSSIP_KEY. A process killed before it closes leaves the folder (in
+    the temporary directory, readable only by its user).
+
+        with JobKey() as job_key:
+            env["GOSSIP_KEY"] = job_key.path
+    """
+
+    def __init__(self, prefix: str = "gossip-key-") -> None:
+        _require_curve()
+        self.directory = tempfile.mkdtemp(prefix=prefix)   # mkdtemp: mode 0700, ours alone
+        try:
+            self.key = write_cluster_key(os.path.join(self.directory, "cluster.key"))
+        except BaseException:
+            shutil.rmtree(self.directory, ignore_errors=True)
+            raise
+
+    @property
+    def path(self) -> str:
+        """The key file's path."""
+        return self.key.path
+
+    def close(self) -> None:
+        """Remove the folder and the key in it (idempotent)."""
+        shutil.rmtree(self.directory, ignore_errors=True)
+
+    def __enter__(self) -> "JobKey":
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"JobKey({self.path!r})"
 
 
 class ZapHandler:

@@ -30,6 +30,10 @@ push-sum weight at 1 (its model x/w unchanged) and mixing goes on: the errors ju
 dead peer's pull is replaced and settle at the three survivors' optimum (about 3.4 here:
 rank 3's shard no longer cancels the others' bias). A collective would now fail, so each
 survivor reports only its own model.
+
+A dead peer started again (``gossip run --max-restarts 1``) rejoins instead: it takes a
+member's model, a share of its push-sum weight and its step count when the policy attaches,
+and the loop, driven by the policy's step count, ends with the others at the consensus.
 """
 from __future__ import annotations
 
@@ -85,7 +89,8 @@ def main() -> None:
         policy = gossip.policies.Asynchronous().attach(peer, [w])
         rng = np.random.default_rng([args.seed, peer.rank, 1])
         start = time.perf_counter()
-        for step in range(args.steps):
+        while policy.step < args.steps:   # (a rejoining peer goes on from the job's step)
+            step = policy.step
             if peer.rank == args.leave_rank and step == args.leave_at:
                 os._exit(9)   # no close(), no goodbye: the others see the connection drop
             b = rng.integers(0, len(y), size=args.batch_size)

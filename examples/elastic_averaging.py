@@ -20,7 +20,11 @@ one at each round. ``--center sharded`` gives each peer 1/n of the centre, serve
 background thread: a worker's elastic step waits only for those threads, never for another
 worker's training, so with ``--slow-rank 1`` the other ranks finish their loop long before
 rank 1 (compare the "loop took" lines). A dead peer fails the replicated allreduce
-(gossip.PeerLost); in the sharded form the others skip its shard and go on.
+(gossip.PeerLost); in the sharded form the others skip its shard and go on. With
+``--elastic`` the survivors re-form the group instead (``elastic=True``), and a peer started
+again (``gossip run --max-restarts 1``) rejoins the running job: it takes a member's model,
+the centre and the step count when its policy attaches, and the loop, driven by the
+policy's step count, takes it to the end with the others.
 """
 from __future__ import annotations
 
@@ -57,6 +61,8 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=4)
     parser.add_argument("--slow-rank", type=int, default=-1, help="this rank sleeps each step")
     parser.add_argument("--delay", type=float, default=0.01, help="its sleep, seconds")
+    parser.add_argument("--elastic", action="store_true",
+                        help="re-form the group after a death (elastic=True)")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
 
@@ -66,10 +72,12 @@ def main() -> None:
         w = np.zeros(DIM)
         # attach() is a collective: the centre starts at the workers' mean.
         policy = gossip.policies.ElasticAveraging(alpha=args.alpha, period=args.period,
-                                                  center=args.center).attach(peer, [w])
+                                                  center=args.center,
+                                                  elastic=args.elastic).attach(peer, [w])
         rng = np.random.default_rng([args.seed, peer.rank, 1])
         start = time.perf_counter()
-        for step in range(args.steps):
+        while policy.step < args.steps:   # (a rejoining peer goes on from the job's step)
+            step = policy.step
             b = rng.integers(0, len(y), size=args.batch_size)
             w -= args.lr * x[b].T @ (x[b] @ w - y[b]) / args.batch_size
             if peer.rank == args.slow_rank:

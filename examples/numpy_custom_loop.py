@@ -16,6 +16,12 @@ agree closely: after phase 1 no replica is more than about 0.1 from the consensu
 |w| is about 2 (gossip on a ring only shrinks the disagreement, it never quite removes it;
 with 2 peers a ring round is an exact average). Local SGD ends on an averaging step
 (every 4th), so its distance is 0.
+
+A peer that dies in phase 2 and is started again (``gossip run --max-restarts 1``, with a
+policy that trains through a death: ``--policy gossip``) rejoins the running job: it goes
+straight to phase 2, where the job is (``peer.joining``: joins are admitted at a policy's
+step boundary, and phase 1 has none), takes a member's ``w`` and step count when its
+policy attaches, and trains on from that step with the others.
 """
 from __future__ import annotations
 
@@ -53,16 +59,21 @@ def accuracy(w: np.ndarray, x: np.ndarray, y: np.ndarray) -> float:
 
 def train(peer, w, data, test, args, label, policy=None) -> None:
     x, y = data
+    # With a policy the loop follows its step count: a peer that rejoined the running job
+    # goes on from the step it took with the state, and ends with the others.
     rng = np.random.default_rng([args.seed, peer.rank, 1])
-    for step in range(args.steps):
+    step = 0 if policy is None else policy.step
+    while step < args.steps:
         batch = rng.integers(0, len(y), size=args.batch_size)
         w -= args.lr * gradient(w, x[batch], y[batch])   # in place: the policy holds w
         if policy is None:
             peer.neighbor_average(w, step=step)           # one D-PSGD round, by hand
+            step += 1
         else:
             policy.after_step()                           # the policy decides what to send
-        if (step + 1) % max(1, args.steps // 4) == 0:
-            print(f"[{label}] rank {peer.rank} step {step + 1} test accuracy "
+            step = policy.step
+        if step % max(1, args.steps // 4) == 0:
+            print(f"[{label}] rank {peer.rank} step {step} test accuracy "
                   f"{accuracy(w, *test):.3f}", flush=True)
 
 
@@ -96,9 +107,11 @@ def main() -> None:
         print(f"rank {peer.rank}/{peer.world_size} on {peer.topology!r}", flush=True)
 
         # Phase 1: different starting points on purpose, to watch gossip pull them together.
-        w = np.random.default_rng([args.seed, peer.rank, 2]).normal(size=DIM)
-        train(peer, w, data, test, args, "by hand")
-        report(peer, w, test, "by hand")
+        # (A peer joining the running job skips it: the job is in phase 2.)
+        if not peer.joining:
+            w = np.random.default_rng([args.seed, peer.rank, 2]).normal(size=DIM)
+            train(peer, w, data, test, args, "by hand")
+            report(peer, w, test, "by hand")
 
         # Phase 2: a policy packs the arrays once at attach() and updates them in place.
         w = np.zeros(DIM)

@@ -12,6 +12,13 @@ one sets (gossip's, torchrun's, SLURM's, OpenMPI's), and without any it is a wor
 Each peer trains on its own shard of the training set; the policy (--policy, one of
 gossip.policies.names()) decides how the peers combine their work. Expect the test accuracy
 to climb to about 0.95 within the default 8 epochs with any policy (chance is 0.10).
+
+A peer that dies and is started again (``gossip run --max-restarts 1``, with a policy that
+trains through a death: ``--policy gossip``) rejoins the running job: broadcast_parameters
+is skipped on it (its weights, optimizer state and step count come from the members when
+the DistributedOptimizer attaches its policy), and the loop, driven by the policy's step
+count, takes it on from the step the job is at, so every peer reaches the final collectives
+together.
 """
 from __future__ import annotations
 
@@ -62,28 +69,32 @@ def main() -> None:
         torch.manual_seed(args.seed + peer.rank)
         model = torch.nn.Sequential(torch.nn.Linear(64, args.hidden), torch.nn.ReLU(),
                                     torch.nn.Linear(args.hidden, 10))
-        gossip.broadcast_parameters(model, root=0, peer=peer)
+        gossip.broadcast_parameters(model, root=0, peer=peer)   # (skipped on a rejoining peer)
         opt = gossip.DistributedOptimizer(
             torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9),
             peer=peer, policy=args.policy)
         loss_fn = torch.nn.CrossEntropyLoss()
-        # Shuffling differs per peer (its own shard), but is reproducible.
-        order = torch.Generator().manual_seed(args.seed * 1000 + peer.rank)
 
-        for epoch in range(args.epochs):
+        # The loop follows the policy's step count, not a counter of its own: a peer that
+        # rejoins the running job goes on from the step it took with the state.
+        losses: list[float] = []
+        while opt.policy.step < args.epochs * steps:
+            epoch, step = divmod(opt.policy.step, steps)
+            # Shuffling differs per peer (its own shard) and epoch, but is reproducible.
+            perm = torch.randperm(len(x_mine), generator=torch.Generator().manual_seed(
+                args.seed * 100_000 + peer.rank * 1000 + epoch))
+            idx = perm[step * args.batch_size:(step + 1) * args.batch_size]
             model.train()
-            perm = torch.randperm(len(x_mine), generator=order)
-            total = 0.0
-            for step in range(steps):
-                idx = perm[step * args.batch_size:(step + 1) * args.batch_size]
-                opt.zero_grad()
-                loss = loss_fn(model(x_mine[idx]), y_mine[idx])
-                loss.backward()
-                opt.step()  # communication happens here, as the policy says
-                total += loss.item()
-            # This peer's own replica: with gossip-type policies replicas differ slightly.
-            print(f"rank {peer.rank} epoch {epoch + 1} loss {total / steps:.4f} "
-                  f"test accuracy {accuracy(model, x_test, y_test):.3f}", flush=True)
+            opt.zero_grad()
+            loss = loss_fn(model(x_mine[idx]), y_mine[idx])
+            loss.backward()
+            opt.step()  # communication happens here, as the policy says
+            losses.append(loss.item())
+            if opt.policy.step % steps == 0:   # the epoch's last step
+                # This peer's own replica: with gossip-type policies replicas differ slightly.
+                print(f"rank {peer.rank} epoch {epoch + 1} loss {np.mean(losses):.4f} "
+                      f"test accuracy {accuracy(model, x_test, y_test):.3f}", flush=True)
+                losses = []
 
         # How far apart the replicas ended (0 for synchronous); a collective, so every peer
         # calls it.

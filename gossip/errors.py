@@ -1,6 +1,7 @@
 """The runtime's error tree, re-exported from the layers that raise them.
 
-GossipError is the one base. TopologyError is also a ValueError; the topologies layer (pure
+GossipError is the one base. MemberReplaced (a member whose name the group gave to a restart
+in its place: it stops) is raised by the view-change protocol, collectives/group/. TopologyError is also a ValueError; the topologies layer (pure
 math, numpy only) raises topologies.TopologyError, and gossip re-raises it as this subclass,
 which is both, wherever a topology enters the runtime. The snapshot errors (SnapshotError and
 its two kinds) are raised by gossip.snapshot and the checkpoint helpers only.
@@ -8,11 +9,12 @@ its two kinds) are raised by gossip.snapshot and the checkpoint helpers only.
 from collectives.errors import (AuthenticationError, ExchangeIncomplete, GossipError, LeftOut,
                                 OperationTimeout, PeerLost, ProtocolError, RendezvousError,
                                 ViewChanging)
+from collectives.group import MemberReplaced
 from topologies.errors import TopologyError as _PureTopologyError
 
 __all__ = ["GossipError", "PeerLost", "ExchangeIncomplete", "ViewChanging", "LeftOut",
            "OperationTimeout", "RendezvousError", "ProtocolError", "AuthenticationError",
-           "TopologyError", "SnapshotError", "SnapshotMismatch", "SnapshotCorrupt"]
+           "MemberReplaced", "TopologyError", "SnapshotError", "SnapshotMismatch", "SnapshotCorrupt"]
 
 
 class TopologyError(_PureTopologyError, GossipError):

@@ -16,6 +16,7 @@ you got from ``gossip.init()``. torch is imported lazily, so ``import gossip`` s
 """
 from __future__ import annotations
 
+import logging
 from typing import Any, Callable, Iterable
 
 import numpy as np
@@ -28,12 +29,14 @@ __all__ = ["DistributedOptimizer", "broadcast_parameters", "POLICY_STATE_KEY"]
 #: Key under which DistributedOptimizer.state_dict() keeps the policy's own state.
 POLICY_STATE_KEY = "gossip_policy"
 
+log = logging.getLogger("gossip")
+
 
 def _require_peer(peer: Any, what: str) -> Any:
     if peer is None:
         raise ValueError(f"{what} needs peer=...: pass the Peer from gossip.init() (there is no "
                          "module-level default peer, so two groups can share a process)")
-    for attr in ("rank", "world_size", "broadcast"):
+    for attr in ("rank", "world_size", "broadcast", "entering"):
         if not hasattr(peer, attr):
             raise TypeError(f"peer must be a gossip.Peer (from gossip.init()), got "
                             f"{type(peer).__name__}")
@@ -46,7 +49,7 @@ class DistributedOptimizer:
     ``policy.after_step()`` (parameter averaging).
 
     ``policy``: a Policy instance, or one of the names of gossip.policies.names()
-    ("synchronous", "local-sgd", "gossip", "asynchronous", "push-sum", "elastic") made with
+    ("synchronous", "local-sgd", "gossip", "asynchronous", "push-sum", "easgd", "choco") made with
     its defaults. On construction the policy is attached to the optimizer's parameters (in
     param_groups order), which packs them into buckets: ``param.data`` becomes a view of a
     bucket, so build the optimizer after moving the model to its device. An already attached
@@ -199,8 +202,18 @@ def broadcast_parameters(model_or_params: Any, root: int = 0, *, peer: Any = Non
     """Copy ``root``'s parameters (and a module's buffers) to every peer, in place, so
     training starts from the same weights everywhere. A collective: every peer calls it with
     the same model. Tensors are packed per (dtype, device) into one flat buffer and sent in
-    one broadcast each (a one-time allocation of the model's size)."""
+    one broadcast each (a one-time allocation of the model's size).
+
+    Skipped, by design, on a peer that joins a running job (a process restarted by
+    ``gossip run --max-restarts``, a joiner; ``peer.entering``, from its join to its first
+    step): the members made this collective at their start, long ago, and the joiner's
+    parameters come with the state it takes when its policy attaches (before or after this
+    call), so the same script serves both. A log line says so."""
     peer = _require_peer(peer, "broadcast_parameters")
+    if peer.entering:
+        log.info("rank %d: broadcast_parameters skipped: this peer joined a running job; its "
+                 "parameters come with the state it takes when its policy attaches", peer.rank)
+        return
     if isinstance(root, bool) or not isinstance(root, int) or not 0 <= root < peer.world_size:
         raise ValueError(f"root must be a rank in [0, {peer.world_size}), got {root!r}")
     items = []

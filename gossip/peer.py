@@ -14,6 +14,7 @@ from collectives.transport.transport import Transport
 from gossip.membership import MembershipParticipant, PeerMembership
 from gossip.policies.neighborhood import live_mixing_round, resize_topology
 from gossip.settings import LaunchSettings
+from gossip.tracked import StepTracked, TrackedState
 
 __all__ = ["Peer"]
 
@@ -37,7 +38,7 @@ class Peer:
         # Objects whose state_dict() travels with the state a joiner takes (an
         # ElasticSampler's cursor): name -> object; and states received before their object
         # existed.
-        self._tracked: dict[str, Any] = {}
+        self._tracked: dict[str, TrackedState] = {}
         self._pending_tracked: dict[str, Any] = {}
         # Traffic totals of the transports of earlier views (stats() adds them).
         self._earlier_totals = dict.fromkeys(
@@ -305,17 +306,31 @@ class Peer:
     @property
     def joining(self) -> bool:
         """True from a join until the state of the running job arrived (at the first
-        policy's attach): broadcast_parameters and a policy's start broadcast are skipped."""
+        policy's attach): a policy's start collective (Synchronous's broadcast, the anchors'
+        or the centre's first average) is skipped, as broadcast_parameters is (entering)."""
         return self._membership is not None and self._membership.joining
+
+    @property
+    def entering(self) -> bool:
+        """True from a join (a restarted process, a joiner) until this peer's first step of
+        its own in the running job: its script's set-up collectives are behind the members,
+        so gossip.broadcast_parameters skips them (its state comes from the members when its
+        policy attaches)."""
+        return self._membership is not None and self._membership.entering
 
     @property
     def join_stats(self) -> dict[str, Any]:
         """A joiner: how its state came (state_bytes, receive_seconds, donors); else {}."""
         return self._membership.join_stats if self._membership is not None else {}
 
-    def track_state(self, name: str, obj: Any) -> None:
+    def track_state(self, name: str, obj: TrackedState) -> None:
         """Send ``obj.state_dict()`` (plain values) with the state a joiner (or a member a
-        step behind) takes, and load it there with ``obj.load_state_dict``."""
+        step behind) takes, and load it there with ``obj.load_state_dict``. An object that
+        follows steps (gossip.tracked.StepTracked: an ElasticSampler) is also told of every
+        step boundary (at_boundary) and of how a view change goes on (resume_tracked)."""
+        if not isinstance(obj, TrackedState):
+            raise TypeError(f"track_state({name!r}): {type(obj).__name__} has no "
+                            "state_dict() and load_state_dict()")
         self._tracked[name] = obj
         if name in self._pending_tracked:
             obj.load_state_dict(self._pending_tracked.pop(name))
@@ -333,6 +348,14 @@ class Peer:
                 obj.load_state_dict(state)
             else:
                 self._pending_tracked[name] = state
+
+    def resume_tracked(self, complete: bool) -> None:
+        """(The membership controller, at a view change this peer keeps its own state
+        through.) Tell the tracked objects that follow steps whether the step in progress is
+        completed (``complete``) or begun again."""
+        for obj in self._tracked.values():
+            if isinstance(obj, StepTracked):
+                obj.step_resumed(complete)
 
     def on_view_change(self, callback: Callable[[View], None]) -> None:
         """Call ``callback(view)`` after every view change, in the thread that took it (a
@@ -357,19 +380,23 @@ class Peer:
         self.close()
 
     def at_boundary(self, policy: MembershipParticipant, step: int) -> bool:
-        """Called by a policy after each step (``step`` completed): take a view change that
-        takes effect here. True if the view changed."""
+        """Called by a policy after each step (``step`` completed): tell the tracked objects
+        that follow steps, then take a view change that takes effect here. True if the view
+        changed."""
+        for obj in self._tracked.values():
+            if isinstance(obj, StepTracked):
+                obj.step_completed(step)
         if self._membership is None:
             return False
         return self._membership.at_boundary(policy, step)
 
-    def recover(self, policy: MembershipParticipant, step: int) -> int:
+    def recover(self, policy: MembershipParticipant, step: int, pending: bool = False) -> int:
         """After a peer was lost mid-step (an elastic policy): agree with the survivors on the
         next view, take the state of the one that completed most steps, and return the step
-        count to go on from."""
+        count to go on from (``pending``: PeerMembership.recover)."""
         if self._membership is None:
             raise RuntimeError("this peer has no membership (made without gossip.init())")
-        return self._membership.recover(policy, step)
+        return self._membership.recover(policy, step, pending)
 
     def attached(self, policy: MembershipParticipant) -> None:
         """Called by Policy.attach: a joiner takes the running job's state now."""

@@ -5,12 +5,13 @@ import logging
 import os
 import re
 import socket
+import warnings
 from typing import Any
 
 from collectives import defaults
 from collectives.config import TransportConfig
 from collectives.rendezvous import JobRunning, rendezvous as exchange_addresses
-from collectives.security import ClusterKey, load_cluster_key
+from collectives.security import ClusterKey, InsecureWarning, insecure_requested, load_cluster_key
 from collectives.transport.emulation import parse_link
 from collectives.transport.transport import Transport, host_id
 from gossip.errors import TopologyError
@@ -91,6 +92,12 @@ def init(*, rank: int | None = None, world_size: int | None = None,
     at the rendezvous address, a string lists member doors (``tcp://h:p,tcp://h2:p2``). A
     process started again with the variables of its first start needs no flag: a running
     member answers at the rendezvous address and it joins (gossip/membership/).
+
+    Without a key, a process of a group of several (or a joiner) warns once
+    (InsecureWarning): its rendezvous and data ports are open to anyone who reaches them.
+    ``gossip run``, gossip.testing.spawn and the demo hand their peers a key; under torchrun,
+    SLURM or mpirun set GOSSIP_KEY (``gossip keygen PATH``), or GOSSIP_INSECURE=1 when an
+    open group is meant.
     """
     configure_logging()
     settings = resolve_settings(rank=rank, world_size=world_size, rendezvous=rendezvous,
@@ -101,6 +108,10 @@ def init(*, rank: int | None = None, world_size: int | None = None,
     key = key if key is not None else (os.environ.get("GOSSIP_KEY") or None)
     if key is not None and not isinstance(key, ClusterKey):
         key = load_cluster_key(key)
+    join = join if join is not None else (os.environ.get("GOSSIP_JOIN") or None)
+    joining = join not in (None, False, "0", "")
+    if key is None and (settings.world_size > 1 or joining) and not insecure_requested():
+        _warn_open(settings, joining)
     transport = transport or os.environ.get("GOSSIP_TRANSPORT") or None
     changes: dict[str, Any] = {"timeout": timeout}
     if settings.job_source != "none":   # else a config= of the caller's may name the job
@@ -124,7 +135,8 @@ def init(*, rank: int | None = None, world_size: int | None = None,
                                                        settings.master_port))
     cfg = (config or TransportConfig()).with_(**changes)
 
-    name, incarnation = member_identity(settings.rank)
+    # Without a rank from a launcher there is no slot to come back to: a name of its own.
+    name, incarnation = member_identity(settings.rank if settings.rank_given else None)
 
     def make_transport(rank: int, size: int, view: int, hosts: list[str]) -> Transport:
         transport = Transport(rank, size, cfg.with_(view=view))
@@ -140,8 +152,7 @@ def init(*, rank: int | None = None, world_size: int | None = None,
     membership = PeerMembership(name, incarnation, cfg, make_transport, timeout,
                                 host=host_id())
     try:
-        join = join if join is not None else (os.environ.get("GOSSIP_JOIN") or None)
-        if join not in (None, False, "0", ""):
+        if joining:
             doors = [settings.rendezvous] if join in (True, "1") else str(join).split(",")
             return _join(membership, doors, topo, settings, cfg)
         tr = Transport(settings.rank, settings.world_size, cfg)
@@ -168,6 +179,18 @@ def init(*, rank: int | None = None, world_size: int | None = None,
              settings.world_size, cfg.job_id or "(unnamed)", settings.rendezvous,
              settings.source, topo)
     return Peer(tr, topo, settings, membership=membership)
+
+
+def _warn_open(settings: Any, joining: bool) -> None:
+    """The one warning of a group without a key (see init)."""
+    what = "joins a running job" if joining else f"is rank {settings.rank} of {settings.world_size}"
+    warnings.warn(
+        f"gossip: this process {what} without a cluster key: its rendezvous at "
+        f"{settings.rendezvous} and its data ports are open, and anyone who can reach them "
+        "can take a rank, read and inject data. Make a key with `gossip keygen PATH`, give "
+        "every process the same file as GOSSIP_KEY=PATH (or gossip.init(key=PATH)); or set "
+        "GOSSIP_INSECURE=1 if an open group is meant (a trusted network)",
+        InsecureWarning, stacklevel=3)
 
 
 def _join(membership: PeerMembership, doors: list[str], topology: Any, settings: Any,

@@ -10,6 +10,19 @@ the view changes, the new world partitions what is left from the cursor on, and 
 receives the cursor with the rest of the state (the sampler registers with the peer, and the
 state a member sends a joiner includes it).
 
+A step that a recovery cuts off (a death with ``elastic=True``, a leave at once) is either
+begun again or completed in the new view (gossip/policies/base/policy.py, after_step). The
+sampler follows the peer's step boundaries (gossip.tracked.StepTracked): it keeps what it
+handed out since the last completed boundary apart, and when the step is begun again (the
+torch gradient path: the interrupted step's optimizer step is skipped) it hands those
+positions out again, cut from the new view's partition; when the step is completed (the
+numpy parameter path) they stay the step's. So no sample is trained twice or skipped, but
+for the batch of a member lost in a step that is completed: it went down with that member's
+update (the step is completed over the survivors' own). The
+state a member sends is that of the boundary the group goes on from. This needs the batches
+consumed as they are handed out: a plain loop over the sampler, or a DataLoader with
+``num_workers=0`` (workers prefetch batches a re-handed step would then also train).
+
     sampler = gossip.ElasticSampler(len(dataset), batch_size=32, peer=peer, seed=0)
     for epoch in range(epochs):
         sampler.set_epoch(epoch)
@@ -22,6 +35,7 @@ For a torch DataLoader: ``DataLoader(dataset, batch_sampler=sampler)``.
 """
 from __future__ import annotations
 
+from collections import deque
 from typing import TYPE_CHECKING, Iterator
 
 import numpy as np
@@ -48,7 +62,10 @@ class ElasticSampler:
         self.shuffle, self.seed, self.drop_last = shuffle, int(seed), drop_last
         self.peer = peer
         self.epoch = 0
-        self.cursor = 0        # positions of this epoch's order the group has consumed
+        self.cursor = 0        # positions of this epoch's order the group has handed out
+        # Positions of each step handed out since the last completed boundary, oldest first:
+        # a step a recovery begins again hands them out again (step_resumed).
+        self._unfinished: deque[int] = deque()
         peer.track_state("elastic_sampler", self)
 
     def set_epoch(self, epoch: int) -> None:
@@ -56,6 +73,7 @@ class ElasticSampler:
         in progress (a joiner that took the state mid-epoch goes on from the cursor)."""
         if int(epoch) != self.epoch:
             self.epoch, self.cursor = int(epoch), 0
+            self._unfinished.clear()
 
     def order(self) -> np.ndarray:
         """This epoch's order of the whole dataset (the same on every peer)."""
@@ -86,8 +104,10 @@ class ElasticSampler:
                 return
             batch = self.batch_at(self.cursor, rank, size)
             # The step's positions are the group's once handed out: a view change at the end
-            # of this step partitions what comes after them.
+            # of this step partitions what comes after them (a recovery that begins the step
+            # again hands them out again: step_resumed).
             self.cursor += step
+            self._unfinished.append(step)
             yield batch.tolist()
 
     def __len__(self) -> int:
@@ -98,13 +118,41 @@ class ElasticSampler:
             return remaining // (self.batch_size * size)
         return -(-remaining // (self.batch_size * size))
 
+    @property
+    def completed(self) -> int:
+        """Positions of this epoch's order consumed by completed steps (``cursor`` less what
+        the step in progress was handed)."""
+        return self.cursor - sum(self._unfinished)
+
+    # ------------------------------------------------------------------ the peer's calls
+    def step_completed(self, step: int) -> None:
+        """(The peer, at each step boundary.) The oldest hand-out not yet completed was the
+        completed step's."""
+        if self._unfinished:
+            self._unfinished.popleft()
+
+    def step_resumed(self, complete: bool) -> None:
+        """(The peer, at a view change.) The step in progress is completed (its hand-out
+        stays), or begun again: what was handed out since the last boundary is handed out
+        again, from the new view's partition."""
+        if not complete:
+            self.cursor = self.completed
+            self._unfinished.clear()
+
     def state_dict(self) -> dict:
-        return {"epoch": self.epoch, "cursor": self.cursor, "length": self.length,
-                "batch_size": self.batch_size, "seed": self.seed}
+        """The epoch and the cursor of the last completed boundary; ``unfinished``: the
+        positions of each step handed out since (a source inside a step that the receivers
+        complete sends its hand-out with it)."""
+        return {"epoch": self.epoch, "cursor": self.completed, "length": self.length,
+                "batch_size": self.batch_size, "seed": self.seed,
+                "unfinished": list(self._unfinished)}
 
     def load_state_dict(self, state: dict) -> None:
         for key in ("length", "batch_size", "seed"):
             if state.get(key) != getattr(self, key):
                 raise ValueError(f"ElasticSampler state of another sampler: its {key} is "
                                  f"{state.get(key)!r}, this one's {getattr(self, key)!r}")
-        self.epoch, self.cursor = int(state["epoch"]), int(state["cursor"])
+        unfinished = [int(n) for n in state.get("unfinished") or ()]
+        self.epoch = int(state["epoch"])
+        self.cursor = int(state["cursor"]) + sum(unfinished)
+        self._unfinished = deque(unfinished)

@@ -26,6 +26,8 @@ __all__ = ["LaunchSettings", "resolve_settings", "resolve_job_id", "first_slurm_
            "DEFAULT_PORT"]
 
 DEFAULT_PORT = 29500
+# LaunchSettings.source when no launcher variable and no argument gave the rank.
+_NO_RANK = "default (no launcher variables: a world of one)"
 
 _RANK = (("GOSSIP_RANK", "GOSSIP_*"), ("RANK", "torchrun"), ("SLURM_PROCID", "SLURM"),
          ("OMPI_COMM_WORLD_RANK", "OpenMPI"))
@@ -51,6 +53,12 @@ class LaunchSettings:
         """The rendezvous address, tcp://HOST:PORT (an IPv6 host in brackets)."""
         host = f"[{self.master_addr}]" if ":" in self.master_addr else self.master_addr
         return f"tcp://{host}:{self.master_port}"
+
+    @property
+    def rank_given(self) -> bool:
+        """True when an argument or a launcher variable gave the rank (the launcher's slot:
+        what names this process across its restarts); False for the default rank 0."""
+        return self.source != _NO_RANK
 
     @property
     def is_local(self) -> bool:
@@ -130,7 +138,7 @@ def resolve_settings(*, rank: int | None = None, world_size: int | None = None,
     source = "arguments"
     if rank is None:
         found = _first(env, _RANK)
-        rank, source = found if found else (0, "default (no launcher variables: a world of one)")
+        rank, source = found if found else (0, _NO_RANK)
     if world_size is None:
         found = _first(env, _SIZE)
         world_size = found[0] if found else 1

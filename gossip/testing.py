@@ -16,6 +16,12 @@ exit) stops the others, each asked to dump its threads' stacks (faulthandler), t
 terminated, then killed. The SpawnError raised carries every rank's outcome, traceback and
 output. A peer whose function calls pytest.skip
 makes the whole spawn skip, so a skip is never mistaken for a pass.
+
+The group is encrypted and authenticated (CURVE) as ``gossip run``'s is: each call makes a
+cluster key of its own (collectives.security.JobKey, removed when the call returns) unless
+given ``key=`` (a key file, which a process started beside the group needs as GOSSIP_KEY to
+join it) or ``insecure=True`` (for tests of what an open group lets in). A GOSSIP_KEY in the
+caller's environment (or ``env``) counts as ``key=``.
 """
 from __future__ import annotations
 
@@ -27,6 +33,7 @@ from typing import Any, Callable
 
 from collectives import defaults
 from collectives.errors import GossipError
+from collectives.security import ClusterKey, JobKey
 from gossip.launch.supervisor import PeerOutcome, after_report, first_failure, free_port, supervise
 
 __all__ = ["spawn", "spawn_outcomes", "SpawnError", "SpawnTimeout", "PeerOutcome", "free_port",
@@ -97,24 +104,33 @@ def spawn(fn: Callable, n: int = 4, *, timeout: float = defaults.TIMEOUT, topolo
           args: tuple = (), kwargs: dict | None = None, peer_timeout: float | None = None,
           env: dict[str, str] | None = None, tolerate=(), restarts=None,
           tolerated_grace: float | None = None, preload: tuple[str, ...] = (),
+          key: str | os.PathLike | ClusterKey | None = None, insecure: bool = False,
           **init_kwargs) -> list[Any]:
     """Run ``fn(peer, *args, **kwargs)`` in ``n`` peer processes; return each rank's result.
 
     ``timeout`` is the global deadline for the whole run; ``peer_timeout`` is each peer's
     own operation timeout (default: a third of ``timeout``, so peers report PeerLost before
     the harness has to kill them). ``fn`` and its arguments must be picklable (a module-level
-    function). Extra keyword arguments go to gossip.init (key=, transport=, config=).
+    function). Extra keyword arguments go to gossip.init (transport=, config=, link=).
     ``tolerate``: ranks expected to die or fail (fault-injection tests); the others go on, and
     those ranks' results are None. ``restarts`` (rank -> count) and ``tolerated_grace``: see
     gossip.launch.supervisor.supervise; a restarted rank's process calls gossip.init as the first
     did, so it rejoins the running group (gossip/membership/). ``preload``: modules each
     process imports before gossip.init (``("torch",)``).
+
+    ``key``: the group's cluster key (a file, or a ClusterKey with its path), given to every
+    peer as GOSSIP_KEY; default: GOSSIP_KEY of ``env`` or of this process, else a fresh key
+    made for this call (in a private temporary folder, removed when the call returns;
+    restarted ranks get the same). A process the test starts beside the group must hold the
+    key to join it: write one (collectives.security.write_cluster_key) and pass it here and
+    as GOSSIP_KEY to that process. ``insecure=True``: no key (the peers get
+    GOSSIP_INSECURE=1), for tests of what reaches an open group.
     """
     outcomes = spawn_outcomes(fn, n, timeout=timeout, topology=topology, args=args,
                               kwargs=kwargs, peer_timeout=peer_timeout, env=env,
                               tolerate=tolerate, restarts=restarts,
-                              tolerated_grace=tolerated_grace, preload=preload,
-                              **init_kwargs)
+                              tolerated_grace=tolerated_grace, preload=preload, key=key,
+                              insecure=insecure, **init_kwargs)
     return [o.result if o.status == "ok" else None for o in outcomes]
 
 
@@ -122,19 +138,51 @@ def spawn_outcomes(fn: Callable, n: int = 4, *, timeout: float = defaults.TIMEOU
                    topology: Any = None, args: tuple = (), kwargs: dict | None = None,
                    peer_timeout: float | None = None, env: dict[str, str] | None = None,
                    tolerate=(), restarts=None, tolerated_grace: float | None = None,
-                   preload: tuple[str, ...] = (), **init_kwargs) -> list[PeerOutcome]:
+                   preload: tuple[str, ...] = (),
+                   key: str | os.PathLike | ClusterKey | None = None, insecure: bool = False,
+                   **init_kwargs) -> list[PeerOutcome]:
     """As spawn(), but every rank's PeerOutcome (a tolerated rank's error or death, and the
     earlier starts of a restarted rank, in ``earlier``), once the verdict is a pass."""
     if n < 1:
         raise ValueError(f"n must be at least 1, got {n}")
-    job = _Job(fn, n, free_port(), topology, tuple(args), dict(kwargs or {}),
-               peer_timeout if peer_timeout is not None else max(5.0, timeout / 3),
-               dict(env or {}), init_kwargs, tuple(preload))
-    tolerate = frozenset(tolerate)
-    outcomes = supervise(_peer_main, n, args=(job,), timeout=timeout, tolerate=tolerate,
-                         restarts=restarts, tolerated_grace=tolerated_grace)
+    env = dict(env or {})
+    job_key = _key_env(env, key, insecure)
+    try:
+        job = _Job(fn, n, free_port(), topology, tuple(args), dict(kwargs or {}),
+                   peer_timeout if peer_timeout is not None else max(5.0, timeout / 3),
+                   env, init_kwargs, tuple(preload))
+        tolerate = frozenset(tolerate)
+        outcomes = supervise(_peer_main, n, args=(job,), timeout=timeout, tolerate=tolerate,
+                             restarts=restarts, tolerated_grace=tolerated_grace)
+    finally:
+        if job_key is not None:
+            job_key.close()
     _verdict(outcomes, timeout, tolerate)
     return outcomes
+
+
+def _key_env(env: dict[str, str], key: Any, insecure: bool) -> JobKey | None:
+    """Put the group's key (or GOSSIP_INSECURE) into ``env``, the peers' environment; returns
+    the JobKey made for the call, if one was, for the caller to remove."""
+    if insecure:
+        if key is not None:
+            raise ValueError("spawn: give key= or insecure=True, not both")
+        env["GOSSIP_KEY"] = ""   # not an inherited one either
+        env["GOSSIP_INSECURE"] = "1"
+        return None
+    if isinstance(key, ClusterKey):
+        if not key.path:
+            raise ValueError("spawn: key= needs a key file (a ClusterKey loaded from one, or "
+                             "its path): the peers are other processes")
+        key = key.path
+    key = key if key is not None else (env.get("GOSSIP_KEY") or os.environ.get("GOSSIP_KEY")
+                                       or None)
+    if key is not None:
+        env["GOSSIP_KEY"] = os.path.abspath(key)
+        return None
+    job_key = JobKey(prefix="gossip-spawn-key-")
+    env["GOSSIP_KEY"] = job_key.path
+    return job_key
 
 
 def _verdict(outcomes: list[PeerOutcome], timeout: float, tolerate: frozenset) -> list[Any]:

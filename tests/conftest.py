@@ -1,4 +1,5 @@
-"""Shared fixtures: leak checks for threads and ipc sockets."""
+"""Shared fixtures: leak checks for threads and ipc sockets; a cluster key for tests that start
+processes beside a group."""
 from __future__ import annotations
 
 import os
@@ -7,6 +8,7 @@ import threading
 
 import pytest
 
+from collectives.security import write_cluster_key
 from gossip.snapshot import crc
 from gossip.testing import wait_until
 from helpers import ipc_sockets
@@ -40,3 +42,15 @@ def no_leaks():
         pass
     assert gossip_threads() == []
     assert ipc_sockets(os.getpid()) - before == set()
+
+
+@pytest.fixture
+def group_key(tmp_path, monkeypatch):
+    """A cluster key for the test's groups and for the processes it starts beside them (a
+    joiner, a restarted member, a second `gossip run` node): written to tmp_path and set as
+    GOSSIP_KEY in this process, which gossip.testing.spawn takes as its key and every process
+    started with this environment inherits. Returns the key file's path."""
+    path = tmp_path / "group.key"
+    write_cluster_key(path)
+    monkeypatch.setenv("GOSSIP_KEY", str(path))
+    return str(path)

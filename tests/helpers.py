@@ -9,7 +9,23 @@ from pathlib import Path
 import numpy as np
 
 __all__ = ["publish", "read", "batch_plan", "mlp", "regression_batch", "train", "quiet_point",
-           "export_and_die"]
+           "export_and_die", "REPO", "clean_env"]
+
+#: The repository root (on a child's PYTHONPATH, so it imports this checkout's gossip).
+REPO = str(Path(__file__).resolve().parents[1])
+
+
+def clean_env(**extra: str) -> dict[str, str]:
+    """This process's environment without any launcher's variables (the test's own run may
+    be under one), this checkout first on PYTHONPATH, and ``extra``: for a process a test
+    starts by hand. GOSSIP_KEY stays: the group's key (conftest's group_key), which a process
+    joining the test's group needs."""
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("GOSSIP_", "RANK", "WORLD_SIZE", "MASTER_", "SLURM_", "OMPI_",
+                                "TORCHELASTIC_")) or k == "GOSSIP_KEY"}
+    env["PYTHONPATH"] = REPO + os.pathsep + env.get("PYTHONPATH", "")
+    env.update(extra)
+    return env
 
 
 def publish(path: Path, text: str) -> None:

@@ -5,12 +5,12 @@ coordinator.py, its records in proposal.py and the boundary's margin in margin.p
 
 A process takes part through ViewChanges, and answers what the protocol asks of it through a
 MemberProcess (gossip's Peer does, in gossip/membership/)."""
-from collectives.group.changes import MemberProcess, ViewChanges
+from collectives.group.changes import MemberProcess, MemberReplaced, ViewChanges
 from collectives.group.coordinator import Coordinator
 from collectives.group.door import Door
 from collectives.group.margin import BoundaryMargin
 from collectives.group.proposal import Departure, Proposal, Switch
 from collectives.group.view import Member, View, ViewError
 
-__all__ = ["ViewChanges", "MemberProcess", "Coordinator", "Door", "BoundaryMargin",
+__all__ = ["ViewChanges", "MemberProcess", "MemberReplaced", "Coordinator", "Door", "BoundaryMargin",
            "Departure", "Proposal", "Switch", "Member", "View", "ViewError"]

@@ -23,12 +23,27 @@ A planned change (a process asks to join, or a restarted one comes back):
 An unplanned change (a synchronous member sees a peer die in a step, with elastic=True):
 the member stops at once and tells the coordinator ``recover`` {its step, whom it knows lost};
 the coordinator proposes at once (at_step None) the members it did not hear are lost, and the
-rest is steps 3-4. The commit names as ``source`` the member that completed the most steps
-(the step some finished and others did not is thus skipped identically everywhere: everyone
-takes the source's state). A member stopped at a planned S takes part in the recovery. Joiners
+rest is steps 3-4. The commit names as ``source`` the member that completed the most steps;
+the members behind it take its state, which holds the steps they did not complete. Each
+``ready`` also says whether the member is ``pending``: stopped inside a step whose local
+update its state holds, not yet combined with the others' (a parameter-side policy's step
+cut off by the death); the commit's ``completes`` is the source's. The group goes on from the
+source's step count S: a member that keeps its own state completes step S in the new view
+if it was pending (its own update), a member that took the source's state if ``completes``
+(the source's update), and every other member begins step S afresh at its boundary, so each
+member's next collective is step S's and the step is applied exactly once
+(gossip/policies/base/policy.py has the policies' side). A member stopped at a planned S
+takes part in the recovery. Joiners
 (a door and no view yet, ``view`` None) wait for ``prepare`` and ``commit`` as stopped members
 do. A live member left out (counted lost) gets LeftOut, and may ask to join again as the next
 incarnation of its name (start_over()).
+
+Identities (coordinator.py): a joiner under a current member's name is admitted as that
+member's restart only once the member is gone (counted lost, or its door silent to a
+``probe``; the joiner hears ``checking`` meanwhile); one whose holder answers ``alive`` is
+refused, naming the holder. A member whose name a committed view gave to another process
+hears ``replaced`` (at the commit, or when it asks for a recovery): it stops with
+MemberReplaced at its next boundary or recovery, its waits ended at once.
 
 A leave is at once (``leave()``: the coordinator proposes the view without the leaver as for
 a recovery, so the others' operations in progress are ended), or planned
@@ -47,7 +62,7 @@ import threading
 import time
 from typing import Any, Protocol
 
-from collectives.errors import LeftOut, OperationTimeout, PeerLost, RendezvousError
+from collectives.errors import GossipError, LeftOut, OperationTimeout, PeerLost, RendezvousError
 from collectives.group.coordinator import Coordinator
 from collectives.group.door import Door
 from collectives.group.margin import BoundaryMargin
@@ -55,9 +70,23 @@ from collectives.group.proposal import Departure, Proposal, Switch
 from collectives.group.view import Member, View, ViewError
 from collectives.transport import Transport
 
-__all__ = ["ViewChanges", "MemberProcess", "Proposal", "Switch", "Departure"]
+__all__ = ["ViewChanges", "MemberProcess", "Proposal", "Switch", "Departure", "MemberReplaced"]
 
 log = logging.getLogger("collectives")
+
+
+class MemberReplaced(GossipError):
+    """This member's name was given to another process: the group counted it gone (its door
+    silent to a probe, or its transport lost, while it was stopped or cut off) and admitted
+    a restart in its place, which now holds its rank. The process must stop: training on
+    alone would be a second group under one name. ``name`` and ``incarnation`` are this
+    member's; ``by`` is the member that holds the name now (name, incarnation, door, host);
+    ``view``: the number of the view that replaced it."""
+
+    def __init__(self, message: str, *, name: str, incarnation: int, by: Member,
+                 view: int) -> None:
+        super().__init__(message)
+        self.name, self.incarnation, self.by, self.view = name, incarnation, by, view
 
 
 class MemberProcess(Protocol):
@@ -119,12 +148,16 @@ class ViewChanges:
         # Members of the current view reported lost by others (a recovery request) or left
         # out for silence: this process counts them lost too, until the next view.
         self.reported_lost: set[str] = set()
-        for kind in ("prepare", "commit", "pending", "redirect", "refused", "left"):
+        for kind in ("prepare", "commit", "pending", "redirect", "refused", "left", "probe",
+                     "replaced", "checking"):
             door.on(kind, getattr(self, "_on_" + kind))
         # The most members a view may have (0: no bound); joiners beyond it are refused.
         self.max_members = max_members
         self._stopped_now = False
         self.departing = False   # a planned leave was asked (request_leave)
+        # The error to stop with, once a committed view gave this member's name to another
+        # process (``replaced``); None while it has not.
+        self.replaced: MemberReplaced | None = None
         self.coordinating = Coordinator(self)
 
     # ------------------------------------------------------------------ who coordinates
@@ -150,7 +183,14 @@ class ViewChanges:
     def has_pending(self) -> bool:
         """True when a change concerns this member at a coming boundary (cheap)."""
         c = self.coordinating
-        return self._proposal is not None or bool(c.pending) or bool(c.departing)
+        return self._proposal is not None or bool(c.pending) or bool(c.departing) \
+            or self.replaced is not None
+
+    def check_replaced(self) -> None:
+        """Raise MemberReplaced if a committed view gave this member's name to another
+        process."""
+        if self.replaced is not None:
+            raise self.replaced
 
     def passing(self, step: int) -> None:
         """At the boundary after ``step`` steps (every one, before looking: _on_prepare)."""
@@ -160,7 +200,8 @@ class ViewChanges:
     def boundary(self, step: int) -> Switch | Departure | None:
         """Called by the member at every step boundary (``step``: steps completed). Returns
         the committed switch when this boundary is where a change takes effect (a planned
-        leaver: its Departure)."""
+        leaver: its Departure). MemberReplaced: another process holds this member's name."""
+        self.check_replaced()
         with self.cond:
             self._boundary_step = step
             c = self.coordinating
@@ -181,29 +222,35 @@ class ViewChanges:
 
     def changing_now(self) -> bool:
         """True while a change at once (a recovery, a leave) is proposed to this member: an
-        operation that failed meanwhile was ended for it, not by a failure of the group."""
+        operation that failed meanwhile was ended for it, not by a failure of the group.
+        Also once this member was replaced (its waits were ended: recover() raises)."""
         p = self._proposal
-        return p is not None and p.at_step is None
+        return p is not None and p.at_step is None or self.replaced is not None
 
-    def recover(self, step: int, lost: set) -> Switch:
-        """Stop at once after a peer was lost mid-step; returns the recovery's switch. A
-        coordinator that does not propose within a quarter of the timeout is counted lost
-        too, and the next one is asked."""
+    def recover(self, step: int, lost: set, pending: bool = False) -> Switch:
+        """Stop at once after a peer was lost mid-step; returns the recovery's switch.
+        ``pending``: this member's state holds its local update of the step in progress, not
+        yet combined (the module docstring). A coordinator that does not propose within a
+        quarter of the timeout is counted lost too, and the next one is asked."""
+        self.check_replaced()
         with self.cond:
             self.reported_lost |= set(lost)
         deadline = time.monotonic() + self.timeout
         self._ask_the_majority(step, deadline)
         while True:
+            self.check_replaced()
             c = self.coordinator()
             if c is None:
                 raise PeerLost(f"{self.name}: every member of {self.view.describe()} is lost")
             self.door.tell(c.door, "recover", step=step, lost=sorted(self.known_lost()),
-                           name=self.name)
+                           name=self.name, inc=self.incarnation)
             wait_until = min(deadline, time.monotonic() + self.timeout / 4)
             with self.cond:
                 while self._proposal is None and self._answer is None \
-                        and time.monotonic() < wait_until:
+                        and self.replaced is None and time.monotonic() < wait_until:
                     self.cond.wait(0.1)
+            self.check_replaced()
+            with self.cond:
                 proposed = self._proposal is not None
                 if not proposed and self._answer is not None and self._answer["kind"] == "left":
                     raise LeftOut(f"{self.name}: the group went on in view "
@@ -213,7 +260,7 @@ class ViewChanges:
                                 self.name, c)
                     self.reported_lost.add(c.name)
             if proposed:
-                return self._stopped(step, recovering=True)
+                return self._stopped(step, recovering=True, pending=pending)
             if time.monotonic() >= deadline:
                 raise OperationTimeout(f"{self.name}: no member coordinated the recovery "
                                        f"within {self.timeout:g}s")
@@ -230,30 +277,39 @@ class ViewChanges:
             return
         for m in self.view.members:
             if m.name not in {x.name for x in live}:
-                self.door.tell(m.door, "recover", step=step, lost=[], name=self.name)
+                self.door.tell(m.door, "recover", step=step, lost=[], name=self.name,
+                               inc=self.incarnation)
         wait_until = min(deadline, time.monotonic() + self.timeout / 4)
         with self.cond:
-            while time.monotonic() < wait_until and self._proposal is None and not (
+            while time.monotonic() < wait_until and self._proposal is None \
+                    and self.replaced is None and not (
                     self._answer is not None and self._answer["kind"] == "left"):
                 self.cond.wait(0.1)
+            self.check_replaced()
             if self._answer is not None and self._answer["kind"] == "left":
                 raise LeftOut(f"{self.name}: the group went on in view "
                               f"{self._answer.get('number')} without it")
 
-    def _stopped(self, step: int, recovering: bool = False) -> Switch | None:
-        """Stopped at a boundary: answer each proposal that includes this member with a fresh
-        transport, until one is committed (or a proposal moves the boundary further on)."""
+    def _stopped(self, step: int, recovering: bool = False,
+                 pending: bool = False) -> Switch | None:
+        """Stopped at a boundary (``pending``: inside a step, its update not yet combined):
+        answer each proposal that includes this member with a fresh transport, until one is
+        committed (or a proposal moves the boundary further on)."""
         deadline = time.monotonic() + self.timeout
         self._stopped_now = True
         try:
-            return self._answer_proposals(step, recovering, deadline)
+            return self._answer_proposals(step, recovering, pending, deadline)
         finally:
             self._stopped_now = False
 
-    def _answer_proposals(self, step: int, recovering: bool, deadline: float) -> Switch | None:
+    def _answer_proposals(self, step: int, recovering: bool, pending: bool,
+                          deadline: float) -> Switch | None:
         answered: str | None = None
         transport = None
         while True:
+            if self.replaced is not None:
+                self._close(transport)
+                raise self.replaced
             with self.cond:
                 p, commit = self._proposal, self._commit
                 if commit is not None and p is not None and commit["pid"] == p.pid \
@@ -290,7 +346,7 @@ class ViewChanges:
             entry = dict(transport.endpoints)
             self.door.tell(p.coordinator, "ready", pid=p.pid, name=self.name, entry=entry,
                            step=step, lost=sorted(self.known_lost()),
-                           sharing=str(self.process.sharing()))
+                           sharing=str(self.process.sharing()), pending=bool(pending))
             answered = p.pid
 
     def _take(self, commit: dict, p: Proposal, transport: Any) -> Switch:
@@ -309,7 +365,8 @@ class ViewChanges:
                     if isinstance(h, list) and len(h) == 2
                     and all(type(r) is int for r in h)]
         return Switch(view, transport, source, commit["step"], list(commit["receivers"]),
-                      donors, handoffs, at_once=p.at_step is None)
+                      donors, handoffs, at_once=p.at_step is None,
+                      completes=commit.get("completes") is True)
 
     @staticmethod
     def _close(transport: Any) -> None:
@@ -388,7 +445,9 @@ class ViewChanges:
 
     # ------------------------------------------------------------------ joiner side
     def start_over(self) -> None:
-        """After LeftOut: be the next incarnation of this name, to join() again."""
+        """After LeftOut: be the next incarnation of this name, to join() again (unless
+        another process holds the name now: MemberReplaced)."""
+        self.check_replaced()
         with self.cond:
             self.incarnation += 1
             self.me = Member(self.name, self.incarnation, self.me.door, self.me.host)
@@ -406,10 +465,19 @@ class ViewChanges:
             self.door.tell(address, "join", member=self.me.to_wire())
             with self.cond:
                 wait_until = min(deadline, time.monotonic() + self.timeout / 4)
-                while self._answer is None and self._proposal is None \
-                        and time.monotonic() < wait_until:
-                    self.cond.wait(0.1)
-                answer, self._answer = self._answer, None
+                while True:
+                    while self._answer is None and self._proposal is None \
+                            and time.monotonic() < wait_until:
+                        self.cond.wait(0.1)
+                    answer, self._answer = self._answer, None
+                    if answer is None or answer["kind"] != "checking":
+                        break
+                    # Its name is a member's the coordinator is asking after: the answer
+                    # (admitted, or refused) comes within the probe's deadline.
+                    log.info("%s: the coordinator at %s checks whether %s, which holds this "
+                             "name, still lives", self.name, address,
+                             _member_text(answer.get("holder")))
+                    wait_until = deadline
                 proposed = self._proposal is not None
             if proposed or answer is not None and answer["kind"] == "pending":
                 return self._stopped(0, recovering=True)
@@ -417,8 +485,10 @@ class ViewChanges:
                 queue.insert(0, str(answer["to"]))
                 continue
             if answer is not None and answer["kind"] == "refused":
-                raise RendezvousError(f"{self.name}: refused by the member at {address}: "
-                                      f"{answer.get('reason')}")
+                error = RendezvousError(f"{self.name}: refused by the member at {address}: "
+                                        f"{answer.get('reason')}")
+                log.error("%s", error)
+                raise error
             if time.monotonic() >= deadline:
                 break
         raise RendezvousError(f"{self.name}: no member admitted it within {self.timeout:g}s "
@@ -431,7 +501,36 @@ class ViewChanges:
             self._answer = msg
             self.cond.notify_all()
 
-    _on_redirect = _on_refused = _on_left = _on_pending
+    _on_redirect = _on_refused = _on_left = _on_checking = _on_pending
+
+    def _on_probe(self, msg: dict) -> None:
+        """A coordinator asks whether this member lives (a joiner wants its name): yes."""
+        if msg.get("name") == self.name:
+            self.door.tell(msg["from"], "alive", name=self.name, inc=self.incarnation)
+
+    def _on_replaced(self, msg: dict) -> None:
+        """A committed view gave this member's name to another process: stop (check_replaced
+        raises at the next boundary or recovery; the transport's waits end now)."""
+        if msg.get("name") != self.name or msg.get("inc") != self.incarnation:
+            return   # (of an earlier incarnation of this name: a left-out member's own)
+        try:
+            by = Member.from_wire(msg.get("by"))
+        except ViewError:
+            return
+        number = msg["number"] if type(msg.get("number")) is int else -1
+        error = MemberReplaced(
+            f"{self.name}#{self.incarnation}: replaced by {by} (door {by.door}, host "
+            f"{by.host or '?'}) in view {number} of job {self.door.config.job_id or '(unnamed)'}:"
+            f" the group counted this member gone (silent to a probe, or lost) and admitted a "
+            "process under its name in its place; this one stops rather than train on alone",
+            name=self.name, incarnation=self.incarnation, by=by, view=number)
+        with self.cond:
+            if self.replaced is not None:
+                return
+            self.replaced = error
+            self.cond.notify_all()
+        log.error("%s", error)
+        self.process.interrupt()
 
     # ------------------------------------------------------------------ door thread: all
     def _on_prepare(self, msg: dict) -> None:
@@ -465,3 +564,12 @@ class ViewChanges:
         with self.cond:
             self._commit = msg
             self.cond.notify_all()
+
+
+def _member_text(obj: Any) -> str:
+    """A member off the wire for a log line ("rank1#3 at tcp://h:p"), or "?"."""
+    try:
+        m = Member.from_wire(obj)
+    except ViewError:
+        return "?"
+    return f"{m} at {m.door}"

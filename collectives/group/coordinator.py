@@ -1,18 +1,29 @@
 """The coordinator's side of the view-change protocol (changes.py describes it): admitting
 joiners, proposing the next view, gathering the members' answers, committing. Whichever member
 is the coordinator of the moment runs it, in its door's thread, under the protocol's lock.
+
+A live member's identity is never given to another process. A joiner under the name of a
+member of the current view (a restarted process, or one started by hand with a member's
+slot) is that member's restart only once the member is gone: this process counts it lost
+(its transport saw it die, or another member said so), or its door does not answer a
+``probe`` within PROBE_SECONDS (capped at a quarter of the protocol's timeout); meanwhile the
+joiner hears ``checking``. A member that answers makes the join refused, naming it (name,
+incarnation, door and host). A member replaced although alive (silent past the probe, then
+back: a stopped process, a partition) is told ``replaced`` when the view without it is
+committed, or when it asks for a recovery, and stops with MemberReplaced (changes.py).
 """
 from __future__ import annotations
 
 import itertools
 import logging
 import time
+from dataclasses import dataclass
 from typing import Any
 
 from collectives.group.proposal import Proposal
 from collectives.group.view import Member, View, ViewError
 
-__all__ = ["Coordinator", "MAX_DONORS", "SHARING"]
+__all__ = ["Coordinator", "MAX_DONORS", "SHARING", "PROBE_SECONDS"]
 
 #: The most members a receiver takes its state from at once (identical replicas only):
 #: more would split each donor's share thinner than the links need.
@@ -21,7 +32,23 @@ MAX_DONORS = 4
 #: part, or its own.
 SHARING = ("identical", "shared", "own")
 
+#: Seconds a member's door has to answer a probe before a joiner under its name may take
+#: its place (at most a quarter of the protocol's timeout): a live door answers within its
+#: poll (0.1 s); a dead process's never does.
+PROBE_SECONDS = 3.0
+
 log = logging.getLogger("collectives")
+
+
+@dataclass(frozen=True)
+class _Probe:
+    """A joiner under a current member's name, waiting while that member's door is asked
+    whether it lives."""
+    joiner: Member
+    reply_to: str       # the joiner's door
+    holder: Member      # the current view's member of that name
+    asked: float        # time.monotonic() of the probe
+    deadline: float
 
 
 class Coordinator:
@@ -37,11 +64,12 @@ class Coordinator:
         self.counter = itertools.count(1)
         self.leaving: dict[str, str] = {}        # name -> door of a member that leaves
         self.lates = 0   # boundaries of the change under way that a member was past already
+        self.probing: dict[str, _Probe] = {}   # name -> a joiner waiting on a probe
         # name -> door of a member that leaves at the next planned boundary (its state is
         # handed to a member there: push-sum mass), not yet in a committed view
         self.departing: dict[str, str] = {}
         door = changes.door
-        for kind in ("join", "late", "ready", "recover", "leave"):
+        for kind in ("join", "late", "ready", "recover", "leave", "alive"):
             door.on(kind, getattr(self, "on_" + kind))
         door.every_poll(self.tick)
 
@@ -59,13 +87,24 @@ class Coordinator:
                 self.changes.door.tell(msg["from"], "redirect", to=c.door)
                 return
             rank = self.changes.view.rank_of(member.name)
-            live = self.changes.view.member(rank) if rank is not None else None
-            if live is not None and live.incarnation >= member.incarnation \
+            held = self.changes.view.member(rank) if rank is not None else None
+            if held is not None and held.door != member.door \
                     and member.name not in self.changes.known_lost():
-                self.changes.door.tell(msg["from"], "refused",
-                                       reason=f"{member.name} is a live member already "
-                                              f"(incarnation {live.incarnation})")
+                # Its name is a member's this process does not know to be gone (the same
+                # door: a member left out that joins again, as its next incarnation).
+                if held.incarnation >= member.incarnation:
+                    self._refuse(msg["from"], member, held,
+                                 "its incarnation is not older than the joiner's")
+                    return
+                self._probe(member, msg["from"], held)
                 return
+            self._admit(member, msg["from"], rank)
+
+    def _admit(self, member: Member, reply_to: str, rank: int | None) -> None:
+        """Admit ``member`` to the next view (caller holds the lock), unless the policies or
+        the job's bound refuse it; ``rank``: its name's place in the current view (a
+        restart), None for a new member."""
+        with self.changes.cond:
             reason = self.changes.process.refusal()
             limit = self.changes.max_members
             if reason is None and rank is None and limit and member.name not in self.pending:
@@ -78,12 +117,58 @@ class Coordinator:
                     reason = (f"the job has its most members already ({limit}, "
                               "GOSSIP_MAX_PEERS: gossip run --nnodes MIN:MAX)")
             if reason is not None:
-                self.changes.door.tell(msg["from"], "refused", reason=reason)
+                self.changes.door.tell(reply_to, "refused", reason=reason)
                 return
             self.pending[member.name] = member
             log.info("%s: %s asks to join %s", self.changes.name, member,
                      self.changes.view.describe())
-            self.changes.door.tell(msg["from"], "pending", view=self.changes.view.to_wire())
+            self.changes.door.tell(reply_to, "pending", view=self.changes.view.to_wire())
+
+    def _refuse(self, reply_to: str, member: Member, held: Member, why: str) -> None:
+        """Refuse ``member``, a joiner under the name of ``held``, a live member."""
+        reason = (f"{member.name} is a live member of {self.changes.view.describe()}: "
+                  f"{held} (door {held.door}, host {held.host or '?'}) holds the name, and "
+                  f"{why}; a process takes a member's name only once that member is gone "
+                  "(started without RANK or GOSSIP_MEMBER_NAME, a joiner is a new member)")
+        log.warning("%s: refused %s (from %s): %s", self.changes.name, member, reply_to, reason)
+        self.changes.door.tell(reply_to, "refused", reason=reason)
+
+    def _probe(self, member: Member, reply_to: str, held: Member) -> None:
+        """Ask ``held``'s door whether it lives before ``member`` may take its name (caller
+        holds the lock): its ``alive`` refuses the joiner, silence admits it (tick)."""
+        now = time.monotonic()
+        seconds = min(PROBE_SECONDS, self.changes.timeout / 4)
+        self.probing[member.name] = _Probe(member, reply_to, held, now, now + seconds)
+        log.info("%s: %s asks to join under the name of %s, whom it does not count lost: "
+                 "asking %s's door at %s whether it lives (%.3g s)", self.changes.name, member,
+                 held, held, held.door, seconds)
+        self.changes.door.tell(held.door, "probe", name=held.name)
+        self.changes.door.tell(reply_to, "checking", holder=held.to_wire(), seconds=seconds)
+
+    def on_alive(self, msg: dict) -> None:
+        """A probed member's door answered: the joiner under its name is refused."""
+        with self.changes.cond:
+            probe = self.probing.get(msg.get("name"))   # type: ignore[arg-type]
+            if probe is None or msg.get("inc") != probe.holder.incarnation:
+                return
+            del self.probing[probe.joiner.name]
+            self._refuse(probe.reply_to, probe.joiner, probe.holder,
+                         f"its door answered a probe within "
+                         f"{time.monotonic() - probe.asked:.2f} s")
+
+    def _probes_due(self) -> None:
+        """(tick) Joiners whose probe went unanswered past its deadline, or whose name's
+        holder this process now counts lost: admitted, as that member's restart."""
+        now, lost = time.monotonic(), self.changes.known_lost()
+        for name, probe in list(self.probing.items()):
+            if name in lost or now >= probe.deadline:
+                del self.probing[name]
+                if name not in lost:
+                    log.warning("%s: %s's door at %s did not answer a probe within %.3g s: "
+                                "counted gone, %s takes its place", self.changes.name,
+                                probe.holder, probe.holder.door, probe.deadline - probe.asked,
+                                probe.joiner)
+                self._admit(probe.joiner, probe.reply_to, self.changes.view.rank_of(name))
 
     def propose(self, at_step: int | None, also_lost: frozenset = frozenset()) -> None:
         """Propose the next view (caller holds the lock): the live members, a restarted one in
@@ -138,6 +223,14 @@ class Coordinator:
                 # stale, and so is whom it counts lost. It may join again (LeftOut).
                 self.changes.door.tell(msg["from"], "left", number=view.number)
                 return
+            holder = view.member(view.rank_of(name)) if isinstance(name, str) \
+                and view.rank_of(name) is not None else None
+            if holder is not None and holder.door != msg["from"] \
+                    and type(msg.get("inc")) is int and msg["inc"] != holder.incarnation:
+                # Its name is another process's now (its restart took its place): it stops.
+                self.changes.door.tell(msg["from"], "replaced", name=name, inc=msg["inc"],
+                                       by=holder.to_wire(), number=view.number)
+                return
             self.changes.reported_lost |= lost - {self.changes.name}
             if not self.changes.is_coordinator():
                 return   # the sender asks the one it counts as coordinator after a deadline
@@ -176,12 +269,15 @@ class Coordinator:
                 return
             sharing = msg.get("sharing")
             self.ready[name] = {"entry": entry, "step": step,
-                                "sharing": sharing if sharing in SHARING else "own"}
+                                "sharing": sharing if sharing in SHARING else "own",
+                                "pending": msg.get("pending") is True}
             if len(self.ready) == len(p.members):
                 self._commit_active()
 
     def _commit_active(self) -> None:
         p = self.active
+        if p is None:
+            return
         ranks = range(len(p.members))
         old = self.changes.view.names()
         # The state everyone continues from: the old member that completed most steps.
@@ -204,12 +300,17 @@ class Coordinator:
                     step if p.at_step is None else p.at_step)
         table = {str(r): self.ready[p.members[r].name]["entry"] for r in ranks}
         handoffs = self._handoffs(p, olds) if p.at_step is not None else {}
+        # The source's state holds its update of step ``step``, not yet combined: those that
+        # take it complete that step in the new view (changes.py).
+        completes = self.ready[p.members[source].name]["pending"]
         commit = {"pid": p.pid, "view": view.to_wire(), "table": table, "source": source,
                   "step": step, "receivers": receivers, "donors": donors,
+                  "completes": completes,
                   "handoffs": [[new, self.changes.view.rank_of(name)]
                                for name, (new, _) in handoffs.items()]}
         for m in p.members:
             self.changes.door.tell(m.door, "commit", **commit)
+        self._tell_replaced(p)
         for m in p.members:
             self.pending.pop(m.name, None)
         for name, door in list(self.leaving.items()):
@@ -223,8 +324,21 @@ class Coordinator:
                 del self.departing[name]
         self.active = None
         self.lates = 0
-        log.info("%s: committed %s (state from ranks %s at step %d to ranks %s)",
-                 self.changes.name, view.describe(), donors, step, receivers)
+        log.info("%s: committed %s (state from ranks %s at step %d%s to ranks %s)",
+                 self.changes.name, view.describe(), donors, step,
+                 ", its update not yet combined" if completes else "", receivers)
+
+    def _tell_replaced(self, p: Proposal) -> None:
+        """Members of the current view whose name the committed view gives to another
+        process (a restart: the old one is dead, or was silent past a probe): tell the old
+        one, which, if it lives after all, stops instead of training on alone."""
+        view = self.changes.view
+        for m in p.members:
+            rank = view.rank_of(m.name)
+            old = view.member(rank) if rank is not None else None
+            if old is not None and old.door != m.door:
+                self.changes.door.tell(old.door, "replaced", name=old.name,
+                                       inc=old.incarnation, by=m.to_wire(), number=p.number)
 
     def _handoffs(self, p: Proposal, olds: list[int]) -> dict[str, tuple[int, int]]:
         """Each planned leaver of the current view -> (new rank, old rank) of the member that
@@ -255,6 +369,8 @@ class Coordinator:
         restarted member's old self, and the new process, under the same name, has until
         the deadline to answer."""
         with self.changes.cond:
+            if self.probing:
+                self._probes_due()
             p = self.active
             if p is None:
                 return

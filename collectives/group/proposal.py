@@ -52,6 +52,10 @@ class Switch:
     # Proposed at once (a recovery, a leave): the members' waits on the old transport were
     # ended before they stopped (changes.py), so nothing more can be waited for on it.
     at_once: bool = False
+    # The source stopped inside step ``step`` with its local update in its state, not yet
+    # combined: the receivers, which take that update, complete the step in the new view
+    # (changes.py); False: they begin step ``step`` afresh.
+    completes: bool = False
 
     @property
     def senders(self) -> list[int]:

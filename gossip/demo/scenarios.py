@@ -54,10 +54,10 @@ class Scenario:
 
 SCENARIOS = (
     Scenario("slow-network", "every link 100 Mbit/s, 1 ms (emulated)",
-             "communication costs what it would on a slow cluster: local-sgd and elastic "
+             "communication costs what it would on a slow cluster: local-sgd and easgd "
              "communicate every few steps and finish first; synchronous pays an allreduce "
              "per step, gossip one exchange with each neighbour",
-             ("synchronous", "local-sgd", "elastic", "gossip"), settings={"link": "100mbit,1ms"}),
+             ("synchronous", "local-sgd", "easgd", "gossip"), settings={"link": "100mbit,1ms"}),
     Scenario("straggler", "the last peer 4x slower per step",
              "synchronous and gossip wait for the slow peer at every step; asynchronous lets "
              "the others go on: its fast peers take more of the group's steps (split by "

@@ -2,8 +2,8 @@
 
     gossip run -n 4 train.py --lr 0.1          # or: python -m gossip.run -n 4 train.py ...
     gossip run -n 2 -m mypkg.train             # a module instead of a script
-    gossip run --nnodes 2 --node-rank 1 --master-addr node0 -n 8 train.py
-    gossip run --nnodes 2:4 --node-rank 3 --master-addr node0 -n 8 train.py   # elastic
+    gossip run --nnodes 2 --node-rank 1 --master-addr node0 --key cluster.key -n 8 train.py
+    gossip run --nnodes 2:4 --node-rank 3 --master-addr node0 --key cluster.key -n 8 train.py
 
 ``--nnodes MIN:MAX``: nodes 0..MIN-1 form the job (WORLD_SIZE = MIN x N at the start); a node
 of rank MIN..MAX-1 starts its peers as joiners of the running job (GOSSIP_JOIN, through the
@@ -16,11 +16,21 @@ and names it (a restarted one takes its slot again); its rank in the group is th
 Each peer gets torchrun's variables (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE,
 MASTER_ADDR, MASTER_PORT, GROUP_RANK), so ``gossip.init()`` (or torch.distributed) finds the
 group, and GOSSIP_JOB_ID (``--job-id``, or one made here: see _job_id), so peers of two runs
-that meet at one port never mix. Every output line is prefixed with the peer's rank
-(``--log-dir``, ``--tee``: see launch). The first peer to fail stops the others (SIGTERM, then
-SIGKILL after ``grace`` seconds) and its exit code becomes the launcher's (128+N for death by
-signal N, like a shell). SIGINT/SIGTERM/SIGHUP to the launcher are forwarded to every peer,
-with the same escalation, and the launcher exits 128+signal.
+that meet at one port never mix.
+
+Every job is encrypted and authenticated (CURVE) unless ``--insecure``: each peer gets
+GOSSIP_KEY, the cluster key of ``--key FILE`` (or of the launcher's own GOSSIP_KEY), else one
+made for the job on one node (collectives.security.JobKey: a private temporary folder,
+removed when the launcher exits; restarted peers get the same). A job across nodes
+(``--nnodes`` > 1 or MIN:MAX) needs the same key file on every node (``gossip keygen PATH``,
+then copy it) or ``--insecure`` on every node: without either it is refused before anything
+starts. Under ``--insecure`` the peers get GOSSIP_INSECURE=1 (gossip.init then does not warn).
+
+Every output line is prefixed with the peer's rank (``--log-dir``, ``--tee``: see launch). The
+first peer to fail stops the others (SIGTERM, then SIGKILL after ``grace`` seconds) and its
+exit code becomes the launcher's (128+N for death by signal N, like a shell).
+SIGINT/SIGTERM/SIGHUP to the launcher are forwarded to every peer, with the same escalation,
+and the launcher exits 128+signal.
 
 This module must not import torch: it only starts processes, and should start fast.
 
@@ -38,6 +48,8 @@ from typing import Mapping, Sequence
 
 from collectives import defaults
 from collectives.config import MAX_JOB_ID, check_job_id
+from collectives.errors import AuthenticationError
+from collectives.security import JobKey, load_cluster_key
 from gossip.launch.local_peers import LocalPeers
 from gossip.logs import check_log_level
 from gossip.launch.supervisor import free_port
@@ -90,7 +102,7 @@ def parse_tee(text: str, nprocs: int) -> list[int]:
 
 def _check(nprocs: int, *, nnodes: int, node_rank: int, master_addr: str | None,
            master_port: int | None, topology: str | None, timeout: float | None,
-           key: str | None, grace: float, max_nodes: int) -> None:
+           grace: float, max_nodes: int) -> None:
     """Raise ValueError with a one-line message for every input a user can get wrong."""
     if type(nprocs) is not int or nprocs < 1:
         raise ValueError(f"-n must be at least 1, got {nprocs}")
@@ -110,14 +122,39 @@ def _check(nprocs: int, *, nnodes: int, node_rank: int, master_addr: str | None,
         raise ValueError(f"--timeout must be > 0 seconds, got {timeout}")
     if grace < 0:
         raise ValueError(f"--grace must be >= 0, got {grace}")
-    if key is not None and not os.path.isfile(key):
-        raise ValueError(f"--key {key}: no such file (make one with `gossip keygen`)")
     if topology is not None:
         import topologies  # numpy only; catches a typo before N peers each fail on it
         try:
             topologies.parse(topology, nnodes * nprocs)
         except ValueError as exc:
             raise ValueError(f"--topology {topology!r}: {exc}") from None
+
+
+def _cluster_key(key: str | None, where: str, insecure: bool, max_nodes: int) -> str | None:
+    """The key file every peer gets (an absolute path: peers may chdir), checked here, once;
+    None when there is none to give (one node: the job makes its own; or ``insecure``).
+    ValueError for a key and --insecure together, a file that is not a cluster key, and a
+    job across nodes with neither."""
+    if key is not None and insecure:
+        raise ValueError(f"{where} and --insecure: give one of them (the key encrypts the "
+                         "job; --insecure runs it open)")
+    if key is None:
+        if max_nodes > 1 and not insecure:
+            raise ValueError(
+                "a job across nodes (--nnodes > 1 or MIN:MAX) needs a cluster key shared by "
+                "every node, which gossip run cannot hand out itself: make one with `gossip "
+                "keygen PATH`, copy the file to every node (keep it private) and give --key "
+                "PATH (or GOSSIP_KEY=PATH) on each; or give --insecure on every node to run "
+                "the job open (anyone who can reach its ports can then take a rank, read and "
+                "inject data)")
+        return None
+    if not os.path.isfile(key):
+        raise ValueError(f"{where} {key}: no such file (make one with `gossip keygen PATH`)")
+    try:
+        load_cluster_key(key)
+    except AuthenticationError as exc:
+        raise ValueError(f"{where}: {exc}") from None
+    return os.path.abspath(key)
 
 
 def _job_id(job_id: str | None, env: Mapping[str, str], nnodes: int, addr: str,
@@ -139,8 +176,8 @@ def launch(cmd: list[str], nprocs: int, *, nnodes: int = 1, node_rank: int = 0,
            max_nodes: int | None = None,
            master_addr: str | None = None, master_port: int | None = None,
            env: Mapping[str, str] | None = None, topology: str | None = None,
-           timeout: float | None = None, key: str | None = None, prefix: bool = True,
-           grace: float = DEFAULT_GRACE, keep_going: bool = False,
+           timeout: float | None = None, key: str | None = None, insecure: bool = False,
+           prefix: bool = True, grace: float = DEFAULT_GRACE, keep_going: bool = False,
            job_id: str | None = None, max_restarts: int = 0,
            log_dir: str | None = None, tee: str | None = None) -> int:
     """Run ``cmd`` as ``nprocs`` peers of this node; return the launcher's exit code.
@@ -158,10 +195,13 @@ def launch(cmd: list[str], nprocs: int, *, nnodes: int = 1, node_rank: int = 0,
     "3") chooses which of them are also shown here. A peer's traceback is shown in one line
     when another rank's failure caused it, or when it is a RendezvousError, unless the
     environment's GOSSIP_LOG_LEVEL is DEBUG (gossip/launch/failure_report.py).
+    ``key`` (a cluster key file; default GOSSIP_KEY of ``env`` or of the launcher's
+    environment) and ``insecure``: see the module docstring; a single-node job with neither
+    gets a key of its own, removed when this returns.
     """
     max_nodes = nnodes if max_nodes is None else max_nodes
     _check(nprocs, nnodes=nnodes, node_rank=node_rank, master_addr=master_addr,
-           master_port=master_port, topology=topology, timeout=timeout, key=key, grace=grace,
+           master_port=master_port, topology=topology, timeout=timeout, grace=grace,
            max_nodes=max_nodes)
     if type(max_restarts) is not int or max_restarts < 0:
         raise ValueError(f"--max-restarts must be >= 0, got {max_restarts}")
@@ -181,6 +221,11 @@ def launch(cmd: list[str], nprocs: int, *, nnodes: int = 1, node_rank: int = 0,
     world = (max_nodes if joining else nnodes) * nprocs   # (a joiner's RANK < WORLD_SIZE)
     base = {k: v for k, v in os.environ.items() if k not in _OVERRIDES}
     base.update(env or {})
+    # An inherited GOSSIP_KEY yields to an explicit --insecure (--key with it is an error).
+    where = "--key" if key is not None else "GOSSIP_KEY"
+    if key is None and not insecure:
+        key = base.get("GOSSIP_KEY") or None
+    key = _cluster_key(key, where, insecure, max_nodes)
     base.update(WORLD_SIZE=str(world), LOCAL_WORLD_SIZE=str(nprocs), MASTER_ADDR=addr,
                 MASTER_PORT=str(port), GROUP_RANK=str(node_rank),
                 GOSSIP_JOB_ID=_job_id(job_id, base, max_nodes, addr, port))
@@ -204,16 +249,27 @@ def launch(cmd: list[str], nprocs: int, *, nnodes: int = 1, node_rank: int = 0,
         base["GOSSIP_TOPOLOGY"] = topology
     if timeout is not None:
         base["GOSSIP_TIMEOUT"] = str(timeout)
-    if key is not None:
-        base["GOSSIP_KEY"] = os.path.abspath(key)  # peers may chdir; the path must hold
+    if insecure:
+        base.pop("GOSSIP_KEY", None)
+        base["GOSSIP_INSECURE"] = "1"   # meant: gossip.init does not warn
+    elif key is not None:
+        base["GOSSIP_KEY"] = key
     # GOSSIP_LOG_LEVEL=DEBUG: every traceback whole, not shortened to its last line.
     level = check_log_level(base.get("GOSSIP_LOG_LEVEL", ""))
     if isinstance(level, str):
         level = logging.getLevelName(level) if level else 0
     verbose = 0 < level <= logging.DEBUG
-    return LocalPeers(cmd, nprocs, first_rank=node_rank * nprocs, env=base, prefix=prefix,
-                      grace=grace, keep_going=keep_going, max_restarts=max_restarts,
-                      log_dir=log_dir, tee=streams, verbose=verbose).run()
+    job_key = None
+    if key is None and not insecure:
+        job_key = JobKey()   # one node: a key for this job alone, restarts included
+        base["GOSSIP_KEY"] = job_key.path
+    try:
+        return LocalPeers(cmd, nprocs, first_rank=node_rank * nprocs, env=base, prefix=prefix,
+                          grace=grace, keep_going=keep_going, max_restarts=max_restarts,
+                          log_dir=log_dir, tee=streams, verbose=verbose).run()
+    finally:
+        if job_key is not None:
+            job_key.close()
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -232,7 +288,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--topology", default=None, help="topology spec, e.g. ring, torus:2x2")
     parser.add_argument("--timeout", type=float, default=None,
                         help="each peer's operation timeout in seconds (GOSSIP_TIMEOUT)")
-    parser.add_argument("--key", default=None, help="cluster key file for CURVE (GOSSIP_KEY)")
+    parser.add_argument("--key", default=None, metavar="FILE",
+                        help="cluster key file (`gossip keygen FILE`; default GOSSIP_KEY): "
+                             "every peer encrypts and authenticates with it (CURVE). Without "
+                             "it a one-node job makes a key of its own; a job across nodes "
+                             "needs it (the same file on every node) or --insecure")
+    parser.add_argument("--insecure", action="store_true",
+                        help="run the job without a cluster key: anyone who can reach its "
+                             "ports can take a rank, read and inject data")
     parser.add_argument("--max-restarts", type=int, default=0, metavar="K",
                         help="start a failed peer again, up to K times per peer; it rejoins "
                              "the running job (policies with elastic=True, or gossip ones, "
@@ -307,7 +370,8 @@ def run_from_args(args: argparse.Namespace) -> int:
                   node_rank=args.node_rank,
                   master_addr=args.master_addr, master_port=args.master_port,
                   topology=args.topology, timeout=args.timeout, key=args.key,
-                  prefix=args.prefix, grace=args.grace, keep_going=args.keep_going,
+                  insecure=args.insecure, prefix=args.prefix, grace=args.grace,
+                  keep_going=args.keep_going,
                   job_id=args.job_id, max_restarts=args.max_restarts, log_dir=args.log_dir,
                   tee=args.tee)
 

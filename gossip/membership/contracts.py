@@ -93,8 +93,11 @@ class MembershipParticipant(Protocol):
     def took_state(self, step: int) -> None:
         """The source's state was loaded into the buckets: go on from ``step``."""
 
-    def resume_at(self, step: int) -> None:
-        """Go on from step count ``step``, the new view's."""
+    def resume_at(self, step: int, *, complete: bool = False) -> None:
+        """Go on from step count ``step``, the new view's; ``complete``: the state holds an
+        update of step ``step`` not yet combined (this member's own, cut off by a recovery,
+        or the source's, taken with its state): complete that step (its communication, no
+        local update, counted) before the next one, instead of beginning it again."""
 
     def settle_view(self) -> None:
         """Every member of the new view, before the barrier that ends the switch: move state
@@ -142,3 +145,8 @@ class MembershipHost(Protocol):
     def load_tracked_states(self, states: dict[str, Any]) -> None:
         """Load received tracked states into the objects registered under their names (the
         others wait for their registration)."""
+
+    def resume_tracked(self, complete: bool) -> None:
+        """A view change this member keeps its own state through: tell the tracked objects
+        that follow steps (an ElasticSampler) whether the step in progress is completed
+        (``complete``) or begun again (what they handed out for it is handed out again)."""

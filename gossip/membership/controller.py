@@ -5,7 +5,10 @@ Every peer of a group started by the rendezvous is a member of view 0: its name 
 launcher slot (``GOSSIP_MEMBER_NAME``, default ``rank<R>`` from the rank it started with, so
 a restarted process under the same variables is recognised as the same member) and its
 incarnation grows with every start (``GOSSIP_INCARNATION``, torchrun's restart count, else
-the start time in microseconds).
+the start time in microseconds). A process whose launcher gave it no rank (a joiner started
+by hand with ``GOSSIP_JOIN`` alone) has no slot to come back to: it is named after its host
+and process id, a fresh member. A joiner under a live member's name is refused, and a
+restart replaces only a member that is gone (collectives/group/coordinator.py, on_join).
 
 A committed view change (``take_switch``): the attached policies finish what they must in
 the old view (``view_changing``: push-sum's exchange in flight, a planned leaver's mass), the
@@ -14,7 +17,11 @@ view is part of every connection's routing id), a new communicator and the topol
 recomputed over the new size (a ring stays a ring; its spectral gap is logged), the policies
 are told (``view_changed``), the members the commit names as stale (joiners, and after a
 recovery the members that did not finish the step the source finished) take the source
-member's state (state_transfer.py), everybody goes on from the same step (``resume_at``),
+member's state (state_transfer.py), everybody goes on from the same step (``resume_at``:
+with ``complete`` True for a member whose state holds an update of that step not yet
+combined, its own cut off by a recovery or the source's that it took, so its policy
+completes the step instead of beginning it again; the peer's tracked objects, an
+ElasticSampler, are told which before any state is sent: ``resume_tracked``),
 state spread over the members moves (``settle_view``: the sharded EASGD centre, cut again
 over the new view; a joiner's too, in its take of the state), and everybody meets in a
 barrier of the new view before the old transport closes (so nothing of the old view is read
@@ -25,6 +32,7 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
 import time
 from typing import Callable, Mapping
 
@@ -45,10 +53,13 @@ log = logging.getLogger("gossip")
 MEMBER_FIELDS = ("name", "inc", "door")
 
 
-def member_identity(rank: int, env: Mapping[str, str] | None = None) -> tuple[str, int]:
-    """(name, incarnation) of this process: see the module docstring."""
+def member_identity(rank: int | None, env: Mapping[str, str] | None = None) -> tuple[str, int]:
+    """(name, incarnation) of this process: see the module docstring. ``rank``: the
+    launcher's rank (its slot), None when no launcher gave one: then, unless
+    GOSSIP_MEMBER_NAME names it, a name of its own, ``<host>-<pid>``."""
     variables = os.environ if env is None else env
-    name = variables.get("GOSSIP_MEMBER_NAME") or f"rank{rank}"
+    name = variables.get("GOSSIP_MEMBER_NAME") or (
+        f"rank{rank}" if rank is not None else f"{socket.gethostname()[:200]}-{os.getpid()}")
     for variable in ("GOSSIP_INCARNATION", "TORCHELASTIC_RESTART_COUNT"):
         value = variables.get(variable, "")
         if value.isdigit():
@@ -82,6 +93,13 @@ class PeerMembership:
         self._bound: MembershipHost | None = None
         # A joiner's state, coming since its admission, until its first policy takes it.
         self._prefetch: Prefetch | None = None
+        # ... and whether it holds the source's update of its step, not yet combined (a
+        # joiner admitted by a recovery: Switch.completes).
+        self._prefetch_completes = False
+        # A joiner until its first step of its own (entering): the step count after which
+        # that is, once its state came (None: not yet).
+        self._entering = False
+        self._entered_at: int | None = None
         self._departed = False   # a planned leave reached its boundary (_depart)
         self._view_callbacks: list[Callable[[View], None]] = []
         #: A joiner: how its state came (bytes, seconds, donors); empty otherwise.
@@ -93,6 +111,8 @@ class PeerMembership:
         self._bound = peer
         if joined is not None:
             self._prefetch = Prefetch(peer, joined.senders, self.changes.timeout)
+            self._prefetch_completes = joined.completes
+            self._entering = True
 
     @property
     def _peer(self) -> MembershipHost:
@@ -110,6 +130,14 @@ class PeerMembership:
     def joining(self) -> bool:
         """True from a join until the running job's state arrived (at the first attach)."""
         return self._prefetch is not None
+
+    @property
+    def entering(self) -> bool:
+        """True from a join until this peer's first step boundary of its own in the running
+        job: what a script does before its training loop (its set-up) is then behind the
+        members, whose state it takes, so its set-up collectives are skipped
+        (gossip.broadcast_parameters)."""
+        return self._entering
 
     def on_view_change(self, callback: Callable[[View], None]) -> None:
         """Call ``callback(view)`` after every view change, in the thread that took it."""
@@ -245,6 +273,8 @@ class PeerMembership:
         """After ``policy``'s step ``step``: take a view change that takes effect at this
         boundary (a switch, or this peer's planned departure). True if the view changed."""
         self.changes.passing(step)   # first: see ViewChanges._on_prepare
+        if self._entering and self._entered_at is not None and step > self._entered_at:
+            self._entering = False   # its first step of its own: set-up is over
         if not self.changes.has_pending():
             return False
         try:
@@ -259,22 +289,25 @@ class PeerMembership:
             self.take_switch(switch, policy)
         return True
 
-    def recover(self, policy: MembershipParticipant, step: int) -> int:
+    def recover(self, policy: MembershipParticipant, step: int, pending: bool = False) -> int:
         """After a peer was lost mid-step (an elastic policy): agree with the survivors on the
         next view, take the state of the one that completed most steps, and return the step
-        count to go on from."""
-        return self.take_switch(self._recovery(step), policy)
+        count to go on from. ``pending``: ``policy``'s state holds this member's local update
+        of step ``step``, not yet combined (a parameter-side step cut off): the policy is
+        told whether to complete that step (resume_at) as the commit decides."""
+        return self.take_switch(self._recovery(step, pending), policy, pending)
 
     def changing_now(self) -> bool:
         """True while a change at once (a recovery, a leave) is proposed to this peer."""
         return self.changes.changing_now()
 
-    def _recovery(self, step: int) -> Switch:
-        log.info("%s: recovering at step %d; lost in view %s: %s", self.name, step,
+    def _recovery(self, step: int, pending: bool = False) -> Switch:
+        log.info("%s: recovering at step %d%s; lost in view %s: %s", self.name, step,
+                 " (its update of that step not yet combined)" if pending else "",
                  self.view.number if self.view else None,
                  self._transport.lost_ranks() if self._transport is not None else {})
         try:
-            return self.changes.recover(step, self.lost_names())
+            return self.changes.recover(step, self.lost_names(), pending)
         except LeftOut as exc:
             return self._join_again(exc)
 
@@ -293,13 +326,15 @@ class PeerMembership:
         return self.changes.join(doors)
 
     # ------------------------------------------------------------------ a committed switch
-    def take_switch(self, switch: Switch, policy: MembershipParticipant | None = None) -> int:
+    def take_switch(self, switch: Switch, policy: MembershipParticipant | None = None,
+                    pending: bool = False) -> int:
         """Install ``switch`` (a member's view change: the module docstring has the order);
         ``policy``: the policy whose state moves (the one at whose boundary or recovery this
-        happens). Returns the step count to go on from. A member lost while the state moves
-        (a joiner that dies, or refuses the state: another model) is left out by a recovery
-        at once, whatever the policy: the others' state is untouched, so the group goes on
-        as before."""
+        happens); ``pending``: its state holds this member's update of the step in progress,
+        not yet combined. Returns the step count to go on from. A member lost while the state
+        moves (a joiner that dies, or refuses the state: another model) is left out by a
+        recovery at once, whatever the policy: the others' state is untouched, so the group
+        goes on as before."""
         peer = self._peer
         for p in peer.policies:
             p.view_changing(switch)
@@ -308,7 +343,14 @@ class PeerMembership:
         for p in peer.policies:
             p.view_changed()
         rank = switch.transport.rank
+        received = policy is not None and rank in switch.receivers
+        # Whether this member's state, once the switch is in, holds an update of step
+        # switch.step not yet combined: the source's if it takes the source's state, else its
+        # own (collectives/group/changes.py).
+        complete = switch.completes if received else pending
         try:
+            if not received:   # before a source sends them, the tracked objects' resumption
+                peer.resume_tracked(complete)
             if policy is not None and switch.receivers:
                 if rank in switch.senders:
                     send_state(peer, state_of(policy), switch.receivers, switch.step,
@@ -321,7 +363,7 @@ class PeerMembership:
                     load_state(policy, snapshot, step)
             if policy is not None:
                 # One step count in the new view (a time-varying graph's phase depends on it).
-                policy.resume_at(switch.step)
+                policy.resume_at(switch.step, complete=complete)
             for p in peer.policies:   # state spread over the members (the sharded EASGD centre)
                 p.settle_view()
             # The barrier also waits for the donors' sends: a donor sending to a joiner that
@@ -333,7 +375,7 @@ class PeerMembership:
         except PeerLost as exc:
             log.warning("rank %d: a member was lost while view %d settled (%s): leaving it out",
                         peer.rank, switch.view.number, exc)
-            return self.take_switch(self._recovery(switch.step), policy)
+            return self.take_switch(self._recovery(switch.step, complete), policy, complete)
         finally:
             for comm in old_comms:
                 comm.close(timeout=0.5)
@@ -357,6 +399,11 @@ class PeerMembership:
         try:
             step, snapshot = fetched.result(peer, state_of(policy))
             load_state(policy, snapshot, step)
+            # Admitted by a recovery whose source was inside a step: the policy completes it
+            # with the members (its next collective, after attach) instead of a step of its own.
+            policy.resume_at(step, complete=self._prefetch_completes)
+            # (The step it completes at attach, if owed, is not one of its own yet.)
+            self._entered_at = step + int(self._prefetch_completes)
             policy.settle_view()   # with the members' (take_switch), before the barrier
             peer.barrier()
         except BaseException:

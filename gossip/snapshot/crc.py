@@ -1,18 +1,23 @@
-"""CRC-32 (zlib's) of large buffers on every core, and the pieces' sums combined.
-
-A snapshot's digests are over the CRC-32 of each 4 MiB piece (array_specs.PIECE_BYTES). zlib sums
-at ~4 GB/s on one core of this project's 2-core machine, slower than the shared-memory path
-delivers a joiner's state (5-6 GB/s): summed on one thread, the check would be the transfer's
-bound, and a transfer's last piece (a 4 MiB state's only one) is summed after it lands, with
-nothing left to overlap it. Here a buffer is cut into SPLIT_BYTES parts summed at once by a
-pool of threads shared by the process (zlib releases the GIL), and the parts' CRCs are joined
-by ``combine``: CRC(A || B) from CRC(A), CRC(B) and len(B) alone (zlib's crc32_combine, which
-Python's zlib does not expose: CRC(A) times x^(8 len B) modulo the polynomial, plus CRC(B)).
+"""Checksums of snapshot pieces on every core: XXH3-64 (xxhash; snapshot format version 3) a
+piece per thread, and zlib's CRC-32 (version 2) in parts whose sums are combined.
 
 The pool's threads start once (``warm``): starting a thread costs 0.1 ms on a quiet machine
 and was measured at 0.5-3.7 ms on a loaded one, on the critical path of a 4 MiB transfer.
 
-    pending = checksum(view)             # the parts are being summed
+XXH3 hashes a 4 MiB piece (array_specs.PIECE_BYTES) in about a quarter of a millisecond on one
+core here (~17 GB/s, out of cache): a piece is one task (``xxh3``), and XXH3 has no way to
+join the hashes of parts, so a piece written in parts in order is hashed part by part as they
+come, in the writer's thread (``Xxh3Stream``).
+
+zlib's CRC-32, which version-2 snapshots and checkpoints carry, sums at ~2-4 GB/s on one core
+of this project's 2-core machine: a buffer is cut into SPLIT_BYTES parts summed at once by the
+pool (zlib releases the GIL), and the parts' CRCs are joined by ``combine``: CRC(A || B) from
+CRC(A), CRC(B) and len(B) alone (zlib's crc32_combine, which Python's zlib does not expose:
+CRC(A) times x^(8 len B) modulo the polynomial, plus CRC(B)).
+
+    pending = xxh3(piece)                # version 3: hashed in a thread
+    value = pending.result()             # == xxhash.xxh3_64_intdigest(piece)
+    pending = checksum(view)             # version 2: the parts are being summed
     crc = pending.result()               # == zlib.crc32(view)
     crc_ab = combine(crc_a, crc_b, len_b)
 """
@@ -24,7 +29,10 @@ import zlib
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
-__all__ = ["checksum", "combine", "warm", "PendingCrc", "SPLIT_BYTES", "THREAD_PREFIX"]
+import xxhash
+
+__all__ = ["checksum", "combine", "xxh3", "warm", "workers", "PendingCrc", "PendingXxh3",
+           "Xxh3Stream", "SPLIT_BYTES", "THREAD_PREFIX"]
 
 #: Parts of a buffer summed apart. Small enough that a 4 MiB piece keeps every core busy, large
 #: enough that a part's hand-off (~20 us) is noise against its sum (~0.25 ms).
@@ -112,10 +120,15 @@ class _Pool:
 _POOL = _Pool()
 
 
-def warm() -> None:
+def warm() -> ThreadPoolExecutor:
     """Start the summing threads now (idempotent): call where there is time to spare, before
-    the buffers to sum arrive."""
-    _POOL.executor()
+    the buffers to sum arrive. Returns the pool (one thread per core, at most 4)."""
+    return _POOL.executor()
+
+
+def workers() -> int:
+    """The pool's threads (once started: see warm)."""
+    return _POOL.workers
 
 
 class PendingCrc:
@@ -161,3 +174,53 @@ def checksum(data: Any, before: "PendingCrc | int | None" = None) -> PendingCrc:
     executor = _POOL.executor()
     views = [view[at:at + SPLIT_BYTES] for at in range(0, len(view), SPLIT_BYTES)] or [view]
     return PendingCrc([executor.submit(zlib.crc32, v) for v in views], views, before)
+
+
+class PendingXxh3:
+    """The XXH3-64 of a buffer being hashed in a pool thread: ``result()`` waits for it, or
+    hashes the buffer itself if no thread has started on it (the caller's core would
+    otherwise wait)."""
+
+    __slots__ = ("_future", "_view", "_value")
+
+    def __init__(self, future: Future, view: memoryview) -> None:
+        self._future, self._view = future, view
+        self._value: int | None = None
+
+    def done(self) -> bool:
+        return self._value is not None or self._future.done()
+
+    def result(self) -> int:
+        if self._value is None:
+            self._value = (xxhash.xxh3_64_intdigest(self._view) if self._future.cancel()
+                           else self._future.result())
+            self._future = self._view = None
+        return self._value
+
+
+def xxh3(data: Any) -> PendingXxh3:
+    """Hash ``data`` (a buffer) with XXH3-64 in one of the pool's threads. The buffer must stay
+    unchanged until ``result()``."""
+    view = memoryview(data).cast("B")
+    return PendingXxh3(_POOL.executor().submit(xxhash.xxh3_64_intdigest, view), view)
+
+
+class Xxh3Stream:
+    """The XXH3-64 of a piece written in parts, in order: each part is hashed by ``update``
+    as it comes, in the caller's thread (a part is at most a piece: a quarter of a
+    millisecond), and ``result()`` is the hash of them all, as of the whole piece."""
+
+    __slots__ = ("_state",)
+
+    def __init__(self) -> None:
+        self._state = xxhash.xxh3_64()
+
+    def update(self, data: Any) -> "Xxh3Stream":
+        self._state.update(memoryview(data).cast("B"))
+        return self
+
+    def done(self) -> bool:
+        return True
+
+    def result(self) -> int:
+        return self._state.intdigest()

@@ -72,10 +72,11 @@ def write(directory: str, shard: int | None, views: Sequence[memoryview],
     return path
 
 
-def read(directory: str, shard: int | None) -> tuple[list, list, list[str], dict]:
-    """(specs, arrays, digests, parts) of the snapshot saved under ``directory``, every check
-    passed: FileNotFoundError if there is none, SnapshotCorrupt for a torn or corrupted file
-    (naming the file, or the first tensor whose bytes are wrong)."""
+def read(directory: str, shard: int | None) -> tuple[list, list, list[str], dict, int]:
+    """(specs, arrays, digests, parts, format version) of the snapshot saved under
+    ``directory``, every check passed (each array's digest in its version's scheme: a
+    version-2 file's CRC-32s too): FileNotFoundError if there is none, SnapshotCorrupt for a
+    torn or corrupted file (naming the file, or the first tensor whose bytes are wrong)."""
     base = base_name(shard)
     path = os.path.join(directory, f"{base}.msgpack")
     try:
@@ -93,6 +94,7 @@ def read(directory: str, shard: int | None) -> tuple[list, list, list[str], dict
     if not isinstance(digest, str) or mf.digest(manifest) != digest:
         raise SnapshotCorrupt(f"{path}: the manifest does not match its digest (corrupted)")
     specs, digests, parts = mf.parse(manifest)
+    version = mf.version_of(manifest)
     layout = Layout.of([s.name for s in specs], [s.nbytes for s in specs])
     data_name = f"{base}-{digest[:16]}.bin"
     if head["data"] != data_name or head["bytes"] != layout.total:
@@ -115,10 +117,10 @@ def read(directory: str, shard: int | None) -> tuple[list, list, list[str], dict
         pending = []
         for spec, view in zip(specs, views):
             _read_into(f, view, data_path)
-            pending.append(pool.submit(digest_of, spec, view))
+            pending.append(pool.submit(digest_of, spec, view, version))
         got = [p.result() for p in pending]
     verify(specs, got, digests, layout.offsets, f"file {data_path}")
-    return specs, arrays, digests, parts
+    return specs, arrays, digests, parts, version
 
 
 def _write_file(path: str, views: Sequence[memoryview]) -> int:

@@ -2,7 +2,7 @@
 kinds, dtypes, shapes and digests, and the trees of its parts), what the snapshot's digest is
 taken over, and the one comparison of two snapshots' arrays.
 
-    {"format": "gossip-snapshot", "version": 2,
+    {"format": "gossip-snapshot", "version": 3,
      "arrays": [{"name": "model/0.weight", "kind": "torch", "dtype": "float32",
                  "shape": [32, 20], "digest": "<64 hex>"}, ...],
      "parts": {"model": {...}, "optimizer": {...}, "policy": {...}, "params": [...],
@@ -16,33 +16,44 @@ from typing import Any, Sequence
 import msgpack
 
 from gossip.errors import SnapshotError, SnapshotMismatch
-from gossip.snapshot.array_specs import DIGEST_BYTES, ArraySpec
+from gossip.snapshot.array_specs import DIGEST_BYTES, DIGEST_VERSIONS, ArraySpec
 
-__all__ = ["FORMAT", "VERSION", "PARTS", "build", "parse", "digest", "pack", "unpack",
-           "compare"]
+__all__ = ["FORMAT", "VERSION", "PARTS", "build", "parse", "version_of", "digest", "pack",
+           "unpack", "compare"]
 
 FORMAT = "gossip-snapshot"
-# 2: array digests over pieces' CRC-32 (array_specs.PIECE_BYTES); 1: blake2b of the bytes
-VERSION = 2
+#: The version written. 3: array digests over pieces' XXH3-64 (array_specs.PIECE_BYTES); 2: over
+#: their CRC-32 (read and verified still: array_specs.DIGEST_VERSIONS); 1: blake2b of the bytes.
+VERSION = 3
 #: The parts a snapshot may hold, in the order they are stored and restored.
 PARTS = ("model", "params", "optimizer", "policy", "extra")
 # A manifest describes, it does not carry: 64 MiB of msgpack is millions of arrays.
 _MAX_MANIFEST_BYTES = 64 << 20
 
 
-def build(specs: Sequence[ArraySpec], digests: Sequence[str], parts: dict) -> dict:
-    return {"format": FORMAT, "version": VERSION,
+def build(specs: Sequence[ArraySpec], digests: Sequence[str], parts: dict,
+          version: int = VERSION) -> dict:
+    """The manifest of arrays whose digests were taken in ``version``'s scheme."""
+    return {"format": FORMAT, "version": version,
             "arrays": [s.to_manifest(d) for s, d in zip(specs, digests)], "parts": parts}
+
+
+def version_of(manifest: Any) -> int:
+    """The version of a manifest this gossip reads (its digests' scheme); SnapshotError for
+    anything else."""
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+        raise SnapshotError(f"not a {FORMAT} manifest")
+    version = manifest.get("version")
+    if type(version) is not int or version not in DIGEST_VERSIONS:
+        raise SnapshotError(f"snapshot format version {version!r}; this gossip reads versions "
+                            f"{sorted(DIGEST_VERSIONS)}")
+    return version
 
 
 def parse(manifest: Any) -> tuple[list[ArraySpec], list[str], dict]:
     """The specs, digests and parts of a manifest, checked (it may come from another peer or
     a damaged file): SnapshotError naming what is wrong."""
-    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
-        raise SnapshotError(f"not a {FORMAT} manifest")
-    if manifest.get("version") != VERSION:
-        raise SnapshotError(f"snapshot format version {manifest.get('version')!r}; this "
-                            f"gossip reads version {VERSION}")
+    version_of(manifest)
     entries, parts = manifest.get("arrays"), manifest.get("parts")
     if not isinstance(entries, list) or not isinstance(parts, dict) or not set(parts) <= set(
             PARTS) or set(manifest) != {"format", "version", "arrays", "parts"}:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import bisect
 import threading
-import zlib
 from typing import Any
 
 import numpy as np
@@ -19,8 +18,8 @@ import numpy as np
 from gossip.errors import SnapshotError
 from gossip.snapshot import crc as crc32
 from gossip.snapshot import manifest as mf
-from gossip.snapshot.array_specs import (PIECE_BYTES, allocate, byte_view,
-                                         digest_of_pieces, spec_of, verify)
+from gossip.snapshot.array_specs import (PIECE_BYTES, allocate, byte_view, digest_of_pieces,
+                                    piece_sum, spec_of, verify)
 from gossip.snapshot.layout import Layout
 from gossip.snapshot.snapshot import Snapshot
 
@@ -86,14 +85,16 @@ class SnapshotReceiver:
     fetch it from another donor and call finish() again.
 
     A write (or ``wrote``) that covers whole pieces of an array (array_specs.PIECE_BYTES from its
-    start: what Layout.ranges(PIECE_BYTES) cuts) has them checksummed at once, on every core
-    (snapshot.crc's threads) while the writer receives the next chunk, so finish() has little
+    start: what Layout.ranges(PIECE_BYTES) cuts) has them checksummed at once, in
+    snapshot.crc's threads, while the writer receives the next chunk, so finish() has little
     left to do; a piece written in parts in order is summed part by part; pieces written
-    otherwise are checksummed at finish().
+    otherwise are checksummed at finish(). The checksums are the manifest's version's
+    (array_specs.DIGEST_VERSIONS): a version-2 snapshot is received and checked as well.
     """
 
     def __init__(self, manifest: dict, into: dict[str, Any] | None = None) -> None:
         self._specs, self._digests, self._parts = mf.parse(manifest)
+        self._version = mf.version_of(manifest)
         self._digest = mf.digest(manifest)
         self._layout = Layout.of([s.name for s in self._specs],
                                  [s.nbytes for s in self._specs])
@@ -101,12 +102,12 @@ class SnapshotReceiver:
         self._arrays = [_own(into.get(s.name), s) for s in self._specs]
         self._views = [byte_view(a) for a in self._arrays]
         self._have = _Ranges()
-        # piece -> its CRC-32, pending (summed in snapshot.crc's threads as written)
-        self._crcs: list[dict[int, crc32.PendingCrc]] = [{} for _ in self._specs]
-        # (array, piece) -> (bytes summed from its start, their pending CRC): a piece written
-        # in parts in order is summed part by part, each part while the writer receives the
-        # next
-        self._running: dict[tuple[int, int], tuple[int, crc32.PendingCrc]] = {}
+        # piece -> its checksum, pending (summed in snapshot.crc's threads as written)
+        self._crcs: list[dict[int, Any]] = [{} for _ in self._specs]
+        # (array, piece) -> (bytes summed from its start, their pending checksum): a piece
+        # written in parts in order is summed part by part (version 2: each part in the
+        # threads while the writer receives the next; 3: each part as it comes)
+        self._running: dict[tuple[int, int], tuple[int, Any]] = {}
         self._lock = threading.Lock()
         self._finished = False
         crc32.warm()   # the summing threads, started before the first chunk lands
@@ -167,12 +168,21 @@ class SnapshotReceiver:
             return
         if lo == first:
             before = None   # (re)written from its start
-        crc = crc32.checksum(view[lo:hi], before)
+        crc = self._start_sum(view[lo:hi], whole=lo == first and hi == end, before=before)
         if hi == end:
             self._crcs[i][piece] = crc
         else:
             self._crcs[i].pop(piece, None)
             self._running[(i, piece)] = (hi, crc)
+
+    def _start_sum(self, part: memoryview, *, whole: bool, before: Any) -> Any:
+        """The pending checksum of a piece's bytes up to the end of ``part``, ``before``
+        that of the bytes before it (None: ``part`` starts the piece)."""
+        if self._version == 2:
+            return crc32.checksum(part, before)
+        if whole:
+            return crc32.xxh3(part)
+        return (before or crc32.Xxh3Stream()).update(part)
 
     def missing(self) -> list[tuple[int, int]]:
         """The (offset, length) ranges not written yet, in order."""
@@ -194,8 +204,8 @@ class SnapshotReceiver:
             raise SnapshotError(f"{sum(n for _, n in gaps)} bytes in {len(gaps)} ranges not "
                                 f"received yet, the first [{offset}, {offset + length}) in "
                                 f"{self._name_at(offset)!r}")
-        got = [digest_of_pieces(spec, crcs)
-               for spec, crcs in zip(self._specs, self.piece_crcs())]
+        got = [digest_of_pieces(spec, sums, self._version)
+               for spec, sums in zip(self._specs, self.piece_crcs())]
         with self._lock:
             for i, (g, want) in enumerate(zip(got, self._digests)):
                 if g != want:
@@ -205,17 +215,18 @@ class SnapshotReceiver:
         verify(self._specs, got, self._digests, self._layout.offsets, "the chunks received")
         self._finished = True
         return Snapshot(list(zip(self._layout.names, self._arrays)), self._parts,
-                        digests=self._digests)
+                        digests=self._digests, version=self._version)
 
     def piece_crcs(self) -> list[list[int]]:
-        """The CRC-32 of each piece of each array as received (after finish(), also when it
-        failed): compared with the donors' own, they name the bad pieces."""
+        """The checksum of each piece of each array as received, in the manifest's version's
+        scheme (after finish(), also when it failed): compared with the donors' own
+        (Snapshot.piece_crcs), they name the bad pieces."""
         out = []
         for i, view in enumerate(self._views):
             with self._lock:
                 known = dict(self._crcs[i])
             out.append([known[p].result() if p in known else
-                        zlib.crc32(view[p * PIECE_BYTES:(p + 1) * PIECE_BYTES])
+                        piece_sum(view[p * PIECE_BYTES:(p + 1) * PIECE_BYTES], self._version)
                         for p in range(-(-len(view) // PIECE_BYTES))])
         return out
 

@@ -10,8 +10,8 @@ import numpy as np
 from gossip.errors import SnapshotError, SnapshotMismatch
 from gossip.optim import DistributedOptimizer
 from gossip.snapshot import files, manifest as mf
-from gossip.snapshot.array_specs import (ArraySpec, byte_view, crcs_of, digest_of_pieces,
-                                         is_array, prepare, spec_of)
+from gossip.snapshot.array_specs import (ArraySpec, byte_view, digest_of_pieces, is_array, prepare,
+                                    spec_of, sums_of)
 from gossip.snapshot.layout import Layout
 from gossip.snapshot.structure import decode, encode
 
@@ -37,11 +37,13 @@ class Snapshot:
 
     By default a snapshot refers to the live arrays (no copy): it describes the state as long
     as training does not move, so take it and use it between steps, or pass ``copy=True``.
-    Digests are computed on first use (``digest``, ``manifest``, ``save``) and kept.
+    Digests are computed on first use (``digest``, ``manifest``, ``save``) and kept, in the
+    scheme of the snapshot's format ``version`` (manifest.VERSION for a new one; a loaded or
+    received one keeps its manifest's, so a version-2 checkpoint keeps its digests).
     """
 
     def __init__(self, arrays: Sequence[tuple[str, Any]], parts: dict, *,
-                 digests: Sequence[str] | None = None) -> None:
+                 digests: Sequence[str] | None = None, version: int = mf.VERSION) -> None:
         names = [n for n, _ in arrays]
         seen: set[str] = set()
         for name in names:
@@ -52,7 +54,8 @@ class Snapshot:
         self._specs = [spec_of(n, a) for n, a in zip(names, self._arrays)]
         self._parts = parts
         self._digests = list(digests) if digests is not None else None
-        self._crcs: list[list[int]] | None = None
+        self._version = version
+        self._sums: list[list[int]] | None = None
         self._views: list[memoryview] | None = None
         self._layout = Layout.of(names, [s.nbytes for s in self._specs])
 
@@ -178,26 +181,33 @@ class Snapshot:
         return self._views
 
     @property
+    def version(self) -> int:
+        """The snapshot format version its digests are in (manifest.VERSION, or a loaded
+        one's)."""
+        return self._version
+
+    @property
     def digests(self) -> list[str]:
-        """Each array's digest (over kind, dtype, shape and its pieces' CRC-32:
-        array_specs.py), hex."""
+        """Each array's digest (over kind, dtype, shape and its pieces' checksums, array_specs.py),
+        hex."""
         if self._digests is None:
-            self._digests = [digest_of_pieces(s, c) for s, c in zip(self._specs,
-                                                                    self.piece_crcs)]
+            self._digests = [digest_of_pieces(s, c, self._version)
+                             for s, c in zip(self._specs, self.piece_crcs)]
         return list(self._digests)
 
     @property
     def piece_crcs(self) -> list[list[int]]:
-        """Each array's pieces' CRC-32 (array_specs.PIECE_BYTES each), what its digest is over: a
-        receiver that compares its own learns which pieces are bad, not only which array."""
-        if self._crcs is None:
-            self._crcs = crcs_of(self._byte_views())
-        return [list(c) for c in self._crcs]
+        """Each array's pieces' checksums (array_specs.PIECE_BYTES each; XXH3-64 in version 3,
+        CRC-32 in version 2), what its digest is over: a receiver that compares its own
+        learns which pieces are bad, not only which array."""
+        if self._sums is None:
+            self._sums = sums_of(self._byte_views(), self._version)
+        return [list(c) for c in self._sums]
 
     @property
     def manifest(self) -> dict:
         """The description a receiver or a reader needs (msgpack-able values only)."""
-        return mf.build(self._specs, self.digests, self._parts)
+        return mf.build(self._specs, self.digests, self._parts, self._version)
 
     @property
     def digest(self) -> str:
@@ -242,12 +252,13 @@ class Snapshot:
         """Read what save() wrote, checking the manifest's digest, the data file's size and
         every array's digest: SnapshotCorrupt naming the file (a torn one) or the first
         corrupted tensor, never a silently wrong snapshot."""
-        specs, arrays, digests, parts = files.read(directory, shard)
-        return cls([(s.name, a) for s, a in zip(specs, arrays)], parts, digests=digests)
+        specs, arrays, digests, parts, version = files.read(directory, shard)
+        return cls([(s.name, a) for s, a in zip(specs, arrays)], parts, digests=digests,
+                   version=version)
 
     def __repr__(self) -> str:
         return (f"<Snapshot {len(self._specs)} arrays, {self._layout.total} bytes, parts "
-                f"{self.parts}>")
+                f"{self.parts}, version {self._version}>")
 
 
 class _ModuleState(OrderedDict):

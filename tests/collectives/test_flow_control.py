@@ -24,7 +24,7 @@ from gossip.testing import spawn, wait_until
 def keyed(request, tmp_path):
     """spawn() options of a group without a cluster key, or with one; the bounds it uses."""
     if request.param == "no-key":
-        return {}, OPEN_BOUNDS
+        return {"insecure": True}, OPEN_BOUNDS
     path = tmp_path / "cluster.key"
     write_cluster_key(path)
     return {"key": str(path)}, KEYED_BOUNDS
@@ -198,8 +198,9 @@ def both_ways(peer):
             "holds": stats["holds_sent"], "honest": honest_bound(peer.transport.bounds)}
 
 
-def test_both_directions_heavy_at_once_do_not_deadlock():
-    results = spawn(both_ways, n=2, timeout=240, peer_timeout=120, transport="tcp")
+def test_both_directions_heavy_at_once_do_not_deadlock(keyed):
+    options, _ = keyed
+    results = spawn(both_ways, n=2, timeout=240, peer_timeout=120, transport="tcp", **options)
     for r in results:
         assert r["wrong"] == 0 and r["dropped"] == 0, results
         assert r["peak"] <= r["honest"], results

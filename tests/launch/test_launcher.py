@@ -138,7 +138,7 @@ def test_real_allreduce_rendezvous_from_launcher_variables(entry: str) -> None:
 
 
 @pytest.mark.timeout(120)
-def test_two_launchers_form_one_world_across_nodes() -> None:
+def test_two_launchers_form_one_world_across_nodes(group_key: str) -> None:
     port = str(free_port())
     common = ["--nnodes", "2", "--master-addr", "127.0.0.1", "--master-port", port, "-n", "2"]
     launchers = [subprocess.Popen([sys.executable, "-m", "gossip.run", *common, "--node-rank",

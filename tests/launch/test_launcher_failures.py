@@ -77,7 +77,7 @@ def test_under_debug_the_traceback_is_whole(held_port) -> None:
 
 
 @pytest.mark.timeout(120)
-def test_an_absent_rank_0_is_one_line_per_waiting_rank() -> None:
+def test_an_absent_rank_0_is_one_line_per_waiting_rank(group_key: str) -> None:
     # Node 1 of two: node 0 (rank 0) never starts.
     port = free_port()
     proc = _run("--nnodes", "2", "--node-rank", "1", "--master-addr", "127.0.0.1",
@@ -98,7 +98,8 @@ def test_an_absent_rank_0_is_one_line_per_waiting_rank() -> None:
     (("--job-id", "job-a", "--job-id", "job-b"), ("never came", "never met its own job")),
     (("--topology", "ring", "--topology", "complete"), ("topology=", "topology=")),
 ], ids=["job", "topology"])
-def test_launchers_that_disagree_each_show_one_line_per_rank(differ, words) -> None:
+def test_launchers_that_disagree_each_show_one_line_per_rank(differ, words,
+                                                              group_key: str) -> None:
     port = str(free_port())
     common = ["--nnodes", "2", "--master-addr", "127.0.0.1", "--master-port", port,
               "--timeout", "2", "-n", "1"]

@@ -17,6 +17,10 @@ import pytest
 from gossip.testing import spawn
 from test_membership import PEER_TIMEOUT, _publish_address, _run_joiner, _worker
 
+# Processes the tests start beside their groups (joiners, restarted members, launchers) must
+# hold the group's key: every test here gets one (tests/conftest.py's group_key).
+pytestmark = pytest.mark.usefixtures("group_key")
+
 LENGTH = 64
 ROUNDS_AFTER = 60     # rounds every member takes in the final view
 MEAN = 1.5            # ranks 0..3 start at their rank

@@ -8,9 +8,14 @@ import os
 import signal
 
 import numpy as np
+import pytest
 
 from gossip.testing import spawn
 from test_membership import _members_beside, _publish_address, _run_joiner, _worker
+
+# Processes the tests start beside their groups (joiners, restarted members, launchers) must
+# hold the group's key: every test here gets one (tests/conftest.py's group_key).
+pytestmark = pytest.mark.usefixtures("group_key")
 
 COUNT = 500
 ROUNDS_AFTER = 160   # int8, gamma 1: 120 rounds reach 1e-9 on a ring of 4 from the start

@@ -10,8 +10,13 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
 
 from test_membership import _env, _members_beside, _publish_address, _wait_address, _worker
+
+# Processes the tests start beside their groups (joiners, restarted members, launchers) must
+# hold the group's key: every test here gets one (tests/conftest.py's group_key).
+pytestmark = pytest.mark.usefixtures("group_key")
 
 COUNT = 2000
 POLICY = 'LocalSGD(period=2, outer_optimizer="diloco", compression="topk:0.1")'

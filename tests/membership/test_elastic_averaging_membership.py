@@ -15,6 +15,10 @@ import pytest
 from gossip.testing import spawn
 from test_membership import PEER_TIMEOUT, _publish_address, _run_joiner, _worker
 
+# Processes the tests start beside their groups (joiners, restarted members, launchers) must
+# hold the group's key: every test here gets one (tests/conftest.py's group_key).
+pytestmark = pytest.mark.usefixtures("group_key")
+
 LENGTH = 512
 
 

@@ -9,8 +9,14 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from gossip.launch.supervisor import free_port
 from gossip.testing import wait_until
+
+# Processes the tests start beside their groups (joiners, restarted members, launchers) must
+# hold the group's key: every test here gets one (tests/conftest.py's group_key).
+pytestmark = pytest.mark.usefixtures("group_key")
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 WORKERS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "workers")
@@ -20,7 +26,8 @@ BOUNDED = os.path.join(WORKERS, "nnodes_bounded.py")
 
 def _env() -> dict:
     env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("GOSSIP_", "RANK", "WORLD_SIZE", "MASTER_", "SLURM_", "OMPI_"))}
+           if not k.startswith(("GOSSIP_", "RANK", "WORLD_SIZE", "MASTER_", "SLURM_", "OMPI_"))
+           or k == "GOSSIP_KEY"}   # the group's key (group_key): these processes join it
     env["PYTHONPATH"] = REPO + os.pathsep + env.get("PYTHONPATH", "")
     return env
 

@@ -22,6 +22,10 @@ from gossip.policies import ElasticAveraging
 from gossip.testing import spawn, wait_until
 from test_membership import PEER_TIMEOUT, _publish_address, _run_joiner, _worker
 
+# Processes the tests start beside their groups (joiners, restarted members, launchers) must
+# hold the group's key: every test here gets one (tests/conftest.py's group_key).
+pytestmark = pytest.mark.usefixtures("group_key")
+
 LENGTH = 515   # not a multiple of 4 or 5: segments of unequal sizes
 
 

@@ -16,6 +16,10 @@ import pytest
 from gossip.testing import spawn, wait_until
 from test_membership import PEER_TIMEOUT, _publish_address, _run_joiner, _worker
 
+# Processes the tests start beside their groups (joiners, restarted members, launchers) must
+# hold the group's key: every test here gets one (tests/conftest.py's group_key).
+pytestmark = pytest.mark.usefixtures("group_key")
+
 LENGTH = 64
 ROUNDS_AFTER = 60     # rounds every member takes in the final view
 PUSH_SUM_JOINER = _worker("push_sum_joiner.py")   # a joiner

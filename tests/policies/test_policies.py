@@ -197,9 +197,10 @@ def test_local_sgd_schedule_and_arguments():
 # ---------------------------------------------------------------------------- API
 def test_policy_names_resolve():
     assert gossip.policies.names() == ["synchronous", "local-sgd", "gossip", "asynchronous",
-                                       "push-sum", "elastic", "choco"]
+                                       "push-sum", "easgd", "choco"]
     kinds = {"synchronous": Synchronous, "local-sgd": LocalSGD, "gossip": Gossip,
-             "asynchronous": Asynchronous, "push-sum": PushSum, "elastic": ElasticAveraging}
+             "asynchronous": Asynchronous, "push-sum": PushSum, "easgd": ElasticAveraging,
+             "elastic": ElasticAveraging}   # "elastic": EASGD's earlier name, an alias
     for name, cls in kinds.items():
         assert type(gossip.policies.make(name)) is cls
     assert type(gossip.policies.make("Local_SGD", period=8)) is LocalSGD

@@ -58,7 +58,7 @@ def test_marker_on_the_wire_only_without_a_key(tmp_path, key_path, keyed):
     starter.start()
     try:
         results = spawn(send_marker, n=2, timeout=90, args=(str(tmp_path),), transport="tcp",
-                        **({"key": key_path} if keyed else {}))
+                        **({"key": key_path} if keyed else {"insecure": True}))
     finally:
         starter.join(70)
         for relay in relays:

@@ -107,6 +107,14 @@ class Policy(abc.ABC):
     #: bucket); None: every bucket holds about bucket_bytes.
     _first_bucket_bytes: int | None = None
 
+    #: Whether a PeerLost out of ``_after_step`` leaves the parameters and the policy's state
+    #: as they were before the step's communication (this member's local update in them),
+    #: so that the step can be completed in the re-formed view by running that
+    #: communication again (the allreduce policies). False: an interrupted step's
+    #: communication is abandoned where it stopped and the step is not counted; the next
+    #: after_step() takes a new local update and communicates again.
+    completes_interrupted_steps: ClassVar[bool] = False
+
     #: Whether a lost peer makes the survivors re-form the group (a view change) instead of
     #: failing the step; below ``min_peers`` members that is PeerLost.
     elastic: bool = False
@@ -147,7 +155,10 @@ class Policy(abc.ABC):
         self._topology: Any = None       # ... resolved at attach (default_topology)
         self._rounds_skipped = 0         # exchanges abandoned by the failure rule
         self._rounds_partial = 0         # exchanges completed without a lost peer (push-sum)
-        self._recovered = False          # the step in progress was taken over by a recovery
+        self._recovered = False          # after_backward's step was taken over by a recovery
+        # The state holds an update of step self._step not yet combined (resume_at): the
+        # step is completed by its communication alone, with no local update.
+        self._owed = False
         #: The torch optimizer whose state travels with the policy's when a member takes
         #: another's state (DistributedOptimizer sets it): a joiner's momentum must be the
         #: replicas', or its steps would differ. None: the parameters and the policy only.
@@ -191,6 +202,11 @@ class Policy(abc.ABC):
         try:
             peer.register_policy(self)   # peer.close() closes the policy first
             peer.attached(self)          # a joiner takes the running job's state here
+            if self._owed:
+                # Admitted by a recovery whose source was inside a step: that step is the
+                # members' next collective, and this joiner completes it with them.
+                with self._clock.inside():
+                    self._communicate()
         except BaseException:
             self.close()
             raise
@@ -229,7 +245,10 @@ class Policy(abc.ABC):
             try:
                 self._after_backward()
             except PeerLost as exc:
-                self._recover(exc)
+                # Nothing of the step is in the parameters yet: unless the state taken holds
+                # the source's update (after_step completes it), the step is begun again.
+                self._recover(exc, pending=False)
+                self._recovered = True
                 return
             if self.nan_guard and not self._guard.gradients_finite():
                 self._guard.skip("gradients")
@@ -243,23 +262,42 @@ class Policy(abc.ABC):
 
     def after_step(self) -> None:
         """Parameter-side communication: call after ``optimizer.step()``. Then, at this step
-        boundary, a membership change that takes effect here (a joiner enters)."""
+        boundary, a membership change that takes effect here (a joiner enters).
+
+        A recovery that cuts the step's communication off (a death with ``elastic``, or a
+        leave at once) ends with the group going on from one step count S, and the step is
+        applied exactly once on every member: a member whose state holds an update of step
+        S not yet combined (its own local update, with a policy that completes interrupted
+        steps, or the update of the member whose state it took) completes step S in the new
+        view, by the communication alone, and counts it; every other member begins step S
+        again (after_step returns without counting it: the loop's next local update is step
+        S's). collectives/group/changes.py has the protocol's side."""
         self._check_ready()
         with self._clock.inside():
-            if self._recovered:   # the step was taken over by the recovery: nothing to add
+            if self._recovered:   # after_backward's recovery took the step over
                 self._recovered = False
-                return
-            self._buckets.check_bound()
-            guard = self.nan_guard
-            if guard and not self._guard_after_communication:
-                self._guard_parameters()   # before anything is sent
+                if not self._owed:   # begun again: the optimizer step was skipped
+                    return
+            else:
+                self._buckets.check_bound()
+                if self.nan_guard and not self._guard_after_communication:
+                    self._guard_parameters()   # before anything is sent
+            self._communicate()
+
+    def _communicate(self) -> None:
+        """Step self._step's communication, then count it and take the boundary's view
+        change; done again in each new view while a recovery leaves the step owed to it
+        (after_step's docstring), returning without a count when the step is begun again."""
+        while True:
+            self._owed = False
             try:
                 self._after_step(self._step)
             except PeerLost as exc:
-                self._recover(exc)
-                self._recovered = False
+                self._recover(exc, pending=self.completes_interrupted_steps)
+                if self._owed:
+                    continue
                 return
-            if guard:
+            if self.nan_guard:
                 if self._guard_after_communication:
                     self._guard_parameters()
                 self._guard.keep()
@@ -267,6 +305,9 @@ class Policy(abc.ABC):
             self._step += 1
             if self._peer.at_boundary(self, self._step):
                 self._check_min_peers()
+                if self._owed:   # it took a state holding the source's update of this step
+                    continue
+            return
 
     @abc.abstractmethod
     def _after_step(self, step: int) -> None:
@@ -418,10 +459,12 @@ class Policy(abc.ABC):
         pass
 
     # ------------------------------------------------------------------ membership
-    def _recover(self, exc: PeerLost) -> None:
+    def _recover(self, exc: PeerLost, pending: bool) -> None:
         """A peer was lost mid-step: without ``elastic``, that is the step's error; with it,
         agree with the survivors on the next view and go on from the state of the survivor
-        that completed most steps (the same on every survivor), below ``min_peers`` raise."""
+        that completed most steps (the same on every survivor), below ``min_peers`` raise.
+        ``pending``: the parameters hold this member's update of the step, not yet combined;
+        resume_at (called by the view change) says whether the step is owed."""
         # A change under way (a leave, a recovery at once), known here or heard of from a
         # member that it ended (ViewChanging: that member's notice came first).
         changing = self._peer.changing_now() or isinstance(exc, ViewChanging)
@@ -429,8 +472,7 @@ class Policy(abc.ABC):
             raise exc   # a failure of the group; a planned change (a leave) any policy takes
         log.warning("rank %d: %s lost a peer in step %d (%s): re-forming the group",
                     self._peer.rank, self.name, self._step, exc)
-        self._step = self._peer.recover(self, self._step)
-        self._recovered = True
+        self._step = self._peer.recover(self, self._step, pending)
         if self._peer.world_size < self.min_peers:
             raise PeerLost(f"rank {self._peer.rank}: {self.name}: {self._peer.world_size} "
                            f"members left, fewer than min_peers={self.min_peers}") from exc
@@ -474,10 +516,13 @@ class Policy(abc.ABC):
     def state_sent(self) -> None:
         """This member (the switch's source) sent its state to the receivers."""
 
-    def resume_at(self, step: int) -> None:
+    def resume_at(self, step: int, *, complete: bool = False) -> None:
         """Go on from step count ``step``, the new view's (one count for every member: a
-        time-varying graph's phase depends on it)."""
+        time-varying graph's phase depends on it). ``complete``: the parameters hold an
+        update of step ``step`` not yet combined, so that step is completed by its
+        communication alone (after_step), not begun again."""
         self._step = int(step)
+        self._owed = bool(complete)
 
     def settle_view(self) -> None:
         """Every member of the new view, joiners too, once the state moved and before the

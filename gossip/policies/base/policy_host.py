@@ -103,9 +103,11 @@ class PolicyHost(Protocol):
         """After each step (``step`` completed): take a view change that takes effect at
         this boundary; True if the view changed."""
 
-    def recover(self, policy: MembershipParticipant, step: int) -> int:
+    def recover(self, policy: MembershipParticipant, step: int, pending: bool = False) -> int:
         """A peer was lost mid-step (an elastic policy): agree with the survivors on the next
-        view and return the step count to go on from."""
+        view and return the step count to go on from (``pending``: ``policy``'s state holds
+        this member's update of step ``step``, not yet combined; the view change tells the
+        policy through resume_at whether it completes that step)."""
 
     def changing_now(self) -> bool:
         """True while a change at once (a recovery, a leave) is proposed to this peer: a

@@ -164,8 +164,8 @@ class ElasticAveraging(BackgroundPolicy):
     see ``dropped_peers``), which rebuilds them from the workers.
     """
 
-    name = "elastic"
-    aliases = ("easgd",)   # EASGD's own name (gossip.policies.make("easgd"))
+    name = "easgd"
+    aliases = ("elastic",)   # its earlier name: make("elastic") and old state dicts still work
     worker_name = "elastic-averaging server thread"
 
     def __init__(self, *, alpha: float | None = None, period: int = 4,

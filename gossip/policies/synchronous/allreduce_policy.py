@@ -17,7 +17,16 @@ class AllreducePolicy(Policy):
     """A policy whose replicas agree by allreduce. ``elastic=True``: a lost peer does not end
     training; the survivors agree on a new view and go on (fewer than ``min_peers``:
     PeerLost). The outer step's anchors and optimizer state are policy state
-    (``state_dict()["outer"]``)."""
+    (``state_dict()["outer"]``).
+
+    A step whose averaging a recovery cuts off is completed in the new view: an averaging
+    that fails leaves every member's parameters (its local update in them) and the outer
+    step's state as they were (_average_parameters), so it is run again over the members
+    of the new view and counted, and the step's local update is applied once (Policy's
+    after_step). With a top-k codec the error-feedback residuals an attempt that failed
+    had updated stay so, and that step's compressed update is not exact."""
+
+    completes_interrupted_steps = True
 
     def __init__(self, *, bucket_bytes: int = DEFAULT_BUCKET_BYTES,
                  timeout: float | None = None, nan_guard: bool = False, elastic: bool = False,

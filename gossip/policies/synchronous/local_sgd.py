@@ -21,10 +21,12 @@ class LocalSGD(AllreducePolicy):
     When to use it: communication is the bottleneck and the peers are of equal speed; a
     larger period trades accuracy for bandwidth. A lost peer fails the averaging step with
     PeerLost, unless ``elastic=True``: then the survivors re-form the group as Synchronous's do
-    (fewer than ``min_peers``: PeerLost), the averaging cut by the death is done again, a
-    survivor behind the others (its averaging failed where theirs completed) takes the state
-    of the one that completed most steps, and joiners take a member's state at a step
-    boundary. Optimizer state (momentum, Adam moments) stays local and is not averaged.
+    (fewer than ``min_peers``: PeerLost): the averaging cut by the death is completed over
+    the survivors in the new view, their local updates of that step applied once (the
+    step is counted; AllreducePolicy), a survivor behind the others (its averaging failed
+    where theirs completed) takes the state of the one that completed most steps, and
+    joiners take a member's state at a step boundary. The outer step of DiLoCo likewise:
+    a failed one leaves anchors and momentum as they were, and is completed. Optimizer state (momentum, Adam moments) stays local and is not averaged.
 
     Cost: one allreduce of the parameters every ``period`` steps, i.e. about
     ``2 (n-1)/n * P / period`` bytes sent per peer per step for P bytes of parameters; the

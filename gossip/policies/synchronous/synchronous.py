@@ -45,8 +45,16 @@ class Synchronous(AllreducePolicy):
 
     ``elastic=True``: a lost peer does not end training. The survivors agree on a new view
     (gossip/membership/) and go on from the state of the survivor that completed most steps
-    (the step some finished and others did not is skipped identically everywhere); fewer
-    than ``min_peers`` left raise PeerLost. Processes that join later (or a restarted one)
+    (a member that finished a step the others did not hands them its state, which holds
+    it), and the step the death cut off is applied exactly once on every member. With
+    torch, whose gradients are averaged in after_backward, that step is begun again: its
+    optimizer step is skipped (``skip_update``), after_step() does not count it, and the
+    loop's next batch is that step's again (an ElasticSampler hands the step's positions out
+    again, cut over the new view). With numpy, whose parameters are averaged in after_step,
+    the members' own updates of that step are averaged in the new view and the step is
+    counted (a dead member's update of it is lost with it). A planned ``peer.leave()``
+    without ``elastic`` is taken the same way. Fewer than ``min_peers`` left raise
+    PeerLost. Processes that join later (or a restarted one)
     take the running state at a step boundary. Drive the loop by ``policy.step`` (or
     ``opt.policy.step``), not by a counter of your own: after a recovery every replica goes
     on from the same step count. For gradient accumulation over several
