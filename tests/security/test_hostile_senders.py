@@ -34,7 +34,6 @@ from zmq.utils.monitor import recv_monitor_message
 import gossip
 from collectives import defaults
 from collectives.security import write_cluster_key
-from collectives.transport.flow_control import KEYED_BOUNDS
 from collectives.transport.wire import DATA, PROTOCOL_VERSION
 from gossip.testing import free_port, spawn, wait_until
 from helpers import publish as _publish, read as _read
@@ -446,7 +445,7 @@ def test_a_paused_source_is_judged_by_what_its_window_constrains():
     honest sender can have sent since the last ACK it was sent is its window, or a message
     begun below ack_every (SendWindow.room); ACK, HOLD, BYE and STARVED go whatever the window
     and are not counted, however many come."""
-    from collectives.transport.flow_control import OPEN_BOUNDS, Acks, SendWindow
+    from collectives.transport.flow_control import KEYED_BOUNDS, OPEN_BOUNDS, Acks, SendWindow
     from collectives.transport.wire import ACK, DATA
     bounds = OPEN_BOUNDS
     largest = 2 * (4 << 20) + defaults.HELD_OVERHEAD  # as Transport computes it
