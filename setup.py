@@ -15,6 +15,9 @@ setup(
     python_requires=">=3.10",
     packages=find_packages(include=["gossip", "gossip.*", "collectives", "collectives.*",
                                     "topologies", "topologies.*"]),
+    # PEP 561: the packages are typed (checked with mypy: pyproject.toml's [tool.mypy]).
+    package_data={"gossip": ["py.typed"], "collectives": ["py.typed"],
+                  "topologies": ["py.typed"]},
     install_requires=[
         "numpy>=1.23",
         "pyzmq>=25",

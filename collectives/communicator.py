@@ -22,7 +22,8 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any
+from collections.abc import Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Literal, overload
 
 import numpy as np
 
@@ -35,6 +36,8 @@ from collectives.algorithms.p2p import Call, wait_sent
 from collectives.algorithms.ring import (counts_digest, ring_reduce_scatter, segments,
                                          segments_of_counts)
 from collectives.arrays.adapter import ArrayAdapter, check_reduce_op
+from collectives.arrays.interface import Array
+from collectives.codecs.catalog import CodecSpec, parse
 from collectives.engine import Engine
 from collectives.neighbor_plan import NeighborPlan
 from collectives.operations import rooted
@@ -42,10 +45,14 @@ from collectives.operations.coalesced import coalesced_allreduce
 from collectives.operations.compressed_allreduce import compressed_allreduce
 from collectives.operations.neighbor_allgather import neighbor_allgather
 from collectives.operations.neighbor_allreduce import neighbor_allreduce
-from collectives.operations.send_recv import PointToPoint
+from collectives.operations.send_recv import PointToPoint, SendRequest
 from collectives.staging import Staging
 from collectives.transport.transport import Transport
 from collectives.transport.wire import Channel, dtype_itemsize
+from collectives.work import Work
+
+if TYPE_CHECKING:
+    from collectives.algorithms.nccl import NcclGroup   # imported on the first device array
 
 __all__ = ["Communicator", "COLLECTIVE_CHANNEL", "P2P_CHANNEL", "DEFAULT_SMALL_BYTES"]
 
@@ -72,7 +79,7 @@ class Communicator:
         self.channel = int(channel)  # a plain int: it is part of every mailbox key
         self.p2p_channel = channel + Channel.P2P - Channel.COLLECTIVE
         self._p2p = PointToPoint(transport, self.p2p_channel)
-        self._nccl = None  # NcclGroup, made on the first device array
+        self._nccl: NcclGroup | None = None  # made on the first device array
         self.codec_stats = CodecStats()  # what the compressed calls encoded and refused
         self._on_host = choice.OnHost(self.rank)   # its shared-memory allreduces' arenas
         #: What every call runs through: sequence numbers, the operation's life, the worker
@@ -84,38 +91,65 @@ class Communicator:
         """The transport's timeout in seconds, for calls given none."""
         return self.transport.config.timeout
 
-    def _use_nccl(self, adapter: ArrayAdapter, x: Any, op: str | None, dtype: str) -> bool:
-        """Device arrays go through NCCL when every peer can (decided collectively, once)."""
+    def _nccl_for(self, adapter: ArrayAdapter, x: Array, op: str | None,
+                  dtype: str) -> NcclGroup | None:
+        """The NCCL group when device arrays go through NCCL, i.e. when every peer can
+        (decided collectively, once); None otherwise."""
         if adapter.on_host or self.world_size == 1:
-            return False
+            return None
         if self._nccl is None:
             from collectives.algorithms.nccl import NcclGroup
             self._nccl = NcclGroup(self)
         device = x.device.index if hasattr(x, "data_ptr") else x.device.id
-        return self._nccl.decide(int(device), self.transport.endpoints["host"]) and \
-            self._nccl.supports(op, dtype)
+        if self._nccl.decide(int(device), self.transport.endpoints["host"]) and \
+                self._nccl.supports(op, dtype):
+            return self._nccl
+        return None
 
     # ------------------------------------------------------------------ collectives
-    def allreduce(self, x: Any, op: str = "sum", *, wait: bool = True,
+    # Each call with ``wait`` returns its result, or with wait=False a Work whose result it
+    # is: the overloads say which to a type checker.
+    @overload
+    def allreduce(self, x: Array, op: str = "sum", *, wait: Literal[True] = True,
                   timeout: float | None = None, algorithm: str = "auto",
-                  compression: Any = None, residual: Any = None, _layout: str = "") -> Any:
+                  compression: CodecSpec = None, residual: Array | None = None,
+                  _layout: str = "") -> Array: ...
+
+    @overload
+    def allreduce(self, x: Array, op: str = "sum", *, wait: Literal[False],
+                  timeout: float | None = None, algorithm: str = "auto",
+                  compression: CodecSpec = None, residual: Array | None = None,
+                  _layout: str = "") -> Work: ...
+
+    @overload
+    def allreduce(self, x: Array, op: str = "sum", *, wait: bool = True,
+                  timeout: float | None = None, algorithm: str = "auto",
+                  compression: CodecSpec = None, residual: Array | None = None,
+                  _layout: str = "") -> Array | Work: ...
+
+    def allreduce(self, x: Array, op: str = "sum", *, wait: bool = True,
+                  timeout: float | None = None, algorithm: str = "auto",
+                  compression: CodecSpec = None, residual: Array | None = None,
+                  _layout: str = "") -> Array | Work:
         """Reduce ``x`` (or a list of arrays in one call: operations/coalesced.py) across all
         peers in place; returns it (or a Work). Every peer passes the same shape, dtype and op.
         ``algorithm``: "auto" or one of choice.ALLREDUCE_ALGORITHMS ("shm", "shm-small":
         every peer on this host; "hierarchical": hosts in two levels; choice.py says which
         "auto" takes); ``compression``, ``residual``: operations/compressed_allreduce.py."""
-        if isinstance(x, (list, tuple)) and compression is None:
+        codec = parse(compression)
+        if isinstance(x, (list, tuple)) and codec is None:
             return coalesced_allreduce(self.engine, self.allreduce, x, op, wait=wait,
                                        timeout=timeout, algorithm=algorithm)
-        if compression is not None:
-            return compressed_allreduce(self.engine, x, op, compression, wait=wait,
+        if codec is not None:
+            return compressed_allreduce(self.engine, x, op, codec, wait=wait,
                                         timeout=timeout, stats=self.codec_stats,
                                         residual=residual, small_bytes=DEFAULT_SMALL_BYTES)
         stage = Staging()
         adapter, flat, dtype = stage.flat(x)
         check_reduce_op(op, dtype)
-        if self._use_nccl(adapter, x, op, dtype):
-            self._nccl.allreduce(flat, adapter.size(flat), dtype, op)
+        nccl = self._nccl_for(adapter, x, op, dtype)
+        if nccl is not None:
+            nccl.allreduce(flat, adapter.size(flat), dtype, op)
             if op == "mean":
                 adapter.divide(flat, self.world_size)
             return self.engine.done(x, f"allreduce({op},nccl)", wait, stage)
@@ -125,7 +159,7 @@ class Communicator:
         seq = self.engine.next_seq(algorithm)
         signature = f"allreduce({op},{algorithm}{_layout})"   # _layout: coalesced's
 
-        def body() -> Any:
+        def body() -> Array:
             if self.world_size > 1:
                 self.engine.execute(seq, signature, dtype, tuple(x.shape), timeout,
                                     self.engine.peers, lambda call: algo(call, adapter, flat, op))
@@ -133,8 +167,20 @@ class Communicator:
             return x
         return self.engine.launch(f"{signature} seq {seq}", body, wait, stage)
 
-    def reduce_scatter(self, x: Any, op: str = "sum", *, counts: Any = None,
-                       wait: bool = True, timeout: float | None = None) -> Any:
+    @overload
+    def reduce_scatter(self, x: Array, op: str = "sum", *, counts: Sequence[int] | None = None,
+                       wait: Literal[True] = True, timeout: float | None = None) -> Array: ...
+
+    @overload
+    def reduce_scatter(self, x: Array, op: str = "sum", *, counts: Sequence[int] | None = None,
+                       wait: Literal[False], timeout: float | None = None) -> Work: ...
+
+    @overload
+    def reduce_scatter(self, x: Array, op: str = "sum", *, counts: Sequence[int] | None = None,
+                       wait: bool = True, timeout: float | None = None) -> Array | Work: ...
+
+    def reduce_scatter(self, x: Array, op: str = "sum", *, counts: Sequence[int] | None = None,
+                       wait: bool = True, timeout: float | None = None) -> Array | Work:
         """Reduce ``x`` across peers; this peer gets its segment, returned as a view into
         ``x``: rank r's is elements [N*r//n, N*(r+1)//n) of the flattened array, or with
         ``counts`` (MPI's Reduce_scatter recvcounts, one per peer, adding up to N) the
@@ -154,7 +200,7 @@ class Communicator:
         seq = self.engine.next_seq()
         shifted = segs[-1:] + segs[:-1]   # the ring leaves peer r with segment r + 1
 
-        def body() -> Any:
+        def body() -> Array:
             if n > 1:
                 def run(call: Call) -> None:
                     ticket = ring_reduce_scatter(call, adapter, flat, "sum" if op == "mean"
@@ -168,8 +214,26 @@ class Communicator:
             return adapter.slice(flat, lo, hi)
         return self.engine.launch(f"{signature} seq {seq}", body, wait)
 
-    def allgather(self, x: Any, *, out: Any = None, variable: bool = False, wait: bool = True,
-                  timeout: float | None = None) -> Any:
+    @overload
+    def allgather(self, x: Array, *, out: Array | None = None, variable: Literal[False] = False,
+                  wait: Literal[True] = True, timeout: float | None = None) -> Array: ...
+
+    @overload
+    def allgather(self, x: Array, *, out: Array | None = None, variable: Literal[True],
+                  wait: Literal[True] = True, timeout: float | None = None) -> list[Array]: ...
+
+    @overload
+    def allgather(self, x: Array, *, out: Array | None = None, variable: bool = False,
+                  wait: Literal[False], timeout: float | None = None) -> Work: ...
+
+    @overload
+    def allgather(self, x: Array, *, out: Array | None = None, variable: bool = False,
+                  wait: bool = True, timeout: float | None = None
+                  ) -> Array | list[Array] | Work: ...
+
+    def allgather(self, x: Array, *, out: Array | None = None, variable: bool = False,
+                  wait: bool = True, timeout: float | None = None
+                  ) -> Array | list[Array] | Work:
         """Gather every peer's ``x``. Equal sizes: an array of shape (n, *x.shape) (into
         ``out`` if given). ``variable=True``: sizes may differ; returns a list of n flat
         arrays (views into one buffer)."""
@@ -177,9 +241,10 @@ class Communicator:
         adapter, flat, dtype = stage.flat(x, written=False)
         n = self.world_size
         count = adapter.size(flat)
-        if not variable and out is None and self._use_nccl(adapter, x, None, dtype):
+        nccl = None if variable or out is not None else self._nccl_for(adapter, x, None, dtype)
+        if nccl is not None:
             gathered = adapter.empty(n * count, dtype, flat)
-            self._nccl.allgather(flat, gathered, count, dtype)
+            nccl.allgather(flat, gathered, count, dtype)
             return self.engine.done(gathered.reshape((n,) + tuple(x.shape)), "allgather(nccl)",
                                     wait)
         if not variable:
@@ -199,8 +264,8 @@ class Communicator:
         signature = "allgather(variable)" if variable else "allgather"
         shape = (count,) if variable else tuple(x.shape)
 
-        def body() -> Any:
-            def run(call: Call) -> Any:
+        def body() -> Array | list[Array]:
+            def run(call: Call) -> Array | list[Array]:
                 if variable:
                     counts = exchange_counts(call, count)
                     bounds = np.concatenate([[0], np.cumsum(counts)]).tolist()
@@ -224,20 +289,33 @@ class Communicator:
             return result
         return self.engine.launch(f"{signature} seq {seq}", body, wait, stage)
 
-    def broadcast(self, x: Any, root: int = 0, *, wait: bool = True,
-                  timeout: float | None = None) -> Any:
+    @overload
+    def broadcast(self, x: Array, root: int = 0, *, wait: Literal[True] = True,
+                  timeout: float | None = None) -> Array: ...
+
+    @overload
+    def broadcast(self, x: Array, root: int = 0, *, wait: Literal[False],
+                  timeout: float | None = None) -> Work: ...
+
+    @overload
+    def broadcast(self, x: Array, root: int = 0, *, wait: bool = True,
+                  timeout: float | None = None) -> Array | Work: ...
+
+    def broadcast(self, x: Array, root: int = 0, *, wait: bool = True,
+                  timeout: float | None = None) -> Array | Work:
         """Copy root's ``x`` into every peer's ``x`` (in place) and return it."""
         if not 0 <= root < self.world_size:
             raise ValueError(f"root {root} is outside world size {self.world_size}")
         stage = Staging()
         adapter, flat, dtype = stage.flat(x)
-        if self._use_nccl(adapter, x, None, dtype):
-            self._nccl.broadcast(flat, adapter.size(flat), dtype, root)
+        nccl = self._nccl_for(adapter, x, None, dtype)
+        if nccl is not None:
+            nccl.broadcast(flat, adapter.size(flat), dtype, root)
             return self.engine.done(x, f"broadcast(root={root},nccl)", wait, stage)
         seq = self.engine.next_seq()
         signature = f"broadcast(root={root})"
 
-        def body() -> Any:
+        def body() -> Array:
             if self.world_size > 1:
                 self.engine.execute(seq, signature, dtype, tuple(x.shape), timeout,
                                     self.engine.peers,
@@ -246,31 +324,101 @@ class Communicator:
             return x
         return self.engine.launch(f"{signature} seq {seq}", body, wait, stage)
 
-    def reduce(self, x: Any, root: int = 0, op: str = "sum", *, wait: bool = True,
-               timeout: float | None = None) -> Any:
+    @overload
+    def reduce(self, x: Array, root: int = 0, op: str = "sum", *, wait: Literal[True] = True,
+               timeout: float | None = None) -> Array: ...
+
+    @overload
+    def reduce(self, x: Array, root: int = 0, op: str = "sum", *, wait: Literal[False],
+               timeout: float | None = None) -> Work: ...
+
+    @overload
+    def reduce(self, x: Array, root: int = 0, op: str = "sum", *, wait: bool = True,
+               timeout: float | None = None) -> Array | Work: ...
+
+    def reduce(self, x: Array, root: int = 0, op: str = "sum", *, wait: bool = True,
+               timeout: float | None = None) -> Array | Work:
         """Reduce every peer's ``x`` into the root's, in place (rooted.reduce)."""
         return rooted.reduce(self.engine, x, root, op, wait, timeout)
 
-    def gather(self, x: Any, root: int = 0, *, out: Any = None, wait: bool = True,
-               timeout: float | None = None) -> Any:
+    @overload
+    def gather(self, x: Array, root: int = 0, *, out: Array | None = None,
+               wait: Literal[True] = True, timeout: float | None = None) -> Array | None: ...
+
+    @overload
+    def gather(self, x: Array, root: int = 0, *, out: Array | None = None,
+               wait: Literal[False], timeout: float | None = None) -> Work: ...
+
+    @overload
+    def gather(self, x: Array, root: int = 0, *, out: Array | None = None,
+               wait: bool = True, timeout: float | None = None) -> Array | None | Work: ...
+
+    def gather(self, x: Array, root: int = 0, *, out: Array | None = None, wait: bool = True,
+               timeout: float | None = None) -> Array | None | Work:
         """Every peer's ``x`` at the root, shape (n, *x.shape); None elsewhere (rooted.gather)."""
         return rooted.gather(self.engine, x, root, out, wait, timeout)
 
-    def scatter(self, x: Any, root: int = 0, *, out: Any = None, wait: bool = True,
-                timeout: float | None = None) -> Any:
+    @overload
+    def scatter(self, x: Array, root: int = 0, *, out: Array | None = None,
+                wait: Literal[True] = True, timeout: float | None = None) -> Array: ...
+
+    @overload
+    def scatter(self, x: Array, root: int = 0, *, out: Array | None = None,
+                wait: Literal[False], timeout: float | None = None) -> Work: ...
+
+    @overload
+    def scatter(self, x: Array, root: int = 0, *, out: Array | None = None,
+                wait: bool = True, timeout: float | None = None) -> Array | Work: ...
+
+    def scatter(self, x: Array, root: int = 0, *, out: Array | None = None, wait: bool = True,
+                timeout: float | None = None) -> Array | Work:
         """Part r of the root's ``x`` into peer r's ``out`` (rooted.scatter)."""
         return rooted.scatter(self.engine, x, root, out, wait, timeout)
 
-    def alltoall(self, x: Any, *, out: Any = None, send_counts: Any = None,
-                 recv_counts: Any = None, wait: bool = True,
-                 timeout: float | None = None) -> Any:
+    @overload
+    def alltoall(self, x: Array, *, out: Array | None = None,
+                 send_counts: Sequence[int] | None = None,
+                 recv_counts: Sequence[int] | None = None, wait: Literal[True] = True,
+                 timeout: float | None = None) -> Array: ...
+
+    @overload
+    def alltoall(self, x: Array, *, out: Array | None = None,
+                 send_counts: Sequence[int] | None = None,
+                 recv_counts: Sequence[int] | None = None, wait: Literal[False],
+                 timeout: float | None = None) -> Work: ...
+
+    @overload
+    def alltoall(self, x: Array, *, out: Array | None = None,
+                 send_counts: Sequence[int] | None = None,
+                 recv_counts: Sequence[int] | None = None, wait: bool = True,
+                 timeout: float | None = None) -> Array | Work: ...
+
+    def alltoall(self, x: Array, *, out: Array | None = None,
+                 send_counts: Sequence[int] | None = None,
+                 recv_counts: Sequence[int] | None = None, wait: bool = True,
+                 timeout: float | None = None) -> Array | Work:
         """Block j of ``x`` to peer j; block r of every peer's in ``out``; equal blocks, or
         ``send_counts``/``recv_counts`` elements per peer (rooted.alltoall)."""
         return rooted.alltoall(self.engine, x, out, wait, timeout, send_counts, recv_counts)
 
-    def neighbor_exchange(self, x: Any, plan: NeighborPlan, *, scratch: Any = None,
-                          out: Any = None, wait: bool = True,
-                          timeout: float | None = None) -> Any:
+    @overload
+    def neighbor_exchange(self, x: Array, plan: NeighborPlan, *, scratch: Array | None = None,
+                          out: Array | None = None, wait: Literal[True] = True,
+                          timeout: float | None = None) -> Array: ...
+
+    @overload
+    def neighbor_exchange(self, x: Array, plan: NeighborPlan, *, scratch: Array | None = None,
+                          out: Array | None = None, wait: Literal[False],
+                          timeout: float | None = None) -> Work: ...
+
+    @overload
+    def neighbor_exchange(self, x: Array, plan: NeighborPlan, *, scratch: Array | None = None,
+                          out: Array | None = None, wait: bool = True,
+                          timeout: float | None = None) -> Array | Work: ...
+
+    def neighbor_exchange(self, x: Array, plan: NeighborPlan, *, scratch: Array | None = None,
+                          out: Array | None = None, wait: bool = True,
+                          timeout: float | None = None) -> Array | Work:
         """One round of the neighbour exchange ``plan`` on ``x``: x <- plan.self_weight * x +
         sum_j plan.src_weights[j] * x_j, sending x to ``plan.dst_ranks`` (each scaled by
         ``plan.dst_weights[dst]`` if given). In place; returns x. With ``out`` (an array of
@@ -298,11 +446,40 @@ class Communicator:
         return neighbor_allreduce(self.engine, x, plan, scratch=scratch, out=out, wait=wait,
                                   timeout=timeout, stats=self.codec_stats)
 
-    def neighbor_allreduce(self, x: Any, self_weight: float, src_weights: dict[int, float],
-                           dst_ranks, *, dst_weights: dict[int, float] | None = None,
-                           scratch: Any = None, out: Any = None, wait: bool = True,
-                           timeout: float | None = None, partial: bool = False,
-                           check_pattern: bool = True, compression: Any = None) -> Any:
+    @overload
+    def neighbor_allreduce(self, x: Array, self_weight: float, src_weights: Mapping[int, float],
+                           dst_ranks: Iterable[int], *,
+                           dst_weights: Mapping[int, float] | None = None,
+                           scratch: Array | None = None, out: Array | None = None,
+                           wait: Literal[True] = True, timeout: float | None = None,
+                           partial: bool = False, check_pattern: bool = True,
+                           compression: CodecSpec = None) -> Array: ...
+
+    @overload
+    def neighbor_allreduce(self, x: Array, self_weight: float, src_weights: Mapping[int, float],
+                           dst_ranks: Iterable[int], *,
+                           dst_weights: Mapping[int, float] | None = None,
+                           scratch: Array | None = None, out: Array | None = None,
+                           wait: Literal[False], timeout: float | None = None,
+                           partial: bool = False, check_pattern: bool = True,
+                           compression: CodecSpec = None) -> Work: ...
+
+    @overload
+    def neighbor_allreduce(self, x: Array, self_weight: float, src_weights: Mapping[int, float],
+                           dst_ranks: Iterable[int], *,
+                           dst_weights: Mapping[int, float] | None = None,
+                           scratch: Array | None = None, out: Array | None = None,
+                           wait: bool = True, timeout: float | None = None,
+                           partial: bool = False, check_pattern: bool = True,
+                           compression: CodecSpec = None) -> Array | Work: ...
+
+    def neighbor_allreduce(self, x: Array, self_weight: float, src_weights: Mapping[int, float],
+                           dst_ranks: Iterable[int], *,
+                           dst_weights: Mapping[int, float] | None = None,
+                           scratch: Array | None = None, out: Array | None = None,
+                           wait: bool = True, timeout: float | None = None,
+                           partial: bool = False, check_pattern: bool = True,
+                           compression: CodecSpec = None) -> Array | Work:
         """x <- self_weight * x + sum_j src_weights[j] * x_j, sending x to ``dst_ranks``:
         neighbor_exchange with the NeighborPlan of these arguments (see there)."""
         plan = NeighborPlan(self_weight, src_weights, dst_ranks, dst_weights, partial,
@@ -310,8 +487,21 @@ class Communicator:
         return self.neighbor_exchange(x, plan, scratch=scratch, out=out, wait=wait,
                                       timeout=timeout)
 
-    def neighbor_allgather(self, x: Any, src_ranks, dst_ranks, *, wait: bool = True,
-                           timeout: float | None = None) -> Any:
+    @overload
+    def neighbor_allgather(self, x: Array, src_ranks: Iterable[int], dst_ranks: Iterable[int],
+                           *, wait: Literal[True] = True,
+                           timeout: float | None = None) -> Array: ...
+
+    @overload
+    def neighbor_allgather(self, x: Array, src_ranks: Iterable[int], dst_ranks: Iterable[int],
+                           *, wait: Literal[False], timeout: float | None = None) -> Work: ...
+
+    @overload
+    def neighbor_allgather(self, x: Array, src_ranks: Iterable[int], dst_ranks: Iterable[int],
+                           *, wait: bool = True, timeout: float | None = None) -> Array | Work: ...
+
+    def neighbor_allgather(self, x: Array, src_ranks: Iterable[int], dst_ranks: Iterable[int],
+                           *, wait: bool = True, timeout: float | None = None) -> Array | Work:
         """``x`` to ``dst_ranks``; the ``src_ranks``' arrays concatenated along the first
         axis, ascending rank (operations/neighbor_allgather.py)."""
         return neighbor_allgather(self.engine, x, src_ranks, dst_ranks, wait, timeout)
@@ -329,15 +519,16 @@ class Communicator:
                           self.engine.peers, algo)
 
     # ------------------------------------------------------------------ point to point
-    def send(self, dst: int, x: Any, *, timeout: float | None = None) -> None:
+    def send(self, dst: int, x: Array, *, timeout: float | None = None) -> None:
         """Send ``x`` to ``dst``; returns when ``x`` may be modified again (PointToPoint.send)."""
         self._p2p.send(dst, x, timeout=timeout)
 
-    def isend(self, dst: int, x: Any, *, timeout: float | None = None) -> Any:
+    def isend(self, dst: int, x: Array, *, timeout: float | None = None) -> SendRequest:
         """send's non-blocking twin, a SendRequest (PointToPoint.isend)."""
         return self._p2p.isend(dst, x, timeout=timeout)
 
-    def recv(self, src: int, out: Any = None, *, timeout: float | None = None) -> Any:
+    def recv(self, src: int, out: Array | None = None, *,
+             timeout: float | None = None) -> Array:
         """Receive the next array ``src`` sent (PointToPoint.recv)."""
         return self._p2p.recv(src, out, timeout=timeout)
 
@@ -345,7 +536,7 @@ class Communicator:
         """True when recv(src) would return or raise at once (PointToPoint.probe)."""
         return self._p2p.probe(src)
 
-    def wait_any(self, sources, timeout: float | None = None) -> int | None:
+    def wait_any(self, sources: Iterable[int], timeout: float | None = None) -> int | None:
         """The first of ``sources`` with a message waiting (PointToPoint.wait_any)."""
         return self._p2p.wait_any(sources, timeout)
 

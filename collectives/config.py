@@ -17,7 +17,7 @@ MAX_JOB_ID = 64
 _JOB_ID = re.compile(r"[A-Za-z0-9._:@+-]*")
 
 
-def check_job_id(job_id: str) -> str:
+def check_job_id(job_id: object) -> str:
     """``job_id`` if it can name a job (up to MAX_JOB_ID of letters, digits and ``._:@+-``;
     empty: an unnamed job), else ValueError saying why."""
     if not isinstance(job_id, str) or len(job_id) > MAX_JOB_ID or not _JOB_ID.fullmatch(job_id):

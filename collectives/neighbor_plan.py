@@ -13,21 +13,21 @@ sequence number.
 """
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Mapping
 
 from collectives.codecs.codec import Codec
-from collectives.codecs.catalog import parse
+from collectives.codecs.catalog import CodecSpec, parse
 
 __all__ = ["NeighborPlan"]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, init=False)
 class NeighborPlan:
     """``x <- self_weight x + sum_j src_weights[j] x_j``, sending ``x`` to ``dst_ranks`` (each
     copy scaled by ``dst_weights[dst]`` if given: push-sum). Normalised when made: the
-    weights are floats by int rank, ``dst_ranks`` a sorted tuple of distinct ranks,
-    ``compression`` a Codec or None."""
+    weights are floats by int rank, ``dst_ranks`` a sorted tuple of distinct ranks (any
+    iterable of ranks will do), ``compression`` a Codec or None (a codec name will do)."""
 
     #: This peer's own weight.
     self_weight: float
@@ -45,17 +45,24 @@ class NeighborPlan:
     #: The codec the encodings travel in ("int8", a Codec, ...): None sends the array itself.
     compression: Codec | None = None
 
-    def __post_init__(self) -> None:
+    def __init__(self, self_weight: float, src_weights: Mapping[int, float],
+                 dst_ranks: Iterable[int], dst_weights: Mapping[int, float] | None = None,
+                 partial: bool = False, check_pattern: bool = True,
+                 compression: CodecSpec = None) -> None:
         put = object.__setattr__   # (frozen: the normalised values are set once, here)
-        put(self, "self_weight", float(self.self_weight))
-        put(self, "src_weights", {int(k): float(v) for k, v in self.src_weights.items()})
-        put(self, "dst_ranks", tuple(sorted(set(int(d) for d in self.dst_ranks))))
-        if self.dst_weights is not None:
-            put(self, "dst_weights", {int(k): float(v) for k, v in self.dst_weights.items()})
-            if set(self.dst_weights) != set(self.dst_ranks):
+        put(self, "self_weight", float(self_weight))
+        put(self, "src_weights", {int(k): float(v) for k, v in src_weights.items()})
+        put(self, "dst_ranks", tuple(sorted(set(int(d) for d in dst_ranks))))
+        put(self, "dst_weights", None)
+        if dst_weights is not None:
+            scales = {int(k): float(v) for k, v in dst_weights.items()}
+            put(self, "dst_weights", scales)
+            if set(scales) != set(self.dst_ranks):
                 raise ValueError("dst_weights must have exactly one weight per destination "
                                  "rank")
-        put(self, "compression", parse(self.compression))
+        put(self, "partial", partial)
+        put(self, "check_pattern", check_pattern)
+        put(self, "compression", parse(compression))
         if self.compression is not None and (self.dst_weights is not None or self.partial):
             raise ValueError("neighbor_allreduce with compression takes neither dst_weights "
                              "nor partial=True")

@@ -324,7 +324,8 @@ def _register(transport, address, timeout, me) -> dict[int, dict]:
             if msg is None:
                 continue
             wait = msg.get("wait")
-            if type(wait) in (int, float) and 0 <= wait < 1e6:  # NaN fails the comparison
+            if isinstance(wait, (int, float)) and not isinstance(wait, bool) \
+                    and 0 <= wait < 1e6:  # NaN fails the comparison
                 deadline = max(deadline, time.monotonic() + wait + _CLIENT_GRACE)
                 log.debug("rank %d: rank 0 took the registration; the table within %.3gs",
                           transport.rank, deadline - time.monotonic())

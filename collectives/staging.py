@@ -24,11 +24,12 @@ from typing import Any
 import numpy as np
 
 from collectives.arrays.adapter import ArrayAdapter, adapter_for
+from collectives.arrays.interface import Array
 
 __all__ = ["Staging", "flat_of", "contiguous_flat"]
 
 
-def flat_of(x: Any, *, read_only: bool = False) -> tuple[ArrayAdapter, Any, str]:
+def flat_of(x: Array, *, read_only: bool = False) -> tuple[ArrayAdapter, Array, str]:
     """An array's adapter, its flat view and its dtype's wire name. ``read_only``: the caller
     only reads it (a send), so a read-only numpy array (a snapshot's zero-copy bytes) will do;
     collectives refuse one, since they write their result in place."""
@@ -41,7 +42,8 @@ def flat_of(x: Any, *, read_only: bool = False) -> tuple[ArrayAdapter, Any, str]
     return adapter, flat, adapter.dtype_name(flat)
 
 
-def contiguous_flat(x: Any, *, read_only: bool = False) -> tuple[Any, ArrayAdapter, Any, str]:
+def contiguous_flat(x: Array, *, read_only: bool = False
+                    ) -> tuple[Array | None, ArrayAdapter, Array, str]:
     """(stand-in, adapter, flat view, dtype name): flat_of ``x`` itself (stand-in None), or of
     a contiguous copy of it when it is not contiguous, which the caller writes back into
     ``x`` if the call writes (Staging does) and keeps alive while it is read."""
@@ -55,16 +57,16 @@ class Staging:
     __slots__ = ("_written",)
 
     def __init__(self) -> None:
-        self._written: list[tuple[Any, Any, Any]] = []   # (adapter, array, stand-in)
+        self._written: list[tuple[ArrayAdapter, Array, Array]] = []   # (adapter, x, stand-in)
 
-    def flat(self, x: Any, *, written: bool = True) -> tuple[Any, Any, str]:
+    def flat(self, x: Array, *, written: bool = True) -> tuple[ArrayAdapter, Array, str]:
         """``x``'s adapter, flat view and dtype name, as flat_of, through a contiguous
         stand-in when ``x`` is not contiguous; ``written``: the call's result lands in
         ``x``, so it is copied back by finish() (else ``x`` is only read)."""
-        stand_in, *view = contiguous_flat(x)
+        stand_in, adapter, flat, dtype = contiguous_flat(x)
         if stand_in is not None and written:
-            self._written.append((view[0], x, stand_in))
-        return tuple(view)
+            self._written.append((adapter, x, stand_in))
+        return adapter, flat, dtype
 
     def finish(self, result: Any = None) -> Any:
         """Copy each written stand-in back into its array; returns ``result`` (so a call's

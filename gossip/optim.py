@@ -17,14 +17,30 @@ you got from ``gossip.init()``. torch is imported lazily, so ``import gossip`` s
 from __future__ import annotations
 
 import logging
-from typing import Any, Callable, Iterable
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Protocol, TypeVar
 
 import numpy as np
 
-from gossip.policies.base import Policy, is_torch_tensor
+from collectives.arrays import Array
+from gossip.policies.base import ParameterSource, Policy, PolicyHost, is_torch_tensor
 from gossip.policies.registry import resolve
 
-__all__ = ["DistributedOptimizer", "broadcast_parameters", "POLICY_STATE_KEY"]
+if TYPE_CHECKING:
+    import torch
+
+_Loss = TypeVar("_Loss")   # what a step's closure returns (a loss tensor, a float)
+
+
+class OptimizerPeer(PolicyHost, Protocol):
+    """What DistributedOptimizer and broadcast_parameters ask of their peer (gossip.Peer is
+    one): what the policy asks of it, and whether it is entering a running job."""
+
+    @property
+    def entering(self) -> bool:
+        """True from a join until its first step of its own (Peer.entering)."""
+        ...
+
+__all__ = ["DistributedOptimizer", "OptimizerPeer", "broadcast_parameters", "POLICY_STATE_KEY"]
 
 #: Key under which DistributedOptimizer.state_dict() keeps the policy's own state.
 POLICY_STATE_KEY = "gossip_policy"
@@ -32,7 +48,7 @@ POLICY_STATE_KEY = "gossip_policy"
 log = logging.getLogger("gossip")
 
 
-def _require_peer(peer: Any, what: str) -> Any:
+def _require_peer(peer: OptimizerPeer | None, what: str) -> OptimizerPeer:
     if peer is None:
         raise ValueError(f"{what} needs peer=...: pass the Peer from gossip.init() (there is no "
                          "module-level default peer, so two groups can share a process)")
@@ -65,7 +81,7 @@ class DistributedOptimizer:
     which evaluates several times, is not supported).
     """
 
-    def __init__(self, optimizer: Any, peer: Any = None,
+    def __init__(self, optimizer: torch.optim.Optimizer, peer: OptimizerPeer | None = None,
                  policy: str | Policy = "synchronous") -> None:
         if not hasattr(optimizer, "param_groups") or not callable(
                 getattr(optimizer, "step", None)):
@@ -99,7 +115,7 @@ class DistributedOptimizer:
         self.peer = policy.peer
 
     # ------------------------------------------------------------------ the step
-    def step(self, closure: Callable[[], Any] | None = None) -> Any:
+    def step(self, closure: Callable[[], _Loss] | None = None) -> _Loss | None:
         """Run ``closure`` (if given, with gradients on), policy.after_backward(), the optimizer's
         step unless the policy skips it (nan_guard found non-finite gradients), then
         policy.after_step(); returns the closure's loss."""
@@ -198,7 +214,8 @@ def _tensors_of(obj: Any) -> list:
                     f"tensors or arrays, got {type(obj).__name__}")
 
 
-def broadcast_parameters(model_or_params: Any, root: int = 0, *, peer: Any = None) -> None:
+def broadcast_parameters(model_or_params: Iterable[Array] | ParameterSource, root: int = 0, *,
+                         peer: OptimizerPeer | None = None) -> None:
     """Copy ``root``'s parameters (and a module's buffers) to every peer, in place, so
     training starts from the same weights everywhere. A collective: every peer calls it with
     the same model. Tensors are packed per (dtype, device) into one flat buffer and sent in
@@ -231,7 +248,7 @@ def broadcast_parameters(model_or_params: Any, root: int = 0, *, peer: Any = Non
         groups.setdefault(key, []).append(t)
     for key, tensors in sorted(groups.items(), key=lambda kv: kv[0]):
         if key[0] == "numpy":
-            flat = np.concatenate([np.ravel(t) for t in tensors]) if tensors else None
+            flat = np.concatenate([np.ravel(t) for t in tensors])   # (a group has one or more)
             peer.broadcast(flat, root=root)
             offset = 0
             for t in tensors:
@@ -240,9 +257,9 @@ def broadcast_parameters(model_or_params: Any, root: int = 0, *, peer: Any = Non
         else:
             import torch
             with torch.no_grad():
-                flat = torch.cat([t.detach().reshape(-1) for t in tensors])
-                peer.broadcast(flat, root=root)
+                packed = torch.cat([t.detach().reshape(-1) for t in tensors])
+                peer.broadcast(packed, root=root)
                 offset = 0
                 for t in tensors:
-                    t.copy_(flat[offset:offset + t.numel()].view_as(t))
+                    t.copy_(packed[offset:offset + t.numel()].view_as(t))
                     offset += t.numel()

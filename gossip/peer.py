@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import Any, Callable
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, Callable, Literal, overload
 
-from collectives import NeighborPlan, defaults
+from collectives import NeighborPlan, Work, defaults
+from collectives.arrays import Array
+from collectives.codecs import CodecSpec
 from collectives.communicator import Communicator
 from collectives.group import Switch, View
 from collectives.transport import channel_pair
@@ -15,6 +18,7 @@ from gossip.membership import MembershipParticipant, PeerMembership
 from gossip.policies.neighborhood import live_mixing_round, resize_topology
 from gossip.settings import LaunchSettings
 from gossip.tracked import StepTracked, TrackedState
+from topologies import Topology
 
 __all__ = ["Peer"]
 
@@ -26,7 +30,7 @@ class Peer:
     raises PeerLost / OperationTimeout / ProtocolError naming the rank, address and operation
     instead of hanging. Use as a context manager, or call close()."""
 
-    def __init__(self, transport: Transport, topology: Any, settings: LaunchSettings, *,
+    def __init__(self, transport: Transport, topology: Topology, settings: LaunchSettings, *,
                  membership: PeerMembership | None = None, joined: Switch | None = None
                  ) -> None:
         self._transport = transport
@@ -108,12 +112,13 @@ class Peer:
                 f"topology={self.topology!r}, endpoint={self._transport.endpoints['tcp']!r})")
 
     # -- point to point ---------------------------------------------------------------------
-    def send(self, dst: int, array: Any, *, timeout: float | None = None) -> None:
+    def send(self, dst: int, array: Array, *, timeout: float | None = None) -> None:
         """Send ``array`` to rank ``dst``; returns once the array may be modified again.
         Raises PeerLost if ``dst`` is gone, OperationTimeout past ``timeout``."""
         self._comm.send(dst, array, timeout=timeout)
 
-    def recv(self, src: int, out: Any = None, *, timeout: float | None = None) -> Any:
+    def recv(self, src: int, out: Array | None = None, *,
+             timeout: float | None = None) -> Array:
         """The next array rank ``src`` sent (into ``out`` if given, which must match its
         dtype and size). Raises PeerLost if ``src`` is gone with nothing queued,
         OperationTimeout past ``timeout``, ValueError for an ``out`` that does not fit (the
@@ -125,15 +130,35 @@ class Peer:
         source with nothing queued gives False (and recv raises PeerLost): see lost_peers()."""
         return self._comm.probe(src)
 
-    def wait_any(self, sources, timeout: float | None = None) -> int | None:
+    def wait_any(self, sources: Iterable[int], timeout: float | None = None) -> int | None:
         """Wait until a message from one of ``sources`` is waiting and return that source;
         None after ``timeout`` (default: the peer's). Sleeps in the inbox: no polling."""
         return self._comm.wait_any(sources, timeout)
 
     # -- collectives ------------------------------------------------------------------------
-    def allreduce(self, x: Any, op: str = "sum", *, wait: bool = True,
+    # Each call with ``wait`` returns its result, or with wait=False a Work whose result it
+    # is: the overloads say which to a type checker.
+    @overload
+    def allreduce(self, x: Array, op: str = "sum", *, wait: Literal[True] = True,
                   timeout: float | None = None, algorithm: str = "auto",
-                  compression: Any = None, residual: Any = None) -> Any:
+                  compression: CodecSpec = None, residual: Array | None = None) -> Array: ...
+
+    @overload
+    def allreduce(self, x: Array, op: str = "sum", *, wait: Literal[False],
+                  timeout: float | None = None, algorithm: str = "auto",
+                  compression: CodecSpec = None,
+                  residual: Array | None = None) -> Work: ...
+
+    @overload
+    def allreduce(self, x: Array, op: str = "sum", *, wait: bool = True,
+                  timeout: float | None = None, algorithm: str = "auto",
+                  compression: CodecSpec = None,
+                  residual: Array | None = None) -> Array | Work: ...
+
+    def allreduce(self, x: Array, op: str = "sum", *, wait: bool = True,
+                  timeout: float | None = None, algorithm: str = "auto",
+                  compression: CodecSpec = None,
+                  residual: Array | None = None) -> Array | Work:
         """Reduce ``x`` over all peers in place (ops: sum, mean, max, min, prod; band, bor, bxor
         on integers and bools); returns ``x``,
         or a Work handle with ``wait=False``. ``algorithm``: "auto", or one the communicator
@@ -149,46 +174,164 @@ class Peer:
         return self._comm.allreduce(x, op, wait=wait, timeout=timeout, algorithm=algorithm,
                                     compression=compression, residual=residual)
 
-    def reduce_scatter(self, x: Any, op: str = "sum", **kw: Any) -> Any:
+    @overload
+    def reduce_scatter(self, x: Array, op: str = "sum", *, counts: Sequence[int] | None = None,
+                       wait: Literal[True] = True, timeout: float | None = None) -> Array: ...
+
+    @overload
+    def reduce_scatter(self, x: Array, op: str = "sum", *, counts: Sequence[int] | None = None,
+                       wait: Literal[False], timeout: float | None = None) -> Work: ...
+
+    @overload
+    def reduce_scatter(self, x: Array, op: str = "sum", *, counts: Sequence[int] | None = None,
+                       wait: bool = True, timeout: float | None = None) -> Array | Work: ...
+
+    def reduce_scatter(self, x: Array, op: str = "sum", *, counts: Sequence[int] | None = None,
+                       wait: bool = True, timeout: float | None = None) -> Array | Work:
         """Reduce ``x`` over all peers; this peer's segment of the result, a view into ``x``
         (rank r: elements [N*r//n, N*(r+1)//n), or ``counts=`` per peer; errors as allreduce;
         ``wait``, ``timeout``: Communicator.reduce_scatter)."""
-        return self._comm.reduce_scatter(x, op, **kw)
+        return self._comm.reduce_scatter(x, op, counts=counts, wait=wait, timeout=timeout)
 
-    def allgather(self, x: Any, *, out: Any = None, variable: bool = False, wait: bool = True,
-                  timeout: float | None = None) -> Any:
+    @overload
+    def allgather(self, x: Array, *, out: Array | None = None, variable: Literal[False] = False,
+                  wait: Literal[True] = True, timeout: float | None = None) -> Array: ...
+
+    @overload
+    def allgather(self, x: Array, *, out: Array | None = None, variable: Literal[True],
+                  wait: Literal[True] = True, timeout: float | None = None) -> list[Array]: ...
+
+    @overload
+    def allgather(self, x: Array, *, out: Array | None = None, variable: bool = False,
+                  wait: Literal[False], timeout: float | None = None) -> Work: ...
+
+    @overload
+    def allgather(self, x: Array, *, out: Array | None = None, variable: bool = False,
+                  wait: bool = True, timeout: float | None = None
+                  ) -> Array | list[Array] | Work: ...
+
+    def allgather(self, x: Array, *, out: Array | None = None, variable: bool = False,
+                  wait: bool = True, timeout: float | None = None
+                  ) -> Array | list[Array] | Work:
         """Every peer's ``x`` in rank order: shape (n, *x.shape) (into ``out`` if given);
         ``variable=True``: sizes may differ, a list of arrays. Errors as allreduce."""
         return self._comm.allgather(x, out=out, variable=variable, wait=wait, timeout=timeout)
 
-    def broadcast(self, x: Any, root: int = 0, *, wait: bool = True,
-                  timeout: float | None = None) -> Any:
+    @overload
+    def broadcast(self, x: Array, root: int = 0, *, wait: Literal[True] = True,
+                  timeout: float | None = None) -> Array: ...
+
+    @overload
+    def broadcast(self, x: Array, root: int = 0, *, wait: Literal[False],
+                  timeout: float | None = None) -> Work: ...
+
+    @overload
+    def broadcast(self, x: Array, root: int = 0, *, wait: bool = True,
+                  timeout: float | None = None) -> Array | Work: ...
+
+    def broadcast(self, x: Array, root: int = 0, *, wait: bool = True,
+                  timeout: float | None = None) -> Array | Work:
         """Overwrite ``x`` on every peer with ``root``'s, in place; returns ``x`` (a Work
         handle with ``wait=False``). Errors as allreduce, on the root too."""
         return self._comm.broadcast(x, root, wait=wait, timeout=timeout)
 
-    def reduce(self, x: Any, root: int = 0, op: str = "sum", **kw: Any) -> Any:
+    @overload
+    def reduce(self, x: Array, root: int = 0, op: str = "sum", *, wait: Literal[True] = True,
+               timeout: float | None = None) -> Array: ...
+
+    @overload
+    def reduce(self, x: Array, root: int = 0, op: str = "sum", *, wait: Literal[False],
+               timeout: float | None = None) -> Work: ...
+
+    @overload
+    def reduce(self, x: Array, root: int = 0, op: str = "sum", *, wait: bool = True,
+               timeout: float | None = None) -> Array | Work: ...
+
+    def reduce(self, x: Array, root: int = 0, op: str = "sum", *, wait: bool = True,
+               timeout: float | None = None) -> Array | Work:
         """Every peer's ``x`` reduced into the root's, in place (Communicator.reduce)."""
-        return self._comm.reduce(x, root, op, **kw)
+        return self._comm.reduce(x, root, op, wait=wait, timeout=timeout)
 
-    def gather(self, x: Any, root: int = 0, **kw: Any) -> Any:
+    @overload
+    def gather(self, x: Array, root: int = 0, *, out: Array | None = None,
+               wait: Literal[True] = True, timeout: float | None = None) -> Array | None: ...
+
+    @overload
+    def gather(self, x: Array, root: int = 0, *, out: Array | None = None,
+               wait: Literal[False], timeout: float | None = None) -> Work: ...
+
+    @overload
+    def gather(self, x: Array, root: int = 0, *, out: Array | None = None,
+               wait: bool = True, timeout: float | None = None) -> Array | None | Work: ...
+
+    def gather(self, x: Array, root: int = 0, *, out: Array | None = None, wait: bool = True,
+               timeout: float | None = None) -> Array | None | Work:
         """Every peer's ``x`` at the root, in rank order (Communicator.gather)."""
-        return self._comm.gather(x, root, **kw)
+        return self._comm.gather(x, root, out=out, wait=wait, timeout=timeout)
 
-    def scatter(self, x: Any, root: int = 0, **kw: Any) -> Any:
+    @overload
+    def scatter(self, x: Array, root: int = 0, *, out: Array | None = None,
+                wait: Literal[True] = True, timeout: float | None = None) -> Array: ...
+
+    @overload
+    def scatter(self, x: Array, root: int = 0, *, out: Array | None = None,
+                wait: Literal[False], timeout: float | None = None) -> Work: ...
+
+    @overload
+    def scatter(self, x: Array, root: int = 0, *, out: Array | None = None,
+                wait: bool = True, timeout: float | None = None) -> Array | Work: ...
+
+    def scatter(self, x: Array, root: int = 0, *, out: Array | None = None, wait: bool = True,
+                timeout: float | None = None) -> Array | Work:
         """Part r of the root's ``x`` into peer r's ``out=`` (Communicator.scatter)."""
-        return self._comm.scatter(x, root, **kw)
+        return self._comm.scatter(x, root, out=out, wait=wait, timeout=timeout)
 
-    def alltoall(self, x: Any, **kw: Any) -> Any:
+    @overload
+    def alltoall(self, x: Array, *, out: Array | None = None,
+                 send_counts: Sequence[int] | None = None,
+                 recv_counts: Sequence[int] | None = None, wait: Literal[True] = True,
+                 timeout: float | None = None) -> Array: ...
+
+    @overload
+    def alltoall(self, x: Array, *, out: Array | None = None,
+                 send_counts: Sequence[int] | None = None,
+                 recv_counts: Sequence[int] | None = None, wait: Literal[False],
+                 timeout: float | None = None) -> Work: ...
+
+    @overload
+    def alltoall(self, x: Array, *, out: Array | None = None,
+                 send_counts: Sequence[int] | None = None,
+                 recv_counts: Sequence[int] | None = None, wait: bool = True,
+                 timeout: float | None = None) -> Array | Work: ...
+
+    def alltoall(self, x: Array, *, out: Array | None = None,
+                 send_counts: Sequence[int] | None = None,
+                 recv_counts: Sequence[int] | None = None, wait: bool = True,
+                 timeout: float | None = None) -> Array | Work:
         """Block j of ``x`` to peer j, equal or ``send_counts=`` (Communicator.alltoall)."""
-        return self._comm.alltoall(x, **kw)
+        return self._comm.alltoall(x, out=out, send_counts=send_counts,
+                                   recv_counts=recv_counts, wait=wait, timeout=timeout)
 
-    def neighbor_allgather(self, x: Any, step: int = 0, **kw: Any) -> Any:
+    @overload
+    def neighbor_allgather(self, x: Array, step: int = 0, *, wait: Literal[True] = True,
+                           timeout: float | None = None) -> Array: ...
+
+    @overload
+    def neighbor_allgather(self, x: Array, step: int = 0, *, wait: Literal[False],
+                           timeout: float | None = None) -> Work: ...
+
+    @overload
+    def neighbor_allgather(self, x: Array, step: int = 0, *, wait: bool = True,
+                           timeout: float | None = None) -> Array | Work: ...
+
+    def neighbor_allgather(self, x: Array, step: int = 0, *, wait: bool = True,
+                           timeout: float | None = None) -> Array | Work:
         """The topology's in-neighbours' ``x`` at ``step``, concatenated along the first axis
         in rank order, ``x`` going to its out-neighbours (BlueFog's neighbor_allgather;
         Communicator.neighbor_allgather for explicit ranks)."""
         return self._comm.neighbor_allgather(x, self.topology.in_neighbors(self.rank, step),
-                                             self.topology.out_neighbors(self.rank, step), **kw)
+                                             self.topology.out_neighbors(self.rank, step),
+                                             wait=wait, timeout=timeout)
 
     def barrier(self, timeout: float | None = None) -> None:
         """Return once every peer has entered the barrier and this peer's earlier
@@ -196,9 +339,24 @@ class Peer:
         that never came."""
         self._comm.barrier(timeout)
 
-    def neighbor_exchange(self, x: Any, plan: NeighborPlan, *, scratch: Any = None,
-                          out: Any = None, wait: bool = True,
-                          timeout: float | None = None) -> Any:
+    @overload
+    def neighbor_exchange(self, x: Array, plan: NeighborPlan, *, scratch: Array | None = None,
+                          out: Array | None = None, wait: Literal[True] = True,
+                          timeout: float | None = None) -> Array: ...
+
+    @overload
+    def neighbor_exchange(self, x: Array, plan: NeighborPlan, *, scratch: Array | None = None,
+                          out: Array | None = None, wait: Literal[False],
+                          timeout: float | None = None) -> Work: ...
+
+    @overload
+    def neighbor_exchange(self, x: Array, plan: NeighborPlan, *, scratch: Array | None = None,
+                          out: Array | None = None, wait: bool = True,
+                          timeout: float | None = None) -> Array | Work: ...
+
+    def neighbor_exchange(self, x: Array, plan: NeighborPlan, *, scratch: Array | None = None,
+                          out: Array | None = None, wait: bool = True,
+                          timeout: float | None = None) -> Array | Work:
         """One neighbour exchange as a plan (collectives.NeighborPlan: weights, destinations,
         partial/pattern/codec options): ``x <- plan.self_weight x + sum_j plan.src_weights[j]
         x_j``, in place (into ``out`` if given, ``x`` only sent); ``scratch``: a buffer like
@@ -207,11 +365,40 @@ class Peer:
         return self._comm.neighbor_exchange(x, plan, scratch=scratch, out=out, wait=wait,
                                             timeout=timeout)
 
-    def neighbor_allreduce(self, x: Any, self_weight: float, src_weights: dict[int, float],
-                           dst_ranks, *, dst_weights: dict[int, float] | None = None,
-                           scratch: Any = None, out: Any = None, wait: bool = True,
-                           timeout: float | None = None, partial: bool = False,
-                           check_pattern: bool = True, compression: Any = None) -> Any:
+    @overload
+    def neighbor_allreduce(self, x: Array, self_weight: float, src_weights: Mapping[int, float],
+                           dst_ranks: Iterable[int], *,
+                           dst_weights: Mapping[int, float] | None = None,
+                           scratch: Array | None = None, out: Array | None = None,
+                           wait: Literal[True] = True, timeout: float | None = None,
+                           partial: bool = False, check_pattern: bool = True,
+                           compression: CodecSpec = None) -> Array: ...
+
+    @overload
+    def neighbor_allreduce(self, x: Array, self_weight: float, src_weights: Mapping[int, float],
+                           dst_ranks: Iterable[int], *,
+                           dst_weights: Mapping[int, float] | None = None,
+                           scratch: Array | None = None, out: Array | None = None,
+                           wait: Literal[False], timeout: float | None = None,
+                           partial: bool = False, check_pattern: bool = True,
+                           compression: CodecSpec = None) -> Work: ...
+
+    @overload
+    def neighbor_allreduce(self, x: Array, self_weight: float, src_weights: Mapping[int, float],
+                           dst_ranks: Iterable[int], *,
+                           dst_weights: Mapping[int, float] | None = None,
+                           scratch: Array | None = None, out: Array | None = None,
+                           wait: bool = True, timeout: float | None = None,
+                           partial: bool = False, check_pattern: bool = True,
+                           compression: CodecSpec = None) -> Array | Work: ...
+
+    def neighbor_allreduce(self, x: Array, self_weight: float, src_weights: Mapping[int, float],
+                           dst_ranks: Iterable[int], *,
+                           dst_weights: Mapping[int, float] | None = None,
+                           scratch: Array | None = None, out: Array | None = None,
+                           wait: bool = True, timeout: float | None = None,
+                           partial: bool = False, check_pattern: bool = True,
+                           compression: CodecSpec = None) -> Array | Work:
         """One neighbour exchange with explicit weights: ``x <- self_weight x +
         sum_j src_weights[j] x_j``, in place, sending ``x`` to ``dst_ranks`` (scaled by
         ``dst_weights[j]`` if given, as push-sum does). ``scratch``: a buffer like ``x`` for
@@ -227,8 +414,24 @@ class Peer:
         return self.neighbor_exchange(x, plan, scratch=scratch, out=out, wait=wait,
                                       timeout=timeout)
 
-    def neighbor_average(self, x: Any, step: int = 0, *, scratch: Any = None, wait: bool = True,
-                         timeout: float | None = None, compression: Any = None) -> Any:
+    @overload
+    def neighbor_average(self, x: Array, step: int = 0, *, scratch: Array | None = None,
+                         wait: Literal[True] = True, timeout: float | None = None,
+                         compression: CodecSpec = None) -> Array: ...
+
+    @overload
+    def neighbor_average(self, x: Array, step: int = 0, *, scratch: Array | None = None,
+                         wait: Literal[False], timeout: float | None = None,
+                         compression: CodecSpec = None) -> Work: ...
+
+    @overload
+    def neighbor_average(self, x: Array, step: int = 0, *, scratch: Array | None = None,
+                         wait: bool = True, timeout: float | None = None,
+                         compression: CodecSpec = None) -> Array | Work: ...
+
+    def neighbor_average(self, x: Array, step: int = 0, *, scratch: Array | None = None,
+                         wait: bool = True, timeout: float | None = None,
+                         compression: CodecSpec = None) -> Array | Work:
         """One gossip round with the topology's mixing weights: x <- sum_j W[rank, j] * x_j
         (D-PSGD) at ``step`` (time-varying topologies). Neighbours already lost are left out
         and the weight of the lost edges is spread over the live neighbourhood: a live
@@ -319,7 +522,7 @@ class Peer:
         return self._membership is not None and self._membership.entering
 
     @property
-    def join_stats(self) -> dict[str, Any]:
+    def join_stats(self) -> dict[str, object]:
         """A joiner: how its state came (state_bytes, receive_seconds, donors); else {}."""
         return self._membership.join_stats if self._membership is not None else {}
 

@@ -19,8 +19,9 @@ from gossip.logs import configure_logging
 from gossip.membership import PeerMembership, member_identity
 from gossip.peer import Peer
 from gossip.policies.neighborhood import resize_topology
-from gossip.settings import resolve_settings
+from gossip.settings import LaunchSettings, resolve_settings
 from gossip.snapshot import crc
+from topologies import Topology
 
 __all__ = ["init", "resolve_topology", "DEFAULT_TIMEOUT"]
 
@@ -29,7 +30,7 @@ log = logging.getLogger("gossip")
 DEFAULT_TIMEOUT = defaults.TIMEOUT  # the documented default: collectives/defaults.py
 
 
-def resolve_topology(topology: Any, world_size: int) -> Any:
+def resolve_topology(topology: Topology | str | None, world_size: int) -> Topology:
     """A Topology from an object, a spec string, GOSSIP_TOPOLOGY, or the default ring."""
     import topologies
     from topologies.errors import TopologyError as PureTopologyError
@@ -68,7 +69,8 @@ def _port_range(text: str) -> tuple[int, int]:
 
 
 def init(*, rank: int | None = None, world_size: int | None = None,
-         rendezvous: str | None = None, topology: Any = None, timeout: float | None = None,
+         rendezvous: str | None = None, topology: Topology | str | None = None,
+         timeout: float | None = None,
          key: str | os.PathLike | ClusterKey | None = None, transport: str | None = None,
          config: TransportConfig | None = None, job_id: str | None = None,
          join: bool | str | None = None, link: str | None = None) -> Peer:
@@ -181,7 +183,7 @@ def init(*, rank: int | None = None, world_size: int | None = None,
     return Peer(tr, topo, settings, membership=membership)
 
 
-def _warn_open(settings: Any, joining: bool) -> None:
+def _warn_open(settings: LaunchSettings, joining: bool) -> None:
     """The one warning of a group without a key (see init)."""
     what = "joins a running job" if joining else f"is rank {settings.rank} of {settings.world_size}"
     warnings.warn(
@@ -193,7 +195,8 @@ def _warn_open(settings: Any, joining: bool) -> None:
         InsecureWarning, stacklevel=3)
 
 
-def _join(membership: PeerMembership, doors: list[str], topology: Any, settings: Any,
+def _join(membership: PeerMembership, doors: list[str], topology: Topology,
+          settings: LaunchSettings,
           cfg: TransportConfig) -> Peer:
     """Join a running job through ``doors``: admitted at a step boundary of its members, with
     a rank in the new view; the state comes when a policy attaches (Peer.attached)."""

@@ -36,7 +36,7 @@ For a torch DataLoader: ``DataLoader(dataset, batch_sampler=sampler)``.
 from __future__ import annotations
 
 from collections import deque
-from typing import TYPE_CHECKING, Iterator
+from typing import TYPE_CHECKING, Any, Iterator
 
 import numpy as np
 
@@ -139,7 +139,7 @@ class ElasticSampler:
             self.cursor = self.completed
             self._unfinished.clear()
 
-    def state_dict(self) -> dict:
+    def state_dict(self) -> dict[str, int | list[int]]:
         """The epoch and the cursor of the last completed boundary; ``unfinished``: the
         positions of each step handed out since (a source inside a step that the receivers
         complete sends its hand-out with it)."""
@@ -147,7 +147,7 @@ class ElasticSampler:
                 "batch_size": self.batch_size, "seed": self.seed,
                 "unfinished": list(self._unfinished)}
 
-    def load_state_dict(self, state: dict) -> None:
+    def load_state_dict(self, state: dict[str, Any]) -> None:
         for key in ("length", "batch_size", "seed"):
             if state.get(key) != getattr(self, key):
                 raise ValueError(f"ElasticSampler state of another sampler: its {key} is "

@@ -29,12 +29,16 @@ import importlib
 import os
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING, Any, Callable
 
 from collectives import defaults
 from collectives.errors import GossipError
 from collectives.security import ClusterKey, JobKey
 from gossip.launch.supervisor import PeerOutcome, after_report, first_failure, free_port, supervise
+
+if TYPE_CHECKING:
+    from topologies import Topology
 
 __all__ = ["spawn", "spawn_outcomes", "SpawnError", "SpawnTimeout", "PeerOutcome", "free_port",
            "wait_until"]
@@ -69,10 +73,10 @@ class SpawnTimeout(SpawnError, TimeoutError):
 
 @dataclass
 class _Job:
-    fn: Callable
+    fn: Callable[..., Any]
     n: int
     port: int
-    topology: Any
+    topology: Topology | str | None
     args: tuple
     kwargs: dict
     peer_timeout: float | None
@@ -100,9 +104,11 @@ def _peer_main(rank: int, job: _Job) -> Any:
     return job.fn(peer, *job.args, **job.kwargs)
 
 
-def spawn(fn: Callable, n: int = 4, *, timeout: float = defaults.TIMEOUT, topology: Any = None,
-          args: tuple = (), kwargs: dict | None = None, peer_timeout: float | None = None,
-          env: dict[str, str] | None = None, tolerate=(), restarts=None,
+def spawn(fn: Callable[..., Any], n: int = 4, *, timeout: float = defaults.TIMEOUT,
+          topology: Topology | str | None = None, args: tuple = (),
+          kwargs: dict[str, Any] | None = None, peer_timeout: float | None = None,
+          env: dict[str, str] | None = None, tolerate: Iterable[int] = (),
+          restarts: Mapping[int, int] | None = None,
           tolerated_grace: float | None = None, preload: tuple[str, ...] = (),
           key: str | os.PathLike | ClusterKey | None = None, insecure: bool = False,
           **init_kwargs) -> list[Any]:
@@ -134,10 +140,12 @@ def spawn(fn: Callable, n: int = 4, *, timeout: float = defaults.TIMEOUT, topolo
     return [o.result if o.status == "ok" else None for o in outcomes]
 
 
-def spawn_outcomes(fn: Callable, n: int = 4, *, timeout: float = defaults.TIMEOUT,
-                   topology: Any = None, args: tuple = (), kwargs: dict | None = None,
-                   peer_timeout: float | None = None, env: dict[str, str] | None = None,
-                   tolerate=(), restarts=None, tolerated_grace: float | None = None,
+def spawn_outcomes(fn: Callable[..., Any], n: int = 4, *, timeout: float = defaults.TIMEOUT,
+                   topology: Topology | str | None = None, args: tuple = (),
+                   kwargs: dict[str, Any] | None = None, peer_timeout: float | None = None,
+                   env: dict[str, str] | None = None, tolerate: Iterable[int] = (),
+                   restarts: Mapping[int, int] | None = None,
+                   tolerated_grace: float | None = None,
                    preload: tuple[str, ...] = (),
                    key: str | os.PathLike | ClusterKey | None = None, insecure: bool = False,
                    **init_kwargs) -> list[PeerOutcome]:
@@ -206,6 +214,7 @@ def _verdict(outcomes: list[PeerOutcome], timeout: float, tolerate: frozenset) -
     # The headline names the failure seen first (the cause), not the lowest rank.
     first = first_failure(outcomes, tolerate)
     head = (f"spawned peers did not finish within {timeout:g}s" if timed_out
+            else "spawned peers failed" if first is None
             else f"rank {first.rank} {'failed' if first.status == 'error' else 'died'} "
                  f"(exit code {first.exitcode})")
     cls = SpawnTimeout if timed_out else SpawnError

@@ -45,6 +45,14 @@ class Topology(abc.ABC):
     #: Whether the neighbour sets change with the step.
     is_time_varying: bool = False
 
+    # The instance's fields, each set once through _freeze_fields (instances are immutable).
+    _size: int
+    _directed: bool
+    _period: int
+    _scheme: str
+    _default_scheme: str
+    _cache: dict[tuple, Any]
+
     # ------------------------------------------------------------------ construction
 
     def __init__(
@@ -69,7 +77,7 @@ class Topology(abc.ABC):
             _cache={},
         )
 
-    def _freeze_fields(self, **fields: Any) -> None:
+    def _freeze_fields(self, **fields: object) -> None:
         for key, value in fields.items():
             object.__setattr__(self, key, value)
 
@@ -82,10 +90,10 @@ class Topology(abc.ABC):
         raise AttributeError(f"{type(self).__name__} is immutable; cannot delete {key!r}")
 
     # Pickling (e.g. to spawned peer processes) drops the caches; they are rebuilt on use.
-    def __getstate__(self) -> dict[str, Any]:
+    def __getstate__(self) -> dict[str, object]:
         return {k: v for k, v in self.__dict__.items() if k != "_cache"}
 
-    def __setstate__(self, state: dict[str, Any]) -> None:
+    def __setstate__(self, state: dict[str, object]) -> None:
         self._freeze_fields(**state, _cache={})
 
     # ------------------------------------------------------------------ subclass hooks

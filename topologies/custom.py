@@ -30,6 +30,8 @@ class CustomTopology(Topology):
     """
 
     name = "custom"
+    _adj: Adjacency
+    _matrix_given: np.ndarray | None
 
     def __init__(
         self,

@@ -94,13 +94,14 @@ def parse(spec: str | Topology, n: int | None = None) -> Topology:
             seed=_number(spec, options, "seed", int, default=0),
             weights=weights,
         )
-    family = {
+    families: dict[str, type[Ring] | type[Exponential] | type[OnePeerExponential] | type[Complete]]
+    families = {
         "ring": Ring,
         "exponential": Exponential,
         "one-peer-exponential": OnePeerExponential,
         "complete": Complete,
-    }[name]
-    return family(size, weights=weights)
+    }
+    return families[name](size, weights=weights)
 
 
 def _options(spec: str, rest: str) -> tuple[dict[str, str], list[str]]:

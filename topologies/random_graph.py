@@ -34,6 +34,10 @@ class RandomGraph(Topology):
     """
 
     name = "random"
+    _p: float | None
+    _degree: int | None
+    _seed: int
+    _adj: Adjacency
 
     def __init__(
         self,

@@ -47,6 +47,8 @@ class Torus(Topology):
     """
 
     name = "torus"
+    _rows: int
+    _cols: int
 
     def __init__(self, rows: int, cols: int, *, weights: str | None = None) -> None:
         rows = check_size(rows, "torus rows")

@@ -220,6 +220,8 @@ def compressed_exchange(call: Call, x: Any, plan: NeighborPlan, stats: CodecStat
     copies sum many small decoded differences, which float32 would round). ``call``
     describes one encoding (dtype wire_dtype(codec), shape (count,))."""
     codec, src_weights, dst_ranks = plan.compression, plan.src_weights, plan.dst_ranks
+    if codec is None:
+        raise ValueError("compressed_exchange takes a plan with a codec (plan.compression)")
     xp = array_module(x)
     count = x.size
     size = codec.encoded_nbytes(count)

@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
-__all__ = ["NcclGroup", "nccl_available"]
+from collectives.arrays.interface import Array
+
+__all__ = ["NcclGroup", "HostCollectives", "nccl_available"]
 
 log = logging.getLogger("collectives")
 
@@ -54,12 +56,40 @@ def _pointer_and_stream(x: Any) -> tuple[int, int]:
     return x.data.ptr, cupy.cuda.get_current_stream().ptr
 
 
+class HostCollectives(Protocol):
+    """What an NcclGroup asks of the communicator it serves (a Communicator): its place in
+    the group and the host collectives that decide on NCCL and hand out its unique id."""
+
+    @property
+    def rank(self) -> int:
+        """This peer's rank."""
+        ...
+
+    @property
+    def world_size(self) -> int:
+        """The number of peers."""
+        ...
+
+    def allreduce(self, x: Array, op: str = "sum") -> Array:
+        """Reduce ``x`` over every peer, in place."""
+        ...
+
+    def allgather(self, x: Array) -> Array:
+        """Every peer's ``x``, stacked in rank order."""
+        ...
+
+    def broadcast(self, x: Array, root: int = 0) -> Array:
+        """``root``'s ``x`` into every peer's, in place."""
+        ...
+
+
 class NcclGroup:
     """One NCCL communicator over all peers, created lazily and collectively."""
 
-    def __init__(self, comm: Any) -> None:
+    def __init__(self, comm: HostCollectives) -> None:
         self._comm = comm  # the Communicator, for the id broadcast and the collective decision
-        self._nccl_comm = None
+        # cupy's NcclCommunicator (cupy has no type information), made by decide()
+        self._nccl_comm: Any | None = None
         self.enabled: bool | None = None  # decided on first use, identically on every peer
 
     def decide(self, device_id: int, host: str) -> bool:
@@ -94,6 +124,13 @@ class NcclGroup:
         from cupy.cuda import nccl
         return _nccl_dtype(nccl, dtype) is not None and (op is None or op in _OPS or op == "mean")
 
+    def _communicator(self) -> Any:
+        """The NCCL communicator; RuntimeError before decide() enabled NCCL."""
+        if self._nccl_comm is None:
+            raise RuntimeError("NCCL is not enabled for this group: decide() did not make a "
+                               "communicator")
+        return self._nccl_comm
+
     def allreduce(self, flat: Any, count: int, dtype: str, op: str) -> None:
         """Reduce the ``count`` elements of ``flat`` in place, enqueued on its current stream;
         "mean" only sums (the caller divides)."""
@@ -101,13 +138,13 @@ class NcclGroup:
         ops = {"sum": nccl.NCCL_SUM, "mean": nccl.NCCL_SUM, "prod": nccl.NCCL_PROD,
                "max": nccl.NCCL_MAX, "min": nccl.NCCL_MIN}
         ptr, stream = _pointer_and_stream(flat)
-        self._nccl_comm.allReduce(ptr, ptr, count, _nccl_dtype(nccl, dtype), ops[op], stream)
+        self._communicator().allReduce(ptr, ptr, count, _nccl_dtype(nccl, dtype), ops[op], stream)
 
     def broadcast(self, flat: Any, count: int, dtype: str, root: int) -> None:
         """Copy root's ``flat`` into every peer's in place, enqueued on its current stream."""
         from cupy.cuda import nccl
         ptr, stream = _pointer_and_stream(flat)
-        self._nccl_comm.bcast(ptr, count, _nccl_dtype(nccl, dtype), root, stream)
+        self._communicator().bcast(ptr, count, _nccl_dtype(nccl, dtype), root, stream)
 
     def allgather(self, flat: Any, out: Any, count: int, dtype: str) -> None:
         """Gather every peer's ``count`` elements of ``flat`` into ``out`` (n * count, in rank
@@ -115,7 +152,7 @@ class NcclGroup:
         from cupy.cuda import nccl
         ptr, stream = _pointer_and_stream(flat)
         out_ptr, _ = _pointer_and_stream(out)
-        self._nccl_comm.allGather(ptr, out_ptr, count, _nccl_dtype(nccl, dtype), stream)
+        self._communicator().allGather(ptr, out_ptr, count, _nccl_dtype(nccl, dtype), stream)
 
     def close(self) -> None:
         """Destroy the communicator if one was made; best effort, so closing a peer never fails

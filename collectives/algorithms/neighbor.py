@@ -59,19 +59,21 @@ def neighbor_exchange(call: Call, adapter: ArrayAdapter, flat: Any, plan: Neighb
     checked = plan.check_pattern
     if checked:
         announce(call, peers, src_weights, dst_ranks, missing)
+    if dst_weights is not None and send_buffers is None:
+        raise ValueError("a plan with dst_weights needs send_buffers, one per destination")
     tickets = []
     for i, dst in enumerate(dst_ranks):
         # The plan rides on the data.
-        plan = plan_bits(dst, src_weights, dst_ranks) if checked else 0
+        bits = plan_bits(dst, src_weights, dst_ranks) if checked else 0
         try:
-            if dst_weights is None:
+            if dst_weights is None or send_buffers is None:
                 tickets.append(post_range(call, dst, adapter, flat, 0, size, track=True,
-                                          plan=plan))
+                                          plan=bits))
             else:
                 scaled = send_buffers[i]
                 adapter.scaled_copy(scaled, dst_weights[dst], flat)
                 tickets.append(post_range(call, dst, adapter, scaled, 0, size, track=True,
-                                          plan=plan))
+                                          plan=bits))
         except MISSING as exc:
             if missing is None:
                 raise

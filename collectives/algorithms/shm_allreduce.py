@@ -108,16 +108,17 @@ class OnHostAllreduce:
         direct = call.nbytes >= DIRECT_MIN_BYTES
         expect = self.entry.can_read if self.entry.direct is None else self.entry.direct
         mine = None if direct and expect else self.arena.buffer(nbytes)
-        announced = self.arena.announcement()[:4] if mine is not None else (0, -1, 0, 0)
+        announcement = self.arena.announcement()[:4] if mine is not None else (0, -1, 0, 0)
         address = np.frombuffer(adapter.send_buffer(flat, 0, 1), np.uint8).ctypes.data
-        headers = self.entry.enter(call, call.nbytes, (*announced, address))
+        headers = self.entry.enter(call, call.nbytes, (*announcement, address))
         if direct and self.entry.direct:
             self.views.close()   # an arena larger than smaller calls need goes back
             if self.arena.size > 2 * DIRECT_MIN_BYTES + HEADER_BYTES:
                 self.arena.close()
             self.direct(call, adapter, flat, op, others, headers)
             return None
-        if any(h[WORDS + 1] < 0 for h in headers.values()):
+        # (Without an arena of its own this peer announced -1: it is among those.)
+        if mine is None or any(h[WORDS + 1] < 0 for h in headers.values()):
             # Some peer expected direct reads and has no arena, some peer cannot read: this
             # once (the flags are known from here on), the ring over ZeroMQ.
             ring_allreduce(call, adapter, flat, op)

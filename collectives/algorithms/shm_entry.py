@@ -44,6 +44,7 @@ from collectives.algorithms.p2p import Call, post_range, recv_range, wait_sent
 from collectives.arrays.adapter import ArrayAdapter, adapter_for
 from collectives.errors import PeerLost, ProtocolError
 from collectives.transport import cma, futex
+from collectives.transport.link import SendTicket
 from collectives.transport.shm_arena import HEADER_BYTES, ArenaViews, ShmArena, counter_of
 
 __all__ = ["SharedEntry", "SLOT_HEADER", "SLOT_WORDS", "SHARED_COUNTERS", "ANNOUNCEMENT_BYTES",
@@ -100,6 +101,8 @@ class SharedEntry:
 
     def slot(self, j: int) -> np.ndarray:
         """Rank j's slot data (uint8), after its header."""
+        if self.arenas is None:
+            raise RuntimeError("the peers' slots are mapped by ready(), the first call's")
         start = HEADER_BYTES + SLOT_HEADER
         return self.arenas[j][start:start + self.data_bytes]
 
@@ -192,7 +195,8 @@ class SharedBarrier:
     def __init__(self, call: Call, adapter: ArrayAdapter, flat: Any, others: list[int],
                  counters: dict[int, np.ndarray], bases: dict[int, int]) -> None:
         self.call, self.adapter, self.flat, self.others = call, adapter, flat, others
-        self.counters, self.bases, self.step, self.tickets = counters, bases, 0, []
+        self.counters, self.bases, self.step = counters, bases, 0
+        self.tickets: list[SendTicket] = []
 
     def __call__(self) -> None:
         call, others = self.call, self.others

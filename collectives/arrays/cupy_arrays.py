@@ -55,7 +55,7 @@ class CupyAdapter(ArrayAdapter):
         pinned = self._cp.cuda.alloc_pinned_memory(max(nbytes, 1))
         host = np.frombuffer(pinned, dtype=np.uint8, count=nbytes)  # keeps `pinned` alive
         part.view(self._cp.uint8).get(out=host)  # synchronous device-to-host copy
-        return memoryview(host)
+        return host.data
 
     def from_frame(self, frame: Any, dtype_name: str, count: int) -> Any:
         host = np.frombuffer(frame, dtype=dtype_name, count=count)

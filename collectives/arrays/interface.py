@@ -11,9 +11,17 @@ and adapter.adapter_for picks one.
 from __future__ import annotations
 
 import abc
-from typing import Any
+from typing import Any, TypeAlias
 
-__all__ = ["ArrayAdapter", "REDUCE_OPS", "BITWISE_OPS", "check_reduce_op", "contiguous_error", "segment"]
+__all__ = ["Array", "ArrayAdapter", "REDUCE_OPS", "BITWISE_OPS", "check_reduce_op",
+           "contiguous_error", "segment"]
+
+#: An array a collective or a policy takes: a numpy ndarray, a torch Tensor (CPU or CUDA) or a
+#: cupy ndarray, in any dtype the wire carries (transport/wire.py). torch and cupy are
+#: optional and recognised by duck typing (adapter.adapter_for), and no one static type
+#: covers the three families, so the alias is ``Any``: it marks where an array goes, and
+#: adapter_for checks the family at run time (TypeError for anything else).
+Array: TypeAlias = Any
 
 REDUCE_OPS = ("sum", "mean", "max", "min", "prod", "band", "bor", "bxor")
 #: Bitwise and, or, exclusive or: integer and bool arrays only (MPI_BAND/BOR/BXOR,

@@ -57,7 +57,7 @@ class NumpyAdapter(ArrayAdapter):
     def send_buffer(self, flat: np.ndarray, start: int, stop: int) -> memoryview:
         # uint8 view: memoryview of float16/complex arrays is fine too, but a byte view is the
         # most portable buffer for libzmq and costs nothing.
-        return memoryview(flat[start:stop].view(np.uint8))
+        return flat[start:stop].view(np.uint8).data
 
     def from_frame(self, frame: Any, dtype_name: str, count: int) -> np.ndarray:
         return np.frombuffer(frame, dtype=dtype_name, count=count)

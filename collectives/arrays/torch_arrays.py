@@ -4,7 +4,7 @@ reduced on their device and staged through pinned CPU tensors for the wire. Impo
 when a torch tensor is passed to a collective."""
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import torch
@@ -18,10 +18,11 @@ TORCH_DTYPES: dict[str, torch.dtype] = {
     "int32": torch.int32, "int64": torch.int64, "float16": torch.float16,
     "bfloat16": torch.bfloat16, "float32": torch.float32, "float64": torch.float64,
     "complex64": torch.complex64, "complex128": torch.complex128,
-    "uint16": getattr(torch, "uint16", None), "uint32": getattr(torch, "uint32", None),
-    "uint64": getattr(torch, "uint64", None),
 }
-_NAMES = {v: k for k, v in TORCH_DTYPES.items() if v is not None}
+# Unsigned types wider than 8 bits came in torch 2.3; before, no tensor has them.
+TORCH_DTYPES.update({name: dtype for name in ("uint16", "uint32", "uint64")
+                     if (dtype := getattr(torch, name, None)) is not None})
+_NAMES = {v: k for k, v in TORCH_DTYPES.items()}
 
 # bfloat16 has no numpy twin: its bytes travel through an int16 view of the same memory.
 _BYTE_VIEW = {torch.bfloat16: torch.int16}
@@ -32,9 +33,10 @@ class TorchCPUAdapter(ArrayAdapter):
 
     kind = "torch"
 
-    _reduce = {"sum": torch.add, "mean": torch.add, "max": torch.maximum,
-               "min": torch.minimum, "prod": torch.mul, "band": torch.bitwise_and,
-               "bor": torch.bitwise_or, "bxor": torch.bitwise_xor}
+    _reduce: dict[str, Callable[..., torch.Tensor]] = {
+        "sum": torch.add, "mean": torch.add, "max": torch.maximum, "min": torch.minimum,
+        "prod": torch.mul, "band": torch.bitwise_and, "bor": torch.bitwise_or,
+        "bxor": torch.bitwise_xor}
 
     def flat(self, x: torch.Tensor) -> torch.Tensor:
         if not x.is_contiguous():
@@ -65,7 +67,7 @@ class TorchCPUAdapter(ArrayAdapter):
         part = flat[start:stop]
         view = _BYTE_VIEW.get(part.dtype)
         arr = (part.view(view) if view is not None else part).numpy()
-        return memoryview(arr.view(np.uint8))
+        return arr.view(np.uint8).data
 
     def from_frame(self, frame: Any, dtype_name: str, count: int) -> torch.Tensor:
         if count == 0:

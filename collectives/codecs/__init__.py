@@ -8,14 +8,15 @@ checked there (transport/wire.py); never pickled. ``parse`` reads ``compression=
 user's spec, a header's dtype); ``float32`` turns an array of any family into the float32
 array the codecs work on, and back."""
 from collectives.codecs.bf16 import BFloat16
-from collectives.codecs.catalog import CODECS, WIRE_PREFIX, from_wire, names, parse, wire_dtype
+from collectives.codecs.catalog import (CODECS, WIRE_PREFIX, CodecSpec, from_wire, names, parse,
+                                        wire_dtype)
 from collectives.codecs.codec import WORK_ELEMENTS, Codec, CodecError, array_module
 from collectives.codecs.float32 import FLOAT_DTYPES, as_float32, write_back, zeros_float32
 from collectives.codecs.fp16 import Float16
 from collectives.codecs.int8 import BLOCK, Int8Block
 from collectives.codecs.topk import DEFAULT_RATIO, TopK
 
-__all__ = ["Codec", "CodecError", "Float16", "BFloat16", "Int8Block", "TopK", "BLOCK",
+__all__ = ["Codec", "CodecSpec", "CodecError", "Float16", "BFloat16", "Int8Block", "TopK", "BLOCK",
            "DEFAULT_RATIO", "CODECS", "WIRE_PREFIX", "parse", "from_wire", "wire_dtype",
            "names", "array_module", "as_float32", "write_back", "zeros_float32", "FLOAT_DTYPES",
            "WORK_ELEMENTS"]

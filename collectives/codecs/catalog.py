@@ -3,7 +3,7 @@
 raises (an unknown one is None: the receiver drops the message)."""
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Callable, TypeAlias
 
 from collectives.codecs.bf16 import BFloat16
 from collectives.codecs.codec import Codec
@@ -11,7 +11,11 @@ from collectives.codecs.fp16 import Float16
 from collectives.codecs.int8 import Int8Block
 from collectives.codecs.topk import TopK
 
-__all__ = ["CODECS", "WIRE_PREFIX", "parse", "from_wire", "wire_dtype", "names"]
+__all__ = ["CodecSpec", "CODECS", "WIRE_PREFIX", "parse", "from_wire", "wire_dtype", "names"]
+
+#: What ``compression=`` takes: a Codec, a spec string ("fp16" | "bf16" | "int8" | "topk" |
+#: "topk:RATIO"; "none" or "" for none), or None for none.
+CodecSpec: TypeAlias = Codec | str | None
 
 #: family -> constructor from the text after ':' (None when there is none).
 CODECS: dict[str, Callable[[str | None], Codec]] = {
@@ -43,7 +47,7 @@ def names() -> list[str]:
     return list(CODECS)
 
 
-def parse(spec: Any) -> Codec | None:
+def parse(spec: CodecSpec) -> Codec | None:
     """The codec that ``compression=`` names: None (or "none") for none, a Codec as it is,
     or a spec string "fp16" | "bf16" | "int8" | "topk" | "topk:RATIO". ValueError for an
     unknown name, TypeError for another type."""

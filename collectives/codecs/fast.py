@@ -16,7 +16,7 @@ import numpy as np
 __all__ = ["torch_views"]
 
 
-def torch_views(*arrays: Any) -> tuple | None:
+def torch_views(*arrays: Any) -> tuple[Any, ...] | None:
     """torch tensors over the same memory as ``arrays`` (numpy arrays), or None when torch
     is not imported or an array is not a numpy array."""
     torch = sys.modules.get("torch")

@@ -7,10 +7,11 @@ Layout of ``count`` elements: ceil(count / BLOCK) float32 scales, then ``count``
 from __future__ import annotations
 
 import contextlib
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
+from collectives.arrays.interface import Array
 from collectives.codecs.codec import WORK_ELEMENTS, Codec, array_module
 from collectives.codecs.fast import torch_views
 
@@ -61,12 +62,13 @@ class Int8Block(Codec):
         full = count // BLOCK * BLOCK
         fast = torch_views(x, scales, q)
         step = WORK_ELEMENTS if fast is None else TORCH_WORK
-        blocks = self._encode_blocks
+        blocks: Callable[[Any, Array, int, Array, Array, Array], None] = self._encode_blocks
         if fast is None and xp is np:
             step, blocks = NUMPY_WORK, self._numpy_blocks
         work = xp.empty(min(step, max(count, 1)), dtype=xp.float32)
         if fast is not None:
-            (x, scales, q), work = fast, torch_views(work)[0]
+            import torch  # already imported: torch_views found it
+            (x, scales, q), work = fast, torch.from_numpy(work)
             blocks = self._torch_blocks
         with _quiet(xp):
             for lo in range(0, full, step):

@@ -62,7 +62,8 @@ import threading
 import time
 from typing import Any, Protocol
 
-from collectives.errors import GossipError, LeftOut, OperationTimeout, PeerLost, RendezvousError
+from collectives.errors import (GossipError, LeftOut, OperationTimeout, PeerLost, ProtocolError,
+                                RendezvousError)
 from collectives.group.coordinator import Coordinator
 from collectives.group.door import Door
 from collectives.group.margin import BoundaryMargin
@@ -161,6 +162,12 @@ class ViewChanges:
         self.coordinating = Coordinator(self)
 
     # ------------------------------------------------------------------ who coordinates
+    def _current(self) -> View:
+        """The current view: a member's (a joiner has none until its switch)."""
+        if self.view is None:
+            raise RuntimeError(f"{self.name}: a joiner has no view yet")
+        return self.view
+
     def known_lost(self) -> set:
         """Names of the current view's members this process counts as lost."""
         return set(self.process.lost_names()) | self.reported_lost
@@ -241,7 +248,7 @@ class ViewChanges:
             self.check_replaced()
             c = self.coordinator()
             if c is None:
-                raise PeerLost(f"{self.name}: every member of {self.view.describe()} is lost")
+                raise PeerLost(f"{self.name}: every member of {self._current().describe()} is lost")
             self.door.tell(c.door, "recover", step=step, lost=sorted(self.known_lost()),
                            name=self.name, inc=self.incarnation)
             wait_until = min(deadline, time.monotonic() + self.timeout / 4)
@@ -260,7 +267,7 @@ class ViewChanges:
                                 self.name, c)
                     self.reported_lost.add(c.name)
             if proposed:
-                return self._stopped(step, recovering=True, pending=pending)
+                return self._switched(step, pending=pending)
             if time.monotonic() >= deadline:
                 raise OperationTimeout(f"{self.name}: no member coordinated the recovery "
                                        f"within {self.timeout:g}s")
@@ -272,10 +279,10 @@ class ViewChanges:
         that did answers ``left`` (LeftOut: join again). Silence for a quarter of the timeout:
         they are gone, and it goes on. Without this the minority would form a view of its
         own: two groups of one job."""
-        live = [m for m in self.view.members if m.name not in self.known_lost()]
-        if len(self.view) < 2 or 2 * len(live) > len(self.view):
+        live = [m for m in self._current().members if m.name not in self.known_lost()]
+        if len(self._current()) < 2 or 2 * len(live) > len(self._current()):
             return
-        for m in self.view.members:
+        for m in self._current().members:
             if m.name not in {x.name for x in live}:
                 self.door.tell(m.door, "recover", step=step, lost=[], name=self.name,
                                inc=self.incarnation)
@@ -291,7 +298,7 @@ class ViewChanges:
                               f"{self._answer.get('number')} without it")
 
     def _stopped(self, step: int, recovering: bool = False,
-                 pending: bool = False) -> Switch | None:
+                 pending: bool = False) -> Switch | Departure | None:
         """Stopped at a boundary (``pending``: inside a step, its update not yet combined):
         answer each proposal that includes this member with a fresh transport, until one is
         committed (or a proposal moves the boundary further on)."""
@@ -302,8 +309,17 @@ class ViewChanges:
         finally:
             self._stopped_now = False
 
+    def _switched(self, step: int, pending: bool = False) -> Switch:
+        """_stopped for a recovery or a join (at ``step``), which go on only with a switch;
+        ProtocolError for anything else (a planned leaver's departure)."""
+        switch = self._stopped(step, recovering=True, pending=pending)
+        if not isinstance(switch, Switch):
+            raise ProtocolError(f"{self.name}: a recovery or join at step {step} ended in "
+                                f"{switch!r}, not a view to go on in")
+        return switch
+
     def _answer_proposals(self, step: int, recovering: bool, pending: bool,
-                          deadline: float) -> Switch | None:
+                          deadline: float) -> Switch | Departure | None:
         answered: str | None = None
         transport = None
         while True:
@@ -317,14 +333,15 @@ class ViewChanges:
                     self._proposal = self._commit = None
                     return self._take(commit, p, transport)
                 if p is not None and answered != p.pid:
+                    rank = p.rank_of(self.name)
                     if p.at_step is not None and p.at_step > step and not recovering \
                             and not self.process.own_steps():
                         self._close(transport)
                         return None   # moved further on: train to the new boundary
-                    if p.rank_of(self.name) is None and self.departing:
+                    if rank is None and self.departing:
                         self._close(transport)
                         return self._depart(p, step, deadline)
-                    if p.rank_of(self.name) is None:
+                    if rank is None:
                         self._close(transport)
                         raise LeftOut(f"{self.name}: left out of the proposed view {p.number} "
                                       f"(its coordinator did not count it live)")
@@ -337,7 +354,6 @@ class ViewChanges:
                     self.cond.wait(min(0.1, max(0.0, deadline - time.monotonic())))
                     continue
             self._close(transport)
-            rank = p.rank_of(self.name)
             log.debug("%s: stopped at step %d; answers coordinator %s's proposal of view %d "
                       "(%d members, this one rank %d); waits up to %.3gs for its commit",
                       self.name, step, p.coordinator, p.number, len(p.members), rank,
@@ -388,7 +404,7 @@ class ViewChanges:
         deadline = time.monotonic() + self.timeout
         while time.monotonic() < deadline:
             c = self.coordinator()
-            others = [m for m in self.view.members if m.name != self.name
+            others = [m for m in self._current().members if m.name != self.name
                       and m.name not in self.known_lost()]
             if c is None or not others:
                 return   # the last member: nobody to tell
@@ -412,7 +428,7 @@ class ViewChanges:
         goes on taking rounds until boundary() returns its Departure. False if there is
         nobody to leave (the last live member)."""
         c = self.coordinator()
-        others = [m for m in self.view.members if m.name != self.name
+        others = [m for m in self._current().members if m.name != self.name
                   and m.name not in self.known_lost()]
         if c is None or not others:
             return False
@@ -480,7 +496,7 @@ class ViewChanges:
                     wait_until = deadline
                 proposed = self._proposal is not None
             if proposed or answer is not None and answer["kind"] == "pending":
-                return self._stopped(0, recovering=True)
+                return self._switched(0)
             if answer is not None and answer["kind"] == "redirect":
                 queue.insert(0, str(answer["to"]))
                 continue

@@ -265,7 +265,8 @@ class Coordinator:
             if p is None or msg.get("pid") != p.pid:
                 return
             name, entry, step = msg.get("name"), msg.get("entry"), msg.get("step")
-            if p.rank_of(name) is None or not isinstance(entry, dict) or type(step) is not int:
+            if not isinstance(name, str) or p.rank_of(name) is None or \
+                    not isinstance(entry, dict) or type(step) is not int:
                 return
             sharing = msg.get("sharing")
             self.ready[name] = {"entry": entry, "step": step,

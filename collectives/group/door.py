@@ -182,7 +182,8 @@ class Door:
                 # would drop the answer too).
                 self._tell_as(theirs, message["from"], "refused", reason=reason)
             return
-        handler = self._handlers.get(message.get("kind"))
+        kind = message.get("kind")
+        handler = self._handlers.get(kind) if isinstance(kind, str) else None
         if handler is None:
             self._drop(f"a message of unknown kind {message.get('kind')!r}")
             return

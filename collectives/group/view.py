@@ -43,11 +43,9 @@ class Member:
     def from_wire(cls, obj: Any) -> "Member":
         if not isinstance(obj, dict):
             raise ViewError(f"a member must be a map, got {type(obj).__name__}")
-        name, inc, door, host = (obj.get("name"), obj.get("inc"), obj.get("door"),
-                                 obj.get("host", ""))
-        for field, value in (("name", name), ("door", door), ("host", host)):
-            if not isinstance(value, str) or len(value) > _MAX_TEXT:
-                raise ViewError(f"member {field} must be a string of at most {_MAX_TEXT}")
+        inc = obj.get("inc")
+        name, door, host = (_text("name", obj.get("name")), _text("door", obj.get("door")),
+                            _text("host", obj.get("host", "")))
         if not name:
             raise ViewError("a member needs a name")
         if type(inc) is not int or not 0 <= inc < 1 << 63:
@@ -103,12 +101,10 @@ class View:
         job, number, step, members = (obj.get("job"), obj.get("number"), obj.get("step"),
                                       obj.get("members"))
         try:
-            check_job_id(job)
+            job = check_job_id(job)
         except ValueError as exc:
             raise ViewError(str(exc)) from None
-        for field, value in (("number", number), ("step", step)):
-            if type(value) is not int or not 0 <= value < 1 << 63:
-                raise ViewError(f"view {field} must be a non-negative int, got {value!r}")
+        number, step = _count("number", number), _count("step", step)
         if not isinstance(members, list) or not 0 < len(members) <= MAX_MEMBERS:
             raise ViewError(f"a view needs 1 to {MAX_MEMBERS} members")
         return cls(job, number, tuple(Member.from_wire(m) for m in members), step)
@@ -117,3 +113,17 @@ class View:
         """One line for logs: number, size and members in rank order."""
         return (f"view {self.number} of job {self.job_id or '(unnamed)'}: {self.size} members "
                 f"[{', '.join(str(m) for m in self.members)}]")
+
+
+def _text(field: str, value: object) -> str:
+    """A member's text field off the wire, or ViewError."""
+    if not isinstance(value, str) or len(value) > _MAX_TEXT:
+        raise ViewError(f"member {field} must be a string of at most {_MAX_TEXT}")
+    return value
+
+
+def _count(field: str, value: object) -> int:
+    """A view's number or step off the wire, or ViewError."""
+    if type(value) is not int or not 0 <= value < 1 << 63:
+        raise ViewError(f"view {field} must be a non-negative int, got {value!r}")
+    return value

@@ -6,6 +6,7 @@ shapes may differ. A non-blocking call unpacks on the communicator's worker thre
 after the allreduce, so its Work is done only once every array holds its result."""
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, Callable
 
 from collectives.algorithms.ring import counts_digest
@@ -16,8 +17,8 @@ from collectives.staging import contiguous_flat
 __all__ = ["coalesced_allreduce"]
 
 
-def coalesced_allreduce(engine: Engine, allreduce: Callable[..., Any], arrays: list, op: str,
-                        *, wait: bool, timeout: float | None, algorithm: str) -> Any:
+def coalesced_allreduce(engine: Engine, allreduce: Callable[..., Any], arrays: Sequence[Any],
+                        op: str, *, wait: bool, timeout: float | None, algorithm: str) -> Any:
     """Reduce every array of ``arrays`` across peers, in place, by one ``allreduce`` (the
     communicator's) of their packed copy; returns ``arrays`` (or a Work whose result it
     is)."""
@@ -40,7 +41,7 @@ def coalesced_allreduce(engine: Engine, allreduce: Callable[..., Any], arrays: l
         adapter.copy(adapter.slice(packed, bounds[-1], bounds[-1] + size), flat)
         bounds.append(bounds[-1] + size)
 
-    def unpack() -> list:
+    def unpack() -> Sequence[Any]:
         for (a, stand_in, flat, _), lo, hi in zip(parts, bounds, bounds[1:]):
             if stand_in is None:
                 adapter.copy(flat, adapter.slice(packed, lo, hi))
@@ -56,7 +57,7 @@ def coalesced_allreduce(engine: Engine, allreduce: Callable[..., Any], arrays: l
     if wait:
         return unpack()
 
-    def after() -> list:
+    def after() -> Sequence[Any]:
         work.wait()
         return unpack()
     return engine.launch(f"allreduce of {len(arrays)} arrays", after, False)

@@ -11,8 +11,8 @@ from typing import Any
 from collectives.algorithms.compressed import (CodecStats, gather_allreduce, padded_count,
                                                ring_allreduce_compressed)
 from collectives.codecs.float32 import as_float32, write_back
-from collectives.codecs.codec import array_module
-from collectives.codecs.catalog import parse, wire_dtype
+from collectives.codecs.codec import Codec, array_module
+from collectives.codecs.catalog import wire_dtype
 from collectives.engine import Engine
 from collectives.staging import flat_of
 
@@ -29,14 +29,13 @@ def check_residual(residual: Any, x32: Any) -> None:
                          "array's own module (numpy for numpy and torch CPU arrays)")
 
 
-def compressed_allreduce(engine: Engine, x: Any, op: str, compression: Any, *, wait: bool,
+def compressed_allreduce(engine: Engine, x: Any, op: str, codec: Codec, *, wait: bool,
                          timeout: float | None, stats: CodecStats, residual: Any = None,
                          small_bytes: int = 0) -> Any:
-    """Communicator.allreduce with a codec (ops sum and mean; floating-point arrays). Arrays
+    """Communicator.allreduce with ``codec`` (ops sum and mean; floating-point arrays). Arrays
     of at most ``small_bytes`` (as float32) gather every encoding straight from its owner, in
     one latency, whatever the codec; larger ones take the ring on encodings (dense codecs) or
     gather around the ring (top-k). ``stats`` counts what was encoded."""
-    codec = parse(compression)
     adapter, flat, dtype = flat_of(x)
     if op not in ("sum", "mean"):
         raise ValueError(f"allreduce with compression sums: op must be 'sum' or 'mean', "

@@ -26,6 +26,7 @@ from collectives.algorithms.neighbor import UNCHECKED, incomplete, neighbor_exch
 from collectives.algorithms.neighbor_direct import DIRECT_SIGNATURE, direct_exchange
 from collectives.codecs.float32 import as_float32, write_back
 from collectives.codecs.catalog import wire_dtype
+from collectives.codecs.codec import Codec
 from collectives.engine import Engine
 from collectives.neighbor_plan import NeighborPlan
 from collectives.staging import Staging, flat_of
@@ -41,7 +42,8 @@ def neighbor_allreduce(engine: Engine, x: Any, plan: NeighborPlan, *, scratch: A
     ``scratch`` a buffer like ``x`` for what arrives (else allocated); ``stats`` counts what a
     codec encoded."""
     if plan.compression is not None:
-        return _compressed(engine, x, plan, out=out, wait=wait, timeout=timeout, stats=stats)
+        return _compressed(engine, x, plan, plan.compression, out=out, wait=wait,
+                           timeout=timeout, stats=stats)
     stage = Staging()
     adapter, flat, dtype = stage.flat(x, written=out is None or out is x)
     plan.check(engine.rank, engine.world_size, dtype)
@@ -96,11 +98,10 @@ def neighbor_allreduce(engine: Engine, x: Any, plan: NeighborPlan, *, scratch: A
     return engine.launch(f"neighbor_allreduce seq {seq}", body, wait, stage)
 
 
-def _compressed(engine: Engine, x: Any, plan: NeighborPlan, *, out: Any, wait: bool,
-                timeout: float | None, stats: CodecStats) -> Any:
-    """The exchange of encodings (module docstring): into ``out`` if given, and then ``x`` is
-    left holding D(E(x)), the value its neighbours received."""
-    codec = plan.compression
+def _compressed(engine: Engine, x: Any, plan: NeighborPlan, codec: Codec, *, out: Any,
+                wait: bool, timeout: float | None, stats: CodecStats) -> Any:
+    """The exchange of encodings (module docstring) in ``codec``, the plan's: into ``out`` if
+    given, and then ``x`` is left holding D(E(x)), the value its neighbours received."""
     adapter, flat, dtype = flat_of(x)
     plan.check(engine.rank, engine.world_size, dtype)
     out_flat = None

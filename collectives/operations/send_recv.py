@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from collectives.algorithms.p2p import Call, post_range, recv_range, wait_reached, wait_sent
+from collectives.arrays.interface import ArrayAdapter
 from collectives.staging import contiguous_flat, flat_of
 from collectives.transport.transport import Transport
 from collectives.transport.wire import dtype_itemsize
@@ -69,9 +70,11 @@ class PointToPoint:
                              f"{self.world_size})")
         # out's own checks (family, writable) come before anything is taken from the mailbox;
         # a non-contiguous out is filled through a contiguous stand-in.
-        stand_in, target = None, None
+        stand_in: Any = None
+        target: tuple[ArrayAdapter, Any, str] | None = None
         if out is not None:
-            stand_in, *target = contiguous_flat(out)
+            stand_in, out_adapter, out_flat, out_dtype = contiguous_flat(out)
+            target = (out_adapter, out_flat, out_dtype)
         seq = self._recv_seq[src]
         t = self.transport
         deadline = time.monotonic() + (self.timeout if timeout is None else timeout)
@@ -96,7 +99,7 @@ class PointToPoint:
         try:
             header, frame, release = item
             call = Call(t, channel, seq, "send", header.dtype, header.shape, deadline)
-            if out is None:
+            if target is None:   # no out given
                 if (release is None and header.offset == 0 and header.length == header.nbytes
                         and header.dtype != "bfloat16"):
                     # The whole array in one ZeroMQ frame: hand it over without a copy.

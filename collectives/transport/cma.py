@@ -13,6 +13,7 @@ seccomp, another user), ``Reader.probe`` says so and the peers keep the arenas.
 from __future__ import annotations
 
 import ctypes
+import errno
 import os
 import sys
 
@@ -69,12 +70,16 @@ class Reader:
 
     def read(self, pid: int, remote: int, local: int, nbytes: int) -> None:
         """Copy ``nbytes`` at address ``remote`` of process ``pid`` to ``local`` here; OSError
-        (with the errno: ESRCH, the process is gone; EPERM, not allowed; EFAULT, not mapped)."""
+        (with the errno: ESRCH, the process is gone; EPERM, not allowed; EFAULT, not mapped;
+        ENOSYS, no process_vm_readv here)."""
+        fn = self._fn
+        if fn is None:
+            raise OSError(errno.ENOSYS, "process_vm_readv is not available here")
         done = 0
         while done < nbytes:
             self._local.base, self._local.len = local + done, nbytes - done
             self._remote.base, self._remote.len = remote + done, nbytes - done
-            got = self._fn(pid, ctypes.byref(self._local), 1, ctypes.byref(self._remote), 1, 0)
+            got = fn(pid, ctypes.byref(self._local), 1, ctypes.byref(self._remote), 1, 0)
             if got <= 0:
                 err = ctypes.get_errno() if got < 0 else 14   # (EFAULT: nothing was read)
                 raise OSError(err, f"process_vm_readv from process {pid} at {remote + done:#x}"

@@ -147,7 +147,7 @@ class Inbox:
         (its mailbox was already retired), OVER_LINK or OVER_TOTAL (it is for an operation not
         started yet and its ``nbytes`` would take what is held for such operations past the
         bound of its source, or past the total)."""
-        pause = None
+        pause: tuple | None = None
         with self._lock:
             retired = self._retired.get(key[:2])
             if retired is not None and key[2] in retired:
@@ -157,9 +157,10 @@ class Inbox:
                     and (key[1], key[2]) not in self._running:
                 # Counted until a consumer asks for the mailbox (get/take) or it retires: a
                 # couple of integer additions per message, under the lock put holds anyway.
-                pause = self._count(key[0], nbytes)
-                if type(pause) is str:
-                    return pause
+                counted = self._count(key[0], nbytes)
+                if isinstance(counted, str):
+                    return counted
+                pause = counted
                 if box is None:
                     box = self._boxes[key] = _Mailbox()
                 box.held += nbytes
@@ -170,7 +171,7 @@ class Inbox:
             if self._any_waiters:  # (a Condition's notify is Python code: skipped when idle)
                 self._arrivals.notify_all()
         if pause is not None:
-            self.on_hold(*pause)
+            self._ask(pause)
         return True
 
     def _count(self, src: int, nbytes: int) -> tuple | str | None:
@@ -201,16 +202,17 @@ class Inbox:
         retired mailbox ignores it (RETIRED). A new mailbox of an operation not started is
         counted as held (HELD_OVERHEAD), so errors cannot grow the process either: past a
         bound nothing is kept (OVER_LINK / OVER_TOTAL)."""
-        pause = None
+        pause: tuple | None = None
         with self._lock:
             retired = self._retired.get(key[:2])
             if retired is not None and key[2] in retired:
                 return RETIRED
             box = self._boxes.get(key)
             if box is None and (key[1], key[2]) not in self._running:
-                pause = self._count(key[0], defaults.HELD_OVERHEAD)
-                if type(pause) is str:
-                    return pause
+                counted = self._count(key[0], defaults.HELD_OVERHEAD)
+                if isinstance(counted, str):
+                    return counted
+                pause = counted
                 box = self._boxes[key] = _Mailbox()
                 box.held = defaults.HELD_OVERHEAD
             elif box is None:
@@ -220,7 +222,7 @@ class Inbox:
             box.notify(every=True)
             self._arrivals.notify_all()
         if pause is not None:
-            self.on_hold(*pause)
+            self._ask(pause)
         return True
 
     def mark_lost(self, src: int, lost: Lost) -> None:
@@ -243,6 +245,12 @@ class Inbox:
             for box in self._boxes.values():
                 box.notify(every=True)
             self._arrivals.notify_all()
+
+    def _ask(self, request: tuple) -> None:
+        """Pass a pause or resume request (src, pause, generation) to ``on_hold``, which is
+        set whenever a source can be held (a pause is made only then)."""
+        if self.on_hold is not None:
+            self.on_hold(*request)
 
     # -- consumer side (operations) ----------------------------------------------------------
     def _claim(self, key: Address) -> tuple[Any, list]:
@@ -276,7 +284,7 @@ class Inbox:
                     box.cond = threading.Condition(self._lock)
                 box.cond.wait(remaining)
         for resume in resumes:
-            self.on_hold(*resume)
+            self._ask(resume)
         return self.get(key, deadline)
 
     def want(self, src: int) -> None:
@@ -289,7 +297,7 @@ class Inbox:
             self._wanted[src] = self._wanted.get(src, 0) + 1
             resume = self._resume(src) if src in self._holding else None
         if resume is not None:
-            self.on_hold(*resume)
+            self._ask(resume)
 
     def unwant(self, src: int) -> None:
         """The twin of want()."""
@@ -308,7 +316,7 @@ class Inbox:
             box, resumes = self._claim(key)
             ready = self._ready(key, box)
         for resume in resumes:
-            self.on_hold(*resume)
+            self._ask(resume)
         return ready
 
     def _ready(self, key: Address, box: _Mailbox) -> Any:
@@ -341,7 +349,7 @@ class Inbox:
         as held: one that would pass a bound is left as it is, and so are those after it.
         Returns how many were replaced."""
         moved = 0
-        pause = None
+        pause: tuple | None = None
         with self._lock:
             for (s, channel, seq), box in self._boxes.items():
                 if s == src and not box.touched and (channel, seq) not in self._running:
@@ -350,7 +358,7 @@ class Inbox:
                             continue  # in private memory already
                         nbytes = memoryview(item[1]).nbytes
                         counted = self._count(src, nbytes)
-                        if type(counted) is str:
+                        if isinstance(counted, str):
                             break  # over a bound: the rest waits in the sender's ring
                         pause = pause or counted
                         new = move(item)
@@ -362,7 +370,7 @@ class Inbox:
                         continue
                     break
         if pause is not None:
-            self.on_hold(*pause)
+            self._ask(pause)
         return moved
 
     def unget(self, key: Address, item: Any) -> None:
@@ -414,7 +422,7 @@ class Inbox:
                 finally:
                     self._any_waiters -= 1
         for resume in resumes:
-            self.on_hold(*resume)
+            self._ask(resume)
         return self._wait_any(keys, deadline)
 
     def retire(self, key: Address) -> list:
@@ -424,7 +432,8 @@ class Inbox:
 
     def retire_all(self, channel: int, seq: int, srcs) -> list:
         """retire() mailbox ``(src, channel, seq)`` of each of ``srcs`` under one lock."""
-        left, resumes = [], []
+        left: list = []
+        resumes: list[tuple] = []
         with self._lock:
             boxes, retired = self._boxes, self._retired
             for src in srcs:
@@ -437,7 +446,7 @@ class Inbox:
                         resumes.extend(self._release(src, box))
                     left.extend(box.items)
         for resume in resumes:
-            self.on_hold(*resume)
+            self._ask(resume)
         return left
 
     def drop_unclaimed(self, src: int) -> int:
@@ -460,7 +469,7 @@ class Inbox:
                     resumes.extend(self._release(src, box))
                     del self._boxes[(s, channel, seq)]
         for resume in resumes:  # others paused for the total may go on now
-            self.on_hold(*resume)
+            self._ask(resume)
         return freed
 
     def holding(self, src: int) -> bool:

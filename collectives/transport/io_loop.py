@@ -210,7 +210,7 @@ class IoLoop:
             # on a later arrival.
             if ready:
                 ready = False
-            elif not get(_EVENTS) & _POLLIN:
+            elif not get(_EVENTS) & _POLLIN:  # type: ignore[operator]  # stub: EVENTS gives an int
                 return True
             try:
                 frames = [recv(_NOBLOCK, copy=False)]
@@ -218,6 +218,8 @@ class IoLoop:
                     frames.append(recv(_NOBLOCK, copy=False))
             except zmq.Again:
                 continue
+            if handle is None:
+                raise RuntimeError("a message was read before the I/O loop started")
             handle(frames)
         return False
 
@@ -268,7 +270,7 @@ class IoLoop:
                     # Rounded up: zmq_poll counts whole milliseconds, and 0 would spin.
                     wait = min(paced.values()) - time.monotonic()
                     timeout = min(timeout, max(0, math.ceil(wait * 1000)))
-                events = dict(poller.poll(timeout))
+                events = dict(poller.poll(int(timeout)))   # (whole ms, as zmq_poll takes)
                 self._asleep = False
                 if not events or timeout >= _IDLE_POLL_MS:
                     # Idle, or a long wait: the throttled logs' summaries (a cheap look each).

@@ -126,6 +126,8 @@ class Link:
 
     def _send_paced(self, frames: tuple, ticket) -> bool:
         # send() under link emulation: stamped in order, sent now only if already due.
+        if self.pacer is None:
+            raise RuntimeError("a paced send on a link without a pacer")
         due = self.pacer.due(_frames_bytes(frames))
         if not self.queue and not self.paused and due <= time.monotonic():
             cost = message_cost(frames)

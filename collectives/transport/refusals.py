@@ -36,7 +36,7 @@ log = logging.getLogger("collectives")
 _EVENTS = (zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
            | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL | zmq.EVENT_HANDSHAKE_SUCCEEDED
            | zmq.EVENT_HANDSHAKE_FAILED_AUTH)
-_PROTOCOL_ERRORS = {
+_PROTOCOL_ERRORS: dict[int, str] = {
     zmq.PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH: "security mechanism mismatch (a client without "
                                                 "CURVE, or a keyed one to a keyless group)",
     zmq.PROTOCOL_ERROR_ZMTP_CRYPTOGRAPHIC: "CURVE handshake does not decrypt (a client with "
@@ -56,7 +56,7 @@ def _peer_name(fd: int) -> str:
 class Refusals(ThrottledLog):
     """The refused handshakes of one peer, by reason (the I/O thread writes, ``stats`` reads)."""
 
-    def __init__(self, rank: int, router: zmq.Socket) -> None:
+    def __init__(self, rank: int | str, router: zmq.Socket) -> None:
         super().__init__(rank, "refused a handshake", "refused handshakes:")
         self._router = router
         self.monitor = router.get_monitor_socket(_EVENTS)

@@ -72,7 +72,7 @@ class _Chunk:
         with ring.lock:
             slot = ring.try_acquire()
             if slot is None and retry:
-                ring.waiting[0] = 1
+                ring.want_credit()
                 slot = ring.try_acquire()  # a slot freed before the flag went up
             if slot is None:
                 return None
@@ -89,7 +89,8 @@ class _Releaser:
     __slots__ = ("protocol", "src", "view", "slot")
 
     def __init__(self, protocol: "SharedMemory", src: int, view: ShmView, slot: int) -> None:
-        self.protocol, self.src, self.view, self.slot = protocol, src, view, slot
+        self.protocol, self.src, self.slot = protocol, src, slot
+        self.view: ShmView | None = view   # None once released
 
     def __call__(self) -> None:
         view, self.view = self.view, None
@@ -170,7 +171,7 @@ class SharedMemory:
         before our first chunk does); None if there is none, or if committing them took
         longer than PREPARE_WAIT (a fresh ring is made instead)."""
         ring, thread = self._prepared.pop(dst, (None, None))
-        if thread is None:
+        if thread is None or ring is None:   # (prepared together)
             return None
         thread.join(PREPARE_WAIT)
         if thread.is_alive():

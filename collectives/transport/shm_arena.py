@@ -63,6 +63,8 @@ class ShmArena:
             self.fd, self.size = fd, size
             np.frombuffer(self._mm, dtype=np.uint8)[:] = 0   # commit the pages now
             counter_of(self.buffer(0))[0] = count
+        if self._mm is None:   # (mapped above whenever it was smaller)
+            raise RuntimeError(f"rank {self.rank}: the {self.kind} is not mapped")
         return np.frombuffer(self._mm, dtype=np.uint8, count=self.size)
 
     def announcement(self) -> np.ndarray:

@@ -60,9 +60,13 @@ class ShmRing:
         size = _FLAGS_BYTES + nslots * slot_bytes
         os.ftruncate(self.fd, size)
         self._mm = mmap.mmap(self.fd, size)
-        self.flags = np.frombuffer(self._mm, dtype=np.uint8, count=nslots)
-        self.waiting = np.frombuffer(self._mm, dtype=np.uint8, count=1, offset=_WAITING)
-        self.data = np.frombuffer(self._mm, dtype=np.uint8, offset=_FLAGS_BYTES)
+        # Views of the mapping: the slots' flags, the waiting flag, the slots; None once
+        # closed.
+        self.flags: np.ndarray | None = np.frombuffer(self._mm, dtype=np.uint8, count=nslots)
+        self.waiting: np.ndarray | None = np.frombuffer(self._mm, dtype=np.uint8, count=1,
+                                                        offset=_WAITING)
+        self.data: np.ndarray | None = np.frombuffer(self._mm, dtype=np.uint8,
+                                                     offset=_FLAGS_BYTES)
         self.lock = threading.Lock()
 
     def first_slot(self) -> np.ndarray:
@@ -71,7 +75,7 @@ class ShmRing:
         the GIL); a fresh memfd page costs a fault and its zeroing on first touch, 4 MiB
         about 2-6 ms on this project's 2-core machine against 0.1 ms once warm. The view
         keeps the mapping alive after close()."""
-        return self.data[:self.slot_bytes]
+        return self._views()[2][:self.slot_bytes]
 
     def announcement(self) -> str:
         """The SHM_OPEN text that tells the receiver where to map this ring (read by parse_open)."""
@@ -84,6 +88,8 @@ class ShmRing:
         same slot or two, which stay in the caches of both ends (a rotation through every
         slot would stream the whole ring, nslots * slot_bytes, through memory)."""
         flags = self.flags
+        if flags is None:
+            raise RuntimeError("the shared-memory ring is closed")
         for slot in range(self.nslots):
             if flags[slot] == 0:
                 flags[slot] = 1
@@ -94,8 +100,23 @@ class ShmRing:
         """Copy ``payload`` (a bytes-like object) into ``slot``; returns its length."""
         src = np.frombuffer(payload, dtype=np.uint8)
         start = slot * self.slot_bytes
-        self.data[start:start + src.size] = src
+        data = self.data
+        if data is None:
+            raise RuntimeError("the shared-memory ring is closed")
+        data[start:start + src.size] = src
         return src.size
+
+    def want_credit(self) -> None:
+        """Raise the waiting flag (call with ``lock`` held): the receiver answers the next
+        slot it frees with a CREDIT."""
+        self._views()[1][0] = 1
+
+    def _views(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(flags, waiting, data); RuntimeError once closed."""
+        flags, waiting, data = self.flags, self.waiting, self.data
+        if flags is None or waiting is None or data is None:
+            raise RuntimeError("the shared-memory ring is closed")
+        return flags, waiting, data
 
     def close(self) -> None:
         """Unmap the ring here and close its memfd (the receiver's mapping keeps the memory); a view
@@ -141,8 +162,10 @@ class ShmView:
         self.slot_bytes = slot_bytes
         size = _FLAGS_BYTES + nslots * slot_bytes
         self._mm = map_memfd(pid, fd, size, name)
-        self.flags = np.frombuffer(self._mm, dtype=np.uint8, count=nslots)
-        self.waiting = np.frombuffer(self._mm, dtype=np.uint8, count=1, offset=_WAITING)
+        # The ring's flags; None once closed (release() is then a no-op).
+        self.flags: np.ndarray | None = np.frombuffer(self._mm, dtype=np.uint8, count=nslots)
+        self.waiting: np.ndarray | None = np.frombuffer(self._mm, dtype=np.uint8, count=1,
+                                                        offset=_WAITING)
         self._data = memoryview(self._mm)[_FLAGS_BYTES:]
 
     def chunk(self, slot: int, length: int) -> memoryview:
@@ -154,7 +177,7 @@ class ShmView:
     def release(self, slot: int) -> bool:
         """Free a slot; True if the sender was waiting for one (it wants a CREDIT message)."""
         flags, waiting = self.flags, self.waiting
-        if flags is None:
+        if flags is None or waiting is None:   # (closed: both are)
             return False
         flags[slot] = 0
         if waiting[0]:

@@ -147,7 +147,7 @@ def _pyzmq_worker(rank: int, endpoint: str, curve, ends: list) -> None:
             barrier()
             if rank == 0:
                 for _ in range(k):
-                    s.send(x, copy=False)
+                    s.send(x.data, copy=False)
                 continue
             t0 = time.perf_counter()
             for _ in range(k):

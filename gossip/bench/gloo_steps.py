@@ -117,21 +117,21 @@ def _step(dist: Any, torch: Any, op: str, rank: int, n: int, count: int,
     if op == "gather":
         x = torch.full((part,), float(rank))
         out = torch.empty(n * part) if rank == 0 else None
-        parts = list(out.view(n, part)) if out is not None else None
+        into = list(out.view(n, part)) if out is not None else None
 
         def step() -> None:
-            dist.gather(x, parts, dst=0)
+            dist.gather(x, into, dst=0)
         step()
-        _check(rank != 0 or out.view(n, part)[:, -1].tolist() == list(map(float, range(n))),
+        _check(out is None or out.view(n, part)[:, -1].tolist() == list(map(float, range(n))),
                "gather")
         return step
     if op == "scatter":
         x = torch.arange(n, dtype=torch.float32).repeat_interleave(part) if rank == 0 else None
-        parts = list(x.view(n, part)) if x is not None else None
+        pieces = list(x.view(n, part)) if x is not None else None
         out = torch.empty(part)
 
         def step() -> None:
-            dist.scatter(out, parts, src=0)
+            dist.scatter(out, pieces, src=0)
         step()
         _check(float(out[-1]) == rank, f"scatter {float(out[-1])}")
         return step

@@ -31,11 +31,11 @@ import threading
 import time
 from contextlib import contextmanager
 from multiprocessing.connection import wait
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Protocol
 
 from gossip.bench.sizes import STARTUP_LIMIT, size_limit, stream_count
 
-__all__ = ["BenchError", "Group", "announce", "serve", "run_plan", "stop_all"]
+__all__ = ["BenchError", "MeasuringGroup", "Group", "announce", "serve", "run_plan", "stop_all"]
 
 _IDLE_GRACE = 2.0   # seconds an idle group gets to close its peers when a run is aborted
 _JOIN_LIMIT = 60.0  # seconds for a group's supervisor to finish once its processes are told
@@ -73,6 +73,28 @@ def serve(conn: Any, measure: Callable[..., Any], hello: Any = None) -> None:
         conn.send(("done", measure(*task)))
 
 
+class MeasuringGroup(Protocol):
+    """What a run asks of a group of measuring processes: Group's interface, which
+    gossip.bench.mpi.MpiGroup (the ranks under one mpirun) has too."""
+
+    name: str
+    n: int
+    #: What each process said when it was ready (after ready()).
+    hello: list[Any]
+
+    def start(self) -> None:
+        """Start the processes."""
+
+    def ready(self, limit: float) -> None:
+        """Wait until every process is set up; BenchError past ``limit`` seconds."""
+
+    def measure(self, task: tuple, limit: float) -> list[Any]:
+        """Every rank's result for ``task`` (bytes, warm-up, iterations, k)."""
+
+    def close(self, abort: bool = False) -> None:
+        """Stop the processes (``abort``: at once, never raising)."""
+
+
 class Group:
     """n processes started by ``launch(ends)`` (which runs them to the end: supervise or
     spawn, passing ``ends[rank]`` to serve) in a thread, driven over one pipe per rank."""
@@ -82,7 +104,8 @@ class Group:
         self.name, self.n = name, n
         pairs = [mp.Pipe() for _ in range(n)]
         self._ends = [a for a, _ in pairs]            # ours
-        self._child_ends: list | None = [b for _, b in pairs]
+        child_ends = [b for _, b in pairs]
+        self._child_ends: list | None = child_ends   # theirs, until every child has its own
         self._launch, self._cleanup = launch, cleanup
         self._done_r, self._done_w = mp.Pipe(duplex=False)
         self._error: BaseException | None = None
@@ -91,11 +114,12 @@ class Group:
         self._ready = False   # every process has set up and serves
         self._busy = False    # a size is being measured
         self._closed = False
-        self._thread = threading.Thread(target=self._run, name=f"bench-{name}", daemon=True)
+        self._thread = threading.Thread(target=self._run, args=(child_ends,),
+                                        name=f"bench-{name}", daemon=True)
 
-    def _run(self) -> None:
+    def _run(self, child_ends: list) -> None:
         try:
-            self._launch(self._child_ends)
+            self._launch(child_ends)
         except BaseException as exc:   # kept for the parent, raised where it waits
             self._error = exc
         finally:
@@ -241,7 +265,7 @@ def _interrupts_held() -> Iterator[None]:
             raise KeyboardInterrupt
 
 
-def stop_all(groups: dict[str, Group]) -> None:
+def stop_all(groups: dict[str, MeasuringGroup]) -> None:
     """Abort every group left in ``groups`` (emptying it), Ctrl-C held meanwhile."""
     with _interrupts_held():
         while groups:

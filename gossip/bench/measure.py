@@ -105,19 +105,19 @@ def _gossip_step(peer, op: str, count: int, reduce_op: str, algorithm: str,
     if op == "gather":
         part = count // n
         x = np.full(part, r, dtype=np.float32)
-        out = np.empty((n, part), dtype=np.float32) if r == 0 else None
-        peer.gather(x, 0, out=out)
-        if r == 0 and not np.array_equal(out[:, -1], np.arange(n, dtype=np.float32)):
-            raise AssertionError(f"rank 0: gather gave {out[:, -1]}")
-        return lambda: peer.gather(x, 0, out=out)
+        into = np.empty((n, part), dtype=np.float32) if r == 0 else None
+        peer.gather(x, 0, out=into)
+        if into is not None and not np.array_equal(into[:, -1], np.arange(n, dtype=np.float32)):
+            raise AssertionError(f"rank 0: gather gave {into[:, -1]}")
+        return lambda: peer.gather(x, 0, out=into)
     if op == "scatter":
         part = count // n
-        x = np.repeat(np.arange(n, dtype=np.float32), part) if r == 0 else None
+        source = np.repeat(np.arange(n, dtype=np.float32), part) if r == 0 else None
         out = np.empty(part, dtype=np.float32)
-        peer.scatter(x, 0, out=out)
+        peer.scatter(source, 0, out=out)
         if not (out[0] == r and out[-1] == r):
             raise AssertionError(f"rank {r}: scatter gave {out[0]}, expected {r}")
-        return lambda: peer.scatter(x, 0, out=out)
+        return lambda: peer.scatter(source, 0, out=out)
     if op == "alltoall":
         part = count // n
         x = np.repeat(r * n + np.arange(n, dtype=np.float32), part)   # block j: r*n + j
@@ -207,7 +207,8 @@ def gossip_group(op: str, n: int, *, transport: str, key: str | None, reduce_op:
 
     # Without --key the peers run open, as the Gloo and MPI runs they are compared with do
     # (the header says "CURVE on" when they do not): spawn would make a key of its own.
-    init = {"transport": transport, **({"key": key} if key else {"insecure": True})}
+    init: dict[str, Any] = {"transport": transport,   # gossip.init's keywords
+                            **({"key": key} if key else {"insecure": True})}
 
     def launch(ends: list) -> None:
         spawn(_gossip_worker, n, timeout=limit,

@@ -26,7 +26,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from typing import Any
+from typing import IO, Any
 
 from gossip.bench.groups import BenchError
 
@@ -58,8 +58,8 @@ def check_mpi() -> None:
 
 
 class MpiGroup:
-    """n mpi4py ranks under one mpirun, doing ``op``; the interface of
-    gossip.bench.groups.Group (start, ready, measure, close, hello)."""
+    """n mpi4py ranks under one mpirun, doing ``op``; a gossip.bench.groups.MeasuringGroup
+    (start, ready, measure, close, hello)."""
 
     def __init__(self, op: str, n: int, reduce_op: str) -> None:
         self.name, self.n = "mpi", n
@@ -104,10 +104,18 @@ class MpiGroup:
         self._busy = False
         return result
 
+    def _pipes(self) -> tuple[subprocess.Popen, IO[bytes], IO[bytes]]:
+        """mpirun and the pipes to rank 0's stdin and from its stdout (made by start)."""
+        proc = self._proc
+        if proc is None or proc.stdin is None or proc.stdout is None:
+            raise BenchError(f"mpi: mpirun -np {self.n} was not started")
+        return proc, proc.stdin, proc.stdout
+
     def _send(self, message: Any) -> None:
+        _, stdin, _ = self._pipes()
         try:
-            self._proc.stdin.write((json.dumps(message) + "\n").encode())
-            self._proc.stdin.flush()
+            stdin.write((json.dumps(message) + "\n").encode())
+            stdin.flush()
         except (BrokenPipeError, OSError):
             pass   # mpirun is gone: _reply says why
 
@@ -115,7 +123,7 @@ class MpiGroup:
         """Rank 0's next protocol line, within ``limit`` seconds; BenchError if mpirun ends or
         the time runs out first."""
         deadline = time.monotonic() + limit
-        fd = self._proc.stdout.fileno()
+        fd = self._pipes()[2].fileno()
         while True:
             while b"\n" in self._buffer:
                 line, self._buffer = self._buffer.split(b"\n", 1)
@@ -135,8 +143,9 @@ class MpiGroup:
                 self._buffer += chunk
 
     def _failure(self, what: str) -> BenchError:
+        code: int | None
         try:
-            code = self._proc.wait(_STOP_GRACE)
+            code = self._pipes()[0].wait(_STOP_GRACE)
         except subprocess.TimeoutExpired:
             code = None
         self._log.seek(0)
@@ -160,9 +169,11 @@ class MpiGroup:
             if not abort or idle:
                 self._send(None)
             try:
-                proc.stdin.close()
+                if proc.stdin is not None:
+                    proc.stdin.close()
             except OSError:
                 pass
+            code: int | None
             try:
                 code = proc.wait(_STOP_GRACE if not abort else (2.0 if idle else 0.0))
             except subprocess.TimeoutExpired:

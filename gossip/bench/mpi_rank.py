@@ -93,7 +93,7 @@ def mpi_step(comm: Any, MPI: Any, np: Any, op: str, *, rank: int, n: int, count:
         def step() -> None:
             comm.Gather(x, out, root=0)
         step()
-        _check(rank != 0 or out.reshape(n, part)[:, -1].tolist() == list(range(n)), "gather")
+        _check(out is None or out.reshape(n, part)[:, -1].tolist() == list(range(n)), "gather")
         return step
     if op == "scatter":
         x = np.repeat(np.arange(n, dtype=f32), part) if rank == 0 else None
@@ -214,7 +214,7 @@ def main(argv: list[str] | None = None) -> int:
             every = np.empty((n, iters)) if rank == 0 else None
             comm.Gather(times, every, root=0)
             del step
-            if rank == 0:
+            if every is not None:   # rank 0
                 _say({"result": [{"times": row.tolist()} for row in every]})
     except BaseException:
         sys.stderr.write(f"mpi rank {rank} of {n}: {traceback.format_exc()}")

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Callable, Iterable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 from collectives.algorithms.choice import ALLREDUCE_ALGORITHMS
 from gossip.bench.baselines import gloo_group, pyzmq_group
-from gossip.bench.groups import Group, stop_all
+from gossip.bench.groups import MeasuringGroup, stop_all
 from gossip.bench.measure import gossip_group, scheme
 from gossip.bench.membound import bound_applies, bound_fields, memory_rates
 from gossip.bench.mpi import check_mpi, mpi_group
@@ -113,7 +113,7 @@ def run_bench(op: str, n: int, sizes: str | Iterable[str | int] = DEFAULT_SIZES,
     run_limit = STARTUP_LIMIT * 3 + (1 + len(vs) + (op == "p2p")) * sum(limits)
     longest = max(limits, default=60.0)
 
-    groups: dict[str, Group] = {}
+    groups: dict[str, MeasuringGroup] = {}
     rows: list[dict] = []
     try:
         say(f"starting {n} gossip peers for {op}, sizes "
@@ -183,7 +183,7 @@ def _row(op: str, n: int, entry: tuple[int, int, int], *, transport: str, used: 
          algorithm: str, reduce_op: str, key: str | None, ours: list[float],
          theirs: dict[str, list[float]], notes: dict[str, str], wall: float) -> dict:
     nbytes, warmup, iters = entry
-    row = {"impl": "gossip", "op": op, "nprocs": n, "bytes": nbytes,
+    row: dict[str, Any] = {"impl": "gossip", "op": op, "nprocs": n, "bytes": nbytes,
            "count": layout(op, n, nbytes)[1], "type": "float32",
            "redop": reduce_op if op in REDUCING else None,
            "transport": transport, "transport_used": used}

@@ -111,10 +111,11 @@ def sweep_sizes(minbytes: str | int | None = None, maxbytes: str | int | None = 
     """nccl-tests' size sweep (-b/-e/-f): minbytes, minbytes*f, minbytes*f^2, ... up to
     maxbytes (K/M/G suffixes as parse_size). Either bound alone is a single size; the factor
     is an integer of at least 2 (default 2; nccl-tests' additive -i step is not offered)."""
-    if minbytes is None and maxbytes is None:
+    low = minbytes if minbytes is not None else maxbytes
+    high = maxbytes if maxbytes is not None else minbytes
+    if low is None or high is None:   # neither bound given
         raise ValueError("-f/--stepfactor needs -b/--minbytes and/or -e/--maxbytes")
-    lo = parse_size(minbytes if minbytes is not None else maxbytes)
-    hi = parse_size(maxbytes if maxbytes is not None else minbytes)
+    lo, hi = parse_size(low), parse_size(high)
     if lo > hi:
         raise ValueError(f"-b/--minbytes {format_size(lo)} is larger than -e/--maxbytes "
                          f"{format_size(hi)}")

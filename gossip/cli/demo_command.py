@@ -112,7 +112,7 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
         print(f"gossip demo: error: {message}", file=sys.stderr)
         sys.exit(2)
 
-    parser.error = one_line_error  # type: ignore[method-assign]
+    parser.error = one_line_error
     return parser
 
 
@@ -154,7 +154,7 @@ def compression_options(policies: tuple[str, ...], spec: str) -> tuple[dict, lis
         except ValueError:
             plain.append(name)
             continue
-        options[name] = {"compression": codec.name}
+        options[name] = {"compression": codec.name if codec is not None else None}
     return options, plain
 
 

@@ -135,8 +135,9 @@ def load_shifted_digits(*, canvas: int = 12, train_copies: int = 4, test_copies:
 # ---------------------------------------------------------------------- IDX (MNIST)
 
 #: IDX type byte -> numpy dtype (big-endian, as the format stores it).
-IDX_DTYPES = {0x08: np.dtype(">u1"), 0x09: np.dtype(">i1"), 0x0B: np.dtype(">i2"),
-              0x0C: np.dtype(">i4"), 0x0D: np.dtype(">f4"), 0x0E: np.dtype(">f8")}
+IDX_DTYPES: dict[int, np.dtype] = {
+    0x08: np.dtype(">u1"), 0x09: np.dtype(">i1"), 0x0B: np.dtype(">i2"),
+    0x0C: np.dtype(">i4"), 0x0D: np.dtype(">f4"), 0x0E: np.dtype(">f8")}
 _IDX_MAX_DIMS = 8
 _IDX_MAX_BYTES = 1 << 31  # refuse to allocate more than this for one file (MNIST: 47 MB)
 _GZIP_MAGIC = b"\x1f\x8b"
@@ -264,11 +265,12 @@ def load_mnist(data_dir: str | os.PathLike) -> Dataset:
     data_dir = os.fspath(data_dir)
     if not os.path.isdir(data_dir):
         raise DataError(f"data directory {data_dir} does not exist (or is not a directory)")
-    paths = {role: _find_mnist_file(data_dir, stem) for role, stem in MNIST_FILES.items()}
-    missing = [MNIST_FILES[role] for role, path in paths.items() if path is None]
+    found = {role: _find_mnist_file(data_dir, stem) for role, stem in MNIST_FILES.items()}
+    missing = [MNIST_FILES[role] for role, path in found.items() if path is None]
     if missing:
         raise DataError(f"no MNIST in {data_dir}: missing {', '.join(missing)} (each may be "
                         "gzipped, .gz)")
+    paths = {role: path for role, path in found.items() if path is not None}   # all of them
     arrays = {role: read_idx(path) for role, path in paths.items()}
     for split in ("train", "test"):
         images, labels = arrays[f"{split}_images"], arrays[f"{split}_labels"]

@@ -21,9 +21,12 @@ fall at about the same time and are put together as one point (records.collect).
 from __future__ import annotations
 
 import time
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
+
+if TYPE_CHECKING:
+    import torch
 
 __all__ = ["Loop", "BatchOrder"]
 
@@ -47,7 +50,8 @@ class BatchOrder:
                  batch: int) -> None:
         self._rng, self._samples = rng, samples
         self._steps, self._batch = steps_per_epoch, batch
-        self._epoch, self._perm = -1, None
+        self._epoch = -1
+        self._perm: torch.Tensor | None = None   # this epoch's order
 
     def batch(self, step: int) -> Any:
         import torch
@@ -59,6 +63,8 @@ class BatchOrder:
         while self._epoch < epoch:
             self._perm = torch.from_numpy(self._rng.permutation(self._samples))
             self._epoch += 1
+        if self._perm is None:
+            raise ValueError(f"step {step}: steps count from 0")
         return self._perm[s * self._batch:(s + 1) * self._batch]
 
 

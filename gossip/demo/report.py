@@ -86,8 +86,8 @@ def _consensus(value: float | None) -> str:
 def format_table(rows: list[dict], *, target: float = 0.95, header: str = "") -> str:
     """The table the demo prints, one row per policy."""
     pct = f"{target * 100:g}%"
-    heads = ("policy", "test acc", "avg model", "wall time", f"time to {pct}", "samples/s",
-             "sent/peer", "consensus")
+    heads: tuple[str, ...] = ("policy", "test acc", "avg model", "wall time", f"time to {pct}",
+                              "samples/s", "sent/peer", "consensus")
     killing = any("restart" in r for r in rows)
     if killing:
         heads += ("killed peer: died after step -> back at, after",)

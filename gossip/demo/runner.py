@@ -60,6 +60,8 @@ def load_dataset(options: DemoOptions) -> Dataset:
     """The data set ``options`` name: MNIST from ``data_dir``, or the digits; DataError if it cannot
     be loaded."""
     if options.dataset == "mnist":
+        if options.data_dir is None:   # (DemoOptions asks for one with mnist)
+            raise ValueError("--dataset mnist needs --data-dir")
         return load_mnist(options.data_dir)
     if options.dataset == "shifted-digits":
         return load_shifted_digits()
@@ -249,6 +251,8 @@ def _launch_killing(options: DemoOptions, dataset: Dataset, config: TrainConfig,
     ({"status": "others failed", ...}) if another peer failed."""
     from gossip.testing import SpawnError, SpawnTimeout, spawn_outcomes
 
+    if options.kill is None:
+        raise ValueError("a group under --kill needs options.kill")
     name, victim = config.policies[0], options.kill.rank
     try:
         outcomes = spawn_outcomes(run_peer, n=options.peers,
@@ -286,7 +290,7 @@ def _record(records_dir: str, name: str, options: DemoOptions, fate: dict | None
     killed peer's fate, the step it died after and, if it came back, the step it came back
     at, the seconds from its death to then and the state it took."""
     record = collect(records_dir, name, options.peers)
-    if fate is None:
+    if fate is None or options.kill is None:   # (a fate is a killed peer's)
         return record
     slot = record["slots"].get(options.kill.rank, {})
     killed, joined = slot.get("killed"), slot.get("joined")

@@ -21,7 +21,8 @@ import sys
 import threading
 import time
 from functools import partial
-from typing import IO, Callable
+from types import FrameType
+from typing import IO, Any, Callable, TypeAlias
 
 from collectives.transport.sockets import remove_ipc_files
 from gossip.launch.failure_report import FailureReport
@@ -29,6 +30,8 @@ from gossip.launch.failure_report import FailureReport
 __all__ = ["LocalPeers"]
 
 _FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+# What signal.signal takes and returns: a handler, SIG_DFL or SIG_IGN, or None.
+_Handler: TypeAlias = Callable[[int, FrameType | None], Any] | int | None
 _READER_JOIN_S = 2.0  # a grandchild holding a pipe open must not hold the launcher too
 # Python runs signal handlers in the main thread, but the kernel may deliver a signal to any
 # thread; then the handler waits until the main thread next runs bytecode. Helper threads
@@ -94,9 +97,12 @@ def _pump(src: IO[bytes], dst: IO[str] | None, prefix: bytes, lock: threading.Lo
                 for line in lines:
                     if out is not None:
                         out.write(prefix + line)
-                    else:  # a text-only stream (e.g. replaced in tests)
+                    elif dst is not None:  # a text-only stream (e.g. replaced in tests)
                         dst.write((prefix + line).decode(errors="replace"))
-                (out if out is not None else dst).flush()
+                if out is not None:
+                    out.flush()
+                elif dst is not None:
+                    dst.flush()
             return False
         except (BrokenPipeError, ValueError):
             return True  # our reader went away; peers may still be finishing
@@ -166,10 +172,10 @@ class LocalPeers:
                 for signum, handler in saved.items():
                     signal.signal(signum, handler)
 
-    def _install_handlers(self) -> dict[int, object]:
+    def _install_handlers(self) -> dict[int, _Handler]:
         if threading.current_thread() is not threading.main_thread():
             return {}
-        saved = {}
+        saved: dict[int, _Handler] = {}
         for signum in _FORWARDED:
             if signal.getsignal(signum) is signal.SIG_IGN:
                 continue  # e.g. SIGHUP under nohup: peers inherit the ignore, as they should
@@ -252,7 +258,7 @@ class LocalPeers:
             t.join(max(0.0, deadline - time.monotonic()))
         rank = self.first_rank + local
         exception = self.report.exception_of(rank)
-        if not self.tee[local] & 2:   # its traceback was not shown here: say where it is
+        if not self.tee[local] & 2 and self.log_dir:   # not shown here: say where it is
             where = os.path.join(self.log_dir, f"rank{rank}.stderr")
             exception = f"{exception}; see {where}" if exception else f"see {where}"
         return f" ({exception})" if exception else ""

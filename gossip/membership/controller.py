@@ -314,7 +314,10 @@ class PeerMembership:
     def _join_again(self, exc: LeftOut) -> Switch:
         """The group went on without this live member: join it again, as the next
         incarnation of this name (it takes the state as a restarted peer does)."""
-        doors = [m.door for m in self.view.members if m.name != self.name]
+        view = self.view
+        if view is None:
+            raise RuntimeError(f"{self.name}: left out of a group it never had a view of")
+        doors = [m.door for m in view.members if m.name != self.name]
         log.warning("%s: %s; joining again as incarnation %d", self.name, exc,
                     self.changes.incarnation + 1)
         self.changes.start_over()

@@ -128,12 +128,13 @@ class Prefetch:
         try:
             crc.warm()   # the threads that check the chunks, started while there is time
             step, theirs, manifest = _manifest(peer, donors[0], timeout)
-            if not self._ready.wait(timeout):
+            mine = self._mine if self._ready.wait(timeout) else None   # (set with _ready)
+            if mine is None:
                 raise ProtocolError(f"rank {peer.rank}: no policy attached within "
                                     f"{timeout:g}s to take the running job's state")
             start = time.monotonic()
-            self._mine.check_compatible(theirs, parts=("params",))
-            into = {name: a for name, a in self._mine.arrays.items()
+            mine.check_compatible(theirs, parts=("params",))
+            into = {name: a for name, a in mine.arrays.items()
                     if name.startswith("params/")}
             snapshot = _arrays(peer, donors, timeout, theirs, into, manifest.get("pieces"))
             self.seconds = time.monotonic() - start

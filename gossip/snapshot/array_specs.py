@@ -157,9 +157,9 @@ def spec_of(name: str, x: Any) -> ArraySpec:
 def byte_view(x: Any) -> memoryview:
     """The bytes of a contiguous array as a flat memoryview, no copy (writable if ``x`` is)."""
     if isinstance(x, np.ndarray):
-        return memoryview(x.reshape(-1).view(np.uint8))
+        return x.reshape(-1).view(np.uint8).data
     import torch
-    return memoryview(x.reshape(-1).view(torch.uint8).numpy())
+    return x.reshape(-1).view(torch.uint8).numpy().data
 
 
 def allocate(spec: ArraySpec) -> Any:

@@ -161,7 +161,7 @@ class PendingCrc:
                 value = part.result() if got is None else got
                 crc = value if crc is None else combine(crc, value, len(view))
             self._value = 0 if crc is None else crc
-            self._parts = self._views = self._before = None
+            self._parts, self._views, self._before = [], [], None   # (released)
         return self._value
 
 
@@ -181,20 +181,22 @@ class PendingXxh3:
     hashes the buffer itself if no thread has started on it (the caller's core would
     otherwise wait)."""
 
-    __slots__ = ("_future", "_view", "_value")
+    __slots__ = ("_pending", "_value")
 
     def __init__(self, future: Future, view: memoryview) -> None:
-        self._future, self._view = future, view
-        self._value: int | None = None
+        # The hash in flight and its buffer, until result() has the value (then released).
+        self._pending: tuple[Future, memoryview] | None = (future, view)
+        self._value = 0
 
     def done(self) -> bool:
-        return self._value is not None or self._future.done()
+        return self._pending is None or self._pending[0].done()
 
     def result(self) -> int:
-        if self._value is None:
-            self._value = (xxhash.xxh3_64_intdigest(self._view) if self._future.cancel()
-                           else self._future.result())
-            self._future = self._view = None
+        if self._pending is not None:
+            future, view = self._pending
+            self._value = (xxhash.xxh3_64_intdigest(view) if future.cancel()
+                           else future.result())
+            self._pending = None
         return self._value
 
 

@@ -56,7 +56,7 @@ class Layout:
         cross an array's end, so that reading each one is zero-copy."""
         if isinstance(chunk_bytes, bool) or not isinstance(chunk_bytes, int) or chunk_bytes < 1:
             raise ValueError(f"chunk_bytes must be a positive int, got {chunk_bytes!r}")
-        out = []
+        out: list[tuple[int, int]] = []
         for lo, size in zip(self.offsets, self.sizes):
             out.extend((at, min(chunk_bytes, lo + size - at))
                        for at in range(lo, lo + size, chunk_bytes))

@@ -4,6 +4,7 @@ future DDP's communication hooks chain on."""
 from __future__ import annotations
 
 import datetime
+import functools
 import threading
 from typing import Any, Callable
 
@@ -90,7 +91,7 @@ def joined(works: list[GossipWork], result: Any) -> GossipWork:
     handles = []
     for w in works:
         handle = OurWork("coalesced part")
-        w.get_future().add_done_callback(lambda f, h=handle: _settle(h, f))
+        w.get_future().add_done_callback(functools.partial(_settle, handle))
         handles.append(handle)
     return GossipWork(handles, result)
 

@@ -31,14 +31,19 @@ The state names the gossip Peer: by default the one behind the default process g
 its backend is "gossip" (process_group.py); with another backend, pass
 ``peer=gossip.init(...)`` (a gossip group of its own beside, say, Gloo's).
 """
-from typing import Any, Dict
+from typing import TYPE_CHECKING, Any, Dict
 
 import torch
 import torch.distributed as dist
 
-from collectives.codecs import parse as parse_codec
+from collectives.codecs import CodecSpec, parse as parse_codec
 from gossip.policies.synchronous.outer_optimizer import SGD, resolve_outer_optimizer
 from gossip.torch_backend.c10d_work import GossipWork
+
+# (No postponed annotations in this module: DDP's register_comm_hook compares a hook's
+# annotations with torch's own types.)
+if TYPE_CHECKING:
+    from gossip.peer import Peer
 
 __all__ = ["HookState", "allreduce_hook", "gossip_hook", "diloco_hook", "local_sgd_hook"]
 
@@ -46,9 +51,9 @@ __all__ = ["HookState", "allreduce_hook", "gossip_hook", "diloco_hook", "local_s
 class HookState:
     """What the hooks share: the Peer, the codec, top-k's residuals, the iteration count."""
 
-    def __init__(self, peer: Any = None, *, compression: Any = None,
-                 process_group: Any = None, period: int = 1,
-                 outer_optimizer: Any = None) -> None:
+    def __init__(self, peer: "Peer | None" = None, *, compression: CodecSpec = None,
+                 process_group: dist.ProcessGroup | None = None, period: int = 1,
+                 outer_optimizer: SGD | str | None = None) -> None:
         if peer is None:
             group = process_group if process_group is not None else dist.group.WORLD
             peer = getattr(group, "peer", None)
@@ -122,7 +127,7 @@ def diloco_hook(state: HookState, bucket: dist.GradBucket) -> torch.futures.Futu
     the bucket's parameters (module docstring); the outer optimizer defaults to DiLoCo's."""
     if state.outer is None:
         state.outer = SGD.diloco()
-    return _periodic(state, bucket)
+    return _periodic(state, bucket, state.outer)
 
 
 def local_sgd_hook(state: HookState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
@@ -130,10 +135,10 @@ def local_sgd_hook(state: HookState, bucket: dist.GradBucket) -> torch.futures.F
     set to their average over every rank (an outer SGD of lr 1)."""
     if state.outer is None:
         state.outer = SGD(lr=1.0)
-    return _periodic(state, bucket)
+    return _periodic(state, bucket, state.outer)
 
 
-def _periodic(state: HookState, bucket: Any) -> torch.futures.Future:
+def _periodic(state: HookState, bucket: Any, outer: SGD) -> torch.futures.Future:
     buf = bucket.buffer()
     if state.step == 0:
         # The first iteration allreduces the gradients, as torch's post-local-SGD warm-up:
@@ -155,7 +160,7 @@ def _periodic(state: HookState, bucket: Any) -> torch.futures.Future:
 
     def outer_step() -> None:
         with torch.no_grad():
-            state.outer.step(k, anchor, pseudo)
+            outer.step(k, anchor, pseudo)
             at = 0
             for p in params:
                 m = p.numel()

@@ -55,11 +55,16 @@ def _op_name(op: Any) -> str:
 
 
 class GossipProcessGroup(dist.ProcessGroup):
-    """A c10d process group whose collectives are a gossip Peer's (see the module's text)."""
+    """A c10d process group whose collectives are a gossip Peer's (see the module's text).
+
+    Its methods take what c10d passes a backend, (tensors, options); torch's stub also lists
+    the binding's convenience overloads of ProcessGroup's methods (a single tensor, an op, a
+    timeout), which torch.distributed never calls on a backend: hence the overrides' type
+    ignores."""
 
     def __init__(self, store: Any, rank: int, size: int, timeout: Any,
                  name: str = "") -> None:
-        super().__init__(rank, size)
+        super().__init__(rank, size)  # type: ignore[call-arg]  # the stub lacks (rank, size)
         import gossip   # (gossip imports this module lazily: no cycle at import time)
         seconds = _seconds(timeout)
         job, address = _rendezvous_through(store, rank, name)
@@ -73,18 +78,21 @@ class GossipProcessGroup(dist.ProcessGroup):
     def getBackendName(self) -> str:
         return BACKEND_NAME
 
-    def allreduce(self, tensors: list, opts: Any = None) -> GossipWork:
+    def allreduce(  # type: ignore[override]  # c10d's (tensors, opts): class docstring
+            self, tensors: list, opts: Any = None) -> GossipWork:
         op = _op_name(opts.reduceOp if opts is not None else ReduceOp.SUM)
         return self._each(tensors, lambda t: self._comm.allreduce(t, op, wait=False))
 
     def allreduce_coalesced(self, tensors: list, opts: Any = None) -> GossipWork:
         return self.allreduce(tensors, opts)
 
-    def broadcast(self, tensors: list, opts: Any = None) -> GossipWork:
+    def broadcast(  # type: ignore[override]  # c10d's (tensors, opts): class docstring
+            self, tensors: list, opts: Any = None) -> GossipWork:
         root = opts.rootRank if opts is not None else 0
         return self._each(tensors, lambda t: self._comm.broadcast(t, root, wait=False))
 
-    def allgather(self, outputs: list, inputs: list, opts: Any = None) -> GossipWork:
+    def allgather(  # type: ignore[override]  # c10d's (tensors, opts): class docstring
+            self, outputs: list, inputs: list, opts: Any = None) -> GossipWork:
         """outputs[i]: a list of world-size tensors, each like inputs[i]."""
         if len(outputs) != len(inputs):
             raise ValueError(f"allgather: {len(outputs)} output lists for {len(inputs)} inputs")
@@ -116,14 +124,15 @@ class GossipProcessGroup(dist.ProcessGroup):
         handle = self._comm.allgather(x, out=output, wait=False)
         return GossipWork([handle], [output])
 
-    _allgather_base = all_gather_single
+    _allgather_base = all_gather_single  # type: ignore[assignment]  # c10d's form
 
     def all_gather_single_coalesced(self, outputs: list, inputs: list,
                                     opts: Any = None) -> GossipWork:
         return _joined([self.all_gather_single(o, x, opts) for o, x in zip(outputs, inputs)],
                        outputs)
 
-    def reduce_scatter(self, outputs: list, inputs: list, opts: Any = None) -> GossipWork:
+    def reduce_scatter(  # type: ignore[override]  # c10d's (tensors, opts): class docstring
+            self, outputs: list, inputs: list, opts: Any = None) -> GossipWork:
         """inputs[i]: a list of world-size tensors, inputs[i][j] like rank j's outputs[i]
         (sizes may differ between ranks); this rank gets the reduction of every rank's
         inputs[i][rank]."""
@@ -156,7 +165,7 @@ class GossipProcessGroup(dist.ProcessGroup):
         handle = self._comm.reduce_scatter(flat, op, wait=False)
         return GossipWork([handle], [output], lambda: self._scatter_back([output], [handle]))
 
-    _reduce_scatter_base = reduce_scatter_single
+    _reduce_scatter_base = reduce_scatter_single  # type: ignore[assignment]  # c10d's form
 
     def reduce_scatter_single_coalesced(self, outputs: list, inputs: list,
                                         opts: Any = None) -> GossipWork:
@@ -193,12 +202,14 @@ class GossipProcessGroup(dist.ProcessGroup):
         raise NotImplementedError("the gossip backend receives from a named source only "
                                   "(dist.recv(src=...)): messages are matched per pair, in order")
 
-    def reduce(self, tensors: list, opts: Any = None) -> GossipWork:
+    def reduce(  # type: ignore[override]  # c10d's (tensors, opts): class docstring
+            self, tensors: list, opts: Any = None) -> GossipWork:
         op = _op_name(opts.reduceOp if opts is not None else ReduceOp.SUM)
         root = opts.rootRank if opts is not None else 0
         return self._each(tensors, lambda t: self._comm.reduce(t, root, op, wait=False))
 
-    def gather(self, outputs: list, inputs: list, opts: Any = None) -> GossipWork:
+    def gather(  # type: ignore[override]  # c10d's (tensors, opts): class docstring
+            self, outputs: list, inputs: list, opts: Any = None) -> GossipWork:
         """outputs: [the root's list of world-size tensors] on the root, [] elsewhere."""
         root = opts.rootRank if opts is not None else 0
         x = _one(inputs, "gather")
@@ -215,7 +226,8 @@ class GossipProcessGroup(dist.ProcessGroup):
                 out.copy_(gathered[k])
         return GossipWork([handle], outputs, finish)
 
-    def scatter(self, outputs: list, inputs: list, opts: Any = None) -> GossipWork:
+    def scatter(  # type: ignore[override]  # c10d's (tensors, opts): class docstring
+            self, outputs: list, inputs: list, opts: Any = None) -> GossipWork:
         """inputs: [the root's list of world-size tensors] on the root, [] elsewhere."""
         root = opts.rootRank if opts is not None else 0
         out = _one(outputs, "scatter")
@@ -262,7 +274,7 @@ class GossipProcessGroup(dist.ProcessGroup):
                                      wait=False)
         return GossipWork([handle], [output])
 
-    alltoall_base = all_to_all_single
+    alltoall_base = all_to_all_single  # type: ignore[assignment]  # c10d's form
 
     def shutdown(self) -> None:
         self.close()

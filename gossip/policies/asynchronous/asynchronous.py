@@ -56,12 +56,13 @@ import functools
 import logging
 import threading
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from collectives import Communicator
 from collectives.arrays import adapter_for
+from collectives.codecs import CodecSpec
 from collectives.group import Switch, View
 from gossip.errors import OperationTimeout, PeerLost
 from gossip.peer_channels import PeerChannel
@@ -72,6 +73,9 @@ from gossip.policies.base import (DEFAULT_BUCKET_BYTES, PEER_FAILURES, Backgroun
                                   check_int, check_number)
 from gossip.policies.neighborhood import ONE_PEER_EXPONENTIAL
 from gossip.policies.push_sum import weights_from_state
+
+if TYPE_CHECKING:
+    from topologies import Topology
 
 __all__ = ["Asynchronous"]
 
@@ -154,13 +158,13 @@ class Asynchronous(BackgroundPolicy):
     own_steps = True   # the training loop never waits on a peer: counts drift apart
     worker_name = "asynchronous gossip thread"
 
-    def __init__(self, *, topology: Any = None, max_staleness: int | None = None,
+    def __init__(self, *, topology: Topology | None = None, max_staleness: int | None = None,
                  push_fraction: float = 1 / 4, min_weight: float = 1 / 2,
                  channel: int = PeerChannel.ASYNCHRONOUS, poll_interval: float = 0.25,
                  send_timeout: float | None = None,
                  bucket_bytes: int = DEFAULT_BUCKET_BYTES,
                  timeout: float | None = None, nan_guard: bool = False,
-                 compression: Any = None) -> None:
+                 compression: CodecSpec = None) -> None:
         if compression is not None:
             # Pushes move mass: a lossy codec would break the accounting the weights rely on.
             raise ValueError("Asynchronous does not take compression yet (its pushes carry "
@@ -204,13 +208,14 @@ class Asynchronous(BackgroundPolicy):
         return min(self.timeout, 5.0)
 
     def _setup(self) -> None:
-        nb = len(self._buckets)
+        nb = len(self._packed())
         self._w = [1.0] * nb   # the push-sum weight of each bucket (training thread's)
         # For loops without after_backward(): the parameters as the last after_step left
         # them (the move since then is m - anchor: _fold_in); dropped at after_backward().
-        self._anchor = [adapter_for(b.flat).clone(b.flat) for b in self._buckets]
+        self._anchor: list[Any] | None = [adapter_for(b.flat).clone(b.flat)
+                                          for b in self._packed()]
         self._folded = False     # after_backward() folded the arrivals in this step
-        self._out = [b.new(extra=1) for b in self._buckets]   # the message being pushed
+        self._out = [b.new(extra=1) for b in self._packed()]   # the message being pushed
         self._for_view()   # rotation, communicators, arrivals; the threads start
 
     def _stop_seconds(self) -> float:
@@ -223,15 +228,15 @@ class Asynchronous(BackgroundPolicy):
     # ------------------------------------------------------------------ training loop side
     def _after_backward(self) -> None:
         self._check_worker()
-        self._buckets.copy_in()
+        self._packed().copy_in()
         self._fold_in(moved=False)
-        self._buckets.copy_out()
+        self._packed().copy_out()
         self._folded = True
         self._anchor = None   # not needed while after_backward() folds in
 
     def _after_step(self, step: int) -> None:
         self._check_worker()
-        self._buckets.copy_in()
+        self._packed().copy_in()
         folded, self._folded = self._folded, False
         if not folded:   # a loop without after_backward(): fold in past the move
             self._fold_in(moved=self._anchor is not None)
@@ -243,7 +248,7 @@ class Asynchronous(BackgroundPolicy):
                                            "asynchronous after_step"), stoppable=True)
         if not self._paused:
             self._hand_over(step + 1)
-        self._buckets.copy_out()
+        self._packed().copy_out()
         if not folded:
             self._keep_anchor()
         if self.max_staleness is not None:
@@ -253,9 +258,9 @@ class Asynchronous(BackgroundPolicy):
         """(Loops without after_backward().) The parameters as they are now: the next
         after_step's move is measured from here."""
         if self._anchor is None:
-            self._anchor = [adapter_for(b.flat).clone(b.flat) for b in self._buckets]
+            self._anchor = [adapter_for(b.flat).clone(b.flat) for b in self._packed()]
         else:
-            for b, anchor in zip(self._buckets.buckets, self._anchor):
+            for b, anchor in zip(self._packed().buckets, self._anchor):
                 adapter_for(anchor).copy(anchor, b.flat)
 
     def _fold_in(self, moved: bool) -> None:
@@ -268,12 +273,13 @@ class Asynchronous(BackgroundPolicy):
         the parameters before the move): m <- m + W/(w+W) (A - a), which is the same mix with
         the move d = m - a added back. Either way a step counts fully however much mass is
         in transit, as if the pair had absorbed each message the moment it arrived."""
-        self._arrivals.drain(self._comm, self._sources, self.send_timeout)
-        arrivals = self._arrivals.take()
+        self._inbox().drain(self._comm, self._sources, self.send_timeout)
+        arrivals = self._inbox().take()
         with self._cond:
             returned, self._returned = self._returned, None
             check, self._drained_check = self._drained_check, False
-        for k, b in enumerate(self._buckets.buckets):
+        anchor = self._anchor if moved else None   # a (kept whenever moved)
+        for k, b in enumerate(self._packed().buckets):
             got, weight = arrivals[k] or (None, 0.0)
             if returned is not None and k >= returned:   # a push that did not leave
                 back, back_weight = self._out[k][:-1], float(self._out[k][-1])
@@ -286,9 +292,9 @@ class Asynchronous(BackgroundPolicy):
                 continue
             total = self._w[k] + weight
             adapter = adapter_for(b.flat)
-            if moved:
+            if anchor is not None:
                 adapter.axpy(b.flat, weight / total, got)
-                adapter.axpy(b.flat, -weight / total, self._anchor[k])
+                adapter.axpy(b.flat, -weight / total, anchor[k])
             else:
                 adapter.lerp(b.flat, got, weight / total)
             self._w[k] = total
@@ -296,7 +302,7 @@ class Asynchronous(BackgroundPolicy):
             # Pushes taken for a dead peer went down with it; flow control would wait for
             # ever. w <- 1 changes the survivors' mass, so only then.
             log.warning("rank %d: asynchronous gossip: weight %.3g below min_weight after a "
-                        "drop: restarting the weights", self._peer.rank, min(self._w))
+                        "drop: restarting the weights", self._host().rank, min(self._w))
             self._w = [1.0] * len(self._w)
             self._restarts += 1
         self._lightest = min(self._lightest, min(self._w))
@@ -313,26 +319,26 @@ class Asynchronous(BackgroundPolicy):
                 # Still sending the last one (or what it could not deliver is still in the
                 # send buffer, to be folded back next step): this round is skipped.
                 return
-        alive = functools.partial(self._alive, lost=self._peer.lost_peers())   # read once
+        alive = functools.partial(self._alive, lost=self._host().lost_peers())   # read once
         self._rotation.heal(alive)
         self._rounds += 1
         light = min(self._w) < self.min_weight   # flow control (class docstring)
         dst = None   # (owed() marks the peer answered: asked only when this round pushes)
         if not light:
-            dst = self._rotation.owed(self._arrivals.absorbed_from, alive)
+            dst = self._rotation.owed(self._inbox().absorbed_from, alive)
             if dst is None:
                 dst = self._rotation.next(self._turns, alive)
                 self._turns += 1
         # A change at once under way (a leave): this transport's inboxes are closing, and a
         # push now may reach nobody (the leaver, or a member past its last drain).
-        changing = self._peer.changing_now()
+        changing = self._host().changing_now()
         if dst is None or light or changing:   # alone, too light to push, or changing
             self._held_back += light
             with self._cond:
                 self._mixed_step = included
                 self._cond.notify_all()
             return
-        for k, (b, out) in enumerate(zip(self._buckets, self._out)):
+        for k, (b, out) in enumerate(zip(self._packed(), self._out)):
             w = self._w[k]
             adapter_for(out).copy(out[:-1], b.flat)   # push m with weight f w ...
             out[-1] = w * self.push_fraction
@@ -378,7 +384,7 @@ class Asynchronous(BackgroundPolicy):
     def _receive(self) -> None:
         """The receiver: sleeps until a message from any peer is waiting, then absorbs it."""
         # Its view's (a view change halts it before they are replaced).
-        stop, comm, sources, arrivals = self._stop, self._comm, self._sources, self._arrivals
+        stop, comm, sources, arrivals = self._stop, self._comm, self._sources, self._inbox()
         while not stop.is_set():
             # Dropped and lost sources too: what they sent before dying is mass (a lost
             # source with nothing queued never wakes this thread).
@@ -423,7 +429,7 @@ class Asynchronous(BackgroundPolicy):
                                        "asynchronous quiesce"))
             sent = list(self._sent_to)
         expected = self._pushes_to_absorb(sent, timeout)
-        absorbed = self._arrivals.absorbed_from
+        absorbed = self._inbox().absorbed_from
         with self._cond:
             self._wait_locked(
                 lambda: all(absorbed[j] >= count for j, count in expected.items()),
@@ -432,9 +438,9 @@ class Asynchronous(BackgroundPolicy):
                          f"{list(expected.values())} messages ranks {list(expected)} pushed "
                          "to it", "asynchronous quiesce"))
         # Fold the absorbed mass into the parameters (no move since the last step).
-        self._buckets.copy_in()
+        self._packed().copy_in()
         self._fold_in(moved=False)
-        self._buckets.copy_out()
+        self._packed().copy_out()
         if self._anchor is not None:
             self._keep_anchor()
 
@@ -455,7 +461,7 @@ class Asynchronous(BackgroundPolicy):
         outstanding there would meet them. A peer lost meanwhile is left out and dropped
         (the failure rule); a live one too slow to answer raises OperationTimeout, as any
         collective."""
-        peer, comm = self._peer, self._counts
+        peer, comm = self._host(), self._counts
         if partners is None:
             lost = peer.lost_peers()
             live = [j for j in range(peer.world_size) if j != peer.rank and j not in lost]
@@ -479,16 +485,16 @@ class Asynchronous(BackgroundPolicy):
     def _for_view(self) -> None:
         """(Attach, and after each view change.) What depends on the view's ranks and size;
         then start the threads."""
-        n, rank = self._peer.world_size, self._peer.rank
-        self._members = self._peer.view
-        self._rotation = Rotation(self._topology, rank)   # one push per round, in turn
+        n, rank = self._host().world_size, self._host().rank
+        self._members = self._host().view
+        self._rotation = Rotation(self._graph(), rank)   # one push per round, in turn
         # Every other peer: a healed graph sends from peers that were not in-neighbours.
         self._sources = [j for j in range(n) if j != rank]
         self._sent_to = [0] * n
-        self._comm = self._peer.channel(self._channel_number)
-        self._counts = self._peer.channel(self._channel_number + 1)   # quiesce()'s
+        self._comm = self._host().channel(self._channel_number)
+        self._counts = self._host().channel(self._channel_number + 1)   # quiesce()'s
         if self._arrivals is None:
-            self._arrivals = Arrivals(self._buckets, rank=rank, world_size=n, cond=self._cond)
+            self._arrivals = Arrivals(self._packed(), rank=rank, world_size=n, cond=self._cond)
         else:
             self._arrivals.renumber(rank, n)
         self._start(self._run, "gossip-async")
@@ -500,7 +506,7 @@ class Asynchronous(BackgroundPolicy):
         self._settle(switch)
         # Everything up to now is in what this member holds: max_staleness counts from here.
         self._mixed_step = int(switch.step)
-        old, new = self._peer.world_size, len(switch.view)
+        old, new = self._host().world_size, len(switch.view)
         if new != old:
             self._w = [w * (new / old) for w in self._w]
         if switch.transport.rank == switch.source and switch.receivers:
@@ -532,11 +538,11 @@ class Asynchronous(BackgroundPolicy):
     def _continuing(self, switch: Switch) -> list[int]:
         """Ranks, in the old view, of the other members that go on in ``switch``'s view as
         themselves (same name and incarnation)."""
-        old, new, me = self._members, switch.view, self._peer.rank
+        old, new, me = self._members, switch.view, self._host().rank
         if old is None:
             return []
         out = []
-        for r, m in enumerate(old.members[:self._peer.world_size]):
+        for r, m in enumerate(old.members[:self._host().world_size]):
             j = new.rank_of(m.name)
             if r != me and j is not None and new.member(j).incarnation == m.incarnation:
                 out.append(r)
@@ -555,7 +561,7 @@ class Asynchronous(BackgroundPolicy):
         if partners and not switch.at_once:
             try:
                 expected = self._pushes_to_absorb(sent, self.timeout, partners)
-                absorbed = self._arrivals.absorbed_from
+                absorbed = self._inbox().absorbed_from
                 with self._cond:
                     self._wait_locked(
                         lambda: all(absorbed[j] >= c for j, c in expected.items()),
@@ -565,9 +571,9 @@ class Asynchronous(BackgroundPolicy):
                                  f"{list(expected)} sent it", "asynchronous view change"))
             except (OperationTimeout, RuntimeError) as exc:
                 log.warning("rank %d: %s: the pushes in flight did not all arrive before "
-                            "view %d (%s): what did not is lost", self._peer.rank, self.name,
+                            "view %d (%s): what did not is lost", self._host().rank, self.name,
                             switch.view.number, exc)
-        gone = [r for r in range(self._peer.world_size) if r != self._peer.rank
+        gone = [r for r in range(self._host().world_size) if r != self._host().rank
                 and r not in partners and self._members is not None]
         for r in gone:
             self._drop(r, f"not in view {switch.view.number} as itself")
@@ -577,12 +583,12 @@ class Asynchronous(BackgroundPolicy):
         self._halt()
         for src in self._sources:   # what is queued still (from a leaver, the dead, ...)
             try:
-                self._arrivals.absorb_from(self._comm, src, self.send_timeout)
+                self._inbox().absorb_from(self._comm, src, self.send_timeout)
             except PEER_FAILURES:
                 pass   # lost with nothing queued, or the inbox closed by a change at once
-        self._buckets.copy_in()
+        self._packed().copy_in()
         self._fold_in(moved=False)   # at a boundary: the parameters are the anchor
-        self._buckets.copy_out()
+        self._packed().copy_out()
         if self._anchor is not None:
             self._keep_anchor()
 
@@ -599,10 +605,10 @@ class Asynchronous(BackgroundPolicy):
         if self._anchor is not None:
             # From the user's arrays, not via copy_in: a joiner's buckets hold the state
             # just received, and its arrays get it only in took_state.
-            if self._buckets.kind == "numpy":
-                for b, anchor in zip(self._buckets.buckets, self._anchor):
+            if self._packed().kind == "numpy":
+                for b, anchor in zip(self._packed().buckets, self._anchor):
                     for s in b.placements:
-                        np.copyto(b.view(s, anchor), self._buckets.params[s.index])
+                        np.copyto(b.view(s, anchor), self._packed().params[s.index])
             else:
                 self._keep_anchor()   # (torch: the parameters are the buckets)
 
@@ -629,14 +635,20 @@ class Asynchronous(BackgroundPolicy):
         if self._anchor is not None:
             self._keep_anchor()
 
+    def _inbox(self) -> Arrivals:
+        """What arrived from the other peers (made at attach, renumbered at a view change)."""
+        if self._arrivals is None:
+            raise RuntimeError(f"{self.name}: call attach(peer, params) first")
+        return self._arrivals
+
     def _extra_stats(self) -> dict:
         return {"background_rounds": self._rounds, "pushes_held_back": self._held_back,
-                "messages_absorbed": self._arrivals.absorbed, "lightest_weight": self._lightest,
+                "messages_absorbed": self._inbox().absorbed, "lightest_weight": self._lightest,
                 "min_weight": self.min_weight, "background_seconds": self._background_seconds,
                 "staleness_waits": self._staleness_waits, "weights_restarted": self._restarts,
                 "receiver_wakeups": self._receiver_wakeups,
                 "messages_sent_to": list(self._sent_to),   # (in this view)
-                "messages_absorbed_from": list(self._arrivals.absorbed_from),
+                "messages_absorbed_from": list(self._inbox().absorbed_from),
                 "dropped_peers": sorted(self._dropped), "rotation": list(self._rotation.ranks),
                 "healed_around": sorted(self._rotation.healed),
                 "weights": self.weights, "topology": repr(self.topology)}

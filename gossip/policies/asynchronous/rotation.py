@@ -4,7 +4,10 @@ answer owed to a peer that pushed here (push-pull: it goes first)."""
 from __future__ import annotations
 
 import logging
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Callable
+
+if TYPE_CHECKING:
+    from topologies import Topology
 
 __all__ = ["Rotation"]
 
@@ -16,7 +19,7 @@ class Rotation:
     schedule's phases become successive turns). No agreement is needed to heal: every peer
     absorbs pushes from any peer, not only from its in-neighbours."""
 
-    def __init__(self, topology: Any, rank: int) -> None:
+    def __init__(self, topology: Topology, rank: int) -> None:
         self._topology = topology
         self._rank = rank
         self._phases = getattr(topology, "period", 1)

@@ -4,9 +4,19 @@ A bad value is a ValueError naming the argument, what it must be and what it got
 from __future__ import annotations
 
 import math
-from typing import Callable
+from typing import Callable, Literal, overload
 
 __all__ = ["check_int", "check_number"]
+
+
+@overload
+def check_int(name: str, value: object, low: int = 1, *, optional: Literal[False] = False,
+              note: str = "") -> int: ...
+
+
+@overload
+def check_int(name: str, value: object, low: int = 1, *, optional: bool,
+              note: str = "") -> int | None: ...
 
 
 def check_int(name: str, value: object, low: int = 1, *, optional: bool = False,
@@ -18,6 +28,16 @@ def check_int(name: str, value: object, low: int = 1, *, optional: bool = False,
         raise ValueError(f"{name} must be {'None or ' if optional else ''}an int >= {low}"
                          f"{note}, got {value!r}")
     return value
+
+
+@overload
+def check_number(name: str, value: object, within: Callable[[float], bool], what: str, *,
+                 optional: Literal[False] = False, note: str = "") -> float: ...
+
+
+@overload
+def check_number(name: str, value: object, within: Callable[[float], bool], what: str, *,
+                 optional: bool, note: str = "") -> float | None: ...
 
 
 def check_number(name: str, value: object, within: Callable[[float], bool], what: str, *,

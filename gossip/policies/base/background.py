@@ -21,9 +21,10 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import Any, Callable, ClassVar
+from typing import Callable, ClassVar
 
 from collectives import Communicator
+from collectives.codecs import CodecSpec
 from gossip.errors import OperationTimeout
 from gossip.policies.base.arguments import check_int, check_number
 from gossip.policies.base.buckets import DEFAULT_BUCKET_BYTES
@@ -45,7 +46,7 @@ class BackgroundPolicy(Policy):
 
     def __init__(self, *, channel: int, poll_interval: float,
                  bucket_bytes: int = DEFAULT_BUCKET_BYTES, timeout: float | None = None,
-                 nan_guard: bool = False, compression: Any = None) -> None:
+                 nan_guard: bool = False, compression: CodecSpec = None) -> None:
         super().__init__(bucket_bytes=bucket_bytes, timeout=timeout, nan_guard=nan_guard,
                          compression=compression)
         check_int("channel", channel, note=" (0 is the peer's own)")
@@ -63,7 +64,7 @@ class BackgroundPolicy(Policy):
         """Run ``body`` in a daemon thread named ``name``-r<rank>; its exception, unless the
         policy is stopping, is handed to the training thread."""
         thread = threading.Thread(target=self._guarded, args=(body, self._stop), daemon=True,
-                                  name=f"{name}-r{self._peer.rank}")
+                                  name=f"{name}-r{self._host().rank}")
         self._threads.append(thread)
         thread.start()
 
@@ -72,7 +73,7 @@ class BackgroundPolicy(Policy):
             body()
         except BaseException as exc:  # handed to the training loop at its next step
             if not stop.is_set():   # (its own generation's flag: see _halt)
-                log.exception("rank %d: %s failed", self._peer.rank, self.worker_name)
+                log.exception("rank %d: %s failed", self._host().rank, self.worker_name)
                 self._error = exc
                 with self._cond:
                     self._cond.notify_all()
@@ -102,14 +103,14 @@ class BackgroundPolicy(Policy):
         for thread in self._threads:
             thread.join(max(0.0, end - time.monotonic()))
             if thread.is_alive():
-                log.warning("rank %d: %s %s still running after %s", self._peer.rank,
+                log.warning("rank %d: %s %s still running after %s", self._host().rank,
                             self.worker_name, thread.name, after)
 
     # ------------------------------------------------------------------ error hand-off
     def _check_worker(self) -> None:
         """(Training thread.) Raise what a thread failed with, as RuntimeError from it."""
         if self._error is not None:
-            raise RuntimeError(f"rank {self._peer.rank}: the {self.worker_name} failed: "
+            raise RuntimeError(f"rank {self._host().rank}: the {self.worker_name} failed: "
                                f"{self._error!r}") from self._error
 
     def _wait_locked(self, done: Callable[[], bool], timeout: float, slice_s: float,
@@ -121,12 +122,12 @@ class BackgroundPolicy(Policy):
         deadline = time.monotonic() + timeout
         while not done():
             if self._error is not None or (stoppable and self._stop.is_set()):
-                raise RuntimeError(f"rank {self._peer.rank}: the {self.worker_name} stopped: "
+                raise RuntimeError(f"rank {self._host().rank}: the {self.worker_name} stopped: "
                                    f"{self._error!r}") from self._error
             left = deadline - time.monotonic()
             if left <= 0:
                 message, operation = what()
-                raise OperationTimeout(f"rank {self._peer.rank}: {self.name}: {message} "
+                raise OperationTimeout(f"rank {self._host().rank}: {self.name}: {message} "
                                        f"within {timeout:g}s", operation=operation)
             self._cond.wait(min(left, slice_s))
 
@@ -139,7 +140,7 @@ class BackgroundPolicy(Policy):
         reason = lost.get(rank)
         if reason is not None:
             if self._drop(rank, reason):
-                log.info("rank %d: %s drops rank %d: %s", self._peer.rank, self.name, rank,
+                log.info("rank %d: %s drops rank %d: %s", self._host().rank, self.name, rank,
                          reason)
             return False
         return True
@@ -161,7 +162,7 @@ class BackgroundPolicy(Policy):
             super()._exchange_failed(what, exc, rank)
             return
         self._drop(rank, str(exc))
-        log.warning("rank %d: %s drops rank %d (%s failed): %s", self._peer.rank, self.name,
+        log.warning("rank %d: %s drops rank %d (%s failed): %s", self._host().rank, self.name,
                     rank, what, exc)
 
     @property
@@ -174,11 +175,11 @@ class BackgroundPolicy(Policy):
         """(A thread.) Sleep until a message from one of ``live`` waits and return its
         source; None after poll_interval (a plain sleep when there is no one to wait for or
         the peer is closed)."""
-        if not live or self._peer.closed:
+        if not live or self._host().closed:
             self._stop.wait(self._poll)
             return None
         src = comm.wait_any(live, self._poll)
-        if src is None and self._peer.transport.interrupted:
+        if src is None and self._host().transport.interrupted:
             # A view change at once closed the inbox (its queued messages still come out):
             # wait_any no longer sleeps, so sleep here until this member reaches its boundary.
             self._stop.wait(self._poll)

@@ -144,9 +144,10 @@ class BucketSet:
         return ("torch", str(p.dtype), str(p.device))
 
     def _pack(self, bucket_bytes: int, first_bucket_bytes: int) -> list[Bucket]:
-        order = range(len(self.params))
+        order: Iterable[int] = range(len(self.params))
         if self.gradients:
-            order = reversed(order)  # backward produces the last layers' gradients first
+            # backward produces the last layers' gradients first
+            order = reversed(range(len(self.params)))
         open_: dict[tuple, list[Placement]] = {}
         closed: list[list[Placement]] = []
         sizes: dict[tuple, int] = {}

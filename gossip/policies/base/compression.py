@@ -15,6 +15,7 @@ import numpy as np
 
 from collectives.arrays import adapter_for
 from collectives.codecs import Codec, parse, zeros_float32
+from collectives.codecs import CodecSpec
 
 __all__ = ["Compression"]
 
@@ -22,7 +23,7 @@ __all__ = ["Compression"]
 class Compression:
     """The codec of one policy and its residuals (None codec: every method is a no-op)."""
 
-    def __init__(self, compression: Any) -> None:
+    def __init__(self, compression: CodecSpec) -> None:
         self.codec: Codec | None = parse(compression)
         self._residuals: dict[int, Any] = {}
 

@@ -23,25 +23,44 @@ from __future__ import annotations
 import abc
 import logging
 import math
-from typing import Any, ClassVar, ContextManager
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, ClassVar, ContextManager, Protocol, TypeVar
 
 import numpy as np
 
 from collectives import defaults
+from collectives.arrays import Array
+from collectives.codecs import Codec, CodecSpec
 from collectives.group import Switch
 from gossip.errors import ExchangeIncomplete, PeerLost, ViewChanging
 from gossip.policies.base.arguments import check_int, check_number
 from gossip.policies.base.buckets import DEFAULT_BUCKET_BYTES, BucketSet
 from gossip.policies.base.clock import PolicyClock
 from gossip.policies.base.compression import Compression
-from gossip.policies.base.policy_host import PolicyHost
 from gossip.policies.base.failures import PEER_FAILURES, Attempt, tolerate
 from gossip.policies.base.nan_guard import NanGuard
+from gossip.policies.base.policy_host import PolicyHost
 from gossip.policies.neighborhood import resize_topology, resolve_topology
 
-__all__ = ["Policy"]
+if TYPE_CHECKING:
+    import torch
+
+    from topologies import Topology
+
+__all__ = ["Policy", "ParameterSource"]
 
 log = logging.getLogger("gossip")
+
+_P = TypeVar("_P", bound="Policy")   # attach() returns the policy as its own class
+
+
+class ParameterSource(Protocol):
+    """What ``Policy.attach`` takes besides a list of arrays: an object whose
+    ``parameters()`` are the arrays (a torch.nn.Module)."""
+
+    def parameters(self) -> Iterable[Array]:
+        """The parameters, in a fixed order."""
+        ...
 
 
 class Policy(abc.ABC):
@@ -122,21 +141,32 @@ class Policy(abc.ABC):
     #: Whether the policy follows a view change (a join, a restart, an elastic recovery).
     #: Those that do not yet make the group refuse joiners while they are attached.
     follows_view_changes: ClassVar[bool] = True
-    #: Whether ``peer.leave()`` must be planned at a step boundary the group agrees on, the
-    #: leaver taking rounds until then and handing its state to a member there (push-sum's
-    #: mass); False: the leave takes effect at once (collectives/group/changes.py).
-    hands_off_at_leave: ClassVar[bool] = False
-    #: Whether part of the state is the same bytes on every member although the models are
-    #: each their own (elastic averaging's replicated centre, local SGD's last average): after
-    #: a recovery a member behind the source's step count takes the source's state, as
-    #: identical replicas do. A member behind is one whose collective failed where the
-    #: others' completed (its last send to it was lost with the dead peer): going on from its
-    #: own state would leave it out of a round the others counted it in.
-    shared_state: ClassVar[bool] = False
+
+    # (Read-only properties, so that a policy may answer per instance: elastic averaging's
+    # depend on its centre; a subclass answering for all its instances sets a class
+    # attribute.)
+    @property
+    def hands_off_at_leave(self) -> bool:
+        """Whether ``peer.leave()`` must be planned at a step boundary the group agrees on,
+        the leaver taking rounds until then and handing its state to a member there
+        (push-sum's mass); False: the leave takes effect at once
+        (collectives/group/changes.py)."""
+        return False
+
+    @property
+    def shared_state(self) -> bool:
+        """Whether part of the state is the same bytes on every member although the models
+        are each their own (elastic averaging's replicated centre, local SGD's last
+        average): after a recovery a member behind the source's step count takes the
+        source's state, as identical replicas do. A member behind is one whose collective
+        failed where the others' completed (its last send to it was lost with the dead
+        peer): going on from its own state would leave it out of a round the others counted
+        it in."""
+        return False
 
     def __init__(self, *, bucket_bytes: int = DEFAULT_BUCKET_BYTES,
                  timeout: float | None = None, nan_guard: bool = False,
-                 compression: Any = None) -> None:
+                 compression: CodecSpec = None) -> None:
         self._bucket_bytes = check_int("bucket_bytes", bucket_bytes)
         self._compression = Compression(compression)
         self._timeout_arg = check_number("timeout", timeout, lambda t: t > 0,
@@ -151,8 +181,8 @@ class Policy(abc.ABC):
         self._codec0: dict[str, int] = {}
         self.nan_guard = bool(nan_guard)
         self._guard: NanGuard | None = None
-        self._topology_arg: Any = None   # graph policies: the topology= argument
-        self._topology: Any = None       # ... resolved at attach (default_topology)
+        self._topology_arg: Topology | None = None   # graph policies: the topology= argument
+        self._topology: Topology | None = None       # ... resolved at attach (default_topology)
         self._rounds_skipped = 0         # exchanges abandoned by the failure rule
         self._rounds_partial = 0         # exchanges completed without a lost peer (push-sum)
         self._recovered = False          # after_backward's step was taken over by a recovery
@@ -162,10 +192,10 @@ class Policy(abc.ABC):
         #: The torch optimizer whose state travels with the policy's when a member takes
         #: another's state (DistributedOptimizer sets it): a joiner's momentum must be the
         #: replicas', or its steps would differ. None: the parameters and the policy only.
-        self.transfer_optimizer: Any = None
+        self.transfer_optimizer: torch.optim.Optimizer | None = None
 
     # ------------------------------------------------------------------ lifetime
-    def attach(self, peer: PolicyHost, params: Any) -> "Policy":
+    def attach(self: _P, peer: PolicyHost, params: Iterable[Array] | ParameterSource) -> _P:
         """Pack ``params`` into buckets and get ready to communicate with ``peer``'s group;
         returns the policy. Every peer must attach together (some policies communicate
         here: Synchronous broadcasts rank 0's parameters, ElasticAveraging averages the
@@ -180,6 +210,9 @@ class Policy(abc.ABC):
                                 f"{type(peer).__name__}")
         if hasattr(params, "parameters") and callable(params.parameters):
             params = list(params.parameters())  # a torch module
+        if not isinstance(params, Iterable):
+            raise TypeError(f"params must be arrays or tensors, or a torch module, got "
+                            f"{type(params).__name__}")
         buckets = BucketSet(params, bucket_bytes=self._bucket_bytes,
                             first_bucket_bytes=self._first_bucket_bytes,
                             gradients=self.uses_gradients)
@@ -230,10 +263,10 @@ class Policy(abc.ABC):
     def _shutdown(self) -> None:
         """Subclasses stop their threads and remove their hooks here."""
 
-    def __enter__(self) -> "Policy":
+    def __enter__(self: _P) -> _P:
         return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
     # ------------------------------------------------------------------ the step
@@ -250,8 +283,8 @@ class Policy(abc.ABC):
                 self._recover(exc, pending=False)
                 self._recovered = True
                 return
-            if self.nan_guard and not self._guard.gradients_finite():
-                self._guard.skip("gradients")
+            if self.nan_guard and not self._nan_guard().gradients_finite():
+                self._nan_guard().skip("gradients")
 
     @property
     def skip_update(self) -> bool:
@@ -279,7 +312,7 @@ class Policy(abc.ABC):
                 if not self._owed:   # begun again: the optimizer step was skipped
                     return
             else:
-                self._buckets.check_bound()
+                self._packed().check_bound()
                 if self.nan_guard and not self._guard_after_communication:
                     self._guard_parameters()   # before anything is sent
             self._communicate()
@@ -300,10 +333,10 @@ class Policy(abc.ABC):
             if self.nan_guard:
                 if self._guard_after_communication:
                     self._guard_parameters()
-                self._guard.keep()
-            self._guard.skip_update = False
+                self._nan_guard().keep()
+            self._nan_guard().skip_update = False
             self._step += 1
-            if self._peer.at_boundary(self, self._step):
+            if self._host().at_boundary(self, self._step):
                 self._check_min_peers()
                 if self._owed:   # it took a state holding the source's update of this step
                     continue
@@ -327,9 +360,35 @@ class Policy(abc.ABC):
         if self._closed:
             raise RuntimeError(f"{self.name}: the policy was closed")
 
+    def _host(self) -> PolicyHost:
+        """The peer the policy is attached to, for what runs attached (a step, a round, a
+        view change's hook); RuntimeError before attach."""
+        if self._peer is None:
+            raise RuntimeError(f"{self.name}: call attach(peer, params) first")
+        return self._peer
+
+    def _packed(self) -> BucketSet:
+        """The buckets the parameters were packed into at attach; RuntimeError before."""
+        if self._buckets is None:
+            raise RuntimeError(f"{self.name}: call attach(peer, params) first")
+        return self._buckets
+
+    def _graph(self) -> Topology:
+        """The graph a graph policy runs on, resolved at attach (default_topology);
+        RuntimeError before, or for a policy on no graph."""
+        if self._topology is None:
+            raise RuntimeError(f"{self.name}: no graph (before attach, or a policy on none)")
+        return self._topology
+
+    def _nan_guard(self) -> NanGuard:
+        """The nan guard made at attach (it watches the buckets); RuntimeError before."""
+        if self._guard is None:
+            raise RuntimeError(f"{self.name}: call attach(peer, params) first")
+        return self._guard
+
     # ------------------------------------------------------------------ nan guard
     def _guard_parameters(self) -> None:
-        if self._guard.restore_if_not_finite():
+        if self._nan_guard().restore_if_not_finite():
             self._restored()
 
     def _restored(self) -> None:
@@ -353,23 +412,23 @@ class Policy(abc.ABC):
         push-sum) completed over the peers that took part: it is counted, not skipped."""
         if isinstance(exc, ExchangeIncomplete):
             self._rounds_partial += 1
-            log.warning("rank %d: %s %s completed without rank(s) %s: %s", self._peer.rank,
+            log.warning("rank %d: %s %s completed without rank(s) %s: %s", self._host().rank,
                         self.name, what, sorted(exc.missing), exc)
             return
         self._rounds_skipped += 1
-        log.warning("rank %d: %s %s skipped: %s", self._peer.rank, self.name, what, exc)
+        log.warning("rank %d: %s %s skipped: %s", self._host().rank, self.name, what, exc)
 
     # ------------------------------------------------------------------ observability
     def stats(self, consensus: bool = False) -> dict:
         """Counters of this peer's policy. ``consensus=True`` also measures the consensus
         distance, which is a collective: every peer must call it together."""
         self._check_ready()
-        counters = self._peer.stats()
+        counters = self._host().stats()
         sent = counters["bytes_sent"] - self._bytes0
         comm, compute = self._clock.comm_seconds, self._clock.compute_seconds
         out = {
             "policy": self.name,
-            "rank": self._peer.rank,
+            "rank": self._host().rank,
             "steps": self._step,
             "bytes_sent": sent,
             "messages_sent": counters["messages_sent"] - self._messages0,
@@ -377,9 +436,9 @@ class Policy(abc.ABC):
             "comm_seconds": comm,
             "compute_seconds": compute,
             "comm_fraction": comm / (comm + compute) if comm + compute > 0 else 0.0,
-            "parameters_bytes": self._buckets.nbytes,
-            "lost_peers": sorted(self._peer.lost_peers()),
-            "skipped_steps": self._guard.skipped_steps,
+            "parameters_bytes": self._packed().nbytes,
+            "lost_peers": sorted(self._host().lost_peers()),
+            "skipped_steps": self._nan_guard().skipped_steps,
         }
         out.update(self._compression.stats())
         codec = counters.get("codec")
@@ -401,8 +460,8 @@ class Policy(abc.ABC):
     def _consensus_buffers(self) -> list:
         """The flat buffers whose disagreement consensus_distance() measures: the
         parameters the model uses (de-biased ones, for push-sum)."""
-        self._buckets.copy_in()
-        return [b.flat for b in self._buckets]
+        self._packed().copy_in()
+        return [b.flat for b in self._packed()]
 
     def consensus_distance(self) -> float:
         """||x_i - mean_j x_j|| (over every parameter) averaged over the peers, by
@@ -410,7 +469,7 @@ class Policy(abc.ABC):
         the same point. Allocates a float64 copy of the parameters (a diagnostic, not a
         step)."""
         self._check_ready()
-        peer, timeout = self._peer, self.timeout
+        peer, timeout = self._host(), self.timeout
         total = 0.0
         for flat in self._consensus_buffers():
             # In float64: a float32 mean rounds, and identical replicas would read as apart.
@@ -467,22 +526,22 @@ class Policy(abc.ABC):
         resume_at (called by the view change) says whether the step is owed."""
         # A change under way (a leave, a recovery at once), known here or heard of from a
         # member that it ended (ViewChanging: that member's notice came first).
-        changing = self._peer.changing_now() or isinstance(exc, ViewChanging)
+        changing = self._host().changing_now() or isinstance(exc, ViewChanging)
         if not self.elastic and not changing:
             raise exc   # a failure of the group; a planned change (a leave) any policy takes
         log.warning("rank %d: %s lost a peer in step %d (%s): re-forming the group",
-                    self._peer.rank, self.name, self._step, exc)
-        self._step = self._peer.recover(self, self._step, pending)
-        if self._peer.world_size < self.min_peers:
-            raise PeerLost(f"rank {self._peer.rank}: {self.name}: {self._peer.world_size} "
+                    self._host().rank, self.name, self._step, exc)
+        self._step = self._host().recover(self, self._step, pending)
+        if self._host().world_size < self.min_peers:
+            raise PeerLost(f"rank {self._host().rank}: {self.name}: {self._host().world_size} "
                            f"members left, fewer than min_peers={self.min_peers}") from exc
 
     def _check_min_peers(self) -> None:
         """After a view change taken at a step boundary (not in _recover: a member that was
         not in a collective when a peer died hears of the recovery there): fewer members than
         ``min_peers`` is PeerLost, as in _recover."""
-        if self.elastic and self._peer.world_size < self.min_peers:
-            raise PeerLost(f"rank {self._peer.rank}: {self.name}: {self._peer.world_size} "
+        if self.elastic and self._host().world_size < self.min_peers:
+            raise PeerLost(f"rank {self._host().rank}: {self.name}: {self._host().world_size} "
                            f"members left, fewer than min_peers={self.min_peers}")
 
     def max_drift(self) -> int | None:
@@ -500,18 +559,18 @@ class Policy(abc.ABC):
         """The group's view changed (the peer has its new transport and topology): graph
         policies follow the topology; policies with per-peer state override this."""
         if self.default_topology is not None:
-            self._topology = resize_topology(self._topology, self._peer.world_size)
+            self._topology = resize_topology(self._graph(), self._host().world_size)
 
     def took_state(self, step: int) -> None:
         """The source's state was loaded into the buckets (gossip/membership/state_transfer.py):
         push it to the user's arrays and go on from ``step``."""
-        self._buckets.copy_out()
+        self._packed().copy_out()
         self._step = int(step)
         # A residual is what its peer has not sent yet: taken over from the source, the
         # source's unsent error would reach the average twice. This peer starts without.
         self._compression.forget_residuals()
         if self.nan_guard:
-            self._guard.keep()
+            self._nan_guard().keep()
 
     def state_sent(self) -> None:
         """This member (the switch's source) sent its state to the receivers."""
@@ -536,7 +595,7 @@ class Policy(abc.ABC):
 
     # ------------------------------------------------------------------ attributes
     @property
-    def compression(self) -> Any:
+    def compression(self) -> Codec | None:
         """The policy's codec (a collectives.codecs.Codec), None without one."""
         return self._compression.codec
 
@@ -546,7 +605,7 @@ class Policy(abc.ABC):
         return self._peer
 
     @property
-    def topology(self) -> Any:
+    def topology(self) -> Topology | None:
         """The graph the policy runs on: after attach the resolved one (default_topology
         when none was given), before it the ``topology`` argument; None for policies on no
         graph."""
@@ -557,14 +616,14 @@ class Policy(abc.ABC):
         """The packed parameters (numpy: refreshed from the user's arrays only around a
         communication)."""
         self._check_ready()
-        return self._buckets
+        return self._packed()
 
     @property
     def arrays(self) -> list:
         """The parameters as attached (torch: now views of the buckets; numpy: the user's own
         arrays, which the policy updates in place)."""
         self._check_ready()
-        return list(self._buckets.params)
+        return list(self._packed().params)
 
     @property
     def step(self) -> int:

@@ -9,10 +9,12 @@ MembershipParticipant).
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol, overload
 
 if TYPE_CHECKING:
-    from collectives import Communicator, NeighborPlan, Transport
+    from collectives import Communicator, NeighborPlan, Transport, Work
+    from collectives.arrays import Array
+    from collectives.codecs import CodecSpec
     from collectives.group import View
     from gossip.membership.contracts import MembershipParticipant
     from topologies import Topology
@@ -68,22 +70,65 @@ class PolicyHost(Protocol):
     def channel(self, number: int) -> Communicator:
         """An independent communicator for ``number`` (gossip/peer_channels.py's registry)."""
 
-    def allreduce(self, x: Any, op: str = "sum", *, wait: bool = True,
+    # (Each call returns its result, or with wait=False a Work whose result it is: Peer's.)
+    @overload
+    def allreduce(self, x: Array, op: str = "sum", *, wait: Literal[True] = True,
                   timeout: float | None = None, algorithm: str = "auto",
-                  compression: Any = None, residual: Any = None) -> Any:
+                  compression: CodecSpec = None, residual: Array | None = None) -> Array: ...
+
+    @overload
+    def allreduce(self, x: Array, op: str = "sum", *, wait: Literal[False],
+                  timeout: float | None = None, algorithm: str = "auto",
+                  compression: CodecSpec = None, residual: Array | None = None) -> Work: ...
+
+    def allreduce(self, x: Array, op: str = "sum", *, wait: bool = True,
+                  timeout: float | None = None, algorithm: str = "auto",
+                  compression: CodecSpec = None,
+                  residual: Array | None = None) -> Array | Work:
         """Reduce ``x`` over every member in place (a Work handle with ``wait=False``)."""
 
-    def allgather(self, x: Any, *, out: Any = None, variable: bool = False, wait: bool = True,
-                  timeout: float | None = None) -> Any:
+    @overload
+    def allgather(self, x: Array, *, out: Array | None = None, variable: Literal[False] = False,
+                  wait: Literal[True] = True, timeout: float | None = None) -> Array: ...
+
+    @overload
+    def allgather(self, x: Array, *, out: Array | None = None, variable: Literal[True],
+                  wait: Literal[True] = True, timeout: float | None = None) -> list[Array]: ...
+
+    @overload
+    def allgather(self, x: Array, *, out: Array | None = None, variable: bool = False,
+                  wait: Literal[False], timeout: float | None = None) -> Work: ...
+
+    def allgather(self, x: Array, *, out: Array | None = None, variable: bool = False,
+                  wait: bool = True, timeout: float | None = None
+                  ) -> Array | list[Array] | Work:
         """Every member's ``x`` in rank order (``variable=True``: sizes may differ)."""
 
-    def broadcast(self, x: Any, root: int = 0, *, wait: bool = True,
-                  timeout: float | None = None) -> Any:
+    @overload
+    def broadcast(self, x: Array, root: int = 0, *, wait: Literal[True] = True,
+                  timeout: float | None = None) -> Array: ...
+
+    @overload
+    def broadcast(self, x: Array, root: int = 0, *, wait: Literal[False],
+                  timeout: float | None = None) -> Work: ...
+
+    def broadcast(self, x: Array, root: int = 0, *, wait: bool = True,
+                  timeout: float | None = None) -> Array | Work:
         """Overwrite ``x`` with ``root``'s, in place."""
 
-    def neighbor_exchange(self, x: Any, plan: NeighborPlan, *, scratch: Any = None,
-                          out: Any = None, wait: bool = True,
-                          timeout: float | None = None) -> Any:
+    @overload
+    def neighbor_exchange(self, x: Array, plan: NeighborPlan, *, scratch: Array | None = None,
+                          out: Array | None = None, wait: Literal[True] = True,
+                          timeout: float | None = None) -> Array: ...
+
+    @overload
+    def neighbor_exchange(self, x: Array, plan: NeighborPlan, *, scratch: Array | None = None,
+                          out: Array | None = None, wait: Literal[False],
+                          timeout: float | None = None) -> Work: ...
+
+    def neighbor_exchange(self, x: Array, plan: NeighborPlan, *, scratch: Array | None = None,
+                          out: Array | None = None, wait: bool = True,
+                          timeout: float | None = None) -> Array | Work:
         """One neighbour exchange as one value (a round's ``plan()``): weights, destinations
         and the exchange's options."""
 

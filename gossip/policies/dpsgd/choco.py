@@ -3,15 +3,19 @@
 ICML 2019, Algorithm 2)."""
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from collectives.arrays import adapter_for
 from collectives.codecs import as_float32, write_back
+from collectives.codecs import CodecSpec
 from gossip.errors import TopologyError
 from gossip.policies.base import DEFAULT_BUCKET_BYTES, Policy, check_int, check_number
 from gossip.policies.neighborhood import PEER_TOPOLOGY, mixing_round
+
+if TYPE_CHECKING:
+    from topologies import Topology
 
 __all__ = ["Choco"]
 
@@ -59,8 +63,9 @@ class Choco(Policy):
     name = "choco"
     default_topology = PEER_TOPOLOGY
 
-    def __init__(self, *, consensus_step: float | None = None, compression: Any = "topk:0.01",
-                 topology: Any = None, bucket_bytes: int = DEFAULT_BUCKET_BYTES,
+    def __init__(self, *, consensus_step: float | None = None,
+                 compression: CodecSpec = "topk:0.01", topology: Topology | None = None,
+                 bucket_bytes: int = DEFAULT_BUCKET_BYTES,
                  timeout: float | None = None, nan_guard: bool = False,
                  min_peers: int = 1) -> None:
         if compression is None:
@@ -68,11 +73,15 @@ class Choco(Policy):
                              "(Gossip is the uncompressed D-PSGD)")
         super().__init__(bucket_bytes=bucket_bytes, timeout=timeout, nan_guard=nan_guard,
                          compression=compression)
-        if not self.compression.contractive:
-            raise ValueError(f"Choco needs a contractive codec; {self.compression.name} is "
+        codec = self.compression
+        if codec is None:   # compression="none"
+            raise ValueError("Choco exchanges compressed differences: give it a codec "
+                             "(Gossip is the uncompressed D-PSGD)")
+        if not codec.contractive:
+            raise ValueError(f"Choco needs a contractive codec; {codec.name} is "
                              "not one (it loses small differences entirely); use bf16")
         if consensus_step is None:
-            consensus_step = 0.05 if self.compression.family == "topk" else 1.0
+            consensus_step = 0.05 if codec.family == "topk" else 1.0
         self.consensus_step = check_number("consensus_step", consensus_step,
                                            lambda g: 0 < g <= 1, "in (0, 1]")
         self._topology_arg = topology
@@ -83,7 +92,7 @@ class Choco(Policy):
 
     def _setup(self) -> None:
         self._plan_graph()
-        work = [self._work(b) for b in self._buckets]
+        work = [self._work(b) for b in self._packed()]
         self._public = [np.zeros_like(x) for x in work]     # x^_i
         self._mixed = [np.zeros_like(x) for x in work]      # s_i
         self._diff = [np.zeros_like(x) for x in work]       # q_i, then D(E(q_i))
@@ -92,7 +101,7 @@ class Choco(Policy):
     def _plan_graph(self) -> None:
         """This peer's row of the graph's mixing matrix (checked: static, doubly
         stochastic)."""
-        topo = self._topology
+        topo = self._graph()
         if getattr(topo, "is_time_varying", False):
             raise TopologyError(f"Choco runs on a static graph, not on {topo!r}")
         w = topo.mixing_matrix(0)
@@ -100,7 +109,7 @@ class Choco(Policy):
                 np.abs(w.sum(axis=0) - 1).max() > _STOCHASTIC_TOL:
             raise TopologyError(f"Choco needs a doubly stochastic mixing matrix; {topo!r}'s "
                                 "is not (use weights='metropolis')")
-        self._plan = mixing_round(topo, self._peer.rank, 0).plan(compression=self.compression)
+        self._plan = mixing_round(topo, self._host().rank, 0).plan(compression=self.compression)
 
     def _restart_copies(self) -> None:
         """Public copies and their sums back to zero, as at attach: the same on every member
@@ -129,7 +138,7 @@ class Choco(Policy):
         return as_float32(adapter, b.flat, dtype)
 
     def _after_step(self, step: int) -> None:
-        buckets = self._buckets
+        buckets = self._packed()
         buckets.copy_in()
         plan, gamma = self._plan, self.consensus_step
         for b, public, mixed, diff, heard in zip(buckets, self._public, self._mixed,
@@ -137,7 +146,7 @@ class Choco(Policy):
             x = self._work(b)
             np.subtract(x, public, out=diff)
             # diff becomes D(E(diff)), heard its W-weighted sum with the neighbours'.
-            self._peer.neighbor_exchange(diff, plan, out=heard, timeout=self.timeout)
+            self._host().neighbor_exchange(diff, plan, out=heard, timeout=self.timeout)
             public += diff
             mixed += heard
             np.subtract(mixed, public, out=heard)

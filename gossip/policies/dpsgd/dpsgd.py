@@ -2,13 +2,17 @@
 from __future__ import annotations
 
 import warnings
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
+from collectives.codecs import CodecSpec
 from gossip.errors import TopologyError
 from gossip.policies.base import DEFAULT_BUCKET_BYTES, Policy
 from gossip.policies.neighborhood import PEER_TOPOLOGY, Neighborhood
+
+if TYPE_CHECKING:
+    from topologies import Topology
 
 __all__ = ["Gossip"]
 
@@ -53,16 +57,17 @@ class Gossip(Policy):
     name = "gossip"
     default_topology = PEER_TOPOLOGY
 
-    def __init__(self, *, topology: Any = None, bucket_bytes: int = DEFAULT_BUCKET_BYTES,
-                 timeout: float | None = None, nan_guard: bool = False,
-                 compression: Any = None) -> None:
+    def __init__(self, *, topology: Topology | None = None,
+                 bucket_bytes: int = DEFAULT_BUCKET_BYTES, timeout: float | None = None,
+                 nan_guard: bool = False,
+                 compression: CodecSpec = None) -> None:
         super().__init__(bucket_bytes=bucket_bytes, timeout=timeout, nan_guard=nan_guard,
                          compression=compression)
         self._compression.require_dense("Gossip", "Choco (compressed differences)")
         self._topology_arg = topology
 
     def _setup(self) -> None:
-        topo = self._topology
+        topo = self._graph()
         for phase in range(getattr(topo, "period", 1)):
             w = topo.mixing_matrix(phase)
             if np.abs(w.sum(axis=1) - 1).max() > _STOCHASTIC_TOL:
@@ -76,25 +81,25 @@ class Gossip(Policy):
                               "weighted average); PushSum corrects for that", UserWarning,
                               stacklevel=3)
                 break
-        self._scratch = [b.new() for b in self._buckets]
-        self._neighborhood = Neighborhood(self._peer, topo, push=False, timeout=self.timeout)
+        self._scratch = [b.new() for b in self._packed()]
+        self._neighborhood = Neighborhood(self._host(), topo, push=False, timeout=self.timeout)
 
     def _after_step(self, step: int) -> None:
-        buckets = self._buckets
+        buckets = self._packed()
         buckets.copy_in()
         plan = self._neighborhood.round(step).plan(compression=self.compression)
         for b, scratch in zip(buckets, self._scratch):
             # Every bucket's exchange is called even after one failed, so this peer's
             # sequence numbers stay in step with its neighbours'.
             with self._tolerate(f"round {step}, bucket {b.index}"):
-                self._peer.neighbor_exchange(b.flat, plan, timeout=self.timeout,
-                                             scratch=None if self.compression else scratch)
+                self._host().neighbor_exchange(b.flat, plan, timeout=self.timeout,
+                                               scratch=None if self.compression else scratch)
         buckets.copy_out()
 
     def view_changed(self) -> None:
         # The graph over the new view, and healing starts afresh (no lost peer in a new view).
         super().view_changed()
-        self._neighborhood = Neighborhood(self._peer, self._topology, push=False,
+        self._neighborhood = Neighborhood(self._host(), self._graph(), push=False,
                                           timeout=self.timeout)
 
     def _extra_stats(self) -> dict:

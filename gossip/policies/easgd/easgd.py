@@ -79,7 +79,9 @@ from typing import Any, Iterator
 
 import numpy as np
 
+from collectives import Work
 from collectives.arrays import adapter_for, segment
+from collectives.codecs import CodecSpec
 from collectives.group import Switch
 from gossip.errors import GossipError, PeerLost, ProtocolError
 from gossip.peer_channels import PeerChannel
@@ -173,7 +175,7 @@ class ElasticAveraging(BackgroundPolicy):
                  poll_interval: float = 0.25,
                  bucket_bytes: int = DEFAULT_BUCKET_BYTES, timeout: float | None = None,
                  nan_guard: bool = False, elastic: bool = False, min_peers: int = 1,
-                 compression: Any = None) -> None:
+                 compression: CodecSpec = None) -> None:
         super().__init__(channel=channel, poll_interval=poll_interval,
                          bucket_bytes=bucket_bytes, timeout=timeout, nan_guard=nan_guard,
                          compression=compression)
@@ -219,15 +221,15 @@ class ElasticAveraging(BackgroundPolicy):
             return self._alpha_arg
         if self._peer is None:
             raise RuntimeError("alpha defaults to 0.9 / n: attach the policy first")
-        return DEFAULT_BETA / self._peer.world_size
+        return DEFAULT_BETA / self._host().world_size
 
     @property
     def beta(self) -> float:
         """The paper's moving rate of the centre, n * alpha."""
-        return self.alpha * self._peer.world_size
+        return self.alpha * self._host().world_size
 
     def _check_stability(self) -> None:
-        n, alpha = self._peer.world_size, self.alpha
+        n, alpha = self._host().world_size, self.alpha
         if not 0 < alpha < 1:  # the default 0.9 / n with n = 1 is 0.9
             raise ValueError(f"alpha must be in (0, 1), got {alpha!r}")
         if self.center_mode != "replicated":
@@ -261,7 +263,7 @@ class ElasticAveraging(BackgroundPolicy):
 
     def _setup(self) -> None:
         self._check_stability()
-        peer, buckets = self._peer, self._buckets
+        peer, buckets = self._host(), self._packed()
         n, rank = peer.world_size, peer.rank
         buckets.copy_in()
         # The centre starts at the workers' mean; a joiner's comes with the running job's
@@ -287,12 +289,12 @@ class ElasticAveraging(BackgroundPolicy):
         if (step + 1) % self.period:
             return
         self._check_worker()
-        self._buckets.copy_in()
+        self._packed().copy_in()
         if self.center_mode == "replicated":
             self._replicated_round()
         else:
             self._sharded_round()
-        self._buckets.copy_out()
+        self._packed().copy_out()
         self._rounds += 1
 
     def _replicated_round(self) -> None:
@@ -300,8 +302,8 @@ class ElasticAveraging(BackgroundPolicy):
         only once every bucket's sum arrived: a round a lost peer ended (PeerLost) leaves x
         and c as they were, so no survivor holds a centre that is half of a round."""
         alpha = self.alpha
-        work = []
-        for b, c, d, own in zip(self._buckets, self._center, self._diff, self._own):
+        work: list[Work] = []
+        for b, c, d, own in zip(self._packed(), self._center, self._diff, self._own):
             adapter = adapter_for(own)
             adapter.copy(own, b.flat)
             own -= c
@@ -309,8 +311,8 @@ class ElasticAveraging(BackgroundPolicy):
             adapter.copy(d, own)
             # With a codec the differences are encoded (top-k: with error feedback); the
             # centre gains their decoded sum, identical on every peer.
-            work.append(self._peer.allreduce(d, op="sum", wait=False, timeout=self.timeout,
-                                             **self._compression.kwargs(len(work), d)))
+            work.append(self._host().allreduce(d, op="sum", wait=False, timeout=self.timeout,
+                                               **self._compression.kwargs(len(work), d)))
         lost = None
         for w in work:
             try:
@@ -319,7 +321,7 @@ class ElasticAveraging(BackgroundPolicy):
                 lost = lost or exc
         if lost is not None:
             raise lost
-        for b, c, d, own in zip(self._buckets, self._center, self._diff, self._own):
+        for b, c, d, own in zip(self._packed(), self._center, self._diff, self._own):
             b.flat -= own       # x_i -= d_i
             c += d              # c += sum_i d_i: the same bytes on every peer
 
@@ -329,7 +331,7 @@ class ElasticAveraging(BackgroundPolicy):
         bytes on every member) over the current view: this peer's shard of each bucket, with
         ``elastic`` the replica of its predecessor's, the buffers and channels of the
         exchange; then, with ``start``, the server (and backup) threads."""
-        peer, buckets = self._peer, self._buckets
+        peer, buckets = self._host(), self._packed()
         n, rank = peer.world_size, peer.rank
         self._segs = [[segment(b.numel, s, n) for s in range(n)] for b in buckets]
         self._center = []
@@ -367,7 +369,7 @@ class ElasticAveraging(BackgroundPolicy):
     def _view_members(self) -> tuple | None:
         """The current view's members as (name, incarnation) in rank order (None: a peer
         without membership)."""
-        view = self._peer.view
+        view = self._host().view
         return None if view is None else tuple((m.name, m.incarnation) for m in view.members)
 
     # ------------------------------------------------------------------ sharded: the round
@@ -375,15 +377,15 @@ class ElasticAveraging(BackgroundPolicy):
         """Each segment to its owner, each answer subtracted. Without ``elastic`` a lost owner
         is skipped (dropped for the view); with it a lost owner fails the round (PeerLost: a
         view change, _recover), whose moves so far stay: each is one elastic exchange."""
-        rank, alpha = self._peer.rank, self.alpha
-        lost = self._peer.lost_peers()
+        rank, alpha = self._host().rank, self.alpha
+        lost = self._host().lost_peers()
         if self.elastic and lost:
             gone = min(lost)
             raise PeerLost(f"rank {rank}: {self.name}: centre shard owner {gone} lost before "
                            f"the elastic round: {lost[gone]}", rank=gone,
                            operation="elastic averaging round")
         asked = []
-        for k, (b, segs) in enumerate(zip(self._buckets, self._segs)):
+        for k, (b, segs) in enumerate(zip(self._packed(), self._segs)):
             for s, (lo, hi) in enumerate(segs):
                 if hi == lo:
                     continue
@@ -412,7 +414,7 @@ class ElasticAveraging(BackgroundPolicy):
                 self._rep_comm.recv(s, reply, timeout=self.timeout)
             if attempt.failed:
                 continue
-            self._buckets.buckets[k].flat[lo:hi] -= reply
+            self._packed().buckets[k].flat[lo:hi] -= reply
 
     @contextlib.contextmanager
     def _attempt(self, what: str, rank: int) -> Iterator[Attempt]:
@@ -436,7 +438,7 @@ class ElasticAveraging(BackgroundPolicy):
     def _serve(self) -> None:
         while not self._stop.is_set():
             if not self._serve_pending():
-                lost = self._peer.lost_peers()
+                lost = self._host().lost_peers()
                 self._next_source(self._req_comm, [j for j in self._next_request
                                                    if j not in self._dropped
                                                    and j not in lost])
@@ -445,7 +447,7 @@ class ElasticAveraging(BackgroundPolicy):
         served = False
         alpha = self.alpha
         for src, pos in self._next_request.items():
-            while (src not in self._dropped and not self._peer.lost_peers().get(src)
+            while (src not in self._dropped and not self._host().lost_peers().get(src)
                    and self._req_comm.probe(src)):
                 k = self._served_buckets[pos]
                 req = self._requests[k]
@@ -454,7 +456,7 @@ class ElasticAveraging(BackgroundPolicy):
                         self._req_comm.recv(src, req, timeout=self.timeout)
                 except GossipError as exc:
                     log.warning("rank %d: elastic averaging: bad request from rank %d: %s",
-                                self._peer.rank, src, exc)
+                                self._host().rank, src, exc)
                     break
                 if attempt.failed:
                     break
@@ -469,7 +471,7 @@ class ElasticAveraging(BackgroundPolicy):
                             # The backup is lost: the primary, here, is whole; the view
                             # change that follows makes a new backup.
                             log.warning("rank %d: elastic averaging: forward to backup rank "
-                                        "%d failed: %s", self._peer.rank, self._backup, exc)
+                                        "%d failed: %s", self._host().rank, self._backup, exc)
                             self._backing = False
                 # A worker gone meanwhile misses its reply; the centre kept its pull.
                 with self._tolerate(f"reply to rank {src}"):
@@ -495,14 +497,14 @@ class ElasticAveraging(BackgroundPolicy):
             self._bak_comm.recv(pred, self._header_in, timeout=self.timeout)
             k = int(self._header_in[0])
             if not 0 <= k < len(self._replica) or not self._replica[k].shape[0]:
-                raise ProtocolError(f"rank {self._peer.rank}: centre shard owner {pred} "
+                raise ProtocolError(f"rank {self._host().rank}: centre shard owner {pred} "
                                     f"forwarded an update of bucket {k}, which has no "
                                     "segment of it (elastic averaging backup)")
             d = self._from_pred[k]
             self._bak_comm.recv(pred, d, timeout=self.timeout)
         except (ProtocolError, *PEER_FAILURES) as exc:
             log.warning("rank %d: elastic averaging: backup of rank %d's shard stops: %s",
-                        self._peer.rank, pred, exc)
+                        self._host().rank, pred, exc)
             return False
         self._replica[k] += d
         return True
@@ -520,18 +522,18 @@ class ElasticAveraging(BackgroundPolicy):
         Sharded: a collective (an allreduce assembles the shards), every peer must call it.
         The workers then restart from the centre."""
         self._check_ready()
-        buckets = self._buckets
+        buckets = self._packed()
         if self.center_mode == "replicated":
             for b, c in zip(buckets, self._center):
                 adapter_for(c).copy(b.flat, c)
         else:
-            rank = self._peer.rank
+            rank = self._host().rank
             for b, segs, c in zip(buckets, self._segs, self._center):
                 lo, hi = segs[rank]
                 b.flat[:] = 0
                 with self._lock:
                     adapter_for(c).copy(b.flat[lo:hi], c)
-                self._peer.allreduce(b.flat, op="sum", timeout=self.timeout)
+                self._host().allreduce(b.flat, op="sum", timeout=self.timeout)
         buckets.copy_out()
 
     # ------------------------------------------------------------------ membership
@@ -542,7 +544,7 @@ class ElasticAveraging(BackgroundPolicy):
         return self.center_mode == "sharded"
 
     def _who(self) -> str:
-        return f"rank {self._peer.rank} ({self._peer.transport.endpoints.get('tcp', '?')})"
+        return f"rank {self._host().rank} ({self._host().transport.endpoints.get('tcp', '?')})"
 
     # ------------------------------------------------------------------ membership: old view
     def view_changing(self, switch: Switch) -> None:
@@ -580,13 +582,13 @@ class ElasticAveraging(BackgroundPolicy):
                             "arrive: this worker's copy of it stands in", self._who(), s)
                 self._rebuilt += 1
                 self._held[s] = [adapter_for(b.flat).clone(b.flat[slice(*segment(
-                    b.numel, s, n))]) for b in self._buckets]
+                    b.numel, s, n))]) for b in self._packed()]
 
     def _wait_for_leavers(self, handoffs: list) -> None:
         """Until each planned leaver of ``handoffs`` says it is at its boundary: a leaver is
         no member of the view committed, so the others may reach the boundary and get here
         while it still takes its last rounds, which need their servers (still running)."""
-        comm = self._peer.channel(PeerChannel.HANDOFF)
+        comm = self._host().channel(PeerChannel.HANDOFF)
         for _, leaver in handoffs:
             try:
                 comm.recv(leaver, np.zeros(1), timeout=self.timeout)
@@ -612,10 +614,10 @@ class ElasticAveraging(BackgroundPolicy):
     def _take_handoff(self, leaver: int, n: int) -> bool:
         """(The member a planned leave names.) Rank ``leaver``'s shards, bucket by bucket, on
         the old view's transport, then an acknowledgement. False if they did not all come."""
-        comm = self._peer.channel(PeerChannel.HANDOFF)
+        comm = self._host().channel(PeerChannel.HANDOFF)
         got = []
         try:
-            for b in self._buckets:
+            for b in self._packed():
                 lo, hi = segment(b.numel, leaver, n)
                 buf = b.new(numel=hi - lo)
                 if hi > lo:
@@ -639,9 +641,9 @@ class ElasticAveraging(BackgroundPolicy):
             log.warning("%s: elastic averaging: nobody takes its centre shards (a leave in a "
                         "recovery): they come from its backup, or are rebuilt", self._who())
             return
-        comm = self._peer.channel(PeerChannel.HANDOFF)
-        me = self._peer.rank
-        for j in range(self._peer.world_size):   # its rounds are done: they may stop serving
+        comm = self._host().channel(PeerChannel.HANDOFF)
+        me = self._host().rank
+        for j in range(self._host().world_size):   # its rounds are done: they may stop serving
             if j != me:
                 try:
                     comm.send(j, np.ones(1), timeout=self.timeout)
@@ -664,7 +666,7 @@ class ElasticAveraging(BackgroundPolicy):
         """(Loading a source's state.) Take its plan if it sent one; True if it did."""
         if "reshard" not in state:
             return False
-        self._plan = check_plan(state["reshard"], self._peer.world_size, self._who())
+        self._plan = check_plan(state["reshard"], self._host().world_size, self._who())
         self._held = {}
         return True
 
@@ -676,9 +678,9 @@ class ElasticAveraging(BackgroundPolicy):
         plan = self._plan
         if plan is None:
             raise ProtocolError(f"{self._who()}: elastic averaging: no re-shard plan for view "
-                                f"of {self._peer.world_size} members (the source's policy "
+                                f"of {self._host().world_size} members (the source's policy "
                                 "has no sharded centre?)")
-        peer, buckets = self._peer, self._buckets
+        peer, buckets = self._host(), self._packed()
         n_old, providers, keepers = plan["n"], plan["providers"], plan["keepers"]
         lost = [s for s in range(n_old) if providers[s] < 0]
         if lost:
@@ -697,7 +699,7 @@ class ElasticAveraging(BackgroundPolicy):
                   lost: list) -> Any:
         """Bucket ``k``'s whole centre: every provided old segment by an allgather, the lost
         ones by an allreduce of the keepers' worker copies."""
-        peer, rank = self._peer, self._peer.rank
+        peer, rank = self._host(), self._host().rank
         old = [segment(b.numel, s, n_old) for s in range(n_old)]
         ours = [s for s in range(n_old) if providers[s] == rank]
         part = b.new(numel=sum(old[s][1] - old[s][0] for s in ours))
@@ -740,7 +742,7 @@ class ElasticAveraging(BackgroundPolicy):
                 self._check_stability()
             except ValueError as exc:
                 log.warning("rank %d: elastic averaging after the view change: %s",
-                            self._peer.rank, exc)
+                            self._host().rank, exc)
         super().view_changed()
 
     # ------------------------------------------------------------------ state and stats

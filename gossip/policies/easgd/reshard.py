@@ -43,11 +43,10 @@ def check_plan(plan: Any, size: int, who: str) -> dict:
     reshard_plan could have made for a view of ``size`` members."""
     ok = isinstance(plan, dict) and type(plan.get("n")) is int and plan["n"] >= 1
     providers, keepers = (plan.get("providers"), plan.get("keepers")) if ok else (None, None)
-    ok = ok and isinstance(providers, list) and len(providers) == plan["n"] \
-        and all(type(p) is int and -1 <= p < size for p in providers) \
-        and isinstance(keepers, list) and all(type(k) is int and 0 <= k < size
-                                              for k in keepers)
-    if not ok:
+    if not (ok and isinstance(providers, list) and len(providers) == plan["n"]
+            and all(type(p) is int and -1 <= p < size for p in providers)
+            and isinstance(keepers, list) and all(type(k) is int and 0 <= k < size
+                                                  for k in keepers)):
         raise ProtocolError(f"{who}: the sharded centre's re-shard plan in the source's state "
                             f"is malformed: {plan!r:.200}")
     return {"n": plan["n"], "providers": list(providers), "keepers": list(keepers)}

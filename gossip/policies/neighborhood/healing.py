@@ -17,7 +17,7 @@ phases, and are left as they are.
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any, Collection
+from typing import TYPE_CHECKING, Collection
 
 import numpy as np
 
@@ -26,6 +26,7 @@ from gossip.peer_channels import PeerChannel
 
 if TYPE_CHECKING:
     from gossip.policies.base.policy_host import PolicyHost
+    from topologies import Topology
 
 __all__ = ["Healer", "HEAL_CHANNEL"]
 
@@ -43,7 +44,7 @@ class Healer:
     value, and it never exceeds what the lost edge carried, so rows and columns keep summing
     to one (the rest stays with the peer itself)."""
 
-    def __init__(self, peer: PolicyHost, topology: Any, matrix: np.ndarray, *,
+    def __init__(self, peer: PolicyHost, topology: Topology, matrix: np.ndarray, *,
                  channel: int = HEAL_CHANNEL, timeout: float = 5.0) -> None:
         self.peer = peer
         self.rank = peer.rank

@@ -3,12 +3,13 @@ checked against the world size), and the same kind of graph over a new view's si
 (``resize_topology``: a ring stays a ring)."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from gossip.errors import TopologyError
 
 if TYPE_CHECKING:
     from gossip.policies.base.policy_host import PolicyHost
+    from topologies import Topology
 
 __all__ = ["check_topology", "resolve_topology", "resize_topology", "PEER_TOPOLOGY",
            "ONE_PEER_EXPONENTIAL"]
@@ -18,7 +19,7 @@ PEER_TOPOLOGY = "peer"                          # the peer's own graph (peer.top
 ONE_PEER_EXPONENTIAL = "one-peer-exponential"   # topologies.OnePeerExponential(world size)
 
 
-def check_topology(topology: Any, world_size: int) -> Any:
+def check_topology(topology: Topology, world_size: int) -> Topology:
     """The topology, if it is one for ``world_size`` peers; TopologyError (a ValueError)
     otherwise."""
     for attr in ("weights", "push_weights", "in_neighbors", "out_neighbors", "size"):
@@ -30,7 +31,7 @@ def check_topology(topology: Any, world_size: int) -> Any:
     return topology
 
 
-def resolve_topology(topology: Any, peer: PolicyHost, default: str) -> Any:
+def resolve_topology(topology: Topology | None, peer: PolicyHost, default: str) -> Topology:
     """The graph a policy runs on: ``topology`` if given (checked against the world size),
     else its class's ``default`` (PEER_TOPOLOGY or ONE_PEER_EXPONENTIAL). The one rule for
     every policy's ``topology=None``."""
@@ -45,7 +46,7 @@ def resolve_topology(topology: Any, peer: PolicyHost, default: str) -> Any:
     return check_topology(topology, peer.world_size)
 
 
-def resize_topology(topology: Any, size: int) -> Any:
+def resize_topology(topology: Topology, size: int) -> Topology:
     """The same kind of graph over ``size`` peers: its spec again, or, for a spec tied to a
     size (``torus:2x2``), its name alone (torus then picks the most square grid)."""
     import topologies

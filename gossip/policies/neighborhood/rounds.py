@@ -34,10 +34,12 @@ from typing import TYPE_CHECKING, Any, Collection
 import numpy as np
 
 from collectives import NeighborPlan
+from collectives.codecs import CodecSpec
 from gossip.policies.neighborhood.healing import Healer
 
 if TYPE_CHECKING:
     from gossip.policies.base.policy_host import PolicyHost
+    from topologies import Topology
 
 __all__ = ["Round", "Neighborhood", "mixing_round", "live_mixing_round", "push_round"]
 
@@ -53,7 +55,7 @@ class Round:
     dst_weights: dict[int, float] | None = None
 
     def plan(self, *, partial: bool = False, check_pattern: bool = True,
-             compression: Any = None) -> NeighborPlan:
+             compression: CodecSpec = None) -> NeighborPlan:
         """This round with the exchange's options, as the one value the neighbour exchange
         takes down the layers (``peer.neighbor_exchange(x, round.plan())``)."""
         return NeighborPlan(self.self_weight, self.src_weights, self.dst_ranks,
@@ -78,7 +80,7 @@ def _fold(own: float, weighted: dict[int, float], plain: Any, lost: Collection[i
     return own, weighted, plain
 
 
-def mixing_round(topology: Any, rank: int, step: int, lost: Collection[int] = (),
+def mixing_round(topology: Topology, rank: int, step: int, lost: Collection[int] = (),
                  healed: dict[int, float] | None = None) -> Round:
     """Gossip (D-PSGD): row ``rank`` of the mixing matrix at ``step``; sends to the
     out-neighbours unscaled."""
@@ -89,7 +91,7 @@ def mixing_round(topology: Any, rank: int, step: int, lost: Collection[int] = ()
     return Round(self_weight, src_weights, dst_ranks)
 
 
-def live_mixing_round(topology: Any, rank: int, step: int,
+def live_mixing_round(topology: Topology, rank: int, step: int,
                       lost: Collection[int] = ()) -> Round:
     """Gossip over the live neighbourhood (the module's docstring): row ``rank`` of the
     mixing matrix at ``step`` with the lost peers' weight spread over the live neighbours
@@ -108,7 +110,7 @@ def live_mixing_round(topology: Any, rank: int, step: int,
     return Round(1.0 - sum(live.values()), live, [j for j in dst_ranks if j not in lost])
 
 
-def push_round(topology: Any, rank: int, step: int, lost: Collection[int] = (),
+def push_round(topology: Topology, rank: int, step: int, lost: Collection[int] = (),
                healed: dict[int, float] | None = None) -> Round:
     """Push-sum: column ``rank`` of the push matrix at ``step``: keep ``p_ii``, send the share
     ``p_ji`` to each out-neighbour j, add what the in-neighbours sent (weight 1 each)."""
@@ -118,7 +120,7 @@ def push_round(topology: Any, rank: int, step: int, lost: Collection[int] = (),
     return Round(keep, {j: 1.0 for j in srcs}, list(shares), dst_weights=shares)
 
 
-def _push_matrix(topology: Any, n: int) -> np.ndarray:
+def _push_matrix(topology: Topology, n: int) -> np.ndarray:
     """push[i, j]: the share of j's mass that j sends to i (zeros for a time-varying
     schedule, which does not heal)."""
     push = np.zeros((n, n))
@@ -136,7 +138,7 @@ class Neighborhood:
     rounds (``push=True``), with the edges healed around lost neighbours (healing.Healer,
     whose proposals wait at most ``timeout``)."""
 
-    def __init__(self, peer: PolicyHost, topology: Any, *, push: bool, timeout: float) -> None:
+    def __init__(self, peer: PolicyHost, topology: Topology, *, push: bool, timeout: float) -> None:
         self.peer = peer
         self.topology = topology
         self._plan = push_round if push else mixing_round

@@ -3,16 +3,21 @@ how its mass (numerators x, weights w) follows a membership view change exactly.
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from collectives import NeighborPlan
 from collectives.arrays import adapter_for
+from collectives.codecs import CodecSpec
 from collectives.group import Switch
 from gossip.errors import ExchangeIncomplete
 from gossip.peer_channels import PeerChannel
 from gossip.policies.base import DEFAULT_BUCKET_BYTES, PEER_FAILURES, Policy
 from gossip.policies.neighborhood import ONE_PEER_EXPONENTIAL, Neighborhood, Round
+
+if TYPE_CHECKING:
+    from topologies import Topology
 
 __all__ = ["PushSum", "weights_from_state"]
 
@@ -117,9 +122,9 @@ class PushSum(Policy):
     default_topology = ONE_PEER_EXPONENTIAL
     hands_off_at_leave = True
 
-    def __init__(self, *, topology: Any = None, overlap: bool = False,
+    def __init__(self, *, topology: Topology | None = None, overlap: bool = False,
                  bucket_bytes: int = DEFAULT_BUCKET_BYTES, timeout: float | None = None,
-                 nan_guard: bool = False, compression: Any = None) -> None:
+                 nan_guard: bool = False, compression: CodecSpec = None) -> None:
         if compression is not None:
             # Its shares are scaled per destination and carry mass (x, w): a lossy codec
             # would break the mass the de-biasing relies on (future work).
@@ -135,24 +140,24 @@ class PushSum(Policy):
 
     # ------------------------------------------------------------------ set-up
     def _setup(self) -> None:
-        self._buckets.copy_in()
+        self._packed().copy_in()
         if self.overlap:
             # The de-biased pair: the parameters are x / w, and w is kept here (float64).
-            self._w = [1.0] * len(self._buckets)
+            self._w = [1.0] * len(self._packed())
             self._z = None
-            self._send = [b.new(extra=1) for b in self._buckets]   # (share * x, share * w)
+            self._send = [b.new(extra=1) for b in self._packed()]   # (share * x, share * w)
         else:
             # z = [x (numerator), w]: one buffer, so x and w travel in one message.
             self._z = []
-            for b in self._buckets:
+            for b in self._packed():
                 z = b.new(extra=1)
                 adapter_for(z).copy(z[:-1], b.flat)
                 z[-1] = 1.0
                 self._z.append(z)
         # Without overlap: the exchange's scratch. With overlap: where the in-neighbours'
         # messages add up (the exchange's out), folded into the parameters one step later.
-        self._scratch = [b.new(extra=1) for b in self._buckets]
-        self._neighborhood = Neighborhood(self._peer, self._topology, push=True,
+        self._scratch = [b.new(extra=1) for b in self._packed()]
+        self._neighborhood = Neighborhood(self._host(), self._graph(), push=True,
                                           timeout=self.timeout)
 
     def _shutdown(self) -> None:
@@ -160,7 +165,7 @@ class PushSum(Policy):
             self.flush()
         except Exception as exc:  # closing must not fail on a peer that is gone
             log.warning("rank %d: push-sum exchange in flight at close failed: %s",
-                        self._peer.rank, exc)
+                        self._host().rank, exc)
 
     # ------------------------------------------------------------------ views
     @property
@@ -169,9 +174,9 @@ class PushSum(Policy):
         copies made now: w times the parameters)."""
         self._check_ready()
         if self.overlap:
-            self._buckets.copy_in()
+            self._packed().copy_in()
             out = []
-            for b, w in zip(self._buckets, self._w):
+            for b, w in zip(self._packed(), self._w):
                 x = b.new()
                 adapter_for(x).scaled_copy(x, w, b.flat)
                 out.append(x)
@@ -192,7 +197,7 @@ class PushSum(Policy):
         """(Without overlap.) x <- x + (params - x/w): the optimizer's move, applied to the
         numerator. Written as x * (1 - 1/w) + params so it needs no temporary (and is exact
         when w == 1)."""
-        for b, z in zip(self._buckets, self._z):
+        for b, z in zip(self._packed(), self._z):
             x, w = z[:-1], float(z[-1])
             adapter = adapter_for(x)
             if w == 1.0:
@@ -202,11 +207,11 @@ class PushSum(Policy):
                 adapter.axpy(x, 1.0, b.flat)
 
     def _debias(self) -> None:
-        for b, z in zip(self._buckets, self._z):
+        for b, z in zip(self._packed(), self._z):
             adapter_for(z).divide_into(b.flat, z[:-1], float(z[-1]))
 
     def _after_step(self, step: int) -> None:
-        self._buckets.copy_in()
+        self._packed().copy_in()
         if self.overlap:
             # The optimizer moved the parameters, x / w: the move is in already.
             self._absorb()
@@ -220,21 +225,24 @@ class PushSum(Policy):
                 # share meant for it stays here (see "Lost peers" above). Every bucket is
                 # still called, to keep sequence numbers in step.
                 with self._tolerate(f"round {step}, bucket {k}"):
-                    self._peer.neighbor_exchange(z, plan, scratch=scratch,
-                                                 timeout=self.timeout)
+                    self._host().neighbor_exchange(z, plan, scratch=scratch,
+                                                   timeout=self.timeout)
             self._debias()
-        self._buckets.copy_out()
+        self._packed().copy_out()
 
     def _launch(self, plan: Round) -> None:
         """(Overlap.) Send each out-neighbour its share of (x, w) and keep the rest: the
         parameters, x / w, stay as they are, and only w shrinks."""
         keep, shares = plan.self_weight, plan.dst_weights
+        if shares is None:
+            raise ValueError(f"{self.name}: a push round gives each destination its share "
+                             "(dst_weights); this one has none")
         # One scaled copy serves every out-neighbour when they get equal shares (always, for
         # the topologies' push weights); otherwise the exchange scales one per destination.
         equal = len(set(shares.values())) <= 1
         share = next(iter(shares.values()), 0.0)
         work = []
-        for i, (b, s, received) in enumerate(zip(self._buckets, self._send, self._scratch)):
+        for i, (b, s, received) in enumerate(zip(self._packed(), self._send, self._scratch)):
             w = self._w[i]
             if shares:
                 if equal:
@@ -249,10 +257,10 @@ class PushSum(Policy):
                     self._w[i] = w * keep
             # self_weight 0 and out=received: when it completes, received holds only what
             # the in-neighbours sent; s is only read.
-            work.append(self._peer.neighbor_allreduce(
-                s, 0.0, plan.src_weights, plan.dst_ranks,
-                dst_weights=None if equal else shares, out=received, wait=False,
-                timeout=self.timeout, partial=True))
+            exchange = NeighborPlan(0.0, plan.src_weights, plan.dst_ranks,
+                                    None if equal else shares, partial=True)
+            work.append(self._host().neighbor_exchange(s, exchange, out=received, wait=False,
+                                                       timeout=self.timeout))
         self._inflight = work
         self._inflight_equal = equal
 
@@ -263,7 +271,7 @@ class PushSum(Policy):
         work, self._inflight = self._inflight, None
         if work is None:
             return
-        for i, (exchange, b, received) in enumerate(zip(work, self._buckets, self._scratch)):
+        for i, (exchange, b, received) in enumerate(zip(work, self._packed(), self._scratch)):
             with self._tolerate(f"exchange of bucket {i}") as attempt:
                 exchange.wait(self.timeout)
             if isinstance(attempt.error, ExchangeIncomplete):
@@ -287,9 +295,9 @@ class PushSum(Policy):
         the parameters. A no-op without overlap."""
         if self._peer is None or self._inflight is None:
             return
-        self._buckets.copy_in()
+        self._packed().copy_in()
         self._absorb()
-        self._buckets.copy_out()
+        self._packed().copy_out()
 
     # ------------------------------------------------------------------ membership
     # At a committed switch (gossip/membership/controller.py, take_switch), before the new
@@ -312,7 +320,7 @@ class PushSum(Policy):
         for receiver, leaver in switch.handoffs:
             if receiver == me:
                 self._take_handoff(leaver)
-        old, new = self._peer.world_size, len(switch.view)
+        old, new = self._host().world_size, len(switch.view)
         if new != old:
             self._scale(new / old)
         if me == switch.source and switch.receivers:
@@ -320,7 +328,7 @@ class PushSum(Policy):
 
     def view_changed(self) -> None:
         super().view_changed()   # the topology over the new view
-        self._neighborhood = Neighborhood(self._peer, self._topology, push=True,
+        self._neighborhood = Neighborhood(self._host(), self._graph(), push=True,
                                           timeout=self.timeout)
 
     def _scale(self, factor: float) -> None:
@@ -337,7 +345,7 @@ class PushSum(Policy):
             self._shares = ([w / parts for w in self._w], None, parts)
             return
         shares = []
-        for b, z in zip(self._buckets, self._z):
+        for b, z in zip(self._packed(), self._z):
             s = b.new(extra=1)
             adapter_for(s).divide_into(s, z, float(parts))
             shares.append(s)
@@ -354,15 +362,16 @@ class PushSum(Policy):
         weights, numerators, parts = self._shares
         self._shares = None
         given = parts - 1
+        # (No numerators: overlap=True, whose x stays in the parameters: _split.)
         if parts & given == 0:   # a power of two: (x, w) = parts * share exactly
-            if self.overlap:
+            if numerators is None:
                 self._w = list(weights)
             else:
                 for z, x, w in zip(self._z, numerators, weights):
                     adapter_for(z).copy(z[:-1], x)
                     z[-1] = w
             return
-        if self.overlap:
+        if numerators is None:
             self._w = [w - given * s for w, s in zip(self._w, weights)]
             return
         for z, x, w in zip(self._z, numerators, weights):
@@ -405,11 +414,11 @@ class PushSum(Policy):
         self.flush()
         if to < 0:
             log.warning("rank %d: %s: nobody takes its mass (a leave in a recovery): lost "
-                        "with it, as with a death", self._peer.rank, self.name)
+                        "with it, as with a death", self._host().rank, self.name)
             return
-        comm = self._peer.channel(PeerChannel.HANDOFF)
+        comm = self._host().channel(PeerChannel.HANDOFF)
         try:
-            for i, b in enumerate(self._buckets):
+            for i, b in enumerate(self._packed()):
                 if self.overlap:
                     s = self._send[i]
                     adapter_for(s).scaled_copy(s[:-1], self._w[i], b.flat)
@@ -420,22 +429,22 @@ class PushSum(Policy):
             comm.recv(to, np.zeros(1), timeout=self.timeout)
         except PEER_FAILURES as exc:
             log.warning("rank %d: %s: handing its mass to rank %d failed (%s): lost with "
-                        "it, as with a death", self._peer.rank, self.name, to, exc)
+                        "it, as with a death", self._host().rank, self.name, to, exc)
             return
         if self.overlap:
             self._w = [0.0] * len(self._w)
         else:
             for z in self._z:
                 adapter_for(z).scale(z, 0.0)
-        log.info("rank %d: %s: handed its mass to rank %d", self._peer.rank, self.name, to)
+        log.info("rank %d: %s: handed its mass to rank %d", self._host().rank, self.name, to)
 
     def _take_handoff(self, leaver: int) -> None:
         """(The member a planned leave names.) Add rank ``leaver``'s (x, w), bucket by bucket,
         then acknowledge; a leaver lost meanwhile takes what did not arrive with it."""
-        comm = self._peer.channel(PeerChannel.HANDOFF)
-        self._buckets.copy_in()
+        comm = self._host().channel(PeerChannel.HANDOFF)
+        self._packed().copy_in()
         try:
-            for i, (b, got) in enumerate(zip(self._buckets, self._scratch)):
+            for i, (b, got) in enumerate(zip(self._packed(), self._scratch)):
                 comm.recv(leaver, out=got, timeout=self.timeout)
                 if self.overlap:   # m <- (w m + x_l) / (w + w_l), as an exchange's fold
                     kept, total = self._w[i], self._w[i] + float(got[-1])
@@ -449,9 +458,9 @@ class PushSum(Policy):
             comm.send(leaver, np.ones(1), timeout=self.timeout)
         except PEER_FAILURES as exc:
             log.warning("rank %d: %s: rank %d's mass did not all arrive (%s): what did not "
-                        "is lost with it", self._peer.rank, self.name, leaver, exc)
+                        "is lost with it", self._host().rank, self.name, leaver, exc)
         finally:
-            self._buckets.copy_out()
+            self._packed().copy_out()
 
     # ------------------------------------------------------------------ checkpoints
     def _extra_state(self) -> dict:
@@ -460,7 +469,7 @@ class PushSum(Policy):
         return self._with_shares({"weights": self.weights})
 
     def _load_extra_state(self, state: dict) -> None:
-        weights = weights_from_state(state, len(self._buckets), self.name)
+        weights = weights_from_state(state, len(self._packed()), self.name)
         self.flush()
         if self.overlap:
             self._w = weights   # the parameters are x / w already
@@ -469,8 +478,8 @@ class PushSum(Policy):
         # no copy_in, which would take the user's arrays from before it).
         if self._load_numerators(state, weights):
             return
-        self._buckets.copy_in()
-        for b, z, w in zip(self._buckets, self._z, weights):
+        self._packed().copy_in()
+        for b, z, w in zip(self._packed(), self._z, weights):
             adapter_for(z).scaled_copy(z[:-1], float(w), b.flat)
             z[-1] = float(w)
 

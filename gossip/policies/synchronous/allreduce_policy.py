@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from collectives.arrays import adapter_for
+from collectives.codecs import CodecSpec
 from gossip.errors import PeerLost
 from gossip.policies.base import DEFAULT_BUCKET_BYTES, Policy, check_int
 from gossip.policies.synchronous.outer_step import OuterStep
@@ -30,7 +31,7 @@ class AllreducePolicy(Policy):
 
     def __init__(self, *, bucket_bytes: int = DEFAULT_BUCKET_BYTES,
                  timeout: float | None = None, nan_guard: bool = False, elastic: bool = False,
-                 min_peers: int = 1, compression: Any = None) -> None:
+                 min_peers: int = 1, compression: CodecSpec = None) -> None:
         super().__init__(bucket_bytes=bucket_bytes, timeout=timeout, nan_guard=nan_guard,
                          compression=compression)
         self.elastic = bool(elastic)
@@ -42,7 +43,7 @@ class AllreducePolicy(Policy):
         """From _setup: _average_parameters goes through anchors and ``optimizer`` (a
         collective at attach: the anchors start at the replicas' mean)."""
         self._outer = OuterStep(optimizer, self._compression)
-        self._outer.setup(self._peer, self._buckets, self.timeout)
+        self._outer.setup(self._host(), self._packed(), self.timeout)
 
     def _average_parameters(self) -> None:
         """Replace every replica's parameters by their mean: one non-blocking allreduce per
@@ -58,16 +59,17 @@ class AllreducePolicy(Policy):
         codec, or LocalSGD's outer optimizer) the change since the last average travels
         instead (outer_step.py)."""
         if self._outer is not None:
-            self._outer.average(self._peer, self._buckets, self.timeout)
+            self._outer.average(self._host(), self._packed(), self.timeout)
             return
-        buckets = self._buckets
+        buckets = self._packed()
         buckets.copy_in()
         keep = buckets.kind != "numpy"
         if keep and self._before_average is None:
             self._before_average = [b.new() for b in buckets]
-        for b, kept in zip(buckets, self._before_average if keep else ()):
+        copies = (self._before_average or []) if keep else []
+        for b, kept in zip(buckets, copies):
             adapter_for(kept).copy(kept, b.flat)
-        work = [self._peer.allreduce(b.flat, op="mean", wait=False, timeout=self.timeout)
+        work = [self._host().allreduce(b.flat, op="mean", wait=False, timeout=self.timeout)
                 for b in buckets]
         lost = None
         for w in work:
@@ -77,7 +79,7 @@ class AllreducePolicy(Policy):
                 lost = lost or exc
         if lost is not None:
             if keep:
-                for b, kept in zip(buckets, self._before_average):
+                for b, kept in zip(buckets, copies):
                     adapter_for(kept).copy(b.flat, kept)
             else:
                 buckets.copy_in()

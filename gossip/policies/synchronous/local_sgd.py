@@ -3,8 +3,9 @@ outer optimizer, DiLoCo."""
 from __future__ import annotations
 
 import warnings
-from typing import Any
 
+
+from collectives.codecs import CodecSpec
 from gossip.policies.base import DEFAULT_BUCKET_BYTES, check_int
 from gossip.policies.synchronous.allreduce_policy import AllreducePolicy
 from gossip.policies.synchronous.outer_optimizer import SGD, resolve_outer_optimizer
@@ -54,7 +55,7 @@ class LocalSGD(AllreducePolicy):
     def __init__(self, period: int = 4, *, warmup_steps: int = 0,
                  bucket_bytes: int = DEFAULT_BUCKET_BYTES, timeout: float | None = None,
                  nan_guard: bool = False, elastic: bool = False, min_peers: int = 1,
-                 outer_optimizer: Any = None, compression: Any = None) -> None:
+                 outer_optimizer: SGD | str | None = None, compression: CodecSpec = None) -> None:
         super().__init__(bucket_bytes=bucket_bytes, timeout=timeout, nan_guard=nan_guard,
                          elastic=elastic, min_peers=min_peers, compression=compression)
         self.outer_optimizer = resolve_outer_optimizer(outer_optimizer)

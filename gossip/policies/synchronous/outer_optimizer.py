@@ -9,17 +9,26 @@ average of the parameters, i.e. plain LocalSGD.
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypedDict
 
 import numpy as np
 
 from collectives.arrays import adapter_for
 from gossip.policies.base import check_number
 
-__all__ = ["SGD", "DILOCO", "resolve_outer_optimizer"]
+__all__ = ["SGD", "SGDSettings", "DILOCO", "resolve_outer_optimizer"]
+
+
+class SGDSettings(TypedDict):
+    """SGD's constructor arguments, as one value."""
+
+    lr: float
+    momentum: float
+    nesterov: bool
+
 
 #: DiLoCo's outer optimizer settings (its paper's Table 5 and text: Nesterov, 0.7, 0.9).
-DILOCO = {"lr": 0.7, "momentum": 0.9, "nesterov": True}
+DILOCO: SGDSettings = {"lr": 0.7, "momentum": 0.9, "nesterov": True}
 
 
 class SGD:
@@ -84,7 +93,7 @@ class SGD:
         return f"SGD(lr={self.lr}, momentum={self.momentum}, nesterov={self.nesterov})"
 
 
-def resolve_outer_optimizer(value: Any) -> SGD | None:
+def resolve_outer_optimizer(value: SGD | str | None) -> SGD | None:
     """None, an SGD (copied), or "diloco"."""
     if value is None:
         return None

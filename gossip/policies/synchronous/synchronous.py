@@ -5,6 +5,7 @@ import contextlib
 import threading
 from typing import Any, Iterator
 
+from collectives.codecs import CodecSpec
 from gossip.policies.base import DEFAULT_BUCKET_BYTES
 from gossip.policies.synchronous.allreduce_policy import AllreducePolicy
 from gossip.policies.synchronous.outer_optimizer import SGD
@@ -74,7 +75,7 @@ class Synchronous(AllreducePolicy):
     def __init__(self, *, broadcast_start: bool = True,
                  bucket_bytes: int = DEFAULT_BUCKET_BYTES, timeout: float | None = None,
                  nan_guard: bool = False, elastic: bool = False, min_peers: int = 1,
-                 compression: Any = None) -> None:
+                 compression: CodecSpec = None) -> None:
         super().__init__(bucket_bytes=bucket_bytes, timeout=timeout, nan_guard=nan_guard,
                          elastic=elastic, min_peers=min_peers, compression=compression)
         self._first_bucket_bytes = min(FIRST_BUCKET_BYTES, bucket_bytes)
@@ -85,12 +86,12 @@ class Synchronous(AllreducePolicy):
 
     # ------------------------------------------------------------------ set-up
     def _setup(self) -> None:
-        buckets = self._buckets
+        buckets = self._packed()
         # A joiner takes the running job's state instead (Peer.attached, after this).
-        if self._broadcast_start and self._peer.world_size > 1 and not self._peer.joining:
+        if self._broadcast_start and self._host().world_size > 1 and not self._host().joining:
             buckets.copy_in()
             for b in buckets:
-                self._peer.broadcast(b.flat, root=0, timeout=self.timeout)
+                self._host().broadcast(b.flat, root=0, timeout=self.timeout)
             buckets.copy_out()
         self._work: list[Any] = [None] * len(buckets)
         self._next = 0
@@ -134,8 +135,8 @@ class Synchronous(AllreducePolicy):
     # ------------------------------------------------------------------ hooks (autograd)
     def _on_grad(self, param: Any) -> None:
         # Runs in autograd's thread once the parameter's gradient is fully accumulated.
-        b, _ = self._buckets.locate(param)
-        self._buckets.bind_grad(param)
+        b, _ = self._packed().locate(param)
+        self._packed().bind_grad(param)
         if not self._sync:
             return
         with self._lock:
@@ -150,44 +151,44 @@ class Synchronous(AllreducePolicy):
             self._launch_ready()
 
     def _launch_ready(self) -> None:
-        buckets = self._buckets.buckets
+        buckets = self._packed().buckets
         while self._next < len(buckets) and (self._count[self._next] >= self._need[self._next]):
             self._launch(self._next)
             self._next += 1
 
     def _launch(self, k: int) -> None:
-        b = self._buckets.buckets[k]
+        b = self._packed().buckets[k]
         if self._need[k] == 0:
             return  # frozen parameters only: nothing to average
-        self._work[k] = self._peer.allreduce(b.grad, op="mean", wait=False,
-                                             timeout=self.timeout,
-                                             **self._compression.kwargs(k, b.grad))
+        self._work[k] = self._host().allreduce(b.grad, op="mean", wait=False,
+                                               timeout=self.timeout,
+                                               **self._compression.kwargs(k, b.grad))
 
     # ------------------------------------------------------------------ the step
     def _after_backward(self) -> None:
-        if self._buckets.kind != "torch":
+        if self._packed().kind != "torch":
             return
         with self._lock:
             # Parameters that got no gradient this step (unused in the forward pass, or no
             # backward at all) take part with a zero gradient, so every peer launches the
             # same buckets and every replica applies the same update.
-            if self._next < len(self._buckets):
-                for p in self._buckets.params:
+            if self._next < len(self._packed()):
+                for p in self._packed().params:
                     if p.requires_grad and id(p) not in self._seen:
-                        self._buckets.bind_grad(p)
-                while self._next < len(self._buckets):
+                        self._packed().bind_grad(p)
+                while self._next < len(self._packed()):
                     self._launch(self._next)
                     self._next += 1
-            work, self._work = self._work, [None] * len(self._buckets)
+            work, self._work = self._work, [None] * len(self._packed())
             self._next = 0
-            self._count = [0] * len(self._buckets)
+            self._count = [0] * len(self._packed())
             self._seen.clear()
         for w in work:
             if w is not None:
                 w.wait(self.timeout)
 
     def _after_step(self, step: int) -> None:
-        if self._buckets.kind == "torch":
+        if self._packed().kind == "torch":
             return
         # numpy: no gradients to hook, so the replicas are averaged after the local step.
         self._average_parameters()
@@ -197,7 +198,7 @@ class Synchronous(AllreducePolicy):
         next backward accumulates straight into the buckets: no copy). Returns False when
         there are no gradient buckets (numpy)."""
         self._check_ready()
-        if self._buckets.kind != "torch":
+        if self._packed().kind != "torch":
             return False
-        self._buckets.zero_grads()
+        self._packed().zero_grads()
         return True
