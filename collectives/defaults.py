@@ -35,6 +35,10 @@ ACK_EVERY                8 MiB      SEND_WINDOW/4         receiver acknowledges 
 HELD_TOTAL               1 GiB      4 x HELD_PER_LINK     the same, all links together
 HELD_OVERHEAD            2 KiB      measured 1.5 KiB      counted per held message
 MAX_STRIKES              8          -                     bad messages before a link is cut
+OPEN_HELD_TOTAL          64 MiB     -                     no key: held, all links together
+OPEN_HELD_PER_LINK       32 MiB     OPEN_HELD_TOTAL/2     no key: held from one source
+OPEN_HELD_PAUSE          8 MiB      OPEN_HELD_TOTAL/8     no key: pause one source, or all
+OPEN_SEND_WINDOW         16 MiB     see below             no key: unacknowledged per link
 RENDEZVOUS_CLIENT_GRACE  0.5 s      -                     past rank 0's time: its verdict
 RENDEZVOUS_POLL          0.5 s      -                     rank 0 looks at its deadline
 LAUNCHER_GRACE           5 s        -                     polite signal, then SIGKILL
@@ -54,6 +58,23 @@ a connection (socket_buffer_bytes), so the sockets stay full while an ACK travel
 64 MiB p2p stream or allreduce over tcp as fast as without a window), and small against the
 192 MiB between HELD_PAUSE and HELD_PER_LINK. ACK_EVERY = SEND_WINDOW/4 keeps three quarters of the
 window in flight while an ACK is on its way, for one small message per 8 MiB read.
+
+Without a cluster key anyone who reaches the port can send as a free rank, so what all senders
+together can make a peer hold is bounded by OPEN_HELD_TOTAL (64 MiB), OPEN_HELD_PER_LINK (32
+MiB) from one source, and the same flow control keeps honest senders inside it with smaller
+figures (flow_control.HeldBounds): a source is paused past OPEN_HELD_PAUSE (8 MiB) of its own,
+and every source that delivers is paused while the total passes OPEN_HELD_PAUSE; the window is
+OPEN_SEND_WINDOW (16 MiB, ACKs every 4 MiB). From one honest source: 8 + M + max(16, 4 + M) =
+28 MiB with whole 4 MiB messages, under 32; all together: 8 + M + k x 16 MiB for k sources
+sending unstarted data at once, under 64 MiB for k <= 3 (an allreduce's ring has k = 1, a
+neighbour exchange k = in-degree, a group of 4 at most 3). Past that, or for a source that
+ignores HOLD, what comes is dropped: over the link's bound it is a strike ("over-bound"), over
+the total only a drop ("over-total": a source inside its own bound is not blamed for the
+others); and a source asked to wait that sends past its window is struck at once (no honest
+one can: flow_control.py), so one that ignores HOLD is cut at about 8 + 16 MiB. The window is
+half the keyed one: at 8 MiB a gossip round of 64 MiB over tcp took 9% longer (medians of 5,
+4 peers on 2 busy cores), at 16 MiB it was within the noise of 32. With a key the bounds
+above stay: only key holders can send.
 """
 from __future__ import annotations
 
@@ -63,7 +84,8 @@ __all__ = [
     "MAX_LOGGED_DROPS", "DROP_SUMMARY_INTERVAL", "RECONNECT_INTERVAL", "GOODBYE_LINGER",
     "CLOSE_TIMEOUT", "RING_MAPPED_SHARE", "REACH_POLL_MAX",
     "HELD_PAUSE", "HELD_RESUME", "HELD_PER_LINK", "HELD_TOTAL", "HELD_OVERHEAD", "MAX_STRIKES",
-    "SEND_WINDOW", "ACK_EVERY",
+    "SEND_WINDOW", "ACK_EVERY", "OPEN_HELD_TOTAL", "OPEN_HELD_PER_LINK",
+    "OPEN_HELD_PAUSE", "OPEN_SEND_WINDOW",
     "RENDEZVOUS_CLIENT_GRACE", "RENDEZVOUS_POLL", "LAUNCHER_GRACE", "STATUS_WAIT",
 ]
 
@@ -138,9 +160,18 @@ ACK_EVERY = SEND_WINDOW // 4
 # Measured (tracemalloc): a held message's mailbox, deque, header and frame objects cost about
 # 1.5 KiB besides its payload; counting 2 KiB keeps a flood of empty messages inside the bound.
 HELD_OVERHEAD = 2048
-# After this many malformed or over-bound messages on one rank's connection, it is cut: all
-# it sends from then on is dropped unread and what it left in unstarted mailboxes is freed.
+# After this many malformed, foreign or over-bound messages on one connection, it is cut: its
+# TCP (or ipc) connection is shut down (collectives/transport/offenders.py); a rank's identity
+# cut so stays cut (all it sends from then on is dropped unread, and what it left in unstarted
+# mailboxes is freed).
 MAX_STRIKES = 8
+# Without a cluster key (see the derivation above): what all senders together may make a peer
+# hold for operations it has not started, from one source, when sources are asked to wait
+# (one source past it, or every source while the total is past it), and the send window.
+OPEN_HELD_TOTAL = 64 << 20
+OPEN_HELD_PER_LINK = OPEN_HELD_TOTAL // 2
+OPEN_HELD_PAUSE = OPEN_HELD_TOTAL // 8
+OPEN_SEND_WINDOW = 16 << 20
 # Rendezvous clients wait this much past rank 0's deadline (rank 0 tells each client how long
 # it still waits), so rank 0's verdict (which ranks are missing) reaches them before their own;
 # a client rank 0 never answers fails after its timeout plus this (issue: within timeout + 1 s).

@@ -146,6 +146,8 @@ def _serve(transport: Transport, address: str, timeout: float, me: dict) -> dict
     finally:
         refusals.close()
         sock.close(linger=0)
+        # Counted with the data socket's in the peer's stats()["handshakes_refused"].
+        transport.count_rendezvous_refusals(refusals.by_reason)
 
 
 def _collect(sock, refusals, transport, address, timeout, me, n) -> dict[int, dict]:
@@ -175,6 +177,7 @@ def _collect(sock, refusals, transport, address, timeout, me, n) -> dict[int, di
         events = dict(poller.poll(min(remaining, defaults.RENDEZVOUS_POLL) * 1000))
         if refusals.monitor in events:
             refusals.on_events()
+        refusals.tick()
         if sock not in events:
             continue
         frames = sock.recv_multipart()

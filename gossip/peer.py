@@ -452,8 +452,12 @@ class Peer:
         return self._transport.lost_ranks()
 
     def stats(self) -> dict:
-        """Traffic counters (bytes and messages per peer, dropped bad messages, lost peers) of
-        the current view's transport; the totals include the earlier views' too."""
+        """Traffic counters (bytes and messages per peer, dropped bad messages, cut
+        connections, lost peers, what is held for operations not started) of the current
+        view's transport; the totals include the earlier views' too. ``handshakes_refused``
+        counts every refused handshake of this peer by direction, wherever it was refused:
+        ``handshakes_refused_by_socket`` says where (the data socket, the rendezvous it
+        hosted, its membership door)."""
         stats = self._transport.stats()
         for name, value in self._earlier_totals.items():
             stats[name] += value
@@ -462,6 +466,11 @@ class Peer:
         stats["codec"] = self._comm.codec_stats.snapshot()
         if self._membership is not None:
             stats.update(self._membership.stats())
+            door = stats["door"]["handshakes_refused"]
+            stats["handshakes_refused_by_socket"]["door"] = dict(door)
+            refused = stats["handshakes_refused"]
+            for reason, n in door.items():
+                refused[reason] = refused.get(reason, 0) + n
         return stats
 
     def register_policy(self, policy: MembershipParticipant) -> None:

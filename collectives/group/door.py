@@ -129,6 +129,7 @@ class Door:
                 self._zap.handle()
             if self.refusals.monitor in events:
                 self.refusals.on_events()
+            self.refusals.tick()  # a summary due (throttled_log.py)
             if self._router not in events:
                 continue
             while True:

@@ -6,7 +6,11 @@ decodes and passes wire.decode_header's checks against the payload, agrees with 
 and carries a message number above the last one heard from that source (replays and duplicates
 are refused before anything reaches the inbox, so a chunk is never reduced twice). A message
 that fails is dropped and counted (throttled_log.DropLog); one that passes goes to the handler
-of its kind, from a table. The shared-memory kinds are handled by shm.SharedMemory, HOLD by
+of its kind, from a table. A connection that keeps failing is cut (offenders.py): a rank's
+identity after MAX_STRIKES malformed or over-bound messages, whatever connections they came on
+(it stays cut: all it sends is dropped unread, and each new connection of it is cut again); a
+connection under no rank of this group (a foreign or unparsable identity, one of another job)
+after MAX_STRIKES of its own. The shared-memory kinds are handled by shm.SharedMemory, HOLD by
 flow_control.Holds; the operation kinds (DATA, ABORT) and BYE here, and the two questions this
 peer's I/O thread answers itself from its activity record (activity.py), so a peer busy in
 Python or idle between calls still answers: PLAN (a neighbour exchange names this peer; if
@@ -23,7 +27,9 @@ from typing import Callable
 from collectives import defaults
 from collectives.config import TransportConfig
 from collectives.transport.activity import Activity
-from collectives.transport.inbox import Inbox, Lost, MailboxError
+from collectives.transport.flow_control import WINDOW_FREE
+from collectives.transport.inbox import OVER_LINK, RETIRED, Inbox, Lost, MailboxError
+from collectives.transport.offenders import Offenders
 from collectives.transport.sockets import identity_of, job_of_identity, rank_of_identity
 from collectives.transport.throttled_log import DropLog
 from collectives.transport.wire import (ABORT, ACK, BYE, DATA, PLAN, PLAN_ANSWER, SHM, STATUS,
@@ -33,7 +39,8 @@ __all__ = ["Arrivals", "status_channel"]
 
 log = logging.getLogger("collectives")
 
-Handler = Callable[[int, Header, object], bool]  # (src, header, payload) -> counted as received
+# (src, header, payload) -> counted as received, or why the inbox kept nothing
+Handler = Callable[[int, Header, object], "bool | str"]
 _CHUNKS = (DATA, SHM, PLAN)  # the kinds that belong to an operation's call
 # A STATUS answer waits for its asker in this mailbox: (src, status_channel(channel), seq).
 # Negative, so no message's own channel (validated >= 0) can ever reach it.
@@ -49,13 +56,17 @@ class Arrivals:
     ROUTER), of the group ``config`` names (its job, view and message bound).
 
     Wiring: ``inbox`` takes what passes; ``counters`` count it per peer and ``drops`` what
-    does not; ``handlers`` adds kinds handled elsewhere (shm.SharedMemory.handlers(),
-    flow control's); ``activity`` answers PLAN and STATUS; ``answer(rank, header)`` sends a
-    header-only message quietly; ``acks`` (flow_control.Acks) acknowledges what is read."""
+    does not; ``offenders`` cuts the connections that keep failing; ``handlers`` adds kinds
+    handled elsewhere (shm.SharedMemory.handlers(), flow control's: a handler returns True if
+    the message counts as received, False if not, or why the inbox kept nothing, one of
+    inbox.RETIRED/OVER_LINK/OVER_TOTAL); ``activity`` answers PLAN and STATUS;
+    ``answer(rank, header)`` sends a header-only message quietly; ``acks``
+    (flow_control.Acks) acknowledges what is read."""
 
     def __init__(self, rank: int, world_size: int, config: TransportConfig, *, inbox: Inbox,
-                 counters: list, drops: DropLog, handlers: dict[int, Handler],
-                 activity: Activity, answer: Callable[[int, bytes], None], acks) -> None:
+                 counters: list, drops: DropLog, offenders: Offenders,
+                 handlers: dict[int, Handler], activity: Activity,
+                 answer: Callable[[int, bytes], None], acks) -> None:
         self.rank = rank
         self._world_size = world_size
         self._job_id = job_id = config.job_id
@@ -64,9 +75,15 @@ class Arrivals:
         self._inbox = inbox
         self._counters = counters
         self._drops = drops
+        self._offenders = offenders
+        self._frames: list = []  # the message being handled (a strike cuts its connection)
+        # Sources asked to wait (the inbox's live set), and whether a paused one is judged by
+        # its send window (without a cluster key: flow_control.HeldBounds.judge_window).
+        self._paused = inbox.paused
+        self._judge_window = inbox.bounds.judge_window
         self._identity_ranks = {identity_of(job_id, r, view): r for r in range(world_size)}
         self._heard = [0] * world_size  # last message number accepted from each source
-        # Malformed or over-bound messages per rank's connection; at MAX_STRIKES it is cut:
+        # Malformed, foreign or over-bound messages per rank; at MAX_STRIKES it is cut:
         # ``_cut[src]`` is then the reason it was cut, and everything further from it is
         # dropped unread under that reason (a list lookup per message, nothing more).
         self._strikes = [0] * world_size
@@ -87,12 +104,15 @@ class Arrivals:
         if src is None:
             src = rank_of_identity(identity, self._world_size, self._job_id, self._view)
         if src is None:
-            self._foreign(identity)
+            self._foreign(frames, identity)
             return
+        self._frames = frames
         cut = self._cut[src]
         if cut is not None:
             self.cut_dropped[src] += 1
             self._drops.drop(cut, f"rank {src}'s connection was cut; dropped unread")
+            # A new connection of a cut rank (it reconnected) is cut again.
+            self._offenders.strike(frames[1], identity, cut, f"rank {src} was cut")
             return
         if len(frames) not in (2, 3):
             self._strike(src, "malformed", f"{len(frames) - 1} frames from rank {src}")
@@ -106,14 +126,14 @@ class Arrivals:
             self._strike(src, "malformed", f"from rank {src}: {exc}")
             return
         if header.src != src:
-            self._drops.drop("foreign",
-                             f"header claims rank {header.src} on rank {src}'s connection")
+            self._strike(src, "foreign", f"header claims rank {header.src} on rank {src}'s "
+                                         "connection")
             return
         if src == self.rank:
             # A peer never sends to itself: whoever uses our own identity is an intruder, and
             # what it sends would sit in mailboxes nobody reads.
-            self._drops.drop("foreign",
-                             f"a connection uses this peer's own identity (rank {src})")
+            self._strike(src, "foreign", f"a connection uses this peer's own identity (rank "
+                                         f"{src})")
             return
         # Replays and duplicates: one pipe per source never reorders or repeats, so numbers
         # only grow.
@@ -123,49 +143,78 @@ class Arrivals:
                                        "unnumbered)")
             return
         self._heard[src] = header.number
+        kind = header.kind
+        if src in self._paused and self._judge_window and kind not in WINDOW_FREE \
+                and self._acks.past_window(src, len(payload) if payload is not None else 0):
+            # Asked to wait, it sent past its window: no honest sender can (flow_control.py).
+            self._strike(src, OVER_LINK, f"rank {src} sent past its send window while asked "
+                                         "to wait (it ignores HOLD)")
+            return
         # Every message is either dropped (and counted as such) or received, never both:
         # dropped + received accounts for every message that arrived.
-        kind = header.kind
+        counted: bool | str
         if kind == DATA and not header.slot:  # the usual message, without the table
             counted = self._deliver(src, header, payload)
         else:
             handler = self._handlers.get(kind)
             counted = handler is None or handler(src, header, payload)
-        if counted:
+        if counted is True:
             self._counters[src].messages_received += 1
             if kind in _CHUNKS:
                 self._check_call(src, header)
+        elif counted:  # a handler's message the inbox refused (see the class docstring)
+            self._refused(src, header, counted)
         # Read, so acknowledged (after the handler: a pause it decided holds this ACK back).
-        self._acks.read(src, len(payload) if payload is not None else 0, header.number)
+        self._acks.read(src, len(payload) if payload is not None else 0, header.number, kind)
 
-    def _foreign(self, identity: bytes) -> None:
+    def _foreign(self, frames: list, identity: bytes) -> None:
+        """A message under no rank of this group: dropped; its connection is cut after
+        MAX_STRIKES, but for a peer of this job in another view (its messages are late, not
+        hostile: a view change leaves old connections behind for a moment)."""
         group = job_of_identity(identity)
         job, _, view = (group or "").partition("#")
         if group is not None and job != self._job_id:
             # Two jobs met at one address (a reused port, a stale table): say which two.
-            self._drops.drop("foreign", f"a peer of job {job or '(unnamed)'!r} "
-                             f"({identity[:80]!r}) reached this peer of job "
-                             f"{self._job_id or '(unnamed)'!r}; its messages are dropped")
-            return
-        if group is not None and view != (str(self._view) if self._view else ""):
+            detail = (f"a peer of job {job or '(unnamed)'!r} ({identity[:80]!r}) reached this "
+                      f"peer of job {self._job_id or '(unnamed)'!r}; its messages are dropped")
+        elif group is not None and view != (str(self._view) if self._view else ""):
             self._drops.drop("stale", f"a message of view {view or 0} ({identity[:80]!r}) "
                              f"reached this peer's transport of view {self._view}")
             return
-        self._drops.drop("foreign", f"unknown sender identity {identity[:40]!r}")
+        else:
+            detail = f"unknown sender identity {identity[:40]!r}"
+        self._drops.drop("foreign", detail)
+        self._offenders.strike(frames[1], identity, "foreign", detail)
 
     def _strike(self, src: int, reason: str, detail: str) -> None:
-        """Drop a bad message from ``src``; at MAX_STRIKES, cut its connection."""
+        """Drop a bad message from ``src``; at MAX_STRIKES, cut it: its identity for good, and
+        the connection the message came on."""
         self._drops.drop(reason, detail)
         self._strikes[src] += 1
         if self._strikes[src] == defaults.MAX_STRIKES:
-            # libzmq's ROUTER cannot close one peer's connection: the identity is cut here
-            # instead, before any decoding, and what it left unclaimed is freed.
             self._cut[src] = reason
             freed = self._inbox.drop_unclaimed(src)
             log.error("rank %d: cut rank %d's connection after %d bad messages (last: %s): "
-                      "everything further from it is dropped unread; %d bytes it left for "
-                      "operations not started were freed", self.rank, src, self._strikes[src],
-                      detail, freed)
+                      "everything further from it is dropped unread, and its connection shut "
+                      "down (again whenever it reconnects); %d bytes it left for operations "
+                      "not started were freed", self.rank, src, self._strikes[src], detail,
+                      freed)
+            frames = self._frames
+            self._offenders.cut(frames[1], frames[0].bytes, reason, detail)
+
+    def _refused(self, src: int, header: Header, why: str) -> None:
+        """The inbox kept nothing of ``src``'s message (inbox.put's answer ``why``)."""
+        if why == RETIRED:
+            self._drops.stale(src, header)
+        elif why == OVER_LINK:
+            self._strike(src, why, f"rank {src} sent more for operations not started than "
+                         f"this peer holds from one source (channel {header.channel}, seq "
+                         f"{header.seq}; bounds {self._inbox.bounds.describe()})")
+        else:  # over the total: not this source's fault alone, so no strike
+            self._drops.drop(why, f"rank {src}'s message for an operation not started "
+                             f"(channel {header.channel}, seq {header.seq}) would take what "
+                             f"this peer holds past its bound "
+                             f"({self._inbox.bounds.describe()})")
 
     def _data(self, src: int, header: Header, payload) -> bool:
         if header.slot:  # the first chunk of a neighbour exchange, with its plan
@@ -176,35 +225,29 @@ class Arrivals:
         size = len(payload) if payload is not None else 0
         put = self._inbox.put((src, header.channel, header.seq), (header, payload, None),
                               size + defaults.HELD_OVERHEAD)
-        if not put:
-            if put is None:
-                self._strike(src, "over-bound", f"rank {src} sent more for operations not "
-                             f"started than this peer holds (channel {header.channel}, seq "
-                             f"{header.seq}; bounds {defaults.HELD_PER_LINK >> 20} MiB per "
-                             f"link, {defaults.HELD_TOTAL >> 20} MiB in total)")
-            else:
-                self._drops.stale(src, header)
+        if put is not True:
+            self._refused(src, header, put)
             return False
         self._counters[src].bytes_received += size
         return True
 
-    def _abort(self, src: int, header: Header, payload) -> bool:
+    def _abort(self, src: int, header: Header, payload) -> bool | str:
         reason, named = header.op, None
         if reason.startswith("view:"):
-            self._inbox.post_error((src, header.channel, header.seq), MailboxError(
+            posted = self._inbox.post_error((src, header.channel, header.seq), MailboxError(
                 f"rank {src} left the operation for a change of the group's view: "
                 f"{reason[5:]}", view_change=True))
-            return True
+            return True if posted is True or posted == RETIRED else posted
         if reason.startswith(("lost:", "late:")):
             rank_text, _, rest = reason[5:].partition("|")
             if rank_text.isdigit() and int(rank_text) < self._world_size:
                 named, reason = int(rank_text), rest
         lost = named if header.op.startswith("lost:") else None
         late = named if header.op.startswith("late:") else None
-        self._inbox.post_error((src, header.channel, header.seq),
-                               MailboxError(f"rank {src} abandoned the operation: {reason}",
-                                            lost, late))
-        return True
+        posted = self._inbox.post_error((src, header.channel, header.seq),
+                                        MailboxError(f"rank {src} abandoned the operation: "
+                                                     f"{reason}", lost, late))
+        return True if posted is True or posted == RETIRED else posted
 
     def _ack(self, src: int, header: Header, payload) -> bool:
         wrong = self._acks.on_ack(src, header.seq)
@@ -251,12 +294,12 @@ class Arrivals:
             return False
         return True
 
-    def _status(self, src: int, header: Header, payload) -> bool:
+    def _status(self, src: int, header: Header, payload) -> bool | str:
         channel, seq = header.channel, header.seq
         if header.slot:  # an answer to this peer's question
-            self._inbox.put((src, status_channel(channel), seq), (header, None, None),
-                            defaults.HELD_OVERHEAD)
-            return True
+            put = self._inbox.put((src, status_channel(channel), seq), (header, None, None),
+                                  defaults.HELD_OVERHEAD)
+            return True if put is True or put == RETIRED else put
         state, current, signature, waiting_on = self._activity.status(channel, seq)
         self._answer(src, encode_header(Header(STATUS, self.rank, channel, seq, signature[:200],
                                                offset=current + 1, length=waiting_on + 1,

@@ -49,22 +49,93 @@ heavily never wait on each other's data for the acknowledgement that would unblo
 
 Shared-memory chunks count only their header-only SHM message (HELD_OVERHEAD): their payload is
 bounded by the ring's slots, not by this window.
+
+Without a cluster key a paused source is also judged by its window (``Acks.past_window``):
+what was read from it since the last ACK sent to it, counting only the messages its window
+constrains (not WINDOW_FREE: ACK, HOLD, BYE, STARVED go whatever the window), is at most what
+it may have unacknowledged, since its window counts from the last ACK it received, which is
+no later. A source past that ignores HOLD: its message is refused as a strike (dispatch.py),
+and it is cut long before the hard bound.
+
+The figures are one value, ``HeldBounds``: with a cluster key the defaults' HELD_* and
+SEND_WINDOW (``KEYED_BOUNDS``); without one, where anyone who reaches the port can send as a free
+rank, smaller ones (``OPEN_BOUNDS``: 64 MiB held in total, all links together), where a source
+is also paused while the total is past the pause threshold, so that honest sources together
+stay inside the total (the derivation is in defaults.py).
 """
 from __future__ import annotations
 
 import logging
 import threading
 from collections import deque
+from dataclasses import dataclass
 
 from collectives import defaults
 from collectives.errors import PeerLost
-from collectives.transport.wire import ACK, HOLD, Channel, Header, encode_header
+from collectives.transport.wire import ACK, BYE, HOLD, STARVED, Channel, Header, encode_header
 
-__all__ = ["Holds", "SendWindow", "Acks", "message_cost"]
+__all__ = ["Holds", "SendWindow", "Acks", "message_cost", "HeldBounds", "KEYED_BOUNDS",
+           "OPEN_BOUNDS", "held_bounds", "WINDOW_FREE"]
+
+# The kinds a sender sends whatever its window (Link.send_control, send_urgent): they unblock
+# the other side or end the link. Counted in the window like any message, they are the only
+# ones that may take it past its limit, so a paused source is judged without them.
+WINDOW_FREE = frozenset({ACK, HOLD, BYE, STARVED})
 
 log = logging.getLogger("collectives")
 
 _OVERHEAD = defaults.HELD_OVERHEAD
+
+
+@dataclass(frozen=True)
+class HeldBounds:
+    """What a receiver holds for operations it has not started, and the flow control that
+    keeps honest senders inside it (bytes: payloads plus HELD_OVERHEAD per message)."""
+    per_link: int      # hard bound from one source: past it a message is a strike
+    total: int         # hard bound, all sources together: past it a message is dropped
+    pause: int         # a source holding more is asked to wait (HOLD) ...
+    resume: int        # ... and to go on once it holds less
+    # Every source that delivers while the total is past this is asked to wait too, and goes
+    # on once the total is below ``total_resume`` (and its own below ``resume``); None: the
+    # total alone pauses nobody.
+    total_pause: int | None
+    total_resume: int | None
+    window: int        # bytes a link may have sent and not had acknowledged
+    ack_every: int     # the receiver acknowledges this often
+    # A paused source that sends past its window is not a gossip peer: strike it (without a
+    # key; with one, every sender is a key holder).
+    judge_window: bool = False
+
+    def window_allowance(self, largest: int) -> int | None:
+        """What an honest source can have sent since the last acknowledgement it was sent,
+        its messages being at most ``largest`` bytes (payload and overhead): the window, or
+        a message begun below ``ack_every`` (SendWindow.room); None if not judged."""
+        if not self.judge_window:
+            return None
+        return max(self.window, self.ack_every + largest)
+
+    def describe(self) -> str:
+        """The bounds in a log line's words."""
+        return (f"{self.per_link >> 20} MiB per link, {self.total >> 20} MiB in total")
+
+
+# With a cluster key: only key holders send, and the bounds are for honest peers.
+KEYED_BOUNDS = HeldBounds(
+    per_link=defaults.HELD_PER_LINK, total=defaults.HELD_TOTAL, pause=defaults.HELD_PAUSE,
+    resume=defaults.HELD_RESUME, total_pause=None, total_resume=None,
+    window=defaults.SEND_WINDOW, ack_every=defaults.ACK_EVERY)
+# Without one: anyone who reaches the port may send as a free rank (defaults.py's derivation).
+OPEN_BOUNDS = HeldBounds(
+    per_link=defaults.OPEN_HELD_PER_LINK, total=defaults.OPEN_HELD_TOTAL,
+    pause=defaults.OPEN_HELD_PAUSE, resume=defaults.OPEN_HELD_PAUSE // 2,
+    total_pause=defaults.OPEN_HELD_PAUSE, total_resume=defaults.OPEN_HELD_PAUSE // 2,
+    window=defaults.OPEN_SEND_WINDOW, ack_every=defaults.OPEN_SEND_WINDOW // 4,
+    judge_window=True)
+
+
+def held_bounds(key) -> HeldBounds:
+    """The bounds of a group with cluster key ``key`` (None: without one)."""
+    return KEYED_BOUNDS if key is not None else OPEN_BOUNDS
 
 
 def message_cost(frames: tuple) -> int:
@@ -124,18 +195,31 @@ class Acks:
     an ACK from a peer this peer sends to (sender side)."""
 
     def __init__(self, rank: int, world_size: int, links: dict, connect, command,
-                 holding) -> None:
+                 holding, *, every: int = defaults.ACK_EVERY,
+                 allowance: int | None = None) -> None:
         self.rank = rank
+        # HeldBounds.window_allowance: a source asked to wait that was read for more than this
+        # since its last ACK ignored its window (read() says so); None: not judged.
+        self._allowance = allowance if allowance is not None else float("inf")
         self._links = links        # rank -> Link, the transport's table
         self._connect = connect    # rank -> Link, opening it if needed
         self._command = command    # the I/O loop's command queue (to flush a freed link)
         self._holding = holding    # src -> True while this peer has asked it to pause
-        self._every = defaults.ACK_EVERY
-        # Receiver side. ``_unacked`` and ``_last`` are written only by the ROUTER's reader
-        # (one thread at a time); ``_sent`` (the number last acknowledged to each source) under
-        # ``_lock``, which also keeps ACKs to one source in order when a resume sends one from
-        # another thread: an ACK that went backwards would be a strike.
-        self._unacked = [0] * world_size
+        self._every = every        # HeldBounds.ack_every: acknowledge this often
+        # Receiver side. ``_read`` (bytes read from each source, payloads plus overhead) and
+        # ``_last`` (the number of its last message) are written only by the ROUTER's reader
+        # (one thread at a time), in that order; ``_sent`` (the number last acknowledged to
+        # each source) and ``_acked_at`` (``_read`` then) under ``_lock``, which also keeps
+        # ACKs to one source in order when a resume sends one from another thread: an ACK that
+        # went backwards would be a strike. ``_send`` reads ``_last`` first, then ``_read``:
+        # what it records as acknowledged covers at least the messages its number names, so
+        # a source is never judged for more than it has in flight.
+        self._read = [0] * world_size
+        self._acked_at = [0] * world_size
+        # The same for the messages the sender's window constrains (not WINDOW_FREE): what a
+        # paused source is judged by (past_window).
+        self._windowed = [0] * world_size
+        self._windowed_at = [0] * world_size
         self._last = [0] * world_size
         self._sent = [0] * world_size
         self._lock = threading.Lock()
@@ -143,14 +227,27 @@ class Acks:
         self.received = 0
 
     # -- receiver side ----------------------------------------------------------------------
-    def read(self, src: int, nbytes: int, number: int) -> None:
-        """The ROUTER's reader took message ``number`` with ``nbytes`` of payload from ``src``."""
+    def read(self, src: int, nbytes: int, number: int, kind: int) -> None:
+        """The ROUTER's reader took message ``number`` of ``kind`` with ``nbytes`` of payload
+        from ``src``."""
+        cost = nbytes + _OVERHEAD
+        read = self._read[src] + cost
+        self._read[src] = read
+        if kind not in WINDOW_FREE:
+            self._windowed[src] += cost
         self._last[src] = number
-        unacked = self._unacked[src] + nbytes + _OVERHEAD
-        if unacked >= self._every and not self._holding(src):
+        if read - self._acked_at[src] >= self._every and not self._holding(src):
             self._send(src)
-            unacked = 0
-        self._unacked[src] = unacked
+
+    def past_window(self, src: int, nbytes: int) -> bool:
+        """Would a message of ``nbytes`` from ``src``, which this peer asked to wait, take what
+        was read from it since its last ACK past its window? An honest sender cannot get there
+        (its window counts from the last ACK it received, which is no later than the last
+        one sent, and what goes whatever the window, WINDOW_FREE, is not counted): the caller
+        refuses the message and counts a strike. (The caller asks only for a message the
+        window constrains, while ``src`` is paused, and only where the bounds judge windows.)"""
+        return (self._windowed[src] + nbytes + _OVERHEAD - self._windowed_at[src]
+                > self._allowance)
 
     def resume(self, src: int) -> None:
         """``src`` may go on (Holds): acknowledge what was read while it was paused."""
@@ -159,6 +256,8 @@ class Acks:
     def _send(self, src: int) -> None:
         with self._lock:
             number = self._last[src]
+            read = self._read[src]  # after the number: it covers that message's bytes
+            windowed = self._windowed[src]
             if number <= self._sent[src]:
                 return
             try:
@@ -167,6 +266,8 @@ class Acks:
                 log.debug("rank %d: ACK to rank %d not sent: %s", self.rank, src, exc)
                 return
             self._sent[src] = number
+            self._acked_at[src] = read
+            self._windowed_at[src] = windowed
             ack = encode_header(Header(ACK, self.rank, Channel.LINK, number))
             if link.send_control("ack", (ack,)):
                 self._command(("flush", link))

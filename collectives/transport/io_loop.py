@@ -58,6 +58,7 @@ class IoLoop:
         self._inbox = inbox
         self._liveness = liveness
         self._handle: Callable[[list], None] | None = None  # what arrives (Arrivals.handle)
+        self._ticks: tuple[Callable[[], None], ...] = ()  # the throttled logs' (start)
         self._shm: Any = None
         self._closing = False
         # "lost:<rank>|<why>" while this peer's last operation failed for a lost peer: the
@@ -85,11 +86,14 @@ class IoLoop:
         self._paced: dict[Any, float] = {}
         self._thread = threading.Thread(target=self._run, name=f"gossip-io-r{rank}", daemon=True)
 
-    def start(self, handle: Callable[[list], None], shm) -> None:
+    def start(self, handle: Callable[[list], None], shm,
+              ticks: tuple[Callable[[], None], ...] = ()) -> None:
         """Run the I/O thread: ``handle(frames)`` for every message read from the ROUTER;
-        ``shm`` (SharedMemory) for links blocked on a full ring and its mappings at exit."""
+        ``shm`` (SharedMemory) for links blocked on a full ring and its mappings at exit;
+        ``ticks``, the throttled logs' (their summaries due), at least every IDLE_POLL."""
         self._handle = handle
         self._shm = shm
+        self._ticks = ticks
         self._blocked = shm.blocked
         self._thread.start()
 
@@ -249,6 +253,7 @@ class IoLoop:
         poller.register(refusals.monitor, zmq.POLLIN)
         if zap:
             poller.register(zap.socket, zmq.POLLIN)
+        next_tick = 0.0
         try:
             while True:
                 if not self._drain_commands():
@@ -267,6 +272,13 @@ class IoLoop:
                     timeout = min(timeout, max(0, math.ceil(wait * 1000)))
                 events = dict(poller.poll(int(timeout)))   # (whole ms, as zmq_poll takes)
                 self._asleep = False
+                if not events or timeout >= _IDLE_POLL_MS:
+                    # Idle, or a long wait: the throttled logs' summaries (a cheap look each).
+                    now = time.monotonic()
+                    if now >= next_tick:
+                        next_tick = now + defaults.IDLE_POLL
+                        for tick in self._ticks:
+                            tick()
                 if paced:
                     now = time.monotonic()
                     for link, due in list(paced.items()):

@@ -81,7 +81,8 @@ class Link:
     """The DEALER to one peer, its monitor socket (liveness), and the send queue."""
 
     def __init__(self, rank: int, sock: zmq.Socket, monitor: zmq.Socket,
-                 on_sent: Callable[[int, int, int], None], pacer: Pacer | None = None) -> None:
+                 on_sent: Callable[[int, int, int], None], pacer: Pacer | None = None, *,
+                 window: SendWindow | None = None) -> None:
         self.rank = rank
         self.sock = sock
         self.monitor = monitor
@@ -96,7 +97,7 @@ class Link:
         self.hold_generation = -1
         # Bytes sent and not acknowledged (flow_control.SendWindow), and the control messages
         # waiting for room in the socket, by purpose ("hold", "ack"): they go before anything queued.
-        self.window = SendWindow()
+        self.window = window if window is not None else SendWindow()
         self.control: dict[str, tuple] = {}
         self._on_sent = on_sent  # counters: (rank, messages, payload bytes)
         # Link emulation (emulation.py): the release time of each queued entry, in order.

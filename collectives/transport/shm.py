@@ -224,18 +224,21 @@ class SharedMemory:
             self._send_quietly(src, self._credit)
 
     # -- receiver side: the handlers of the arrivals table ----------------------------------
-    def on_shm(self, src: int, header: Header, payload) -> bool:
+    def on_shm(self, src: int, header: Header, payload) -> bool | str:
         view = self._views.get(src)
         if view is None or header.slot >= view.nslots or header.length > view.slot_bytes:
             self._drops.drop("malformed", f"rank {src} named shared-memory slot {header.slot} "
                                           f"of {header.length} bytes outside its ring")
             return False
         release = _Releaser(self, src, view, header.slot)
-        if not self._inbox.put((src, header.channel, header.seq),
-                               (header, view.chunk(header.slot, header.length), release)):
+        # Counted as held like any message (its Python objects; the payload stays in the
+        # sender's ring): a flood of headers naming one slot cannot grow this process either.
+        put = self._inbox.put((src, header.channel, header.seq),
+                              (header, view.chunk(header.slot, header.length), release),
+                              defaults.HELD_OVERHEAD)
+        if put is not True:
             release()
-            self._drops.stale(src, header)
-            return False
+            return put  # the arrivals say why (stale, or over a bound)
         self._counters[src].bytes_received += header.length
         return True
 
@@ -281,6 +284,8 @@ class SharedMemory:
         return True
 
     def on_starved(self, src: int, header: Header, payload) -> bool:
+        # Copies count as held (payload bytes): past the bounds they stay in the ring, and the
+        # sender waits for the operations to start (or is paused, past the pause threshold).
         self._inbox.replace_unclaimed(src, _copy_out)
         return True
 

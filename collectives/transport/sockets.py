@@ -26,6 +26,7 @@ from collectives.config import TransportConfig
 from collectives.errors import PeerLost, RendezvousError
 from collectives.security import ZapHandler
 from collectives.transport.emulation import Pacer
+from collectives.transport.flow_control import SendWindow, held_bounds
 from collectives.transport.link import Link
 from collectives.transport.liveness import MONITOR_EVENTS
 from collectives.transport.refusals import Refusals
@@ -107,6 +108,9 @@ class Sockets:
         self._accepting = True
         self.context = zmq.Context()
         self.router = self.socket(zmq.ROUTER, server=True)
+        # The ROUTER never sends but to ask whether a routing id's connection is open (alive):
+        # then a send to an id without an open pipe must fail, not vanish.
+        self.router.router_mandatory = 1
         # Monitored before it binds, so no refused handshake goes unseen.
         self.refusals = Refusals(rank, self.router)
         self.zap = (ZapHandler(self.context, config.key, on_denied=self.refusals.zap_denied)
@@ -166,6 +170,16 @@ class Sockets:
                   f" and {endpoints['ipc']}" if endpoints["ipc"] else "")
         return endpoints
 
+    def alive(self, identity: bytes) -> bool:
+        """Whether the ROUTER has an open connection under routing id ``identity`` (only the
+        thread reading the ROUTER may ask: it sends an empty message there, which a gossip
+        DEALER never reads; offenders.py)."""
+        try:
+            self.router.send_multipart((identity, b""), zmq.NOBLOCK)
+            return True
+        except zmq.ZMQError:  # EHOSTUNREACH: none open; EAGAIN: its queue is full (unknown)
+            return False
+
     def address(self, rank: int) -> str:
         """The endpoint this peer reaches ``rank`` at; "<unknown address>" before the table has it,
         so an error message can always name one."""
@@ -192,8 +206,10 @@ class Sockets:
             log.debug("rank %d: connecting to rank %d at %s", self.rank, rank,
                       self.address(rank))
             dealer.connect(self.address(rank))
+            bounds = held_bounds(self.config.key)
             link = Link(rank, dealer, monitor, self._on_sent,
-                        None if self.config.link is None else Pacer(self.config.link))
+                        None if self.config.link is None else Pacer(self.config.link),
+                        window=SendWindow(bounds.window, bounds.ack_every))
             prepare(link)
             self.links[rank] = link
         return link, True

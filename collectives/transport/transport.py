@@ -27,11 +27,12 @@ from collectives.errors import PeerLost, ProtocolError, RendezvousError
 from collectives.transport.activity import Activity, Status
 from collectives.transport.dispatch import Arrivals, status_channel
 from collectives.transport.emulation import emulation_stats
-from collectives.transport.flow_control import Acks, Holds
+from collectives.transport.flow_control import Acks, Holds, held_bounds
 from collectives.transport.inbox import Inbox
 from collectives.transport.io_loop import IoLoop
 from collectives.transport.link import Link, SendTicket
 from collectives.transport.liveness import Liveness
+from collectives.transport.offenders import Offenders
 from collectives.transport.shm import SharedMemory
 from collectives.transport.sockets import Sockets, host_id
 from collectives.transport.throttled_log import DropLog
@@ -68,15 +69,21 @@ class Transport:
         self.rank = rank
         self.world_size = world_size
         self.config = config or TransportConfig()
-        self.inbox = Inbox()
+        # What this peer holds for operations not started: smaller without a cluster key,
+        # where anyone who reaches the port may send (flow_control.HeldBounds).
+        self.bounds = held_bounds(self.config.key)
+        self.inbox = Inbox(self.bounds)
         self.counters = [PeerCounters() for _ in range(world_size)]
         self.hosts: dict[int, str] = {}   # rank -> host_id, from the table (set_peers)
         self._closed = False
         self._armed: tuple | None = None   # the last wait logged (DEBUG): one line per wait
         self.interrupted = False   # interrupt() was called: a view change ends this transport
         self._close_lock = threading.Lock()
+        self._rendezvous_refused: dict[str, int] = {}  # the rendezvous's, once it closed
         self._drops = DropLog(rank)
         self._sockets = Sockets(rank, self.config, self._count_sent)
+        # Connections cut for bad messages (the ROUTER says whether one is still open).
+        self._offenders = Offenders(rank, self._sockets.alive)
         self.context = self._sockets.context
         self.endpoints = self._sockets.endpoints
         # The sockets' tables, bound here: every send looks its link up.
@@ -91,19 +98,26 @@ class Transport:
         # What this peer holds for operations not started is bounded in the inbox; holds asks
         # a source running ahead to wait, and obeys such requests from others; the send
         # window bounds in bytes what each link has in flight, paused or not.
+        # A source paused and sending past its window is judged by its largest honest message,
+        # with the margin the ROUTER's frame cap gives differently configured peers, halved.
+        largest = 2 * max(self.config.whole_message_bytes, self.config.chunk_bytes) \
+            + defaults.HELD_OVERHEAD
         self._acks = Acks(rank, world_size, self._links, self.connect, self._loop.command,
-                          self.inbox.holding)
+                          self.inbox.holding, every=self.bounds.ack_every,
+                          allowance=self.bounds.window_allowance(largest))
         self._holds = Holds(rank, self._links, self.connect, self._loop.command, self._acks)
         self.inbox.on_hold = self._holds.request
         # What this peer's operations are doing, for the peers that ask (activity.py).
         self.activity = Activity()
         arrivals = Arrivals(rank, world_size, self.config, inbox=self.inbox,
-                            counters=self.counters, drops=self._drops,
+                            counters=self.counters, drops=self._drops, offenders=self._offenders,
                             handlers={**self._shm.handlers(), **self._holds.handlers()},
                             activity=self.activity, answer=self._send_quietly, acks=self._acks)
         self._command = self._loop.command
         self.pump = self._loop.pump   # (pump(key, deadline): io_loop.py's)
-        self._loop.start(arrivals.handle, self._shm)
+        self._loop.start(arrivals.handle, self._shm,
+                         ticks=(self._drops.tick, self._offenders.tick,
+                                self._sockets.refusals.tick))
 
     # ------------------------------------------------------------------ set-up
     def set_peers(self, table: dict[int, dict]) -> None:
@@ -278,10 +292,18 @@ class Transport:
                 log.debug("rank %d: %s: waiting on rank %d (channel %d, sequence %d), timeout "
                           "in %.3gs", self.rank, operation, src, channel, seq,
                           deadline - time.monotonic())
-        if item is None and self.pump(key, deadline):
-            item = self.inbox.get(key, deadline)
-        elif item is None:
-            item = self._loop.wait_on_inbox(self.inbox.get, key, deadline)
+        if item is None:
+            # Wanted meanwhile: a source paused for what all sources hold together is let go
+            # on, so what it has for this operation is not stuck behind the pause.
+            inbox = self.inbox
+            inbox.want(src)
+            try:
+                if self.pump(key, deadline):
+                    item = inbox.get(key, deadline)
+                else:
+                    item = self._loop.wait_on_inbox(inbox.get, key, deadline)
+            finally:
+                inbox.unwant(src)
         if type(item) is tuple:
             return item
         raise self._wait_error(item, src, operation, channel, seq)
@@ -369,15 +391,25 @@ class Transport:
             "messages_received": sum(c.messages_received for c in counters),
             "dropped": self._drops.count,
             "dropped_by_reason": dict(self._drops.by_reason),
+            # Connections cut for bad messages (offenders.py), by the reason of the last one;
+            # a sender that reconnects and is cut again counts again.
+            "disconnected": self._offenders.count,
+            "disconnected_by_reason": dict(self._offenders.by_reason),
             "lost": self.lost_ranks(),
             "authentication_denied": zap.denied if zap else 0,
-            # Every refused handshake: ZAP's denials, those libzmq refuses before ZAP
-            # (no CURVE, another server key), and peers refusing this one ("outbound").
-            "handshakes_refused": dict(self._sockets.refusals.by_reason),
+            # Every refused handshake of the data socket (and of the rendezvous this peer
+            # hosted): ZAP's denials, those libzmq refuses before ZAP (no CURVE, another
+            # server key, no ZMTP 3), and peers refusing this one ("outbound").
+            "handshakes_refused": self.handshakes_refused(),
+            "handshakes_refused_by_socket": {"data": dict(self._sockets.refusals.by_reason),
+                                             "rendezvous": dict(self._rendezvous_refused)},
             # Flow control of messages for operations not started (flow_control.Holds).
             "holds_sent": dict(self._holds.sent),
             "holds_received": dict(self._holds.received),
             "held_peak": self.inbox.held_peak,
+            # What is held for operations not started now, by source and in total, its most,
+            # and the bounds (smaller without a cluster key: flow_control.HeldBounds).
+            "held": self._held_stats(),
             # The send window (flow_control.Acks): acknowledgements sent and received.
             "acks_sent": self._acks.sent,
             "acks_received": self._acks.received,
@@ -387,6 +419,28 @@ class Transport:
             stats["link_emulation"] = emulation_stats(
                 self.config.link, [link.emulated for link in list(self._links.values())])
         return stats
+
+    def _held_stats(self) -> dict:
+        by_link, total = self.inbox.held()
+        bounds = self.bounds
+        return {"by_link": by_link, "total": total, "peak_total": self.inbox.held_total_peak,
+                "peak_link": self.inbox.held_peak, "bound_per_link": bounds.per_link,
+                "bound_total": bounds.total, "pause": bounds.pause,
+                "window": bounds.window, "keyed": self.config.key is not None}
+
+    def handshakes_refused(self) -> dict[str, int]:
+        """Refused handshakes of this peer's data socket, and of the rendezvous it hosted, by
+        direction ("inbound": clients refused; "outbound": peers refusing this one)."""
+        refused = dict(self._sockets.refusals.by_reason)
+        for reason, n in self._rendezvous_refused.items():
+            refused[reason] = refused.get(reason, 0) + n
+        return refused
+
+    def count_rendezvous_refusals(self, by_reason: dict[str, int]) -> None:
+        """Add the refused handshakes of the rendezvous this peer hosted (rendezvous.py, as it
+        closes its socket) to this transport's."""
+        for reason, n in by_reason.items():
+            self._rendezvous_refused[reason] = self._rendezvous_refused.get(reason, 0) + n
 
     def interrupt(self) -> None:
         """End every wait at once (each raises PeerLost: this peer was closed), leaving the
@@ -409,6 +463,8 @@ class Transport:
         self._shm.wait_mapped(time.monotonic() + timeout * defaults.RING_MAPPED_SHARE)
         self._loop.stop(timeout)
         self.inbox.close()
+        self._drops.tick(final=True)   # what the throttled logs have not said yet
+        self._offenders.tick(final=True)
         self._sockets.destroy()
         self._loop.close_pipe()
 

@@ -1,18 +1,33 @@
 """An honest sender running far ahead of its receiver: the receiver holds what arrives for
-operations it has not started up to HELD_PAUSE, then asks the sender to wait (HOLD), and lets
-it go on once it catches up. Nothing is dropped, every array arrives exact, and the receiver
-never holds more than HELD_PER_LINK from that sender: what the sender still has in flight is
-bounded in bytes by its send window (ACKs), even for whole 4 MiB messages posted at once, in
-both directions at once, and when it closes with its window full. Over tcp: shared-memory
-chunks are bounded by their ring instead."""
+operations it has not started up to its pause threshold, then asks the sender to wait (HOLD),
+and lets it go on once it catches up. Nothing is dropped, every array arrives exact, and the
+receiver never holds more than its per-link bound from that sender: what the sender still has
+in flight is bounded in bytes by its send window (ACKs), even for whole 4 MiB messages posted
+at once, in both directions at once, and when it closes with its window full. Over tcp:
+shared-memory chunks are bounded by their ring instead. The bounds are the receiver's own
+(flow_control.HeldBounds): smaller without a cluster key than with one; the tests that depend
+on them run both ways."""
 from __future__ import annotations
 
 import time
 
 import numpy as np
+import pytest
 
 from collectives import defaults
+from collectives.security import write_cluster_key
+from collectives.transport.flow_control import KEYED_BOUNDS, OPEN_BOUNDS
 from gossip.testing import spawn, wait_until
+
+
+@pytest.fixture(params=["no-key", "key"])
+def keyed(request, tmp_path):
+    """spawn() options of a group without a cluster key, or with one; the bounds it uses."""
+    if request.param == "no-key":
+        return {"insecure": True}, OPEN_BOUNDS
+    path = tmp_path / "cluster.key"
+    write_cluster_key(path)
+    return {"key": str(path)}, KEYED_BOUNDS
 
 MESSAGES = 24
 SIZE = 16 << 20  # 24 x 16 MiB = 384 MiB: past the pause and the hard bound both
@@ -37,11 +52,12 @@ def run_ahead(peer):
     return exact, stats["dropped"], stats["held_peak"], stats["holds_sent"]
 
 
-def test_fast_sender_waits_instead_of_being_dropped():
+def test_fast_sender_waits_instead_of_being_dropped(keyed):
+    options, bounds = keyed
     (exact, dropped, peak, sent), received = spawn(run_ahead, n=2, timeout=120,
-                                                  transport="tcp")
+                                                  transport="tcp", **options)
     assert exact and dropped == 0
-    assert defaults.HELD_PAUSE < peak <= defaults.HELD_PER_LINK, peak
+    assert bounds.pause < peak <= bounds.per_link, peak
     assert sent["pause"] >= 1 and sent["resume"] >= 1, sent
     assert received["pause"] >= 1 and received["resume"] >= 1, received
     print(f"\nrun ahead: {MESSAGES} x {SIZE >> 20} MiB, held peak {peak / 2**20:.1f} MiB, "
@@ -53,11 +69,15 @@ def test_fast_sender_waits_instead_of_being_dropped():
 # queues (send_hwm + recv_hwm messages) alone would let 512 MiB of them be in flight past a
 # pause. The send window bounds that in bytes (collectives/transport/flow_control.py).
 WHOLE = 4 << 20
-POSTED = 160  # 640 MiB posted at once, without waiting: more than twice HELD_PER_LINK
+POSTED = 160  # 640 MiB posted at once, without waiting: more than twice the keyed per-link bound
 BASE = (np.arange(WHOLE) % 251).astype(np.uint8)
-# What a receiver may hold from an honest source (defaults.py's derivation): HELD_PAUSE, the
-# message that crossed it, and one send window.
-HONEST_BOUND = defaults.HELD_PAUSE + WHOLE + defaults.HELD_OVERHEAD + defaults.SEND_WINDOW
+
+
+def honest_bound(bounds) -> int:
+    """What a receiver may hold from an honest source (defaults.py's derivation): the pause
+    threshold, the message that crossed it, and one send window."""
+    return bounds.pause + WHOLE + defaults.HELD_OVERHEAD + bounds.window
+
 
 
 def isend(peer, dst: int, x, seq: int):
@@ -114,17 +134,19 @@ def posted_ahead(peer):
             "acks": stats["acks_sent"]}
 
 
-def test_posted_sends_of_whole_messages_wait_in_the_window_and_all_arrive():
-    receiver, sender = spawn(posted_ahead, n=2, timeout=240, peer_timeout=120, transport="tcp")
+def test_posted_sends_of_whole_messages_wait_in_the_window_and_all_arrive(keyed):
+    options, bounds = keyed
+    receiver, sender = spawn(posted_ahead, n=2, timeout=240, peer_timeout=120, transport="tcp",
+                             **options)
+    honest = honest_bound(bounds)
     assert receiver["wrong"] == 0, receiver
     assert receiver["dropped"] == 0 and not receiver["by_reason"], receiver  # never cut
-    assert defaults.HELD_PAUSE < receiver["peak"] <= HONEST_BOUND < defaults.HELD_PER_LINK, \
-        receiver
-    assert defaults.HELD_PAUSE < receiver["held"] <= receiver["peak"], receiver
+    assert bounds.pause < receiver["peak"] <= honest < bounds.per_link, receiver
+    assert bounds.pause < receiver["held"] <= receiver["peak"], receiver
     assert sender["holds"]["pause"] >= 1 and sender["acks"] >= 1, sender
     assert sender["queued"] == 0, sender
     print(f"\nposted ahead: {POSTED} x 4 MiB, held peak {receiver['peak'] / 2**20:.1f} MiB "
-          f"(bound {HONEST_BOUND / 2**20:.1f}), {receiver['held'] / 2**20:.1f} MiB held before "
+          f"(bound {honest / 2**20:.1f}), {receiver['held'] / 2**20:.1f} MiB held before "
           f"reading, {sender['acks']} ACKs, holds {sender['holds']}, 0 dropped")
 
 
@@ -173,14 +195,15 @@ def both_ways(peer):
     wait_all(sent)
     stats = peer.stats()
     return {"wrong": wrong, "dropped": stats["dropped"], "peak": stats["held_peak"],
-            "holds": stats["holds_sent"]}
+            "holds": stats["holds_sent"], "honest": honest_bound(peer.transport.bounds)}
 
 
-def test_both_directions_heavy_at_once_do_not_deadlock():
-    results = spawn(both_ways, n=2, timeout=240, peer_timeout=120, transport="tcp")
+def test_both_directions_heavy_at_once_do_not_deadlock(keyed):
+    options, _ = keyed
+    results = spawn(both_ways, n=2, timeout=240, peer_timeout=120, transport="tcp", **options)
     for r in results:
         assert r["wrong"] == 0 and r["dropped"] == 0, results
-        assert r["peak"] <= HONEST_BOUND, results
+        assert r["peak"] <= r["honest"], results
     print(f"\nboth ways: {BOTH} x 4 MiB each way, held peaks "
           f"{[round(r['peak'] / 2**20, 1) for r in results]} MiB, pauses "
           f"{[r['holds']['pause'] for r in results]}, 0 dropped")
