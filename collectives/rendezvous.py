@@ -250,8 +250,8 @@ def _refuse_other_job(sock, ident: bytes, msg: dict, me: dict, rank: int, addres
     """Tell a peer of another job that this rendezvous is not its job's (it tries again)."""
     theirs = msg.get("job", "")
     theirs = theirs[:80] if isinstance(theirs, str) else "?"
-    reason = (f"the rendezvous at {address} is job {_job_name(me['job'])}'s; this peer is of "
-              f"job {_job_name(theirs)}")
+    reason = (f"the rendezvous at {address} belongs to job {_job_name(me['job'])}; this peer "
+              f"belongs to job {_job_name(theirs)}")
     if (theirs, rank) not in refused:
         refused.add((theirs, rank))
         log.warning("rank 0 of job %s: refused rank %d of job %s at the rendezvous %s",
