@@ -20,9 +20,10 @@ the engine's public methods, never the Communicator's private state.
 """
 from __future__ import annotations
 
+import functools
 import logging
 import time
-from typing import Any
+from typing import Any, Callable, TypeVar
 
 import numpy as np
 
@@ -36,6 +37,7 @@ from collectives.algorithms.ring import (counts_digest, ring_reduce_scatter, seg
                                          segments_of_counts)
 from collectives.arrays.adapter import ArrayAdapter, check_reduce_op
 from collectives.engine import Engine
+from collectives.errors import UnsupportedDtype
 from collectives.neighbor_plan import NeighborPlan
 from collectives.operations import rooted
 from collectives.operations.coalesced import coalesced_allreduce
@@ -57,6 +59,26 @@ P2P_CHANNEL = Channel.P2P
 # Below this many bytes allreduce uses recursive doubling (latency-bound); above, the ring
 # (bandwidth-bound). Chosen by measurement: see benchmarks/allreduce_threshold.py.
 DEFAULT_SMALL_BYTES = 256 * 1024
+
+
+_Method = TypeVar("_Method", bound=Callable[..., Any])
+
+
+def _named(operation: str) -> Callable[[_Method], _Method]:
+    """A public call of the communicator: an array of a dtype the wire does not carry is
+    refused (staging.flat_of, before a sequence number is taken) naming this peer's rank and
+    ``operation``."""
+    def decorate(method: _Method) -> _Method:
+        @functools.wraps(method)
+        def call(self: "Communicator", *args: Any, **kwargs: Any) -> Any:
+            try:
+                return method(self, *args, **kwargs)
+            except UnsupportedDtype as exc:
+                if exc.operation is not None:
+                    raise
+                raise exc.named(self.rank, operation) from None
+        return call  # type: ignore[return-value]
+    return decorate
 
 
 class Communicator:
@@ -96,6 +118,7 @@ class Communicator:
             self._nccl.supports(op, dtype)
 
     # ------------------------------------------------------------------ collectives
+    @_named("allreduce")
     def allreduce(self, x: Any, op: str = "sum", *, wait: bool = True,
                   timeout: float | None = None, algorithm: str = "auto",
                   compression: Any = None, residual: Any = None, _layout: str = "") -> Any:
@@ -133,6 +156,7 @@ class Communicator:
             return x
         return self.engine.launch(f"{signature} seq {seq}", body, wait, stage)
 
+    @_named("reduce_scatter")
     def reduce_scatter(self, x: Any, op: str = "sum", *, counts: Any = None,
                        wait: bool = True, timeout: float | None = None) -> Any:
         """Reduce ``x`` across peers; this peer gets its segment, returned as a view into
@@ -168,6 +192,7 @@ class Communicator:
             return adapter.slice(flat, lo, hi)
         return self.engine.launch(f"{signature} seq {seq}", body, wait)
 
+    @_named("allgather")
     def allgather(self, x: Any, *, out: Any = None, variable: bool = False, wait: bool = True,
                   timeout: float | None = None) -> Any:
         """Gather every peer's ``x``. Equal sizes: an array of shape (n, *x.shape) (into
@@ -224,6 +249,7 @@ class Communicator:
             return result
         return self.engine.launch(f"{signature} seq {seq}", body, wait, stage)
 
+    @_named("broadcast")
     def broadcast(self, x: Any, root: int = 0, *, wait: bool = True,
                   timeout: float | None = None) -> Any:
         """Copy root's ``x`` into every peer's ``x`` (in place) and return it."""
@@ -246,21 +272,25 @@ class Communicator:
             return x
         return self.engine.launch(f"{signature} seq {seq}", body, wait, stage)
 
+    @_named("reduce")
     def reduce(self, x: Any, root: int = 0, op: str = "sum", *, wait: bool = True,
                timeout: float | None = None) -> Any:
         """Reduce every peer's ``x`` into the root's, in place (rooted.reduce)."""
         return rooted.reduce(self.engine, x, root, op, wait, timeout)
 
+    @_named("gather")
     def gather(self, x: Any, root: int = 0, *, out: Any = None, wait: bool = True,
                timeout: float | None = None) -> Any:
         """Every peer's ``x`` at the root, shape (n, *x.shape); None elsewhere (rooted.gather)."""
         return rooted.gather(self.engine, x, root, out, wait, timeout)
 
+    @_named("scatter")
     def scatter(self, x: Any, root: int = 0, *, out: Any = None, wait: bool = True,
                 timeout: float | None = None) -> Any:
         """Part r of the root's ``x`` into peer r's ``out`` (rooted.scatter)."""
         return rooted.scatter(self.engine, x, root, out, wait, timeout)
 
+    @_named("alltoall")
     def alltoall(self, x: Any, *, out: Any = None, send_counts: Any = None,
                  recv_counts: Any = None, wait: bool = True,
                  timeout: float | None = None) -> Any:
@@ -268,6 +298,7 @@ class Communicator:
         ``send_counts``/``recv_counts`` elements per peer (rooted.alltoall)."""
         return rooted.alltoall(self.engine, x, out, wait, timeout, send_counts, recv_counts)
 
+    @_named("neighbor_exchange")
     def neighbor_exchange(self, x: Any, plan: NeighborPlan, *, scratch: Any = None,
                           out: Any = None, wait: bool = True,
                           timeout: float | None = None) -> Any:
@@ -298,6 +329,7 @@ class Communicator:
         return neighbor_allreduce(self.engine, x, plan, scratch=scratch, out=out, wait=wait,
                                   timeout=timeout, stats=self.codec_stats)
 
+    @_named("neighbor_allreduce")
     def neighbor_allreduce(self, x: Any, self_weight: float, src_weights: dict[int, float],
                            dst_ranks, *, dst_weights: dict[int, float] | None = None,
                            scratch: Any = None, out: Any = None, wait: bool = True,
@@ -310,6 +342,7 @@ class Communicator:
         return self.neighbor_exchange(x, plan, scratch=scratch, out=out, wait=wait,
                                       timeout=timeout)
 
+    @_named("neighbor_allgather")
     def neighbor_allgather(self, x: Any, src_ranks, dst_ranks, *, wait: bool = True,
                            timeout: float | None = None) -> Any:
         """``x`` to ``dst_ranks``; the ``src_ranks``' arrays concatenated along the first
@@ -329,14 +362,17 @@ class Communicator:
                           self.engine.peers, algo)
 
     # ------------------------------------------------------------------ point to point
+    @_named("send")
     def send(self, dst: int, x: Any, *, timeout: float | None = None) -> None:
         """Send ``x`` to ``dst``; returns when ``x`` may be modified again (PointToPoint.send)."""
         self._p2p.send(dst, x, timeout=timeout)
 
+    @_named("isend")
     def isend(self, dst: int, x: Any, *, timeout: float | None = None) -> Any:
         """send's non-blocking twin, a SendRequest (PointToPoint.isend)."""
         return self._p2p.isend(dst, x, timeout=timeout)
 
+    @_named("recv")
     def recv(self, src: int, out: Any = None, *, timeout: float | None = None) -> Any:
         """Receive the next array ``src`` sent (PointToPoint.recv)."""
         return self._p2p.recv(src, out, timeout=timeout)

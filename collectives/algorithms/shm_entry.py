@@ -18,7 +18,8 @@ others' memory, or failed), so a call that failed half-way leaves nothing to res
 header (and the algorithm's slot), publishes 2s + 1, waits for the others' 2s + 1 and
 compares their headers: a peer that made another call at this sequence number (another
 operation, size, dtype or algorithm, a barrier included) is a ProtocolError on every peer,
-before anyone reads another's data. ``leave`` publishes 2s + 2.
+before anyone reads another's data, naming both calls (each arena's header page also holds
+its owner's call in words, rewritten only when the call changes). ``leave`` publishes 2s + 2.
 
 Waits (``wait_counters``) yield the CPU, then sleep on the awaited counter until it moves
 (transport/futex.py: woken by the peer that bumps it, at most a millisecond), check the
@@ -59,6 +60,11 @@ PID, DIRECT, STEPS, WORDS = 3, 4, 5, 6
 SLOT_WORDS = SLOT_HEADER // 8 - WORDS
 #: Where each small arena's header page holds its step counter (a cache line of its own).
 _STEPS_OFFSET = 64
+#: Where it describes its owner's call in words (two int64: the call's CRC, the text's length;
+#: then the text), so a peer whose call differs names it, not its CRC. Rewritten only when the
+#: owner's call differs from its last one: a loop of one call writes it once.
+_CALL_OFFSET = 1024
+_CALL_TEXT_MAX = HEADER_BYTES - _CALL_OFFSET - 16
 #: (pid, fd, size, counter, address) as int64: an arena's announcement.
 ANNOUNCEMENT_BYTES = 40
 #: How long a wait yields the CPU in a loop before it sleeps, when the peers have a CPU each:
@@ -97,6 +103,7 @@ class SharedEntry:
         self._headers: dict[int, np.ndarray] = {}    # and of their slot headers
         self._last = -1
         self._pid = os.getpid()
+        self._described = -1   # the CRC of the call this peer's arena describes in words
 
     def slot(self, j: int) -> np.ndarray:
         """Rank j's slot data (uint8), after its header."""
@@ -113,10 +120,12 @@ class SharedEntry:
         others = [j for j in range(n) if j != r]
         self.ready(call)
         counters, headers = self._counters, self._headers
-        crc = _crc(call.signature, call.dtype, call.shape)
+        crc, text = _crc(call.signature, call.dtype, call.shape)
         if self._last >= 0:   # everyone is done with this peer's last call
             wait_counters(call, counters, {j: 2 * self._last + 2 for j in others},
                           "the end of the previous call")
+        if crc != self._described:
+            self._describe(r, crc, text)
         header = headers[r]
         header[:WORDS] = (s, crc, nbytes, self._pid, self.can_read, self.steps[r][0])
         header[WORDS:WORDS + len(words)] = words
@@ -129,13 +138,37 @@ class SharedEntry:
             if (seq, theirs, got) != (s, crc, nbytes):
                 if seq != s:   # it marked itself done without writing: it failed
                     await_abort(call, j)
-                raise ProtocolError(
-                    f"rank {r}: called {call.describe()}, but rank {j} made another call at "
-                    f"that sequence ({got} bytes, signature CRC {theirs:08x} against "
-                    f"{crc:08x}): the peers made different calls")
+                named = self._their_call(j, theirs) if seq == s else None
+                other = (f"called {named}" if named is not None else
+                         f"made another call ({got} bytes, signature CRC {theirs:08x} against "
+                         f"{crc:08x})")
+                raise ProtocolError(f"rank {r}: called {call.describe()}, but rank {j} {other} "
+                                    "at that sequence: the peers made different calls")
         seen = {j: headers[j].copy() for j in range(n)}
         self.direct = all(h[DIRECT] == 1 for h in seen.values())
         return seen
+
+    def _describe(self, rank: int, crc: int, text: bytes) -> None:
+        """Write this peer's call in words into its arena's header page (before the call's
+        header is published: x86-64 keeps the stores in order), stamped with its CRC."""
+        page = self.arenas[rank]
+        words = page[_CALL_OFFSET:_CALL_OFFSET + 16].view(np.int64)
+        words[0] = -1   # (no reader looks while it is rewritten: see their_call)
+        page[_CALL_OFFSET + 16:_CALL_OFFSET + 16 + len(text)] = np.frombuffer(text, np.uint8)
+        words[1] = len(text)
+        words[0] = crc
+        self._described = crc
+
+    def _their_call(self, j: int, crc: int) -> str | None:
+        """Rank j's call in words, if its arena describes the call of CRC ``crc`` (the one its
+        header names; it rewrites the words only for a later call, after every peer left this
+        one), else None."""
+        page = self.arenas[j]
+        stamp, length = page[_CALL_OFFSET:_CALL_OFFSET + 16].view(np.int64).tolist()
+        if stamp != crc or not 0 < length <= _CALL_TEXT_MAX:
+            return None
+        return bytes(page[_CALL_OFFSET + 16:_CALL_OFFSET + 16 + length]).decode(
+            "utf-8", "replace")
 
     def leave(self, call: Call) -> None:
         """Done with ``call`` (or failed in it): the others may reuse what they shared."""
@@ -162,6 +195,7 @@ class SharedEntry:
                       for j, a in self.arenas.items()}
         self._headers = {j: a[HEADER_BYTES:HEADER_BYTES + SLOT_HEADER].view(np.int64)
                          for j, a in self.arenas.items()}
+        self._described = -1
 
     def close(self) -> None:
         self.arenas, self._counters, self._headers, self.steps = None, {}, {}, {}
@@ -211,9 +245,11 @@ class SharedBarrier:
 
 
 @functools.lru_cache(maxsize=256)
-def _crc(signature: str, dtype: str, shape: tuple) -> int:
-    """What a slot header says of its call (besides its sequence number and bytes)."""
-    return zlib.crc32(f"{signature} {dtype} {shape}".encode())
+def _crc(signature: str, dtype: str, shape: tuple) -> tuple[int, bytes]:
+    """What a slot header says of its call (besides its sequence number and bytes), and the
+    call in words (SharedEntry._describe), cut to what the header page holds."""
+    text = f"{signature} {dtype} {shape}".encode()
+    return zlib.crc32(text), text[:_CALL_TEXT_MAX]
 
 
 def exchange_arenas(call: Call, others: list[int], arena: ShmArena, views: ArenaViews,
