@@ -37,6 +37,7 @@ HELD_OVERHEAD            2 KiB      measured 1.5 KiB      counted per held messa
 MAX_STRIKES              8          -                     bad messages before a link is cut
 RENDEZVOUS_CLIENT_GRACE  0.5 s      -                     past rank 0's time: its verdict
 RENDEZVOUS_POLL          0.5 s      -                     rank 0 looks at its deadline
+VERDICT_LINGER           5 s        -                     failed rank 0 tells late comers
 LAUNCHER_GRACE           5 s        -                     polite signal, then SIGKILL
 STATUS_WAIT              2 s        -                     a timed-out wait asks who is missing
 =======================  =========  ====================  ==================================
@@ -64,7 +65,7 @@ __all__ = [
     "CLOSE_TIMEOUT", "RING_MAPPED_SHARE", "REACH_POLL_MAX",
     "HELD_PAUSE", "HELD_RESUME", "HELD_PER_LINK", "HELD_TOTAL", "HELD_OVERHEAD", "MAX_STRIKES",
     "SEND_WINDOW", "ACK_EVERY",
-    "RENDEZVOUS_CLIENT_GRACE", "RENDEZVOUS_POLL", "LAUNCHER_GRACE", "STATUS_WAIT",
+    "RENDEZVOUS_CLIENT_GRACE", "RENDEZVOUS_POLL", "VERDICT_LINGER", "LAUNCHER_GRACE", "STATUS_WAIT",
 ]
 
 # Seconds any blocking wait may take before it raises (GOSSIP_TIMEOUT, init(timeout=)).
@@ -147,6 +148,11 @@ MAX_STRIKES = 8
 # Rank 0 looks at its deadline every RENDEZVOUS_POLL.
 RENDEZVOUS_CLIENT_GRACE = 0.5
 RENDEZVOUS_POLL = 0.5
+# A rank 0 that failed the rendezvous early (a world size, a setting or a rank that disagrees)
+# answers the registrations still coming with its verdict for up to this long, or until every
+# rank heard it: peers started a few seconds apart (imports, a launcher's stagger) learn the
+# reason, not "no answer from the rendezvous" at their timeout.
+VERDICT_LINGER = 5.0
 # The launcher's seconds between the polite signal (SIGTERM/SIGINT) and SIGKILL.
 LAUNCHER_GRACE = 5.0
 

@@ -5,7 +5,9 @@ Messages are msgpack maps over a ROUTER (rank 0) / DEALER (others) pair created 
 own ZeroMQ context, so a cluster key secures the rendezvous exactly like the data sockets.
 Every failure is a RendezvousError that says what went wrong and who was involved: ranks that
 never came (named), a duplicate rank, a world size or configuration that disagrees, a port
-already in use.
+already in use. Every rank hears it: a rank 0 that fails early goes on answering the
+registrations still coming with its verdict (defaults.VERDICT_LINGER, or until every rank
+heard it).
 
 Every registration names its job (TransportConfig.job_id). Rank 0 refuses a peer of another
 job (that peer only: it is not a failure of this job) and tells it why; the refused peer tries
@@ -145,7 +147,7 @@ def _serve(transport: Transport, address: str, timeout: float, me: dict) -> dict
         return _collect(sock, refusals, transport, address, timeout, me, n)
     finally:
         refusals.close()
-        sock.close(linger=0)
+        sock.close()   # (linger 0, or what _tell_late_comers set)
 
 
 def _collect(sock, refusals, transport, address, timeout, me, n) -> dict[int, dict]:
@@ -157,10 +159,13 @@ def _collect(sock, refusals, transport, address, timeout, me, n) -> dict[int, di
     identities: dict[int, bytes] = {}
     refused: set = set()  # (job, rank) of other jobs' peers refused, each logged once
     everyone: list[bytes] = []  # every client heard from, so a failure reaches them all
+    told: set[int] = set()      # ... and the ranks they registered as
 
-    def fail(reason: str) -> RendezvousError:
+    def fail(reason: str, linger: bool = True) -> RendezvousError:
         for ident in everyone:
             sock.send_multipart([ident, _pack({"error": reason})], zmq.NOBLOCK)
+        if linger:   # the ranks still on their way hear the verdict too, not a silence
+            _tell_late_comers(sock, me, reason, told, n, deadline)
         return RendezvousError(f"rank 0 (rendezvous {address}): {reason}")
 
     while len(registered) < n:
@@ -171,7 +176,8 @@ def _collect(sock, refusals, transport, address, timeout, me, n) -> dict[int, di
                       address, timeout, _ranges(missing))
             raise fail(f"ranks {_ranges(missing)} never came within {timeout:g}s "
                        f"({len(registered)} of {n} registered); check that every peer was "
-                       f"started with the same world size and rendezvous address")
+                       f"started with the same world size and rendezvous address",
+                       linger=False)   # (the missing are not coming)
         events = dict(poller.poll(min(remaining, defaults.RENDEZVOUS_POLL) * 1000))
         if refusals.monitor in events:
             refusals.on_events()
@@ -198,6 +204,7 @@ def _collect(sock, refusals, transport, address, timeout, me, n) -> dict[int, di
             _refuse_other_job(sock, ident, msg, me, rank, address, refused)
             everyone.pop()   # not one of ours: our failure is none of its business
             continue
+        told.add(rank)
         if size != n:
             raise fail(f"rank {rank} says world size {size}, rank 0 says {n}")
         if not 0 <= rank < n:
@@ -239,6 +246,26 @@ def _collect(sock, refusals, transport, address, timeout, me, n) -> dict[int, di
     log.debug("rank 0: sent the table of %d peers; %d acknowledgement(s) missing", n,
               len(pending))
     return table
+
+
+def _tell_late_comers(sock, me: dict, reason: str, told: set[int], n: int,
+                      deadline: float) -> None:
+    """After rank 0 failed the rendezvous: answer every registration of this job that comes
+    with ``reason`` until each of ranks 1..n-1 heard it (``told``), VERDICT_LINGER
+    passed or the rendezvous' deadline; a rank that registered after the failure would
+    otherwise wait out its timeout and blame an absent rank 0."""
+    until = min(deadline, time.monotonic() + defaults.VERDICT_LINGER)
+    packed = _pack({"error": reason})
+    while not set(range(1, n)) <= told and time.monotonic() < until:
+        if not sock.poll(min(defaults.RENDEZVOUS_POLL, until - time.monotonic()) * 1000):
+            continue
+        frames = sock.recv_multipart()
+        msg = _unpack(frames[-1]) if len(frames) == 2 else None
+        if msg is None or msg.get("job", "") != me["job"] or type(msg.get("rank")) is not int:
+            continue
+        sock.send_multipart([frames[0], packed], zmq.NOBLOCK)
+        told.add(msg["rank"])
+    sock.linger = int(defaults.RENDEZVOUS_CLIENT_GRACE * 1000)   # the last answers leave
 
 
 def _job_name(job: Any) -> str:
