@@ -456,12 +456,19 @@ class ViewChanges:
     def join(self, doors: list[str]) -> Switch:
         """Ask to join the job whose members listen at ``doors`` (any one will do); returns
         the committed switch that admits this process."""
-        deadline = time.monotonic() + self.timeout
+        start = time.monotonic()
+        deadline = start + self.timeout
         queue = list(doors)
         tried: list[str] = []
-        while queue:
+        while queue or time.monotonic() < deadline:
+            if not queue:
+                # Nobody answered yet (the job may not have started: a joiner started before
+                # its job): ask again until the deadline; a second ask is harmless (a
+                # coordinator keeps one pending entry per name).
+                queue = list(dict.fromkeys(doors))
             address = queue.pop(0)
-            tried.append(address)
+            if address not in tried:
+                tried.append(address)
             self.door.tell(address, "join", member=self.me.to_wire())
             with self.cond:
                 wait_until = min(deadline, time.monotonic() + self.timeout / 4)
@@ -491,8 +498,9 @@ class ViewChanges:
                 raise error
             if time.monotonic() >= deadline:
                 break
-        raise RendezvousError(f"{self.name}: no member admitted it within {self.timeout:g}s "
-                              f"(asked {', '.join(tried) or 'nobody'}; is the job running "
+        raise RendezvousError(f"{self.name}: no member admitted it within "
+                              f"{time.monotonic() - start:.3g}s (its timeout: {self.timeout:g}s; "
+                              f"asked {', '.join(tried) or 'nobody'}; is the job running "
                               "there? A process without the group's cluster key gets no "
                               "answer at all)")
 

@@ -113,6 +113,23 @@ def _start_joiner(workdir, size, name="joiner", count=1000):
                             env=_env(GOSSIP_RENDEZVOUS=address, GOSSIP_MEMBER_NAME=name))
 
 
+def test_a_joiner_that_finds_no_job_waits_its_whole_timeout(no_leaks):
+    """A joiner started before its job asks until its timeout (the job may come), and its
+    error says how long it waited: it gave up after a quarter of it, saying the whole
+    (issue #35, defect 3)."""
+    import time
+    import gossip
+    from gossip.testing import free_port
+    timeout = 6.0
+    start = time.monotonic()
+    with pytest.raises(gossip.RendezvousError, match="no member admitted it") as caught:
+        gossip.init(join=True, rendezvous=f"tcp://127.0.0.1:{free_port()}", timeout=timeout)
+    elapsed = time.monotonic() - start
+    assert timeout - 0.2 <= elapsed < timeout + 3, elapsed
+    waited = float(str(caught.value).split("admitted it within ")[1].split("s")[0])
+    assert abs(waited - elapsed) < 1.0, (waited, elapsed, str(caught.value))
+
+
 def test_a_process_joins_a_running_synchronous_group_and_takes_its_state(tmp_path):
     workdir = str(tmp_path)
     box = {}
