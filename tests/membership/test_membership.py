@@ -330,6 +330,75 @@ def test_a_joiner_with_another_model_is_refused_naming_the_tensor_and_the_group_
         assert x0 == float(steps)
 
 
+def named_model(hidden: int):
+    """A torch module whose parameters have names: fc.weight (hidden x 16), fc.bias,
+    out.weight, out.bias."""
+    import torch
+
+    class Net(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc = torch.nn.Linear(16, hidden)
+            self.out = torch.nn.Linear(hidden, 1)
+
+        def forward(self, x):
+            return self.out(torch.relu(self.fc(x)))
+    torch.manual_seed(0)
+    return Net()
+
+
+def model_members_until_view(peer, workdir, view_number, steps, kind):
+    """members_until_view with the models the "arrays" and "torch" bad joiners differ from:
+    numpy arrays of 10, 1000 and 5 elements, or named_model(32) under a DistributedOptimizer
+    (an SGD built from its named parameters)."""
+    import torch
+    import gossip
+    from gossip.policies import Synchronous
+    _publish_address(peer, workdir)
+    if kind == "torch":
+        model = named_model(32)
+        opt = gossip.DistributedOptimizer(torch.optim.SGD(model.named_parameters(), lr=0.0),
+                                          peer=peer, policy=Synchronous())
+        policy, step = opt.policy, lambda: opt.step()
+    else:
+        policy = Synchronous().attach(peer, [np.zeros(10), np.zeros(1000), np.zeros(5)])
+        step = policy.after_step
+    done = np.zeros(1)
+    while (policy.step < steps or peer.view.number < view_number or not done[0]) \
+            and policy.step < 100_000:
+        step()
+        done[0] = peer.rank == 0 and os.path.exists(os.path.join(workdir, "done"))
+        peer.allreduce(done, op="max")
+        np.ones((96, 96)) @ np.ones((96, 96))   # a step's compute
+    return peer.world_size, peer.view.number
+
+
+@pytest.mark.parametrize("kind, named", [
+    ("torch", ["fc.weight (#0)", "float32 [31, 16]", "float32 [32, 16]"]),
+    ("arrays", ["parameter #1 of the params attached", "float64 [999]", "float64 [1000]"])])
+def test_a_joiner_with_another_model_is_told_which_of_its_own_parameters_differs(
+        tmp_path, kind, named):
+    """Not the bucket the parameters are packed in ('params/0' of 1063 elements against 1064):
+    the parameter as the user gave it, by its name when a module or the optimizer has one,
+    else by its place in the list attached (issue #35, defect 3)."""
+    workdir, box = str(tmp_path), {}
+    thread = threading.Thread(
+        target=lambda: box.update(out=_bad_joiner(workdir, kind, "0")))
+    thread.start()
+    try:
+        results = spawn(model_members_until_view, n=3, timeout=150,
+                        args=(workdir, 2, 20, kind), peer_timeout=PEER_TIMEOUT)
+    finally:
+        thread.join(150)
+    code, out = box["out"]
+    assert code == 4 and "MISMATCH" in out, out[-3000:]
+    line = next(ln for ln in out.splitlines() if ln.startswith("MISMATCH"))
+    for text in named:
+        assert text in line, line
+    assert "params/0" not in line, line
+    assert results == [(3, 2)] * 3   # admitted, then left out again: the group goes on
+
+
 def test_a_joiner_that_dies_before_taking_the_state_leaves_the_group_as_it_was(tmp_path):
     results, (code, out) = _with_bad_joiner(tmp_path, "die", view_number=2)
     assert code == -signal.SIGKILL, out

@@ -23,7 +23,7 @@ from __future__ import annotations
 import abc
 import logging
 import math
-from typing import Any, ClassVar, ContextManager
+from typing import Any, ClassVar, ContextManager, Sequence
 
 import numpy as np
 
@@ -165,11 +165,14 @@ class Policy(abc.ABC):
         self.transfer_optimizer: Any = None
 
     # ------------------------------------------------------------------ lifetime
-    def attach(self, peer: PolicyHost, params: Any) -> "Policy":
-        """Pack ``params`` into buckets and get ready to communicate with ``peer``'s group;
-        returns the policy. Every peer must attach together (some policies communicate
-        here: Synchronous broadcasts rank 0's parameters, ElasticAveraging averages the
-        initial centre)."""
+    def attach(self, peer: PolicyHost, params: Any, *,
+               names: Sequence[str] | None = None) -> "Policy":
+        """Pack ``params`` (a list of arrays or tensors, or a torch module: its parameters,
+        named) into buckets and get ready to communicate with ``peer``'s group; returns the
+        policy. ``names``: the parameters' names, one each, for errors (a joiner whose model
+        differs is told which parameter). Every peer must attach together (some policies
+        communicate here: Synchronous broadcasts rank 0's parameters, ElasticAveraging
+        averages the initial centre)."""
         if self._closed:
             raise RuntimeError(f"{self.name}: attach() after close(); make a new policy")
         if self._peer is not None:
@@ -178,11 +181,15 @@ class Policy(abc.ABC):
             if not hasattr(peer, attr):
                 raise TypeError(f"peer must be a gossip.Peer (from gossip.init()), got "
                                 f"{type(peer).__name__}")
-        if hasattr(params, "parameters") and callable(params.parameters):
-            params = list(params.parameters())  # a torch module
+        if hasattr(params, "named_parameters") and callable(params.named_parameters):
+            named = list(params.named_parameters())  # a torch module
+            params = [p for _, p in named]
+            names = names if names is not None else [n for n, _ in named]
+        elif hasattr(params, "parameters") and callable(params.parameters):
+            params = list(params.parameters())
         buckets = BucketSet(params, bucket_bytes=self._bucket_bytes,
                             first_bucket_bytes=self._first_bucket_bytes,
-                            gradients=self.uses_gradients)
+                            gradients=self.uses_gradients, names=names)
         self._peer, self._buckets = peer, buckets
         self._guard = NanGuard(buckets, gradients=self.uses_gradients,
                                who=lambda: (peer.rank, self._step, self.name))
