@@ -40,6 +40,7 @@ RENDEZVOUS_POLL          0.5 s      -                     rank 0 looks at its de
 VERDICT_LINGER           5 s        -                     failed rank 0 tells late comers
 LAUNCHER_GRACE           5 s        -                     polite signal, then SIGKILL
 STATUS_WAIT              2 s        -                     a timed-out wait asks who is missing
+LONG_WAIT                10 s       -                     a wait says once what it waits for
 =======================  =========  ====================  ==================================
 
 The held bound, derived (collectives/transport/flow_control.py). A receiver pauses a source
@@ -65,7 +66,8 @@ __all__ = [
     "CLOSE_TIMEOUT", "RING_MAPPED_SHARE", "REACH_POLL_MAX",
     "HELD_PAUSE", "HELD_RESUME", "HELD_PER_LINK", "HELD_TOTAL", "HELD_OVERHEAD", "MAX_STRIKES",
     "SEND_WINDOW", "ACK_EVERY",
-    "RENDEZVOUS_CLIENT_GRACE", "RENDEZVOUS_POLL", "VERDICT_LINGER", "LAUNCHER_GRACE", "STATUS_WAIT",
+    "RENDEZVOUS_CLIENT_GRACE", "RENDEZVOUS_POLL", "VERDICT_LINGER", "LAUNCHER_GRACE",
+    "STATUS_WAIT", "LONG_WAIT",
 ]
 
 # Seconds any blocking wait may take before it raises (GOSSIP_TIMEOUT, init(timeout=)).
@@ -160,3 +162,10 @@ LAUNCHER_GRACE = 5.0
 # one is missing (each answer is one round trip to an I/O thread: milliseconds on one host), so
 # an error is at most this late.
 STATUS_WAIT = 2.0
+
+# A wait (the rendezvous, a collective's wait for a peer, a join's admission, a view change's
+# boundary, a state transfer) that lasts longer than this says once, at WARNING, what it waits
+# for and how much of its timeout it spent (collectives/notices.py's LongWait): a missing rank
+# is named long before the timeout (60 s by default) ends the wait. Shorter than the shortest
+# timeout people set for real jobs (30 s), longer than any wait of a healthy step.
+LONG_WAIT = 10.0

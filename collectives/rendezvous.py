@@ -27,6 +27,7 @@ import zmq
 
 from collectives import defaults
 from collectives.errors import RendezvousError
+from collectives.notices import LongWait
 from collectives.transport.refusals import Refusals
 from collectives.transport.transport import Transport
 
@@ -151,7 +152,8 @@ def _serve(transport: Transport, address: str, timeout: float, me: dict) -> dict
 
 
 def _collect(sock, refusals, transport, address, timeout, me, n) -> dict[int, dict]:
-    deadline = time.monotonic() + timeout
+    start = time.monotonic()
+    deadline = start + timeout
     poller = zmq.Poller()
     poller.register(sock, zmq.POLLIN)
     poller.register(refusals.monitor, zmq.POLLIN)
@@ -160,6 +162,10 @@ def _collect(sock, refusals, transport, address, timeout, me, n) -> dict[int, di
     refused: set = set()  # (job, rank) of other jobs' peers refused, each logged once
     everyone: list[bytes] = []  # every client heard from, so a failure reaches them all
     told: set[int] = set()      # ... and the ranks they registered as
+    notice = LongWait(lambda: f"rank 0: the rendezvous of job {_job_name(me['job'])} at "
+                              f"{address}: waiting for ranks "
+                              f"{_ranges(sorted(set(range(n)) - set(registered)))} "
+                              f"({len(registered)} of {n} registered)", start, deadline)
 
     def fail(reason: str, linger: bool = True) -> RendezvousError:
         for ident in everyone:
@@ -169,6 +175,7 @@ def _collect(sock, refusals, transport, address, timeout, me, n) -> dict[int, di
         return RendezvousError(f"rank 0 (rendezvous {address}): {reason}")
 
     while len(registered) < n:
+        notice.check()
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             missing = sorted(set(range(n)) - set(registered))
@@ -322,13 +329,23 @@ def _register(transport, address, timeout, me) -> dict[int, dict]:
     start = time.monotonic()
     deadline = start + timeout + _CLIENT_GRACE
     refusal = None   # the last "not your job" heard, for the error at the deadline
+    heard = False    # rank 0 took the registration (it waits for the others)
+    notice = LongWait(lambda: f"rank {transport.rank}: the rendezvous at {address}: " + (
+        "rank 0 took its registration; waiting for the other ranks" if heard else
+        "waiting for rank 0 to answer (is it running, and reachable there?)"), start,
+        deadline)
     sock = _client_socket(transport, address)
     log.debug("rank %d: registering at the rendezvous %s; waits up to %gs for rank 0",
               transport.rank, address, deadline - start)
     try:
         sock.send(_pack(me))
         while True:
-            remaining = deadline - time.monotonic()
+            now = time.monotonic()
+            remaining = deadline - now
+            if remaining > 0 and notice.until(deadline) < deadline \
+                    and not sock.poll(max(0.0, notice.until(deadline) - now) * 1000):
+                notice.check()   # (its own deadline may move: rank 0 said how long it waits)
+                continue
             if remaining <= 0 or not sock.poll(remaining * 1000):
                 waited = time.monotonic() - start
                 log.debug("rank %d: the rendezvous at %s timed out after %.3gs",
@@ -350,6 +367,7 @@ def _register(transport, address, timeout, me) -> dict[int, dict]:
             wait = msg.get("wait")
             if type(wait) in (int, float) and 0 <= wait < 1e6:  # NaN fails the comparison
                 deadline = max(deadline, time.monotonic() + wait + _CLIENT_GRACE)
+                heard = True
                 log.debug("rank %d: rank 0 took the registration; the table within %.3gs",
                           transport.rank, deadline - time.monotonic())
                 continue

@@ -33,6 +33,7 @@ chosen (choice.py).
 from __future__ import annotations
 
 import functools
+import math
 import os
 import platform
 import time
@@ -41,11 +42,14 @@ from typing import Any, Callable
 
 import numpy as np
 
+from collectives import defaults
 from collectives.algorithms.p2p import Call, post_range, recv_range, wait_sent
 from collectives.arrays.adapter import ArrayAdapter, adapter_for
 from collectives.errors import PeerLost, ProtocolError
+from collectives.notices import LongWait
 from collectives.transport import cma, futex
 from collectives.transport.shm_arena import HEADER_BYTES, ArenaViews, ShmArena, counter_of
+from collectives.transport.wait_errors import describe_wait
 
 __all__ = ["SharedEntry", "SLOT_HEADER", "SLOT_WORDS", "SHARED_COUNTERS", "ANNOUNCEMENT_BYTES",
            "PID", "DIRECT", "STEPS", "WORDS", "SharedBarrier", "shared_barrier",
@@ -307,6 +311,16 @@ def count_shared(transport: Any, rank: int, nbytes: int) -> None:
     transport.counters[rank].bytes_sent += nbytes
 
 
+def _long_wait(call: Call, pending: list[int], what: str, start: float) -> LongWait:
+    """The notice of a shared-memory wait of ``call`` since ``start`` on the ``pending``
+    ranks (notices.LongWait), worded with what the first of them is doing."""
+    def words() -> str:
+        on = f"rank {pending[0]}" if len(pending) == 1 else f"ranks {pending}"
+        return describe_wait(call.transport, pending[0], call, call.channel, call.seq,
+                             f"waiting on {on} to reach {what} (shared memory)")
+    return LongWait(words, start, call.deadline, timeout=call.timeout)
+
+
 def _arrivals(call: Call, others: list[int]):
     """The ranks of ``others`` as their first message of the call arrives (or their loss is
     known, or this peer closes: their recv raises); past the deadline, the first still silent
@@ -314,9 +328,11 @@ def _arrivals(call: Call, others: list[int]):
     in this thread while it waits, as a recv does (no hand-off to the I/O thread)."""
     t = call.transport
     pending = list(others)
+    notice = _long_wait(call, pending, "the arenas' exchange", time.monotonic())
     while pending:
         ready = [j for j in pending if t.inbox.poll((j, call.channel, call.seq))]
         now = time.monotonic()
+        notice.check(now)
         if ready or now >= call.deadline:
             j = (ready or pending)[0]
             pending.remove(j)
@@ -334,14 +350,20 @@ def wait_counters(call: Call, counters: dict[int, np.ndarray], targets: dict[int
     sent instead (an abort: raised as the transport words it; a chunk: ProtocolError) or its
     loss (PeerLost), and raising OperationTimeout at the call's deadline."""
     pending = [j for j, target in targets.items() if counters[j][0] < target]
-    now = time.monotonic()
+    now = start = time.monotonic()
     crowded = call.transport.world_size > _CPUS
     spin_until = now + (_SPIN_CROWDED if crowded else SPIN_SECONDS)
     check_at = now + 0.001
+    # (The notice is made only if it is due: a call of 26 us makes no object for it.)
+    notice_at = start + defaults.LONG_WAIT if call.deadline > start + defaults.LONG_WAIT \
+        else math.inf
     while pending:
         if now >= check_at:
             _check(call, pending, now, what)
             check_at = now + 0.001
+            if now >= notice_at:
+                notice_at = math.inf
+                _long_wait(call, pending, what, start).check(now)
         if now < spin_until:
             os.sched_yield()
         else:   # a long wait: sleep until the first awaited counter moves, or the next check

@@ -40,6 +40,7 @@ from collectives import Transport
 from collectives.config import TransportConfig
 from collectives.errors import LeftOut
 from collectives.group import Departure, Door, Member, Switch, View, ViewChanges
+from collectives.notices import events
 from gossip.errors import OperationTimeout, PeerLost
 from gossip.membership.contracts import MembershipHost, MembershipParticipant
 from gossip.membership.state_transfer import (Prefetch, load_state, params_of, receive_state,
@@ -451,8 +452,8 @@ class PeerMembership:
         for p in self._participants():
             p.hand_off(departure.to)
         self._departed = True
-        log.info("rank %d: left; view %d goes on without it (its state went to rank %d)",
-                 self._peer.rank, departure.number, departure.to)
+        events.info("rank %d: left; view %d goes on without it (its state went to rank %d)",
+                    self._peer.rank, departure.number, departure.to)
 
     def close(self) -> None:
         """Close the door."""

@@ -3,12 +3,11 @@ in turn, how it heals around a lost one (its own out-neighbours take its place),
 answer owed to a peer that pushed here (push-pull: it goes first)."""
 from __future__ import annotations
 
-import logging
 from typing import Any, Callable
 
-__all__ = ["Rotation"]
+from collectives.notices import events
 
-log = logging.getLogger("gossip")
+__all__ = ["Rotation"]
 
 
 class Rotation:
@@ -68,5 +67,5 @@ class Rotation:
                         ranks.append(q)
                         added.append(q)
             if added:
-                log.info("rank %d: asynchronous gossip heals around lost rank %d: now also "
-                         "pushes to %s", rank, d, added)
+                events.info("rank %d: asynchronous gossip heals around lost rank %d: now "
+                            "also pushes to %s", rank, d, added)
