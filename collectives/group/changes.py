@@ -365,6 +365,14 @@ class ViewChanges:
         view = View.from_wire(commit["view"])
         table = {int(r): e for r, e in commit["table"].items()}
         transport.set_peers(table)
+        # Open every link of the new view now (libzmq connects and, with a key, does its CURVE
+        # handshake in the background): the state a joiner takes, and the first collective,
+        # then find them ready instead of waiting a handshake on the first chunk (measured:
+        # a keyed 4 MiB transfer at 0.28 of point-to-point bandwidth, bound by it).
+        me = view.rank_of(self.name)
+        for r in table:
+            if r != me:
+                transport.connect(r)
         events.info("%s", _change_text(self.name, self.view, view))
         self.view = view
         self.reported_lost = set()

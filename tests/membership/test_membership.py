@@ -152,6 +152,25 @@ def test_a_process_joins_a_running_synchronous_group_and_takes_its_state(tmp_pat
         assert spread == 0.0
 
 
+def test_the_new_views_links_are_open_before_the_state_moves(tmp_path):
+    """At the commit every member opens its links to every other member of the new view
+    (libzmq connects and does its CURVE handshake in the background), so the state a joiner
+    takes finds them ready: the joiner's links to every member are open the moment it is
+    admitted, before it sent or received anything in the new view (issue #35: the keyed
+    4 MiB transfer was bound by handshakes on its first chunks)."""
+    workdir, box = str(tmp_path), {}
+
+    def joiner():
+        box["out"] = _run_joiner(workdir, _worker("links_joiner.py"), [4], "joiner")[1]
+
+    results, line = _members_beside(joiner, box, members_until_joined, (workdir, 4), "LINKS",
+                                    timeout=150)
+    assert line, box.get("out")
+    assert line[0] == "LINKS [0, 1, 2] [0, 1, 2]", line[0]   # reached, of the others
+    for world, views, _, _, spread in results:
+        assert (world, views, spread) == (4, 1, 0.0)
+
+
 def test_a_joiner_takes_its_state_in_shares_from_every_replica_and_is_one_of_them(tmp_path):
     # 1.6 M float64 = 4 chunks of up to 4 MiB: ranks 0, 1, 2 send chunks 0 and 3, 1, 2.
     workdir, count = str(tmp_path), 1_600_000
