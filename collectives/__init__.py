@@ -23,7 +23,8 @@ The rooms, from the face down:
 from collectives.communicator import COLLECTIVE_CHANNEL, P2P_CHANNEL, Communicator
 from collectives.config import TransportConfig
 from collectives.errors import (AuthenticationError, ExchangeIncomplete, GossipError,
-                                OperationTimeout, PeerLost, ProtocolError, RendezvousError)
+                                OperationTimeout, PeerLost, ProtocolError, RendezvousError,
+                                UnsupportedDtype)
 from collectives.neighbor_plan import NeighborPlan
 from collectives.rendezvous import rendezvous
 from collectives.security import ClusterKey, load_cluster_key, write_cluster_key
@@ -35,5 +36,5 @@ __all__ = [
     "Transport", "Work",
     "rendezvous", "ClusterKey", "load_cluster_key", "write_cluster_key",
     "GossipError", "PeerLost", "OperationTimeout", "RendezvousError", "ProtocolError",
-    "AuthenticationError", "ExchangeIncomplete",
+    "AuthenticationError", "ExchangeIncomplete", "UnsupportedDtype",
 ]

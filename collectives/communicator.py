@@ -20,10 +20,11 @@ the engine's public methods, never the Communicator's private state.
 """
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from collections.abc import Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, Literal, overload
+from typing import TYPE_CHECKING, Any, Callable, Literal, TypeVar, overload
 
 import numpy as np
 
@@ -39,6 +40,7 @@ from collectives.arrays.adapter import ArrayAdapter, check_reduce_op
 from collectives.arrays.interface import Array
 from collectives.codecs.catalog import CodecSpec, parse
 from collectives.engine import Engine
+from collectives.errors import UnsupportedDtype
 from collectives.neighbor_plan import NeighborPlan
 from collectives.operations import rooted
 from collectives.operations.coalesced import coalesced_allreduce
@@ -64,6 +66,26 @@ P2P_CHANNEL = Channel.P2P
 # Below this many bytes allreduce uses recursive doubling (latency-bound); above, the ring
 # (bandwidth-bound). Chosen by measurement: see benchmarks/allreduce_threshold.py.
 DEFAULT_SMALL_BYTES = 256 * 1024
+
+
+_Method = TypeVar("_Method", bound=Callable[..., Any])
+
+
+def _named(operation: str) -> Callable[[_Method], _Method]:
+    """A public call of the communicator: an array of a dtype the wire does not carry is
+    refused (staging.flat_of, before a sequence number is taken) naming this peer's rank and
+    ``operation``."""
+    def decorate(method: _Method) -> _Method:
+        @functools.wraps(method)
+        def call(self: "Communicator", *args: Any, **kwargs: Any) -> Any:
+            try:
+                return method(self, *args, **kwargs)
+            except UnsupportedDtype as exc:
+                if exc.operation is not None:
+                    raise
+                raise exc.named(self.rank, operation) from None
+        return call  # type: ignore[return-value]
+    return decorate
 
 
 class Communicator:
@@ -127,6 +149,7 @@ class Communicator:
                   compression: CodecSpec = None, residual: Array | None = None,
                   _layout: str = "") -> Array | Work: ...
 
+    @_named("allreduce")
     def allreduce(self, x: Array, op: str = "sum", *, wait: bool = True,
                   timeout: float | None = None, algorithm: str = "auto",
                   compression: CodecSpec = None, residual: Array | None = None,
@@ -179,6 +202,7 @@ class Communicator:
     def reduce_scatter(self, x: Array, op: str = "sum", *, counts: Sequence[int] | None = None,
                        wait: bool = True, timeout: float | None = None) -> Array | Work: ...
 
+    @_named("reduce_scatter")
     def reduce_scatter(self, x: Array, op: str = "sum", *, counts: Sequence[int] | None = None,
                        wait: bool = True, timeout: float | None = None) -> Array | Work:
         """Reduce ``x`` across peers; this peer gets its segment, returned as a view into
@@ -231,6 +255,7 @@ class Communicator:
                   wait: bool = True, timeout: float | None = None
                   ) -> Array | list[Array] | Work: ...
 
+    @_named("allgather")
     def allgather(self, x: Array, *, out: Array | None = None, variable: bool = False,
                   wait: bool = True, timeout: float | None = None
                   ) -> Array | list[Array] | Work:
@@ -301,6 +326,7 @@ class Communicator:
     def broadcast(self, x: Array, root: int = 0, *, wait: bool = True,
                   timeout: float | None = None) -> Array | Work: ...
 
+    @_named("broadcast")
     def broadcast(self, x: Array, root: int = 0, *, wait: bool = True,
                   timeout: float | None = None) -> Array | Work:
         """Copy root's ``x`` into every peer's ``x`` (in place) and return it."""
@@ -336,6 +362,7 @@ class Communicator:
     def reduce(self, x: Array, root: int = 0, op: str = "sum", *, wait: bool = True,
                timeout: float | None = None) -> Array | Work: ...
 
+    @_named("reduce")
     def reduce(self, x: Array, root: int = 0, op: str = "sum", *, wait: bool = True,
                timeout: float | None = None) -> Array | Work:
         """Reduce every peer's ``x`` into the root's, in place (rooted.reduce)."""
@@ -353,6 +380,7 @@ class Communicator:
     def gather(self, x: Array, root: int = 0, *, out: Array | None = None,
                wait: bool = True, timeout: float | None = None) -> Array | None | Work: ...
 
+    @_named("gather")
     def gather(self, x: Array, root: int = 0, *, out: Array | None = None, wait: bool = True,
                timeout: float | None = None) -> Array | None | Work:
         """Every peer's ``x`` at the root, shape (n, *x.shape); None elsewhere (rooted.gather)."""
@@ -370,6 +398,7 @@ class Communicator:
     def scatter(self, x: Array, root: int = 0, *, out: Array | None = None,
                 wait: bool = True, timeout: float | None = None) -> Array | Work: ...
 
+    @_named("scatter")
     def scatter(self, x: Array, root: int = 0, *, out: Array | None = None, wait: bool = True,
                 timeout: float | None = None) -> Array | Work:
         """Part r of the root's ``x`` into peer r's ``out`` (rooted.scatter)."""
@@ -393,6 +422,7 @@ class Communicator:
                  recv_counts: Sequence[int] | None = None, wait: bool = True,
                  timeout: float | None = None) -> Array | Work: ...
 
+    @_named("alltoall")
     def alltoall(self, x: Array, *, out: Array | None = None,
                  send_counts: Sequence[int] | None = None,
                  recv_counts: Sequence[int] | None = None, wait: bool = True,
@@ -416,6 +446,7 @@ class Communicator:
                           out: Array | None = None, wait: bool = True,
                           timeout: float | None = None) -> Array | Work: ...
 
+    @_named("neighbor_exchange")
     def neighbor_exchange(self, x: Array, plan: NeighborPlan, *, scratch: Array | None = None,
                           out: Array | None = None, wait: bool = True,
                           timeout: float | None = None) -> Array | Work:
@@ -473,6 +504,7 @@ class Communicator:
                            partial: bool = False, check_pattern: bool = True,
                            compression: CodecSpec = None) -> Array | Work: ...
 
+    @_named("neighbor_allreduce")
     def neighbor_allreduce(self, x: Array, self_weight: float, src_weights: Mapping[int, float],
                            dst_ranks: Iterable[int], *,
                            dst_weights: Mapping[int, float] | None = None,
@@ -500,6 +532,7 @@ class Communicator:
     def neighbor_allgather(self, x: Array, src_ranks: Iterable[int], dst_ranks: Iterable[int],
                            *, wait: bool = True, timeout: float | None = None) -> Array | Work: ...
 
+    @_named("neighbor_allgather")
     def neighbor_allgather(self, x: Array, src_ranks: Iterable[int], dst_ranks: Iterable[int],
                            *, wait: bool = True, timeout: float | None = None) -> Array | Work:
         """``x`` to ``dst_ranks``; the ``src_ranks``' arrays concatenated along the first
@@ -519,14 +552,17 @@ class Communicator:
                           self.engine.peers, algo)
 
     # ------------------------------------------------------------------ point to point
+    @_named("send")
     def send(self, dst: int, x: Array, *, timeout: float | None = None) -> None:
         """Send ``x`` to ``dst``; returns when ``x`` may be modified again (PointToPoint.send)."""
         self._p2p.send(dst, x, timeout=timeout)
 
+    @_named("isend")
     def isend(self, dst: int, x: Array, *, timeout: float | None = None) -> SendRequest:
         """send's non-blocking twin, a SendRequest (PointToPoint.isend)."""
         return self._p2p.isend(dst, x, timeout=timeout)
 
+    @_named("recv")
     def recv(self, src: int, out: Array | None = None, *,
              timeout: float | None = None) -> Array:
         """Receive the next array ``src`` sent (PointToPoint.recv)."""

@@ -41,8 +41,10 @@ OPEN_HELD_PAUSE          8 MiB      OPEN_HELD_TOTAL/8     no key: pause one sour
 OPEN_SEND_WINDOW         16 MiB     see below             no key: unacknowledged per link
 RENDEZVOUS_CLIENT_GRACE  0.5 s      -                     past rank 0's time: its verdict
 RENDEZVOUS_POLL          0.5 s      -                     rank 0 looks at its deadline
+VERDICT_LINGER           5 s        -                     failed rank 0 tells late comers
 LAUNCHER_GRACE           5 s        -                     polite signal, then SIGKILL
 STATUS_WAIT              2 s        -                     a timed-out wait asks who is missing
+LONG_WAIT                10 s       -                     a wait says once what it waits for
 =======================  =========  ====================  ==================================
 
 The held bound, derived (collectives/transport/flow_control.py). A receiver pauses a source
@@ -86,7 +88,8 @@ __all__ = [
     "HELD_PAUSE", "HELD_RESUME", "HELD_PER_LINK", "HELD_TOTAL", "HELD_OVERHEAD", "MAX_STRIKES",
     "SEND_WINDOW", "ACK_EVERY", "OPEN_HELD_TOTAL", "OPEN_HELD_PER_LINK",
     "OPEN_HELD_PAUSE", "OPEN_SEND_WINDOW",
-    "RENDEZVOUS_CLIENT_GRACE", "RENDEZVOUS_POLL", "LAUNCHER_GRACE", "STATUS_WAIT",
+    "RENDEZVOUS_CLIENT_GRACE", "RENDEZVOUS_POLL", "VERDICT_LINGER", "LAUNCHER_GRACE",
+    "STATUS_WAIT", "LONG_WAIT",
 ]
 
 # Seconds any blocking wait may take before it raises (GOSSIP_TIMEOUT, init(timeout=)).
@@ -178,6 +181,11 @@ OPEN_SEND_WINDOW = 16 << 20
 # Rank 0 looks at its deadline every RENDEZVOUS_POLL.
 RENDEZVOUS_CLIENT_GRACE = 0.5
 RENDEZVOUS_POLL = 0.5
+# A rank 0 that failed the rendezvous early (a world size, a setting or a rank that disagrees)
+# answers the registrations still coming with its verdict for up to this long, or until every
+# rank heard it: peers started a few seconds apart (imports, a launcher's stagger) learn the
+# reason, not "no answer from the rendezvous" at their timeout.
+VERDICT_LINGER = 5.0
 # The launcher's seconds between the polite signal (SIGTERM/SIGINT) and SIGKILL.
 LAUNCHER_GRACE = 5.0
 
@@ -185,3 +193,10 @@ LAUNCHER_GRACE = 5.0
 # one is missing (each answer is one round trip to an I/O thread: milliseconds on one host), so
 # an error is at most this late.
 STATUS_WAIT = 2.0
+
+# A wait (the rendezvous, a collective's wait for a peer, a join's admission, a view change's
+# boundary, a state transfer) that lasts longer than this says once, at WARNING, what it waits
+# for and how much of its timeout it spent (collectives/notices.py's LongWait): a missing rank
+# is named long before the timeout (60 s by default) ends the wait. Shorter than the shortest
+# timeout people set for real jobs (30 s), longer than any wait of a healthy step.
+LONG_WAIT = 10.0

@@ -6,6 +6,8 @@ re-exported by gossip (gossip.GossipError is this class).
 """
 from __future__ import annotations
 
+from typing import Sequence
+
 __all__ = [
     "GossipError",
     "PeerLost",
@@ -16,6 +18,7 @@ __all__ = [
     "RendezvousError",
     "ProtocolError",
     "AuthenticationError",
+    "UnsupportedDtype",
 ]
 
 
@@ -85,3 +88,24 @@ class ProtocolError(GossipError):
 
 class AuthenticationError(GossipError):
     """A cluster key is missing, unreadable or malformed, or a peer failed the CURVE handshake."""
+
+
+class UnsupportedDtype(GossipError, TypeError):
+    """An array of a dtype the wire does not carry (an object array, datetime64, a quantized
+    tensor), refused before the call takes a sequence number. Also a TypeError (the caller's
+    array is of the wrong type). ``dtype``, the ``allowed`` ones, and the ``rank`` and
+    ``operation`` of the call that refused it (None until the communicator names them)."""
+
+    def __init__(self, dtype: str, allowed: Sequence[str], *, rank: int | None = None,
+                 operation: str | None = None) -> None:
+        where = f"rank {rank}: {operation}: " if rank is not None else ""
+        super().__init__(f"{where}an array of dtype {dtype} cannot travel on the wire; the "
+                         f"dtypes allowed are {', '.join(allowed)}")
+        self.dtype = dtype
+        self.allowed = tuple(allowed)
+        self.rank = rank
+        self.operation = operation
+
+    def named(self, rank: int, operation: str) -> "UnsupportedDtype":
+        """The same refusal, naming the rank and the operation that made it."""
+        return UnsupportedDtype(self.dtype, self.allowed, rank=rank, operation=operation)

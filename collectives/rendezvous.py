@@ -5,7 +5,9 @@ Messages are msgpack maps over a ROUTER (rank 0) / DEALER (others) pair created 
 own ZeroMQ context, so a cluster key secures the rendezvous exactly like the data sockets.
 Every failure is a RendezvousError that says what went wrong and who was involved: ranks that
 never came (named), a duplicate rank, a world size or configuration that disagrees, a port
-already in use.
+already in use. Every rank hears it: a rank 0 that fails early goes on answering the
+registrations still coming with its verdict (defaults.VERDICT_LINGER, or until every rank
+heard it).
 
 Every registration names its job (TransportConfig.job_id). Rank 0 refuses a peer of another
 job (that peer only: it is not a failure of this job) and tells it why; the refused peer tries
@@ -25,6 +27,7 @@ import zmq
 
 from collectives import defaults
 from collectives.errors import RendezvousError
+from collectives.notices import LongWait
 from collectives.transport.refusals import Refusals
 from collectives.transport.transport import Transport
 
@@ -145,13 +148,14 @@ def _serve(transport: Transport, address: str, timeout: float, me: dict) -> dict
         return _collect(sock, refusals, transport, address, timeout, me, n)
     finally:
         refusals.close()
-        sock.close(linger=0)
+        sock.close()   # (linger 0, or what _tell_late_comers set)
         # Counted with the data socket's in the peer's stats()["handshakes_refused"].
         transport.count_rendezvous_refusals(refusals.by_reason)
 
 
 def _collect(sock, refusals, transport, address, timeout, me, n) -> dict[int, dict]:
-    deadline = time.monotonic() + timeout
+    start = time.monotonic()
+    deadline = start + timeout
     poller = zmq.Poller()
     poller.register(sock, zmq.POLLIN)
     poller.register(refusals.monitor, zmq.POLLIN)
@@ -159,13 +163,21 @@ def _collect(sock, refusals, transport, address, timeout, me, n) -> dict[int, di
     identities: dict[int, bytes] = {}
     refused: set = set()  # (job, rank) of other jobs' peers refused, each logged once
     everyone: list[bytes] = []  # every client heard from, so a failure reaches them all
+    told: set[int] = set()      # ... and the ranks they registered as
+    notice = LongWait(lambda: f"rank 0: the rendezvous of job {_job_name(me['job'])} at "
+                              f"{address}: waiting for ranks "
+                              f"{_ranges(sorted(set(range(n)) - set(registered)))} "
+                              f"({len(registered)} of {n} registered)", start, deadline)
 
-    def fail(reason: str) -> RendezvousError:
+    def fail(reason: str, linger: bool = True) -> RendezvousError:
         for ident in everyone:
             sock.send_multipart([ident, _pack({"error": reason})], zmq.NOBLOCK)
+        if linger:   # the ranks still on their way hear the verdict too, not a silence
+            _tell_late_comers(sock, me, reason, told, n, deadline)
         return RendezvousError(f"rank 0 (rendezvous {address}): {reason}")
 
     while len(registered) < n:
+        notice.check()
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             missing = sorted(set(range(n)) - set(registered))
@@ -173,7 +185,8 @@ def _collect(sock, refusals, transport, address, timeout, me, n) -> dict[int, di
                       address, timeout, _ranges(missing))
             raise fail(f"ranks {_ranges(missing)} never came within {timeout:g}s "
                        f"({len(registered)} of {n} registered); check that every peer was "
-                       f"started with the same world size and rendezvous address")
+                       f"started with the same world size and rendezvous address",
+                       linger=False)   # (the missing are not coming)
         events = dict(poller.poll(min(remaining, defaults.RENDEZVOUS_POLL) * 1000))
         if refusals.monitor in events:
             refusals.on_events()
@@ -201,6 +214,7 @@ def _collect(sock, refusals, transport, address, timeout, me, n) -> dict[int, di
             _refuse_other_job(sock, ident, msg, me, rank, address, refused)
             everyone.pop()   # not one of ours: our failure is none of its business
             continue
+        told.add(rank)
         if size != n:
             raise fail(f"rank {rank} says world size {size}, rank 0 says {n}")
         if not 0 <= rank < n:
@@ -244,6 +258,26 @@ def _collect(sock, refusals, transport, address, timeout, me, n) -> dict[int, di
     return table
 
 
+def _tell_late_comers(sock, me: dict, reason: str, told: set[int], n: int,
+                      deadline: float) -> None:
+    """After rank 0 failed the rendezvous: answer every registration of this job that comes
+    with ``reason`` until each of ranks 1..n-1 heard it (``told``), VERDICT_LINGER
+    passed or the rendezvous' deadline; a rank that registered after the failure would
+    otherwise wait out its timeout and blame an absent rank 0."""
+    until = min(deadline, time.monotonic() + defaults.VERDICT_LINGER)
+    packed = _pack({"error": reason})
+    while not set(range(1, n)) <= told and time.monotonic() < until:
+        if not sock.poll(min(defaults.RENDEZVOUS_POLL, until - time.monotonic()) * 1000):
+            continue
+        frames = sock.recv_multipart()
+        msg = _unpack(frames[-1]) if len(frames) == 2 else None
+        if msg is None or msg.get("job", "") != me["job"] or type(msg.get("rank")) is not int:
+            continue
+        sock.send_multipart([frames[0], packed], zmq.NOBLOCK)
+        told.add(msg["rank"])
+    sock.linger = int(defaults.RENDEZVOUS_CLIENT_GRACE * 1000)   # the last answers leave
+
+
 def _job_name(job: Any) -> str:
     return repr(job) if job else "(unnamed)"
 
@@ -253,8 +287,8 @@ def _refuse_other_job(sock, ident: bytes, msg: dict, me: dict, rank: int, addres
     """Tell a peer of another job that this rendezvous is not its job's (it tries again)."""
     theirs = msg.get("job", "")
     theirs = theirs[:80] if isinstance(theirs, str) else "?"
-    reason = (f"the rendezvous at {address} is job {_job_name(me['job'])}'s; this peer is of "
-              f"job {_job_name(theirs)}")
+    reason = (f"the rendezvous at {address} belongs to job {_job_name(me['job'])}; this peer "
+              f"belongs to job {_job_name(theirs)}")
     if (theirs, rank) not in refused:
         refused.add((theirs, rank))
         log.warning("rank 0 of job %s: refused rank %d of job %s at the rendezvous %s",
@@ -298,13 +332,23 @@ def _register(transport, address, timeout, me) -> dict[int, dict]:
     start = time.monotonic()
     deadline = start + timeout + _CLIENT_GRACE
     refusal = None   # the last "not your job" heard, for the error at the deadline
+    heard = False    # rank 0 took the registration (it waits for the others)
+    notice = LongWait(lambda: f"rank {transport.rank}: the rendezvous at {address}: " + (
+        "rank 0 took its registration; waiting for the other ranks" if heard else
+        "waiting for rank 0 to answer (is it running, and reachable there?)"), start,
+        deadline)
     sock = _client_socket(transport, address)
     log.debug("rank %d: registering at the rendezvous %s; waits up to %gs for rank 0",
               transport.rank, address, deadline - start)
     try:
         sock.send(_pack(me))
         while True:
-            remaining = deadline - time.monotonic()
+            now = time.monotonic()
+            remaining = deadline - now
+            if remaining > 0 and notice.until(deadline) < deadline \
+                    and not sock.poll(max(0.0, notice.until(deadline) - now) * 1000):
+                notice.check()   # (its own deadline may move: rank 0 said how long it waits)
+                continue
             if remaining <= 0 or not sock.poll(remaining * 1000):
                 waited = time.monotonic() - start
                 log.debug("rank %d: the rendezvous at %s timed out after %.3gs",
@@ -327,6 +371,7 @@ def _register(transport, address, timeout, me) -> dict[int, dict]:
             if isinstance(wait, (int, float)) and not isinstance(wait, bool) \
                     and 0 <= wait < 1e6:  # NaN fails the comparison
                 deadline = max(deadline, time.monotonic() + wait + _CLIENT_GRACE)
+                heard = True
                 log.debug("rank %d: rank 0 took the registration; the table within %.3gs",
                           transport.rank, deadline - time.monotonic())
                 continue

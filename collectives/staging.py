@@ -25,6 +25,8 @@ import numpy as np
 
 from collectives.arrays.adapter import ArrayAdapter, adapter_for
 from collectives.arrays.interface import Array
+from collectives.errors import UnsupportedDtype
+from collectives.transport.wire import ALLOWED_DTYPES
 
 __all__ = ["Staging", "flat_of", "contiguous_flat"]
 
@@ -32,14 +34,19 @@ __all__ = ["Staging", "flat_of", "contiguous_flat"]
 def flat_of(x: Array, *, read_only: bool = False) -> tuple[ArrayAdapter, Array, str]:
     """An array's adapter, its flat view and its dtype's wire name. ``read_only``: the caller
     only reads it (a send), so a read-only numpy array (a snapshot's zero-copy bytes) will do;
-    collectives refuse one, since they write their result in place."""
+    collectives refuse one, since they write their result in place. UnsupportedDtype (a
+    GossipError and a TypeError, listing the allowed dtypes) for a dtype the wire does not
+    carry: every call sees its arrays here, before it takes a sequence number."""
     adapter = adapter_for(x)
     if read_only and isinstance(x, np.ndarray) and not x.flags.writeable \
             and x.flags.c_contiguous:
         flat = x.reshape(-1)
     else:
         flat = adapter.flat(x)
-    return adapter, flat, adapter.dtype_name(flat)
+    dtype = adapter.dtype_name(flat)
+    if dtype not in ALLOWED_DTYPES:
+        raise UnsupportedDtype(dtype, list(ALLOWED_DTYPES))
+    return adapter, flat, dtype
 
 
 def contiguous_flat(x: Array, *, read_only: bool = False

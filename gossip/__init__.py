@@ -13,7 +13,8 @@ hooks, gossip/torch_backend/ddp_hooks.py) are imported on first use, for the sam
 """
 from gossip.errors import (AuthenticationError, ExchangeIncomplete, GossipError,
                            OperationTimeout, PeerLost, ProtocolError, RendezvousError,
-                           SnapshotCorrupt, SnapshotError, SnapshotMismatch, TopologyError)
+                           SnapshotCorrupt, SnapshotError, SnapshotMismatch, TopologyError,
+                           UnsupportedDtype)
 from gossip.peer import Peer
 from gossip.runtime import init
 from gossip import policies
@@ -34,7 +35,7 @@ __all__ = [
     "init", "Peer",
     "policies", "DistributedOptimizer", "broadcast_parameters", "ElasticSampler",
     "GossipError", "PeerLost", "OperationTimeout", "RendezvousError", "ProtocolError",
-    "AuthenticationError", "TopologyError", "ExchangeIncomplete",
+    "AuthenticationError", "TopologyError", "ExchangeIncomplete", "UnsupportedDtype",
     "Snapshot", "SnapshotReceiver", "save_checkpoint", "load_checkpoint",
     "SnapshotError", "SnapshotMismatch", "SnapshotCorrupt",
     "__version__",

@@ -8,12 +8,13 @@ its two kinds) are raised by gossip.snapshot and the checkpoint helpers only.
 """
 from collectives.errors import (AuthenticationError, ExchangeIncomplete, GossipError, LeftOut,
                                 OperationTimeout, PeerLost, ProtocolError, RendezvousError,
-                                ViewChanging)
+                                UnsupportedDtype, ViewChanging)
 from collectives.group import MemberReplaced
 from topologies.errors import TopologyError as _PureTopologyError
 
 __all__ = ["GossipError", "PeerLost", "ExchangeIncomplete", "ViewChanging", "LeftOut",
            "OperationTimeout", "RendezvousError", "ProtocolError", "AuthenticationError",
+           "UnsupportedDtype",
            "MemberReplaced", "TopologyError", "SnapshotError", "SnapshotMismatch", "SnapshotCorrupt"]
 
 

@@ -64,6 +64,10 @@ class DistributedOptimizer:
     ``policy.after_backward()`` (gradient averaging), ``optimizer.step()``,
     ``policy.after_step()`` (parameter averaging).
 
+    ``named_parameters``: the model's ``named_parameters()`` (as Horovod takes them), so
+    errors name a parameter ("fc.weight"); an optimizer built from ``named_parameters()``
+    carries the names itself.
+
     ``policy``: a Policy instance, or one of the names of gossip.policies.names()
     ("synchronous", "local-sgd", "gossip", "asynchronous", "push-sum", "easgd", "choco") made with
     its defaults. On construction the policy is attached to the optimizer's parameters (in
@@ -82,7 +86,8 @@ class DistributedOptimizer:
     """
 
     def __init__(self, optimizer: torch.optim.Optimizer, peer: OptimizerPeer | None = None,
-                 policy: str | Policy = "synchronous") -> None:
+                 policy: str | Policy = "synchronous", *,
+                 named_parameters: Iterable[tuple[str, Any]] | None = None) -> None:
         if not hasattr(optimizer, "param_groups") or not callable(
                 getattr(optimizer, "step", None)):
             raise TypeError(f"optimizer must be a torch.optim.Optimizer, got "
@@ -91,12 +96,23 @@ class DistributedOptimizer:
             raise TypeError("the optimizer is already a DistributedOptimizer")
         policy = resolve(policy)
         params: list = []
+        names: list[str] | None = []
         seen: set[int] = set()
         for group in optimizer.param_groups:
-            for p in group["params"]:
+            # torch keeps the names of an optimizer built from model.named_parameters().
+            group_names = group.get("param_names")
+            for k, p in enumerate(group["params"]):
                 if id(p) not in seen:
                     seen.add(id(p))
                     params.append(p)
+                    if names is not None and group_names is not None \
+                            and len(group_names) == len(group["params"]):
+                        names.append(str(group_names[k]))
+                    else:
+                        names = None
+        if named_parameters is not None:   # Horovod's habit: model.named_parameters()
+            by_id = {id(p): str(n) for n, p in named_parameters}
+            names = [by_id.get(id(p), f"#{i}") for i, p in enumerate(params)]
         if policy.attached:
             attached = policy.arrays
             if peer is not None and peer is not policy.peer:
@@ -108,7 +124,7 @@ class DistributedOptimizer:
             # Before attach: a joining peer takes the running job's state there, and the
             # optimizer's state (momentum, moments) must come with the parameters.
             policy.transfer_optimizer = optimizer
-            policy.attach(_require_peer(peer, "DistributedOptimizer"), params)
+            policy.attach(_require_peer(peer, "DistributedOptimizer"), params, names=names)
         policy.transfer_optimizer = optimizer
         self.optimizer = optimizer
         self.policy = policy

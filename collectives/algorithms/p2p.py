@@ -15,6 +15,7 @@ from typing import Any, Iterator
 from collectives import defaults
 from collectives.arrays.adapter import ArrayAdapter
 from collectives.errors import PeerLost, ProtocolError
+from collectives.notices import LongWait
 from collectives.transport.link import SendTicket
 from collectives.transport.transport import Transport
 from collectives.transport.wire import DATA, Header, payload_layout
@@ -29,7 +30,7 @@ class Call:
     dtype and shape on every peer, or the peers made different calls."""
 
     __slots__ = ("transport", "channel", "seq", "signature", "dtype", "shape", "nbytes",
-                 "itemsize", "frame_dtype", "deadline")
+                 "itemsize", "frame_dtype", "deadline", "start")
 
     def __init__(self, transport: Transport, channel: int, seq: int, signature: str,
                  dtype: str, shape: tuple[int, ...], deadline: float) -> None:
@@ -42,6 +43,12 @@ class Call:
         # A codec's payload (dtype "codec:..."): bytes, read as uint8 (wire.payload_layout).
         self.itemsize, self.nbytes, self.frame_dtype = payload_layout(dtype, self.shape)
         self.deadline = deadline
+        self.start = time.monotonic()   # (its timeout: deadline - start; notices.LongWait)
+
+    @property
+    def timeout(self) -> float:
+        """Seconds the call was given (from its start to its deadline)."""
+        return self.deadline - self.start
 
     def header(self, kind: int, offset: int = 0, length: int = 0, slot: int = 0) -> Header:
         """The header of this peer's message of ``kind`` in this call (a chunk: bytes
@@ -131,7 +138,17 @@ def recv_range(call: Call, src: int, adapter: ArrayAdapter, start: int,
 def wait_sent(call: Call, ticket) -> None:
     """Block until the zero-copy buffers of this operation are no longer read by libzmq, so the
     caller may modify the array as soon as the operation returns."""
-    if ticket is not None and not ticket.wait(call.deadline):
+    if ticket is None:
+        return
+    notice = LongWait(lambda: f"rank {call.transport.rank}: {call.describe()}: waiting for "
+                              "the network to take its last chunk (is the receiver reading?)",
+                      time.monotonic(), call.deadline, timeout=call.timeout)
+    until = notice.until(call.deadline)
+    done = ticket.wait(until)
+    if not done and until < call.deadline:
+        notice.check(max(time.monotonic(), until))
+        done = ticket.wait(call.deadline)
+    if not done:
         raise PeerLost(f"rank {call.transport.rank}: {call.describe()}: the last chunk was not "
                        "taken by the network within the timeout (is the receiver alive?)")
 
@@ -146,7 +163,13 @@ def wait_reached(call: Call, dst: int) -> None:
     woke 0.5-8 ms late, on the path of a joiner's first state chunk), and at least every
     REACH_POLL_MAX to see a loss or the deadline."""
     t = call.transport
+    notice = None
     while not t.reached(dst):
+        if notice is None:   # (made once it waits at all: most calls find dst reached)
+            notice = LongWait(lambda: f"rank {t.rank}: {call.describe()}: waiting to reach "
+                                      f"rank {dst} at {t.address(dst)} (no connection yet)",
+                              time.monotonic(), call.deadline, timeout=call.timeout)
+        notice.check()
         if t.is_lost(dst) or time.monotonic() >= call.deadline:
             reason = "lost" if t.is_lost(dst) else "never reachable within the timeout"
             raise PeerLost(f"rank {t.rank}: {call.describe()}: rank {dst} at {t.address(dst)} "

@@ -18,7 +18,8 @@ others' memory, or failed), so a call that failed half-way leaves nothing to res
 header (and the algorithm's slot), publishes 2s + 1, waits for the others' 2s + 1 and
 compares their headers: a peer that made another call at this sequence number (another
 operation, size, dtype or algorithm, a barrier included) is a ProtocolError on every peer,
-before anyone reads another's data. ``leave`` publishes 2s + 2.
+before anyone reads another's data, naming both calls (each arena's header page also holds
+its owner's call in words, rewritten only when the call changes). ``leave`` publishes 2s + 2.
 
 Waits (``wait_counters``) yield the CPU, then sleep on the awaited counter until it moves
 (transport/futex.py: woken by the peer that bumps it, at most a millisecond), check the
@@ -32,6 +33,7 @@ chosen (choice.py).
 from __future__ import annotations
 
 import functools
+import math
 import os
 import platform
 import time
@@ -40,12 +42,15 @@ from typing import Any, Callable
 
 import numpy as np
 
+from collectives import defaults
 from collectives.algorithms.p2p import Call, post_range, recv_range, wait_sent
 from collectives.arrays.adapter import ArrayAdapter, adapter_for
 from collectives.errors import PeerLost, ProtocolError
+from collectives.notices import LongWait
 from collectives.transport import cma, futex
 from collectives.transport.link import SendTicket
 from collectives.transport.shm_arena import HEADER_BYTES, ArenaViews, ShmArena, counter_of
+from collectives.transport.wait_errors import describe_wait
 
 __all__ = ["SharedEntry", "SLOT_HEADER", "SLOT_WORDS", "SHARED_COUNTERS", "ANNOUNCEMENT_BYTES",
            "PID", "DIRECT", "STEPS", "WORDS", "SharedBarrier", "shared_barrier",
@@ -60,6 +65,11 @@ PID, DIRECT, STEPS, WORDS = 3, 4, 5, 6
 SLOT_WORDS = SLOT_HEADER // 8 - WORDS
 #: Where each small arena's header page holds its step counter (a cache line of its own).
 _STEPS_OFFSET = 64
+#: Where it describes its owner's call in words (two int64: the call's CRC, the text's length;
+#: then the text), so a peer whose call differs names it, not its CRC. Rewritten only when the
+#: owner's call differs from its last one: a loop of one call writes it once.
+_CALL_OFFSET = 1024
+_CALL_TEXT_MAX = HEADER_BYTES - _CALL_OFFSET - 16
 #: (pid, fd, size, counter, address) as int64: an arena's announcement.
 ANNOUNCEMENT_BYTES = 40
 #: How long a wait yields the CPU in a loop before it sleeps, when the peers have a CPU each:
@@ -98,6 +108,7 @@ class SharedEntry:
         self._headers: dict[int, np.ndarray] = {}    # and of their slot headers
         self._last = -1
         self._pid = os.getpid()
+        self._described = -1   # the CRC of the call this peer's arena describes in words
 
     def slot(self, j: int) -> np.ndarray:
         """Rank j's slot data (uint8), after its header."""
@@ -116,10 +127,12 @@ class SharedEntry:
         others = [j for j in range(n) if j != r]
         self.ready(call)
         counters, headers = self._counters, self._headers
-        crc = _crc(call.signature, call.dtype, call.shape)
+        crc, text = _crc(call.signature, call.dtype, call.shape)
         if self._last >= 0:   # everyone is done with this peer's last call
             wait_counters(call, counters, {j: 2 * self._last + 2 for j in others},
                           "the end of the previous call")
+        if crc != self._described:
+            self._describe(r, crc, text)
         header = headers[r]
         header[:WORDS] = (s, crc, nbytes, self._pid, self.can_read, self.steps[r][0])
         header[WORDS:WORDS + len(words)] = words
@@ -132,13 +145,39 @@ class SharedEntry:
             if (seq, theirs, got) != (s, crc, nbytes):
                 if seq != s:   # it marked itself done without writing: it failed
                     await_abort(call, j)
-                raise ProtocolError(
-                    f"rank {r}: called {call.describe()}, but rank {j} made another call at "
-                    f"that sequence ({got} bytes, signature CRC {theirs:08x} against "
-                    f"{crc:08x}): the peers made different calls")
+                named = self._their_call(j, theirs) if seq == s else None
+                other = (f"called {named}" if named is not None else
+                         f"made another call ({got} bytes, signature CRC {theirs:08x} against "
+                         f"{crc:08x})")
+                raise ProtocolError(f"rank {r}: called {call.describe()}, but rank {j} {other} "
+                                    "at that sequence: the peers made different calls")
         seen = {j: headers[j].copy() for j in range(n)}
         self.direct = all(h[DIRECT] == 1 for h in seen.values())
         return seen
+
+    def _describe(self, rank: int, crc: int, text: bytes) -> None:
+        """Write this peer's call in words into its arena's header page (before the call's
+        header is published: x86-64 keeps the stores in order), stamped with its CRC."""
+        assert self.arenas is not None   # (mapped by ready(), before any call)
+        page = self.arenas[rank]
+        words = page[_CALL_OFFSET:_CALL_OFFSET + 16].view(np.int64)
+        words[0] = -1   # (no reader looks while it is rewritten: see their_call)
+        page[_CALL_OFFSET + 16:_CALL_OFFSET + 16 + len(text)] = np.frombuffer(text, np.uint8)
+        words[1] = len(text)
+        words[0] = crc
+        self._described = crc
+
+    def _their_call(self, j: int, crc: int) -> str | None:
+        """Rank j's call in words, if its arena describes the call of CRC ``crc`` (the one its
+        header names; it rewrites the words only for a later call, after every peer left this
+        one), else None."""
+        assert self.arenas is not None   # (mapped by ready(), before any call)
+        page = self.arenas[j]
+        stamp, length = page[_CALL_OFFSET:_CALL_OFFSET + 16].view(np.int64).tolist()
+        if stamp != crc or not 0 < length <= _CALL_TEXT_MAX:
+            return None
+        return bytes(page[_CALL_OFFSET + 16:_CALL_OFFSET + 16 + length]).decode(
+            "utf-8", "replace")
 
     def leave(self, call: Call) -> None:
         """Done with ``call`` (or failed in it): the others may reuse what they shared."""
@@ -165,6 +204,7 @@ class SharedEntry:
                       for j, a in self.arenas.items()}
         self._headers = {j: a[HEADER_BYTES:HEADER_BYTES + SLOT_HEADER].view(np.int64)
                          for j, a in self.arenas.items()}
+        self._described = -1
 
     def close(self) -> None:
         self.arenas, self._counters, self._headers, self.steps = None, {}, {}, {}
@@ -215,9 +255,11 @@ class SharedBarrier:
 
 
 @functools.lru_cache(maxsize=256)
-def _crc(signature: str, dtype: str, shape: tuple) -> int:
-    """What a slot header says of its call (besides its sequence number and bytes)."""
-    return zlib.crc32(f"{signature} {dtype} {shape}".encode())
+def _crc(signature: str, dtype: str, shape: tuple) -> tuple[int, bytes]:
+    """What a slot header says of its call (besides its sequence number and bytes), and the
+    call in words (SharedEntry._describe), cut to what the header page holds."""
+    text = f"{signature} {dtype} {shape}".encode()
+    return zlib.crc32(text), text[:_CALL_TEXT_MAX]
 
 
 def exchange_arenas(call: Call, others: list[int], arena: ShmArena, views: ArenaViews,
@@ -275,6 +317,16 @@ def count_shared(transport: Any, rank: int, nbytes: int) -> None:
     transport.counters[rank].bytes_sent += nbytes
 
 
+def _long_wait(call: Call, pending: list[int], what: str, start: float) -> LongWait:
+    """The notice of a shared-memory wait of ``call`` since ``start`` on the ``pending``
+    ranks (notices.LongWait), worded with what the first of them is doing."""
+    def words() -> str:
+        on = f"rank {pending[0]}" if len(pending) == 1 else f"ranks {pending}"
+        return describe_wait(call.transport, pending[0], call, call.channel, call.seq,
+                             f"waiting on {on} to reach {what} (shared memory)")
+    return LongWait(words, start, call.deadline, timeout=call.timeout)
+
+
 def _arrivals(call: Call, others: list[int]):
     """The ranks of ``others`` as their first message of the call arrives (or their loss is
     known, or this peer closes: their recv raises); past the deadline, the first still silent
@@ -282,9 +334,11 @@ def _arrivals(call: Call, others: list[int]):
     in this thread while it waits, as a recv does (no hand-off to the I/O thread)."""
     t = call.transport
     pending = list(others)
+    notice = _long_wait(call, pending, "the arenas' exchange", time.monotonic())
     while pending:
         ready = [j for j in pending if t.inbox.poll((j, call.channel, call.seq))]
         now = time.monotonic()
+        notice.check(now)
         if ready or now >= call.deadline:
             j = (ready or pending)[0]
             pending.remove(j)
@@ -302,14 +356,20 @@ def wait_counters(call: Call, counters: dict[int, np.ndarray], targets: dict[int
     sent instead (an abort: raised as the transport words it; a chunk: ProtocolError) or its
     loss (PeerLost), and raising OperationTimeout at the call's deadline."""
     pending = [j for j, target in targets.items() if counters[j][0] < target]
-    now = time.monotonic()
+    now = start = time.monotonic()
     crowded = call.transport.world_size > _CPUS
     spin_until = now + (_SPIN_CROWDED if crowded else SPIN_SECONDS)
     check_at = now + 0.001
+    # (The notice is made only if it is due: a call of 26 us makes no object for it.)
+    notice_at = start + defaults.LONG_WAIT if call.deadline > start + defaults.LONG_WAIT \
+        else math.inf
     while pending:
         if now >= check_at:
             _check(call, pending, now, what)
             check_at = now + 0.001
+            if now >= notice_at:
+                notice_at = math.inf
+                _long_wait(call, pending, what, start).check(now)
         if now < spin_until:
             os.sched_yield()
         else:   # a long wait: sleep until the first awaited counter moves, or the next check

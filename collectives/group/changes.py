@@ -69,6 +69,7 @@ from collectives.group.door import Door
 from collectives.group.margin import BoundaryMargin
 from collectives.group.proposal import Departure, Proposal, Switch
 from collectives.group.view import Member, View, ViewError
+from collectives.notices import LongWait, events
 from collectives.transport import Transport
 
 __all__ = ["ViewChanges", "MemberProcess", "Proposal", "Switch", "Departure", "MemberReplaced"]
@@ -242,8 +243,13 @@ class ViewChanges:
         self.check_replaced()
         with self.cond:
             self.reported_lost |= set(lost)
-        deadline = time.monotonic() + self.timeout
+        start = time.monotonic()
+        deadline = start + self.timeout
         self._ask_the_majority(step, deadline)
+        notice = LongWait(lambda: f"{self.name}: recovering at step {step} (lost: "
+                                  f"{', '.join(sorted(self.known_lost())) or 'none'}): waiting "
+                                  f"for coordinator {self._coordinator_text()} to propose the "
+                                  "next view", start, deadline)
         while True:
             self.check_replaced()
             c = self.coordinator()
@@ -256,6 +262,7 @@ class ViewChanges:
                 while self._proposal is None and self._answer is None \
                         and self.replaced is None and time.monotonic() < wait_until:
                     self.cond.wait(0.1)
+                    notice.check()
             self.check_replaced()
             with self.cond:
                 proposed = self._proposal is not None
@@ -302,10 +309,14 @@ class ViewChanges:
         """Stopped at a boundary (``pending``: inside a step, its update not yet combined):
         answer each proposal that includes this member with a fresh transport, until one is
         committed (or a proposal moves the boundary further on)."""
-        deadline = time.monotonic() + self.timeout
+        start = time.monotonic()
+        deadline = start + self.timeout
         self._stopped_now = True
+        notice = LongWait(lambda: f"{self.name}: stopped at step {step} for a view change: "
+                                  f"waiting for coordinator {self._coordinator_text()} to "
+                                  "commit it", start, deadline)
         try:
-            return self._answer_proposals(step, recovering, pending, deadline)
+            return self._answer_proposals(step, recovering, pending, deadline, notice)
         finally:
             self._stopped_now = False
 
@@ -319,7 +330,7 @@ class ViewChanges:
         return switch
 
     def _answer_proposals(self, step: int, recovering: bool, pending: bool,
-                          deadline: float) -> Switch | Departure | None:
+                          deadline: float, notice: LongWait) -> Switch | Departure | None:
         answered: str | None = None
         transport = None
         while True:
@@ -352,6 +363,7 @@ class ViewChanges:
                         f"(coordinator {self._coordinator_text()}, step {step})")
                 else:
                     self.cond.wait(min(0.1, max(0.0, deadline - time.monotonic())))
+                    notice.check()
                     continue
             self._close(transport)
             log.debug("%s: stopped at step %d; answers coordinator %s's proposal of view %d "
@@ -369,9 +381,17 @@ class ViewChanges:
         view = View.from_wire(commit["view"])
         table = {int(r): e for r, e in commit["table"].items()}
         transport.set_peers(table)
+        # Open every link of the new view now (libzmq connects and, with a key, does its CURVE
+        # handshake in the background): the state a joiner takes, and the first collective,
+        # then find them ready instead of waiting a handshake on the first chunk (measured:
+        # a keyed 4 MiB transfer at 0.28 of point-to-point bandwidth, bound by it).
+        me = view.rank_of(self.name)
+        for r in table:
+            if r != me:
+                transport.connect(r)
+        events.info("%s", _change_text(self.name, self.view, view))
         self.view = view
         self.reported_lost = set()
-        log.info("%s: now rank %d of %s", self.name, view.rank_of(self.name), view.describe())
         source, donors = commit["source"], commit.get("donors")
         if not (isinstance(donors, list) and donors and donors[0] == source
                 and all(type(r) is int and 0 <= r < len(view) for r in donors)
@@ -415,8 +435,8 @@ class ViewChanges:
                     self.cond.wait(0.1)
                 answer, self._answer = self._answer, None
             if answer is not None and answer["kind"] == "left":
-                log.info("%s: left the group (view %s goes on without it)", self.name,
-                         answer.get("number"))
+                events.info("%s: left the group (view %s goes on without it)", self.name,
+                            answer.get("number"))
                 return
             if c.name != self.name:
                 self.reported_lost.add(c.name)   # silent: ask the next one
@@ -472,12 +492,22 @@ class ViewChanges:
     def join(self, doors: list[str]) -> Switch:
         """Ask to join the job whose members listen at ``doors`` (any one will do); returns
         the committed switch that admits this process."""
-        deadline = time.monotonic() + self.timeout
+        start = time.monotonic()
+        deadline = start + self.timeout
         queue = list(doors)
         tried: list[str] = []
-        while queue:
+        job = repr(self.door.config.job_id) if self.door.config.job_id else "(unnamed)"
+        notice = LongWait(lambda: f"{self.name}: joining job {job}: waiting for a member to "
+                                  f"admit it (asked {', '.join(tried)})", start, deadline)
+        while queue or time.monotonic() < deadline:
+            if not queue:
+                # Nobody answered yet (the job may not have started: a joiner started before
+                # its job): ask again until the deadline; a second ask is harmless (a
+                # coordinator keeps one pending entry per name).
+                queue = list(dict.fromkeys(doors))
             address = queue.pop(0)
-            tried.append(address)
+            if address not in tried:
+                tried.append(address)
             self.door.tell(address, "join", member=self.me.to_wire())
             with self.cond:
                 wait_until = min(deadline, time.monotonic() + self.timeout / 4)
@@ -485,6 +515,7 @@ class ViewChanges:
                     while self._answer is None and self._proposal is None \
                             and time.monotonic() < wait_until:
                         self.cond.wait(0.1)
+                        notice.check()
                     answer, self._answer = self._answer, None
                     if answer is None or answer["kind"] != "checking":
                         break
@@ -507,8 +538,9 @@ class ViewChanges:
                 raise error
             if time.monotonic() >= deadline:
                 break
-        raise RendezvousError(f"{self.name}: no member admitted it within {self.timeout:g}s "
-                              f"(asked {', '.join(tried) or 'nobody'}; is the job running "
+        raise RendezvousError(f"{self.name}: no member admitted it within "
+                              f"{time.monotonic() - start:.3g}s (its timeout: {self.timeout:g}s; "
+                              f"asked {', '.join(tried) or 'nobody'}; is the job running "
                               "there? A process without the group's cluster key gets no "
                               "answer at all)")
 
@@ -580,6 +612,25 @@ class ViewChanges:
         with self.cond:
             self._commit = msg
             self.cond.notify_all()
+
+
+def _change_text(name: str, old: View | None, new: View) -> str:
+    """A view change as the events log says it, once per member: the new view's number and
+    members, who joined and who is gone, and this member's rank ("rank2#7: joined ...", for
+    the joiner itself)."""
+    me = new.rank_of(name)
+    if old is None:
+        return f"{name}: joined as rank {me} of {new.describe()}"
+    before, after = set(old.names()), set(new.names())
+    changes = []
+    joined = [str(m) for m in new.members if m.name not in before or m not in old.members]
+    gone = [str(m) for m in old.members if m.name not in after or m not in new.members]
+    if joined:
+        changes.append(f"joined {', '.join(joined)}")
+    if gone:
+        changes.append(f"gone {', '.join(gone)}")
+    what = f" ({'; '.join(changes)})" if changes else ""
+    return f"{name}: now rank {me} of {new.describe()}{what}"
 
 
 def _member_text(obj: Any) -> str:

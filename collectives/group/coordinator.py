@@ -22,6 +22,7 @@ from typing import Any
 
 from collectives.group.proposal import Proposal
 from collectives.group.view import Member, View, ViewError
+from collectives.notices import LongWait
 
 __all__ = ["Coordinator", "MAX_DONORS", "SHARING", "PROBE_SECONDS"]
 
@@ -60,6 +61,7 @@ class Coordinator:
         self.active: Proposal | None = None      # the proposal under way
         self.ready: dict[str, dict] = {}         # its members' answers
         self.deadline = 0.0
+        self.notice: LongWait | None = None      # the active proposal's long-wait notice
         self.lost_when_proposed: set = set()   # known_lost() as the active proposal went out
         self.counter = itertools.count(1)
         self.leaving: dict[str, str] = {}        # name -> door of a member that leaves
@@ -187,7 +189,13 @@ class Coordinator:
         p = Proposal(f"{number}.{next(self.counter)}", number, tuple(members), at_step,
                      self.changes.door.address)
         self.active, self.ready, self.lost_when_proposed = p, {}, lost
-        self.deadline = time.monotonic() + self.changes.timeout / 2
+        now = time.monotonic()
+        self.deadline = now + self.changes.timeout / 2
+        when = "at once" if at_step is None else f"at step {at_step}"
+        self.notice = LongWait(lambda: f"{self.changes.name}: coordinating view {p.number} "
+                                       f"({when}): waiting for the answers of "
+                                       f"{[m.name for m in p.members if m.name not in self.ready]}",
+                               now, now + self.changes.timeout)
         log.info("%s: proposes view %d at step %s (lost: %s): %s", self.changes.name,
                  p.number, "now" if at_step is None else at_step, sorted(lost),
                  [str(m) for m in members])
@@ -379,6 +387,8 @@ class Coordinator:
             silent = [m.name for m in p.members if m.name not in self.ready]
             if not silent:
                 return
+            if self.notice is not None:
+                self.notice.check()
             lost = self.changes.known_lost()
             if late:
                 lost |= self._joiners_silent(p, silent)

@@ -174,8 +174,8 @@ class Door:
             return
         if message.get("job", "") != self.config.job_id:
             theirs = message.get("job")
-            reason = (f"this door is job {self.config.job_id or '(unnamed)'!r}'s, the message "
-                      f"of job {theirs or '(unnamed)'!r}")
+            reason = (f"this door belongs to job {_job_text(self.config.job_id)} and the message "
+                      f"to job {_job_text(theirs)}")
             self._drop(f"a message of another job: {reason}", key=message.get("from"))
             if message.get("kind") == "join" and isinstance(theirs, str):
                 # A joiner of another job hears why (in its own job's name, or its door
@@ -280,6 +280,11 @@ class Door:
         if self._zap is not None:
             self._zap.close()
         self._context.term()
+
+
+def _job_text(job: Any) -> str:
+    """A job id as messages quote it: 'exp-7', or (unnamed)."""
+    return repr(job) if job else "(unnamed)"
 
 
 def _unpack(raw: bytes) -> dict | None:

@@ -17,6 +17,7 @@ import zmq
 from zmq.utils.monitor import recv_monitor_message
 
 from collectives import defaults
+from collectives.notices import events
 from collectives.transport.inbox import Inbox, Lost
 
 __all__ = ["Liveness", "MONITOR_EVENTS"]
@@ -102,8 +103,9 @@ class Liveness:
         for rank, when in list(self.suspects.items()):
             if now >= when:
                 del self.suspects[rank]
-                log.debug("rank %s: rank %d counted lost (its connection dropped)",
-                          self._refusals.rank, rank)
-                self._inbox.mark_lost(rank, Lost(
-                    "connection dropped (the peer died, closed, or missed heartbeats for "
-                    f"{self._heartbeat_timeout:g}s)"))
+                reason = ("connection dropped (the peer died, closed, or missed heartbeats for "
+                          f"{self._heartbeat_timeout:g}s)")
+                if self._inbox.lost(rank) is None:   # (not a peer that said goodbye)
+                    # The events log's line of a death, once per peer that noticed it.
+                    events.info("rank %s: lost rank %d: %s", self._refusals.rank, rank, reason)
+                self._inbox.mark_lost(rank, Lost(reason))

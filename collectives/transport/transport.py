@@ -24,6 +24,7 @@ from typing import Any
 from collectives import defaults
 from collectives.config import TransportConfig
 from collectives.errors import PeerLost, ProtocolError, RendezvousError
+from collectives.notices import LongWait
 from collectives.transport.activity import Activity, Status
 from collectives.transport.dispatch import Arrivals, status_channel
 from collectives.transport.emulation import emulation_stats
@@ -36,7 +37,7 @@ from collectives.transport.offenders import Offenders
 from collectives.transport.shm import SharedMemory
 from collectives.transport.sockets import Sockets, host_id
 from collectives.transport.throttled_log import DropLog
-from collectives.transport.wait_errors import wait_error
+from collectives.transport.wait_errors import describe_wait, wait_error
 from collectives.transport.wire import (ABORT, PLAN, PLAN_ANSWER, SHM, STATUS, Header,
                                         encode_header)
 
@@ -298,15 +299,26 @@ class Transport:
             inbox = self.inbox
             inbox.want(src)
             try:
-                if self.pump(key, deadline):
-                    item = inbox.get(key, deadline)
-                else:
-                    item = self._loop.wait_on_inbox(inbox.get, key, deadline)
+                now = time.monotonic()
+                if deadline - now > defaults.LONG_WAIT:   # it may last: say so if it does
+                    item = self._wait(key, now + defaults.LONG_WAIT)
+                    if item is None and not self._closed:
+                        LongWait(lambda: describe_wait(self, src, operation, channel, seq), now,
+                                 deadline, timeout=getattr(operation, "timeout", None)).check()
+                if item is None:
+                    item = self._wait(key, deadline)
             finally:
                 inbox.unwant(src)
         if type(item) is tuple:
             return item
         raise self._wait_error(item, src, operation, channel, seq)
+
+    def _wait(self, key: tuple, until: float) -> Any:
+        """What mailbox ``key`` holds by ``until`` (None: nothing), read from the socket in
+        this thread while no other does (pump), else as the I/O thread delivers it."""
+        if self.pump(key, until):
+            return self.inbox.get(key, until)
+        return self._loop.wait_on_inbox(self.inbox.get, key, until)
 
     def wait_any(self, keys, deadline: float):
         """The first of the mailboxes ``keys`` that holds a message or an error, or None at

@@ -23,7 +23,11 @@ from collectives.errors import (AuthenticationError, OperationTimeout, PeerLost,
 from collectives.transport.activity import BUSY, FINISHED, IDLE, same_call
 from collectives.transport.inbox import Lost, MailboxError
 
-__all__ = ["Verdict", "find_missing", "wait_error"]
+__all__ = ["Verdict", "find_missing", "wait_error", "describe_wait"]
+
+# How long a long wait's notice asks along the chain of waits (it is said while the wait goes
+# on: a peer that does not answer is named as such, the wait does not stop for it).
+_NOTICE_STATUS_WAIT = 1.0
 
 log = logging.getLogger("collectives")
 
@@ -84,6 +88,23 @@ def find_missing(transport, src: int, channel: int, seq: int, signature: str,
         if len(chain) >= transport.world_size:
             return Verdict(rank, f"rank {rank} is where the chain of waits ends",
                            tuple(chain), False)
+
+
+def describe_wait(t, src: int, operation: Any, channel: int, seq: int,
+                  waiting: str | None = None) -> str:
+    """A wait on mailbox ``(src, channel, seq)`` of transport ``t`` that lasts, as its notice
+    words it (notices.LongWait): the operation, the rank waited on and its address (or
+    ``waiting``, what the wait says it does), and for a collective call, the rank it comes
+    down to (find_missing: "rank 3 has not started ...")."""
+    waiting = waiting or f"waiting on rank {src} at {t.address(src)}"
+    text = f"rank {t.rank}: {operation}: {waiting}"
+    signature = getattr(operation, "signature", None)
+    if signature is not None and signature != "send" and not t.closed:
+        verdict = find_missing(t, src, channel, seq, signature, wait=_NOTICE_STATUS_WAIT)
+        if verdict is not None:
+            waits = "".join(f", which waits on rank {r}" for r in verdict.chain[1:])
+            text += f"{waits}: {verdict.reason}"
+    return text
 
 
 def wait_error(t, item, src: int, operation: Any, channel: int, seq: int) -> Exception:

@@ -27,9 +27,9 @@ admission is loaded there).
 """
 from gossip.membership.contracts import MembershipHost, MembershipParticipant
 from gossip.membership.controller import MEMBER_FIELDS, PeerMembership, member_identity
-from gossip.membership.state_transfer import (CHUNK_BYTES, Prefetch, load_state, receive_state,
-                                              send_state, state_of)
+from gossip.membership.state_transfer import (CHUNK_BYTES, Prefetch, load_state, params_of,
+                                              receive_state, send_state, state_of)
 
 __all__ = ["PeerMembership", "MembershipParticipant", "MembershipHost", "member_identity",
            "MEMBER_FIELDS", "send_state", "receive_state", "Prefetch", "state_of",
-           "load_state", "CHUNK_BYTES"]
+           "params_of", "load_state", "CHUNK_BYTES"]

@@ -40,10 +40,11 @@ from collectives import Transport
 from collectives.config import TransportConfig
 from collectives.errors import LeftOut
 from collectives.group import Departure, Door, Member, Switch, View, ViewChanges
+from collectives.notices import events
 from gossip.errors import OperationTimeout, PeerLost
 from gossip.membership.contracts import MembershipHost, MembershipParticipant
-from gossip.membership.state_transfer import (Prefetch, load_state, receive_state, send_state,
-                                              state_of)
+from gossip.membership.state_transfer import (Prefetch, load_state, params_of, receive_state,
+                                              send_state, state_of)
 
 __all__ = ["PeerMembership", "member_identity", "MEMBER_FIELDS"]
 
@@ -357,12 +358,12 @@ class PeerMembership:
             if policy is not None and switch.receivers:
                 if rank in switch.senders:
                     send_state(peer, state_of(policy), switch.receivers, switch.step,
-                               policy.timeout, switch.senders)
+                               policy.timeout, switch.senders, params=params_of(policy))
                     if rank == switch.source:
                         policy.state_sent()   # (push-sum: the source alone gave its share)
                 elif rank in switch.receivers:
                     step, snapshot = receive_state(peer, switch.senders, state_of(policy),
-                                                   policy.timeout)
+                                                   policy.timeout, params=params_of(policy))
                     load_state(policy, snapshot, step)
             if policy is not None:
                 # One step count in the new view (a time-varying graph's phase depends on it).
@@ -400,7 +401,7 @@ class PeerMembership:
         self._prefetch = None
         peer = self._peer
         try:
-            step, snapshot = fetched.result(peer, state_of(policy))
+            step, snapshot = fetched.result(peer, state_of(policy), params_of(policy))
             load_state(policy, snapshot, step)
             # Admitted by a recovery whose source was inside a step: the policy completes it
             # with the members (its next collective, after attach) instead of a step of its own.
@@ -454,8 +455,8 @@ class PeerMembership:
         for p in self._participants():
             p.hand_off(departure.to)
         self._departed = True
-        log.info("rank %d: left; view %d goes on without it (its state went to rank %d)",
-                 self._peer.rank, departure.number, departure.to)
+        events.info("rank %d: left; view %d goes on without it (its state went to rank %d)",
+                    self._peer.rank, departure.number, departure.to)
 
     def close(self) -> None:
         """Close the door."""

@@ -9,8 +9,10 @@ every array's name, dtype, shape and digest, the state dicts' structure, the ste
 peer's tracked objects such as an ElasticSampler's cursor; never a pickle), then the
 snapshot's bytes in chunks that never cross an array's end, each read in place. The
 receiver checks the manifest's parameters against its own before anything is allocated (a
-model of other shapes is a SnapshotMismatch, a ValueError, naming the first tensor that
-differs; the group is unaffected: the source only sends), receives each chunk straight into
+model of other shapes is a SnapshotMismatch, a ValueError, naming the first of the user's
+parameters that differs, by its own name when it has one (``fc.weight``: the manifest
+describes every parameter the source's policy holds, not only the buckets they are packed
+in); the group is unaffected: the source only sends), receives each chunk straight into
 the array it belongs to, checks every array's digest (SnapshotCorrupt naming the first bad
 one), then loads the optimizer and the policy.
 """
@@ -24,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 import msgpack
 import numpy as np
 
-from gossip.errors import ProtocolError, SnapshotCorrupt
+from gossip.errors import ProtocolError, SnapshotCorrupt, SnapshotMismatch
 from gossip.peer_channels import PeerChannel
 from gossip.snapshot import Snapshot, SnapshotReceiver, crc
 from gossip.snapshot.array_specs import PIECE_BYTES
@@ -32,7 +34,8 @@ from gossip.snapshot.array_specs import PIECE_BYTES
 if TYPE_CHECKING:
     from gossip.membership.contracts import MembershipHost, MembershipParticipant
 
-__all__ = ["send_state", "receive_state", "Prefetch", "state_of", "load_state", "CHUNK_BYTES"]
+__all__ = ["send_state", "receive_state", "Prefetch", "state_of", "params_of", "load_state",
+           "CHUNK_BYTES"]
 
 log = logging.getLogger("gossip")
 
@@ -57,6 +60,12 @@ def state_of(policy: MembershipParticipant) -> Snapshot:
                        policy=policy)
 
 
+def params_of(policy: MembershipParticipant) -> list[list]:
+    """The parameters a policy holds, as the user gave them: [name or None, dtype, shape]
+    each (BucketSet.describe), what a receiver checks its own model against."""
+    return policy.buckets.describe()
+
+
 def load_state(policy: MembershipParticipant, snapshot: Snapshot, step: int) -> None:
     """Load the source's ``snapshot`` (checked already) into the policy's buckets, its
     optimizer and itself, then go on from ``step``."""
@@ -66,11 +75,13 @@ def load_state(policy: MembershipParticipant, snapshot: Snapshot, step: int) -> 
 
 
 def send_state(peer: MembershipHost, snapshot: Snapshot, receivers: list[int], step: int,
-               timeout: float, donors: list[int] | None = None) -> None:
+               timeout: float, donors: list[int] | None = None, *,
+               params: list | None = None) -> None:
     """Send ``snapshot`` to each of ``receivers`` (ranks of the peer's current view): all of
     it, or with ``donors`` (identical replicas, the source first) this peer's share of the
     chunks (every len(donors)-th from its place); the source also sends the manifest, which
-    the receivers check every donor's chunks by."""
+    the receivers check every donor's chunks by, with ``params`` (params_of: the source's
+    parameters, which a receiver checks its own against by name)."""
     comm = peer.channel(PeerChannel.MEMBERSHIP)
     donors = donors or [peer.rank]
     share = donors.index(peer.rank)
@@ -79,7 +90,8 @@ def send_state(peer: MembershipHost, snapshot: Snapshot, receivers: list[int], s
         tracked = peer.tracked_states()
         # The pieces' CRCs too: with several donors a bad piece names the donor that sent it.
         manifest = {"snapshot": snapshot.manifest, "step": step, "tracked": tracked,
-                    "pieces": snapshot.piece_crcs if len(donors) > 1 else None}
+                    "pieces": snapshot.piece_crcs if len(donors) > 1 else None,
+                    "params": params}
         raw = np.frombuffer(msgpack.packb(manifest, use_bin_type=True), dtype=np.uint8)
     ranges = snapshot.layout().ranges(CHUNK_BYTES)[share::len(donors)]
     for r in receivers:
@@ -94,12 +106,12 @@ def send_state(peer: MembershipHost, snapshot: Snapshot, receivers: list[int], s
 
 
 def receive_state(peer: MembershipHost, donors: list[int], mine: Snapshot,
-                  timeout: float) -> tuple[int, Snapshot]:
+                  timeout: float, *, params: list | None = None) -> tuple[int, Snapshot]:
     """Receive the state ``donors`` send (the source first: its manifest, then each donor's
     share of the chunks), checked against ``mine`` (this peer's own, for the parameters'
-    names, dtypes and shapes) before anything is allocated; returns (the source's step, its
-    snapshot), and loads the tracked objects' state."""
-    step, snapshot, tracked = _receive(peer, donors, timeout, mine)
+    names, dtypes and shapes; ``params``: its params_of) before anything is allocated;
+    returns (the source's step, its snapshot), and loads the tracked objects' state."""
+    step, snapshot, tracked = _receive(peer, donors, timeout, mine, params)
     peer.load_tracked_states(tracked)
     return step, snapshot
 
@@ -117,6 +129,7 @@ class Prefetch:
         self.donors = list(donors)
         self._timeout = timeout
         self._mine: Snapshot | None = None
+        self._params: list | None = None   # the joiner's params_of
         self._ready = threading.Event()   # set with _mine by result()
         self.seconds = 0.0   # from the targets named to the last digest checked
         self.nbytes = 0
@@ -133,7 +146,7 @@ class Prefetch:
                 raise ProtocolError(f"rank {peer.rank}: no policy attached within "
                                     f"{timeout:g}s to take the running job's state")
             start = time.monotonic()
-            mine.check_compatible(theirs, parts=("params",))
+            _check_fits(peer, mine, self._params, manifest, donors[0])
             into = {name: a for name, a in mine.arrays.items()
                     if name.startswith("params/")}
             snapshot = _arrays(peer, donors, timeout, theirs, into, manifest.get("pieces"))
@@ -143,10 +156,11 @@ class Prefetch:
         except BaseException as exc:  # handed to result()
             self._outcome = exc
 
-    def result(self, peer: MembershipHost, mine: Snapshot) -> tuple[int, Snapshot]:
+    def result(self, peer: MembershipHost, mine: Snapshot,
+               params: list | None = None) -> tuple[int, Snapshot]:
         """The source's (step, snapshot), received into ``mine``'s parameters (this peer's
-        own state, checked against the source's first)."""
-        self._mine = mine
+        own state, checked against the source's first; ``params``: its params_of)."""
+        self._mine, self._params = mine, params
         self._ready.set()
         self._thread.join(self._timeout)
         outcome = self._outcome
@@ -161,13 +175,59 @@ class Prefetch:
 
 
 def _receive(peer: MembershipHost, donors: list[int], timeout: float,
-             mine: Snapshot | None) -> tuple[int, Snapshot, dict]:
+             mine: Snapshot | None, params: list | None) -> tuple[int, Snapshot, dict]:
     step, theirs, manifest = _manifest(peer, donors[0], timeout)
     if mine is not None:
-        # This peer's fresh optimizer has no state yet: only the parameters must agree.
-        mine.check_compatible(theirs, parts=("params",))
+        _check_fits(peer, mine, params, manifest, donors[0])
     return step, _arrays(peer, donors, timeout, theirs, None, manifest.get("pieces")), \
         manifest.get("tracked") or {}
+
+
+def _check_fits(peer: MembershipHost, mine: Snapshot, params: list | None, manifest: dict,
+                source: int) -> None:
+    """SnapshotMismatch unless this peer's parameters fit the source's state: first parameter
+    by parameter as the users gave them (``params`` against the manifest's, when both sides
+    describe them), naming the first that differs by its name and place; then the buckets
+    they are packed in (a source that does not describe its parameters). This peer's fresh
+    optimizer has no state yet: only the parameters must agree."""
+    theirs = manifest.get("params")
+    if params is not None and isinstance(theirs, list):
+        _compare_params(params, theirs, f"rank {peer.rank} (this peer)",
+                        f"rank {source}'s state")
+    mine.check_compatible(manifest["snapshot"], parts=("params",))
+
+
+def _compare_params(mine: list, theirs: list, here: str, there: str) -> None:
+    """SnapshotMismatch naming the first parameter whose dtype or shape differ between two
+    params_of descriptions (or that one side lacks); nothing for a description that is not
+    one (a damaged manifest: the buckets' comparison follows)."""
+    def spec(entry: Any) -> tuple[Any, str, list] | None:
+        if isinstance(entry, (list, tuple)) and len(entry) == 3 \
+                and isinstance(entry[2], (list, tuple)):
+            return entry[0], str(entry[1]), [int(d) for d in entry[2]]
+        return None
+
+    def text(entry: tuple) -> str:
+        return f"{entry[1]} [{', '.join(map(str, entry[2]))}]"
+
+    for i in range(max(len(mine), len(theirs))):
+        a = spec(mine[i]) if i < len(mine) else None
+        b = spec(theirs[i]) if i < len(theirs) else None
+        if (i < len(mine) and a is None) or (i < len(theirs) and b is None):
+            return
+        if a is not None and b is not None and a[1:] == b[1:]:
+            continue
+        either = a if a is not None else b
+        assert either is not None   # (i is below one of the two lengths)
+        name = either[0]
+        what = f"{name} (#{i})" if isinstance(name, str) and name else f"#{i}"
+        mine_text = text(a) if a is not None else "absent"
+        theirs_text = text(b) if b is not None else "absent"
+        raise SnapshotMismatch(
+            f"first mismatched parameter {what} of the params attached: {mine_text} in "
+            f"{here}, {theirs_text} in {there} ({len(mine)} parameters here, {len(theirs)} "
+            "there): this peer's model is not the running job's",
+            tensor=name if isinstance(name, str) and name else f"params #{i}")
 
 
 def _manifest(peer: MembershipHost, source: int, timeout: float) -> tuple[int, dict, dict]:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import time
 
 import numpy as np
+import pytest
 
 import gossip
 from gossip.testing import spawn
@@ -297,4 +298,58 @@ def test_the_pattern_check_can_be_skipped_by_every_peer_alike():
     for kind, message, elapsed in spawn(unchecked_rounds, n=n, timeout=90, args=(True,),
                                         peer_timeout=PEER_TIMEOUT):
         assert kind == "ProtocolError" and "(unchecked)" in message, message
+        assert elapsed < QUICK
+
+
+# ---------------------------------------------------------------- issue #35, defect 3
+def unsupported_dtypes(peer):
+    other = 1 - peer.rank
+    refused = [outcome(call) for call in (
+        lambda: peer.allreduce(np.array([1, "a"], dtype=object)),
+        lambda: peer.broadcast(np.zeros(3, dtype="datetime64[s]"), root=0),
+        lambda: peer.send(other, np.zeros(2, dtype="timedelta64[s]")))]
+    x = np.ones(3)
+    peer.allreduce(x)   # nothing refused took a sequence number: the group is in step
+    return [r[:2] for r in refused], x.tolist()
+
+
+def test_an_unsupported_dtype_is_a_type_error_naming_the_rank_the_call_and_the_dtypes():
+    assert issubclass(gossip.UnsupportedDtype, gossip.GossipError)
+    assert issubclass(gossip.UnsupportedDtype, TypeError)
+    for rank, (refused, x) in enumerate(spawn(unsupported_dtypes, n=2, timeout=90,
+                                              peer_timeout=PEER_TIMEOUT)):
+        for (kind, message), call, dtype in zip(refused, ("allreduce", "broadcast", "send"),
+                                                ("object", "datetime64[s]", "timedelta64[s]")):
+            assert kind == "UnsupportedDtype", (kind, message)
+            assert message.startswith(f"rank {rank}: {call}: "), message
+            assert f"dtype {dtype}" in message and "float32, float64" in message, message
+        assert x == [2.0] * 3
+
+
+def differing_calls_in_shared_memory(peer, case):
+    """After a first call (which maps the shared-memory arenas), the peers make calls that
+    differ: the shared-memory entry compares them by a CRC of each call."""
+    r = peer.rank
+    count = 1000 if case.startswith("small") else 1 << 20   # shm-small, shm
+    peer.allreduce(np.zeros(count, np.float32))
+    peer.barrier()
+    if case.endswith("shape"):
+        return outcome(lambda: peer.allreduce(np.zeros(count + r, np.float32)))
+    x = np.zeros(count, np.float32)
+    return outcome(lambda: peer.allreduce(x) if r == 0 else peer.allreduce(x, op="max"))
+
+
+@pytest.mark.parametrize("case", ["small-shape", "small-op", "large-shape", "large-op"])
+def test_calls_that_differ_in_shared_memory_name_the_other_call_on_every_rank(case):
+    count = 1000 if case.startswith("small") else 1 << 20
+    results = spawn(differing_calls_in_shared_memory, n=3, timeout=120, args=(case,),
+                    peer_timeout=PEER_TIMEOUT)
+    for r, (kind, message, elapsed) in enumerate(results):
+        assert kind == "ProtocolError", (kind, message)
+        assert "CRC" not in message, message
+        if case.endswith("shape"):   # its own shape and another rank's
+            others = [f"({count + k},)" for k in range(3) if k != r]
+            assert f"({count + r},)" in message and any(o in message for o in others), message
+        else:                        # its own operation and the other
+            assert "allreduce(sum," in message and "allreduce(max," in message, message
         assert elapsed < QUICK

@@ -122,6 +122,31 @@ def test_world_size_disagreement(no_leaks):
         assert "world size 3, rank 0 says 2" in str(results[r])
 
 
+def test_a_rank_that_comes_after_the_verdict_hears_it_promptly(no_leaks):
+    """Rank 2's world size disagrees and it came first: rank 0 fails at once; rank 1, started
+    a second later, hears why within seconds, not "no answer ... is rank 0 running" at its
+    timeout (issue #35, defect 3)."""
+    port, results, timeout = free_port(), {}, 20
+    address = f"tcp://127.0.0.1:{port}"
+    threads = [_init_in_thread(results, 2, rank=2, world_size=4, rendezvous=address,
+                               timeout=timeout),
+               _init_in_thread(results, 0, rank=0, world_size=3, rendezvous=address,
+                               timeout=timeout)]
+    threads[0].join(30)   # rank 2 heard the verdict
+    time.sleep(1.0)
+    start = time.monotonic()
+    late = _init_in_thread(results, 1, rank=1, world_size=3, rendezvous=address,
+                           timeout=timeout)
+    late.join(60)
+    elapsed = time.monotonic() - start
+    threads[1].join(60)
+    _close_all(results)
+    for r in (0, 1, 2):
+        assert isinstance(results[r], gossip.RendezvousError), results[r]
+        assert "rank 2 says world size 4, rank 0 says 3" in str(results[r]), results[r]
+    assert elapsed < 5, elapsed
+
+
 def test_topology_disagreement(no_leaks):
     port, results = free_port(), {}
     address = f"tcp://127.0.0.1:{port}"

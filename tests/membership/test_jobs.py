@@ -106,6 +106,34 @@ def test_a_peer_of_another_job_is_refused_at_the_rendezvous_naming_both(no_leaks
                 value.close()
 
 
+def test_a_refusal_names_each_job_plainly(no_leaks):
+    """The reason a peer of another job hears reads as a sentence: "belongs to job 'job-A'",
+    never "job 'job-A''s" (issue #35, defect 3), at a member's door and at the rendezvous."""
+    from collectives.config import TransportConfig
+    from collectives.group import Door
+    owner, stranger = (Door(TransportConfig(job_id="job-A"), who="owner"),
+                       Door(TransportConfig(job_id="job-B"), who="stranger"))
+    answers: list[dict] = []
+    stranger.on("refused", answers.append)
+    try:
+        stranger.tell(owner.address, "join", member={})
+        wait_until(lambda: answers, 10, what="the door's refusal")
+    finally:
+        stranger.close()
+        owner.close()
+    port, results = free_port(), {}
+    address = f"tcp://127.0.0.1:{port}"
+    peer = _init_in_thread(results, "B1", rank=1, world_size=2, rendezvous=address,
+                           timeout=1, job_id="job-B")
+    rank0 = _init_in_thread(results, "A0", rank=0, world_size=2, rendezvous=address,
+                            timeout=2, job_id="job-A")
+    peer.join(30), rank0.join(30)
+    refusals = [answers[0]["reason"], str(results["B1"])]
+    assert "belongs to job 'job-A'" in refusals[0] and "job 'job-B'" in refusals[0], refusals
+    assert "belongs to job 'job-A'" in refusals[1] and "job 'job-B'" in refusals[1], refusals
+    assert not any("''s" in text for text in refusals), refusals
+
+
 # ---------------------------------------------------------------- on a connection
 def job_target(peer, endpoint_file, done_file):
     if peer.rank == 0:

@@ -4,14 +4,14 @@ answer owed to a peer that pushed here (push-pull: it goes first)."""
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 if TYPE_CHECKING:
     from topologies import Topology
 
-__all__ = ["Rotation"]
+from collectives.notices import events
 
-log = logging.getLogger("gossip")
+__all__ = ["Rotation"]
 
 
 class Rotation:
@@ -71,5 +71,5 @@ class Rotation:
                         ranks.append(q)
                         added.append(q)
             if added:
-                log.info("rank %d: asynchronous gossip heals around lost rank %d: now also "
-                         "pushes to %s", rank, d, added)
+                events.info("rank %d: asynchronous gossip heals around lost rank %d: now "
+                            "also pushes to %s", rank, d, added)

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import sys
 from dataclasses import dataclass
-from typing import Any, Iterable
+from typing import Any, Iterable, Sequence
 
 import numpy as np
 
@@ -88,14 +88,23 @@ class BucketSet:
 
     ``params``: a non-empty list of torch tensors or of numpy arrays (not mixed), of a floating
     dtype. torch tensors are rebound to bucket views at construction (see the module doc).
+    ``names``: the parameters' own names, one each (a module's ``fc.weight``), for errors and
+    for ``describe()``; default none (a parameter is then named by its place, ``#3``).
     """
 
     def __init__(self, params: Iterable[Any], *, bucket_bytes: int = DEFAULT_BUCKET_BYTES,
-                 first_bucket_bytes: int | None = None, gradients: bool = False) -> None:
+                 first_bucket_bytes: int | None = None, gradients: bool = False,
+                 names: Sequence[str] | None = None) -> None:
         params = list(params)
         if not params:
             raise ValueError("no parameters to attach: pass a non-empty list of torch tensors "
                              "or numpy arrays (e.g. list(model.parameters()))")
+        if names is not None:
+            names = [str(n) for n in names]
+            if len(names) != len(params):
+                raise ValueError(f"{len(names)} names for {len(params)} parameters; give one "
+                                 "name per parameter")
+        self.names: list[str] | None = names
         check_int("bucket_bytes", bucket_bytes)
         kinds = {"torch" if is_torch_tensor(p) else "numpy" if isinstance(p, np.ndarray)
                  else type(p).__name__ for p in params}
@@ -272,6 +281,22 @@ class BucketSet:
                                         or p.grad.data_ptr() != b.grad.data_ptr()
                                         + s.offset * b.itemsize):
                     p.grad = b.view(s, b.grad)
+
+    # ------------------------------------------------------------------ description
+    def name_of(self, index: int) -> str:
+        """Parameter ``index`` as errors name it: its own name and its place ("fc.weight
+        (#2)"), or its place alone ("#2")."""
+        return f"{self.names[index]} (#{index})" if self.names is not None else f"#{index}"
+
+    def describe(self) -> list[list]:
+        """Each parameter as given (in the order given): [name or None, dtype, shape], plain
+        values, so another peer can tell which of its own differs (a joiner's model)."""
+        out = []
+        for i, p in enumerate(self.params):
+            dtype = p.dtype.name if self.kind == "numpy" else str(p.dtype).replace("torch.", "")
+            out.append([self.names[i] if self.names is not None else None, dtype,
+                        [int(d) for d in p.shape]])
+        return out
 
     # ------------------------------------------------------------------ sizes
     @property

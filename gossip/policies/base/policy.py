@@ -23,8 +23,8 @@ from __future__ import annotations
 import abc
 import logging
 import math
-from collections.abc import Iterable
-from typing import TYPE_CHECKING, ClassVar, ContextManager, Protocol, TypeVar
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING, Any, ClassVar, ContextManager, Protocol, TypeVar
 
 import numpy as np
 
@@ -195,11 +195,14 @@ class Policy(abc.ABC):
         self.transfer_optimizer: torch.optim.Optimizer | None = None
 
     # ------------------------------------------------------------------ lifetime
-    def attach(self: _P, peer: PolicyHost, params: Iterable[Array] | ParameterSource) -> _P:
-        """Pack ``params`` into buckets and get ready to communicate with ``peer``'s group;
-        returns the policy. Every peer must attach together (some policies communicate
-        here: Synchronous broadcasts rank 0's parameters, ElasticAveraging averages the
-        initial centre)."""
+    def attach(self: _P, peer: PolicyHost, params: Iterable[Array] | ParameterSource, *,
+               names: Sequence[str] | None = None) -> _P:
+        """Pack ``params`` (a list of arrays or tensors, or a torch module: its parameters,
+        named) into buckets and get ready to communicate with ``peer``'s group; returns the
+        policy. ``names``: the parameters' names, one each, for errors (a joiner whose model
+        differs is told which parameter). Every peer must attach together (some policies
+        communicate here: Synchronous broadcasts rank 0's parameters, ElasticAveraging
+        averages the initial centre)."""
         if self._closed:
             raise RuntimeError(f"{self.name}: attach() after close(); make a new policy")
         if self._peer is not None:
@@ -208,14 +211,18 @@ class Policy(abc.ABC):
             if not hasattr(peer, attr):
                 raise TypeError(f"peer must be a gossip.Peer (from gossip.init()), got "
                                 f"{type(peer).__name__}")
-        if hasattr(params, "parameters") and callable(params.parameters):
-            params = list(params.parameters())  # a torch module
+        if hasattr(params, "named_parameters") and callable(params.named_parameters):
+            named = list(params.named_parameters())  # a torch module
+            params = [p for _, p in named]
+            names = names if names is not None else [n for n, _ in named]
+        elif hasattr(params, "parameters") and callable(params.parameters):
+            params = list(params.parameters())
         if not isinstance(params, Iterable):
             raise TypeError(f"params must be arrays or tensors, or a torch module, got "
                             f"{type(params).__name__}")
         buckets = BucketSet(params, bucket_bytes=self._bucket_bytes,
                             first_bucket_bytes=self._first_bucket_bytes,
-                            gradients=self.uses_gradients)
+                            gradients=self.uses_gradients, names=names)
         self._peer, self._buckets = peer, buckets
         self._guard = NanGuard(buckets, gradients=self.uses_gradients,
                                who=lambda: (peer.rank, self._step, self.name))

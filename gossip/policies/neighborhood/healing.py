@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Collection
 
 import numpy as np
 
+from collectives.notices import events
 from gossip.errors import GossipError
 from gossip.peer_channels import PeerChannel
 
@@ -84,8 +85,8 @@ class Healer:
                                 "%s", self.rank, d, q, exc)
                     continue
                 self._mine[(q, d)] = start
-                log.info("rank %d: lost neighbour %d; proposes rank %d as a neighbour from "
-                         "step %d", self.rank, d, q, start)
+                events.info("rank %d: lost neighbour %d; proposes rank %d as a neighbour "
+                            "from step %d (healing)", self.rank, d, q, start)
         for q in sorted({q for q, _ in self._mine} | {q for q, _ in self._theirs}):
             while q not in lost and self._comm.probe(q):
                 try:
