@@ -12,6 +12,8 @@ setup(
                  "ZeroMQ"),
     long_description=(HERE / "README.md").read_text(encoding="utf-8"),
     long_description_content_type="text/markdown",
+    license="Apache-2.0",
+    license_files=["LICENSE"],
     python_requires=">=3.10",
     packages=find_packages(include=["gossip", "gossip.*", "collectives", "collectives.*",
                                     "topologies", "topologies.*"]),

@@ -62,7 +62,9 @@ log = logging.getLogger("collectives")
 
 # The main communicator's channels (public names; the registry is transport/wire.py's Channel).
 COLLECTIVE_CHANNEL = Channel.COLLECTIVE
+"""The channel of a peer's main communicator's collectives (transport/wire.py's Channel)."""
 P2P_CHANNEL = Channel.P2P
+"""The channel of a peer's main communicator's point-to-point send and recv."""
 # Below this many bytes allreduce uses recursive doubling (latency-bound); above, the ring
 # (bandwidth-bound). Chosen by measurement: see benchmarks/allreduce_threshold.py.
 DEFAULT_SMALL_BYTES = 256 * 1024

@@ -28,6 +28,11 @@ def check_job_id(job_id: object) -> str:
 
 @dataclass(frozen=True)
 class TransportConfig:
+    """The settings of one peer's transport, each field with its default (every field's
+    meaning: the settings page of the documentation, or the comments in collectives/config.py).
+    Usually made by ``gossip.init`` from its arguments and the environment; ``with_`` gives a
+    validated copy with some fields changed."""
+
     # Seconds any blocking wait (receive, send backpressure, operation) may take before raising.
     timeout: float = defaults.TIMEOUT
     # Silence after which a connection is dropped and its peer declared lost. Default:

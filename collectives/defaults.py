@@ -24,6 +24,7 @@ MAX_LOGGED_DROPS         20         -                     drops logged one by on
 DROP_SUMMARY_INTERVAL    10 s       -                     then one summary this often
 RECONNECT_INTERVAL       200 ms     -                     libzmq reconnect to a peer
 GOODBYE_LINGER           50 ms      -                     BYE leaves; dead peer can't hold
+GOODBYE_FLUSH            0.5 s      -                     same, behind a window's data
 CLOSE_TIMEOUT            1 s        -                     close() returns within
 RING_MAPPED_SHARE        1/2        of close()'s timeout  wait for receivers to map rings
 REACH_POLL_MAX           20 ms      -                     first connection: look for a loss
@@ -84,6 +85,7 @@ __all__ = [
     "TIMEOUT", "heartbeat_timeout", "heartbeat_interval", "DISCONNECT_GRACE", "PUMP_SLICE",
     "PARK_MIN", "PARK_MAX", "STARVED_REPEAT", "SLOT_RETRY", "SUSPECT_POLL", "IDLE_POLL",
     "MAX_LOGGED_DROPS", "DROP_SUMMARY_INTERVAL", "RECONNECT_INTERVAL", "GOODBYE_LINGER",
+    "GOODBYE_FLUSH",
     "CLOSE_TIMEOUT", "RING_MAPPED_SHARE", "REACH_POLL_MAX",
     "HELD_PAUSE", "HELD_RESUME", "HELD_PER_LINK", "HELD_TOTAL", "HELD_OVERHEAD", "MAX_STRIKES",
     "SEND_WINDOW", "ACK_EVERY", "OPEN_HELD_TOTAL", "OPEN_HELD_PER_LINK",
@@ -134,6 +136,8 @@ DROP_SUMMARY_INTERVAL = 10.0
 RECONNECT_INTERVAL = 0.2
 # Linger of a DEALER at close: the goodbye gets out, a dead peer cannot hold us longer.
 GOODBYE_LINGER = 0.05
+# ... and behind data not yet acknowledged (a full window): time to get it and the goodbye out.
+GOODBYE_FLUSH = 0.5
 # close() of a transport or a communicator returns within about this many seconds.
 CLOSE_TIMEOUT = 1.0
 # Share of close()'s time spent waiting for receivers to map our rings (a receiver maps a ring

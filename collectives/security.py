@@ -38,6 +38,10 @@ _HEADER = "# gossip cluster key: every peer of the cluster needs this file; keep
 
 @dataclass(frozen=True)
 class ClusterKey:
+    """A cluster's CURVE key pair (z85-encoded, 40 bytes each) and the file it was read from;
+    made by load_cluster_key (``gossip keygen`` or write_cluster_key writes the file). Its
+    repr never shows the secret."""
+
     public: bytes  # z85, 40 bytes
     secret: bytes  # z85, 40 bytes
     path: str = ""

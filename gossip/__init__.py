@@ -24,6 +24,7 @@ from gossip.snapshot import Snapshot, SnapshotReceiver
 from gossip.checkpoint import load_checkpoint, save_checkpoint
 
 __version__ = "0.1.0"
+"""The package's version (setup.py's)."""
 
 import sys as _sys
 

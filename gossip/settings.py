@@ -23,9 +23,10 @@ from collectives.config import MAX_JOB_ID, check_job_id
 from collectives.errors import RendezvousError
 
 __all__ = ["LaunchSettings", "resolve_settings", "resolve_job_id", "first_slurm_host",
-           "DEFAULT_PORT"]
+           "DEFAULT_PORT", "Variable", "ENVIRONMENT"]
 
 DEFAULT_PORT = 29500
+"""The rendezvous port when nothing names one (torchrun's default, as MASTER_PORT)."""
 # LaunchSettings.source when no launcher variable and no argument gave the rank.
 _NO_RANK = "default (no launcher variables: a world of one)"
 
@@ -187,3 +188,155 @@ def _master(env: Mapping[str, str], rendezvous: str | None) -> tuple[str, int]:
     if not 0 < port < 65536:
         raise RendezvousError(f"rendezvous port {port} is not a valid TCP port")
     return addr, port
+
+
+@dataclass(frozen=True)
+class Variable:
+    """An environment variable the runtime reads or sets for the processes it starts: one row
+    of the settings page of the documentation (generated from ENVIRONMENT)."""
+
+    name: str
+    # What holds when it is unset ("" when nothing does).
+    default: str
+    # What it does, in a sentence or two (markdown).
+    meaning: str
+    # The modules that read it (paths in the repository); () for one only set for others.
+    read_in: tuple[str, ...] = ()
+    # What sets it for the processes it starts ("" when nothing of ours does).
+    set_by: str = ""
+    # Whose convention it is: "gossip", "torchrun", "SLURM", "OpenMPI" or "process".
+    convention: str = "gossip"
+
+
+_SETTINGS, _RUNTIME = "gossip/settings.py", "gossip/runtime.py"
+_MEMBERSHIP, _LAUNCHER = "gossip/membership/controller.py", "gossip/launch/launcher.py"
+_SPAWN = "gossip.testing.spawn"
+
+# Every environment variable the runtime reads (and those it sets for the processes it
+# starts), in one place: the settings page is generated from it, and
+# tests/docs/test_reference.py checks it against the variables the code names, both ways.
+ENVIRONMENT: tuple[Variable, ...] = (
+    Variable("GOSSIP_RANK", "RANK, SLURM_PROCID, OMPI_COMM_WORLD_RANK; else 0",
+             "This process's rank: the first source of the rank (the module docstring gives "
+             "the order of the launchers' variables).", (_SETTINGS, "gossip/logs.py"),
+             _SPAWN),
+    Variable("GOSSIP_WORLD_SIZE", "WORLD_SIZE, SLURM_NTASKS, OMPI_COMM_WORLD_SIZE; else 1",
+             "The number of peers the group starts with.", (_SETTINGS,), _SPAWN),
+    Variable("GOSSIP_LOCAL_RANK", "LOCAL_RANK, SLURM_LOCALID, OMPI_COMM_WORLD_LOCAL_RANK; "
+             "else 0", "This process's rank on its host.", (_SETTINGS,), _SPAWN),
+    Variable("GOSSIP_RENDEZVOUS", "from the master address and port",
+             "`tcp://HOST:PORT` of rank 0's rendezvous; takes the place of the master address "
+             "and port.", (_SETTINGS,), _SPAWN),
+    Variable("GOSSIP_MASTER_ADDR", "MASTER_ADDR; the first host of SLURM's node list; else "
+             "127.0.0.1", "The host of rank 0, where the peers meet.", (_SETTINGS,)),
+    Variable("GOSSIP_MASTER_PORT", "MASTER_PORT (+1 under torchrun's agent store); under "
+             "SLURM 20000 + SLURM_JOB_ID mod 20000; else 29500",
+             "The rendezvous port on rank 0's host.", (_SETTINGS,)),
+    Variable("GOSSIP_JOB_ID", "the launcher's job id (TORCHELASTIC_RUN_ID, SLURM_JOB_ID, "
+             "OpenMPI's); else none (an unnamed job)",
+             "The job this peer belongs to: peers of another job are refused at the "
+             "rendezvous and on every connection.", (_SETTINGS, _LAUNCHER),
+             "gossip run (--job-id, or one of its own)"),
+    Variable("GOSSIP_TOPOLOGY", "ring", "The peer graph, as a spec string (`ring`, "
+             "`torus:4x4`, `exponential`, ...: `gossip topology --help`).", (_RUNTIME,),
+             "gossip run --topology"),
+    Variable("GOSSIP_TIMEOUT", "60", "Seconds every blocking call may wait before it raises; "
+             "the liveness times follow from it (collectives/defaults.py).", (_RUNTIME,),
+             "gossip run --timeout"),
+    Variable("GOSSIP_KEY", "none (under gossip run: a key made for the job)",
+             "A cluster key file (`gossip keygen PATH`): every socket is encrypted and "
+             "authenticated with it (CURVE).", (_RUNTIME, "gossip/testing.py", _LAUNCHER),
+             f"gossip run, {_SPAWN}"),
+    Variable("GOSSIP_INSECURE", "unset", "`1` (or true, yes, on): a group without a key is "
+             "meant, so no InsecureWarning.", ("collectives/security.py",),
+             f"gossip run --insecure, {_SPAWN}(insecure=True)"),
+    Variable("GOSSIP_JOIN", "unset: form the group", "`1`: join the running job through the "
+             "rendezvous address instead of forming one; or member doors, "
+             "`tcp://h:p,tcp://h2:p2`.", (_RUNTIME,),
+             "gossip run, on a node past MIN of --nnodes MIN:MAX"),
+    Variable("GOSSIP_MAX_PEERS", "no bound", "The most members the group admits; joiners past "
+             "it are refused.", (_MEMBERSHIP,), "gossip run --nnodes MIN:MAX (MAX x -n)"),
+    Variable("GOSSIP_MEMBER_NAME", "`rank<R>` from the launcher's rank; else `<host>-<pid>`",
+             "The name this process is a member under: a restarted process under the same "
+             "name takes the place of the one it replaces.", (_MEMBERSHIP,)),
+    Variable("GOSSIP_INCARNATION", "TORCHELASTIC_RESTART_COUNT; else the start time in "
+             "microseconds", "Which start of its member this process is (a later start "
+             "replaces an earlier one).", (_MEMBERSHIP, "gossip/demo/train.py"),
+             "gossip run (0, then 1, ... with --max-restarts)"),
+    Variable("GOSSIP_TRANSPORT", "auto", "`auto` (shared memory between peers of a host, tcp "
+             "between hosts), or force `shm`, `ipc` or `tcp`.", (_RUNTIME,)),
+    Variable("GOSSIP_LINK", "off", "Emulate a slow network on one machine: `RATE,LATENCY`, "
+             "e.g. `1gbit,2ms`, for every link this peer sends on.", (_RUNTIME,)),
+    Variable("GOSSIP_PORT_RANGE", "20000-64999", "`LO-HI`: the ports data sockets may bind, "
+             "for firewalls between machines (one per peer).", (_RUNTIME,)),
+    Variable("GOSSIP_BIND_HOST", "0.0.0.0 on a run across machines; 127.0.0.1 on one",
+             "The address data sockets bind on a run across machines.", (_RUNTIME,)),
+    Variable("GOSSIP_HOST", "this host's address on the route to the rendezvous",
+             "The address other peers reach this one at, on a run across machines.",
+             (_RUNTIME,)),
+    Variable("GOSSIP_LOG_LEVEL", "unset: only the events logger, at INFO, to stderr",
+             "The level of the `gossip`, `collectives` and `topologies` loggers (DEBUG, INFO, "
+             "WARNING, ...); DEBUG also makes `gossip run` show every traceback whole.",
+             ("gossip/logs.py", _LAUNCHER)),
+    Variable("GOSSIP_NCCL", "NCCL when cupy has it", "`0`: GPU arrays take the staged ring "
+             "instead of NCCL (to compare the two).", ("collectives/algorithms/nccl.py",)),
+    # torchrun's (and gossip run's: it gives its peers the same)
+    Variable("RANK", "", "The rank, when GOSSIP_RANK is unset.", (_SETTINGS, "gossip/logs.py"),
+             "gossip run", "torchrun"),
+    Variable("WORLD_SIZE", "", "The world size, when GOSSIP_WORLD_SIZE is unset.", (_SETTINGS,),
+             "gossip run", "torchrun"),
+    Variable("LOCAL_RANK", "", "The rank on this host, when GOSSIP_LOCAL_RANK is unset.",
+             (_SETTINGS,), "gossip run", "torchrun"),
+    Variable("LOCAL_WORLD_SIZE", "", "The peers on this host (not read: set as torchrun does).",
+             (), f"gossip run, {_SPAWN}", "torchrun"),
+    Variable("GROUP_RANK", "", "This node's rank (not read: set as torchrun does).", (),
+             "gossip run", "torchrun"),
+    Variable("MASTER_ADDR", "", "Rank 0's host, when GOSSIP_MASTER_ADDR is unset; also the "
+             "torch backend's rendezvous host.",
+             (_SETTINGS, "gossip/torch_backend/process_group.py"), "gossip run", "torchrun"),
+    Variable("MASTER_PORT", "", "The rendezvous port, when GOSSIP_MASTER_PORT is unset (the "
+             "next one under torchrun's agent store, which holds this one).", (_SETTINGS,),
+             "gossip run", "torchrun"),
+    Variable("TORCHELASTIC_RUN_ID", "", "torchrun's `--rdzv-id`: the job id "
+             "`torchrun-<id>` (but `none`, torchrun's default).", (_SETTINGS,),
+             convention="torchrun"),
+    Variable("TORCHELASTIC_USE_AGENT_STORE", "", "`true`: torchrun's agent holds MASTER_PORT, "
+             "so the rendezvous takes the next port.", (_SETTINGS,), convention="torchrun"),
+    Variable("TORCHELASTIC_RESTART_COUNT", "", "The incarnation, when GOSSIP_INCARNATION is "
+             "unset.", (_MEMBERSHIP,), convention="torchrun"),
+    Variable("SLURM_PROCID", "", "The rank, after GOSSIP_RANK and RANK.", (_SETTINGS,),
+             convention="SLURM"),
+    Variable("SLURM_NTASKS", "", "The world size, after GOSSIP_WORLD_SIZE and WORLD_SIZE.",
+             (_SETTINGS,), convention="SLURM"),
+    Variable("SLURM_LOCALID", "", "The rank on this host, after GOSSIP_LOCAL_RANK and "
+             "LOCAL_RANK.", (_SETTINGS,), convention="SLURM"),
+    Variable("SLURM_JOB_NODELIST", "", "Its first host is rank 0's, when no master address is "
+             "set (SLURM_NODELIST when it is unset).", (_SETTINGS,), convention="SLURM"),
+    Variable("SLURM_NODELIST", "", "As SLURM_JOB_NODELIST, for SLURMs that set only this one.",
+             (_SETTINGS,), convention="SLURM"),
+    Variable("SLURM_JOB_ID", "", "The job id `slurm-<id>` (with `.<step>`), and the default "
+             "rendezvous port 20000 + id mod 20000.", (_SETTINGS,), convention="SLURM"),
+    Variable("SLURM_STEP_ID", "", "The step, in the job id.", (_SETTINGS,),
+             convention="SLURM"),
+    Variable("OMPI_COMM_WORLD_RANK", "", "The rank, after GOSSIP_RANK, RANK and SLURM_PROCID.",
+             (_SETTINGS,), convention="OpenMPI"),
+    Variable("OMPI_COMM_WORLD_SIZE", "", "The world size, after the others.", (_SETTINGS,),
+             convention="OpenMPI"),
+    Variable("OMPI_COMM_WORLD_LOCAL_RANK", "", "The rank on this host, after the others.",
+             (_SETTINGS,), convention="OpenMPI"),
+    Variable("OMPI_COMM_WORLD_LOCAL_SIZE", "", "Below OMPI_COMM_WORLD_SIZE (mpirun across "
+             "hosts) without a master address: an error that asks for MASTER_ADDR.",
+             (_SETTINGS,), convention="OpenMPI"),
+    Variable("PMIX_NAMESPACE", "", "The job id `mpi-<namespace>` under mpirun.", (_SETTINGS,),
+             convention="OpenMPI"),
+    Variable("OMPI_MCA_ess_base_jobid", "", "The job id `mpi-<id>`, without PMIX_NAMESPACE.",
+             (_SETTINGS,), convention="OpenMPI"),
+    # the process's own, set for the peers
+    Variable("OMP_NUM_THREADS", "", "1 for each peer when there are several (unless set), so "
+             "N peers do not each start a BLAS thread per core.", (),
+             "gossip run, with -n > 1", "process"),
+    Variable("PYTHONUNBUFFERED", "", "1, so every line reaches the launcher's prefixed output "
+             "at once (and is not lost when a peer is killed).", (),
+             "gossip run (unless --no-prefix without --log-dir)", "process"),
+)
+

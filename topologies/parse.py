@@ -14,7 +14,6 @@ from topologies.timevarying import OnePeerExponential
 
 __all__ = ["parse", "KNOWN_TOPOLOGIES", "square_factors"]
 
-#: Names a spec may start with, and the options each accepts besides `weights`.
 KNOWN_TOPOLOGIES: dict[str, tuple[str, ...]] = {
     "ring": (),
     "torus": ("ROWSxCOLS",),
@@ -23,6 +22,7 @@ KNOWN_TOPOLOGIES: dict[str, tuple[str, ...]] = {
     "one-peer-exponential": (),
     "complete": (),
 }
+"""Names a spec may start with, and the options each accepts besides `weights`."""
 
 _EXAMPLES = "ring, torus:4x4, random:p=0.3,seed=1, random:degree=3, exponential, complete"
 _TORUS_SIZE = re.compile(r"^(\d+)x(\d+)$")

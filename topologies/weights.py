@@ -24,8 +24,9 @@ from topologies.graph import Adjacency
 
 __all__ = ["WEIGHT_SCHEMES", "metropolis_matrix", "uniform_matrix", "push_matrix", "build"]
 
-# Canonical scheme names, in the order they are documented.
 WEIGHT_SCHEMES = ("metropolis", "uniform", "push")
+"""The mixing-weight schemes' names (see this module's docstring), in the order they are
+documented."""
 
 
 def _edge_arrays(out: Adjacency) -> tuple[np.ndarray, np.ndarray]:

@@ -16,14 +16,15 @@ from typing import Any, TypeAlias
 __all__ = ["Array", "ArrayAdapter", "REDUCE_OPS", "BITWISE_OPS", "check_reduce_op",
            "contiguous_error", "segment"]
 
-#: An array a collective or a policy takes: a numpy ndarray, a torch Tensor (CPU or CUDA) or a
-#: cupy ndarray, in any dtype the wire carries (transport/wire.py). torch and cupy are
-#: optional and recognised by duck typing (adapter.adapter_for), and no one static type
-#: covers the three families, so the alias is ``Any``: it marks where an array goes, and
-#: adapter_for checks the family at run time (TypeError for anything else).
 Array: TypeAlias = Any
+"""An array a collective or a policy takes: a numpy ndarray, a torch Tensor (CPU or CUDA) or a cupy
+ndarray, in any dtype the wire carries (transport/wire.py). torch and cupy are optional and
+recognised by duck typing (adapter.adapter_for), and no one static type covers the three
+families, so the alias is ``Any``: it marks where an array goes, and adapter_for checks the
+family at run time (TypeError for anything else)."""
 
 REDUCE_OPS = ("sum", "mean", "max", "min", "prod", "band", "bor", "bxor")
+"""The reductions a collective takes as ``op=`` (the bitwise ones: BITWISE_OPS)."""
 #: Bitwise and, or, exclusive or: integer and bool arrays only (MPI_BAND/BOR/BXOR,
 #: torch.distributed's ReduceOp.BAND/BOR/BXOR).
 BITWISE_OPS = ("band", "bor", "bxor")

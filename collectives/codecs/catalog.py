@@ -13,20 +13,20 @@ from collectives.codecs.topk import TopK
 
 __all__ = ["CodecSpec", "CODECS", "WIRE_PREFIX", "parse", "from_wire", "wire_dtype", "names"]
 
-#: What ``compression=`` takes: a Codec, a spec string ("fp16" | "bf16" | "int8" | "topk" |
-#: "topk:RATIO"; "none" or "" for none), or None for none.
 CodecSpec: TypeAlias = Codec | str | None
+"""What ``compression=`` takes: a Codec, a spec string ("fp16" | "bf16" | "int8" | "topk" |
+"topk:RATIO"; "none" or "" for none), or None for none."""
 
-#: family -> constructor from the text after ':' (None when there is none).
 CODECS: dict[str, Callable[[str | None], Codec]] = {
     "fp16": lambda arg: Float16() if arg is None else _no_argument("fp16"),
     "bf16": lambda arg: BFloat16() if arg is None else _no_argument("bf16"),
     "int8": lambda arg: Int8Block() if arg is None else _no_argument("int8"),
     "topk": lambda arg: TopK() if arg is None else TopK(_ratio(arg)),
 }
+"""family -> constructor from the text after ':' (None when there is none)."""
 
-#: A header's dtype field names a codec's payload as WIRE_PREFIX + the codec's name.
 WIRE_PREFIX = "codec:"
+"""A header's dtype field names a codec's payload as WIRE_PREFIX + the codec's name."""
 _WIRE_CACHE: dict[str, Codec] = {}
 _WIRE_CACHE_MAX = 64  # distinct names remembered; a sender cycling through more re-parses
 

@@ -23,6 +23,7 @@ __all__ = ["Codec", "CodecError", "array_module", "WORK_ELEMENTS"]
 # Elements per slice of a multi-pass codec: a slice's temporaries stay in L2, so each pass
 # after the first reads cache instead of memory (measured in benchmarks/compression.py).
 WORK_ELEMENTS = 64 * 1024
+"""Elements per slice of a multi-pass codec (a slice's temporaries stay in L2)."""
 
 
 class CodecError(ProtocolError):

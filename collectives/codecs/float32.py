@@ -16,6 +16,7 @@ from collectives.arrays.interface import ArrayAdapter
 __all__ = ["as_float32", "write_back", "zeros_float32", "FLOAT_DTYPES"]
 
 FLOAT_DTYPES = ("float16", "bfloat16", "float32", "float64")
+"""The floating dtypes the codecs take (each is turned into float32 to be encoded, and back)."""
 
 
 def as_float32(adapter: ArrayAdapter, flat: Any, dtype: str) -> Any:

@@ -17,10 +17,10 @@ from collectives.codecs.fast import torch_views
 
 __all__ = ["Int8Block", "BLOCK"]
 
-#: Elements per scale. 256 keeps the scales at 1.6% of the payload while a block is small
-#: enough that one large value costs the precision of only 255 neighbours (bitsandbytes'
-#: blockwise quantisation uses 64..4096; 256 is its usual setting for optimizer state).
 BLOCK = 256
+"""Elements per scale. 256 keeps the scales at 1.6% of the payload while a block is small enough
+that one large value costs the precision of only 255 neighbours (bitsandbytes' blockwise
+quantisation uses 64..4096; 256 is its usual setting for optimizer state)."""
 # Elements per slice on numpy's path: a slice's input, scratch and int8 output stay in L2
 # (best of 9 here, % of memcpy: 64 Ki elements 31-32, 128 Ki 33-34, 256 Ki 35-37; smaller
 # slices pay Python's cost per pass more often).

@@ -16,6 +16,7 @@ from collectives.codecs.codec import Codec, CodecError, array_module
 __all__ = ["TopK", "DEFAULT_RATIO"]
 
 DEFAULT_RATIO = 0.01
+"""The fraction of the elements ``"topk"`` keeps when no ratio is given ("topk:RATIO")."""
 
 
 class TopK(Codec):

@@ -225,8 +225,12 @@ class Sockets:
         with self._links_lock:
             links = list(self.links.values())
         for link in links:
-            # A short linger lets the goodbye out; a dead peer cannot hold us longer.
-            link.close(linger_ms=int(defaults.GOODBYE_LINGER * 1000))
+            # A short linger lets the goodbye out; a dead peer cannot hold us longer. Behind
+            # data still unacknowledged (up to a send window, which under CURVE takes a while
+            # to encrypt and send) the goodbye gets GOODBYE_FLUSH: libzmq closes a socket
+            # whose queue is empty at once, so a live peer costs nothing more.
+            wait = defaults.GOODBYE_FLUSH if link.window.in_flight else defaults.GOODBYE_LINGER
+            link.close(linger_ms=int(wait * 1000))
 
     def close_router(self) -> None:
         """Close the ROUTER and its monitor (the caller holds the loop's reader lock)."""

@@ -80,6 +80,10 @@ def _ephemeral_low() -> int:
 
 @dataclass
 class PeerOutcome:
+    """How one rank's process ended (or stands): its ``status``, its function's ``result``, the
+    formatted traceback of an ``error``, its exit code and the tail of its output; a rank
+    started again keeps the outcomes of its earlier starts in ``earlier``."""
+
     rank: int
     status: str = "running"   # ok | error | skip | died | killed | stopped | running
     result: Any = None

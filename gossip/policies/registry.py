@@ -14,12 +14,12 @@ from gossip.policies.synchronous import LocalSGD, Synchronous
 
 __all__ = ["POLICIES", "ALIASES", "make", "names", "policy_class", "resolve"]
 
-#: Canonical name -> policy class.
 POLICIES: dict[str, type[Policy]] = {cls.name: cls for cls in (
     Synchronous, LocalSGD, Gossip, Asynchronous, PushSum, ElasticAveraging, Choco)}
-#: Other accepted name -> policy class.
+"""Canonical name -> policy class."""
 ALIASES: dict[str, type[Policy]] = {alias: cls for cls in POLICIES.values()
                                     for alias in cls.aliases}
+"""Other accepted name -> policy class."""
 
 
 def names() -> list[str]:

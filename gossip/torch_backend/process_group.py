@@ -39,6 +39,7 @@ from gossip.torch_backend.c10d_work import GossipWork, joined as _joined, second
 __all__ = ["GossipProcessGroup", "register", "BACKEND_NAME"]
 
 BACKEND_NAME = "gossip"
+"""The name torch.distributed knows the backend by: ``init_process_group("gossip")``."""
 _STORE_KEY = "gossip/rendezvous"
 
 _OPS = ((ReduceOp.SUM, "sum"), (ReduceOp.AVG, "mean"), (ReduceOp.PRODUCT, "prod"),
@@ -133,9 +134,9 @@ class GossipProcessGroup(dist.ProcessGroup):
 
     def reduce_scatter(  # type: ignore[override]  # c10d's (tensors, opts): class docstring
             self, outputs: list, inputs: list, opts: Any = None) -> GossipWork:
-        """inputs[i]: a list of world-size tensors, inputs[i][j] like rank j's outputs[i]
-        (sizes may differ between ranks); this rank gets the reduction of every rank's
-        inputs[i][rank]."""
+        """``inputs[i]``: a list of world-size tensors, ``inputs[i][j]`` like rank j's
+        ``outputs[i]`` (sizes may differ between ranks); this rank gets the reduction of every
+        rank's ``inputs[i][rank]``."""
         op = _op_name(opts.reduceOp if opts is not None else ReduceOp.SUM)
         handles, parts = [], []
         for out, in_list in zip(outputs, inputs):

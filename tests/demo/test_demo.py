@@ -90,6 +90,7 @@ def test_demo_trains_two_policies_and_writes_the_figures(tmp_path) -> None:
     assert set(figures["consensus_distance_vs_round"]) == {"synchronous", "gossip"}
 
 
+@pytest.mark.slow
 def test_asynchronous_beside_a_straggler_splits_the_steps_by_speed_and_does_not_diverge(
         tmp_path) -> None:
     # AD-PSGD's setting: the group trains as many steps in all as the others, the fast peers

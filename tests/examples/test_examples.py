@@ -152,6 +152,7 @@ def test_async_gossip_survivors_finish_after_a_peer_dies() -> None:
 
 
 # --------------------------------------------------------------------------- train_torch
+@pytest.mark.slow
 def test_train_torch_under_gossip_run_with_four_peers() -> None:
     final = _final(_check(_gossip_run(4, "train_torch.py", "--epochs", "1",
                                       "--policy", "gossip")))
@@ -262,6 +263,7 @@ def _wait_for_job(job: str, deadline: float) -> tuple[str, str]:
 
 @pytest.mark.skipif(shutil.which("mpirun") is None,
                     reason="OpenMPI's mpirun is not installed (.ci/run installs openmpi-bin)")
+@pytest.mark.slow
 def test_train_torch_under_a_real_openmpi_mpirun() -> None:
     # The README's "OpenMPI" row, run by OpenMPI's own launcher (Debian's openmpi-bin): the
     # peers take their ranks from OMPI_COMM_WORLD_*; MASTER_PORT as `-x` passes it (alone,

@@ -69,7 +69,7 @@ def test_a_wait_is_logged_once_per_operation_not_per_chunk(tmp_path) -> None:
 
 # ---------------------------------------------------------------- issue #35, defect 7
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("path", ["shared-memory", "tcp"])
+@pytest.mark.parametrize("path", [pytest.param("shared-memory", marks=pytest.mark.slow), "tcp"])
 def test_a_wait_longer_than_ten_seconds_names_what_it_waits_for_at_the_default_level(path):
     """Rank 2 starts its allreduce 12 s late: ranks 0 and 1 each say once, at the default log
     level, at 10 s, that they wait on it, naming it, the call and its sequence, and how much

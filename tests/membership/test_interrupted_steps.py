@@ -211,7 +211,7 @@ def sampled_epoch(peer, workdir, kind, length):
     return policy.step, peer.world_size
 
 
-@pytest.mark.parametrize("kind", ["torch", "numpy"])
+@pytest.mark.parametrize("kind", [pytest.param("torch", marks=pytest.mark.slow), "numpy"])
 def test_no_sample_is_trained_twice_or_skipped_when_a_death_cuts_a_step_off(tmp_path, kind):
     if kind == "torch":
         pytest.importorskip("torch")

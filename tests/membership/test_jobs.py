@@ -222,6 +222,7 @@ def _check_never_mixed(outcomes) -> int:
     return succeeded
 
 
+@pytest.mark.slow
 def test_two_launches_at_one_port_never_mix(tmp_path):
     script = MEMBER
     outcomes = _race(str(script), trials=4)

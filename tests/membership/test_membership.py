@@ -579,6 +579,7 @@ def test_a_peer_killed_and_restarted_five_times_rejoins_each_time(tmp_path):
     assert len(finals) == 3 and len({tuple(f) for f in finals}) == 1, finals
 
 
+@pytest.mark.slow
 def test_only_holders_of_the_cluster_key_can_join(tmp_path):
     from collectives.security import write_cluster_key
     key = str(tmp_path / "cluster.key")

@@ -46,6 +46,7 @@ def tight_loop(peer):
     return pushed, float(x.mean()), policy.weights[0], rounds
 
 
+@pytest.mark.slow
 def test_a_tight_loop_pushes_nearly_every_step_and_the_models_meet():
     out = spawn(tight_loop, n=8, timeout=180)
     pushes = [p for p, _, _, _ in out]

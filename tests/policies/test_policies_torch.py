@@ -58,6 +58,7 @@ def synchronous_replicas(peer):
     return results, grads_in_bucket
 
 
+@pytest.mark.slow
 def test_synchronous_replicas_stay_bitwise_identical_and_local_sgd_period_1_matches():
     n = 4
     out = spawn(synchronous_replicas, n=n, timeout=90)
@@ -83,6 +84,7 @@ def synchronous_hundred_steps(peer):
     return digest(model), buckets
 
 
+@pytest.mark.slow
 def test_synchronous_adam_several_buckets_100_steps_bitwise_identical():
     out = spawn(synchronous_hundred_steps, n=4, timeout=90)
     assert len({d for d, _ in out}) == 1
@@ -117,6 +119,7 @@ def asynchronous_several_buckets(peer):
     return len(weights), total.tolist(), same, finite
 
 
+@pytest.mark.slow
 def test_asynchronous_several_buckets_conserve_mass_and_round_trip_state():
     n = 4
     for buckets, total, same, finite in spawn(asynchronous_several_buckets, n=n, timeout=90):
@@ -317,6 +320,7 @@ def reference_accuracy(n: int) -> float:
     return accuracy(model, xte, yte)
 
 
+@pytest.mark.slow
 def test_every_policy_trains_digits_within_two_points_of_single_process_sgd():
     n = 4
     reference = reference_accuracy(n)

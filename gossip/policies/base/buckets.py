@@ -28,6 +28,8 @@ from gossip.policies.base.arguments import check_int
 __all__ = ["DEFAULT_BUCKET_BYTES", "Placement", "Bucket", "BucketSet", "is_torch_tensor"]
 
 DEFAULT_BUCKET_BYTES = 25 << 20
+"""Bytes a bucket holds by default (25 MiB, as torch's DistributedDataParallel); a parameter larger
+than that gets a bucket of its own."""
 
 
 def is_torch_tensor(x: Any) -> bool:

@@ -27,8 +27,8 @@ class SGDSettings(TypedDict):
     nesterov: bool
 
 
-#: DiLoCo's outer optimizer settings (its paper's Table 5 and text: Nesterov, 0.7, 0.9).
 DILOCO: SGDSettings = {"lr": 0.7, "momentum": 0.9, "nesterov": True}
+"""DiLoCo's outer optimizer settings (its paper's Table 5 and text: Nesterov, 0.7, 0.9)."""
 
 
 class SGD:
