@@ -54,6 +54,7 @@ def test_c10d_collectives_ddp_and_a_lost_rank_under_torchrun() -> None:
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.slow
 def test_ddp_comm_hooks_under_torchrun() -> None:
     # gossip.ddp_hooks: allreduce (plain, fp16, bf16, int8, top-k with its residuals) and
     # gossip (neighbour) hooks against hand-computed steps; torch's post_localSGD_hook and

@@ -78,7 +78,7 @@ def check_allreduce(peer, lengths, dtypes, ops, algorithm):
     return failures, hashlib.sha1("".join(digests).encode()).hexdigest()
 
 
-@pytest.mark.parametrize("n", [1, 2, 3, 4, 5, 8])
+@pytest.mark.parametrize("n", [1, 2, 3, 4, 5, pytest.param(8, marks=pytest.mark.slow)])
 def test_allreduce_every_op_dtype_and_length(n):
     lengths = [0, 1, 3, 10, 1000]
     results = spawn(check_allreduce, n=n, timeout=240,

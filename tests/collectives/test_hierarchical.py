@@ -112,6 +112,7 @@ def test_auto_goes_in_two_levels_across_hosts_and_crosses_a_third_of_the_rings_b
     assert rings >= 2.9 * levels, (rings, levels)
 
 
+@pytest.mark.slow
 def test_the_benchmark_runs_both_placements_under_a_rate_limit(two_hosts, capsys):
     """benchmarks/hierarchical.py end to end, small (its own namespaces: the fixture only
     says they can be made): a row per placement, the round-robin ring's bytes across hosts

@@ -140,6 +140,7 @@ def test_demo_reads_mnist_idx_files(tmp_path) -> None:
     assert doc["run"]["train_samples"] == 64 and doc["run"]["test_samples"] == 32
 
 
+@pytest.mark.slow
 def test_a_dying_peer_fails_the_demo_with_one_clear_line(tmp_path) -> None:
     out = tmp_path / "out"
     # The demo's own command, with peer 1's optimizer a faulty variant that exits (code 3)
@@ -629,6 +630,7 @@ def test_the_story_draws_an_averaged_model_where_the_peers_disagree_late_in_the_
                               "averaged_accuracy": [None, 0.55, 0.86, 0.93, 0.95]})
 
 
+@pytest.mark.slow
 def test_ctrl_c_keeps_the_scenarios_that_finished(tmp_path) -> None:
     # SIGINT once the second scenario starts: the first stays in story.json, exit 130.
     out = tmp_path / "out"
@@ -644,7 +646,7 @@ def test_ctrl_c_keeps_the_scenarios_that_finished(tmp_path) -> None:
     assert (out / "story.png").stat().st_size > 0
 
 
-@pytest.mark.slow   # (the default run keeps the scenario-level Ctrl-C test below)
+@pytest.mark.slow
 def test_ctrl_c_keeps_the_runs_that_finished(tmp_path) -> None:
     # SIGINT once the first policy is done: its row is printed and written, exit 130.
     out = tmp_path / "out"

@@ -170,6 +170,7 @@ def asynchronous_restarted(peer, victim, kill_at):
             sum(stats["messages_absorbed_from"]))
 
 
+@pytest.mark.slow
 def test_a_killed_asynchronous_peer_restarted_rejoins_takes_the_state_and_trains():
     results = spawn(asynchronous_restarted, n=4, timeout=150, args=(3, 20),
                     restarts={3: 1}, peer_timeout=PEER_TIMEOUT)

@@ -278,7 +278,7 @@ def test_a_killed_peer_started_again_the_same_way_rejoins(tmp_path):
 
 
 # ---------------------------------------------------------------- gossip run --max-restarts
-@pytest.mark.parametrize("victim", ["2", "0"])
+@pytest.mark.parametrize("victim", [pytest.param("2", marks=pytest.mark.slow), "0"])
 def test_gossip_run_restarts_a_killed_peer_which_rejoins(tmp_path, victim):
     # Rank 0 too: its address is taken over by the next coordinator, or, if rank 0 comes
     # back first and binds it again, that coordinator tells its rendezvous the job runs.
@@ -394,7 +394,8 @@ def model_members_until_view(peer, workdir, view_number, steps, kind):
 
 @pytest.mark.parametrize("kind, named", [
     ("torch", ["fc.weight (#0)", "float32 [31, 16]", "float32 [32, 16]"]),
-    ("arrays", ["parameter #1 of the params attached", "float64 [999]", "float64 [1000]"])])
+    pytest.param("arrays", ["parameter #1 of the params attached", "float64 [999]",
+                            "float64 [1000]"], marks=pytest.mark.slow)])
 def test_a_joiner_with_another_model_is_told_which_of_its_own_parameters_differs(
         tmp_path, kind, named):
     """Not the bucket the parameters are packed in ('params/0' of 1063 elements against 1064):
@@ -567,6 +568,7 @@ def test_two_processes_join_at_once(tmp_path):
         assert world == 5 and x0 == float(member_steps) and spread == 0.0
 
 
+@pytest.mark.slow
 def test_a_peer_killed_and_restarted_five_times_rejoins_each_time(tmp_path):
     script = _worker("flapping.py")
     run = subprocess.run([sys.executable, "-m", "gossip", "run", "-n", "3", "--max-restarts",
@@ -675,6 +677,7 @@ def torch_members(peer, workdir, size):
     return b"".join(p.detach().numpy().tobytes() for p in model.parameters())
 
 
+@pytest.mark.slow
 def test_a_joiner_takes_the_optimizers_momentum_and_stays_a_bitwise_replica(tmp_path):
     workdir, box = str(tmp_path), {}
 

@@ -48,6 +48,7 @@ def slow_neighbour(peer):
     return times, stats
 
 
+@pytest.mark.slow
 def test_asynchronous_training_loop_does_not_wait_for_a_slow_neighbour():
     out = spawn(slow_neighbour, n=4, timeout=60)
     slow_steps = out[1][0]["rank 1 slow"]
@@ -92,6 +93,7 @@ def killed_mid_training(peer, policy_name, neighbours_of_3):
     return stats, bool(np.isfinite(x).all()), x
 
 
+@pytest.mark.slow
 def test_a_killed_peer_does_not_stop_asynchronous_gossip():
     out = spawn(killed_mid_training, n=4, timeout=60, tolerate=[3], peer_timeout=10,
                 args=("asynchronous", (0, 1, 2)))
@@ -168,6 +170,7 @@ def local_sgd_killed_before_averaging(peer, victim_step):
     return seen, peer.world_size
 
 
+@pytest.mark.slow
 def test_an_elastic_local_sgd_peer_killed_in_the_averaging_leaves_the_others_at_their_mean():
     out = spawn(local_sgd_killed_before_averaging, n=4, timeout=90, tolerate=[3],
                 peer_timeout=20, args=(7,))
