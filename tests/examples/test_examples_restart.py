@@ -12,11 +12,11 @@ import re
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
+from gossip.testing import wait_until
 from helpers import clean_env
 
 REPO = Path(__file__).parents[2]
@@ -48,9 +48,11 @@ def _run_with_a_kill(tmp_path: Path, script: Path, args: list[str], kill_step: i
                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                            env=env, start_new_session=True)
     try:
-        deadline = time.monotonic() + WAIT_S
-        while not kill_file.exists() and run.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.02)
+        try:   # (the victim writes its pid at its kill step; a job that ended first fails)
+            wait_until(lambda: kill_file.exists() or run.poll() is not None, WAIT_S,
+                       interval=0.02, what=f"rank 2 at step {kill_step}")
+        except TimeoutError:
+            pass
         assert kill_file.exists(), run.communicate(timeout=10)[0][-5000:]
         os.kill(int(kill_file.read_text()), signal.SIGKILL)   # mid-training
         out = run.communicate(timeout=WAIT_S)[0]

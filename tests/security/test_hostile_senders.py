@@ -390,7 +390,8 @@ def test_door_refusals_count_in_peer_stats(key_path, caplog, no_leaks):
         plain.send(b"knock", zmq.NOBLOCK)
         wait_until(lambda: any("door" in r for r in _refusals(caplog)), 20,
                    what="the door's refusal in the log")
-        time.sleep(0.2)
+        wait_until(lambda: peer.stats()["handshakes_refused"].get("inbound", 0) >= 1, 20,
+                   what="the door's refusal counted")
         stats = peer.stats()
         assert stats["handshakes_refused"].get("inbound", 0) >= 1, stats["handshakes_refused"]
         assert stats["handshakes_refused_by_socket"]["door"]["inbound"] >= 1, stats
