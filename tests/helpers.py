@@ -130,3 +130,19 @@ def export_and_die(path: str, numerators: np.ndarray, weight: float) -> None:
     np.save(path + ".tmp.npy", np.concatenate([numerators, [weight]]))
     os.replace(path + ".tmp.npy", path)
     os.kill(os.getpid(), signal.SIGKILL)
+
+
+def wait_steady(value, timeout: float, *, steady: float = 0.5, what: str = "a steady value"):
+    """Wait until ``value()`` has not changed for ``steady`` seconds (what is in flight has
+    landed), at most ``timeout`` seconds (TimeoutError naming ``what``); returns the value."""
+    import time
+    from gossip.testing import wait_until
+    last = [value(), time.monotonic()]
+
+    def settled() -> bool:
+        now, current = time.monotonic(), value()
+        if current != last[0]:
+            last[0], last[1] = current, now
+        return now - last[1] >= steady
+    wait_until(settled, timeout, interval=0.05, what=what)
+    return last[0]

@@ -18,6 +18,7 @@ from collectives import defaults
 from collectives.security import write_cluster_key
 from collectives.transport.flow_control import KEYED_BOUNDS, OPEN_BOUNDS
 from gossip.testing import spawn, wait_until
+from helpers import wait_steady
 
 
 @pytest.fixture(params=["no-key", "key"])
@@ -125,8 +126,9 @@ def posted_ahead(peer):
         return {"acks": t.stats()["acks_received"], "holds": t.stats()["holds_received"],
                 "queued": len(t._links[0].queue)}
     wait_until(lambda: t.stats()["holds_sent"]["pause"] >= 1, 60, what="a pause")
-    time.sleep(2)  # what rank 1 has in flight lands meanwhile
-    held_before_reading = t.inbox.held()[0].get(1, 0)
+    # what rank 1 has in flight lands meanwhile: what rank 0 holds from it stops growing
+    held_before_reading = wait_steady(lambda: t.inbox.held()[0].get(1, 0), 60,
+                                      what="rank 1's messages in flight landing")
     wrong = receive_all(peer, 1, POSTED)
     stats = t.stats()
     return {"wrong": wrong, "dropped": stats["dropped"], "by_reason": stats["dropped_by_reason"],

@@ -249,13 +249,14 @@ def flood_attacker(endpoint: str) -> dict:
                      [1 << 20], 1 << 20, 0, 1 << 20, 0, i + 1]), chunk])
                 sent += 1
         cut_after = [m.poll(10_000) and time.monotonic() - start for m in monitors]
-        time.sleep(3)  # what libzmq still holds goes out meanwhile
+        for s in socks:   # close (below) waits until libzmq sent what it still holds, <= 3 s
+            s.linger = 3000
         return {"sent": sent, "cut_after": cut_after}
     finally:
         for s, m in zip(socks, monitors):
             s.disable_monitor()
             m.close(linger=0)
-            s.close(linger=0)
+            s.close()
         ctx.term()
 
 
@@ -416,17 +417,18 @@ def test_rendezvous_refusals_count_in_the_hosting_peer_stats(key_path, caplog, n
     rank0 = threading.Thread(target=start, args=(0,))
     rank0.start()
     ctx = zmq.Context()
+    knockers: list = []
     try:
         def knocked():
-            # Knock until rank 0's rendezvous logs the refusal (it may not listen yet).
+            # Knock until rank 0's rendezvous logs the refusal (it may not listen yet); each
+            # knocker stays open until the end, so its handshake can run.
             plain = ctx.socket(zmq.DEALER)
             plain.linger = 0
             plain.connect(address)
             plain.send(b"knock", zmq.NOBLOCK)
-            time.sleep(0.3)
-            plain.close(linger=0)
+            knockers.append(plain)
             return any(f"127.0.0.1:{port}" in r for r in _refusals(caplog))
-        wait_until(knocked, 20, what="a refusal at the rendezvous")
+        wait_until(knocked, 20, interval=0.3, what="a refusal at the rendezvous")
         start(1)
         rank0.join(30)
         stats = peers[0].stats()
