@@ -78,7 +78,13 @@ class OperationTimeout(_AboutAPeer, TimeoutError):
 
 class RendezvousError(GossipError):
     """Peers could not find each other: a rank never came, a duplicate rank, a world size that
-    disagrees, or the rendezvous address could not be bound or reached."""
+    disagrees, or the rendezvous address could not be bound or reached. ``address_in_use``:
+    rank 0 could not bind the rendezvous address because something else holds it (a launcher
+    may choose another port and start the job again)."""
+
+    def __init__(self, message: str, *, address_in_use: bool = False) -> None:
+        super().__init__(message)
+        self.address_in_use = address_in_use
 
 
 class ProtocolError(GossipError):

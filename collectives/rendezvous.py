@@ -106,7 +106,7 @@ def rendezvous(transport: Transport, address: str, *, timeout: float,
             log.debug("rank 0: %s; asking for %gs whether a member of this job holds it",
                       held, _PROBE_HELD)
             _probe_running(transport, address, me)
-            raise RendezvousError(str(held)) from None
+            raise RendezvousError(str(held), address_in_use=True) from None
     else:
         table = _register(transport, address, timeout, me)
     transport.set_peers(table)
@@ -139,9 +139,11 @@ def _serve(transport: Transport, address: str, timeout: float, me: dict) -> dict
         hint = ("another job or a previous run still holds it; choose another port with "
                 "--master-port / MASTER_PORT / GOSSIP_MASTER_PORT"
                 if exc.errno == zmq.EADDRINUSE else "is the address one of this host's?")
-        error = _PortHeld if exc.errno == zmq.EADDRINUSE else RendezvousError
-        raise error(f"rank 0: cannot bind the rendezvous at {bind} ({address}): "
-                    f"{exc.strerror}; {hint}") from None
+        message = (f"rank 0: cannot bind the rendezvous at {bind} ({address}): "
+                   f"{exc.strerror}; {hint}")
+        if exc.errno == zmq.EADDRINUSE:
+            raise _PortHeld(message, address_in_use=True) from None
+        raise RendezvousError(message) from None
     log.debug("rank 0: serving the rendezvous at %s (bound %s); waits up to %gs for ranks "
               "1-%d", address, bind, timeout, transport.world_size - 1)
     try:

@@ -18,8 +18,11 @@ torch gradient path: the interrupted step's optimizer step is skipped) it hands 
 positions out again, cut from the new view's partition; when the step is completed (the
 numpy parameter path) they stay the step's. So no sample is trained twice or skipped, but
 for the batch of a member lost in a step that is completed: it went down with that member's
-update (the step is completed over the survivors' own). The
-state a member sends is that of the boundary the group goes on from. This needs the batches
+update (the step is completed over the survivors' own). Likewise a survivor that was still
+finishing the step before when the death cut it off (the dead member's last sends of that
+step died with it) takes the state of a member that completed it, whose update of the next
+step stands for its own in that step's averaging: its batch of that step is never handed
+out. The state a member sends is that of the boundary the group goes on from. This needs the batches
 consumed as they are handed out: a plain loop over the sampler, or a DataLoader with
 ``num_workers=0`` (workers prefetch batches a re-handed step would then also train).
 

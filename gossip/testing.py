@@ -26,6 +26,7 @@ caller's environment (or ``env``) counts as ``key=``.
 from __future__ import annotations
 
 import importlib
+import logging
 import os
 import time
 from dataclasses import dataclass, field
@@ -33,7 +34,7 @@ from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any, Callable
 
 from collectives import defaults
-from collectives.errors import GossipError
+from collectives.errors import GossipError, RendezvousError
 from collectives.security import ClusterKey, JobKey
 from gossip.launch.supervisor import PeerOutcome, after_report, first_failure, free_port, supervise
 
@@ -42,6 +43,8 @@ if TYPE_CHECKING:
 
 __all__ = ["spawn", "spawn_outcomes", "SpawnError", "SpawnTimeout", "PeerOutcome", "free_port",
            "wait_until"]
+
+log = logging.getLogger(__name__)
 
 
 def wait_until(predicate: Callable[[], Any], timeout: float, *, interval: float = 0.02,
@@ -71,6 +74,14 @@ class SpawnTimeout(SpawnError, TimeoutError):
     """The spawned peers did not all finish before the global deadline."""
 
 
+class _PortTaken(RendezvousError):
+    """(In a peer.) The job's rendezvous port was taken between free_port() and rank 0's bind."""
+
+
+#: Starts of one spawn on a fresh port when its port was taken (_PortTaken) before the bind.
+_PORT_ATTEMPTS = 3
+
+
 @dataclass
 class _Job:
     fn: Callable[..., Any]
@@ -98,8 +109,17 @@ def _peer_main(rank: int, job: _Job) -> Any:
                        "GOSSIP_RENDEZVOUS": f"tcp://127.0.0.1:{job.port}"})
     import gossip
 
-    peer = gossip.init(rank=rank, world_size=job.n, rendezvous=f"tcp://127.0.0.1:{job.port}",
-                       topology=job.topology, timeout=job.peer_timeout, **job.init_kwargs)
+    try:
+        peer = gossip.init(rank=rank, world_size=job.n,
+                           rendezvous=f"tcp://127.0.0.1:{job.port}", topology=job.topology,
+                           timeout=job.peer_timeout, **job.init_kwargs)
+    except RendezvousError as exc:
+        if exc.address_in_use and os.environ.get("GOSSIP_INCARNATION", "0") == "0":
+            # free_port's port was free when chosen; something bound it since. No rank ran
+            # the user's function yet: spawn_outcomes starts the job again on another port.
+            raise _PortTaken(f"rank {rank}: port {job.port}, free when spawn chose it, was "
+                             f"taken before rank 0 bound the rendezvous there") from exc
+        raise
     after_report(peer.close)
     return job.fn(peer, *job.args, **job.kwargs)
 
@@ -160,8 +180,17 @@ def spawn_outcomes(fn: Callable[..., Any], n: int = 4, *, timeout: float = defau
                    peer_timeout if peer_timeout is not None else max(5.0, timeout / 3),
                    env, init_kwargs, tuple(preload))
         tolerate = frozenset(tolerate)
-        outcomes = supervise(_peer_main, n, args=(job,), timeout=timeout, tolerate=tolerate,
-                             restarts=restarts, tolerated_grace=tolerated_grace)
+        for attempt in range(1, _PORT_ATTEMPTS + 1):
+            outcomes = supervise(_peer_main, n, args=(job,), timeout=timeout,
+                                 tolerate=tolerate, restarts=restarts,
+                                 tolerated_grace=tolerated_grace)
+            taken = [o for o in outcomes if o.status == "error" and _PortTaken.__name__ in o.error]
+            if not taken or attempt == _PORT_ATTEMPTS:
+                break
+            old, job.port = job.port, free_port()
+            log.warning("spawn: rendezvous port %d was taken before rank 0 bound it; starting "
+                        "the %d peers again on port %d (attempt %d of %d)", old, n, job.port,
+                        attempt + 1, _PORT_ATTEMPTS)
     finally:
         if job_key is not None:
             job_key.close()

@@ -92,3 +92,30 @@ def test_a_tolerated_rank_still_running_after_the_others_is_stopped_after_the_gr
     outcomes = supervise(_rank1_waits, 2, timeout=60, tolerate={1}, tolerated_grace=0.5)
     assert [o.status for o in outcomes] == ["ok", "stopped"]
     assert _verdict(outcomes, 60.0, frozenset({1})) == [0, None]
+
+
+# ---------------------------------------------------------------- a port taken before the bind
+def _ran(peer) -> int:
+    return peer.world_size
+
+
+def test_a_rendezvous_port_taken_before_the_bind_starts_the_job_again_elsewhere(
+        monkeypatch, caplog) -> None:
+    # Something binds the port free_port() chose before rank 0 does (seen in CI: "Address
+    # already in use"): no rank ran the function yet, so spawn starts the job on another port.
+    import socket
+
+    import gossip.testing as harness
+    holder = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    holder.bind(("127.0.0.1", 0))
+    holder.listen()
+    taken = holder.getsockname()[1]
+    ports = iter([taken])
+    real = harness.free_port
+    monkeypatch.setattr(harness, "free_port", lambda: next(ports, None) or real())
+    try:
+        with caplog.at_level("WARNING", logger="gossip.testing"):
+            assert harness.spawn(_ran, n=2, timeout=60) == [2, 2]
+    finally:
+        holder.close()
+    assert f"rendezvous port {taken} was taken" in caplog.text

@@ -181,6 +181,7 @@ def sampled_epoch(peer, workdir, kind, length):
     sampler = gossip.ElasticSampler(length, batch_size=4, peer=peer, seed=3)
     first = peer.rank
     victim = _victim(peer)
+    took: list[int] = []
     if kind == "torch":
         import torch
         model = torch.nn.Linear(1, 1)
@@ -208,7 +209,9 @@ def sampled_epoch(peer, workdir, kind, length):
             if policy.step > before:
                 log.write(json.dumps(indices) + "\n")
                 log.flush()
-    return policy.step, peer.world_size
+            if policy.step > before + 1:   # took a source's state that completes the next
+                took.append(before + 1)     # step: that step's own batch never came
+    return policy.step, peer.world_size, took
 
 
 @pytest.mark.parametrize("kind", [pytest.param("torch", marks=pytest.mark.slow), "numpy"])
@@ -228,7 +231,23 @@ def test_no_sample_is_trained_twice_or_skipped_when_a_death_cuts_a_step_off(tmp_
     skipped = set(range(length)) - set(trained)
     if kind == "torch":   # step 20 is begun again: its positions cut over the survivors
         assert not skipped, f"{len(skipped)} samples skipped"
-    else:   # step 20 is completed over the survivors' own updates; the dead one's batch
-        # (positions 8-11 of the step's 16) went down with its update
+    else:
+        # The victim dies after its step 19 completed there, before its update of step 20
+        # is combined; its last sends of step 19 may die with it (SIGKILL drops what its
+        # sockets still queue), so a survivor may still be in step 19 then. Three timings:
+        # - every survivor completed 19: step 20 is completed over the survivors' own
+        #   updates; the victim's batch of it (positions 8-11 of the step's 16) went down
+        #   with its update;
+        # - some survivors are behind: each takes the state of one that completed 19, whose
+        #   update of step 20 stands for its own: its batch of step 20 is never handed out
+        #   (seen in CI), besides the victim's;
+        # - every survivor is behind: they complete 19 over their own updates and step 20
+        #   is cut from the new view: nothing is skipped.
         order = np.random.default_rng((3, 0)).permutation(length)
-        assert skipped == set(order[20 * 16 + 8:20 * 16 + 12].tolist()), sorted(skipped)
+        behind = [rank for rank, r in enumerate(results) if r and r[2]]
+        assert all(results[rank][2] == [20] for rank in behind), results
+        lost = [2] + behind
+        expected = {int(order[20 * 16 + 4 * rank + i]) for rank in lost for i in range(4)}
+        assert skipped in (expected, set()), (sorted(skipped), behind)
+        if not skipped:
+            assert not behind, behind
