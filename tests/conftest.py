@@ -108,9 +108,103 @@ CI_AFTER_DEFAULT = (
 )
 
 
+# The longest tests of the default run besides (3.4 s or more each in a default run of
+# 2026-12-03 on 2 cores, about 180 s of its 614-733 s; CI's default run took 675 s): CI runs
+# them after it, with the others above. The default run keeps a shorter test of each behaviour.
+CI_LONGEST = (
+    'tests/launch/test_launcher.py::test_first_failure_stops_the_others_with_its_exit_code',
+    'tests/launch/test_launcher.py::test_keep_going_lets_the_others_finish_and_returns_the_fail'
+    'ure',
+    'tests/policies/test_reliability.py::test_gossip_policies_survive_a_killed_peer_and_heal_th'
+    'e_ring[gossip]',
+    'tests/security/test_secure_by_default.py::test_a_spawned_group_holds_a_key_of_its_own_and_'
+    'refuses_a_keyless_joiner',
+    'tests/membership/test_elastic_averaging_membership.py::test_a_death_part_way_through_a_rou'
+    'nd_of_many_buckets_leaves_one_centre[delays0]',
+    'tests/membership/test_elastic_sharded_membership.py::test_a_sharded_group_below_min_peers_'
+    'raises_peer_lost_on_every_survivor',
+    'tests/launch/test_launcher.py::test_peer_killed_by_a_signal_exits_128_plus_signal',
+    'tests/membership/test_membership.py::test_a_donor_whose_share_is_not_the_state_is_named_an'
+    'd_the_group_goes_on',
+    'tests/membership/test_asynchronous_membership.py::test_a_joiner_enters_a_running_asynchron'
+    'ous_group_and_the_mass_stays_exact',
+    'tests/launch/test_netns.py::test_synchronous_survivors_raise_peer_lost_naming_the_cut_host'
+    '[False]',
+    'tests/membership/test_elastic_sharded_membership.py::test_survivors_between_rounds_below_m'
+    'in_peers_raise_peer_lost_too',
+    'tests/membership/test_membership.py::test_torchrun_max_restarts_re_forms_the_group',
+    'tests/launch/test_rendezvous.py::test_rendezvous_under_each_launcher_convention[gossip]',
+    'tests/security/test_hostile_senders.py::test_senders_of_bad_frames_are_disconnected_and_cu'
+    't_again',
+    'tests/membership/test_snapshot.py::test_every_policy_state_round_trips_with_torch_and_nump'
+    'y',
+    'tests/launch/test_shutdown.py::test_ctrl_c_on_gossip_run_ends_every_peer_and_leaves_nothin'
+    'g',
+    'tests/examples/test_examples.py::test_async_gossip_survivors_finish_after_a_peer_dies',
+    'tests/membership/test_elastic_sharded_membership.py::test_a_killed_owners_shards_come_from'
+    '_its_backup_bitwise[3]',
+    'tests/policies/test_policies_faults.py::test_an_elastic_local_sgd_survivor_left_inside_the'
+    '_averaging_takes_the_others_state[numpy]',
+    'tests/launch/test_rendezvous.py::test_rendezvous_under_each_launcher_convention[torchrun]',
+    'tests/launch/test_launcher.py::test_two_launchers_form_one_world_across_nodes',
+    'tests/membership/test_left_out.py::test_a_member_stopped_past_the_timeout_is_left_out_and_'
+    'comes_back_without_a_split',
+    'tests/security/test_hostile_senders.py::test_flood_from_several_identities_is_bounded_in_t'
+    'otal',
+    'tests/launch/test_logging.py::test_debug_shows_the_rendezvous_connections_view_and_waits_t'
+    'hat_info_does_not',
+    'tests/launch/test_rendezvous.py::test_rendezvous_under_each_launcher_convention[openmpi]',
+    'tests/launch/test_launcher.py::test_module_form',
+    'tests/membership/test_jobs.py::test_a_peer_of_another_job_is_refused_at_the_rendezvous_nam'
+    'ing_both',
+    'tests/policies/test_policies.py::test_a_send_to_a_peer_dead_before_any_connection_raises_w'
+    'ithin_the_timeout',
+    'tests/collectives/test_transport.py::test_eight_peers_64_mib[tcp]',
+    'tests/policies/test_policies_torch.py::test_distributed_optimizer_wraps_sgd_and_adam_and_r'
+    'ound_trips_state',
+    'tests/policies/test_reliability.py::test_asynchronous_fast_peers_keep_their_pace_beside_a_'
+    'straggler',
+    'tests/launch/test_launcher.py::test_signal_to_the_launcher_reaches_every_peer[SIGINT]',
+    'tests/launch/test_launcher_failures.py::test_launchers_that_disagree_each_show_one_line_pe'
+    'r_rank[job]',
+    'tests/launch/test_rendezvous.py::test_rendezvous_under_each_launcher_convention[slurm]',
+    'tests/membership/test_elastic_sharded_membership.py::test_a_joiner_enters_a_sharded_group_'
+    'and_the_centre_is_conserved_bitwise',
+    'tests/launch/test_launcher.py::test_bad_arguments_are_one_line_errors[gossip.run-args1-not'
+    ' found]',
+    'tests/launch/test_launcher.py::test_lines_of_many_peers_never_interleave',
+    'tests/demo/test_demo.py::test_a_peer_raising_fails_the_demo_naming_the_error_and_policy',
+    'tests/membership/test_membership.py::test_a_joiner_killed_midway_through_the_state_transfe'
+    'r_leaves_the_donors_unharmed',
+    'tests/launch/test_launcher.py::test_peers_do_not_outlive_a_killed_launcher',
+    'tests/bench/test_bench_mpi.py::test_mpi_ranks_do_every_operation[allreduce]',
+    'tests/membership/test_membership.py::test_no_sample_is_seen_twice_or_skipped_in_an_epoch_a'
+    '_peer_joined_in',
+    'tests/membership/test_push_sum_membership.py::test_two_joiners_from_one_donor_take_a_third'
+    '_each',
+    'tests/membership/test_elastic_sharded_membership.py::test_a_killed_owners_shards_come_from'
+    '_its_backup_bitwise[0]',
+    'tests/launch/test_launcher.py::test_bad_arguments_are_one_line_errors[gossip.run-args4-not'
+    ' a valid TCP port]',
+    'tests/launch/test_rendezvous.py::test_rank_zero_port_held_by_another_program',
+    'tests/security/test_security.py::test_refused_rendezvous_handshakes_are_logged',
+    'tests/launch/test_rendezvous.py::test_rank_zero_absent_fails_within_timeout_plus_one_secon'
+    'd',
+    'tests/launch/test_logging.py::test_deaths_and_view_changes_are_one_line_per_observer_at_th'
+    'e_default_level[]',
+    'tests/launch/test_netns.py::test_training_across_hosts_is_tcp_and_converges',
+    'tests/examples/test_examples.py::test_async_gossip_with_a_slow_peer',
+    'tests/launch/test_launcher_failures.py::test_a_held_rendezvous_port_is_one_line_per_rank_a'
+    'nd_the_summary',
+    'tests/membership/test_elastic_nodes.py::test_a_joiner_past_the_jobs_bound_is_refused_namin'
+    'g_it',
+)
+
+
 def pytest_collection_modifyitems(config, items):
-    """Mark the tests of CI_AFTER_DEFAULT `ci` (not in the default run: see pyproject's addopts)."""
-    listed = set(CI_AFTER_DEFAULT)
+    """Mark the tests of CI_AFTER_DEFAULT and CI_LONGEST `ci` (not in the default run: see
+    pyproject's addopts)."""
+    listed = set(CI_AFTER_DEFAULT) | set(CI_LONGEST)
     for item in items:
         if item.nodeid in listed:
             item.add_marker(pytest.mark.ci)

@@ -15,31 +15,51 @@ fence (``<!-- test: ... -->``; blank lines between are allowed) says how:
   rest is output, not compared.
 - Any other language: not run (a test mark on one is an error: it would be a silent no-op).
 
-Every run gets a fresh directory holding links to the repository's examples/, benchmarks/ and
-scripts/, the repository on PYTHONPATH, an environment without GOSSIP_* or launcher
-variables, ``python``/``python3``/``gossip``/``torchrun`` on PATH as this interpreter, and a
-deadline (DEADLINE_S); its process group is killed after it.
+After the mark, comma-separated flags: ``ci`` (a longer block: it runs with ``pytest -m ci``,
+after the default run, with a deadline of CI_DEADLINE_S); ``root`` (needs root: skipped,
+saying so, otherwise); ``checkout`` (for ``pip install .``: the run's directory is a copy
+of the repository's tracked files, a fresh virtual environment is first on PATH, and the
+repository is not on PYTHONPATH); ``hosts A B``
+(a shell block for several machines: what comes before its first ``# on A`` line runs first,
+on this machine, then each ``# on NAME`` part runs at once in a network namespace of its own
+(tests/netfault.py), with 10.0.0.1 standing for the first host's address; needs root);
+``slurm`` (needs a SLURM node up, as scripts/slurm-one-node.sh starts one: skipped, saying
+so, otherwise).
+E.g. ``<!-- test: sh, checkout, ci -->``, ``<!-- test: sh, hosts a b -->``.
+
+Every run gets a fresh directory holding links to the repository's examples/, benchmarks/,
+tests/, scripts/ and pyproject.toml (pytest's options), the repository on PYTHONPATH, an
+environment without GOSSIP_* or launcher variables, ``python``/``python3``/``gossip``/
+``torchrun`` on PATH as this interpreter (and ``sudo`` as the command itself, for root
+without sudo), and a deadline (DEADLINE_S, or CI_DEADLINE_S for a ci block); its process
+group is killed after it.
 """
 from __future__ import annotations
 
 import os
 import re
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
 import tempfile
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 __all__ = ["Block", "Item", "parse_page", "items_of", "collect", "run_item", "Outcome",
-           "DEADLINE_S", "REPO"]
+           "DEADLINE_S", "CI_DEADLINE_S", "REPO", "train_script", "slurm_node_up"]
 
 REPO = Path(__file__).resolve().parents[2]
 DEADLINE_S = 90.0
+CI_DEADLINE_S = 600.0
+FLAGS = ("ci", "root", "checkout", "slurm", "hosts")
+# The first machine's address in a hosts block (the pages' example address).
+FIRST_HOST = "10.0.0.1"
 # What a run's directory links to, so `python examples/x.py` works and nothing is written
 # into the repository.
-LINKED = ("examples", "benchmarks", "scripts")
+LINKED = ("examples", "benchmarks", "scripts", "tests", "pyproject.toml")
 PYTHON_LANGS = {"python", "py", "python3"}
 SHELL_LANGS = {"bash", "sh", "shell", "console", "shell-session"}
 # Launcher variables of the environment the tests run in must not reach a block's run.
@@ -77,6 +97,12 @@ class Item:
     # Lines of the page the code's lines come from (for a chain: several blocks).
     line_map: list[int] = field(default_factory=list)
     continued: list[int] = field(default_factory=list)   # lines of the chain's other blocks
+    flags: set[str] = field(default_factory=set)          # the mark's flags (module docstring)
+    hosts: list[str] = field(default_factory=list)        # a hosts block's machine names
+
+    @property
+    def deadline(self) -> float:
+        return CI_DEADLINE_S if "ci" in self.flags else DEADLINE_S
 
     @property
     def id(self) -> str:
@@ -155,6 +181,61 @@ def _error(block: Block, why: str) -> Item:
 
 
 def _item(block: Block, last_python: Item | None) -> Item | None:
+    mark, flags, hosts, wrong = _flags(block.mark)
+    if wrong:
+        return _error(block, wrong)
+    item = _item_of(Block(block.page, block.line, block.lang, block.code, mark), last_python)
+    if item is not None and (flags or hosts):
+        if item.kind not in ("python", "command", "sh"):
+            return _error(block, f"flags {sorted(flags)} on a block of kind {item.kind}")
+        if hosts and item.kind != "sh":
+            return _error(block, "hosts on a block that is not a shell block")
+        if hosts:
+            flags.add("root")
+            missing = set(hosts) - set(_sections(item.code, hosts)[1])
+            if missing:
+                return _error(block, f"hosts {' '.join(hosts)}: no '# on NAME' line for "
+                                     f"{', '.join(sorted(missing))}")
+        item.flags, item.hosts = flags, hosts
+    return item
+
+
+def _sections(code: str, hosts: list[str]) -> tuple[str, dict[str, str]]:
+    """A hosts block's code: what comes before its first ``# on NAME`` line, and each named
+    machine's part (from its ``# on NAME`` line to the next)."""
+    preamble: list[str] = []
+    parts: dict[str, list[str]] = {}
+    current = preamble
+    for line in code.splitlines(keepends=True):
+        match = re.match(r"^#\s*on\s+(\S+)\s*$", line.strip())
+        if match and match.group(1) in hosts:
+            current = parts.setdefault(match.group(1), [])
+            continue
+        current.append(line)
+    return "".join(preamble), {name: "".join(lines) for name, lines in parts.items()}
+
+
+def _flags(mark: str | None) -> tuple[str | None, set[str], list[str], str]:
+    """A mark's main part, its flags, a hosts flag's names, and what is wrong with them."""
+    if mark is None or mark.startswith("skip") or "," not in mark:
+        return mark, set(), [], ""
+    head, *rest = [part.strip() for part in mark.split(",")]
+    flags: set[str] = set()
+    hosts: list[str] = []
+    for part in rest:
+        word, *names = part.split()
+        if word not in FLAGS or names and word != "hosts":
+            return head, flags, hosts, (f"<!-- test: {mark} -->: unknown flag {part!r} (flags: "
+                                        f"{', '.join(FLAGS)})")
+        if word == "hosts":
+            if len(names) < 2:
+                return head, flags, hosts, "hosts needs two names or more: hosts a b"
+            hosts = names
+        flags.add(word)
+    return head, flags, hosts, ""
+
+
+def _item_of(block: Block, last_python: Item | None) -> Item | None:
     mark, lang = block.mark, block.lang
     if lang == "!unclosed":
         return _error(block, "a fence that is never closed")
@@ -244,12 +325,15 @@ class Outcome:
         return self.returncode == 0
 
 
-def block_env(bindir: Path) -> dict[str, str]:
+def block_env(bindir: Path, *, checkout: bool = False) -> dict[str, str]:
     """The environment of a block's run: this one without GOSSIP_* and launcher variables,
-    the repository on PYTHONPATH, ``bindir`` first on PATH."""
+    the repository on PYTHONPATH (not for a ``checkout`` block, which installs it),
+    ``bindir`` first on PATH."""
     env = {k: v for k, v in os.environ.items()
-           if not k.startswith(_STRIPPED_PREFIXES) and k not in _STRIPPED_NAMES}
-    env["PYTHONPATH"] = str(REPO)
+           if not k.startswith(_STRIPPED_PREFIXES) and k not in _STRIPPED_NAMES
+           and k not in ("VIRTUAL_ENV", "PYTHONPATH")}
+    if not checkout:
+        env["PYTHONPATH"] = str(REPO)
     env["PATH"] = os.pathsep.join([str(bindir), env.get("PATH", "")])
     env["PYTHONUNBUFFERED"] = "1"
     return env
@@ -264,6 +348,10 @@ def _tools(bindir: Path) -> None:
                        ("torchrun", " -m torch.distributed.run")):
         tool = bindir / name
         tool.write_text(f'#!/bin/sh\nexec "{sys.executable}"{args} "$@"\n')
+        tool.chmod(0o755)
+    if os.geteuid() == 0 and not shutil.which("sudo"):   # root: sudo is the command itself
+        tool = bindir / "sudo"
+        tool.write_text('#!/bin/sh\nexec "$@"\n')
         tool.chmod(0o755)
 
 
@@ -281,33 +369,165 @@ def command_of(item: Item, script: str) -> list[str]:
     raise ValueError(f"{item.id}: nothing to run for kind {item.kind!r}")
 
 
-def run_item(item: Item, deadline: float = DEADLINE_S) -> Outcome:
+def run_item(item: Item, deadline: float | None = None) -> Outcome:
     """Run ``item`` in a fresh directory (module docstring); its process group is killed at the
-    deadline and after it ends. Traceback lines of the saved script name the page's lines."""
+    deadline (the item's by default) and after it ends. Traceback lines of the saved script
+    name the page's lines."""
+    deadline = item.deadline if deadline is None else deadline
     with tempfile.TemporaryDirectory(prefix="gossip-docs-") as tmp:
         work = Path(tmp) / "run"
-        work.mkdir()
-        for name in LINKED:
-            if (REPO / name).exists():
-                (work / name).symlink_to(REPO / name)
+        checkout = "checkout" in item.flags
+        if checkout:
+            _copy_checkout(work)
+        else:
+            work.mkdir()
+            for name in LINKED:
+                if (REPO / name).exists():
+                    (work / name).symlink_to(REPO / name)
         bindir = Path(tmp) / "bin"
         _tools(bindir)
+        env = block_env(bindir, checkout=checkout)
+        if checkout:
+            _fresh_venv(Path(tmp), env)
+        if item.hosts:
+            return _run_hosts(item, work, env, deadline)
         script = "block.sh" if item.kind == "sh" else "block.py"
         (work / script).write_text(item.code, encoding="utf-8")
         argv = command_of(item, script)
-        log = Path(tmp) / "output"
-        with open(log, "wb") as out:
-            proc = subprocess.Popen(argv, cwd=work, env=block_env(bindir), stdout=out,
-                                    stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                    start_new_session=True)
-            try:
-                returncode: int | None = proc.wait(timeout=deadline)
-            except subprocess.TimeoutExpired:
-                returncode = None
-            finally:
-                _kill_group(proc)
-        output = log.read_text(encoding="utf-8", errors="replace")
+        returncode, output = _run(argv, work, env, deadline)
     return Outcome(shlex.join(argv), returncode, _page_lines(output, item, script))
+
+
+def _run(argv: list[str], work: Path, env: dict[str, str],
+         deadline: float) -> tuple[int | None, str]:
+    """Run ``argv`` in ``work`` in a session of its own, killed at ``deadline``; its exit
+    code (None if killed) and output."""
+    log = work.parent / "output"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(argv, cwd=work, env=env, stdout=out,
+                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                start_new_session=True)
+        try:
+            returncode: int | None = proc.wait(timeout=deadline)
+        except subprocess.TimeoutExpired:
+            returncode = None
+        finally:
+            _kill_group(proc)
+    return returncode, log.read_text(encoding="utf-8", errors="replace")
+
+
+def _fresh_venv(tmp: Path, env: dict[str, str]) -> None:
+    """A checkout block's environment: a virtual environment of its own, first on PATH, as a
+    reader's would be, whose pip takes torch's CPU build as requirements-dev.txt pins it (a
+    bare torch requirement would pull the CUDA build)."""
+    venv = tmp / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
+    constraints = tmp / "constraints.txt"
+    pinned = [line for line in (REPO / "requirements-dev.txt").read_text().splitlines()
+              if line.startswith("torch==")]
+    inherited = os.environ.get("PIP_CONSTRAINT") or _pip_config("global.constraint")
+    if inherited and Path(inherited).exists():
+        pinned.append(f"-c {inherited}")
+    constraints.write_text("\n".join(pinned) + "\n")
+    env["PIP_CONSTRAINT"] = str(constraints)
+    env["VIRTUAL_ENV"] = str(venv)
+    env["PATH"] = os.pathsep.join([str(venv / "bin"), env["PATH"]])
+
+
+def _pip_config(key: str) -> str:
+    """A value of this machine's pip configuration (PIP_CONSTRAINT replaces it)."""
+    listed = subprocess.run([sys.executable, "-m", "pip", "config", "get", key],
+                            capture_output=True, text=True, timeout=60)
+    return listed.stdout.strip() if listed.returncode == 0 else ""
+
+
+def slurm_node_up() -> str:
+    """"" if this machine's SLURM has a node that takes jobs, else why not."""
+    if not shutil.which("sinfo"):
+        return "no SLURM here (sinfo not found)"
+    try:
+        states = subprocess.run(["sinfo", "-h", "-o", "%T"], capture_output=True, text=True,
+                                timeout=30)
+    except subprocess.TimeoutExpired:
+        return "sinfo did not answer in 30 s"
+    if not {"idle", "mixed", "allocated"} & set(states.stdout.split()):
+        return f"no SLURM node up (sinfo: {(states.stdout + states.stderr).strip()[:200]!r})"
+    return ""
+
+
+def _copy_checkout(work: Path) -> None:
+    """The repository's tracked files (as a clean checkout has them) into ``work``."""
+    listed = subprocess.run(["git", "-C", str(REPO), "ls-files", "-z"], capture_output=True,
+                            check=True, timeout=60).stdout.decode().split("\0")
+    for name in filter(None, listed):
+        source = REPO / name
+        if source.is_file():
+            target = work / name
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source, target)
+
+
+def _run_hosts(item: Item, work: Path, env: dict[str, str], deadline: float) -> Outcome:
+    """A hosts block: its preamble here, then each machine's part at once in a namespace of
+    its own, FIRST_HOST standing for the first one's address (module docstring). A block
+    that names train.py finds train_script(item) there."""
+    if str(REPO / "tests") not in sys.path:
+        sys.path.append(str(REPO / "tests"))   # after the packages: tests/collectives is no package
+    from netfault import Network
+    ends = time.monotonic() + deadline
+    preamble, parts = _sections(item.code, item.hosts)
+    if "train.py" in item.code and not (work / "train.py").exists():
+        (work / "train.py").write_text(train_script(item), encoding="utf-8")
+    command = f"bash -euo pipefail block.sh, then block-NAME.sh on hosts {' '.join(item.hosts)}"
+    with Network(len(item.hosts)) as net:
+        first = net.hosts[0].addr
+
+        exported = work.parent / "exported"
+
+        def script(name: str, code: str) -> Path:
+            path = work / name
+            path.write_text(f"cd {shlex.quote(str(work))}\n" + code.replace(FIRST_HOST, first),
+                            encoding="utf-8")
+            return path
+        # What the preamble exports reaches every machine's part, as if typed in its shell.
+        preamble += f"\nexport -p > {shlex.quote(str(exported))}\n"
+        returncode, output = _run(["bash", "-euo", "pipefail", str(script("block.sh", preamble))],
+                                  work, env, deadline)
+        outputs = [f"--- here ---\n{output}"]
+        if returncode != 0:
+            return Outcome(command, returncode, "".join(outputs))
+        runs = []
+        for host, name in zip(net.hosts, item.hosts):
+            log = work.parent / f"output-{name}"
+            part = f"source {shlex.quote(str(exported))}\n" + parts[name]
+            argv = ["bash", "-euo", "pipefail", str(script(f"block-{name}.sh", part))]
+            runs.append((name, host, net.run(host, argv, env, log_path=str(log)), log))
+        codes: list[int | None] = []
+        for name, host, proc, log in runs:
+            try:
+                codes.append(proc.wait(timeout=max(0.1, ends - time.monotonic())))
+            except subprocess.TimeoutExpired:
+                codes.append(None)
+        net.close()
+        for (name, host, _, log), code in zip(runs, codes):
+            outputs.append(f"--- on {name} ({host.addr}, exit {code}) ---\n"
+                           + log.read_text(encoding="utf-8", errors="replace"))
+    bad = [c for c in codes if c != 0]
+    return Outcome(command, bad[0] if bad else 0, "".join(outputs))
+
+
+def train_script(item: Item) -> str:
+    """The train.py a hosts block runs: the nearest python block above it on its page that
+    starts with a ``# train.py`` line, else the script docs/getting-started/first-job.md
+    saves as train.py (its first python block)."""
+    blocks = parse_page((REPO / item.page).read_text(encoding="utf-8"), item.page)
+    named = [b for b in blocks if b.line < item.line and b.lang in PYTHON_LANGS
+             and b.code.startswith("# train.py")]
+    if named:
+        return named[-1].code
+    page = "docs/getting-started/first-job.md"
+    blocks = parse_page((REPO / page).read_text(encoding="utf-8"), page)
+    return next(b.code for b in blocks if b.lang in PYTHON_LANGS)
 
 
 def _kill_group(proc: subprocess.Popen) -> None:
@@ -332,8 +552,9 @@ def _page_lines(output: str, item: Item, script: str) -> str:
     return re.sub(r'File "[^"]*' + re.escape(script) + r'", line (\d+)', page_line, output)
 
 
-def failure_message(item: Item, outcome: Outcome, deadline: float = DEADLINE_S) -> str:
+def failure_message(item: Item, outcome: Outcome, deadline: float | None = None) -> str:
     """What a failed run says: the page and line, the command, and the output's tail."""
+    deadline = item.deadline if deadline is None else deadline
     where = item.id
     if item.continued:
         where += " (continued at lines " + ", ".join(map(str, item.continued)) + ")"

@@ -4,21 +4,34 @@ the line and the command, and shows what the run printed. Below, the reader itse
 pages written here."""
 from __future__ import annotations
 
+import os
 import textwrap
 
 import pytest
 
-from doc_blocks import Block, Item, collect, failure_message, items_of, parse_page, run_item
+from doc_blocks import (Block, Item, collect, failure_message, items_of, parse_page, run_item,
+                        slurm_node_up)
 
 ITEMS = collect()
 
 
-@pytest.mark.parametrize("item", ITEMS, ids=[item.id for item in ITEMS])
+def _param(item: Item):
+    """A block marked ci runs with pytest -m ci, under its own deadline (doc_blocks)."""
+    marks = [pytest.mark.ci, pytest.mark.timeout(item.deadline + 60)] \
+        if "ci" in item.flags else []
+    return pytest.param(item, marks=marks, id=item.id)
+
+
+@pytest.mark.parametrize("item", [_param(item) for item in ITEMS])
 def test_code_block(item: Item) -> None:
     if item.kind == "error":
         pytest.fail(f"{item.id}: {item.reason}", pytrace=False)
     if item.kind == "skip":
         pytest.skip(f"{item.id}: {item.reason}")
+    if "root" in item.flags and os.geteuid() != 0:
+        pytest.skip(f"{item.id}: needs root (its mark says root or hosts)")
+    if "slurm" in item.flags and (why := slurm_node_up()):
+        pytest.skip(f"{item.id}: {why} (scripts/slurm-one-node.sh, as root, starts one)")
     outcome = run_item(item)
     if not outcome.ok:
         pytest.fail(failure_message(item, outcome), pytrace=False)
@@ -148,7 +161,8 @@ def test_runner_gives_a_clean_directory_and_environment(monkeypatch) -> None:
     monkeypatch.setenv("GOSSIP_TOPOLOGY", "torus:9x9")
     monkeypatch.setenv("RANK", "3")
     code = ("import os, gossip\n"
-            "assert sorted(os.listdir('.')) == ['benchmarks', 'block.py', 'examples', 'scripts']\n"
+            "assert sorted(os.listdir('.')) == ['benchmarks', 'block.py', 'examples', "
+            "'pyproject.toml', 'scripts', 'tests']\n"
             "assert not any(k.startswith('GOSSIP_') for k in os.environ), os.environ\n"
             "assert 'RANK' not in os.environ\n"
             "print(gossip.__file__)\n")
@@ -183,3 +197,45 @@ def test_runner_sh_and_deadline() -> None:
     message = failure_message(slow, outcome, deadline=1)
     assert outcome.returncode is None and "did not finish within 1 s (killed)" in message
     assert "started" in message and "bash -euo pipefail block.sh" in message
+
+
+# --- flags ---------------------------------------------------------------------------------
+
+def test_reader_takes_flags_and_refuses_unknown_ones() -> None:
+    text = ("<!-- test: sh, checkout, ci -->\n```bash\npip install .\n```\n\n"
+            "<!-- test: gossip run -n 2, ci -->\n```python\nimport gossip\n```\n\n"
+            "<!-- test: sh, hosts a b -->\n```bash\ntrue\n# on a\nhostname\n# on b\nhostname\n```\n\n"
+            "<!-- test: sh, fast -->\n```bash\ntrue\n```\n\n"
+            "<!-- test: sh, hosts a b -->\n```bash\n# on a\ntrue\n```\n")
+    install, command, hosts, unknown, half = _items(text)
+    assert (install.kind, install.flags, install.deadline) == ("sh", {"checkout", "ci"}, 600.0)
+    assert (command.kind, command.command, command.flags) == ("command", "gossip run -n 2", {"ci"})
+    assert hosts.hosts == ["a", "b"] and hosts.flags == {"hosts", "root"}
+    assert unknown.kind == "error" and "unknown flag 'fast'" in unknown.reason
+    assert half.kind == "error" and "no '# on NAME' line for b" in half.reason
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="network namespaces need root")
+def test_runner_runs_each_part_of_a_hosts_block_on_its_own_machine() -> None:
+    # b reaches a at 10.0.0.1 (the first machine's address there), and the preamble's exports
+    # reach both parts; a failing part fails the block.
+    code = ("export WORD=hello\n"
+            "# on a\n"
+            "python -c \"import socket, os; s = socket.create_server(('10.0.0.1', 7077)); "
+            "c, peer = s.accept(); c.sendall(os.environ['WORD'].encode()); "
+            "print('a served', peer[0])\"\n"
+            "# on b\n"
+            "python -c \"import socket, time\n"
+            "for _ in range(100):\n"
+            "    try: c = socket.create_connection(('10.0.0.1', 7077)); break\n"
+            "    except OSError: time.sleep(0.1)\n"
+            "print('b got', c.recv(5).decode())\"\n")
+    text = f"<!-- test: sh, hosts a b -->\n```bash\n{code}```\n"
+    (item,) = _items(text)
+    outcome = run_item(item)
+    assert outcome.ok, failure_message(item, outcome)
+    assert "b got hello" in outcome.output and "a served 10.77.0.2" in outcome.output, \
+        outcome.output
+    failing = _items(text.replace("print('b got'", "raise SystemExit(3) or print('b got'"))[0]
+    outcome = run_item(failing)
+    assert outcome.returncode == 3 and "--- on b" in outcome.output, outcome.output
