@@ -21,6 +21,7 @@ from gossip.peer import Peer
 from gossip.policies.neighborhood import resize_topology
 from gossip.settings import LaunchSettings, resolve_settings
 from gossip.snapshot import crc
+from gossip.stacks import install_stack_dump
 from topologies import Topology
 
 __all__ = ["init", "resolve_topology", "DEFAULT_TIMEOUT"]
@@ -100,8 +101,13 @@ def init(*, rank: int | None = None, world_size: int | None = None,
     ``gossip run``, gossip.testing.spawn and the demo hand their peers a key; under torchrun,
     SLURM or mpirun set GOSSIP_KEY (``gossip keygen PATH``), or GOSSIP_INSECURE=1 when an
     open group is meant.
+
+    In the main thread it also makes SIGUSR1 write every thread's stack to stderr, the
+    process running on (``gossip run`` passes the signal on to its peers), unless
+    GOSSIP_STACKS_ON_SIGUSR1=0 or the signal has a handler already (gossip/stacks.py).
     """
     configure_logging()
+    install_stack_dump()   # first: a peer stuck in the rendezvous shows where
     settings = resolve_settings(rank=rank, world_size=world_size, rendezvous=rendezvous,
                                 job_id=job_id)
     topo = resolve_topology(topology, settings.world_size)
@@ -129,8 +135,9 @@ def init(*, rank: int | None = None, world_size: int | None = None,
         changes["link"] = parse_link(link, where)   # the error names the setting
     if os.environ.get("GOSSIP_PORT_RANGE"):
         changes["data_ports"] = _port_range(os.environ["GOSSIP_PORT_RANGE"])
-    if settings.world_size > 1 and not settings.is_local:
-        # A run across machines: listen everywhere, advertise the address others can reach.
+    if (settings.world_size > 1 or joining) and not settings.is_local:
+        # A run across machines (or a joiner of one, started by hand with a world of one):
+        # listen everywhere, advertise the address others can reach.
         changes["bind_host"] = os.environ.get("GOSSIP_BIND_HOST", "0.0.0.0")
         changes["advertise_host"] = (os.environ.get("GOSSIP_HOST")
                                      or _route_address(settings.master_addr,

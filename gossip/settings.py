@@ -278,6 +278,10 @@ ENVIRONMENT: tuple[Variable, ...] = (
              "The level of the `gossip`, `collectives` and `topologies` loggers (DEBUG, INFO, "
              "WARNING, ...); DEBUG also makes `gossip run` show every traceback whole.",
              ("gossip/logs.py", _LAUNCHER)),
+    Variable("GOSSIP_STACKS_ON_SIGUSR1", "1", "`0` (or false, no, off): `gossip.init()` "
+             "leaves SIGUSR1 alone; else it makes SIGUSR1 write every thread's stack to "
+             "stderr, the peer running on (only from the main thread, and only while the "
+             "signal has no handler of the user's).", ("gossip/stacks.py",)),
     Variable("GOSSIP_NCCL", "NCCL when cupy has it", "`0`: GPU arrays take the staged ring "
              "instead of NCCL (to compare the two).", ("collectives/algorithms/nccl.py",)),
     # torchrun's (and gossip run's: it gives its peers the same)

@@ -30,7 +30,12 @@ Every output line is prefixed with the peer's rank (``--log-dir``, ``--tee``: se
 first peer to fail stops the others (SIGTERM, then SIGKILL after ``grace`` seconds) and its
 exit code becomes the launcher's (128+N for death by signal N, like a shell).
 SIGINT/SIGTERM/SIGHUP to the launcher are forwarded to every peer, with the same escalation,
-and the launcher exits 128+signal.
+and the launcher exits 128+signal. SIGUSR1 is passed on to every peer that catches it (each
+writes its threads' stacks: gossip/stacks.py) and the job goes on.
+
+At the start the launcher says where the job is (to stderr, unless GOSSIP_LOG_LEVEL is above
+INFO; see _banner): the job id, the rendezvous address, the peers of this node, the command
+that adds a peer to the running job from another shell, and the pid to send SIGUSR1 to.
 
 This module must not import torch: it only starts processes, and should start fast.
 
@@ -43,7 +48,9 @@ import logging
 import os
 import re
 import secrets
+import shlex
 import sys
+import threading
 from typing import Mapping, Sequence
 
 from collectives import defaults
@@ -172,6 +179,34 @@ def _job_id(job_id: str | None, env: Mapping[str, str], nnodes: int, addr: str,
     return re.sub(r"[^A-Za-z0-9._:@+-]", "_", f"run-{addr}-{port}")[-MAX_JOB_ID:]
 
 
+def _banner(cmd: list[str], nprocs: int, *, env: Mapping[str, str], nnodes: int,
+            max_nodes: int, node_rank: int, addr: str, port: int) -> list[str]:
+    """Where the job is, in a few lines: its id and rendezvous address, this node's peers,
+    the command that adds a peer to it (the variables a joiner needs: GOSSIP_JOIN, the
+    address, the job id, and the key file's path or GOSSIP_INSECURE, never a key itself; the
+    topology and timeout when the job has them, since a joiner's must match), and, when
+    signals are forwarded (the main thread), the pid to send SIGUSR1 to for every peer's
+    stacks."""
+    host = f"[{addr}]" if ":" in addr else addr
+    where = f"{nprocs} peer(s) on this node"
+    if max_nodes > 1:
+        nodes = f"{nnodes}:{max_nodes}" if max_nodes > nnodes else str(nnodes)
+        where += f", node {node_rank} of --nnodes {nodes}"
+        if node_rank >= nnodes:
+            where += " (joining the running job)"
+    lines = [f"job {env['GOSSIP_JOB_ID']} at {host}:{port}, {where}"]
+    joiner = {"GOSSIP_JOIN": "1", "GOSSIP_RENDEZVOUS": f"tcp://{host}:{port}",
+              "GOSSIP_JOB_ID": env["GOSSIP_JOB_ID"]}
+    for name in ("GOSSIP_KEY", "GOSSIP_INSECURE", "GOSSIP_TOPOLOGY", "GOSSIP_TIMEOUT"):
+        if env.get(name):
+            joiner[name] = env[name]
+    assignments = " ".join(f"{name}={shlex.quote(value)}" for name, value in joiner.items())
+    lines.append(f"add a peer: {assignments} {shlex.join(cmd)}")
+    if threading.current_thread() is threading.main_thread():
+        lines.append(f"every peer's stacks: kill -USR1 {os.getpid()}")
+    return lines
+
+
 def launch(cmd: list[str], nprocs: int, *, nnodes: int = 1, node_rank: int = 0,
            max_nodes: int | None = None,
            master_addr: str | None = None, master_port: int | None = None,
@@ -264,6 +299,14 @@ def launch(cmd: list[str], nprocs: int, *, nnodes: int = 1, node_rank: int = 0,
         job_key = JobKey()   # one node: a key for this job alone, restarts included
         base["GOSSIP_KEY"] = job_key.path
     try:
+        if not level or level <= logging.INFO:   # the default level shows it
+            banner = _banner(cmd, nprocs, env=base, nnodes=nnodes, max_nodes=max_nodes,
+                             node_rank=node_rank, addr=addr, port=port)
+            try:
+                print("".join(f"gossip run: {line}\n" for line in banner), end="",
+                      file=sys.stderr, flush=True)
+            except (OSError, ValueError):
+                pass   # no stderr to read it on: the job runs all the same
         return LocalPeers(cmd, nprocs, first_rank=node_rank * nprocs, env=base, prefix=prefix,
                           grace=grace, keep_going=keep_going, max_restarts=max_restarts,
                           log_dir=log_dir, tee=streams, verbose=verbose).run()

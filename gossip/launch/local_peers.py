@@ -3,13 +3,16 @@
 The first peer to fail stops the others (SIGTERM, then SIGKILL after ``grace`` seconds) and
 its exit code becomes the launcher's (128+N for death by signal N, like a shell).
 SIGINT/SIGTERM/SIGHUP to the launcher are forwarded to every peer, with the same escalation.
+SIGUSR1 is passed on and nothing stops: each peer that catches it (gossip.init() makes it
+write the peer's stacks: gossip/stacks.py) gets it, the peer process alone; a peer without
+a handler (still importing, or a program that has none) is not sent it, since it would die.
 
 Why not gossip.launch.supervisor: that one runs Python functions and brings their results back
 through pipes, asking each child for a faulthandler stack dump (SIGUSR1) before terminating
 it. Here the peers are arbitrary commands: the unit is a process group (a peer's own
 children go too), the output is streamed, not collected, SIGUSR1 would kill a program that
-did not register it, and the grace between signal and SIGKILL is cut short by a second
-signal to the launcher, which only this event loop sees.
+did not register it (hence the check above), and the grace between signal and SIGKILL is
+cut short by a second signal to the launcher, which only this event loop sees.
 """
 from __future__ import annotations
 
@@ -26,10 +29,14 @@ from typing import IO, Any, Callable, TypeAlias
 
 from collectives.transport.sockets import remove_ipc_files
 from gossip.launch.failure_report import FailureReport
+from gossip.stacks import STACKS_SIGNAL, catches_signal
 
 __all__ = ["LocalPeers"]
 
-_FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+_FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)   # passed on, and the job stops
+# Passed on while the job goes on (SIGUSR1: each peer writes its stacks).
+_PASSED_ON = tuple(s for s in (STACKS_SIGNAL,) if s is not None)
+_HANDLED = _FORWARDED + _PASSED_ON
 # What signal.signal takes and returns: a handler, SIG_DFL or SIG_IGN, or None.
 _Handler: TypeAlias = Callable[[int, FrameType | None], Any] | int | None
 _READER_JOIN_S = 2.0  # a grandchild holding a pipe open must not hold the launcher too
@@ -176,7 +183,7 @@ class LocalPeers:
         if threading.current_thread() is not threading.main_thread():
             return {}
         saved: dict[int, _Handler] = {}
-        for signum in _FORWARDED:
+        for signum in _HANDLED:
             if signal.getsignal(signum) is signal.SIG_IGN:
                 continue  # e.g. SIGHUP under nohup: peers inherit the ignore, as they should
             saved[signum] = signal.signal(
@@ -243,7 +250,7 @@ class LocalPeers:
     def _thread(self, target: Callable, *args: object) -> threading.Thread:
         def body() -> None:
             if hasattr(signal, "pthread_sigmask"):
-                signal.pthread_sigmask(signal.SIG_BLOCK, _FORWARDED)  # see _POLL_S
+                signal.pthread_sigmask(signal.SIG_BLOCK, _HANDLED)  # see _POLL_S
             target(*args)
         t = threading.Thread(target=body, daemon=True)
         t.start()
@@ -283,6 +290,9 @@ class LocalPeers:
         failed = 0
         while self.running:
             kind, who, code = self._next_event()
+            if kind == "signal" and who in _PASSED_ON:
+                self._pass_on(who)
+                continue
             if kind == "signal":
                 self._say(f"got {_signal_name(who)}, stopping {len(self.running)} peer(s)")
                 # SIGINT goes on as SIGINT, so Python peers raise KeyboardInterrupt and clean up.
@@ -318,6 +328,29 @@ class LocalPeers:
             except (ProcessLookupError, PermissionError):
                 pass
 
+    def _pass_on(self, signum: int) -> None:
+        """Send ``signum`` to each running peer that catches it (the peer process only: its
+        children may have no handler), and say which got it; one without a handler is left
+        alone, since the signal would end it."""
+        sent, skipped = [], []
+        for local in sorted(self.running):
+            pid = self.procs[local].pid
+            rank = self.first_rank + local
+            if catches_signal(pid, signum) is False:
+                skipped.append(rank)
+                continue
+            try:
+                os.kill(pid, signum)
+                sent.append(rank)
+            except (ProcessLookupError, PermissionError):
+                pass
+        name = _signal_name(signum)
+        said = f"got {name}: passed on to rank(s) {', '.join(map(str, sent)) or 'none'}"
+        if skipped:
+            said += (f"; not to rank(s) {', '.join(map(str, skipped))}, which have no "
+                     f"{name} handler yet (gossip.init() installs it) and would die of it")
+        self._say(said)
+
     def _stop(self, signum: int) -> None:
         """Send ``signum``, give peers ``grace`` seconds, then SIGKILL; a second signal to
         the launcher skips the wait."""
@@ -328,6 +361,9 @@ class LocalPeers:
                 kind, who, _ = self._next_event(deadline)
             except queue.Empty:
                 break
+            if kind == "signal" and who in _PASSED_ON:
+                self._pass_on(who)
+                continue
             if kind == "signal":
                 break
             self.running.discard(who)

@@ -23,6 +23,8 @@ from gossip.testing import free_port
 SCRIPTS = Path(__file__).parent / "workers"
 REPO = Path(__file__).parents[2]
 WAIT_S = 60  # every subprocess wait; a hang fails the test instead of stalling the run
+# The lines gossip run starts with (where the job is: tests/launch/test_inspect.py).
+BANNER = ("gossip run: job ", "gossip run: add a peer: ", "gossip run: every peer's stacks: ")
 
 
 def _env(**extra: str) -> dict[str, str]:
@@ -163,7 +165,7 @@ def test_first_failure_stops_the_others_with_its_exit_code(peer_dir: Path) -> No
     elapsed = time.monotonic() - start
     assert proc.returncode == 3, proc.stderr
     assert elapsed < 15, elapsed  # the sleepers were stopped, not waited for
-    failure = [line for line in proc.stderr.splitlines() if line.startswith("gossip run:")]
+    failure = [line for line in proc.stderr.splitlines() if line.startswith("gossip run: rank")]
     assert failure and "rank 1" in failure[0] and "exit code 3" in failure[0], proc.stderr
     assert _alive(_pids(peer_dir, 3), "fail_one.py") == []
 
@@ -242,6 +244,8 @@ def test_a_second_ctrl_c_skips_the_grace(peer_dir: Path) -> None:
         launcher.send_signal(signal.SIGINT)
         # The launcher says it is stopping before it waits out the grace: then press again.
         line = launcher.stderr.readline()
+        while line.startswith(BANNER):   # the launcher's opening lines, from before the signal
+            line = launcher.stderr.readline()
         assert "got SIGINT" in line, line
         launcher.send_signal(signal.SIGINT)
         out, err = launcher.communicate(timeout=20)  # far below the 60 s grace
@@ -261,9 +265,9 @@ def test_lines_of_many_peers_never_interleave() -> None:
         body = "x" * 300
         assert out == [f"<{rank}:{i}:{body}>" for i in range(1, count, 2)] + [f"<{rank}:end>"]
         assert err == [f"<{rank}:{i}:{body}>" for i in range(0, count, 2)]
-    # Every line of the output belongs to exactly one peer.
+    # Every line of the output belongs to exactly one peer (but the launcher's banner).
     assert all(line.startswith("[rank ") for line in proc.stdout.splitlines())
-    assert all(line.startswith("[rank ") for line in proc.stderr.splitlines())
+    assert all(line.startswith(("[rank ", "gossip run: ")) for line in proc.stderr.splitlines())
 
 
 def test_peers_do_not_outlive_a_killed_launcher(peer_dir: Path) -> None:
