@@ -49,6 +49,22 @@ def resolve_topology(topology: Topology | str | None, world_size: int) -> Topolo
     return topology
 
 
+def _remote_endpoint(settings: LaunchSettings, join: Any) -> tuple[str, int] | None:
+    """The (host, port) of another machine this process reaches first (the rendezvous, or the
+    first member door a joiner names: GOSSIP_JOIN=tcp://h:p,...), or None when it is on
+    loopback: then the peer listens on loopback only."""
+    if join not in (None, True, "1"):
+        door = str(join).split(",")[0].strip()
+        host, _, port = door.removeprefix("tcp://").rpartition(":")
+        host = host.strip("[]")
+        if host in ("localhost", "::1") or host.startswith("127."):
+            return None
+        return host, int(port) if port.isdigit() else settings.master_port
+    if settings.is_local:
+        return None
+    return settings.master_addr, settings.master_port
+
+
 def _route_address(master_addr: str, port: int) -> str:
     """This host's address on the route to the rendezvous (no packet is sent: a UDP connect
     only asks the kernel which interface it would use)."""
@@ -135,13 +151,12 @@ def init(*, rank: int | None = None, world_size: int | None = None,
         changes["link"] = parse_link(link, where)   # the error names the setting
     if os.environ.get("GOSSIP_PORT_RANGE"):
         changes["data_ports"] = _port_range(os.environ["GOSSIP_PORT_RANGE"])
-    if (settings.world_size > 1 or joining) and not settings.is_local:
+    far = _remote_endpoint(settings, join if joining else None)
+    if (settings.world_size > 1 or joining) and far is not None:
         # A run across machines (or a joiner of one, started by hand with a world of one):
         # listen everywhere, advertise the address others can reach.
         changes["bind_host"] = os.environ.get("GOSSIP_BIND_HOST", "0.0.0.0")
-        changes["advertise_host"] = (os.environ.get("GOSSIP_HOST")
-                                     or _route_address(settings.master_addr,
-                                                       settings.master_port))
+        changes["advertise_host"] = os.environ.get("GOSSIP_HOST") or _route_address(*far)
     cfg = (config or TransportConfig()).with_(**changes)
 
     # Without a rank from a launcher there is no slot to come back to: a name of its own.

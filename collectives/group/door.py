@@ -176,6 +176,8 @@ class Door:
             theirs = message.get("job")
             reason = (f"this door belongs to job {_job_text(self.config.job_id)} and the message "
                       f"to job {_job_text(theirs)}")
+            if self.config.job_id:
+                reason += f" (to join this job, set GOSSIP_JOB_ID={self.config.job_id})"
             self._drop(f"a message of another job: {reason}", key=message.get("from"))
             if message.get("kind") == "join" and isinstance(theirs, str):
                 # A joiner of another job hears why (in its own job's name, or its door
