@@ -23,7 +23,7 @@ import sys
 import tempfile
 import time
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.realpath(__file__)))   # through a link too
 sys.path.insert(0, os.path.join(REPO, "tests"))
 sys.path.insert(0, REPO)
 
