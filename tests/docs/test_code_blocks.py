@@ -208,7 +208,7 @@ def test_reader_takes_flags_and_refuses_unknown_ones() -> None:
             "<!-- test: sh, fast -->\n```bash\ntrue\n```\n\n"
             "<!-- test: sh, hosts a b -->\n```bash\n# on a\ntrue\n```\n")
     install, command, hosts, unknown, half = _items(text)
-    assert (install.kind, install.flags, install.deadline) == ("sh", {"checkout", "ci"}, 600.0)
+    assert (install.kind, install.flags, install.deadline) == ("sh", {"checkout", "ci"}, 900.0)
     assert (command.kind, command.command, command.flags) == ("command", "gossip run -n 2", {"ci"})
     assert hosts.hosts == ["a", "b"] and hosts.flags == {"hosts", "root"}
     assert unknown.kind == "error" and "unknown flag 'fast'" in unknown.reason
