@@ -19,7 +19,7 @@ from gossip.logs import configure_logging
 from gossip.membership import PeerMembership, member_identity
 from gossip.peer import Peer
 from gossip.policies.neighborhood import resize_topology
-from gossip.settings import LaunchSettings, resolve_settings
+from gossip.settings import LaunchSettings, is_loopback, resolve_settings
 from gossip.snapshot import crc
 from gossip.stacks import install_stack_dump
 from topologies import Topology
@@ -56,10 +56,9 @@ def _remote_endpoint(settings: LaunchSettings, join: Any) -> tuple[str, int] | N
     if join not in (None, True, "1"):
         door = str(join).split(",")[0].strip()
         host, _, port = door.removeprefix("tcp://").rpartition(":")
-        host = host.strip("[]")
-        if host in ("localhost", "::1") or host.startswith("127."):
+        if is_loopback(host):
             return None
-        return host, int(port) if port.isdigit() else settings.master_port
+        return host.strip("[]"), int(port) if port.isdigit() else settings.master_port
     if settings.is_local:
         return None
     return settings.master_addr, settings.master_port

@@ -64,7 +64,14 @@ class LaunchSettings:
     @property
     def is_local(self) -> bool:
         """True when the rendezvous is on loopback: a single-machine run, bound to loopback."""
-        return self.master_addr in ("localhost", "::1") or self.master_addr.startswith("127.")
+        return is_loopback(self.master_addr)
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` (a name or an address, IPv6 with or without brackets) is this
+    machine's loopback."""
+    host = host.strip("[]")
+    return host in ("localhost", "::1") or host.startswith("127.")
 
 
 def _int_from(env: Mapping[str, str], name: str) -> int:

@@ -222,13 +222,13 @@ def test_runner_runs_each_part_of_a_hosts_block_on_its_own_machine() -> None:
     code = ("export WORD=hello\n"
             "# on a\n"
             "python -c \"import socket, os; s = socket.create_server(('10.0.0.1', 7077)); "
+            "open('listening', 'w').close(); "
             "c, peer = s.accept(); c.sendall(os.environ['WORD'].encode()); "
             "print('a served', peer[0])\"\n"
             "# on b\n"
-            "python -c \"import socket, time\n"
-            "for _ in range(100):\n"
-            "    try: c = socket.create_connection(('10.0.0.1', 7077)); break\n"
-            "    except OSError: time.sleep(0.1)\n"
+            "python -c \"import os, socket; from gossip.testing import wait_until\n"
+            "wait_until(lambda: os.path.exists('listening'), 30, what='a listening')\n"
+            "c = socket.create_connection(('10.0.0.1', 7077), timeout=30)\n"
             "print('b got', c.recv(5).decode())\"\n")
     text = f"<!-- test: sh, hosts a b -->\n```bash\n{code}```\n"
     (item,) = _items(text)

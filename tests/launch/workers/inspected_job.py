@@ -10,7 +10,6 @@ DIR/joined.PID with its step and the view's size once it has the job's state.
 import json
 import os
 import sys
-import time
 
 import numpy as np
 
@@ -35,5 +34,5 @@ with gossip.init() as peer:
         stop[0] = float(os.path.exists(os.path.join(folder, "stop")))
         x += 1.0
         policy.after_step()   # averages the flag too: every member sees the same value
-        time.sleep(0.01)      # the rest of a training step
+        np.ones((96, 96)) @ np.ones((96, 96))   # the rest of a training step
     print(f"DONE step={policy.step} members={peer.world_size} x={x[0]:.0f}", flush=True)
