@@ -34,8 +34,16 @@ setup(
         "torch": ["torch>=2.0"],
         "cuda": ["cupy-cuda12x>=13"],
         "demo": ["torch>=2.0", "scikit-learn>=1.2", "matplotlib>=3.6", "tqdm>=4.60"],
+        # The metrics' TensorBoard scalars (GOSSIP_TENSORBOARD); prometheus-client only as the
+        # tests' parser of the text the exporter serves (the exporter writes it itself).
+        "metrics": ["prometheus-client>=0.17", "tensorboard>=2.12"],
+        # gossip.lightning (GossipStrategy) and gossip.ray (Ray Train's TorchTrainer).
+        "lightning": ["torch>=2.0", "lightning>=2.4"],
+        "ray": ["torch>=2.0", "ray[train]>=2.40"],
         "test": [
             "pytest>=7",
+            "prometheus-client>=0.17",
+            "tensorboard>=2.12",
             "pytest-timeout>=2.1",
             "hypothesis>=6.70",
             "networkx>=3",
@@ -45,6 +53,9 @@ setup(
     entry_points={
         "console_scripts": ["gossip=gossip.cli:main"],
         "pytest11": ["gossip = gossip.pytest_plugin"],
+        # torch calls it at the end of `import torch` (its out-of-tree backend autoload):
+        # "gossip" is a torch.distributed backend in every process, gossip imported or not.
+        "torch.backends": ["gossip = gossip.torch_import_hook:autoload"],
     },
     classifiers=[
         "Programming Language :: Python :: 3",

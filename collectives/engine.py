@@ -23,6 +23,7 @@ send buffers); the Communicator owns the engine and the shared-memory state it r
 from __future__ import annotations
 
 import itertools
+import math
 import threading
 import time
 from typing import Any, Callable
@@ -32,11 +33,21 @@ from collectives.algorithms.choice import OnHost
 from collectives.algorithms.p2p import Call
 from collectives.arrays.adapter import ArrayAdapter
 from collectives.errors import GossipError, OperationTimeout, PeerLost, ViewChanging
+from collectives.notices import events
 from collectives.staging import Staging, flat_of
 from collectives.transport.transport import Transport
+from collectives.transport.wire import dtype_itemsize
 from collectives.work import Executor, Work
 
 __all__ = ["Engine"]
+
+
+def _nbytes(dtype: str, shape: tuple) -> int:
+    """The bytes of an array of ``dtype`` and ``shape`` (0 where that is not one array's)."""
+    try:
+        return math.prod(int(n) for n in shape) * dtype_itemsize(dtype)
+    except Exception:   # a dtype off the wire's list, a shape of no array: not counted
+        return 0
 
 
 class Engine:
@@ -115,20 +126,28 @@ class Engine:
             # It named this call before it began, though this call does not name it: it waits
             # for the answer (see algorithms/pattern.py); this call refuses itself there too.
             transport.answer_plan(src, self.channel, seq)
-        failed = True
+        record = transport.recorder.begin(signature, self.channel, seq, peers,
+                                          _nbytes(dtype, shape))
+        failed: BaseException | None = None
         try:
             result = body(call)
-            failed = False
             transport.succeeded()
             return result
-        except GossipError as exc:
+        except BaseException as exc:
+            failed = exc
+            if not isinstance(exc, GossipError):
+                raise
             lost = exc.rank if isinstance(exc, PeerLost) else None
             late = exc.rank if isinstance(exc, OperationTimeout) else None
+            if isinstance(exc, OperationTimeout):
+                # What this peer did last, for the operator (flight_recorder.py).
+                events.warning("%s", transport.recorder.describe())
             transport.abort(peers, self.channel, seq, str(exc), lost_rank=lost,
                             late_rank=late, view_change=isinstance(exc, ViewChanging))
             raise
         finally:
-            activity.end(self.channel, seq, failed)
+            transport.recorder.end(record, failed)
+            activity.end(self.channel, seq, failed is not None)
             inbox.end(self.channel, seq)
             transport.retire(self.channel, seq, peers)
 

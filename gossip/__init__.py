@@ -6,8 +6,9 @@
         peer.neighbor_average(params, step=t)
 
 torch is imported only where torch objects are handled, so ``import gossip`` stays light;
-when torch is imported already, ``import gossip`` also registers the torch.distributed
-backend "gossip" (gossip/torch_backend/; or ``import gossip.torch_backend`` at any time);
+``import gossip`` also registers the torch.distributed backend "gossip" (gossip/torch_backend/),
+at once when torch is imported already, else as soon as it is (gossip/torch_import_hook.py:
+the import order does not matter);
 ``gossip.testing`` (the multi-process harness) and ``gossip.ddp_hooks`` (DDP's communication
 hooks, gossip/torch_backend/ddp_hooks.py) are imported on first use, for the same reason.
 """
@@ -26,11 +27,10 @@ from gossip.checkpoint import load_checkpoint, save_checkpoint
 __version__ = "0.1.0"
 """The package's version (setup.py's)."""
 
-import sys as _sys
+# "gossip" becomes a c10d backend: now in a torch user's process, or when torch is imported.
+from gossip.torch_import_hook import register_when_torch_loads as _register_when_torch_loads
 
-if "torch" in _sys.modules:   # a torch user's process: "gossip" becomes a c10d backend
-    import importlib as _importlib
-    _importlib.import_module("gossip.torch_backend")   # registers on import
+_register_when_torch_loads()
 
 __all__ = [
     "init", "Peer",

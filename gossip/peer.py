@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any, Callable, Literal, overload
+from typing import TYPE_CHECKING, Any, Callable, Literal, overload
 
 from collectives import NeighborPlan, Work, defaults
 from collectives.arrays import Array
@@ -15,10 +15,15 @@ from collectives.group import Switch, View
 from collectives.transport import channel_pair
 from collectives.transport.transport import Transport
 from gossip.membership import MembershipParticipant, PeerMembership
+from gossip import stacks
+from gossip.status.reporter import StatusReporter
 from gossip.policies.neighborhood import live_mixing_round, resize_topology
 from gossip.settings import LaunchSettings
 from gossip.tracked import StepTracked, TrackedState
 from topologies import Topology
+
+if TYPE_CHECKING:
+    from gossip.metrics import MetricsService
 
 __all__ = ["Peer"]
 
@@ -57,6 +62,13 @@ class Peer:
         self._membership = membership
         if membership is not None:
             membership.bind(self, joined)
+            # What `gossip status` asks this peer (its door answers, in the door's thread).
+            reporter = StatusReporter(self)
+            membership.door.on_request("status", reporter.answer)
+            membership.door.every_poll(reporter.sample)
+            stacks.watch(self)   # its flight recorder is written on SIGUSR1 (gossip/stacks.py)
+        # The metrics exporters (gossip/metrics/), when start_metrics() found them asked for.
+        self._metrics: MetricsService | None = None
 
     # -- identity ---------------------------------------------------------------------------
     @property
@@ -473,6 +485,26 @@ class Peer:
                 refused[reason] = refused.get(reason, 0) + n
         return stats
 
+    def start_metrics(self, env: Mapping[str, str] | None = None) -> MetricsService | None:
+        """Start the metrics the environment asks for (gossip.init() calls it):
+        GOSSIP_METRICS_PORT, GOSSIP_METRICS_FILE, GOSSIP_TENSORBOARD (gossip/metrics/);
+        close() stops them. None when none is asked for."""
+        from gossip.metrics import MetricsService, MetricsSettings
+
+        settings = MetricsSettings.from_environment(env, rank=self.rank)
+        if not settings.enabled or self._metrics is not None:
+            return self._metrics
+        service = MetricsService(self, settings, rank=self.rank, local_rank=self.local_rank,
+                                 world_size=self.world_size)
+        service.start()
+        self._metrics = service
+        return service
+
+    @property
+    def metrics(self) -> MetricsService | None:
+        """The running metrics exporters (start_metrics), or None."""
+        return self._metrics
+
     def register_policy(self, policy: MembershipParticipant) -> None:
         """Called by Policy.attach: close() will close ``policy`` first."""
         with self._policies_lock:
@@ -616,6 +648,7 @@ class Peer:
         for name in self._earlier_totals:
             self._earlier_totals[name] += old[name]
         retired = (self._transport, [self._comm, *self._channels.values()])
+        transport.recorder.continue_from(self._transport.recorder)
         self._transport = transport
         self._comm = Communicator(transport)
         self._channels = {}
@@ -636,6 +669,11 @@ class Peer:
         even with traffic in flight) and idempotent."""
         if self._closed:
             return
+        if self._metrics is not None:   # first: its last write sees the policies' last stats
+            try:
+                self._metrics.close()
+            except Exception as exc:
+                log.warning("rank %d: closing the metrics failed: %s", self.rank, exc)
         for policy in reversed(self.policies):
             try:
                 policy.close()

@@ -201,7 +201,18 @@ def init(*, rank: int | None = None, world_size: int | None = None,
     log.info("rank %d/%d of job %s joined via %s (%s), topology %r", settings.rank,
              settings.world_size, cfg.job_id or "(unnamed)", settings.rendezvous,
              settings.source, topo)
-    return Peer(tr, topo, settings, membership=membership)
+    return _with_metrics(Peer(tr, topo, settings, membership=membership))
+
+
+def _with_metrics(peer: Peer) -> Peer:
+    """Start the metrics the environment asks for (gossip/metrics/); a peer whose metrics
+    cannot start (a bad setting, tensorboard missing) closes, and the error goes up."""
+    try:
+        peer.start_metrics()
+    except BaseException:
+        peer.close()
+        raise
+    return peer
 
 
 def _warn_open(settings: LaunchSettings, joining: bool) -> None:
@@ -226,4 +237,5 @@ def _join(membership: PeerMembership, doors: list[str], topology: Topology,
     topo = resize_topology(topology, len(switch.view))
     log.info("%s joined job %s as rank %d of %s", membership.name, cfg.job_id or "(unnamed)",
              switch.transport.rank, switch.view.describe())
-    return Peer(switch.transport, topo, settings, membership=membership, joined=switch)
+    return _with_metrics(Peer(switch.transport, topo, settings, membership=membership,
+                              joined=switch))

@@ -218,6 +218,7 @@ class Variable:
 _SETTINGS, _RUNTIME = "gossip/settings.py", "gossip/runtime.py"
 _MEMBERSHIP, _LAUNCHER = "gossip/membership/controller.py", "gossip/launch/launcher.py"
 _SPAWN = "gossip.testing.spawn"
+_METRICS_SETTINGS = "gossip/metrics/metrics_settings.py"
 
 # Every environment variable the runtime reads (and those it sets for the processes it
 # starts), in one place: the settings page is generated from it, and
@@ -289,6 +290,21 @@ ENVIRONMENT: tuple[Variable, ...] = (
              "leaves SIGUSR1 alone; else it makes SIGUSR1 write every thread's stack to "
              "stderr, the peer running on (only from the main thread, and only while the "
              "signal has no handler of the user's).", ("gossip/stacks.py",)),
+    Variable("GOSSIP_METRICS_PORT", "unset: no exporter", "Serve Prometheus text at "
+             "`http://HOST:PORT+k/metrics`, k the local rank (docs/how-to/observe.md); a port "
+             "in use is a warning, the peer trains on.", (_METRICS_SETTINGS,)),
+    Variable("GOSSIP_METRICS_HOST", "127.0.0.1 (this host alone)", "The address the metrics "
+             "exporter binds: `0.0.0.0` for a scraper on another machine.",
+             (_METRICS_SETTINGS,)),
+    Variable("GOSSIP_METRICS_FILE", "unset", "Append a JSON lines record of every metric each "
+             "GOSSIP_METRICS_INTERVAL to this path: `{rank}` in it becomes the rank; without "
+             "it a group of several writes `NAME.rank<R>.SUFFIX`.", (_METRICS_SETTINGS,)),
+    Variable("GOSSIP_TENSORBOARD", "unset", "Write every metric as TensorBoard scalars each "
+             "GOSSIP_METRICS_INTERVAL, in `DIR/rank<R>` (needs `pip install tensorboard`).",
+             (_METRICS_SETTINGS,)),
+    Variable("GOSSIP_METRICS_INTERVAL", "10", "Seconds between two writes of "
+             "GOSSIP_METRICS_FILE and GOSSIP_TENSORBOARD (and one more at close).",
+             (_METRICS_SETTINGS,)),
     Variable("GOSSIP_NCCL", "NCCL when cupy has it", "`0`: GPU arrays take the staged ring "
              "instead of NCCL (to compare the two).", ("collectives/algorithms/nccl.py",)),
     # torchrun's (and gossip run's: it gives its peers the same)

@@ -7,8 +7,10 @@ signal (catches_signal), and to no other: to a process without a handler (one st
 importing, before ``gossip.init()``) SIGUSR1 is fatal, and a peer's own children (data
 loaders) are not sent it either.
 
-The handler is faulthandler's (chain=False): written from the signal handler itself, so it
-shows a peer stuck in a C call (a socket wait, a BLAS kernel) as well as one running Python.
+The stacks are faulthandler's: written from the signal handler itself, so they show a peer
+stuck in a C call (a socket wait, a BLAS kernel) as well as one running Python. It chains to
+a Python handler that then writes each watched peer's flight recorder (its last calls:
+collectives/flight_recorder.py), as soon as the main thread runs Python again.
 A handler already there is never replaced: the user's own, an earlier ``gossip.init()``'s,
 or gossip.testing.spawn's (its children register faulthandler on SIGUSR1 into their log).
 """
@@ -19,9 +21,10 @@ import os
 import signal
 import sys
 import threading
-from typing import Mapping
+import weakref
+from typing import Any, Mapping
 
-__all__ = ["install_stack_dump", "catches_signal", "stacks_requested", "STACKS_SIGNAL"]
+__all__ = ["install_stack_dump", "catches_signal", "stacks_requested", "watch", "STACKS_SIGNAL"]
 
 STACKS_SIGNAL: int | None = getattr(signal, "SIGUSR1", None)
 """The signal that asks for a peer's stacks (None where the platform has no SIGUSR1)."""
@@ -63,7 +66,38 @@ def install_stack_dump(env: Mapping[str, str] | None = None) -> bool:
     if catches_signal(os.getpid(), signum):
         return False   # a handler below Python's view: faulthandler's, a C library's
     try:
-        faulthandler.register(signum, file=sys.stderr, all_threads=True, chain=False)
-    except (AttributeError, ValueError, RuntimeError, OSError):
+        sys.stderr.fileno()
+    except (AttributeError, ValueError, OSError):
         return False   # no stderr, or one without a file descriptor (captured in a test)
+    # Two handlers: faulthandler's writes the stacks from the signal handler itself (a peer
+    # stuck in a C call shows), then chains to Python's, which writes the flight recorders
+    # once the main thread runs Python again.
+    signal.signal(signum, _write_recorders)
+    try:
+        faulthandler.register(signum, file=sys.stderr, all_threads=True, chain=True)
+    except (AttributeError, ValueError, RuntimeError, OSError):
+        signal.signal(signum, signal.SIG_DFL)
+        return False
     return True
+
+
+_watched: "weakref.WeakSet[Any]" = weakref.WeakSet()
+
+
+def watch(peer: Any) -> None:
+    """Write ``peer``'s flight recorder (``peer.transport.recorder``) on SIGUSR1, after the
+    stacks, for as long as the peer lives (gossip.init's peers are watched)."""
+    _watched.add(peer)
+
+
+def _write_recorders(signum: int, frame: Any) -> None:
+    for peer in list(_watched):
+        try:
+            text = peer.transport.recorder.describe()
+        except Exception as exc:   # a peer closing: say so, write the others
+            text = f"(a peer's flight recorder could not be read: {exc})"
+        try:
+            sys.stderr.write(text + "\n")
+            sys.stderr.flush()
+        except (OSError, ValueError):
+            return

@@ -63,6 +63,10 @@ def group_key(tmp_path, monkeypatch):
 # `pytest -m ci`, so every one of them still gates a merge. Listed here, by node id, so the
 # choice is in one place.
 CI_AFTER_DEFAULT = (
+    "tests/backend/test_ddp_dpsgd.py::test_dpsgd_in_ddp_code_trains_within_a_point_of_gloo_ddp",
+    "tests/integrations/test_lightning.py::"
+    "test_lightning_ddp_over_gossip_and_the_gossip_strategy_fit",
+    "tests/integrations/test_ray.py::test_ray_train_backend_and_a_killed_actor_that_rejoins",
     "tests/examples/test_examples_restart.py::test_the_readme_quick_start_survives_a_restart",
     "tests/demo/test_demo.py::test_the_story_runs_each_scenario_and_writes_a_panel_for_each",
     "tests/backend/test_torch_backend.py::test_c10d_collectives_ddp_and_a_lost_rank_under_torchrun",

@@ -146,3 +146,24 @@ def wait_steady(value, timeout: float, *, steady: float = 0.5, what: str = "a st
         return now - last[1] >= steady
     wait_until(settled, timeout, interval=0.05, what=what)
     return last[0]
+
+
+def sigkill_when_written(job, pid_file: Path, wait_s: float, what: str) -> str:
+    """SIGKILL the process whose pid a victim writes to ``pid_file`` (mid-training), then
+    return ``job``'s output (a Popen of its own session, stdout piped, text) once it ends;
+    ``job``'s whole session is SIGKILLed if it outlives ``wait_s``. Fails, with the output,
+    when the job ends before the victim wrote its pid."""
+    from gossip.testing import wait_until
+    try:
+        try:
+            wait_until(lambda: pid_file.exists() or job.poll() is not None, wait_s,
+                       interval=0.02, what=what)
+        except TimeoutError:
+            pass
+        assert pid_file.exists(), job.communicate(timeout=30)[0][-8000:]
+        os.kill(int(pid_file.read_text()), signal.SIGKILL)
+        return job.communicate(timeout=wait_s)[0]
+    finally:
+        if job.poll() is None:
+            os.killpg(job.pid, signal.SIGKILL)
+            job.wait()

@@ -363,6 +363,7 @@ def wait_counters(call: Call, counters: dict[int, np.ndarray], targets: dict[int
     # (The notice is made only if it is due: a call of 26 us makes no object for it.)
     notice_at = start + defaults.LONG_WAIT if call.deadline > start + defaults.LONG_WAIT \
         else math.inf
+    waited_on = pending
     while pending:
         if now >= check_at:
             _check(call, pending, now, what)
@@ -374,8 +375,13 @@ def wait_counters(call: Call, counters: dict[int, np.ndarray], targets: dict[int
             os.sched_yield()
         else:   # a long wait: sleep until the first awaited counter moves, or the next check
             futex.wait(counters[pending[0]], targets[pending[0]], max(1e-5, check_at - now))
+        waited_on = pending
         pending = [j for j in pending if counters[j][0] < targets[j]]
         now = time.monotonic()
+    if now > start:   # the wait was on the last to arrive (the flight recorder's waits)
+        recorder = call.transport.recorder
+        for j in waited_on:
+            recorder.waited_on(j, now - start)
 
 
 def _check(call: Call, pending: list[int], now: float, what: str) -> None:

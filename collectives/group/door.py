@@ -30,7 +30,7 @@ from collectives.rendezvous import bind_address
 from collectives.security import ZapHandler
 from collectives.transport.refusals import Refusals
 
-__all__ = ["Door", "DOOR_VERSION", "MAX_DOOR_MESSAGE"]
+__all__ = ["Door", "DOOR_VERSION", "MAX_DOOR_MESSAGE", "request"]
 
 log = logging.getLogger("collectives")
 
@@ -66,6 +66,7 @@ class Door:
         self.address = f"tcp://{host}:{port}"
         log.debug("%s: the membership door listens at %s", who, self.address)
         self._handlers: dict[str, Callable[[dict], None]] = {}
+        self._requests: dict[str, Callable[[dict], dict]] = {}
         # A rendezvous registration (a restarted process starting as it did the first time)
         # reaching a door at the rendezvous address: answered on its own connection.
         self.on_registration: Callable[[dict], dict | None] | None = None
@@ -89,6 +90,13 @@ class Door:
     def on(self, kind: str, handler: Callable[[dict], None]) -> None:
         """Run ``handler(message)`` in the door's thread for every valid message of ``kind``."""
         self._handlers[kind] = handler
+
+    def on_request(self, kind: str, handler: Callable[[dict], dict]) -> None:
+        """Answer every valid message of ``kind`` with ``handler(message)`` on the connection it
+        came on (door thread): a request and its reply (``request()``), for a client that
+        has no door of its own (``gossip status``). A request of another job is answered
+        with ``{"refused": why}``, naming this door's job."""
+        self._requests[kind] = handler
 
     def every_poll(self, ticker: Callable[[], None]) -> None:
         """Run ``ticker()`` in the door's thread at least every 100 ms (protocol deadlines)."""
@@ -172,6 +180,10 @@ class Door:
         if message is None:
             self._drop(f"a malformed message ({len(frames)} frames)")
             return
+        request = self._requests.get(message["kind"])
+        if request is not None:
+            self._answer(frames[0], message, request)
+            return
         if message.get("job", "") != self.config.job_id:
             theirs = message.get("job")
             reason = (f"this door belongs to job {_job_text(self.config.job_id)} and the message "
@@ -193,6 +205,30 @@ class Door:
             handler(message)
         except Exception:  # a handler's bug must not stop the door
             log.exception("%s: the door's %r handler failed", self.who, message.get("kind"))
+
+    def _answer(self, identity: bytes, message: dict,
+                handler: Callable[[dict], dict]) -> None:
+        """Answer a request on its connection: ``handler``'s reply, or why it is refused."""
+        if message.get("job", "") != self.config.job_id:
+            reply: dict = {"refused": f"this door belongs to job "
+                                      f"{_job_text(self.config.job_id)}, the request names job "
+                                      f"{_job_text(message.get('job'))}"}
+            self._drop(f"a {message['kind']} request of another job", key=message.get("from"))
+        else:
+            try:
+                reply = handler(message)
+            except Exception as exc:   # a handler's bug must not stop the door
+                log.exception("%s: the door's %r request handler failed", self.who,
+                              message["kind"])
+                reply = {"error": f"{type(exc).__name__}: {exc}"}
+        raw = msgpack.packb(dict(reply, v=DOOR_VERSION), use_bin_type=True, default=str)
+        if len(raw) > MAX_DOOR_MESSAGE:
+            raw = msgpack.packb({"v": DOOR_VERSION, "error": f"the answer ({len(raw)} bytes) "
+                                 f"is over the door's {MAX_DOOR_MESSAGE} bytes"})
+        try:
+            self._router.send_multipart([identity, raw], zmq.NOBLOCK)
+        except zmq.ZMQError as exc:
+            log.debug("%s: could not answer a %s request: %s", self.who, message["kind"], exc)
 
     @staticmethod
     def _decode(raw: bytes) -> dict | None:
@@ -282,6 +318,35 @@ class Door:
         if self._zap is not None:
             self._zap.close()
         self._context.term()
+
+
+def request(config: TransportConfig, address: str, kind: str, timeout: float,
+            **fields: Any) -> dict:
+    """Ask the door at ``address`` (``tcp://host:port``) a ``kind`` request and return its
+    answer, from a process without a door (a DEALER socket of its own, CURVE with
+    ``config.key``, in job ``config.job_id``). Raises TimeoutError naming the address when
+    no answer comes within ``timeout`` seconds (nothing listens there, another key, a
+    member too busy to answer)."""
+    context: zmq.Context = zmq.Context.instance()
+    sock = context.socket(zmq.DEALER)
+    sock.linger = 0
+    sock.maxmsgsize = MAX_DOOR_MESSAGE + 4096
+    if config.key is not None:
+        config.key.apply_client(sock)
+    try:
+        sock.connect(address)
+        message = dict(fields, v=DOOR_VERSION, kind=kind, job=config.job_id,
+                       **{"from": ""})
+        sock.send(msgpack.packb(message, use_bin_type=True))
+        if not sock.poll(int(timeout * 1000)):
+            raise TimeoutError(f"no answer from the door at {address} within {timeout:g} s "
+                               f"(is a member of the job listening there, with this key?)")
+        answer = _unpack(sock.recv())
+        if answer is None:
+            raise TimeoutError(f"the door at {address} answered something unreadable")
+        return answer
+    finally:
+        sock.close(linger=0)
 
 
 def _job_text(job: Any) -> str:

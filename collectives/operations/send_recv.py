@@ -60,6 +60,7 @@ class PointToPoint:
         call = Call(self.transport, self.channel, seq, "send", dtype, tuple(x.shape),
                     deadline)
         ticket = post_range(call, dst, adapter, flat, 0, adapter.size(flat), track=True)
+        self.transport.recorder.count("send", adapter.size(flat) * dtype_itemsize(dtype))
         return SendRequest(call, dst, ticket, stand_in)
 
     def recv(self, src: int, out: Any = None, *, timeout: float | None = None) -> Any:
@@ -78,6 +79,19 @@ class PointToPoint:
         seq = self._recv_seq[src]
         t = self.transport
         deadline = time.monotonic() + (self.timeout if timeout is None else timeout)
+        record = t.recorder.begin(f"recv from rank {src}", self.channel, seq, (src,), 0)
+        try:
+            out = self._receive(src, seq, out, stand_in, target, deadline)
+        except BaseException as exc:
+            t.recorder.end(record, exc)
+            raise
+        t.recorder.end(record, nbytes=int(getattr(out, "nbytes", 0)))
+        return out
+
+    def _receive(self, src: int, seq: int, out: Any, stand_in: Any,
+                 target: tuple[ArrayAdapter, Any, str] | None, deadline: float) -> Any:
+        """recv's body: message ``seq`` of ``src`` into ``target`` (``out``'s flat view)."""
+        t = self.transport
         channel = self.channel
         key = (src, channel, seq)
         # Nothing arrived (timeout, lost peer): the mailbox stays open, so a later recv (e.g. a

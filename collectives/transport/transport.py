@@ -24,6 +24,7 @@ from typing import Any
 from collectives import defaults
 from collectives.config import TransportConfig
 from collectives.errors import PeerLost, ProtocolError, RendezvousError
+from collectives.flight_recorder import FlightRecorder
 from collectives.notices import LongWait
 from collectives.transport.activity import Activity, Status
 from collectives.transport.dispatch import Arrivals, status_channel
@@ -74,6 +75,9 @@ class Transport:
         # where anyone who reaches the port may send (flow_control.HeldBounds).
         self.bounds = held_bounds(self.config.key)
         self.inbox = Inbox(self.bounds)
+        #: This peer's last calls and per-operation totals (flight_recorder.py); a view
+        #: change carries it into the next view's transport (FlightRecorder.continue_from).
+        self.recorder = FlightRecorder(rank)
         self.counters = [PeerCounters() for _ in range(world_size)]
         self.hosts: dict[int, str] = {}   # rank -> host_id, from the table (set_peers)
         self._closed = False
@@ -298,8 +302,8 @@ class Transport:
             # on, so what it has for this operation is not stuck behind the pause.
             inbox = self.inbox
             inbox.want(src)
+            now = time.monotonic()
             try:
-                now = time.monotonic()
                 if deadline - now > defaults.LONG_WAIT:   # it may last: say so if it does
                     item = self._wait(key, now + defaults.LONG_WAIT)
                     if item is None and not self._closed:
@@ -309,6 +313,7 @@ class Transport:
                     item = self._wait(key, deadline)
             finally:
                 inbox.unwant(src)
+                self.recorder.waited_on(src, time.monotonic() - now)
         if type(item) is tuple:
             return item
         raise self._wait_error(item, src, operation, channel, seq)
@@ -425,6 +430,10 @@ class Transport:
             # The send window (flow_control.Acks): acknowledgements sent and received.
             "acks_sent": self._acks.sent,
             "acks_received": self._acks.received,
+            # Per operation (flight_recorder.py): calls, failures, the callers' bytes, seconds
+            # and the latency histogram; and the seconds spent waiting on each peer.
+            "ops": self.recorder.totals(),
+            "waited_seconds": dict(self.recorder.waited),
         }
         if self.config.link is not None:
             # Link emulation (emulation.py): what its pacing held back, all links together.

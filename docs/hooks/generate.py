@@ -9,6 +9,8 @@ site is built, so these parts follow the code without an edit:
   tests/docs/test_reference.py checks against the variables the code names);
 - ``transport-config``: every field of collectives.TransportConfig, with its default and the
   comment above it in collectives/config.py;
+- ``metrics``: every metric a peer exports, from gossip.metrics.METRICS (the catalog the
+  collector fills);
 - ``errors``: the error tree under GossipError (found by walking its subclasses) and the other
   errors and warnings a user meets, each with its docstring.
 
@@ -164,6 +166,13 @@ def environment_markdown() -> str:
     return "\n".join(out) + "\n"
 
 
+def metrics_markdown() -> str:
+    """One table of every metric a peer exports, from gossip.metrics.METRICS."""
+    from gossip.metrics import markdown_table
+
+    return markdown_table()
+
+
 def _cell(text: str) -> str:
     """Registry text, already markdown (code spans allowed), made safe for a table cell."""
     return text.replace("|", "\\|").replace("<", "&lt;").replace(">", "&gt;")
@@ -306,6 +315,7 @@ GENERATORS: dict[str, Callable[[], str]] = {
     "environment": environment_markdown,
     "transport-config": transport_config_markdown,
     "errors": errors_markdown,
+    "metrics": metrics_markdown,
 }
 
 

@@ -184,7 +184,8 @@ def _banner(cmd: list[str], nprocs: int, *, env: Mapping[str, str], nnodes: int,
     """Where the job is, in a few lines: its id and rendezvous address, this node's peers,
     the command that adds a peer to it (the variables a joiner needs: GOSSIP_JOIN, the
     address, the job id, and the key file's path or GOSSIP_INSECURE, never a key itself; the
-    topology and timeout when the job has them, since a joiner's must match), and, when
+    topology and timeout when the job has them, since a joiner's must match), the `gossip
+    status` command that shows the running job, and, when
     signals are forwarded (the main thread), the pid to send SIGUSR1 to for every peer's
     stacks."""
     host = f"[{addr}]" if ":" in addr else addr
@@ -202,6 +203,10 @@ def _banner(cmd: list[str], nprocs: int, *, env: Mapping[str, str], nnodes: int,
             joiner[name] = env[name]
     assignments = " ".join(f"{name}={shlex.quote(value)}" for name, value in joiner.items())
     lines.append(f"add a peer: {assignments} {shlex.join(cmd)}")
+    status = ["gossip", "status", f"{host}:{port}", "--job", env["GOSSIP_JOB_ID"]]
+    if env.get("GOSSIP_KEY"):
+        status += ["--key", env["GOSSIP_KEY"]]
+    lines.append(f"see it: {shlex.join(status)} [--watch] [--stacks]")
     if threading.current_thread() is threading.main_thread():
         lines.append(f"every peer's stacks: kill -USR1 {os.getpid()}")
     return lines

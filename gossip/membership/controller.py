@@ -105,6 +105,14 @@ class PeerMembership:
         self._view_callbacks: list[Callable[[View], None]] = []
         #: A joiner: how its state came (bytes, seconds, donors); empty otherwise.
         self.join_stats: dict[str, object] = {}
+        # What the views this peer took did to the membership (stats(): the metrics read
+        # them): the highest incarnation seen of each member name, and the counts.
+        self._incarnations: dict[str, int] = {}
+        self._view_names: dict[str, int] = {}   # the last view counted: name -> incarnation
+        self._view_members: list[tuple[str, int]] = []   # ... its members in rank order
+        self._changes_seen = dict.fromkeys(
+            ("view_changes", "members_joined", "members_left", "member_restarts",
+             "member_deaths"), 0)
 
     def bind(self, peer: MembershipHost, joined: Switch | None = None) -> None:
         """The Peer this controller serves (it owns it); ``joined``: the admission of a
@@ -114,6 +122,7 @@ class PeerMembership:
             self._prefetch = Prefetch(peer, joined.senders, self.changes.timeout)
             self._prefetch_completes = joined.completes
             self._entering = True
+            self._count_view(joined.view, first=True)
 
     @property
     def _peer(self) -> MembershipHost:
@@ -157,6 +166,7 @@ class PeerMembership:
                         for r, e in sorted(table.items()))
         view = View(job_id, 0, members, 0)
         self.changes.view = view
+        self._count_view(view, first=True)
         self._transport = transport
         self.rendezvous_address = rendezvous_address
         self.changes.margin.members = len(view)
@@ -174,9 +184,13 @@ class PeerMembership:
         self.changes.margin.members = transport.world_size
 
     def stats(self) -> dict:
-        """What Peer.stats() adds: the view number, the door's drops and refusals, and a
+        """What Peer.stats() adds: the view number and size, the door's drops and refusals,
+        what the views this peer took did (``membership``: view_changes, members_joined,
+        members_left, member_restarts: a name back with a higher incarnation), and a
         joiner's join_stats."""
         stats = {"view": self.view.number if self.view else None,
+                 "members": len(self.view) if self.view else None,
+                 "membership": dict(self._changes_seen),
                  "door": {"dropped": self.door.dropped,
                           "handshakes_refused": dict(self.door.refusals.by_reason)}}
         if self.join_stats:   # a joiner: how its state came
@@ -342,6 +356,8 @@ class PeerMembership:
         peer = self._peer
         for p in peer.policies:
             p.view_changing(switch)
+        if self._transport is not None:
+            self._count_deaths(self._transport, switch.view)
         old_transport, old_comms = peer.install_transport(switch.transport)
         self.use(switch.transport)
         for p in peer.policies:
@@ -384,9 +400,45 @@ class PeerMembership:
             for comm in old_comms:
                 comm.close(timeout=0.5)
             old_transport.close()
+        self._count_view(switch.view)
         for callback in list(self._view_callbacks):
             callback(switch.view)
         return switch.step
+
+    def _count_deaths(self, transport: Transport, view: View) -> None:
+        """Count the members of the view ending that ``view`` leaves out or replaces (a
+        higher incarnation under the name) and that ``transport`` found dead: lost without
+        a goodbye (a planned leave says goodbye: not a death)."""
+        old = self._view_members   # the last view counted: the one ending (rank order)
+        now = {m.name: m.incarnation for m in view.members}
+        for rank, lost in transport.inbox.lost_ranks().items():
+            if rank >= len(old) or lost.kind == "closed":
+                continue
+            name, incarnation = old[rank]
+            if now.get(name) != incarnation:
+                self._changes_seen["member_deaths"] += 1
+
+    def _count_view(self, view: View, first: bool = False) -> None:
+        """Count what ``view`` changed against the last one this peer took (``first``: the
+        view it started or joined in, counted as no change): names new to the job joined,
+        names gone left, a name back with a higher incarnation restarted."""
+        names = {m.name: m.incarnation for m in view.members}
+        seen = self._changes_seen
+        if not first:
+            current = self._view_names
+            seen["view_changes"] += 1
+            seen["members_left"] += len(set(current) - set(names))
+            for name, incarnation in names.items():
+                if name in current and current[name] == incarnation:
+                    continue
+                if incarnation > self._incarnations.get(name, incarnation):
+                    seen["member_restarts"] += 1
+                elif name not in current:
+                    seen["members_joined"] += 1
+        self._view_names = names
+        self._view_members = [(m.name, m.incarnation) for m in view.members]
+        for name, incarnation in names.items():
+            self._incarnations[name] = max(incarnation, self._incarnations.get(name, 0))
 
     # ------------------------------------------------------------------ a joiner
     def attached(self, policy: MembershipParticipant) -> None:

@@ -9,5 +9,6 @@ itself when torch is imported already.
 """
 from gossip.torch_backend.process_group import BACKEND_NAME, GossipProcessGroup, register
 from gossip.torch_backend.c10d_work import GossipWork
+from gossip.torch_backend.gossip_averager import GossipAverager
 
-__all__ = ["BACKEND_NAME", "GossipProcessGroup", "register", "GossipWork"]
+__all__ = ["BACKEND_NAME", "GossipProcessGroup", "register", "GossipWork", "GossipAverager"]

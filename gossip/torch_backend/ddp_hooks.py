@@ -7,10 +7,16 @@
   through ``state.compression``'s codec when set ("fp16", "bf16", "int8", "topk:RATIO";
   top-k keeps its error-feedback residual per bucket in the state); the replicas stay
   bitwise identical (every rank gets the same bytes).
-- ``gossip_hook``: each bucket averaged with the topology's neighbours only (one D-PSGD
-  round of the gradients, ``peer.neighbor_average``), the state's step advancing once per
-  iteration (time-varying graphs): no global synchronisation, replicas drift apart by design
-  and stay close as the graph mixes.
+- ``gossip_hook``: each bucket's *gradients* averaged with the topology's neighbours only
+  (``peer.neighbor_average``), the state's step advancing once per iteration (time-varying
+  graphs): no global synchronisation. This is neighbour gradient averaging, not D-PSGD: each
+  replica steps on its neighbourhood's gradient from its own parameters, nothing pulls the
+  parameters together, and the replicas drift apart (on a ring of 4, far enough to cost
+  accuracy: the Results page has the figures). For D-PSGD, which averages the
+  parameters, keep DDP with ``local_hook`` and call ``GossipAverager.average_parameters``
+  after the optimizer's step (gossip/torch_backend/gossip_averager.py).
+- ``local_hook``: no communication; each rank keeps its own gradients (for ``GossipAverager``,
+  or anything else that averages the parameters instead).
 
 - ``diloco_hook`` (DiLoCo, Douillard et al. 2023; ``HookState(period=H,
   outer_optimizer="diloco")``): no communication for H - 1 iterations out of H, each rank
@@ -39,13 +45,15 @@ import torch.distributed as dist
 from collectives.codecs import CodecSpec, parse as parse_codec
 from gossip.policies.synchronous.outer_optimizer import SGD, resolve_outer_optimizer
 from gossip.torch_backend.c10d_work import GossipWork
+from gossip.torch_backend.process_group import peer_of
 
 # (No postponed annotations in this module: DDP's register_comm_hook compares a hook's
 # annotations with torch's own types.)
 if TYPE_CHECKING:
     from gossip.peer import Peer
 
-__all__ = ["HookState", "allreduce_hook", "gossip_hook", "diloco_hook", "local_sgd_hook"]
+__all__ = ["HookState", "allreduce_hook", "gossip_hook", "local_hook", "diloco_hook",
+           "local_sgd_hook"]
 
 
 class HookState:
@@ -54,13 +62,7 @@ class HookState:
     def __init__(self, peer: "Peer | None" = None, *, compression: CodecSpec = None,
                  process_group: dist.ProcessGroup | None = None, period: int = 1,
                  outer_optimizer: SGD | str | None = None) -> None:
-        if peer is None:
-            group = process_group if process_group is not None else dist.group.WORLD
-            peer = getattr(group, "peer", None)
-            if peer is None:
-                raise ValueError("HookState: the process group is not a gossip one "
-                                 "(dist.init_process_group('gossip')): pass peer=gossip.init()")
-        self.peer = peer
+        self.peer = peer if peer is not None else peer_of(process_group, "HookState")
         # Parsed once here: an unknown name fails at set-up, not in the first backward pass.
         self.compression = parse_codec(compression)
         self.step = 0   # iterations completed (a bucket with is_last() ends one)
@@ -120,6 +122,14 @@ def gossip_hook(state: HookState, bucket: dist.GradBucket) -> torch.futures.Futu
     work = state.peer.neighbor_average(buf, state.step, wait=False,
                                        compression=state.compression)
     return _future([work], buf, state, bucket)
+
+
+def local_hook(state: object, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+    """No communication: the bucket's gradients stay this rank's own (``state`` is unused;
+    pass None). With ``GossipAverager`` after the optimizer's step: D-PSGD in DDP code."""
+    future: torch.futures.Future[torch.Tensor] = torch.futures.Future()
+    future.set_result(bucket.buffer())
+    return future
 
 
 def diloco_hook(state: HookState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:

@@ -36,7 +36,7 @@ from torch.distributed import ReduceOp
 from collectives.work import Executor, Work as OurWork
 from gossip.torch_backend.c10d_work import GossipWork, joined as _joined, seconds as _seconds
 
-__all__ = ["GossipProcessGroup", "register", "BACKEND_NAME"]
+__all__ = ["GossipProcessGroup", "register", "BACKEND_NAME", "peer_of"]
 
 BACKEND_NAME = "gossip"
 """The name torch.distributed knows the backend by: ``init_process_group("gossip")``."""
@@ -367,6 +367,17 @@ def _create(options: Any, backend_options: Any = None) -> GossipProcessGroup:
     """c10d's creator (extended API): one Peer per process group."""
     return GossipProcessGroup(options.store, options.group_rank, options.group_size,
                               options.timeout, str(options.group_id or ""))
+
+
+def peer_of(process_group: dist.ProcessGroup | None, user: str) -> Any:
+    """The gossip Peer behind ``process_group`` (the default group when None); a ValueError
+    naming ``user`` when its backend is not "gossip"."""
+    group = process_group if process_group is not None else dist.group.WORLD
+    peer = getattr(group, "peer", None)
+    if peer is None:
+        raise ValueError(f"{user}: the process group is not a gossip one "
+                         "(dist.init_process_group('gossip')): pass peer=gossip.init()")
+    return peer
 
 
 def register() -> None:

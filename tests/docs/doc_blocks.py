@@ -395,6 +395,8 @@ def run_item(item: Item, deadline: float | None = None) -> Outcome:
         (work / script).write_text(item.code, encoding="utf-8")
         argv = command_of(item, script)
         returncode, output = _run(argv, work, env, deadline)
+        if returncode != 0:
+            output += _logs_left(work)
     return Outcome(shlex.join(argv), returncode, _page_lines(output, item, script))
 
 
@@ -414,6 +416,16 @@ def _run(argv: list[str], work: Path, env: dict[str, str],
         finally:
             _kill_group(proc)
     return returncode, log.read_text(encoding="utf-8", errors="replace")
+
+
+def _logs_left(work: Path, lines: int = 40) -> str:
+    """The last ``lines`` of every ``*.log`` a failed block left in its directory (the logs
+    of the processes it started), so the failure shows what they said."""
+    shown = []
+    for log in sorted(work.glob("*.log")):
+        tail = log.read_text(encoding="utf-8", errors="replace").splitlines()[-lines:]
+        shown.append(f"--- {log.name} (last {len(tail)} lines) ---\n" + "\n".join(tail))
+    return "".join("\n" + part for part in shown)
 
 
 def _fresh_venv(tmp: Path, env: dict[str, str]) -> None:

@@ -28,6 +28,8 @@ DOCUMENTED = {
     "gossip.testing": "gossip.md",
     "gossip.torch_backend": "gossip.md",
     "gossip.torch_backend.ddp_hooks": "gossip.md",
+    "gossip.lightning": "gossip.md",
+    "gossip.ray": "gossip.md",
     "collectives": "collectives.md",
     "collectives.codecs": "collectives.md",
     "collectives.arrays": "collectives.md",

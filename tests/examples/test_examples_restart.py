@@ -7,17 +7,14 @@ processes, a real SIGKILL; the kill point and the steps of a real model's length
 restart comes back are tests/examples/workers/killed_at.py's."""
 from __future__ import annotations
 
-import os
 import re
-import signal
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from gossip.testing import wait_until
-from helpers import clean_env
+from helpers import clean_env, sigkill_when_written
 
 REPO = Path(__file__).parents[2]
 EXAMPLES = REPO / "examples"
@@ -47,19 +44,8 @@ def _run_with_a_kill(tmp_path: Path, script: Path, args: list[str], kill_step: i
                             "--max-restarts", "1", str(KILLED_AT), str(script), *args],
                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                            env=env, start_new_session=True)
-    try:
-        try:   # (the victim writes its pid at its kill step; a job that ended first fails)
-            wait_until(lambda: kill_file.exists() or run.poll() is not None, WAIT_S,
-                       interval=0.02, what=f"rank 2 at step {kill_step}")
-        except TimeoutError:
-            pass
-        assert kill_file.exists(), run.communicate(timeout=10)[0][-5000:]
-        os.kill(int(kill_file.read_text()), signal.SIGKILL)   # mid-training
-        out = run.communicate(timeout=WAIT_S)[0]
-    finally:
-        if run.poll() is None:
-            os.killpg(run.pid, signal.SIGKILL)
-            run.wait()
+    # (the victim writes its pid at its kill step; a job that ended first fails)
+    out = sigkill_when_written(run, kill_file, WAIT_S, f"rank 2 at step {kill_step}")
     assert run.returncode == 0, out[-6000:]
     assert "rank 2 failed with exit code 137 (killed by SIGKILL); starting it again " \
            "(restart 1 of 1)" in out, out[-6000:]

@@ -9,93 +9,18 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
-from typing import IO, Iterator
 
 import pytest
+from launched import WAIT_S, Launcher, launcher_env
 
 from gossip.stacks import catches_signal
-from gossip.testing import wait_until
 
-REPO = Path(__file__).parents[2]
 JOB = Path(__file__).parent / "workers" / "inspected_job.py"
-WAIT_S = 60   # every wait; a hang fails the test instead of stalling the run
-
-
-def _env(**extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith("GOSSIP_") and k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK",
-                                                        "MASTER_ADDR", "MASTER_PORT")}
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
-    env.update(extra)
-    return env
-
-
-class Launcher:
-    """`gossip run ARGS` with its stdout and stderr in files, read while it runs."""
-
-    def __init__(self, folder: Path, *args: str, **env: str) -> None:
-        self.out_path, self.err_path = folder / "launcher.out", folder / "launcher.err"
-        self._files: list[IO[bytes]] = [open(self.out_path, "wb"), open(self.err_path, "wb")]
-        self.proc = subprocess.Popen([sys.executable, "-m", "gossip.run", *args],
-                                     stdout=self._files[0], stderr=self._files[1],
-                                     env=_env(**env))
-
-    @property
-    def out(self) -> str:
-        return self.out_path.read_text(errors="replace")
-
-    @property
-    def err(self) -> str:
-        return self.err_path.read_text(errors="replace")
-
-    def wait_for(self, predicate, what: str):
-        """Wait until ``predicate()`` is truthy; an AssertionError with the output if the
-        launcher ends first or the wait runs out."""
-        def ready():
-            value = predicate()
-            if not value and self.proc.poll() is not None:
-                raise AssertionError(f"gossip run exited {self.proc.returncode} before "
-                                     f"{what}\n{self.out}\n{self.err}")
-            return value
-        try:
-            return wait_until(ready, WAIT_S, what=what)
-        except TimeoutError as exc:
-            raise AssertionError(f"{exc}\n{self.out}\n{self.err}") from None
-
-    def running(self, count: int) -> dict[int, dict[str, str]]:
-        """Each rank's RUNNING line (pid, job, rendezvous), once ``count`` have printed one."""
-        def lines():
-            found = {int(m.group(1)): dict(item.split("=", 1) for item in m.group(2).split())
-                     for m in re.finditer(r"^\[rank (\d+)\] RUNNING (.*)$", self.out, re.M)}
-            return found if len(found) >= count else None
-        return self.wait_for(lines, f"{count} peers running")
-
-    def finish(self) -> int:
-        try:
-            return self.proc.wait(WAIT_S)
-        finally:
-            for f in self._files:
-                f.close()
-
-    def close(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-        self.finish()
-
-
-@pytest.fixture
-def launcher(tmp_path: Path) -> Iterator[list[Launcher]]:
-    """Launchers started by a test, killed (peers and all: their parent-death signal) if the
-    test fails before they end."""
-    started: list[Launcher] = []
-    yield started
-    for one in started:
-        one.close()
 
 
 def _dumps(err: str, rank: int) -> list[str]:
     """The thread headers of ``rank``'s stack dumps in the launcher's stderr."""
-    return re.findall(rf"^\[rank {rank}\] (?:Current thread|Thread) 0x[0-9a-f]+ ", err, re.M)
+    return re.findall(rf"^\[rank {rank}\] (?:Current thread|Thread) 0x[0-9a-f]+ ", err, re.MULTILINE)
 
 
 def _stop(folder: Path) -> None:
@@ -114,8 +39,8 @@ def test_sigusr1_to_the_launcher_dumps_every_peers_stacks_and_the_job_goes_on(
     for rank in (0, 1):
         # Every thread, the main one inside the training loop of the script.
         assert re.search(rf'^\[rank {rank}\]   File ".*inspected_job\.py", line \d+ in '
-                         r"<module>$", run.err, re.M), run.err
-        assert re.search(rf"^\[rank {rank}\] DONE ", run.out, re.M), run.out
+                         r"<module>$", run.err, re.MULTILINE), run.err
+        assert re.search(rf"^\[rank {rank}\] DONE ", run.out, re.MULTILINE), run.out
     assert "gossip run: got SIGUSR1: passed on to rank(s) 0, 1" in run.err, run.err
 
 
@@ -160,7 +85,7 @@ def test_init_installs_the_handler_only_where_it_may(tmp_path: Path, case: str) 
               "with gossip.init() as peer:\n"
               "    os.kill(os.getpid(), signal.SIGUSR1)\n"
               "    print('RAN ON', flush=True)\n")
-    env = _env(GOSSIP_STACKS_ON_SIGUSR1="0") if case == "off" else _env()
+    env = launcher_env(GOSSIP_STACKS_ON_SIGUSR1="0") if case == "off" else launcher_env()
     proc = subprocess.run([sys.executable, "-c", script, case], capture_output=True, text=True,
                           timeout=WAIT_S, env=env, cwd=tmp_path)
     if case == "off":
@@ -169,7 +94,7 @@ def test_init_installs_the_handler_only_where_it_may(tmp_path: Path, case: str) 
     assert proc.returncode == 0, proc.stderr
     assert "RAN ON" in proc.stdout
     dumped = re.search(r"^Current thread 0x[0-9a-f]+ \(most recent call first\):$",
-                       proc.stderr, re.M)
+                       proc.stderr, re.MULTILINE)
     if case == "user":
         assert "USER HANDLER" in proc.stdout and not dumped, proc.stderr
     else:
@@ -200,7 +125,7 @@ def test_the_banner_names_the_job_the_peers_are_in_and_its_command_adds_a_peer(
     assert "GOSSIP_KEY=" in banner["add"] and "BEGIN" not in run.err   # a path, not a key
     # From another shell: the command as printed, in an environment of no job's.
     joiner = subprocess.Popen(["bash", "-c", banner["add"]], stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, text=True, env=_env(), cwd=tmp_path)
+                              stderr=subprocess.STDOUT, text=True, env=launcher_env(), cwd=tmp_path)
     try:
         joined = run.wait_for(lambda: sorted(tmp_path.glob("joined.*")), "the joiner's file")
         out = joiner.communicate(timeout=WAIT_S)[0]
@@ -210,5 +135,5 @@ def test_the_banner_names_the_job_the_peers_are_in_and_its_command_adds_a_peer(
     assert joiner.returncode == 0, out
     assert json.loads(joined[0].read_text())["members"] == 3
     assert run.finish() == 0, run.err
-    assert len(re.findall(r"^\[rank \d\] DONE step=\d+ members=3 ", run.out, re.M)) == 2, run.out
-    assert re.search(r"^DONE step=\d+ members=3 ", out, re.M), out
+    assert len(re.findall(r"^\[rank \d\] DONE step=\d+ members=3 ", run.out, re.MULTILINE)) == 2, run.out
+    assert re.search(r"^DONE step=\d+ members=3 ", out, re.MULTILINE), out

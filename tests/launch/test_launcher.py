@@ -24,7 +24,8 @@ SCRIPTS = Path(__file__).parent / "workers"
 REPO = Path(__file__).parents[2]
 WAIT_S = 60  # every subprocess wait; a hang fails the test instead of stalling the run
 # The lines gossip run starts with (where the job is: tests/launch/test_inspect.py).
-BANNER = ("gossip run: job ", "gossip run: add a peer: ", "gossip run: every peer's stacks: ")
+BANNER = ("gossip run: job ", "gossip run: add a peer: ", "gossip run: see it: ",
+          "gossip run: every peer's stacks: ")
 
 
 def _env(**extra: str) -> dict[str, str]:

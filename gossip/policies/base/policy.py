@@ -175,6 +175,8 @@ class Policy(abc.ABC):
         self._buckets: BucketSet | None = None
         self._step = 0
         self._closed = False
+        # The last consensus_distance() measured (stats() shows it; None before the first).
+        self._consensus_last: float | None = None
         self._clock = PolicyClock()
         self._bytes0 = 0
         self._messages0 = 0
@@ -459,6 +461,10 @@ class Policy(abc.ABC):
         out.update(self._extra_stats())
         if consensus:
             out["consensus_distance"] = self.consensus_distance()
+        if self._consensus_last is not None:
+            # The last consensus_distance() any caller measured (stats() itself measures
+            # only when asked: it is a collective).
+            out["consensus_distance_last"] = self._consensus_last
         return out
 
     def _extra_stats(self) -> dict:
@@ -490,7 +496,8 @@ class Policy(abc.ABC):
             total += float((diff * diff).sum())
         distance = np.array([math.sqrt(total)], dtype=np.float64)
         peer.allreduce(distance, op="mean", timeout=timeout)
-        return float(distance[0])
+        self._consensus_last = float(distance[0])
+        return self._consensus_last
 
     # ------------------------------------------------------------------ checkpoints
     def state_dict(self) -> dict:

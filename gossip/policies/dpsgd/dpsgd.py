@@ -10,6 +10,7 @@ from collectives.codecs import CodecSpec
 from gossip.errors import TopologyError
 from gossip.policies.base import DEFAULT_BUCKET_BYTES, Policy
 from gossip.policies.neighborhood import PEER_TOPOLOGY, Neighborhood
+from gossip.policies.neighborhood.disagreement import DisagreementProbe
 
 if TYPE_CHECKING:
     from topologies import Topology
@@ -65,6 +66,7 @@ class Gossip(Policy):
                          compression=compression)
         self._compression.require_dense("Gossip", "Choco (compressed differences)")
         self._topology_arg = topology
+        self._probe = DisagreementProbe()   # the consensus estimate of each round's movement
 
     def _setup(self) -> None:
         topo = self._graph()
@@ -87,13 +89,17 @@ class Gossip(Policy):
     def _after_step(self, step: int) -> None:
         buckets = self._packed()
         buckets.copy_in()
-        plan = self._neighborhood.round(step).plan(compression=self.compression)
+        mixing = self._neighborhood.round(step)
+        plan = mixing.plan(compression=self.compression)
+        flats = [b.flat for b in buckets]
+        self._probe.before(flats)
         for b, scratch in zip(buckets, self._scratch):
             # Every bucket's exchange is called even after one failed, so this peer's
             # sequence numbers stay in step with its neighbours'.
             with self._tolerate(f"round {step}, bucket {b.index}"):
                 self._host().neighbor_exchange(b.flat, plan, timeout=self.timeout,
                                                scratch=None if self.compression else scratch)
+        self._probe.after(flats, mixing.self_weight)
         buckets.copy_out()
 
     def view_changed(self) -> None:
@@ -103,5 +109,10 @@ class Gossip(Policy):
                                           timeout=self.timeout)
 
     def _extra_stats(self) -> dict:
-        return {"rounds_skipped": self._rounds_skipped, "topology": repr(self.topology),
-                "healed_links": self._neighborhood.linked()}
+        stats = {"rounds_skipped": self._rounds_skipped, "topology": repr(self.topology),
+                 "healed_links": self._neighborhood.linked()}
+        if self._probe.last is not None:
+            # This peer's distance to its neighbours' mean, from its last round's own
+            # movement (neighborhood/disagreement.py): no communication.
+            stats["consensus_distance_estimate"] = self._probe.last
+        return stats

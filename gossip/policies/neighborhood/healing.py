@@ -4,11 +4,17 @@ stays connected and mixes at nearly the old rate.
 
 Synchronous rounds (Gossip, PushSum) need both ends of a new edge to start using it in the
 same round, or one of them waits for a message that never comes. Each end proposes a start
-step ``now + lead`` to the other on its own channel and never waits for the answer: the edge
-is used from ``max(both proposals)`` once both are known. ``lead`` exceeds how far apart
-two peers' round counters can drift in lockstep gossip (at most the graph distance, so the
-world size), so both learn the agreed step before it comes. A proposal that arrives too late
-(or never: the other end did not notice the loss) leaves that edge out on both ends.
+step ``now + lead`` to the other on its own channel, and the edge is used from ``max(both
+proposals)``. ``lead`` exceeds how far apart two peers' round counters can drift in lockstep
+gossip (at most the graph distance, so the world size), so the other end's proposal is
+usually there long before it is needed and nobody waits. It may not be: the two ends were
+not neighbours, so the proposal may be the first message of a new connection, and over a
+lossy link a lost SYN alone costs a second, dozens of rounds. So an end that reaches its own
+proposed step without the other's proposal waits for it there (at most ``timeout``): neither
+end passes its own proposal's step without knowing both, so both know the agreed step (the
+later of the two) before it comes, and use the edge from the same round. An end whose wait
+runs out (the other end never noticed the loss) leaves the edge out and withdraws its
+proposal, which the other end then drops too.
 
 Only static undirected topologies heal (the proposal is symmetric); time-varying schedules
 (OnePeerExponential, the push-sum default) already reach every survivor through their other
@@ -17,6 +23,7 @@ phases, and are left as they are.
 from __future__ import annotations
 
 import logging
+import time
 from typing import TYPE_CHECKING, Collection
 
 import numpy as np
@@ -89,19 +96,15 @@ class Healer:
                             "from step %d (healing)", self.rank, d, q, start)
         for q in sorted({q for q, _ in self._mine} | {q for q, _ in self._theirs}):
             while q not in lost and self._comm.probe(q):
-                try:
-                    msg = self._comm.recv(q, timeout=self.timeout)
-                except GossipError as exc:
-                    log.warning("rank %d: bad healing proposal from rank %d: %s", self.rank,
-                                q, exc)
+                if not self._read(q, self.timeout):
                     break
-                if msg.shape != (2,) or msg.dtype != np.int64:
-                    continue
-                self._theirs[(q, int(msg[0]))] = int(msg[1])
+        for key in [k for k, start in self._mine.items()
+                    if start <= step and k not in self._theirs]:
+            self._await(key, lost)
         for key in [k for k in self._mine if k in self._theirs]:
             q, d = key
             start = max(self._mine.pop(key), self._theirs.pop(key))
-            if start <= step:
+            if start < step:
                 log.warning("rank %d: healing around rank %d with rank %d agreed too late "
                             "(step %d, now %d): left out", self.rank, d, q, start, step)
                 continue
@@ -109,6 +112,49 @@ class Healer:
             degree = len(self._neighbours(d))
             weight = min(m[self.rank, d], m[d, self.rank], m[q, d], m[d, q]) / max(1, degree - 1)
             self.links[key] = (start, float(weight))
+
+    def _read(self, q: int, timeout: float) -> bool:
+        """Read one message of ``q``'s (waiting at most ``timeout``): a proposal, or the
+        withdrawal of one (start -1). False if none could be read."""
+        if self._comm is None:
+            return False
+        try:
+            msg = self._comm.recv(q, timeout=timeout)
+        except GossipError as exc:
+            log.warning("rank %d: no healing proposal read from rank %d: %s", self.rank, q, exc)
+            return False
+        if msg.shape != (2,) or msg.dtype != np.int64:
+            return True
+        d, start = int(msg[0]), int(msg[1])
+        if start < 0:
+            self._theirs.pop((q, d), None)
+            if self.links.pop((q, d), None) is not None:
+                events.warning("rank %d: rank %d withdrew its healing edge around rank %d",
+                               self.rank, q, d)
+        else:
+            self._theirs[(q, d)] = start
+        return True
+
+    def _await(self, key: tuple[int, int], lost: Collection[int]) -> None:
+        """At the step this peer proposed for the edge ``key``, wait for the other end's
+        proposal (module docstring); if it does not come, leave the edge out and withdraw."""
+        q, d = key
+        deadline = time.monotonic() + self.timeout
+        while key not in self._theirs and q not in lost:
+            left = deadline - time.monotonic()
+            if left <= 0 or not self._read(q, left):
+                break
+        if key in self._theirs:
+            return
+        self._mine.pop(key)
+        events.warning("rank %d: rank %d did not answer the proposal to heal around rank %d "
+                       "within %gs: the edge is left out", self.rank, q, d, self.timeout)
+        try:
+            if self._comm is not None:
+                self._comm.send(q, np.array([d, -1], dtype=np.int64), timeout=self.timeout)
+        except GossipError as exc:
+            log.warning("rank %d: cannot withdraw the healing proposal to rank %d: %s",
+                        self.rank, q, exc)
 
     def linked(self) -> list[int]:
         """Every peer an edge was agreed with (in use, due, or since lost itself)."""
