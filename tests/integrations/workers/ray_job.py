@@ -178,6 +178,11 @@ def main() -> None:
     finally:
         ray.shutdown()
         cluster.shutdown()
+        # `ray start` (the grown node) wrote this cluster's address to /tmp/ray/
+        # ray_current_cluster, where a later bare ray.init() would look for a cluster to join.
+        address_file = ray._private.utils.get_ray_address_file(None)
+        if os.path.exists(address_file) and open(address_file).read().strip() == cluster.address:
+            os.remove(address_file)
 
 
 if __name__ == "__main__":
