@@ -15,7 +15,8 @@ from topologies.errors import TopologyError
 from topologies.interop import from_networkx, to_networkx
 from topologies.parse import KNOWN_TOPOLOGIES, parse, square_factors
 from topologies.random_graph import RandomGraph
-from topologies.spectral import consensus_rounds, period_product, slem
+from topologies.sparse import SparseMatrix
+from topologies.spectral import cayley_spectrum, consensus_rounds, period_product, slem, sparse_slem
 from topologies.static import Complete, Exponential, Ring, Torus
 from topologies.timevarying import OnePeerExponential
 from topologies.weights import WEIGHT_SCHEMES
@@ -37,7 +38,10 @@ __all__ = [
     "KNOWN_TOPOLOGIES",
     "WEIGHT_SCHEMES",
     "square_factors",
+    "SparseMatrix",
     "slem",
+    "sparse_slem",
+    "cayley_spectrum",
     "period_product",
     "consensus_rounds",
     "TopologyError",

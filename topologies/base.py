@@ -14,6 +14,7 @@ from topologies import weights as weight_schemes
 from topologies._checks import check_rank, check_step, normalize_weights
 from topologies.errors import TopologyError
 from topologies.graph import Adjacency, freeze, reverse
+from topologies.sparse import SparseMatrix
 
 __all__ = ["Topology", "require_networkx"]
 
@@ -106,9 +107,18 @@ class Topology(abc.ABC):
     def _params(self) -> tuple:
         """Constructor arguments that, with the class and weight scheme, define equality."""
 
-    def _matrix(self, phase: int) -> np.ndarray:
+    def _sparse(self, phase: int) -> SparseMatrix:
         """The mixing matrix at `phase`; subclasses with explicit weights override this."""
-        return weight_schemes.build(self._scheme, self._out_adj(phase), self._in_adj(phase))
+        return weight_schemes.build_sparse(
+            self._scheme, self._out_adj(phase), self._in_adj(phase)
+        )
+
+    def _cayley(self, phase: int) -> tuple[tuple[int, ...], list[tuple[int, ...]]] | None:
+        """(group shape, connection set) when the graph at `phase` is a Cayley graph of
+        Z_shape[0] x ...: rank g (row-major in the shape) sends to g + s for each s of the
+        set. None (the default) for graphs that are not; families that are say so, and
+        their spectra come from an FFT instead of an eigensolver."""
+        return None
 
     def _weights_suffix(self) -> str:
         """',weights=...' when the scheme is not the default, for spec strings."""
@@ -172,9 +182,42 @@ class Topology(abc.ABC):
             return self._out_adj(phase)
         return self._memo(("in", phase), lambda: reverse(self._out_adj(phase)))
 
+    def _group(self, phase: int) -> tuple[tuple[int, ...], list[tuple[int, ...]]] | None:
+        if self._scheme not in weight_schemes.WEIGHT_SCHEMES:
+            return None
+        return self._memo(("group", phase), lambda: self._cayley(phase))
+
+    def _neighbors_of(self, rank: int, phase: int, *, incoming: bool) -> tuple[int, ...]:
+        """One rank's in- or out-neighbours, without building every rank's lists where the
+        graph is a Cayley graph (a peer of a 65,536-peer complete graph asks for its own)."""
+        group = self._group(phase)
+        if group is None:
+            adj = self._in_adj(phase) if incoming else self._out_adj(phase)
+            return adj[rank]
+
+        def compute() -> tuple[int, ...]:
+            assert group is not None
+            shape, connections = group
+            here = np.unravel_index(rank, shape)
+            sign = -1 if incoming else 1
+            found = {
+                int(np.ravel_multi_index(
+                    tuple((h + sign * c) % m for h, c, m in zip(here, s, shape)), shape))
+                for s in connections
+            }
+            return tuple(sorted(found - {rank}))
+
+        return self._memo(("in" if incoming else "out", phase, rank), compute)
+
+    def _s(self, phase: int) -> SparseMatrix:
+        return self._memo(("S", phase), lambda: self._sparse(phase))
+
+    def _s_t(self, phase: int) -> SparseMatrix:
+        return self._memo(("S.T", phase), lambda: self._s(phase).transpose())
+
     def _w(self, phase: int) -> np.ndarray:
         def compute() -> np.ndarray:
-            w = np.array(self._matrix(phase), dtype=np.float64)
+            w = self._s(phase).to_dense()
             w.flags.writeable = False
             return w
 
@@ -185,12 +228,12 @@ class Topology(abc.ABC):
     def in_neighbors(self, rank: int, step: int = 0) -> list[int]:
         """Sorted ranks whose values `rank` receives at `step`."""
         r = check_rank(rank, self._size)
-        return list(self._in_adj(self._phase(step))[r])
+        return list(self._neighbors_of(r, self._phase(step), incoming=True))
 
     def out_neighbors(self, rank: int, step: int = 0) -> list[int]:
         """Sorted ranks that `rank` sends its value to at `step`."""
         r = check_rank(rank, self._size)
-        return list(self._out_adj(self._phase(step))[r])
+        return list(self._neighbors_of(r, self._phase(step), incoming=False))
 
     def edges(self, step: int = 0) -> list[tuple[int, int]]:
         """(sender, receiver) pairs at `step`; for an undirected graph each edge once, i < j."""
@@ -204,8 +247,12 @@ class Topology(abc.ABC):
         """
         r = check_rank(rank, self._size)
         phase = self._phase(step)
-        row = self._w(phase)[r]
-        return float(row[r]), {j: float(row[j]) for j in self._in_adj(phase)[r]}
+        heard = self._neighbors_of(r, phase, incoming=True)
+        if self._group(phase) is not None:
+            self_weight, share = weight_schemes.regular_row(self._scheme, len(heard))
+            return self_weight, dict.fromkeys(heard, share)
+        row = self._s(phase).row(r)
+        return row.get(r, 0.0), {j: row.get(j, 0.0) for j in heard}
 
     def push_weights(self, rank: int, step: int = 0) -> tuple[float, dict[int, float]]:
         """Column `rank` of the mixing matrix: (share kept, {out-neighbour: share sent}).
@@ -215,12 +262,21 @@ class Topology(abc.ABC):
         """
         r = check_rank(rank, self._size)
         phase = self._phase(step)
-        col = self._w(phase)[:, r]
-        return float(col[r]), {i: float(col[i]) for i in self._out_adj(phase)[r]}
+        told = self._neighbors_of(r, phase, incoming=False)
+        if self._group(phase) is not None:
+            kept, share = weight_schemes.regular_row(self._scheme, len(told))
+            return kept, dict.fromkeys(told, share)
+        col = self._s_t(phase).row(r)
+        return col.get(r, 0.0), {i: col.get(i, 0.0) for i in told}
 
     def mixing_matrix(self, step: int = 0) -> np.ndarray:
         """n x n float64 W at `step` (a fresh copy): W[i, j] = weight receiver i gives sender j."""
         return self._w(self._phase(step)).copy()
+
+    def sparse_mixing_matrix(self, step: int = 0) -> SparseMatrix:
+        """W at `step` in compressed sparse rows: n * (degree + 1) weights, for graphs of
+        thousands of peers (`mixing_matrix` is n x n)."""
+        return self._s(self._phase(step))
 
     def period_matrix(self) -> np.ndarray:
         """W_{P-1} ... W_1 W_0, the effect of one full period (the plain W when static)."""
@@ -240,7 +296,35 @@ class Topology(abc.ABC):
         For a time-varying topology this is the SLEM of the product over one period,
         W_{P-1} ... W_0, i.e. the disagreement shrinks by this factor every `period` steps.
         """
-        return self._memo(("slem",), lambda: spectral.slem(self.period_matrix()))
+        return self._memo(("slem",), self._compute_slem)
+
+    def _compute_slem(self) -> float:
+        if self._size <= 1:
+            return 0.0
+        groups = [self._group(p) for p in range(self._period)]
+        if all(groups):
+            spectrum = np.ones(self._size, dtype=np.complex128)
+            for group in groups:
+                assert group is not None
+                spectrum *= spectral.cayley_spectrum(group[0], self._cayley_kernel(*group))
+            return spectral.spectrum_slem(spectrum)
+        if self._period == 1 and self._size > spectral.DENSE_MAX:
+            return spectral.sparse_slem(self._s(0))
+        return spectral.slem(self.period_matrix())
+
+    def _cayley_kernel(
+        self, shape: tuple[int, ...], connections: list[tuple[int, ...]]
+    ) -> np.ndarray:
+        """Row 0 of W for a Cayley graph: the weight a peer gives the peer at each offset."""
+        zero = (0,) * len(shape)
+        # Peer 0 hears from -s for every connection s; duplicates and 0 itself dropped.
+        heard = {tuple(-c % m for c, m in zip(s, shape)) for s in connections} - {zero}
+        self_weight, share = weight_schemes.regular_row(self._scheme, len(heard))
+        kernel = np.zeros(shape, dtype=np.float64)
+        for g in heard:
+            kernel[g] = share
+        kernel[zero] = self_weight
+        return kernel
 
     def spectral_gap(self) -> float:
         """1 - SLEM: larger is faster mixing. Per period of `period` steps if time-varying."""

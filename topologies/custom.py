@@ -11,6 +11,7 @@ from topologies._checks import check_size
 from topologies.base import Topology
 from topologies.errors import TopologyError
 from topologies.graph import Adjacency, connectivity_problem, freeze
+from topologies.sparse import SparseMatrix
 
 __all__ = ["CustomTopology", "from_edges", "from_matrix", "STOCHASTIC_TOL"]
 
@@ -53,10 +54,10 @@ class CustomTopology(Topology):
     def _out(self, phase: int) -> Adjacency:
         return self._adj
 
-    def _matrix(self, phase: int) -> np.ndarray:
+    def _sparse(self, phase: int) -> SparseMatrix:
         if self._matrix_given is not None:
-            return self._matrix_given
-        return super()._matrix(phase)
+            return SparseMatrix.from_dense(self._matrix_given)
+        return super()._sparse(phase)
 
     def _params(self) -> tuple:
         given = None if self._matrix_given is None else self._matrix_given.tobytes()

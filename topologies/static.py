@@ -26,6 +26,9 @@ class Ring(Topology):
         # A set drops the duplicate for n = 2 and the self-loop for n = 1.
         return [{(i - 1) % n, (i + 1) % n} - {i} for i in range(n)]
 
+    def _cayley(self, phase: int) -> tuple[tuple[int, ...], list[tuple[int, ...]]]:
+        return (self._size,), [(1,), (-1,)]
+
     def _params(self) -> tuple:
         return (self._size,)
 
@@ -81,6 +84,9 @@ class Torus(Topology):
             out.append(neigh)
         return out
 
+    def _cayley(self, phase: int) -> tuple[tuple[int, ...], list[tuple[int, ...]]]:
+        return (self._rows, self._cols), [(1, 0), (-1, 0), (0, 1), (0, -1)]
+
     def _params(self) -> tuple:
         return (self._rows, self._cols)
 
@@ -105,6 +111,9 @@ class Complete(Topology):
     def _out(self, phase: int) -> list[set[int]]:
         everyone = set(range(self._size))
         return [everyone - {i} for i in range(self._size)]
+
+    def _cayley(self, phase: int) -> tuple[tuple[int, ...], list[tuple[int, ...]]]:
+        return (self._size,), [(k,) for k in range(1, self._size)]
 
     def _params(self) -> tuple:
         return (self._size,)
@@ -136,6 +145,9 @@ class Exponential(Topology):
         # (n - 1).bit_length() is ceil(log2 n) in exact integer arithmetic (0 for n = 1).
         hops = [1 << k for k in range((n - 1).bit_length())]
         return [{(i + h) % n for h in hops} - {i} for i in range(n)]
+
+    def _cayley(self, phase: int) -> tuple[tuple[int, ...], list[tuple[int, ...]]]:
+        return (self._size,), [(1 << k,) for k in range((self._size - 1).bit_length())]
 
     def _params(self) -> tuple:
         return (self._size,)

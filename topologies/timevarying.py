@@ -30,6 +30,9 @@ class OnePeerExponential(Topology):
         hop = 1 << phase
         return [{(i + hop) % n} - {i} for i in range(n)]
 
+    def _cayley(self, phase: int) -> tuple[tuple[int, ...], list[tuple[int, ...]]]:
+        return (self._size,), [(1 << phase,)]
+
     def _params(self) -> tuple:
         return (self._size,)
 

@@ -20,9 +20,18 @@ from __future__ import annotations
 
 import numpy as np
 
-from topologies.graph import Adjacency
+from topologies.graph import Adjacency, reverse
+from topologies.sparse import SparseMatrix
 
-__all__ = ["WEIGHT_SCHEMES", "metropolis_matrix", "uniform_matrix", "push_matrix", "build"]
+__all__ = [
+    "WEIGHT_SCHEMES",
+    "metropolis_matrix",
+    "uniform_matrix",
+    "push_matrix",
+    "build",
+    "build_sparse",
+    "regular_row",
+]
 
 WEIGHT_SCHEMES = ("metropolis", "uniform", "push")
 """The mixing-weight schemes' names (see this module's docstring), in the order they are
@@ -31,51 +40,90 @@ documented."""
 
 def _edge_arrays(out: Adjacency) -> tuple[np.ndarray, np.ndarray]:
     """(senders, receivers) of every directed edge, as int arrays."""
-    senders = np.fromiter((j for j, recv in enumerate(out) for _ in recv), dtype=np.intp)
-    receivers = np.fromiter((i for recv in out for i in recv), dtype=np.intp)
+    counts = np.fromiter((len(recv) for recv in out), dtype=np.int64, count=len(out))
+    senders = np.repeat(np.arange(len(out), dtype=np.int64), counts)
+    receivers = np.fromiter(
+        (i for recv in out for i in recv), dtype=np.int64, count=int(counts.sum())
+    )
     return senders, receivers
 
 
-def metropolis_matrix(adj: Adjacency) -> np.ndarray:
-    """Metropolis-Hastings weights of an undirected graph (adj symmetric)."""
+def _with_diagonal(
+    n: int, receivers: np.ndarray, senders: np.ndarray, w: np.ndarray, diagonal: np.ndarray
+) -> SparseMatrix:
+    ranks = np.arange(n, dtype=np.int64)
+    return SparseMatrix.from_entries(
+        n,
+        np.concatenate([receivers, ranks]),
+        np.concatenate([senders, ranks]),
+        np.concatenate([w, diagonal]),
+    )
+
+
+def _metropolis(adj: Adjacency) -> SparseMatrix:
     n = len(adj)
-    deg = np.array([len(a) for a in adj], dtype=np.float64)
-    w = np.zeros((n, n), dtype=np.float64)
     senders, receivers = _edge_arrays(adj)
-    w[receivers, senders] = 1.0 / (1.0 + np.maximum(deg[receivers], deg[senders]))
+    deg = np.bincount(senders, minlength=n).astype(np.float64)
+    w = 1.0 / (1.0 + np.maximum(deg[receivers], deg[senders]))
     # Self weight last, from the row sum, so every row sums to one to the last ulp we can.
-    w[np.arange(n), np.arange(n)] = 1.0 - w.sum(axis=1)
-    return w
+    order = np.lexsort((senders, receivers))
+    diagonal = 1.0 - np.bincount(receivers[order], weights=w[order], minlength=n)
+    return _with_diagonal(n, receivers, senders, w, diagonal)
+
+
+def _uniform(out: Adjacency, inn: Adjacency) -> SparseMatrix:
+    n = len(out)
+    senders, receivers = _edge_arrays(out)
+    share = 1.0 / (np.fromiter((len(s) for s in inn), dtype=np.float64, count=n) + 1.0)
+    return _with_diagonal(n, receivers, senders, share[receivers], share)
+
+
+def _push(out: Adjacency) -> SparseMatrix:
+    n = len(out)
+    senders, receivers = _edge_arrays(out)
+    share = 1.0 / (np.fromiter((len(r) for r in out), dtype=np.float64, count=n) + 1.0)
+    return _with_diagonal(n, receivers, senders, share[senders], share)
+
+
+def metropolis_matrix(adj: Adjacency) -> np.ndarray:
+    """Metropolis-Hastings weights of an undirected graph (adj symmetric), dense."""
+    return _metropolis(adj).to_dense()
 
 
 def uniform_matrix(inn: Adjacency) -> np.ndarray:
-    """Row-stochastic equal weights over each receiver's in-neighbours and itself."""
-    n = len(inn)
-    w = np.zeros((n, n), dtype=np.float64)
-    for i, senders in enumerate(inn):
-        share = 1.0 / (len(senders) + 1)
-        w[i, list(senders)] = share
-        w[i, i] = share
-    return w
+    """Row-stochastic equal weights over each receiver's in-neighbours and itself, dense."""
+    return _uniform(reverse(inn), inn).to_dense()
 
 
 def push_matrix(out: Adjacency) -> np.ndarray:
-    """Column-stochastic push weights: each sender splits its value equally."""
-    n = len(out)
-    w = np.zeros((n, n), dtype=np.float64)
-    for j, receivers in enumerate(out):
-        share = 1.0 / (len(receivers) + 1)
-        w[list(receivers), j] = share
-        w[j, j] = share
-    return w
+    """Column-stochastic push weights: each sender splits its value equally; dense."""
+    return _push(out).to_dense()
+
+
+def build_sparse(scheme: str, out: Adjacency, inn: Adjacency) -> SparseMatrix:
+    """The mixing matrix of one graph under a canonical scheme name, in sparse rows."""
+    if scheme == "metropolis":
+        return _metropolis(out)
+    if scheme == "uniform":
+        return _uniform(out, inn)
+    if scheme == "push":
+        return _push(out)
+    raise ValueError(f"internal: unknown weight scheme {scheme!r}")  # normalised upstream
 
 
 def build(scheme: str, out: Adjacency, inn: Adjacency) -> np.ndarray:
-    """The mixing matrix of one graph under a canonical scheme name."""
-    if scheme == "metropolis":
-        return metropolis_matrix(out)
-    if scheme == "uniform":
-        return uniform_matrix(inn)
-    if scheme == "push":
-        return push_matrix(out)
-    raise ValueError(f"internal: unknown weight scheme {scheme!r}")  # normalised upstream
+    """The mixing matrix of one graph under a canonical scheme name, dense."""
+    return build_sparse(scheme, out, inn).to_dense()
+
+
+def regular_row(scheme: str, degree: int) -> tuple[float, float]:
+    """(self weight, weight of each neighbour) of a peer in a graph where every peer sends
+    to and hears from `degree` others: the row every peer of a ring, torus, complete or
+    exponential graph has, under any scheme, computed as `build` computes it."""
+    share = 1.0 / (degree + 1.0)
+    if scheme != "metropolis":
+        return share, share
+    total = 0.0
+    for _ in range(degree):  # in the order build's row sum adds them (np.bincount's)
+        total += share
+    return 1.0 - total, share

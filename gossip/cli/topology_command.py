@@ -115,7 +115,7 @@ def _run(args: argparse.Namespace) -> int:
         )
     topology = parse(args.spec, args.size)
     step = args.step
-    topology.mixing_matrix(step)  # validates the step before anything is printed
+    topology.in_neighbors(0, step)  # validates the step before anything is printed
     print(describe(topology, step), flush=True)
     if args.plot:
         code = plot(topology, step, args.plot, show_weights=args.plot_weights)

@@ -30,6 +30,7 @@ DOCUMENTED = {
     "gossip.torch_backend.ddp_hooks": "gossip.md",
     "gossip.lightning": "gossip.md",
     "gossip.ray": "gossip.md",
+    "gossip.simulation": "gossip.md",
     "collectives": "collectives.md",
     "collectives.codecs": "collectives.md",
     "collectives.arrays": "collectives.md",
