@@ -100,8 +100,14 @@ def run(train_fn: Callable[[Any], Any], *, num_workers: int | tuple[int, int],
                   for i in range(low)]
         # Where each bundle is: rank 0's address and a free port for the rendezvous, and
         # the local ranks (peers of one node, in rank order).
-        where = ray.get([_where.options(scheduling_strategy=s, num_cpus=0).remote()
-                         for s in placed])
+        probing = [_where.options(scheduling_strategy=s, num_cpus=0).remote() for s in placed]
+        answered, _ = ray.wait(probing, num_returns=low, timeout=_PLACEMENT_WAIT_S)
+        if len(answered) < low:
+            raise TimeoutError(
+                f"gossip.ray.run: {low - len(answered)} of the {low} placed bundles did not "
+                f"say where they are (node, address) within {_PLACEMENT_WAIT_S:.0f} s; "
+                f"the cluster's nodes: {[n['NodeManagerAddress'] for n in ray.nodes()]}")
+        where = ray.get(probing)
         master_addr, master_port = where[0][1], where[0][2]
         nodes: dict[str, int] = {}
         local_ranks = []

@@ -76,6 +76,9 @@ def test_the_sparse_form_is_the_dense_matrix() -> None:
         x = rng.standard_normal((t.size, 3))
         np.testing.assert_allclose(s.matvec(x), w @ x, rtol=0, atol=1e-14)
         np.testing.assert_allclose(s.matvec(x[:, 0]), w @ x[:, 0], rtol=0, atol=1e-14)
+        for vector in (x, x[:, 0]):
+            np.testing.assert_allclose(s.matvec(vector, use_scipy=False), w @ vector,
+                                       rtol=0, atol=1e-14)
         assert t.weights(2) == (w[2, 2], {j: w[2, j] for j in t.in_neighbors(2)})
 
 
@@ -83,7 +86,9 @@ def test_sparse_matrix_with_empty_rows_and_bad_shapes() -> None:
     s = T.SparseMatrix.from_entries(4, np.array([0, 2, 2]), np.array([1, 0, 3]),
                                     np.array([1.0, 2.0, 3.0]))
     assert s.nnz == 3 and s.row(1) == {} and s.row(2) == {0: 2.0, 3: 3.0}
-    np.testing.assert_array_equal(s.matvec(np.arange(4.0)), [1.0, 0.0, 9.0, 0.0])
+    for use_scipy in (True, False):
+        np.testing.assert_array_equal(s.matvec(np.arange(4.0), use_scipy=use_scipy),
+                                      [1.0, 0.0, 9.0, 0.0])
     with pytest.raises(ValueError, match="needs 4 rows"):
         s.matvec(np.zeros(3))
     with pytest.raises(ValueError):

@@ -27,6 +27,8 @@ import time
 import ray
 from ray.cluster_utils import Cluster
 
+from gossip.testing import wait_until
+
 OUT = sys.argv[1]
 STEPS, KILL_STEP = 60, 20
 
@@ -141,6 +143,7 @@ def main() -> None:
     env = {"PYTHONPATH": os.environ.get("PYTHONPATH", ""), "OMP_NUM_THREADS": "1",
            "GOSSIP_TIMEOUT": "60"}
     ray.init(address=cluster.address, runtime_env={"env_vars": env}, log_to_driver=True)
+    grown: list = []
     try:
         from ray.train import RunConfig, ScalingConfig
         from ray.train.torch import TorchConfig, TorchTrainer
@@ -156,16 +159,17 @@ def main() -> None:
         print("RAYRUN", json.dumps(results), flush=True)
 
         def add_a_node_when_asked():   # (a node of its own process, as on a real machine:
-            deadline = time.monotonic() + 300   # Cluster.add_node needs the main thread)
-            while not os.path.exists(os.path.join(OUT, "grow")) and time.monotonic() < deadline:
-                time.sleep(0.05)
+            try:                           # Cluster.add_node needs the main thread)
+                wait_until(lambda: os.path.exists(os.path.join(OUT, "grow")), 300,
+                           what="rank 0 of the elastic job asking for a node")
+            except TimeoutError:
+                return
             grown.append(subprocess.Popen(
                 [os.path.join(os.path.dirname(sys.executable), "ray"), "start", "--block",
                  f"--address={cluster.address}", "--num-cpus=2", '--resources={"peer": 2}',
                  "--disable-usage-stats"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                 start_new_session=True))
 
-        grown: list = []
         threading.Thread(target=add_a_node_when_asked, daemon=True).start()
         results = gossip.ray.run(grow, num_workers=(2, 4), config={"out": OUT},
                                  resources_per_worker={"CPU": 0.5, "peer": 1},
@@ -176,6 +180,9 @@ def main() -> None:
             node.terminate()   # (ray start --block stops the node's processes)
             node.wait(timeout=60)
     finally:
+        for node in grown:   # (its own session: the test's kill of this one would miss it)
+            if node.poll() is None:
+                node.kill()
         ray.shutdown()
         cluster.shutdown()
         # `ray start` (the grown node) wrote this cluster's address to /tmp/ray/
