@@ -75,6 +75,15 @@ class SparseMatrix:
         out[rows[on]] = self.data[on]
         return out
 
+    def row_sums(self) -> np.ndarray:
+        """The n sums of each row (a row-stochastic matrix's are all one)."""
+        rows = np.repeat(np.arange(self.size), np.diff(self.indptr))
+        return np.bincount(rows, weights=self.data, minlength=self.size)
+
+    def column_sums(self) -> np.ndarray:
+        """The n sums of each column (a column-stochastic matrix's are all one)."""
+        return np.bincount(self.indices, weights=self.data, minlength=self.size)
+
     def transpose(self) -> SparseMatrix:
         """The transpose (column j of this matrix is row j of the result)."""
         rows = np.repeat(np.arange(self.size, dtype=np.int64), np.diff(self.indptr))

@@ -71,12 +71,11 @@ def _distance(z: np.ndarray) -> float:
 
 
 def _check(matrix: SparseMatrix, topology: Topology, step: int, rule: str) -> None:
-    sums = np.zeros(matrix.size)
     if rule == "gossip":
-        np.add.at(sums, np.repeat(np.arange(matrix.size), np.diff(matrix.indptr)), matrix.data)
+        sums = matrix.row_sums()
         what, fix = "row", "use rule='push-sum' or weights='metropolis' / 'uniform'"
     else:
-        np.add.at(sums, matrix.indices, matrix.data)
+        sums = matrix.column_sums()
         what, fix = "column", "use rule='gossip', or the topology's push weights"
     worst = float(np.abs(sums - 1.0).max())
     if worst > _STOCHASTIC_TOL:

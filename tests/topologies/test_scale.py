@@ -73,6 +73,8 @@ def test_the_sparse_form_is_the_dense_matrix() -> None:
         assert np.array_equal(s.transpose().to_dense(), w.T)
         assert np.array_equal(s.diagonal(), np.diag(w))
         assert s.is_symmetric() == bool(np.array_equal(w, w.T))
+        np.testing.assert_allclose(s.row_sums(), w.sum(axis=1), rtol=0, atol=1e-15)
+        np.testing.assert_allclose(s.column_sums(), w.sum(axis=0), rtol=0, atol=1e-15)
         x = rng.standard_normal((t.size, 3))
         np.testing.assert_allclose(s.matvec(x), w @ x, rtol=0, atol=1e-14)
         np.testing.assert_allclose(s.matvec(x[:, 0]), w @ x[:, 0], rtol=0, atol=1e-14)

@@ -104,9 +104,9 @@ class Choco(Policy):
         topo = self._graph()
         if getattr(topo, "is_time_varying", False):
             raise TopologyError(f"Choco runs on a static graph, not on {topo!r}")
-        w = topo.mixing_matrix(0)
-        if np.abs(w.sum(axis=1) - 1).max() > _STOCHASTIC_TOL or \
-                np.abs(w.sum(axis=0) - 1).max() > _STOCHASTIC_TOL:
+        w = topo.sparse_mixing_matrix(0)
+        if np.abs(w.row_sums() - 1).max() > _STOCHASTIC_TOL or \
+                np.abs(w.column_sums() - 1).max() > _STOCHASTIC_TOL:
             raise TopologyError(f"Choco needs a doubly stochastic mixing matrix; {topo!r}'s "
                                 "is not (use weights='metropolis')")
         self._plan = mixing_round(topo, self._host().rank, 0).plan(compression=self.compression)

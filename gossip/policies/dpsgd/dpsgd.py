@@ -71,13 +71,13 @@ class Gossip(Policy):
     def _setup(self) -> None:
         topo = self._graph()
         for phase in range(getattr(topo, "period", 1)):
-            w = topo.mixing_matrix(phase)
-            if np.abs(w.sum(axis=1) - 1).max() > _STOCHASTIC_TOL:
+            w = topo.sparse_mixing_matrix(phase)   # (n x (degree + 1), not n x n)
+            if np.abs(w.row_sums() - 1).max() > _STOCHASTIC_TOL:
                 raise TopologyError(
                     f"the mixing matrix of {topo!r} is not row-stochastic (step {phase}): "
                     "gossip would scale the parameters; use PushSum on this graph, or "
                     "weights='uniform' / 'metropolis'")
-            if np.abs(w.sum(axis=0) - 1).max() > _STOCHASTIC_TOL:
+            if np.abs(w.column_sums() - 1).max() > _STOCHASTIC_TOL:
                 warnings.warn(f"the mixing matrix of {topo!r} is not doubly stochastic: "
                               "gossip will not keep the peers' mean (it converges to a "
                               "weighted average); PushSum corrects for that", UserWarning,

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import TYPE_CHECKING, Collection
+from typing import TYPE_CHECKING, Callable, Collection
 
 import numpy as np
 
@@ -45,14 +45,15 @@ HEAL_CHANNEL = PeerChannel.HEALING
 
 
 class Healer:
-    """One peer's view of the edges added around lost neighbours, for a weight matrix ``m``
-    (m[i, j]: the weight i gives to j's value: the mixing matrix, or push-sum's push matrix
-    transposed). A new edge r - q around a lost d gets weight
-    ``min(m[r, d], m[d, r], m[q, d], m[d, q]) / (deg(d) - 1)``: both ends compute the same
+    """One peer's view of the edges added around lost neighbours, for weights ``m(i, j)``
+    (the weight i gives to j's value: the mixing matrix's, or push-sum's push shares). A new
+    edge r - q around a lost d gets weight
+    ``min(m(r, d), m(d, r), m(q, d), m(d, q)) / (deg(d) - 1)``: both ends compute the same
     value, and it never exceeds what the lost edge carried, so rows and columns keep summing
     to one (the rest stays with the peer itself)."""
 
-    def __init__(self, peer: PolicyHost, topology: Topology, matrix: np.ndarray, *,
+    def __init__(self, peer: PolicyHost, topology: Topology,
+                 weight: Callable[[int, int], float], *,
                  channel: int = HEAL_CHANNEL, timeout: float = 5.0) -> None:
         self.peer = peer
         self.rank = peer.rank
@@ -60,7 +61,7 @@ class Healer:
         self.enabled = (getattr(topology, "period", 1) == 1
                         and not getattr(topology, "is_directed", True))
         self.topology = topology
-        self.matrix = np.asarray(matrix, dtype=np.float64)
+        self.weight = weight
         self.lead = self.n + 4
         self.timeout = timeout
         self._comm = peer.channel(channel) if self.enabled and self.n > 2 else None
@@ -108,9 +109,9 @@ class Healer:
                 log.warning("rank %d: healing around rank %d with rank %d agreed too late "
                             "(step %d, now %d): left out", self.rank, d, q, start, step)
                 continue
-            m = self.matrix
+            m, r = self.weight, self.rank
             degree = len(self._neighbours(d))
-            weight = min(m[self.rank, d], m[d, self.rank], m[q, d], m[d, q]) / max(1, degree - 1)
+            weight = min(m(r, d), m(d, r), m(q, d), m(d, q)) / max(1, degree - 1)
             self.links[key] = (start, float(weight))
 
     def _read(self, q: int, timeout: float) -> bool:

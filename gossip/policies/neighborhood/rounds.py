@@ -29,9 +29,7 @@ ends must agree on who is lost (r_j is computed from this peer's view of j's nei
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Collection
-
-import numpy as np
+from typing import TYPE_CHECKING, Any, Callable, Collection
 
 from collectives import NeighborPlan
 from collectives.codecs import CodecSpec
@@ -120,17 +118,21 @@ def push_round(topology: Topology, rank: int, step: int, lost: Collection[int] =
     return Round(keep, {j: 1.0 for j in srcs}, list(shares), dst_weights=shares)
 
 
-def _push_matrix(topology: Topology, n: int) -> np.ndarray:
-    """push[i, j]: the share of j's mass that j sends to i (zeros for a time-varying
-    schedule, which does not heal)."""
-    push = np.zeros((n, n))
-    if getattr(topology, "period", 1) == 1:
-        for j in range(n):
+def _weight_of(topology: Topology, *, push: bool) -> Callable[[int, int], float]:
+    """m(i, j) for the healer: the weight receiver i gives sender j (the mixing matrix), or
+    with ``push`` the share of j's mass that j sends to i (0 for a time-varying schedule,
+    which does not heal); read from the topology's own rows, not an n x n matrix."""
+    if push:
+        def weight(i: int, j: int) -> float:
+            if getattr(topology, "period", 1) != 1:
+                return 0.0
             keep, shares = topology.push_weights(j, 0)
-            push[j, j] = keep
-            for i, share in shares.items():
-                push[i, j] = share
-    return push
+            return keep if i == j else shares.get(i, 0.0)
+    else:
+        def weight(i: int, j: int) -> float:
+            own, heard = topology.weights(i, 0)
+            return own if i == j else heard.get(j, 0.0)
+    return weight
 
 
 class Neighborhood:
@@ -142,8 +144,7 @@ class Neighborhood:
         self.peer = peer
         self.topology = topology
         self._plan = push_round if push else mixing_round
-        matrix = _push_matrix(topology, peer.world_size) if push else topology.mixing_matrix(0)
-        self.healer = Healer(peer, topology, matrix, timeout=timeout)
+        self.healer = Healer(peer, topology, _weight_of(topology, push=push), timeout=timeout)
 
     def round(self, step: int) -> Round:
         """The plan of ``step``: reads the lost peers once, exchanges healing proposals (never
