@@ -198,14 +198,13 @@ class Topology(abc.ABC):
         def compute() -> tuple[int, ...]:
             assert group is not None
             shape, connections = group
-            here = np.unravel_index(rank, shape)
+            if not connections:
+                return ()
+            here = np.array(np.unravel_index(rank, shape))
             sign = -1 if incoming else 1
-            found = {
-                int(np.ravel_multi_index(
-                    tuple((h + sign * c) % m for h, c, m in zip(here, s, shape)), shape))
-                for s in connections
-            }
-            return tuple(sorted(found - {rank}))
+            at = (here + sign * np.array(connections, dtype=np.int64)) % np.array(shape)
+            found = np.unique(np.ravel_multi_index(tuple(at.T), shape))
+            return tuple(int(j) for j in found if j != rank)
 
         return self._memo(("in" if incoming else "out", phase, rank), compute)
 
@@ -234,6 +233,15 @@ class Topology(abc.ABC):
         """Sorted ranks that `rank` sends its value to at `step`."""
         r = check_rank(rank, self._size)
         return list(self._neighbors_of(r, self._phase(step), incoming=False))
+
+    def out_degrees(self, step: int = 0) -> np.ndarray:
+        """Every rank's number of out-neighbours at `step` (n ints): the messages each peer
+        sends per round. One number repeated for the built-in families, where every peer
+        has the same degree; counted from the adjacency otherwise."""
+        phase = self._phase(step)
+        if self._group(phase) is not None:
+            return np.full(self._size, len(self._neighbors_of(0, phase, incoming=False)))
+        return np.array([len(out) for out in self._out_adj(phase)], dtype=np.int64)
 
     def edges(self, step: int = 0) -> list[tuple[int, int]]:
         """(sender, receiver) pairs at `step`; for an undirected graph each edge once, i < j."""

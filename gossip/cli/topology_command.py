@@ -200,8 +200,8 @@ def describe(t: Topology, step: int = 0) -> str:
 
 def _out_degree(t: Topology) -> tuple[int, int]:
     """(min, max) out-degree over all peers and all steps of one period."""
-    degs = [len(t.out_neighbors(r, s)) for s in range(t.period) for r in range(t.size)]
-    return min(degs), max(degs)
+    degs = [t.out_degrees(s) for s in range(t.period)]
+    return min(int(d.min()) for d in degs), max(int(d.max()) for d in degs)
 
 
 def compare_table(n: int, *, extra: str | None = None) -> str:

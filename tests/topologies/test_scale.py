@@ -60,6 +60,7 @@ def test_one_ranks_neighbours_and_weights_equal_the_matrix(t: T.Topology) -> Non
             assert (self_w, inn) == (w[r, r], {j: w[r, j] for j in heard})
             kept, out = t.push_weights(r, step)
             assert (kept, out) == (w[r, r], {i: w[i, r] for i in told})
+            assert t.out_degrees(step)[r] == len(told)
 
 
 def test_the_sparse_form_is_the_dense_matrix() -> None:
@@ -82,6 +83,7 @@ def test_the_sparse_form_is_the_dense_matrix() -> None:
             np.testing.assert_allclose(s.matvec(vector, use_scipy=False), w @ vector,
                                        rtol=0, atol=1e-14)
         assert t.weights(2) == (w[2, 2], {j: w[2, j] for j in t.in_neighbors(2)})
+        assert list(t.out_degrees()) == [len(t.out_neighbors(r)) for r in range(t.size)]
 
 
 def test_sparse_matrix_with_empty_rows_and_bad_shapes() -> None:
