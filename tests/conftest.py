@@ -63,6 +63,9 @@ def group_key(tmp_path, monkeypatch):
 # `pytest -m ci`, so every one of them still gates a merge. Listed here, by node id, so the
 # choice is in one place.
 CI_AFTER_DEFAULT = (
+    *(f"tests/simulation/test_mixing.py::test_consensus_decays_at_the_slem_at_1024_peers[{case}]"
+      for case in ("Ring(1024)-100000", "Torus(32, 32)-2000", "Exponential(1024)-60",
+                   "OnePeerExponential(1000)-60")),
     "tests/backend/test_ddp_dpsgd.py::test_dpsgd_in_ddp_code_trains_within_a_point_of_gloo_ddp",
     "tests/integrations/test_lightning.py::"
     "test_lightning_ddp_over_gossip_and_the_gossip_strategy_fit",
