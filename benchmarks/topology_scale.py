@@ -37,12 +37,9 @@ import topologies
 from gossip.simulation import simulate_mixing
 spec, n, rule, rounds, dim = sys.argv[1], int(sys.argv[2]), sys.argv[3], int(sys.argv[4]), int(sys.argv[5])
 trace = simulate_mixing(topologies.parse(spec, n), rounds, rule=rule, dim=dim)
-# The rate over the second half of the rounds the distance stays above float64's floor
-# (1e-9 of where it started), in whole periods.
-above = [t for t in range(rounds + 1) if trace.distance[t] > 1e-9 * trace.distance[0]]
-stop = above[-1] - above[-1] % (2 * trace.period)
-rate = trace.measured_rate(stop // 2, stop) if stop else float("nan")
-print(json.dumps({"seconds": trace.seconds, "rate": rate, "window": [stop // 2, stop],
+window = trace.rate_window()   # (the rounds above float64's floor)
+rate = trace.measured_rate(*window) if window else float("nan")
+print(json.dumps({"seconds": trace.seconds, "rate": rate, "window": window or [0, 0],
                   "spectral_rate": trace.spectral_rate()}))
 """
 

@@ -126,7 +126,7 @@ def _command_section(name: str, summary: str, parser: argparse.ArgumentParser,
         out += ["| Argument | What it does |", "|---|---|", *rows, ""]
     out += _text(parser, parser.epilog)
     for sub_name, sub_summary, sub in _subcommands(parser):
-        out += _command_section(f"{name} {sub_name}", sub_summary, sub, level + 1)
+        out += _command_section(f"{name} {sub_name}", sub_summary, sub, level)   # (flat)
     return out
 
 

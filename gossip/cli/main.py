@@ -9,7 +9,7 @@ __all__ = ["main", "build_parser"]
 
 # name -> module gossip.cli.NAME_command; each module defines register(subparsers).
 # Modules are imported only when the parser is built, so `gossip --help` stays cheap.
-SUBCOMMANDS = ("topology", "keygen", "run", "status", "bench", "demo")
+SUBCOMMANDS = ("topology", "keygen", "run", "status", "bench", "demo", "simulate")
 
 
 def build_parser() -> argparse.ArgumentParser:

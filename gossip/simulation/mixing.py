@@ -58,6 +58,15 @@ class MixingTrace:
             return 0.0
         return (d1 / d0) ** (1.0 / (stop - start))
 
+    def rate_window(self, floor: float = 1e-9) -> tuple[int, int] | None:
+        """(start, stop) rounds to measure the asymptotic rate over: the second half of the
+        rounds before the distance fell to ``floor`` times where it started (below that,
+        float64's rounding is what is left), in whole periods; None if too few."""
+        d0 = float(self.distance[0])
+        above = [t for t in range(self.rounds + 1) if self.distance[t] > floor * d0]
+        stop = above[-1] - above[-1] % (2 * self.period) if above else 0
+        return (stop // 2, stop) if stop > 0 else None
+
     def to_dict(self) -> dict[str, Any]:
         """The trace as JSON-ready values (without the final values)."""
         return {"topology": self.topology, "size": self.size, "period": self.period,

@@ -1,0 +1,66 @@
+"""`gossip simulate mixing`, run as a real subprocess like a user would."""
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from gossip.cli.simulate_command import shown_rounds
+
+
+def _gossip(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "gossip", *args], capture_output=True,
+                          text=True, timeout=120)
+
+
+def test_a_ring_prints_its_distance_beside_the_slem(tmp_path: Path) -> None:
+    out = tmp_path / "trace.json"
+    proc = _gossip("simulate", "mixing", "ring", "-n", "64", "--rounds", "2000",
+                   "--json", str(out))
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert lines[0].startswith("Ring(64): 64 peers, gossip rounds, SLEM 0.99678")
+    rows = {int(line.split()[0]): float(line.split()[1]) for line in lines
+            if len(line.split()) == 3 and line.split()[0].isdigit()}
+    assert sorted(rows) == shown_rounds(2000)
+    assert rows[2000] < rows[100] < rows[1] < rows[0]
+    record = json.loads(out.read_text())
+    assert record["rounds"] == 2000 and len(record["distance"]) == 2001
+    assert record["distance"][0] == pytest.approx(rows[0], rel=1e-5)
+    # Past the transient, the ring of 64 decays at its SLEM (the measured rate is printed).
+    assert math.log(record["measured_rate"]) / math.log(record["spectral_rate"]) == \
+        pytest.approx(1.0, abs=0.05)
+    assert "measured rate per round over rounds 1000-2000" in proc.stdout
+
+
+def test_directed_graphs_take_push_sum_and_a_plot_is_written(tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    png = tmp_path / "decay.png"
+    proc = _gossip("simulate", "mixing", "one-peer-exponential", "-n", "16", "--rounds", "8",
+                   "--plot", str(png))
+    assert proc.returncode == 0, proc.stderr
+    assert "push-sum rounds" in proc.stdout
+    assert "fell below 1e-9 of its start at once" in proc.stdout   # exact after 4 rounds
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_bad_input_is_one_line_and_exit_2() -> None:
+    proc = _gossip("simulate", "mixing", "random:p=0.3,weights=uniform", "-n", "12",
+                   "--rule", "push-sum")
+    assert proc.returncode == 2
+    assert proc.stderr.startswith("gossip simulate: error: simulate_mixing(rule='push-sum')")
+    assert "not column-stochastic" in proc.stderr and "Traceback" not in proc.stderr
+    proc = _gossip("simulate", "mixing", "ring", "-n", "8", "--rounds", "-3")
+    assert proc.returncode == 2 and "rounds must be an int >= 0" in proc.stderr
+    proc = _gossip("simulate")
+    assert proc.returncode == 2 and "mixing" in proc.stdout
+
+
+def test_shown_rounds() -> None:
+    assert shown_rounds(0) == [0]
+    assert shown_rounds(7) == [0, 1, 2, 5, 7]
+    assert shown_rounds(1000) == [0, 1, 2, 5, 10, 20, 50, 100, 200, 500, 1000]
