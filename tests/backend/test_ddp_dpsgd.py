@@ -24,7 +24,8 @@ SCRIPT = REPO / "tests" / "backend" / "workers" / "ddp_dpsgd.py"
 
 def _train(mode: str, seed: int = 0) -> dict[str, Any]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("GOSSIP_")}
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), str(REPO / "tests"),
+                                                     env.get("PYTHONPATH")]))
     proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node",
                            "4", "--master-port", str(free_port()), str(SCRIPT), mode, str(seed)],
                           capture_output=True, text=True, timeout=240, env=env)

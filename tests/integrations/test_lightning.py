@@ -22,7 +22,8 @@ SCRIPT = REPO / "tests" / "integrations" / "workers" / "lightning_fit.py"
 def _fit(strategy: str, cwd: Path) -> dict[str, Any]:
     env = {k: v for k, v in os.environ.items()
            if not k.startswith("GOSSIP_") and k != "TORCH_DEVICE_BACKEND_AUTOLOAD"}
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), str(REPO / "tests"),
+                                                     env.get("PYTHONPATH")]))
     proc = subprocess.run([sys.executable, str(SCRIPT), strategy], capture_output=True,
                           text=True, timeout=300, env=env, cwd=cwd)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]

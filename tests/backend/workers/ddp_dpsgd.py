@@ -26,6 +26,7 @@ from gossip import ddp_hooks
 from gossip.demo.data import load_digits, shard
 from gossip.demo.evaluation import pixel_statistics, tensors
 from gossip.torch_backend import GossipAverager
+from replica_report import report
 
 EPOCHS, BATCH, LR = 3, 16, 0.05
 
@@ -60,22 +61,9 @@ def main(mode: str, seed: int) -> None:
                 averager.average_parameters(ddp.parameters())
     with torch.no_grad():
         accuracy = (model(test_x).argmax(1) == test_y).float().mean()
-    accuracies = [torch.zeros(1) for _ in range(world)]
-    dist.all_gather(accuracies, accuracy.reshape(1))
-    flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
-    average = flat.clone()
-    dist.all_reduce(average)
-    average /= world
-    distance = torch.linalg.vector_norm(flat - average).reshape(1)
-    dist.all_reduce(distance)
-    if rank == 0:
-        values = torch.cat(accuracies)
-        peer = getattr(dist.group.WORLD, "peer", None)
-        sys.stdout.write(f"RESULT {mode} mean={float(values.mean()):.4f} "
-                         f"worst={float(values.min()):.4f} "
-                         f"consensus={float(distance[0]) / world:.4f} "
-                         f"topology={peer.topology if peer is not None else '-'}\n")
-        sys.stdout.flush()
+    peer = getattr(dist.group.WORLD, "peer", None)
+    report(mode, accuracy, model.parameters(),
+           f"topology={peer.topology if peer is not None else '-'}")
     dist.barrier()
     del ddp, optimizer, averager
     gc.collect()

@@ -18,6 +18,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from lightning.pytorch.strategies import DDPStrategy
+from replica_report import report
 from torch.utils.data import DataLoader, TensorDataset
 
 from gossip.demo.data import load_digits
@@ -70,24 +71,10 @@ def main(name: str) -> None:
                          max_epochs=EPOCHS, logger=False, enable_checkpointing=False,
                          enable_progress_bar=False, enable_model_summary=False)
     trainer.fit(model, loader)
-    rank, world = dist.get_rank(), dist.get_world_size()
     with torch.no_grad():
-        accuracy = (model.net(test_x).argmax(1) == test_y).float().mean().reshape(1)
-    accuracies = [torch.zeros(1) for _ in range(world)]
-    dist.all_gather(accuracies, accuracy)
-    flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
-    average = flat.clone()
-    dist.all_reduce(average)
-    average /= world
-    distance = torch.linalg.vector_norm(flat - average).reshape(1)
-    dist.all_reduce(distance)
-    if rank == 0:
-        values = torch.cat(accuracies)
-        sys.stdout.write(f"RESULT {name} mean={float(values.mean()):.4f} "
-                         f"worst={float(values.min()):.4f} "
-                         f"consensus={float(distance[0]) / world:.4f} "
-                         f"backend={dist.get_backend()} loss={model.last_loss:.4f}\n")
-        sys.stdout.flush()
+        accuracy = (model.net(test_x).argmax(1) == test_y).float().mean()
+    report(name, accuracy, model.parameters(),
+           f"backend={dist.get_backend()} loss={model.last_loss:.4f}")
     dist.barrier()
 
 
