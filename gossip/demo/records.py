@@ -155,6 +155,8 @@ def collect(directory: str, policy: str, slots: int, *, consensus: bool = True) 
                       "joined": next((r for r in ls if r["kind"] == "joined"), None),
                       "done": bool(done[s])}
                   for s, ls in lines.items()},
+        # Per slot, the policy's own counters at the end (train._mixing_counters).
+        "mixing": {s: done[s][-1].get("mixing") for s in lines if done[s]},
     }
 
 

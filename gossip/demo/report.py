@@ -49,6 +49,8 @@ def _row(record: dict, target: float) -> dict:
         "steps": record["steps"],
         "history": history,
     }
+    if record.get("mixing"):
+        row["mixing"] = record["mixing"]   # per slot: how the policy mixed (its counters)
     if "restart" in record:
         row["restart"] = record["restart"]
     if failed:

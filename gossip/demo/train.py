@@ -282,13 +282,29 @@ def _train_policy(peer: Any, name: str, config: TrainConfig, data: _Data, datase
         if config.kill is None or getattr(policy, "elastic", False):
             peer.barrier()
         record.update(policy=name, bytes_sent=sent, comm_seconds=stats["comm_seconds"],
-                      parameters=count_parameters(model))
+                      parameters=count_parameters(model), mixing=_mixing_counters(stats))
         records.write("done", **record)
     finally:
         records.close()
     progress.emit(event="done", policy=name, accuracy=loop.last_accuracy,
                   wall=record["wall_seconds"])
     return {"steps": record["steps"], "first_step": record["first_step"]}
+
+
+def _mixing_counters(stats: dict) -> dict:
+    """The policy's own counters of how it mixed (policy.stats(): rounds, pushes held back,
+    messages per peer, weights, ...), numbers and short lists only: what demo.json keeps per
+    peer to trace the mixing (issue #39)."""
+    out: dict = {}
+    for key, value in stats.items():
+        if isinstance(value, bool) or value is None:
+            continue
+        if isinstance(value, (int, float)):
+            out[key] = value
+        elif isinstance(value, (list, tuple)) and len(value) <= 64 and all(
+                isinstance(v, (int, float)) and not isinstance(v, bool) for v in value):
+            out[key] = list(value)
+    return out
 
 
 def _die(records: PeerRecords, progress: _Progress, name: str, slot: int, step: int,

@@ -514,6 +514,13 @@ def test_the_story_runs_each_scenario_and_writes_a_panel_for_each(tmp_path) -> N
                                                          "asynchronous"]
     for row in straggler["table"] + non_iid["table"]:
         assert row["worst_peer_accuracy"] <= row["final_accuracy"], row
+    # Per peer, how each policy mixed (its own counters, demo.json's "mixing"): what traced
+    # asynchronous's pushes in issue #39.
+    mixing = {r["policy"]: r.get("mixing") for r in straggler["table"]}["asynchronous"]
+    assert sorted(mixing) == ["0", "1"], mixing
+    for counters in mixing.values():
+        assert counters["background_rounds"] >= 1 and len(counters["messages_sent_to"]) == 2
+        assert 0 < counters["weights"][0] <= 2 and counters["steps"] >= 1, counters
     for name in ("straggler", "non-iid"):   # each scenario's own run, as `gossip demo` writes
         assert (out / name / "demo.json").exists() and (out / name / "demo.png").exists()
     assert (out / "story.png").stat().st_size > 0
