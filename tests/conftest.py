@@ -63,6 +63,8 @@ def group_key(tmp_path, monkeypatch):
 # `pytest -m ci`, so every one of them still gates a merge. Listed here, by node id, so the
 # choice is in one place.
 CI_AFTER_DEFAULT = (
+    *(f"tests/simulation/test_training.py::test_the_simulated_peers_end_where_real_peers_end[{c}]"
+      for c in ("gossip-ring-8", "push-sum-exponential-8")),
     *(f"tests/simulation/test_mixing.py::test_consensus_decays_at_the_slem_at_1024_peers[{case}]"
       for case in ("Ring(1024)-100000", "Torus(32, 32)-2000", "Exponential(1024)-60",
                    "OnePeerExponential(1000)-60")),

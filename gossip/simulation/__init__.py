@@ -1,12 +1,19 @@
 """Simulation of many peers in one process.
 
-``simulate_mixing`` runs the mixing dynamics alone, vectorised over sparse mixing matrices:
-n peers' values, one ``x <- W_t x`` (gossip) or push-sum round per step, the consensus
-distance after each, to 65,536 peers and beyond in seconds. It is the math the gossip and
-push-sum policies' rounds carry out, checked against them on real peers
-(tests/simulation/test_mixing.py); it does not run the policies' code, train a model, or
-charge a network's time.
+``simulate_training`` runs the project's real policy classes (synchronous, local SGD and
+DiLoCo, gossip, push-sum without overlap) for N peers as threads of one process, each on a
+SimHost (a PolicyHost over an in-memory fabric) with a virtual clock: each step's compute and
+each message's latency and bytes are charged by the spec's models, and the results are the
+same as a real multi-process run's (tests/simulation/test_training.py). ``simulate_mixing``
+runs the mixing dynamics alone, vectorised over the sparse mixing matrices, to 65,536 peers
+and beyond in seconds.
 """
+from gossip.simulation.fabric import Fabric, collective_seconds
 from gossip.simulation.mixing import MIXING_RULES, MixingTrace, simulate_mixing
+from gossip.simulation.sim_host import SimHost
+from gossip.simulation.training import (SIMULATED_POLICIES, PeerResult, TrainingResult,
+                                        TrainingSpec, simulate_training, train_peer)
 
-__all__ = ["simulate_mixing", "MixingTrace", "MIXING_RULES"]
+__all__ = ["simulate_training", "TrainingSpec", "TrainingResult", "PeerResult", "train_peer",
+           "SIMULATED_POLICIES", "SimHost", "Fabric", "collective_seconds",
+           "simulate_mixing", "MixingTrace", "MIXING_RULES"]

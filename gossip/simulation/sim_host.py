@@ -1,0 +1,204 @@
+"""One simulated peer as its policy sees it: a PolicyHost (gossip/policies/base/policy_host.py)
+over a Fabric, so the project's own policy classes run unchanged, many peers in one process.
+
+Collectives and neighbour exchanges move numpy arrays and CPU torch tensors (their memory, in
+place) through the fabric and advance this peer's virtual clock; a non-blocking call
+completes before it returns (its Work is done). Not simulated, and refused with a
+NotImplementedError naming the call: codecs, membership changes (no peer is lost, joins or
+leaves), the channels of the background policies (asynchronous, push-sum with overlap)."""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from functools import reduce
+from typing import Any
+
+import numpy as np
+
+from collectives import NeighborPlan
+from collectives.work import Work
+from gossip.simulation.fabric import Fabric
+
+__all__ = ["SimHost"]
+
+_OPS = {"sum": np.add, "max": np.maximum, "min": np.minimum, "prod": np.multiply}
+
+
+def _numpy(x: Any) -> np.ndarray:
+    """``x``'s memory as a numpy array (a CPU torch tensor's, shared)."""
+    if isinstance(x, np.ndarray):
+        return x
+    if hasattr(x, "detach") and getattr(x, "device", None) is not None \
+            and str(x.device) == "cpu":
+        return x.detach().numpy()
+    raise TypeError(f"the simulator moves numpy arrays and CPU torch tensors, got "
+                    f"{type(x).__name__}")
+
+
+def _done(result: Any, what: str) -> Work:
+    work = Work(what)
+    work.finish(result)
+    return work
+
+
+class _NoChannel:
+    """A channel of a policy the simulator does not run (its use is refused)."""
+
+    def __init__(self, number: int) -> None:
+        self.number = number
+
+    def __getattr__(self, name: str) -> Any:
+        raise NotImplementedError(
+            f"the simulator has no peer channels (channel {self.number}.{name}): it runs the "
+            "synchronous-round policies (synchronous, local-sgd, gossip, push-sum without "
+            "overlap), without membership changes")
+
+
+class SimHost:
+    """Rank ``rank`` of ``fabric``'s peers, on ``topology`` (PEER_TOPOLOGY's graph)."""
+
+    def __init__(self, fabric: Fabric, rank: int, topology: Any, *, timeout: float = 300.0) -> None:
+        self._fabric = fabric
+        self._rank = rank
+        self._topology = topology
+        self._timeout = timeout
+        self._closed = False
+
+    # -- identity and settings ----------------------------------------------------------------
+    @property
+    def rank(self) -> int:
+        return self._rank
+
+    @property
+    def world_size(self) -> int:
+        return self._fabric.size
+
+    @property
+    def timeout(self) -> float:
+        return self._timeout
+
+    @property
+    def topology(self) -> Any:
+        return self._topology
+
+    @property
+    def transport(self) -> Any:
+        raise NotImplementedError("the simulator has no transport (a background policy?)")
+
+    @property
+    def view(self) -> None:
+        return None
+
+    @property
+    def joining(self) -> bool:
+        return False
+
+    @property
+    def entering(self) -> bool:
+        return False
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    @property
+    def clock(self) -> float:
+        """This peer's simulated time, seconds."""
+        return self._fabric.clock[self._rank]
+
+    def stats(self) -> dict[str, Any]:
+        return {"bytes_sent": self._fabric.bytes_sent[self._rank],
+                "messages_sent": self._fabric.messages_sent[self._rank], "codec": {}}
+
+    def lost_peers(self) -> dict[int, str]:
+        return {}
+
+    def close(self) -> None:
+        self._closed = True
+
+    # -- communication ------------------------------------------------------------------------
+    def channel(self, number: int) -> Any:
+        return _NoChannel(number)
+
+    def allreduce(self, x: Any, op: str = "sum", *, wait: bool = True,
+                  timeout: float | None = None, algorithm: str = "auto",
+                  compression: Any = None, residual: Any = None) -> Any:
+        if compression is not None:
+            raise NotImplementedError("the simulator does not simulate codecs yet")
+        if op not in _OPS and op != "mean":
+            raise ValueError(f"allreduce: unknown op {op!r}")
+        mine = _numpy(x)
+        ufunc = _OPS.get(op, np.add)
+
+        def combine(parts: Sequence[np.ndarray]) -> np.ndarray:
+            total = reduce(lambda a, b: ufunc(a, b), parts[1:], parts[0].copy())
+            if op == "mean":
+                total = total / len(parts)
+            return total.astype(mine.dtype, copy=False)
+
+        result = self._fabric.collective(self._rank, "allreduce", mine.copy(), mine.nbytes,
+                                         combine)
+        np.copyto(mine, result)
+        return x if wait else _done(x, "simulated allreduce")
+
+    def broadcast(self, x: Any, root: int = 0, *, wait: bool = True,
+                  timeout: float | None = None) -> Any:
+        mine = _numpy(x)
+        result = self._fabric.collective(self._rank, "broadcast", mine.copy(), mine.nbytes,
+                                         lambda parts: parts[root])
+        np.copyto(mine, result)
+        return x if wait else _done(x, "simulated broadcast")
+
+    def allgather(self, x: Any, *, out: Any = None, variable: bool = False,
+                  wait: bool = True, timeout: float | None = None) -> Any:
+        mine = _numpy(x)
+        parts = self._fabric.collective(self._rank, "allgather", mine.copy(), mine.nbytes,
+                                        lambda ps: [p.copy() for p in ps])
+        if variable:
+            result: Any = parts
+        else:
+            gathered = np.stack(parts)
+            if out is not None:
+                np.copyto(_numpy(out), gathered.reshape(_numpy(out).shape))
+                gathered = out
+            result = gathered
+        return result if wait else _done(result, "simulated allgather")
+
+    def neighbor_exchange(self, x: Any, plan: NeighborPlan, *, scratch: Any = None,
+                          out: Any = None, wait: bool = True,
+                          timeout: float | None = None) -> Any:
+        if plan.compression is not None:
+            raise NotImplementedError("the simulator does not simulate codecs yet")
+        mine = _numpy(x)
+        for dst in plan.dst_ranks:
+            scale = None if plan.dst_weights is None else plan.dst_weights[dst]
+            self._fabric.send(self._rank, dst, mine if scale is None else mine * scale)
+        result = mine * plan.self_weight
+        for src in sorted(plan.src_weights):
+            got = self._fabric.recv(self._rank, src, "a neighbour exchange")
+            result += plan.src_weights[src] * got
+        target = mine if out is None else _numpy(out)
+        np.copyto(target, result.astype(target.dtype, copy=False))
+        answer = x if out is None else out
+        return answer if wait else _done(answer, "simulated neighbour exchange")
+
+    # -- membership (none: every peer stays) ---------------------------------------------------
+    def register_policy(self, policy: Any) -> None:
+        pass
+
+    def unregister_policy(self, policy: Any) -> None:
+        pass
+
+    def attached(self, policy: Any) -> None:
+        pass
+
+    def at_boundary(self, policy: Any, step: int) -> bool:
+        return False
+
+    def recover(self, policy: Any, step: int, pending: bool = False) -> int:
+        raise NotImplementedError("the simulator has no membership changes yet")
+
+    def changing_now(self) -> bool:
+        return False
+
+    def leave(self) -> None:
+        raise NotImplementedError("the simulator has no membership changes yet")

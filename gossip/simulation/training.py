@@ -1,0 +1,235 @@
+"""Training many peers in one process on a virtual clock: each peer a thread running the real
+policy class through gossip.DistributedOptimizer on a SimHost (sim_host.py), its compute and
+its messages charged to its clock by the spec's models (fabric.py).
+
+The task is the demo's: the 8x8 digits that ship inside scikit-learn, an MLP, each peer its
+shard. ``train_peer`` is the one loop every peer runs, simulated or real (the fidelity test
+runs it on real peer processes too)."""
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+
+from collectives.transport.emulation import parse_link
+from gossip.simulation.fabric import Fabric
+from gossip.simulation.sim_host import SimHost
+
+__all__ = ["TrainingSpec", "TrainingResult", "PeerResult", "simulate_training", "train_peer",
+           "SIMULATED_POLICIES"]
+
+_SEEDING = threading.Lock()
+
+SIMULATED_POLICIES = ("synchronous", "local-sgd", "gossip", "push-sum")
+"""The policies the simulator runs: those whose rounds are collectives and exchanges the peers
+make together (the background ones, asynchronous and push-sum with overlap, not yet)."""
+
+
+@dataclass(frozen=True)
+class TrainingSpec:
+    """What to simulate. ``link``: every link's rate and latency ("1gbit,20ms", as
+    GOSSIP_LINK; None: communication takes no time). ``step_seconds``: each step's compute;
+    ``straggler``: (rank, factor), that peer's steps take factor times as long."""
+
+    policy: str = "gossip"
+    peers: int = 4
+    topology: str = "ring"
+    steps: int = 200
+    link: str | None = None
+    step_seconds: float = 0.01
+    straggler: tuple[int, float] | None = None
+    lr: float = 0.05
+    momentum: float = 0.0
+    batch: int = 16
+    hidden: int = 128
+    seed: int = 0
+    policy_options: dict = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.policy not in SIMULATED_POLICIES:
+            raise ValueError(f"simulate: policy {self.policy!r} is not simulated; "
+                             f"one of {', '.join(SIMULATED_POLICIES)}")
+        if self.policy == "push-sum" and self.policy_options.get("overlap"):
+            raise ValueError("simulate: push-sum with overlap=True is not simulated yet")
+        for name, value, low in (("peers", self.peers, 1), ("steps", self.steps, 0),
+                                 ("batch", self.batch, 1), ("hidden", self.hidden, 1)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                raise ValueError(f"simulate: {name} must be an int >= {low}, got {value!r}")
+        if not self.step_seconds >= 0:
+            raise ValueError(f"simulate: step_seconds must be >= 0, got {self.step_seconds!r}")
+        if self.straggler is not None and not (0 <= self.straggler[0] < self.peers
+                                               and self.straggler[1] >= 1):
+            raise ValueError(f"simulate: straggler must be (rank, factor >= 1) with a rank of "
+                             f"the {self.peers} peers, got {self.straggler!r}")
+        parse_link(self.link or "", "link")   # (checked here: a bad one names the setting)
+
+
+@dataclass(frozen=True)
+class PeerResult:
+    """One peer's end: its flat parameters, test accuracy, losses per step and clock."""
+
+    rank: int
+    parameters: np.ndarray
+    accuracy: float
+    losses: list[float]
+    clocks: list[float]
+    bytes_sent: int
+
+
+@dataclass(frozen=True)
+class TrainingResult:
+    """What simulate_training measured (``to_dict()`` for JSON)."""
+
+    spec: TrainingSpec
+    peers: list[PeerResult]
+    consensus: float            # the peers' mean distance to their average
+    averaged_accuracy: float    # the averaged model's test accuracy
+    simulated_seconds: float    # the latest peer's clock at the end
+    seconds: float              # real time the simulation took
+
+    @property
+    def accuracy(self) -> float:
+        """The peers' own models' mean test accuracy."""
+        return float(np.mean([p.accuracy for p in self.peers]))
+
+    def to_dict(self) -> dict[str, Any]:
+        spec = asdict(self.spec)
+        return {"spec": spec, "accuracy": self.accuracy,
+                "worst_accuracy": min(p.accuracy for p in self.peers),
+                "averaged_accuracy": self.averaged_accuracy, "consensus": self.consensus,
+                "simulated_seconds": self.simulated_seconds, "seconds": self.seconds,
+                "bytes_per_peer": float(np.mean([p.bytes_sent for p in self.peers])),
+                "loss": [float(np.mean(col)) for col in zip(*(p.losses for p in self.peers))],
+                "time": [max(col) for col in zip(*(p.clocks for p in self.peers))]}
+
+
+def _model(hidden: int) -> Any:
+    import torch
+
+    return torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(64, hidden),
+                               torch.nn.ReLU(), torch.nn.Linear(hidden, 10))
+
+
+def train_peer(peer: Any, spec: TrainingSpec, tick: Callable[[float], None] = lambda s: None
+               ) -> PeerResult:
+    """The loop every peer runs: the digits MLP (seeded weights, this rank's shard, seeded
+    batches), ``spec.steps`` steps through gossip.DistributedOptimizer with ``spec.policy``;
+    ``tick(seconds)`` charges each step's compute (the simulator's clock; a no-op for real)."""
+    import torch
+    import torch.nn.functional as F
+
+    import gossip
+    from gossip.demo.data import shard
+    from gossip.demo.evaluation import evaluate, flat_parameters
+    from gossip.policies import make
+
+    x, y, test_x, test_y = _task_data()
+    n = peer.world_size
+    rows = torch.from_numpy(shard(len(y), peer.rank, n, seed=spec.seed)
+                            if len(y) >= n else np.arange(len(y)))
+    rng = np.random.default_rng([spec.seed, peer.rank])
+    with _SEEDING:   # (torch's seed is the process's: simulated peers are threads of one)
+        torch.manual_seed(spec.seed)
+        model = _model(spec.hidden)
+    opt = torch.optim.SGD(model.parameters(), lr=spec.lr, momentum=spec.momentum)
+    dopt = gossip.DistributedOptimizer(opt, peer=peer, policy=make(spec.policy,
+                                                                  **spec.policy_options))
+    slow = spec.straggler[1] if spec.straggler and spec.straggler[0] == peer.rank else 1.0
+    losses: list[float] = []
+    clocks: list[float] = []
+    clock = getattr(peer, "clock", None)
+    try:
+        for _ in range(spec.steps):
+            batch = rows[torch.from_numpy(rng.integers(0, len(rows), spec.batch))]
+            dopt.zero_grad()
+            tick(spec.step_seconds * slow)   # the step's compute, before what backward sends
+            loss = F.cross_entropy(model(x[batch]), y[batch])
+            loss.backward()
+            dopt.step()
+            losses.append(loss.item())
+            clocks.append(float(clock) if clock is not None else 0.0)
+            clock = getattr(peer, "clock", None)
+        accuracy = evaluate(model, test_x, test_y)[0]
+        sent = int(peer.stats()["bytes_sent"])
+    finally:
+        dopt.close()
+    if getattr(peer, "clock", None) is not None and clocks:
+        clocks[-1] = float(peer.clock)
+    return PeerResult(peer.rank, flat_parameters(model), accuracy, losses, clocks, sent)
+
+
+def simulate_training(spec: TrainingSpec, *, timeout: float = 600.0) -> TrainingResult:
+    """Run ``spec.peers`` peers of ``spec.policy`` in this process (one thread each; torch set
+    to one intra-op thread) on the virtual clock; every wait bounded by ``timeout`` real
+    seconds (OperationTimeout naming what it waited for)."""
+    import torch
+
+    import topologies
+
+    torch.set_num_threads(1)
+    topology = topologies.parse(spec.topology, spec.peers)
+    fabric = Fabric(spec.peers, parse_link(spec.link or "", "link"), timeout=timeout)
+    results: list[PeerResult | None] = [None] * spec.peers
+    errors: list[BaseException] = []
+    started = time.perf_counter()
+
+    def run(rank: int) -> None:
+        host = SimHost(fabric, rank, topology, timeout=timeout)
+        try:
+            results[rank] = train_peer(host, spec, lambda s: fabric.advance(rank, s))
+        except BaseException as exc:   # (reported below, with the rank)
+            errors.append(exc)
+            fabric.abort(f"rank {rank} failed: {type(exc).__name__}: {exc}")
+
+    threads = [threading.Thread(target=run, args=(r,), name=f"simulated-peer-{r}",
+                                daemon=True) for r in range(spec.peers)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[0]
+    done = [r for r in results if r is not None]
+    stacked = np.stack([p.parameters.astype(np.float64) for p in done])
+    average = stacked.mean(axis=0)
+    consensus = float(np.linalg.norm(stacked - average, axis=1).mean())
+    data_model = _averaged_accuracy(average, spec)
+    return TrainingResult(spec, done, consensus, data_model,
+                          max(fabric.clock), time.perf_counter() - started)
+
+
+_DATA: list[tuple[Any, Any, Any, Any]] = []   # the task's tensors, made once a process
+
+
+def _task_data() -> tuple[Any, Any, Any, Any]:
+    """(train x, train y, test x, test y) of the digits, normalised as the demo does; made
+    once per process and shared, read-only, by every simulated peer."""
+    with _SEEDING:
+        if not _DATA:
+            from gossip.demo.data import load_digits
+            from gossip.demo.evaluation import pixel_statistics, tensors
+
+            data = load_digits()
+            mean, std = pixel_statistics(data)
+            _DATA.append(tensors(data.train_images, data.train_labels, data.max_value, mean,
+                                 std)
+                         + tensors(data.test_images, data.test_labels, data.max_value, mean,
+                                   std))
+        return _DATA[0]
+
+
+def _averaged_accuracy(parameters: np.ndarray, spec: TrainingSpec) -> float:
+    import torch
+
+    from gossip.demo.evaluation import evaluate
+
+    _, _, test_x, test_y = _task_data()
+    model = _model(spec.hidden)
+    with torch.no_grad():
+        torch.nn.utils.vector_to_parameters(torch.from_numpy(parameters.astype(np.float32)),
+                                            model.parameters())
+    return evaluate(model, test_x, test_y)[0]

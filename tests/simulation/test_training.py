@@ -1,0 +1,97 @@
+"""The per-peer simulator (gossip.simulation.simulate_training; issue #38, items 1 and 4): the
+real policy classes on SimHosts in one process give the parameters a real multi-process run of
+the same loop gives (train_peer on gossip.testing.spawn's peers), bit for bit where the
+arithmetic is the same and to float32 rounding where the neighbour combine sums in another
+order; two runs are identical; the virtual clock charges what the spec says."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from gossip.simulation import TrainingSpec, simulate_training, train_peer
+from gossip.testing import spawn
+
+pytest.importorskip("torch")
+
+
+def real(peer, spec: TrainingSpec):
+    result = train_peer(peer, spec)
+    return result.parameters, result.accuracy, result.bytes_sent
+
+
+@pytest.mark.parametrize("policy,topology,n", [
+    ("synchronous", "ring", 4), ("gossip", "ring", 4), ("push-sum", "one-peer-exponential", 4),
+    ("local-sgd", "ring", 4),
+    pytest.param("gossip", "ring", 8, marks=pytest.mark.slow),          # (and in CI's
+    pytest.param("push-sum", "exponential", 8, marks=pytest.mark.slow)])  # second pass)
+def test_the_simulated_peers_end_where_real_peers_end(policy: str, topology: str,
+                                                      n: int) -> None:
+    spec = TrainingSpec(policy=policy, peers=n, steps=30, topology=topology)
+    simulated = simulate_training(spec)
+    out = spawn(real, n=n, timeout=300, args=(spec,), preload=("torch",))
+    for rank in range(n):
+        mine, theirs = simulated.peers[rank].parameters, out[rank][0]
+        if policy == "gossip":   # (the neighbour combine sums its terms in another order)
+            np.testing.assert_allclose(mine, theirs, rtol=0, atol=1e-6)
+        else:
+            assert np.array_equal(mine, theirs), (policy, rank)
+        assert simulated.peers[rank].accuracy == pytest.approx(out[rank][1], abs=1e-3)
+    assert not np.array_equal(simulated.peers[0].parameters, out[0][0] * 0)   # (it trained)
+
+
+def test_two_runs_are_identical() -> None:
+    spec = TrainingSpec(policy="gossip", peers=6, steps=20, link="100mbit,5ms",
+                        straggler=(5, 3.0))
+    a, b = simulate_training(spec), simulate_training(spec)
+    for p, q in zip(a.peers, b.peers):
+        assert np.array_equal(p.parameters, q.parameters) and p.clocks == q.clocks
+    assert a.to_dict() | {"seconds": 0} == b.to_dict() | {"seconds": 0}
+
+
+def test_the_clock_charges_compute_latency_and_bytes() -> None:
+    """Gossip on a ring of 4, no straggler: each step is its compute, then one message to each
+    neighbour (latency + bytes / rate, the links free at once); the allreduce of synchronous
+    costs 2(n-1) ring steps of latency + bytes / n / rate."""
+    steps, compute, latency, rate = 10, 0.01, 0.005, 1e9 / 8    # 1 Gbit/s
+    spec = TrainingSpec(policy="gossip", peers=4, steps=steps, link="1gbit,5ms",
+                        step_seconds=compute)
+    result = simulate_training(spec)
+    nbytes = result.peers[0].parameters.nbytes
+    assert result.simulated_seconds == pytest.approx(
+        steps * (compute + latency + nbytes / rate), rel=1e-9)
+    assert result.peers[0].bytes_sent == steps * 2 * nbytes      # two neighbours a round
+    sync = simulate_training(TrainingSpec(policy="synchronous", peers=4, steps=steps,
+                                          link="1gbit,5ms", step_seconds=compute))
+    # Its gradient allreduce per step (one bucket here) plus the initial broadcast.
+    per_step = 2 * 3 * (latency + nbytes / 4 / rate)
+    broadcast = 2 * (latency + nbytes / rate)
+    assert sync.simulated_seconds == pytest.approx(
+        broadcast + steps * (compute + per_step), rel=1e-9)
+
+
+def test_a_straggler_sets_the_pace_of_the_lockstep_policies() -> None:
+    fast = simulate_training(TrainingSpec(policy="synchronous", peers=4, steps=10))
+    slow = simulate_training(TrainingSpec(policy="synchronous", peers=4, steps=10,
+                                          straggler=(2, 4.0)))
+    assert slow.simulated_seconds == pytest.approx(4 * fast.simulated_seconds, rel=1e-9)
+    assert all(p.clocks[-1] == slow.simulated_seconds for p in slow.peers)
+
+
+@pytest.mark.parametrize("kwargs,message", [
+    ({"policy": "asynchronous"}, "policy 'asynchronous' is not simulated"),
+    ({"policy": "push-sum", "policy_options": {"overlap": True}}, "overlap=True"),
+    ({"peers": 0}, "peers must be an int >= 1"),
+    ({"straggler": (9, 2.0)}, "straggler must be"),
+    ({"link": "fast"}, "link='fast'"),
+])
+def test_bad_specs_name_the_setting(kwargs: dict, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        TrainingSpec(**kwargs)
+
+
+def test_a_failing_peer_stops_the_others_at_once() -> None:
+    """A peer whose policy fails (here: a graph of the wrong size for gossip) ends the run with
+    its error; the others do not wait for it until their timeout."""
+    spec = TrainingSpec(policy="gossip", peers=4, steps=5, topology="torus:2x3")
+    with pytest.raises(Exception, match="6|size|peers"):
+        simulate_training(spec, timeout=60)
