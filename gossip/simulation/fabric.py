@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from collectives.communicator import DEFAULT_SMALL_BYTES
 from collectives.transport.emulation import LinkSpec
 from gossip.errors import OperationTimeout
 
@@ -26,13 +27,17 @@ __all__ = ["Fabric", "collective_seconds"]
 
 
 def collective_seconds(op: str, nbytes: int, size: int, link: LinkSpec | None) -> float:
-    """Simulated seconds of collective ``op`` over ``size`` peers on ``nbytes`` per peer:
-    allreduce as a ring (2(n-1) steps of nbytes/n), allgather as a ring (n-1 steps of
-    nbytes), broadcast as a binomial tree (ceil(log2 n) steps of nbytes), barrier as
-    ceil(log2 n) latencies. 0 without a link model or for one peer."""
+    """Simulated seconds of collective ``op`` over ``size`` peers on ``nbytes`` per peer, by
+    the algorithm the collectives run: allreduce by recursive doubling below
+    DEFAULT_SMALL_BYTES (ceil(log2 n) steps of nbytes), as a ring above (2(n-1) steps of
+    nbytes/n); allgather as a ring (n-1 steps of nbytes); broadcast as a binomial tree
+    (ceil(log2 n) steps of nbytes); barrier as ceil(log2 n) latencies. 0 without a link model
+    or for one peer."""
     if link is None or size <= 1:
         return 0.0
     steps = math.ceil(math.log2(size))
+    if op == "allreduce" and nbytes < DEFAULT_SMALL_BYTES:
+        return steps * (link.latency + nbytes / link.rate)
     if op == "allreduce":
         return 2 * (size - 1) * (link.latency + nbytes / size / link.rate)
     if op == "allgather":
@@ -153,6 +158,8 @@ def _collective_bytes(op: str, nbytes: int, size: int) -> int:
     """Bytes one peer sends in ``op`` under collective_seconds' algorithms."""
     if size <= 1:
         return 0
+    if op == "allreduce" and nbytes < DEFAULT_SMALL_BYTES:
+        return math.ceil(math.log2(size)) * nbytes
     if op == "allreduce":
         return 2 * (size - 1) * nbytes // size
     if op == "allgather":
