@@ -21,11 +21,14 @@ __all__ = ["PeerChannel"]
 class PeerChannel(enum.IntEnum):
     #: The peer's own communicator: the collectives of Peer, the blocking policies.
     PEER = 0
-    #: Asynchronous: pushes from the sending thread to the receiving threads (this number),
-    #: and quiesce()'s counts of them (the next one: a count must never be taken for a push,
-    #: nor meet a send of the user's own on the peer's communicator).
+    #: Asynchronous: pushes, or pairwise exchanges' requests, from the sending thread to the
+    #: receiving threads (this number), quiesce()'s counts of them (the next one: a count must
+    #: never be taken for a push, nor meet a send of the user's own on the peer's
+    #: communicator), and the answers to requests (the one after: the requester's sending
+    #: thread waits for them while its receiving thread answers others).
     ASYNCHRONOUS = 1
     ASYNCHRONOUS_COUNTS = 2
+    ASYNCHRONOUS_ANSWERS = 3
     #: ElasticAveraging: requests to the centre's owners (this number) and their replies
     #: (the next one).
     ELASTIC_REQUESTS = 4

@@ -54,11 +54,11 @@ def train_in_view(peer, policy, rounds):
 
 
 # ---------------------------------------------------------------- a join
-def asynchronous_members(peer, workdir, size, slow_rank=None):
+def asynchronous_members(peer, workdir, size, slow_rank=None, exchange="push"):
     from gossip.policies import Asynchronous
     _publish_address(peer, workdir)
     x = np.full(LENGTH, float(peer.rank))
-    policy = Asynchronous().attach(peer, [x])      # OnePeerExponential(n)
+    policy = Asynchronous(exchange=exchange).attach(peer, [x])      # OnePeerExponential(n)
     at_change = []
     peer.on_view_change(lambda view: at_change.append((policy.weights[0], x.copy())))
     # Until the joiner is in, or it finished without joining (the test's file: refused).
@@ -83,14 +83,16 @@ def asynchronous_members(peer, workdir, size, slow_rank=None):
 # took 15-30 s in 3 of 10 runs on 2026-12-02: members far behind the boundary step the
 # fastest member set trained for that long to reach it. Asynchronous members now stop at
 # their next boundary whatever their count (Policy.own_steps): 10 of 10 runs in 3-6 s.
-def test_a_joiner_enters_a_running_asynchronous_group_and_the_mass_stays_exact(tmp_path):
+@pytest.mark.parametrize("exchange", ["push", "pairwise"])
+def test_a_joiner_enters_a_running_asynchronous_group_and_the_mass_stays_exact(exchange,
+                                                                               tmp_path):
     workdir, path, box = str(tmp_path), str(tmp_path / "joiner.npz"), {}
 
     def joiner():
         try:
             box["out"] = _run_joiner(workdir, _worker("asynchronous_joiner.py"),
                                      [ROUNDS_AFTER, path, LENGTH,
-                                      os.path.dirname(os.path.abspath(__file__))],
+                                      os.path.dirname(os.path.abspath(__file__)), exchange],
                                      "joiner", timeout=120)
         finally:
             open(os.path.join(workdir, "done"), "w").close()   # a refused joiner: stop
@@ -98,7 +100,7 @@ def test_a_joiner_enters_a_running_asynchronous_group_and_the_mass_stays_exact(t
     thread = threading.Thread(target=joiner)
     thread.start()
     try:
-        results = spawn(asynchronous_members, n=4, timeout=150, args=(workdir, 5, 3),
+        results = spawn(asynchronous_members, n=4, timeout=150, args=(workdir, 5, 3, exchange),
                         peer_timeout=PEER_TIMEOUT)
     finally:
         thread.join(150)

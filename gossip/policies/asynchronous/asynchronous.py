@@ -54,6 +54,8 @@ from __future__ import annotations
 
 import functools
 import logging
+import math
+import random
 import threading
 import time
 from typing import TYPE_CHECKING, Any
@@ -64,9 +66,10 @@ from collectives import Communicator
 from collectives.arrays import adapter_for
 from collectives.codecs import CodecSpec
 from collectives.group import Switch, View
-from gossip.errors import OperationTimeout, PeerLost
+from gossip.errors import GossipError, OperationTimeout, PeerLost
 from gossip.peer_channels import PeerChannel
 from gossip.policies.asynchronous.inbound import Arrivals
+from gossip.policies.asynchronous.pairs import Pairs
 from gossip.policies.asynchronous.push import Push
 from gossip.policies.asynchronous.rotation import Rotation
 from gossip.policies.base import (DEFAULT_BUCKET_BYTES, PEER_FAILURES, BackgroundPolicy,
@@ -77,7 +80,11 @@ from gossip.policies.push_sum import weights_from_state
 if TYPE_CHECKING:
     from topologies import Topology
 
-__all__ = ["Asynchronous"]
+__all__ = ["Asynchronous", "EXCHANGES"]
+
+#: How asynchronous peers mix: ``pairwise`` (AD-PSGD's atomic pairwise average, in push-sum
+#: form; the default) or ``push`` (one-way push-sum pushes of a fraction of the mass).
+EXCHANGES = ("pairwise", "push")
 
 log = logging.getLogger("gossip")
 
@@ -159,7 +166,8 @@ class Asynchronous(BackgroundPolicy):
     worker_name = "asynchronous gossip thread"
 
     def __init__(self, *, topology: Topology | None = None, max_staleness: int | None = None,
-                 push_fraction: float = 1 / 4, min_weight: float = 1 / 2,
+                 exchange: str = "push", push_fraction: float | None = None,
+                 min_weight: float | None = None,
                  channel: int = PeerChannel.ASYNCHRONOUS, poll_interval: float = 0.25,
                  send_timeout: float | None = None,
                  bucket_bytes: int = DEFAULT_BUCKET_BYTES,
@@ -173,10 +181,24 @@ class Asynchronous(BackgroundPolicy):
                          bucket_bytes=bucket_bytes, timeout=timeout, nan_guard=nan_guard)
         self._topology_arg = topology
         self.max_staleness = check_int("max_staleness", max_staleness, 0, optional=True)
-        self.min_weight = check_number("min_weight", min_weight, lambda w: 0 < w <= 1,
-                                       "in (0, 1]")
-        self.push_fraction = check_number("push_fraction", push_fraction, lambda f: 0 < f < 1,
-                                          "in (0, 1)")
+        if exchange not in EXCHANGES:
+            raise ValueError(f"Asynchronous(exchange={exchange!r}): expected one of "
+                             f"{', '.join(EXCHANGES)}")
+        self.exchange = exchange
+        if exchange == "pairwise":
+            for name, value in (("push_fraction", push_fraction), ("min_weight", min_weight)):
+                if value is not None:
+                    raise ValueError(f"Asynchronous({name}={value!r}) applies to "
+                                     "exchange='push' only (a pairwise exchange moves half of "
+                                     "the two peers' pooled mass, and never leaves a peer light)")
+        self.min_weight = check_number(
+            "min_weight", 1 / 2 if min_weight is None else min_weight, lambda w: 0 < w <= 1,
+            "in (0, 1]")
+        self.push_fraction = check_number(
+            "push_fraction", 1 / 4 if push_fraction is None else push_fraction,
+            lambda f: 0 < f < 1, "in (0, 1)")
+        self._pairs: Pairs | None = None   # (pairwise) what this peer offers to exchanges
+        self._rng = random.Random()        # (pairwise) partners: seeded by rank at attach
         self._send_timeout_arg = check_number("send_timeout", send_timeout, lambda t: t > 0,
                                               "a positive number", optional=True)
         self._kick = threading.Event()
@@ -209,13 +231,22 @@ class Asynchronous(BackgroundPolicy):
 
     def _setup(self) -> None:
         nb = len(self._packed())
-        self._w = [1.0] * nb   # the push-sum weight of each bucket (training thread's)
-        # For loops without after_backward(): the parameters as the last after_step left
-        # them (the move since then is m - anchor: _fold_in); dropped at after_backward().
-        self._anchor: list[Any] | None = [adapter_for(b.flat).clone(b.flat)
-                                          for b in self._packed()]
+        self._w = [1.0] * nb   # the push-sum weight of each bucket (training thread's; push)
         self._folded = False     # after_backward() folded the arrivals in this step
-        self._out = [b.new(extra=1) for b in self._packed()]   # the message being pushed
+        self._out = [b.new(extra=1) for b in self._packed()]   # the push, or request, in flight
+        # For loops without after_backward() (push): the parameters as the last after_step
+        # left them (the move since then is m - anchor: _fold_in); dropped at after_backward().
+        self._anchor: list[Any] | None = None
+        if self.exchange == "pairwise":
+            host = self._host()
+            self._pairs = Pairs(self._packed(), rank=host.rank, world_size=host.world_size,
+                                cond=self._cond)
+            self._rng = random.Random(0x5EED + host.rank)
+            self._answer = [b.new(extra=1) for b in self._packed()]   # its answers
+            self._request = [b.new(extra=1) for b in self._packed()]  # others' requests
+            self._next_request: dict[int, int] = {}   # source -> bucket of its next request
+        else:
+            self._anchor = [adapter_for(b.flat).clone(b.flat) for b in self._packed()]
         self._for_view()   # rotation, communicators, arrivals; the threads start
 
     def _stop_seconds(self) -> float:
@@ -228,6 +259,8 @@ class Asynchronous(BackgroundPolicy):
     # ------------------------------------------------------------------ training loop side
     def _after_backward(self) -> None:
         self._check_worker()
+        if self._pairs is not None:
+            return   # the exchanges' changes are added at after_step, on top of the move
         self._packed().copy_in()
         self._fold_in(moved=False)
         self._packed().copy_out()
@@ -237,7 +270,11 @@ class Asynchronous(BackgroundPolicy):
     def _after_step(self, step: int) -> None:
         self._check_worker()
         self._packed().copy_in()
+        if self._pairs is not None:
+            self._pairs.sync(self._packed())
         folded, self._folded = self._folded, False
+        if self._pairs is not None:
+            folded = True   # nothing to fold: sync added the exchanges' changes
         if not folded:   # a loop without after_backward(): fold in past the move
             self._fold_in(moved=self._anchor is not None)
         if self.max_staleness is not None:
@@ -272,7 +309,12 @@ class Asynchronous(BackgroundPolicy):
         False): m <- m + W/(w+W) (A - m), one pass. After it (``moved``, the anchor a being
         the parameters before the move): m <- m + W/(w+W) (A - a), which is the same mix with
         the move d = m - a added back. Either way a step counts fully however much mass is
-        in transit, as if the pair had absorbed each message the moment it arrived."""
+        in transit, as if the pair had absorbed each message the moment it arrived.
+
+        Pairwise: what the exchanges changed since the last sync is added (Pairs.sync)."""
+        if self._pairs is not None:
+            self._pairs.sync(self._packed())
+            return
         self._inbox().drain(self._comm, self._sources, self.send_timeout)
         arrivals = self._inbox().take()
         with self._cond:
@@ -312,7 +354,9 @@ class Asynchronous(BackgroundPolicy):
         (or skip the round: alone, or too light)."""
         with self._cond:
             job = self._job
-        if job is not None and job.complete():
+        if job is not None and self._pairs is None and job.complete():
+            # (Push: its messages taken, it is over. An exchange is over only when its
+            # answers are in: the pushing thread settles it.)
             self._push_over(job, len(job.requests))
         with self._cond:
             if self._job is not None or self._returned is not None:
@@ -322,6 +366,9 @@ class Asynchronous(BackgroundPolicy):
         alive = functools.partial(self._alive, lost=self._host().lost_peers())   # read once
         self._rotation.heal(alive)
         self._rounds += 1
+        if self._pairs is not None:
+            self._start_exchange(included, alive)
+            return
         light = min(self._w) < self.min_weight   # flow control (class docstring)
         dst = None   # (owed() marks the peer answered: asked only when this round pushes)
         if not light:
@@ -345,6 +392,24 @@ class Asynchronous(BackgroundPolicy):
             # ... and keep the rest: m unchanged, w less what left as the buffer's dtype
             # holds it (float32 rounds f w), so kept + sent is w to float64 precision.
             self._w[k] = w - float(out[-1])
+        push = Push(self._comm, dst, included, self._out, self.send_timeout)
+        with self._cond:
+            self._job = push
+        self._kick.set()
+
+    def _start_exchange(self, included: int, alive: Any) -> None:
+        """(Training thread, pairwise.) Ask a random live neighbour to average with this
+        peer (AD-PSGD); none while a change at once is under way, or when alone."""
+        live = [j for j in self._rotation.ranks if alive(j)]
+        if not live or self._host().changing_now():
+            with self._cond:
+                self._mixed_step = included
+                self._cond.notify_all()
+            return
+        dst = live[self._rng.randrange(len(live))]
+        self._turns += 1
+        assert self._pairs is not None
+        self._pairs.begin(dst, self._out)
         push = Push(self._comm, dst, included, self._out, self.send_timeout)
         with self._cond:
             self._job = push
@@ -376,13 +441,40 @@ class Asynchronous(BackgroundPolicy):
                 continue
             start = time.perf_counter()
             delivered = [0]
-            with self._tolerate(f"push to rank {job.dst}", rank=job.dst):
-                job.see_through(delivered)
+            if self._pairs is not None:
+                self._see_exchange_through(job, delivered)
+            else:
+                with self._tolerate(f"push to rank {job.dst}", rank=job.dst):
+                    job.see_through(delivered)
             self._push_over(job, delivered[0])
             self._background_seconds += time.perf_counter() - start
 
+    def _see_exchange_through(self, job: Push, delivered: list[int]) -> None:
+        """(Pushing thread, pairwise.) Send the request, then take the partner's answer to
+        each bucket in turn; a partner that fails is dropped, and what it did not answer
+        leaves this peer's pair as it was."""
+        assert self._pairs is not None
+        try:
+            with self._tolerate(f"exchange with rank {job.dst}", rank=job.dst):
+                job.see_through(delivered)
+                for k, (sent, got) in enumerate(zip(self._out, self._answer)):
+                    self._answers.recv(job.dst, got, timeout=self.send_timeout)
+                    if not math.isfinite(float(got[-1])) or not \
+                            0.0 <= float(got[-1]) <= self._host().world_size:
+                        log.warning("rank %d: asynchronous gossip: dropped an answer from "
+                                    "rank %d: push-sum weight %r out of [0, n]",
+                                    self._host().rank, job.dst, float(got[-1]))
+                        continue
+                    self._pairs.apply(k, sent, got)
+        finally:
+            self._pairs.end()
+
     def _receive(self) -> None:
-        """The receiver: sleeps until a message from any peer is waiting, then absorbs it."""
+        """The receiver: sleeps until a message from any peer is waiting, then absorbs it
+        (push) or answers it (pairwise)."""
+        if self._pairs is not None:
+            self._answer_requests()
+            return
         # Its view's (a view change halts it before they are replaced).
         stop, comm, sources, arrivals = self._stop, self._comm, self._sources, self._inbox()
         while not stop.is_set():
@@ -399,6 +491,52 @@ class Asynchronous(BackgroundPolicy):
                 arrivals.absorb_from(comm, src, self.send_timeout)
             self._background_seconds += time.perf_counter() - start
 
+    def _answer_requests(self) -> None:
+        """(Receiving thread, pairwise.) Answer each request as it comes."""
+        stop, comm, sources = self._stop, self._comm, self._sources
+        while not stop.is_set():
+            src = self._next_source(comm, sources)
+            self._receiver_wakeups += 1
+            if stop.is_set():
+                break
+            if src is None:
+                continue
+            start = time.perf_counter()
+            with self._tolerate(f"answer to rank {src}", rank=src, drop=(PeerLost,)):
+                while comm.probe(src):
+                    self._answer_one(comm, src, reply=True)
+            self._background_seconds += time.perf_counter() - start
+
+    def _answer_one(self, comm: Communicator, src: int, *, reply: bool) -> None:
+        """Take the next request of ``src`` and (``reply``) answer it: pooled, or refused
+        (busy, or malformed: logged)."""
+        assert self._pairs is not None
+        k = self._next_request.get(src, 0)
+        self._next_request[src] = (k + 1) % len(self._request)
+        request = self._request[k]
+        why = None
+        try:
+            comm.recv(src, request, timeout=self.send_timeout)
+        except PEER_FAILURES:
+            raise
+        except GossipError as exc:
+            why = f"bad message: {exc}"
+        if why is None:
+            weight = float(request[-1])
+            if not (math.isfinite(weight) and 0.0 < weight <= self._host().world_size):
+                why = f"push-sum weight {weight!r} out of (0, n]"
+        if why is not None:
+            log.warning("rank %d: asynchronous gossip: refused a request of rank %d: %s",
+                        self._host().rank, src, why)
+            request[-1] = 0
+        elif reply:
+            self._pairs.answer(k, request)
+        try:
+            if reply:
+                self._answers.send(src, request, timeout=self.send_timeout)
+        finally:
+            self._pairs.handled(src)
+
     def _dropped_peer(self, rank: int) -> None:
         self._drained_check = True   # see _fold_in
 
@@ -409,7 +547,7 @@ class Asynchronous(BackgroundPolicy):
             if self._job is not job:
                 return
             self._sent_to[job.dst] += sent
-            if sent < len(self._out):
+            if sent < len(self._out) and self._pairs is None:
                 self._returned = sent   # what did not leave goes back into the pair
             self._job = None
             self._mixed_step = max(self._mixed_step, job.included)
@@ -429,20 +567,27 @@ class Asynchronous(BackgroundPolicy):
                                        "asynchronous quiesce"))
             sent = list(self._sent_to)
         expected = self._pushes_to_absorb(sent, timeout)
-        absorbed = self._inbox().absorbed_from
+        absorbed = self._taken_from()
         with self._cond:
             self._wait_locked(
                 lambda: all(absorbed[j] >= count for j, count in expected.items()),
                 timeout, 0.5,
-                lambda: (f"quiesce: absorbed {[absorbed[j] for j in expected]} of the "
-                         f"{list(expected.values())} messages ranks {list(expected)} pushed "
-                         "to it", "asynchronous quiesce"))
+                lambda: (f"quiesce: took {[absorbed[j] for j in expected]} of the "
+                         f"{list(expected.values())} messages ranks {list(expected)} sent "
+                         "it", "asynchronous quiesce"))
         # Fold the absorbed mass into the parameters (no move since the last step).
         self._packed().copy_in()
         self._fold_in(moved=False)
         self._packed().copy_out()
         if self._anchor is not None:
             self._keep_anchor()
+
+    def _taken_from(self) -> list[int]:
+        """Messages of each source taken by the receiver (pushes absorbed, or requests
+        answered), under _cond."""
+        if self._pairs is not None:
+            return self._pairs.handled_from
+        return self._inbox().absorbed_from
 
     def resume(self) -> None:
         """Push again after quiesce()."""
@@ -493,7 +638,11 @@ class Asynchronous(BackgroundPolicy):
         self._sent_to = [0] * n
         self._comm = self._host().channel(self._channel_number)
         self._counts = self._host().channel(self._channel_number + 1)   # quiesce()'s
-        if self._arrivals is None:
+        self._answers = self._host().channel(self._channel_number + 2)  # (pairwise)
+        if self._pairs is not None:
+            self._pairs.renumber(rank, n)
+            self._next_request = {}
+        elif self._arrivals is None:
             self._arrivals = Arrivals(self._packed(), rank=rank, world_size=n, cond=self._cond)
         else:
             self._arrivals.renumber(rank, n)
@@ -508,10 +657,13 @@ class Asynchronous(BackgroundPolicy):
         self._mixed_step = int(switch.step)
         old, new = self._host().world_size, len(switch.view)
         if new != old:
-            self._w = [w * (new / old) for w in self._w]
+            if self._pairs is not None:
+                self._pairs.scale_weights(new / old)
+            else:
+                self._w = [w * (new / old) for w in self._w]
         if switch.transport.rank == switch.source and switch.receivers:
             parts = len(switch.receivers) + 1
-            self._shares = ([w / parts for w in self._w], parts)
+            self._shares = ([w / parts for w in self.weights], parts)
 
     def view_changed(self) -> None:
         super().view_changed()   # the topology over the new view
@@ -520,6 +672,8 @@ class Asynchronous(BackgroundPolicy):
             self._drained_check = False
             self._dropped = {}    # old ranks: the new view's members are all live
         self._kick.clear()
+        if self._pairs is not None:
+            self._pairs.close()   # until this member's first step in the view
         self._for_view()
 
     def state_sent(self) -> None:
@@ -531,9 +685,16 @@ class Asynchronous(BackgroundPolicy):
         self._shares = None
         given = parts - 1
         if parts & given == 0:
-            self._w = list(shares)
+            kept = list(shares)
         else:
-            self._w = [w - given * s for w, s in zip(self._w, shares)]
+            kept = [w - given * s for w, s in zip(self.weights, shares)]
+        self._set_weights(kept)
+
+    def _set_weights(self, weights: list[float]) -> None:
+        if self._pairs is not None:
+            self._pairs.set_weights(weights)
+        else:
+            self._w = list(weights)
 
     def _continuing(self, switch: Switch) -> list[int]:
         """Ranks, in the old view, of the other members that go on in ``switch``'s view as
@@ -561,7 +722,7 @@ class Asynchronous(BackgroundPolicy):
         if partners and not switch.at_once:
             try:
                 expected = self._pushes_to_absorb(sent, self.timeout, partners)
-                absorbed = self._inbox().absorbed_from
+                absorbed = self._taken_from()
                 with self._cond:
                     self._wait_locked(
                         lambda: all(absorbed[j] >= c for j, c in expected.items()),
@@ -583,7 +744,11 @@ class Asynchronous(BackgroundPolicy):
         self._halt()
         for src in self._sources:   # what is queued still (from a leaver, the dead, ...)
             try:
-                self._inbox().absorb_from(self._comm, src, self.send_timeout)
+                if self._pairs is not None:   # requests nobody waits for any more
+                    while self._comm.probe(src):
+                        self._answer_one(self._comm, src, reply=False)
+                else:
+                    self._inbox().absorb_from(self._comm, src, self.send_timeout)
             except PEER_FAILURES:
                 pass   # lost with nothing queued, or the inbox closed by a change at once
         self._packed().copy_in()
@@ -601,7 +766,7 @@ class Asynchronous(BackgroundPolicy):
         return {"weights": self.weights}
 
     def _load_extra_state(self, state: dict) -> None:
-        self._w = weights_from_state(state, len(self._w), self.name)
+        self._set_weights(weights_from_state(state, len(self._w), self.name))
         if self._anchor is not None:
             # From the user's arrays, not via copy_in: a joiner's buckets hold the state
             # just received, and its arrays get it only in took_state.
@@ -614,6 +779,9 @@ class Asynchronous(BackgroundPolicy):
 
     def took_state(self, step: int) -> None:
         super().took_state(step)   # the source's model into the user's arrays
+        if self._pairs is not None:
+            self._packed().copy_in()
+            self._pairs.reset(self._packed())
         if self._anchor is not None:
             self._keep_anchor()     # the joiner's moves count from the source's model
         self._mixed_step = self._step
@@ -628,6 +796,8 @@ class Asynchronous(BackgroundPolicy):
     def weights(self) -> list[float]:
         """The push-sum weights, one per bucket."""
         self._check_ready()
+        if self._pairs is not None:
+            return self._pairs.weights()
         return list(self._w)
 
     def _restored(self) -> None:
@@ -642,13 +812,27 @@ class Asynchronous(BackgroundPolicy):
         return self._arrivals
 
     def _extra_stats(self) -> dict:
-        return {"background_rounds": self._rounds, "pushes_held_back": self._held_back,
-                "messages_absorbed": self._inbox().absorbed, "lightest_weight": self._lightest,
-                "min_weight": self.min_weight, "background_seconds": self._background_seconds,
-                "staleness_waits": self._staleness_waits, "weights_restarted": self._restarts,
-                "receiver_wakeups": self._receiver_wakeups,
-                "messages_sent_to": list(self._sent_to),   # (in this view)
-                "messages_absorbed_from": list(self._inbox().absorbed_from),
-                "dropped_peers": sorted(self._dropped), "rotation": list(self._rotation.ranks),
-                "healed_around": sorted(self._rotation.healed),
-                "weights": self.weights, "topology": repr(self.topology)}
+        out = {"exchange": self.exchange, "background_rounds": self._rounds,
+               "background_seconds": self._background_seconds,
+               "staleness_waits": self._staleness_waits,
+               "receiver_wakeups": self._receiver_wakeups,
+               "messages_sent_to": list(self._sent_to),   # (in this view)
+               "messages_absorbed_from": list(self._taken_from()),
+               "dropped_peers": sorted(self._dropped), "rotation": list(self._rotation.ranks),
+               "healed_around": sorted(self._rotation.healed),
+               "weights": self.weights, "topology": repr(self.topology)}
+        pairs = self._pairs
+        if pairs is not None:
+            # Messages that changed this peer's pair: answers to its requests, and the
+            # requests it answered.
+            out.update({"messages_absorbed": pairs.completed + pairs.answered,
+                        "lightest_weight": min(pairs.weights()),
+                        "exchanges_started": self._turns,
+                        "exchange_answers_taken": pairs.completed,
+                        "exchange_refusals_taken": pairs.declined,
+                        "requests_answered": pairs.answered, "requests_refused": pairs.refused})
+        else:
+            out.update({"messages_absorbed": self._inbox().absorbed,
+                        "pushes_held_back": self._held_back, "lightest_weight": self._lightest,
+                        "min_weight": self.min_weight, "weights_restarted": self._restarts})
+        return out

@@ -1,4 +1,4 @@
-"""usage: asynchronous_joiner.py ROUNDS OUT LENGTH TESTS_DIR  (GOSSIP_RENDEZVOUS set)
+"""usage: asynchronous_joiner.py ROUNDS OUT LENGTH TESTS_DIR EXCHANGE  (GOSSIP_RENDEZVOUS set)
 
 A process joining a running Asynchronous group
 (tests/membership/test_asynchronous_membership.py, whose train_in_view it imports from
@@ -16,7 +16,7 @@ except gossip.GossipError as exc:
     print("REFUSED", exc, flush=True)
     sys.exit(3)
 x = np.zeros(length)
-policy = Asynchronous().attach(peer, [x])      # takes its source's model and a share
+policy = Asynchronous(exchange=sys.argv[5]).attach(peer, [x])   # its source's model, a share
 at_w, at_m = policy.weights[0], x.copy()
 train_in_view(peer, policy, rounds)
 w, m = policy.weights[0], x.copy()

@@ -1,0 +1,87 @@
+"""Asynchronous(exchange="pairwise"): AD-PSGD's atomic pairwise average in push-sum form
+(gossip/policies/asynchronous/pairs.py). Real peer processes over real sockets, a straggler
+among them: the exchanges keep the mass exact, leave every step's move in place (none lost,
+none counted twice, whichever thread ran first), and mix the peers to their mean."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import topologies
+from gossip.policies import Asynchronous
+from gossip.testing import spawn
+
+LENGTH = 500
+STEPS = 150
+STRAGGLER = 3
+
+
+def start(rank: int) -> np.ndarray:
+    return np.random.default_rng([29, rank]).normal(loc=rank, size=LENGTH)
+
+
+def move(rank: int) -> np.ndarray:
+    """What each step of ``rank`` adds to its parameters (a stand-in for the optimizer)."""
+    return np.random.default_rng([31, rank]).normal(size=LENGTH) * 1e-3
+
+
+def exchanging(peer, moving: bool):
+    x = start(peer.rank)
+    policy = Asynchronous(topology=topologies.Ring(peer.world_size),
+                          exchange="pairwise").attach(peer, [x])
+    steps = STEPS // 2 if peer.rank == STRAGGLER else STEPS
+    u = move(peer.rank)
+    a = np.random.default_rng(peer.rank).standard_normal((120, 120))
+    for _ in range(steps):
+        if moving:
+            x += u
+        policy.after_step()
+        # A step's compute, four times as long on the straggler: the others exchange with
+        # it meanwhile, its receiving thread answering.
+        for _ in range(12 if peer.rank == STRAGGLER else 3):
+            a = np.tanh(a @ a.T / 120)
+    policy.quiesce()           # nothing in flight anywhere; every exchange's change folded in
+    out = x.copy(), policy.weights[0], steps, policy.stats()
+    policy.close()
+    return out
+
+
+def test_pairwise_exchanges_keep_the_mass_and_bring_the_peers_to_their_mean():
+    n = 4
+    out = spawn(exchanging, n=n, timeout=120, args=(False,))
+    initial = sum(start(r) for r in range(n))
+    total = sum(w * x for x, w, _, _ in out)
+    assert np.abs(total - initial).max() < 1e-9 * np.abs(initial).max(), \
+        np.abs(total - initial).max()
+    assert abs(sum(w for _, w, _, _ in out) - n) < 1e-12
+    mean = initial / n
+    spread = max(float(np.abs(x - mean).max()) for x, _, _, _ in out)
+    assert spread < 1e-6, spread
+    for rank, (_, _, _, stats) in enumerate(out):
+        assert stats["exchange"] == "pairwise"
+        # Each peer both asked (answers taken) and was asked (requests answered): the
+        # straggler too, whose receiving thread answers while its step runs.
+        assert stats["exchange_answers_taken"] > 0 and stats["requests_answered"] > 0, \
+            (rank, stats)
+        assert stats["dropped_peers"] == [], (rank, stats)
+
+
+def test_every_step_s_move_stays_in_the_sum_whatever_the_exchanges():
+    """x += u each step beside the exchanges: after quiesce() the sum of the models is the
+    starting sum plus every move made (the training thread adds the exchanges' changes to
+    its parameters, the moves stay on top)."""
+    n = 4
+    out = spawn(exchanging, n=n, timeout=120, args=(True,))
+    expected = sum(start(r) + steps * move(r) for r, (_, _, steps, _) in enumerate(out))
+    total = sum(w * x for x, w, _, _ in out)
+    assert np.abs(total - expected).max() < 1e-9 * np.abs(expected).max(), \
+        np.abs(total - expected).max()
+
+
+def test_pairwise_refuses_the_push_only_settings():
+    with pytest.raises(ValueError, match="push_fraction.*exchange='push'"):
+        Asynchronous(exchange="pairwise", push_fraction=0.5)
+    with pytest.raises(ValueError, match="min_weight.*exchange='push'"):
+        Asynchronous(exchange="pairwise", min_weight=0.25)
+    with pytest.raises(ValueError, match="exchange='both'.*pairwise, push"):
+        Asynchronous(exchange="both")
