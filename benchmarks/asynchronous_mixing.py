@@ -4,10 +4,11 @@ noisy gradients and momentum 0.9, one peer 4x slower, under Gossip (D-PSGD, lock
 Asynchronous with each exchange: ``push`` (one-way push-sum pushes of a quarter of the mass)
 and ``pairwise`` (AD-PSGD's atomic pairwise average). Measured when every peer has finished
 (stats(consensus=True): the peers' mean distance to their average), and the distance of
-their average to the optimum. Medians over --repeats runs; the peers' compute is a matmul
-loop, so the machine's load shows.
+their average to the optimum. Medians over --repeats runs. A step's compute is a matmul loop
+(4 processes on the machine's cores: the background threads wait to be scheduled), or with
+--idle a 3 ms sleep (a step on an accelerator: the cores stay free for the threads).
 
-    python benchmarks/asynchronous_mixing.py [--repeats 3] [--steps 300] [--straggler 4]
+    python benchmarks/asynchronous_mixing.py [--repeats 3] [--steps 300] [--straggler 4] [--idle]
 """
 from __future__ import annotations
 
@@ -20,7 +21,9 @@ import numpy as np
 LENGTH = 2000
 
 
-def peer_body(peer, exchange: str, steps: int, straggler: float):
+def peer_body(peer, exchange: str, steps: int, straggler: float, idle: bool):
+    import time
+
     import topologies
     from gossip.policies import Asynchronous, Gossip
     rng = np.random.default_rng(peer.rank)
@@ -36,8 +39,12 @@ def peer_body(peer, exchange: str, steps: int, straggler: float):
         velocity = 0.9 * velocity + (x - target) + rng.normal(size=LENGTH)
         x -= 0.05 * velocity
         policy.after_step()
-        for _ in range(round(3 * (straggler if slow else 1))):   # a step's compute
-            a = np.tanh(a @ a.T / 120)
+        factor = straggler if slow else 1
+        if idle:
+            time.sleep(0.003 * factor)
+        else:
+            for _ in range(round(3 * factor)):   # a step's compute
+                a = np.tanh(a @ a.T / 120)
     consensus = policy.stats(consensus=True)["consensus_distance"]
     mean = x.copy()
     peer.allreduce(mean, op="mean")
@@ -53,18 +60,21 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--steps", type=int, default=300)
     parser.add_argument("--straggler", type=float, default=4.0)
+    parser.add_argument("--idle", action="store_true",
+                        help="a step sleeps instead of computing (the cores stay free)")
     parser.add_argument("--json", help="write the figures here")
     args = parser.parse_args()
     results: dict = {}
     for exchange in ("gossip", "push", "pairwise"):
-        runs = [spawn(peer_body, n=4, timeout=300, args=(exchange, args.steps, args.straggler))
+        runs = [spawn(peer_body, n=4, timeout=300, args=(exchange, args.steps, args.straggler,
+                                                           args.idle))
                 for _ in range(args.repeats)]
         consensus = [r[0][0] for r in runs]
         off = [r[0][1] for r in runs]
         results[exchange] = {"consensus": consensus, "mean_to_optimum": off}
     base = statistics.median(results["gossip"]["consensus"])
     print(f"4 peers, ring, {args.steps} steps, peer 3 {args.straggler:g}x slower, "
-          f"medians of {args.repeats}")
+          f"{'sleeping' if args.idle else 'computing'} steps, medians of {args.repeats}")
     print(f"{'policy':<24}{'consensus':>12}{'x gossip':>10}{'mean to optimum':>18}")
     for exchange, r in results.items():
         name = "gossip" if exchange == "gossip" else f"asynchronous ({exchange})"
