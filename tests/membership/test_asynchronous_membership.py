@@ -188,11 +188,11 @@ def test_a_killed_asynchronous_peer_restarted_rejoins_takes_the_state_and_trains
 
 
 # ---------------------------------------------------------------- a leave
-def asynchronous_leaver(peer, leaver, paused):
+def asynchronous_leaver(peer, leaver, paused, exchange):
     from gossip.policies import Asynchronous
     first_rank = peer.rank
     x = np.full(LENGTH, float(peer.rank))
-    policy = Asynchronous().attach(peer, [x])
+    policy = Asynchronous(exchange=exchange).attach(peer, [x])
     quiet = None
     # Paused: soon (what is exact does not need mixing); else once the four have mixed (a
     # push leaves every few steps here), so that the three then agree.
@@ -211,7 +211,7 @@ def asynchronous_leaver(peer, leaver, paused):
     # A user's pause survives the change: no push until resume().
     stats = policy.stats()
     held = quiet is None or stats["background_rounds"] == quiet[2]
-    restarted = stats["weights_restarted"]
+    restarted = stats.get("weights_restarted", 0)   # (push only: a pairwise w never drops)
     if paused:
         policy.resume()
     train_in_view(peer, policy, ROUNDS_AFTER)
@@ -222,10 +222,12 @@ def asynchronous_leaver(peer, leaver, paused):
             quiet and quiet[:2], restarted)
 
 
+@pytest.mark.parametrize("exchange", ["push", "pairwise"])
 @pytest.mark.parametrize("paused", [False, True])
-def test_a_member_leaves_an_asynchronous_group_and_the_others_go_on_in_a_smaller_view(paused):
+def test_a_member_leaves_an_asynchronous_group_and_the_others_go_on_in_a_smaller_view(
+        paused, exchange):
     from gossip.policies import Asynchronous
-    results = spawn(asynchronous_leaver, n=4, timeout=150, args=(1, paused),
+    results = spawn(asynchronous_leaver, n=4, timeout=150, args=(1, paused, exchange),
                     peer_timeout=PEER_TIMEOUT)
     assert results[1][0] == "left", results[1]
     left_w = results[1][1]
@@ -241,7 +243,7 @@ def test_a_member_leaves_an_asynchronous_group_and_the_others_go_on_in_a_smaller
         # every weight is scaled by 3/4. Nothing more moves the mass in the view of 3.
         quiet = [r[6] for r in rest]
         assert abs(sum(w for w, _ in quiet) + left_w - 4.0) < 1e-9, (quiet, left_w)
-        light = Asynchronous().min_weight
+        light = Asynchronous(exchange="push").min_weight if exchange == "push" else 0.0
         kept = [(1.0 if w < light else w) * 3 / 4 for w, _ in quiet]
         assert [r[7] for r in rest] == [int(w < light) for w, _ in quiet], rest
         assert abs(total_w - sum(kept)) < 1e-9, (total_w, kept)

@@ -27,6 +27,8 @@ def move(rank: int) -> np.ndarray:
 
 def exchanging(peer, moving: bool):
     x = start(peer.rank)
+    # Every weight stays at 1 (no view change): a move of the parameters is a move of the
+    # mass (w m) by the same amount.
     policy = Asynchronous(topology=topologies.Ring(peer.world_size),
                           exchange="pairwise").attach(peer, [x])
     steps = STEPS // 2 if peer.rank == STRAGGLER else STEPS
@@ -76,6 +78,48 @@ def test_every_step_s_move_stays_in_the_sum_whatever_the_exchanges():
     total = sum(w * x for x, w, _, _ in out)
     assert np.abs(total - expected).max() < 1e-9 * np.abs(expected).max(), \
         np.abs(total - expected).max()
+
+
+def one_closes_early(peer):
+    """Rank 3 closes its policy once every peer took 10 steps, and stays (as a peer that
+    finished its share of the steps does, waiting for the others at a barrier): it answers
+    no more. The others take 400 more steps."""
+    x = start(peer.rank)
+    policy = Asynchronous(topology=topologies.Ring(peer.world_size),
+                          exchange="pairwise").attach(peer, [x])
+    a = np.random.default_rng(peer.rank).standard_normal((120, 120))
+
+    def steps(count):
+        for _ in range(count):
+            policy.after_step()
+            for _ in range(3):
+                a[:] = np.tanh(a @ a.T / 120)
+
+    steps(10)
+    peer.barrier()
+    if peer.rank == 3:
+        policy.close()
+    peer.barrier()
+    before = policy.stats()["exchange_answers_taken"] if peer.rank != 3 else 0
+    if peer.rank != 3:
+        steps(400)
+    stats = policy.stats() if peer.rank != 3 else {}
+    if peer.rank != 3:
+        policy.close()
+    peer.barrier()
+    return before, stats
+
+
+def test_a_partner_that_closed_its_policy_holds_nobody_up():
+    """Ranks 0 and 2 have rank 3 as a neighbour: once it stops answering, an exchange with
+    it waits answer_wait (0.25 s) where it waited send_timeout (5 s, longer than the 400
+    steps take here, and the peer refuses every request meanwhile), and it is not asked
+    again until it answers, so they go on exchanging with rank 1."""
+    out = spawn(one_closes_early, n=4, timeout=120)
+    for rank in (0, 2):
+        before, stats = out[rank]
+        assert stats["exchange_answers_taken"] - before >= 20, (rank, before, stats)
+        assert stats["dropped_peers"] == [], (rank, stats)   # closed is not lost
 
 
 def test_pairwise_refuses_the_push_only_settings():

@@ -408,7 +408,7 @@ def test_asynchronous_thread_sleeps_until_a_message_and_peer_close_stops_it():
 def async_move_after_a_fold(peer):
     from gossip.testing import wait_until
     x = np.full(1000, float(peer.rank))
-    policy = Asynchronous(push_fraction=0.5).attach(peer, [x])   # (the halves below)
+    policy = Asynchronous(exchange="push", push_fraction=0.5).attach(peer, [x])   # (halves)
     move = np.linspace(-1.0, 1.0, x.size)
 
     def absorbed(count):

@@ -54,8 +54,9 @@ def test_asynchronous_training_loop_does_not_wait_for_a_slow_neighbour():
     slow_steps = out[1][0]["rank 1 slow"]
     assert statistics.median(slow_steps) >= SLEEP
     for times, stats in out:
-        # Flow control: peers that push more often than they hear never run out of weight.
-        assert stats["lightest_weight"] >= stats["min_weight"] / 2, stats
+        # Push's flow control: peers that push more often than they hear never run out of
+        # weight (a pairwise exchange never leaves a peer light).
+        assert stats["lightest_weight"] >= stats.get("min_weight", 1.0) / 2, stats
     for rank in (0, 2, 3):   # rank 0 pushes to rank 1; ranks 2 and 3 hear from it
         times, stats = out[rank]
         alone = statistics.median(times["all fast"])
@@ -107,16 +108,22 @@ def test_a_killed_peer_does_not_stop_asynchronous_gossip():
                for r in (0, 1, 2)), [out[r][0] for r in (0, 1, 2)]
 
 
-def async_with_bogus_pushes(peer):
+def async_with_bogus_pushes(peer, exchange):
     x = np.random.default_rng(peer.rank).normal(size=100)
     if peer.rank == 2:
-        # What a buggy or hostile peer could push: a weight out of (0, n], so folding it in
-        # would divide by zero or flip the sign of rank 0's model.
+        # What a buggy or hostile peer could push (or ask to exchange): a weight out of
+        # (0, n], so folding it in would divide by zero or flip the sign of rank 0's model.
+        tail = 1 if exchange == "push" else 2
         for weight in (-1.0, 0.0, float("nan"), 1e9):
-            bogus = np.full(101, 1e6)
+            bogus = np.full(100 + tail, 1e6)
             bogus[-1] = weight
             peer.channel(1).send(0, bogus)
-    policy = Asynchronous().attach(peer, [x])
+        if exchange == "pairwise":   # and answers nobody asked for, one plausible
+            for weight in (1.0, float("nan")):
+                bogus = np.full(102, 1e6)
+                bogus[-1] = weight
+                peer.channel(3).send(0, bogus)
+    policy = Asynchronous(exchange=exchange).attach(peer, [x])
     for _ in range(40):
         x -= 0.01 * x
         policy.after_step()
@@ -130,8 +137,9 @@ def async_with_bogus_pushes(peer):
     return bool(np.isfinite(x).all()), float(np.abs(x).max()), stats
 
 
-def test_asynchronous_drops_pushes_with_impossible_weights():
-    out = spawn(async_with_bogus_pushes, n=3, timeout=60)
+@pytest.mark.parametrize("exchange", ["push", "pairwise"])
+def test_asynchronous_drops_pushes_with_impossible_weights(exchange):
+    out = spawn(async_with_bogus_pushes, n=3, timeout=60, args=(exchange,))
     for finite, biggest, stats in out:
         assert finite and biggest < 10, (biggest, stats)   # nothing of the 1e6 got in
         assert stats["steps"] == 41 and min(stats["weights"]) > 0, stats

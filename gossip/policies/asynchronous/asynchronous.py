@@ -1,6 +1,7 @@
-"""Asynchronous gossip: push-sum averaging in a background thread; the training loop never
-waits on a peer. The push in flight is push.py's, the rotation of destinations rotation.py's,
-what arrives inbound.py's; the class below holds the rest, its membership view changes too.
+"""Asynchronous gossip: pairwise exchanges (AD-PSGD) or push-sum pushes in background threads;
+the training loop never waits on a peer. What a pairwise peer publishes is pairs.py's, the
+push (or request) in flight push.py's, the rotation of destinations rotation.py's, what pushes
+bring inbound.py's; the class below holds the rest, its membership view changes too.
 
 Its push-sum mass (the weights w beside the models m, which are the parameters themselves)
 follows a join, the restart of a killed peer and a leave.
@@ -29,6 +30,13 @@ so no new push starts):
    that, and the source keeps the rest once the state is sent (``state_sent``; a transfer
    that fails takes nothing away from it). Exact when k + 1 or k is a power of two (2, 3,
    4, 5, 8, 9 sharing), otherwise off by the rounding of k shares (as PushSum's).
+
+Under ``exchange="pairwise"`` the same steps hold with requests for pushes: step 1 waits
+for this member's own exchange to be answered (its partner's receiving thread still runs),
+step 2 counts requests and waits until each was answered or refused, so no answer is in
+transit when the threads stop, and in step 3 requests still queued (from a leaver, the dead)
+are taken unanswered: nobody waits for them. In the new view a member answers nothing until
+its first step there.
 
 With the new transport installed (``view_changed``), everything keyed by a rank is made
 again for the new view, whose ranks are renumbered: the communicators, the rotation over
@@ -69,7 +77,7 @@ from collectives.group import Switch, View
 from gossip.errors import GossipError, OperationTimeout, PeerLost
 from gossip.peer_channels import PeerChannel
 from gossip.policies.asynchronous.inbound import Arrivals
-from gossip.policies.asynchronous.pairs import Pairs
+from gossip.policies.asynchronous.pairs import TAIL, Pairs, Unanswered
 from gossip.policies.asynchronous.push import Push
 from gossip.policies.asynchronous.rotation import Rotation
 from gossip.policies.base import (DEFAULT_BUCKET_BYTES, PEER_FAILURES, BackgroundPolicy,
@@ -90,74 +98,82 @@ log = logging.getLogger("gossip")
 
 
 class Asynchronous(BackgroundPolicy):
-    """Asynchronous push-sum gossip (in the spirit of AD-PSGD and asynchronous SGP): the
-    training loop never waits on a peer. Each peer holds the push-sum pair in de-biased form:
-    the parameters themselves are the model m = x / w, and w (one float per bucket, starting
-    at 1) is kept beside them.
+    """Asynchronous gossip (AD-PSGD, asynchronous SGP): the training loop never waits on a
+    peer. Each peer holds a push-sum pair in de-biased form: the parameters themselves are
+    the model m = x / w, and w (one float per bucket, starting at 1) is kept beside them.
+    Two ways to mix, ``exchange``:
 
-    A message is a model and its weight, (m_j, w_j). On the training thread, each step does
-    a few vector operations and never waits: (1) ``after_backward()``, before the optimizer
+    ``"pairwise"`` (the default; pairs.py): AD-PSGD's atomic pairwise average, in push-sum
+    form. Each ``after_step()`` adds to the parameters what exchanges changed since the last
+    step (the optimizer's move stays on top), publishes the result, and, unless its last
+    exchange is still under way, asks a random live out-neighbour of the topology to average
+    with it. The neighbour's receiving thread pools the request with the pair it published
+    (W = w_i + w_j, M = (w_i m_i + w_j m_j) / W), keeps (M, W - g) and answers (M, g); the
+    asker's pushing thread takes the answer. A peer whose own exchange is under way refuses
+    requests (the asker's pair stays as it was), so each exchange is atomic on both sides
+    and leaves the sums of x and of w unchanged; g = W / 2, so with every weight at 1 (no
+    view change) it is AD-PSGD's x_i, x_j <- (x_i + x_j) / 2. (Splitting the pool by the
+    two peers' step rates, so that a straggler's stale model would weigh less in the next
+    pool, was tried: the weights swung between 0.06 and 3.3 with the noise of the step
+    times, and neither the demo nor benchmarks/asynchronous_mixing.py came out better: not
+    taken.) Cost: about one exchange started and one answered per peer per step, each a
+    request and an answer of P bytes (+ 2 elements); memory: five buffers of P.
+    A peer answers only after its first step (and its first step in a new view), when
+    what it publishes is its model.
+
+    ``"push"``: one-way push-sum. Each step (1) ``after_backward()``, before the optimizer
     moves, folds in what arrived since the last step: the arrivals are kept as their
     weighted average (A, W), and the fold is one pass, m <- m + W/(w+W) (A - m),
     w <- w + W (push-sum's x_i + sum x_j, de-biased); (2) ``after_step()``, if the last push
     is through, posts m with the weight f w (``push_fraction`` f; one copy), keeping (m,
-    (1 - f) w), to one peer through ``peer.channel(channel)`` (``quiesce()`` counts on the
-    next number): a peer that pushed here since this one last pushed to it (push-pull, rotation.py's
-    ``owed``), else the next out-neighbour of the topology in turn. A push still in flight
-    skips the round. Posting never blocks (push.py: the pushing thread only sees it through).
-    A receiving thread sleeps in the inbox and averages each message into what the next step
-    folds in (inbound.py); each fold first absorbs what is waiting itself.
-
-    The optimizer's own move needs no bookkeeping: it updates m, the parameters, in place
-    after the fold, which is push-sum's x <- x + w * move with the gradient taken before the
-    mix (as D-PSGD does): a step moves the group's sum by w * move, so a peer holding little
-    mass (much of it in transit, or pushed away) moves it little. A loop that calls only
-    ``after_step()`` (numpy arrays) gets the same update: m <- m + W/(w+W) (A - a), a being
-    the parameters as the last after_step left them (one more buffer, two more passes). Only
-    the training thread ever touches the parameters, so the optimizer never sees a half-mixed
-    buffer and the threads never see a half-updated one.
-
+    (1 - f) w), to one peer through ``peer.channel(channel)``: a peer that pushed here since
+    this one last pushed to it (push-pull, rotation.py's ``owed``), else the next
+    out-neighbour of the topology in turn. A push still in flight skips the round. Posting
+    never blocks (push.py: the pushing thread only sees it through). A receiving thread
+    averages each message into what the next step folds in (inbound.py). A loop that calls
+    only ``after_step()`` (numpy arrays) gets the same update: m <- m + W/(w+W) (A - a), a
+    being the parameters as the last after_step left them (one more buffer, two more passes).
     ``push_fraction`` (default 1/4, not push-sum's usual 1/2) and ``min_weight`` (default
     1/2): when a push is in transit for several steps (short steps, a busy machine), the mass
-    in flight is what a step does not move, and its model goes stale on the way; flow control
-    (below) keeps w >= (1 - f) min_weight = 3/8. Measured on issue #15's task (4 peers on 2
-    cores, a 10-16-2 MLP, 200 steps, mean accuracy on the peers' own samples over 6-8 runs;
-    alone 0.990, Gossip 0.987): f 1/2 and min_weight 1/16, 0.954-0.966 (the weight held at a
-    step averaged 0.04-0.46); f 1/4, 0.967 (0.944-0.988); min_weight 1/4, 0.981; 1/2, 0.986.
-    SGP's step scaling (the move divided by w, so the numerator moves by the whole step) was
-    tried: 0.987 on that task, but with momentum 0.9 beside a 4x straggler (`gossip demo
-    --policy asynchronous --straggler 3@4`) peers diverged (accuracy 64-75%, consensus
-    distance 19-23, against 91-92% and 3.7-4.7 without it): not taken.
+    in flight is what a step does not move, and its model goes stale on the way; flow
+    control (a peer below ``min_weight`` skips its push until pushes to it arrive) keeps
+    w >= (1 - f) min_weight = 3/8. Measured on issue #15's task (4 peers on 2 cores, a
+    10-16-2 MLP, 200 steps, mean accuracy on the peers' own samples over 6-8 runs; alone
+    0.990, Gossip 0.987): f 1/2 and min_weight 1/16, 0.954-0.966; f 1/4, 0.967; min_weight
+    1/4, 0.981; 1/2, 0.986. SGP's step scaling (the move divided by w) was tried: 0.987 on
+    that task, but with momentum 0.9 beside a 4x straggler peers diverged: not taken. Cost:
+    one message of P bytes (+ one element) per peer per step; memory: four buffers of P,
+    five without after_backward().
 
-    Lost peers: a neighbour found lost (peer.lost_peers()), or one a push to it timed out
-    (``send_timeout``), is dropped from the rotation (its own out-neighbours join it: see
-    rotation.py) and what was not delivered to it comes back. The survivors' sums of w m
-    and of w are the initial totals minus exactly what the dead peer d held: its pair, its
-    unsent half, and the pushes that reached it (or that the transport took for it before
-    its death was noticed) not yet folded in; pushes from d that reached a survivor stay
-    the survivor's. A peer that such pushes to d left below ``min_weight`` restarts its
-    weights (w <- 1, m unchanged; ``weights_restarted`` in stats()), or flow control
-    would hold its pushes back for ever.
+    Either way the optimizer's move needs no bookkeeping: it updates m, the parameters, in
+    place, which is push-sum's x <- x + w * move with the gradient taken before the mix (as
+    D-PSGD does), and only the training thread ever touches the parameters, so the
+    optimizer never sees a half-mixed buffer.
 
-    Flow control: a peer below ``min_weight`` skips its push until pushes to it arrive, so
-    a push never leaves it with less than (1 - f) ``min_weight``: its steps keep counting.
+    Lost peers: a neighbour found lost (peer.lost_peers()), or one an exchange with it
+    timed out (``send_timeout``), is dropped from the rotation (its own out-neighbours join
+    it: see rotation.py). Push: what was not delivered to it comes back, and the survivors'
+    sums of w m and of w are the initial totals minus exactly what the dead peer d held: its
+    pair, its unsent part, and the pushes that reached it not yet folded in; a peer that
+    such pushes left below ``min_weight`` restarts its weights (w <- 1, m unchanged;
+    ``weights_restarted`` in stats()). Pairwise: an exchange that d did not answer leaves
+    the asker's pair as it was, so the survivors lose exactly d's pair (and the half of an
+    exchange d answered and whose answer did not arrive).
 
-    ``max_staleness``: if set, after_step() waits (at most ``timeout``, then OperationTimeout)
-    until the pushing thread has sent a state that includes the step ``max_staleness`` steps
-    ago; None (default) never waits.
+    ``max_staleness``: if set, after_step() waits (at most ``timeout``, then
+    OperationTimeout) until an exchange (or push) that includes the step ``max_staleness``
+    steps ago is over; None (default) never waits.
 
     Views: joins, a killed peer's restart and leaves are followed, the mass kept exact
-    across a join (the module docstring: the pushes between members absorbed, the
+    across a join (the module docstring: what is in flight between members settled, the
     weights scaled by n_new / n_old, a joiner taking a share of its source's); a leave
     takes effect at once and loses the leaver's mass, as a death does.
 
-    When to use it: heterogeneous or unreliable peers (stragglers, preemption). Cost: one
-    message of P bytes (+ one element) per peer per step, sent in the background; memory:
-    four buffers of P (send, receive, two for the arrivals), five without after_backward().
-
-    ``topology``: default ``OnePeerExponential(n)``. ``close()`` (and ``peer.close()``) stops
-    both threads within an operation in progress. ``channel``, ``poll_interval``: see
-    BackgroundPolicy.
+    When to use it: heterogeneous or unreliable peers (stragglers, preemption).
+    ``topology``: default ``OnePeerExponential(n)``. ``close()`` (and ``peer.close()``)
+    stops both threads within an operation in progress. ``channel`` (the requests or
+    pushes; ``channel + 1``: quiesce()'s counts; ``channel + 2``: answers),
+    ``poll_interval``: see BackgroundPolicy.
     """
 
     name = "asynchronous"
@@ -198,6 +214,8 @@ class Asynchronous(BackgroundPolicy):
             "push_fraction", 1 / 4 if push_fraction is None else push_fraction,
             lambda f: 0 < f < 1, "in (0, 1)")
         self._pairs: Pairs | None = None   # (pairwise) what this peer offers to exchanges
+        self._unanswered: dict[int, Unanswered] = {}   # (pairwise) partner -> late answers
+        self._answers_lock = threading.Lock()          # (pairwise) one reader of answers
         self._rng = random.Random()        # (pairwise) partners: seeded by rank at attach
         self._send_timeout_arg = check_number("send_timeout", send_timeout, lambda t: t > 0,
                                               "a positive number", optional=True)
@@ -242,8 +260,10 @@ class Asynchronous(BackgroundPolicy):
             self._pairs = Pairs(self._packed(), rank=host.rank, world_size=host.world_size,
                                 cond=self._cond)
             self._rng = random.Random(0x5EED + host.rank)
-            self._answer = [b.new(extra=1) for b in self._packed()]   # its answers
-            self._request = [b.new(extra=1) for b in self._packed()]  # others' requests
+            # (Pairwise messages: the model, the exchange's number, the weight: pairs.TAIL.)
+            self._out = [b.new(extra=TAIL) for b in self._packed()]      # the request
+            self._answer = [b.new(extra=TAIL) for b in self._packed()]   # its answers
+            self._request = [b.new(extra=TAIL) for b in self._packed()]  # others' requests
             self._next_request: dict[int, int] = {}   # source -> bucket of its next request
         else:
             self._anchor = [adapter_for(b.flat).clone(b.flat) for b in self._packed()]
@@ -400,7 +420,8 @@ class Asynchronous(BackgroundPolicy):
     def _start_exchange(self, included: int, alive: Any) -> None:
         """(Training thread, pairwise.) Ask a random live neighbour to average with this
         peer (AD-PSGD); none while a change at once is under way, or when alone."""
-        live = [j for j in self._rotation.ranks if alive(j)]
+        # Not a partner whose last answer is still due (stalled, or its policy closed).
+        live = [j for j in self._rotation.ranks if alive(j) and j not in self._unanswered]
         if not live or self._host().changing_now():
             with self._cond:
                 self._mixed_step = included
@@ -409,7 +430,7 @@ class Asynchronous(BackgroundPolicy):
         dst = live[self._rng.randrange(len(live))]
         self._turns += 1
         assert self._pairs is not None
-        self._pairs.begin(dst, self._out)
+        self._pairs.begin(dst, self._out, self._turns)
         push = Push(self._comm, dst, included, self._out, self.send_timeout)
         with self._cond:
             self._job = push
@@ -449,25 +470,98 @@ class Asynchronous(BackgroundPolicy):
             self._push_over(job, delivered[0])
             self._background_seconds += time.perf_counter() - start
 
+    @property
+    def answer_wait(self) -> float:
+        """(Pairwise.) Seconds an exchange waits for its partner's answer before it goes on
+        without it (the answer is taken whenever it comes: Unanswered): poll_interval, at
+        most send_timeout. A partner that stalls, or closed its policy, holds a peer up no
+        longer than that."""
+        return min(self._poll, self.send_timeout)
+
     def _see_exchange_through(self, job: Push, delivered: list[int]) -> None:
         """(Pushing thread, pairwise.) Send the request, then take the partner's answer to
-        each bucket in turn; a partner that fails is dropped, and what it did not answer
-        leaves this peer's pair as it was."""
+        each bucket in turn. A partner found lost is dropped, and what it did not answer
+        leaves this peer's pair as it was; one that does not answer within answer_wait is
+        not asked again until its answers come (Unanswered)."""
         assert self._pairs is not None
         try:
-            with self._tolerate(f"exchange with rank {job.dst}", rank=job.dst):
-                job.see_through(delivered)
-                for k, (sent, got) in enumerate(zip(self._out, self._answer)):
-                    self._answers.recv(job.dst, got, timeout=self.send_timeout)
-                    if not math.isfinite(float(got[-1])) or not \
-                            0.0 <= float(got[-1]) <= self._host().world_size:
-                        log.warning("rank %d: asynchronous gossip: dropped an answer from "
-                                    "rank %d: push-sum weight %r out of [0, n]",
-                                    self._host().rank, job.dst, float(got[-1]))
-                        continue
-                    self._pairs.apply(k, sent, got)
+            with self._answers_lock:
+                self._take_late_answers(0.0)
+                with self._tolerate(f"exchange with rank {job.dst}", rank=job.dst,
+                                    drop=(PeerLost,)):
+                    job.see_through(delivered)
+                    for k, (sent, got) in enumerate(zip(self._out, self._answer)):
+                        try:
+                            why = self._take_answer(job.dst, sent, got, self.answer_wait)
+                        except OperationTimeout:
+                            self._answer_late(job.dst, k)
+                            break
+                        if why is not None:
+                            log.warning("rank %d: asynchronous gossip: dropped an answer from "
+                                        "rank %d: %s", self._host().rank, job.dst, why)
+                            continue
+                        self._pairs.apply(k, sent, got)
         finally:
             self._pairs.end()
+
+    def _answer_late(self, dst: int, first: int) -> None:
+        """(Pairwise, holding _answers_lock.) The answers of ``dst`` from bucket ``first``
+        on did not come within answer_wait: keep what was sent, to complete the exchange
+        when they come."""
+        if not self._unanswered:
+            log.info("rank %d: asynchronous gossip: rank %d did not answer within %gs; not "
+                     "asked again until it does", self._host().rank, dst, self.answer_wait)
+        self._unanswered[dst] = Unanswered(
+            dst, [(k, adapter_for(self._out[k]).clone(self._out[k]))
+                  for k in range(first, len(self._out))])
+
+    def _take_late_answers(self, timeout: float) -> None:
+        """(Pairwise, holding _answers_lock.) Complete the exchanges whose answers were
+        late with those that came: all waiting ones (``timeout`` 0), or waiting up to
+        ``timeout`` for each (quiesce(), a view change: the partners answered every
+        request by then). A partner found lost takes its part with it."""
+        assert self._pairs is not None
+        for dst, late in list(self._unanswered.items()):
+            while late.buckets:
+                k, sent = late.buckets[0]
+                got = self._answer[k]
+                try:
+                    if timeout == 0.0 and not self._answers.probe(dst):
+                        break
+                    why = self._take_answer(dst, sent, got, timeout or self.send_timeout)
+                except OperationTimeout:
+                    break
+                except PeerLost:
+                    late.buckets.clear()
+                    break
+                late.buckets.pop(0)
+                if why is None:
+                    self._pairs.apply(k, sent, got)
+            if not late.buckets:
+                del self._unanswered[dst]
+
+    def _take_answer(self, src: int, sent: Any, got: Any, timeout: float) -> str | None:
+        """(Pairwise, holding _answers_lock.) Receive into ``got`` the answer of ``src``
+        to the request ``sent``, passing over answers to other requests (a hostile
+        sender's); why it cannot be used, or None."""
+        while True:
+            try:
+                self._answers.recv(src, got, timeout=timeout)
+            except PEER_FAILURES:
+                raise
+            except GossipError as exc:   # (a bucket of another size: an earlier answer's)
+                log.warning("rank %d: asynchronous gossip: passed over a message of rank %d "
+                            "on the answers' channel: %s", self._host().rank, src, exc)
+                continue
+            if float(got[-2]) == float(sent[-2]):
+                break
+            log.warning("rank %d: asynchronous gossip: passed over an answer of rank %d to "
+                        "exchange %g (this one is %g)", self._host().rank, src,
+                        float(got[-2]), float(sent[-2]))
+        weight = float(got[-1])
+        if not (math.isfinite(weight) and 0.0 <= weight <= self._host().world_size):
+            return f"push-sum weight {weight!r} out of [0, n]"
+        return None
 
     def _receive(self) -> None:
         """The receiver: sleeps until a message from any peer is waiting, then absorbs it
@@ -575,12 +669,25 @@ class Asynchronous(BackgroundPolicy):
                 lambda: (f"quiesce: took {[absorbed[j] for j in expected]} of the "
                          f"{list(expected.values())} messages ranks {list(expected)} sent "
                          "it", "asynchronous quiesce"))
+        self._settle_late_answers(timeout)
         # Fold the absorbed mass into the parameters (no move since the last step).
         self._packed().copy_in()
         self._fold_in(moved=False)
         self._packed().copy_out()
         if self._anchor is not None:
             self._keep_anchor()
+
+    def _settle_late_answers(self, timeout: float) -> None:
+        """(Pairwise; no exchange under way, every request answered.) The answers that
+        came late are all sent: take them."""
+        if self._pairs is not None and self._unanswered:
+            with self._answers_lock:
+                self._take_late_answers(timeout)
+            if self._unanswered:
+                log.warning("rank %d: asynchronous gossip: no answer from rank(s) %s within "
+                            "%gs: their part of those exchanges is lost", self._host().rank,
+                            sorted(self._unanswered), timeout)
+                self._unanswered = {}
 
     def _taken_from(self) -> list[int]:
         """Messages of each source taken by the receiver (pushes absorbed, or requests
@@ -669,6 +776,7 @@ class Asynchronous(BackgroundPolicy):
         super().view_changed()   # the topology over the new view
         with self._cond:
             self._job = self._returned = None   # (settled: nothing under way or to give back)
+            self._unanswered = {}   # (settled at the switch; ranks renumber)
             self._drained_check = False
             self._dropped = {}    # old ranks: the new view's members are all live
         self._kick.clear()
@@ -730,6 +838,9 @@ class Asynchronous(BackgroundPolicy):
                         lambda: (f"view change: absorbed {[absorbed[j] for j in expected]} "
                                  f"of the {list(expected.values())} pushes ranks "
                                  f"{list(expected)} sent it", "asynchronous view change"))
+                for j in [j for j in self._unanswered if j not in partners]:
+                    del self._unanswered[j]   # (gone: its part went with it)
+                self._settle_late_answers(max(0.1, deadline - time.monotonic()))
             except (OperationTimeout, RuntimeError) as exc:
                 log.warning("rank %d: %s: the pushes in flight did not all arrive before "
                             "view %d (%s): what did not is lost", self._host().rank, self.name,
@@ -830,7 +941,8 @@ class Asynchronous(BackgroundPolicy):
                         "exchanges_started": self._turns,
                         "exchange_answers_taken": pairs.completed,
                         "exchange_refusals_taken": pairs.declined,
-                        "requests_answered": pairs.answered, "requests_refused": pairs.refused})
+                        "requests_answered": pairs.answered, "requests_refused": pairs.refused,
+                        "answers_due_from": sorted(self._unanswered)})
         else:
             out.update({"messages_absorbed": self._inbox().absorbed,
                         "pushes_held_back": self._held_back, "lightest_weight": self._lightest,

@@ -5,11 +5,29 @@ thread adds to its parameters at its next step."""
 from __future__ import annotations
 
 import threading
+from dataclasses import dataclass, field
 from typing import Any
 
 from collectives.arrays import adapter_for
 
-__all__ = ["Pairs"]
+__all__ = ["Pairs", "TAIL", "Unanswered"]
+
+#: Elements after the model in a request or an answer: the exchange's number (the initiator's
+#: count of exchanges modulo 2**24, which float32 holds exactly; an answer repeats it), then
+#: the push-sum weight.
+TAIL = 2
+SEQUENCE_MODULUS = 2 ** 24
+
+
+@dataclass
+class Unanswered:
+    """An exchange whose answer did not come in time (a partner stalled, or one that closed
+    its policy): the requests of its last ``buckets`` (index, a copy of what was sent), kept
+    until their answers come, since the partner may have answered: its side is then
+    applied, and the late answers complete this side, whenever they arrive."""
+
+    dst: int
+    buckets: list[tuple[int, Any]] = field(default_factory=list)
 
 
 class Pairs:
@@ -101,12 +119,13 @@ class Pairs:
                 adapter_for(b.flat).copy(self._pub[k], b.flat)
             self._dirty = [False] * len(self._pub)
 
-    def begin(self, dst: int, out: list) -> None:
-        """Copy the published pair into the request buffers ``out`` (model, weight last)
-        and mark this peer busy with ``dst``."""
+    def begin(self, dst: int, out: list, number: int) -> None:
+        """Copy the published pair into the request buffers ``out`` (model, then TAIL) as
+        exchange ``number`` and mark this peer busy with ``dst``."""
         with self._lock:
             for k, o in enumerate(out):
-                adapter_for(o).copy(o[:-1], self._pub[k])
+                adapter_for(o).copy(o[:-TAIL], self._pub[k])
+                o[-2] = number % SEQUENCE_MODULUS
                 o[-1] = self._w[k]
             self._busy = dst
 
@@ -131,7 +150,7 @@ class Pairs:
                 return False
             w_r = float(request[-1])
             pool = self._w[k] + w_r
-            m = request[:-1]
+            m = request[:-TAIL]
             adapter_for(m).lerp(m, self._pub[k], self._w[k] / pool)   # M
             request[-1] = pool / 2
             self._w[k] = pool - float(request[-1])
@@ -149,10 +168,13 @@ class Pairs:
         with self._lock:
             w_pub, w_sent = self._w[k], float(sent[-1])
             w_new = w_pub - w_sent + given
-            d, adapter = got[:-1], adapter_for(got)
+            if not w_new > 0:   # (a late answer after others' exchanges moved w away)
+                self.declined += 1
+                return False
+            d, adapter = got[:-TAIL], adapter_for(got)
             # m_new - m_pub = (g M - w_sent m_sent + (w_pub - w_new) m_pub) / w_new
             adapter.scale(d, given / w_new)
-            adapter.axpy(d, -w_sent / w_new, sent[:-1])
+            adapter.axpy(d, -w_sent / w_new, sent[:-TAIL])
             if w_pub != w_new:
                 adapter.axpy(d, (w_pub - w_new) / w_new, self._pub[k])
             self._moved(k, d, replace=False)
