@@ -606,13 +606,15 @@ def test_the_story_separates_the_policies_where_the_readme_says(tmp_path) -> Non
     at = story["slow-network"]["accuracy_at_budget"]
     assert at["local-sgd"] - at["synchronous"] > 0.03, at
     # A straggler: asynchronous finishes first; at T its averaged model is ahead of
-    # synchronous (17-54 points) and of gossip's (10-20 points, against gossip's averaged).
+    # synchronous (9.5-23.3 points) and of gossip's (2.9-6.6 points, against gossip's
+    # averaged; `gossip demo --scenario straggler,death --seed S`, S = 0-3, 2026-12-04, with
+    # the pairwise exchange; gossip's value at T moves with T, asynchronous's finish).
     averaged_at = story["straggler"]["averaged_accuracy_at_budget"]
     straggler = rows("straggler")
     assert min(straggler, key=lambda p: straggler[p]["train_seconds"]
                if p != "baseline" else float("inf")) == "asynchronous", straggler
     assert averaged_at["asynchronous"] - averaged_at["synchronous"] > 0.05, averaged_at
-    assert averaged_at["asynchronous"] - averaged_at["gossip"] > 0.03, averaged_at
+    assert averaged_at["asynchronous"] - averaged_at["gossip"] > 0.014, averaged_at
     # Non-iid data: gossip on a ring ends below synchronous (2.2-12.6 points), its worst peer
     # further (4.9-20.6 points).
     non_iid = rows("non-iid")

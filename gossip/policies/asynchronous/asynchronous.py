@@ -182,7 +182,7 @@ class Asynchronous(BackgroundPolicy):
     worker_name = "asynchronous gossip thread"
 
     def __init__(self, *, topology: Topology | None = None, max_staleness: int | None = None,
-                 exchange: str = "push", push_fraction: float | None = None,
+                 exchange: str = "pairwise", push_fraction: float | None = None,
                  min_weight: float | None = None,
                  channel: int = PeerChannel.ASYNCHRONOUS, poll_interval: float = 0.25,
                  send_timeout: float | None = None,
@@ -216,6 +216,7 @@ class Asynchronous(BackgroundPolicy):
         self._pairs: Pairs | None = None   # (pairwise) what this peer offers to exchanges
         self._unanswered: dict[int, Unanswered] = {}   # (pairwise) partner -> late answers
         self._answers_lock = threading.Lock()          # (pairwise) one reader of answers
+        self._round_trip = 0.0   # (pairwise) seconds an answered exchange took (average)
         self._rng = random.Random()        # (pairwise) partners: seeded by rank at attach
         self._send_timeout_arg = check_number("send_timeout", send_timeout, lambda t: t > 0,
                                               "a positive number", optional=True)
@@ -473,10 +474,13 @@ class Asynchronous(BackgroundPolicy):
     @property
     def answer_wait(self) -> float:
         """(Pairwise.) Seconds an exchange waits for its partner's answer before it goes on
-        without it (the answer is taken whenever it comes: Unanswered): poll_interval, at
-        most send_timeout. A partner that stalls, or closed its policy, holds a peer up no
-        longer than that."""
-        return min(self._poll, self.send_timeout)
+        without it (the answer is taken whenever it comes: Unanswered): ten times the
+        exchanges' round trip (a moving average), at least 20 ms, at most poll_interval and
+        send_timeout. A partner that stalls, or closed its policy (as a peer that finished
+        its share of the steps does), holds a peer up no longer than that: while it waits
+        it refuses every request and starts no exchange."""
+        wait = max(0.02, 10 * self._round_trip) if self._round_trip else self._poll
+        return min(wait, self._poll, self.send_timeout)
 
     def _see_exchange_through(self, job: Push, delivered: list[int]) -> None:
         """(Pushing thread, pairwise.) Send the request, then take the partner's answer to
@@ -489,6 +493,7 @@ class Asynchronous(BackgroundPolicy):
                 self._take_late_answers(0.0)
                 with self._tolerate(f"exchange with rank {job.dst}", rank=job.dst,
                                     drop=(PeerLost,)):
+                    start = time.perf_counter()
                     job.see_through(delivered)
                     for k, (sent, got) in enumerate(zip(self._out, self._answer)):
                         try:
@@ -501,6 +506,10 @@ class Asynchronous(BackgroundPolicy):
                                         "rank %d: %s", self._host().rank, job.dst, why)
                             continue
                         self._pairs.apply(k, sent, got)
+                    else:   # every answer came in time
+                        took = time.perf_counter() - start
+                        self._round_trip = took if not self._round_trip else \
+                            0.8 * self._round_trip + 0.2 * took
         finally:
             self._pairs.end()
 
@@ -942,7 +951,9 @@ class Asynchronous(BackgroundPolicy):
                         "exchange_answers_taken": pairs.completed,
                         "exchange_refusals_taken": pairs.declined,
                         "requests_answered": pairs.answered, "requests_refused": pairs.refused,
-                        "answers_due_from": sorted(self._unanswered)})
+                        "answers_due_from": sorted(self._unanswered),
+                        "exchange_round_trip": self._round_trip,
+                        "answer_wait": self.answer_wait})
         else:
             out.update({"messages_absorbed": self._inbox().absorbed,
                         "pushes_held_back": self._held_back, "lightest_weight": self._lightest,
