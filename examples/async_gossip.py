@@ -1,21 +1,21 @@
-"""Asynchronous push-sum gossip: the training loop never waits for another peer.
+"""Asynchronous gossip (AD-PSGD): the training loop never waits for another peer.
 
     gossip run -n 4 examples/async_gossip.py                          # all peers equal
     gossip run -n 4 examples/async_gossip.py --slow-rank 1            # a straggler
     gossip run --keep-going -n 4 examples/async_gossip.py --leave-rank 3 --leave-at 100
 
 Each peer runs SGD on its own, biased shard of a least-squares problem. ``after_step()``
-folds each step into a push-sum pair (x, w) that a background thread halves and pushes to
-one neighbour at a time (one-peer exponential graph), adding what its in-neighbours push;
-the model is x / w. after_step() only takes a lock for a few vector operations.
+adds to the parameters what the peer's exchanges changed since the last step, and asks one
+random neighbour (one-peer exponential graph) to average with it: the neighbour's background
+thread pools the two models and both keep the average, atomically (AD-PSGD's pairwise
+average; the push-sum weight beside the model keeps the mass exact when peers join or
+leave). after_step() only takes a lock for a few vector operations.
 
 What to expect, per rank: its test error every quarter of the run (a peer alone would stay
-near 10; gossiping peers get to about 1.5), then how long its loop took,
-its push-sum weight and background rounds. The weights sum to n over the peers and the
-messages in flight; a peer whose weight falls below min_weight (1/16) holds its pushes back
-until mass arrives, so weights of a few hundredths are normal. Then rank 0 prints the
-consensus: the replicas' distance from their mean (well below |x|) and the mean model's
-test error, lower than most single replicas'.
+near 10; gossiping peers get to about 1.5), then how long its loop took, its push-sum
+weight (1 while nobody joins or leaves) and how many of its exchanges were answered. Then
+rank 0 prints the consensus: the replicas' distance from their mean (well below |x|) and the
+mean model's test error, lower than most single replicas'.
 
 A slow peer: with ``--slow-rank 1`` (sleeping ``--delay`` s more per step) rank 1's loop takes
 several times longer, the others' about as long as without it: nobody waits for it.
@@ -24,10 +24,9 @@ A dead peer: with ``--leave-rank 3 --leave-at 100`` rank 3 exits abruptly at ste
 without closing, with exit code 9, as a crashed or pre-empted process would (``--keep-going``
 tells `gossip run` not to stop the others on the first failure). The others never
 wait for it and never fail: they notice the dropped connection, take rank 3 out of their
-rotation, train on and list it under "lost". The mass rank 3 held is gone with it, and
-so is what was pushed to it before its death was noticed, so each survivor restarts its
-push-sum weight at 1 (its model x/w unchanged) and mixing goes on: the errors jump while the
-dead peer's pull is replaced and settle at the three survivors' optimum (about 3.4 here:
+rotation, train on and list it under "lost". The mass rank 3 held is gone with it (an
+exchange it did not answer leaves the asker as it was), and mixing goes on: the errors jump
+while the dead peer's pull is replaced and settle at the three survivors' optimum (about 3.4 here:
 rank 3's shard no longer cancels the others' bias). A collective would now fail, so each
 survivor reports only its own model.
 
@@ -96,8 +95,8 @@ def main() -> None:
             b = rng.integers(0, len(y), size=args.batch_size)
             w -= args.lr * x[b].T @ (x[b] @ w - y[b]) / args.batch_size
             # Stand-in for a real model's forward and backward, which take milliseconds
-            # (and, on an accelerator, release the GIL as sleep does): the background thread
-            # mixes while they run. A numpy step alone is faster than one push.
+            # (and, on an accelerator, release the GIL as sleep does): the background threads
+            # mix while they run. A numpy step alone is faster than one exchange.
             time.sleep(args.step_time + (args.delay if peer.rank == args.slow_rank else 0))
             policy.after_step()   # never blocks on a peer: the thread does the talking
             if (step + 1) % max(1, args.steps // 4) == 0:
@@ -107,8 +106,8 @@ def main() -> None:
         stats = policy.stats()
         lost = sorted(set(stats["lost_peers"]) | set(stats["dropped_peers"]))
         print(f"rank {peer.rank} loop took {took:.2f} s, push-sum weight "
-              f"{stats['weights'][0]:.3f}, {stats['background_rounds']} background rounds, "
-              f"{stats['pushes_held_back']} held back, lost {lost}", flush=True)
+              f"{stats['weights'][0]:.3f}, {stats['exchange_answers_taken']} of "
+              f"{stats['exchanges_started']} exchanges answered, lost {lost}", flush=True)
 
         if args.leave_rank >= 0:
             policy.close()   # a collective would wait for the dead peer: stop here
