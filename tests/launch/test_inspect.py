@@ -8,6 +8,7 @@ import re
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -21,6 +22,11 @@ JOB = Path(__file__).parent / "workers" / "inspected_job.py"
 def _dumps(err: str, rank: int) -> list[str]:
     """The thread headers of ``rank``'s stack dumps in the launcher's stderr."""
     return re.findall(rf"^\[rank {rank}\] (?:Current thread|Thread) 0x[0-9a-f]+ ", err, re.MULTILINE)
+
+
+def _current(err: str, rank: int) -> list[str]:
+    """One line per dump of ``rank``: the header of the thread that took the signal."""
+    return re.findall(rf"^\[rank {rank}\] Current thread 0x", err, re.MULTILINE)
 
 
 def _stop(folder: Path) -> None:
@@ -54,6 +60,23 @@ def test_sigusr1_to_one_peer_dumps_its_stacks_only(tmp_path: Path,
     _stop(tmp_path)
     assert run.finish() == 0, run.err
     assert not _dumps(run.err, 0), run.err
+
+
+def test_a_burst_of_sigusr1_while_every_thread_runs_leaves_the_peer_running(
+        tmp_path: Path, launcher: list[Launcher]) -> None:
+    # faulthandler's all-thread dump, read from inside the signal handler while the other
+    # threads ran, once killed a peer with SIGSEGV here; each dump now holds the GIL.
+    run = Launcher(tmp_path, "-n", "2", str(JOB), str(tmp_path))
+    launcher.append(run)
+    pid = int(run.running(2)[1]["pid"])
+    # 300 signals, 3 ms apart: the old dump crashed the peer within them 3 times in 3.
+    for _ in range(300):
+        os.kill(pid, signal.SIGUSR1)
+        time.sleep(0.003)   # the pace of the burst (Python folds signals that come together)
+    run.wait_for(lambda: len(_current(run.err, 1)) >= 100, "rank 1's stacks, 100 times")
+    _stop(tmp_path)
+    assert run.finish() == 0, run.err[-4000:]
+    assert re.search(r"^\[rank 1\] DONE ", run.out, re.MULTILINE), run.out
 
 
 def test_the_launcher_spares_a_peer_without_a_handler(tmp_path: Path,
@@ -93,12 +116,14 @@ def test_init_installs_the_handler_only_where_it_may(tmp_path: Path, case: str) 
         return
     assert proc.returncode == 0, proc.stderr
     assert "RAN ON" in proc.stdout
-    dumped = re.search(r"^Current thread 0x[0-9a-f]+ \(most recent call first\):$",
+    dumped = re.search(r'^Current thread 0x[0-9a-f]+ "MainThread" \(most recent call first\):$',
                        proc.stderr, re.MULTILINE)
     if case == "user":
         assert "USER HANDLER" in proc.stdout and not dumped, proc.stderr
     else:
         assert dumped and 'File "<string>", line 6 in <module>' in proc.stderr, proc.stderr
+        # Its own frames are not in it: the main thread's stack is where the signal came.
+        assert "stacks.py" not in proc.stderr, proc.stderr
 
 
 def _banner(err: str) -> dict[str, str]:
