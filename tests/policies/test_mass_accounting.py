@@ -92,8 +92,11 @@ def test_neighbor_average_renormalises_over_the_live_neighbourhood():
 
 def asynchronous_killed(peer, path: str, exchange: str):
     x = start_vector(peer.rank)
-    # OnePeerExponential(4): pushes (or requests) to r+1, r+2
-    policy = Asynchronous(exchange=exchange).attach(peer, [x])
+    # OnePeerExponential(4): pushes (or requests) to r+1, r+2. "push-light": a min_weight
+    # that most pushes leave a peer below, so a survivor is light when it drops the victim.
+    settings = {"exchange": "push", "min_weight": 0.95} if exchange == "push-light" else \
+        {"exchange": exchange}
+    policy = Asynchronous(**settings).attach(peer, [x])
     for _ in range(30):
         policy.after_step()
     # No push in flight anywhere, every arrival folded in: the victim's pair is all it holds.
@@ -114,7 +117,7 @@ def asynchronous_killed(peer, path: str, exchange: str):
     return out
 
 
-@pytest.mark.parametrize("exchange", ["push", "pairwise"])
+@pytest.mark.parametrize("exchange", ["push", "push-light", "pairwise"])
 def test_asynchronous_survivors_keep_the_total_minus_what_the_dead_peer_held(exchange,
                                                                              tmp_path):
     n, path = 4, str(tmp_path / "victim.npy")
@@ -129,7 +132,8 @@ def test_asynchronous_survivors_keep_the_total_minus_what_the_dead_peer_held(exc
     error_w = abs(total_w - (n - dead[-1])) / n
     pushes = [out[r][2]["background_rounds"] for r in survivors]
     assert error_x < 1e-12 and error_w < 1e-12, (error_x, error_w, pushes)
-    # Nothing was pushed to the victim after its death, so no survivor had to restart.
+    # Nothing was pushed to the victim after quiesce(), so no survivor restarts its weights
+    # however light it is (one did, in CI, and the totals were off by its missing weight).
     assert all(out[r][2].get("weights_restarted", 0) == 0 for r in survivors), pushes
     for r in (1, 2):   # the victim's in-neighbours: rank 3 is in their rotation
         assert n - 1 in out[r][2]["dropped_peers"], out[r][2]

@@ -156,7 +156,9 @@ class Asynchronous(BackgroundPolicy):
     sums of w m and of w are the initial totals minus exactly what the dead peer d held: its
     pair, its unsent part, and the pushes that reached it not yet folded in; a peer that
     such pushes left below ``min_weight`` restarts its weights (w <- 1, m unchanged;
-    ``weights_restarted`` in stats()). Pairwise: an exchange that d did not answer leaves
+    ``weights_restarted`` in stats()): only one that pushed to d since its last quiesce()
+    (before that, every push was absorbed), so after a quiesce() the survivors' totals stay
+    exact whatever their weights. Pairwise: an exchange that d did not answer leaves
     the asker's pair as it was, so the survivors lose exactly d's pair (and the half of an
     exchange d answered and whose answer did not arrive).
 
@@ -232,6 +234,9 @@ class Asynchronous(BackgroundPolicy):
         self._lightest = 1.0     # the smallest weight an after_step() has seen
         self._background_seconds = 0.0
         self._sent_to: list[int] = []        # messages pushed, per destination
+        # ... of which each destination had absorbed all at the last quiesce() (a peer
+        # dropped with none beyond that took none of this peer's mass with it).
+        self._confirmed_to: list[int] = []
         # Per view (_for_view): what arrives, the rotation, the channels, every other rank.
         self._arrivals: Arrivals | None = None
         self._members: View | None = None   # the view whose ranks they use (None: a bare peer)
@@ -641,7 +646,17 @@ class Asynchronous(BackgroundPolicy):
             self._pairs.handled(src)
 
     def _dropped_peer(self, rank: int) -> None:
-        self._drained_check = True   # see _fold_in
+        if self._may_hold_mass(rank):
+            self._drained_check = True   # see _fold_in
+
+    def _may_hold_mass(self, rank: int) -> bool:
+        """(Under _cond.) Whether pushes of this peer to ``rank`` may have died with it: it
+        was pushed to since the last quiesce(), whose collective saw every earlier push
+        absorbed. Otherwise this peer's weight is all there (a weight below min_weight is
+        flow control's, which pushes to it resolve) and restarting it would change the
+        survivors' mass: it did, in CI, when a survivor that had pushed nothing to the
+        dead peer since quiesce() happened to be light as it dropped it."""
+        return self._sent_to[rank] > self._confirmed_to[rank]
 
     def _push_over(self, job: Push, sent: int) -> None:
         """``job`` is over with its first ``sent`` messages taken (settled once: the other
@@ -679,6 +694,8 @@ class Asynchronous(BackgroundPolicy):
                          f"{list(expected.values())} messages ranks {list(expected)} sent "
                          "it", "asynchronous quiesce"))
         self._settle_late_answers(timeout)
+        with self._cond:   # every push sent before is absorbed (its peer is in quiesce too)
+            self._confirmed_to = sent
         # Fold the absorbed mass into the parameters (no move since the last step).
         self._packed().copy_in()
         self._fold_in(moved=False)
@@ -752,6 +769,7 @@ class Asynchronous(BackgroundPolicy):
         # Every other peer: a healed graph sends from peers that were not in-neighbours.
         self._sources = [j for j in range(n) if j != rank]
         self._sent_to = [0] * n
+        self._confirmed_to = [0] * n
         self._comm = self._host().channel(self._channel_number)
         self._counts = self._host().channel(self._channel_number + 1)   # quiesce()'s
         self._answers = self._host().channel(self._channel_number + 2)  # (pairwise)
@@ -858,8 +876,8 @@ class Asynchronous(BackgroundPolicy):
                 and r not in partners and self._members is not None]
         for r in gone:
             self._drop(r, f"not in view {switch.view.number} as itself")
-        if gone:   # (dropped earlier too: the check is made again before the view's ranks go)
-            with self._cond:
+        with self._cond:   # (dropped earlier too: checked again before the view's ranks go)
+            if any(self._may_hold_mass(r) for r in gone):
                 self._drained_check = True   # see _fold_in
         self._halt()
         for src in self._sources:   # what is queued still (from a leaver, the dead, ...)
