@@ -66,7 +66,7 @@ import math
 import random
 import threading
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 
@@ -580,11 +580,20 @@ class Asynchronous(BackgroundPolicy):
     def _receive(self) -> None:
         """The receiver: sleeps until a message from any peer is waiting, then absorbs it
         (push) or answers it (pairwise)."""
-        if self._pairs is not None:
-            self._answer_requests()
-            return
         # Its view's (a view change halts it before they are replaced).
-        stop, comm, sources, arrivals = self._stop, self._comm, self._sources, self._inbox()
+        stop, comm, sources = self._stop, self._comm, self._sources
+        take: Callable[[int], None]
+        if self._pairs is not None:
+            what = "answer to"
+
+            def take(src: int) -> None:
+                self._answer_waiting(comm, src)
+        else:
+            arrivals = self._inbox()
+            what = "receive from"
+
+            def take(src: int) -> None:
+                arrivals.absorb_from(comm, src, self.send_timeout)
         while not stop.is_set():
             # Dropped and lost sources too: what they sent before dying is mass (a lost
             # source with nothing queued never wakes this thread).
@@ -595,25 +604,14 @@ class Asynchronous(BackgroundPolicy):
             if src is None:
                 continue
             start = time.perf_counter()
-            with self._tolerate(f"receive from rank {src}", rank=src, drop=(PeerLost,)):
-                arrivals.absorb_from(comm, src, self.send_timeout)
+            with self._tolerate(f"{what} rank {src}", rank=src, drop=(PeerLost,)):
+                take(src)
             self._background_seconds += time.perf_counter() - start
 
-    def _answer_requests(self) -> None:
-        """(Receiving thread, pairwise.) Answer each request as it comes."""
-        stop, comm, sources = self._stop, self._comm, self._sources
-        while not stop.is_set():
-            src = self._next_source(comm, sources)
-            self._receiver_wakeups += 1
-            if stop.is_set():
-                break
-            if src is None:
-                continue
-            start = time.perf_counter()
-            with self._tolerate(f"answer to rank {src}", rank=src, drop=(PeerLost,)):
-                while comm.probe(src):
-                    self._answer_one(comm, src, reply=True)
-            self._background_seconds += time.perf_counter() - start
+    def _answer_waiting(self, comm: Communicator, src: int) -> None:
+        """(Receiving thread, pairwise.) Answer every request waiting from ``src``."""
+        while comm.probe(src):
+            self._answer_one(comm, src, reply=True)
 
     def _answer_one(self, comm: Communicator, src: int, *, reply: bool) -> None:
         """Take the next request of ``src`` and (``reply``) answer it: pooled, or refused
