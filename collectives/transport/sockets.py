@@ -242,13 +242,26 @@ class Sockets:
         if self.zap:
             self.zap.close()
 
-    def destroy(self) -> None:
+    def destroy(self, timeout: float = defaults.CLOSE_TIMEOUT) -> None:
         """Terminate the context and remove the ipc socket file, where it is one (after the
-        I/O thread)."""
-        try:
-            self.context.destroy(linger=0)
-        except zmq.ZMQError:
-            pass
+        I/O thread). libzmq's term waits for every socket of the context to close: one that
+        another thread opened on it after the others were closed would hold it for ever (a
+        peer stuck there in a view change, in CI). So the term runs in a thread of its own
+        and is waited for ``timeout`` seconds; past that the context is left to the process
+        and a warning says so."""
+        def term() -> None:
+            try:
+                self.context.destroy(linger=0)
+            except zmq.ZMQError:
+                pass
+
+        thread = threading.Thread(target=term, name="gossip-zmq-term", daemon=True)
+        thread.start()
+        thread.join(timeout)
+        if thread.is_alive():
+            log.warning("rank %d: the transport's ZeroMQ context did not terminate within %gs (a "
+                        "socket opened on it is still open): left to the process", self.rank,
+                        timeout)
         if self._ipc_path:
             try:
                 os.unlink(self._ipc_path)

@@ -486,7 +486,7 @@ class Transport:
         self.inbox.close()
         self._drops.tick(final=True)   # what the throttled logs have not said yet
         self._offenders.tick(final=True)
-        self._sockets.destroy()
+        self._sockets.destroy(timeout)
         self._loop.close_pipe()
 
     closed = property(lambda self: self._closed, doc="True once close() began.")
