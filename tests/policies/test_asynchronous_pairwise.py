@@ -9,7 +9,7 @@ import pytest
 
 import topologies
 from gossip.policies import Asynchronous
-from gossip.testing import spawn
+from gossip.testing import spawn, wait_until
 
 LENGTH = 500
 STEPS = 150
@@ -25,12 +25,12 @@ def move(rank: int) -> np.ndarray:
     return np.random.default_rng([31, rank]).normal(size=LENGTH) * 1e-3
 
 
-def exchanging(peer, moving: bool):
+def exchanging(peer, moving: bool, per_step: int = 1):
     x = start(peer.rank)
     # Every weight stays at 1 (no view change): a move of the parameters is a move of the
     # mass (w m) by the same amount.
-    policy = Asynchronous(topology=topologies.Ring(peer.world_size),
-                          exchange="pairwise").attach(peer, [x])
+    policy = Asynchronous(topology=topologies.Ring(peer.world_size), exchange="pairwise",
+                          exchanges_per_step=per_step).attach(peer, [x])
     steps = STEPS // 2 if peer.rank == STRAGGLER else STEPS
     u = move(peer.rank)
     a = np.random.default_rng(peer.rank).standard_normal((120, 120))
@@ -48,9 +48,10 @@ def exchanging(peer, moving: bool):
     return out
 
 
-def test_pairwise_exchanges_keep_the_mass_and_bring_the_peers_to_their_mean():
+@pytest.mark.parametrize("per_step", [1, 3])
+def test_pairwise_exchanges_keep_the_mass_and_bring_the_peers_to_their_mean(per_step):
     n = 4
-    out = spawn(exchanging, n=n, timeout=120, args=(False,))
+    out = spawn(exchanging, n=n, timeout=120, args=(False, per_step))
     initial = sum(start(r) for r in range(n))
     total = sum(w * x for x, w, _, _ in out)
     assert np.abs(total - initial).max() < 1e-9 * np.abs(initial).max(), \
@@ -66,14 +67,21 @@ def test_pairwise_exchanges_keep_the_mass_and_bring_the_peers_to_their_mean():
         assert stats["exchange_answers_taken"] > 0 and stats["requests_answered"] > 0, \
             (rank, stats)
         assert stats["dropped_peers"] == [], (rank, stats)
+        assert stats["exchanges_per_step"] == per_step
+    if per_step > 1:
+        # The step's further exchanges ran: more started than rounds began them.
+        assert all(s["exchanges_started"] > s["background_rounds"] for _, _, _, s in out), \
+            [(s["exchanges_started"], s["background_rounds"]) for _, _, _, s in out]
 
 
-def test_every_step_s_move_stays_in_the_sum_whatever_the_exchanges():
+@pytest.mark.parametrize("per_step", [1, 3])
+def test_every_step_s_move_stays_in_the_sum_whatever_the_exchanges(per_step):
     """x += u each step beside the exchanges: after quiesce() the sum of the models is the
     starting sum plus every move made (the training thread adds the exchanges' changes to
-    its parameters, the moves stay on top)."""
+    its parameters, the moves stay on top; a step's further exchanges, on the pushing
+    thread, run while the training thread moves)."""
     n = 4
-    out = spawn(exchanging, n=n, timeout=120, args=(True,))
+    out = spawn(exchanging, n=n, timeout=120, args=(True, per_step))
     expected = sum(start(r) + steps * move(r) for r, (_, _, steps, _) in enumerate(out))
     total = sum(w * x for x, w, _, _ in out)
     assert np.abs(total - expected).max() < 1e-9 * np.abs(expected).max(), \
@@ -129,3 +137,57 @@ def test_pairwise_refuses_the_push_only_settings():
         Asynchronous(exchange="pairwise", min_weight=0.25)
     with pytest.raises(ValueError, match="exchange='both'.*pairwise, push"):
         Asynchronous(exchange="both")
+    with pytest.raises(ValueError, match="exchanges_per_step.*exchange='pairwise'"):
+        Asynchronous(exchange="push", exchanges_per_step=2)
+    with pytest.raises(ValueError, match="exchanges_per_step"):
+        Asynchronous(exchanges_per_step=0)
+
+
+def stalled_partner(peer, folder: str):
+    """Two peers: rank 0 stops rank 1's process (SIGSTOP) for 50 of its steps and until an
+    exchange with its only partner went unanswered, then lets it go on (SIGCONT) and takes
+    300 more steps."""
+    import os
+    import signal
+    x = start(peer.rank)
+    policy = Asynchronous(topology=topologies.Ring(2)).attach(peer, [x])
+    a = np.random.default_rng(peer.rank).standard_normal((120, 120))
+
+    def steps(count):
+        for _ in range(count):
+            policy.after_step()
+            a[:] = np.tanh(a @ a.T / 120)
+
+    steps(10)
+    peer.barrier()
+    if peer.rank == 1:
+        with open(os.path.join(folder, "pid"), "w") as f:
+            f.write(str(os.getpid()))
+    peer.barrier()
+    if peer.rank == 0:
+        pid = int(open(os.path.join(folder, "pid")).read())
+        os.kill(pid, signal.SIGSTOP)
+        steps(50)
+        # (answer_wait after the last request: the exchange gives up waiting and goes on.)
+        due = wait_until(lambda: steps(1) or policy.stats()["answers_due_from"], 30,
+                         what="rank 1's answer due")
+        os.kill(pid, signal.SIGCONT)
+        before = policy.stats()["exchange_answers_taken"]
+        steps(300)
+        after = policy.stats()
+    else:
+        steps(300)
+        due, before, after = None, None, policy.stats()
+    peer.barrier()
+    policy.close()
+    return due, before, after
+
+
+def test_a_partner_that_answers_late_is_asked_again_when_it_is_the_only_one(tmp_path):
+    # With every partner's answer due, no exchange started, and late answers were taken
+    # only when one did: rank 0 never asked rank 1 again. Now the pushing thread takes them.
+    out = spawn(stalled_partner, n=2, timeout=120, args=(str(tmp_path),))
+    due, before, after = out[0]
+    assert due == [1], due               # the stall was seen: rank 1's answer was due
+    assert after["answers_due_from"] == [], after
+    assert after["exchange_answers_taken"] - before >= 20, (before, after)

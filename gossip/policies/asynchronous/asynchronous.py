@@ -88,11 +88,14 @@ from gossip.policies.push_sum import weights_from_state
 if TYPE_CHECKING:
     from topologies import Topology
 
-__all__ = ["Asynchronous", "EXCHANGES"]
+__all__ = ["Asynchronous", "EXCHANGES", "DEFAULT_EXCHANGES_PER_STEP"]
 
 #: How asynchronous peers mix: ``pairwise`` (AD-PSGD's atomic pairwise average, in push-sum
 #: form; the default) or ``push`` (one-way push-sum pushes of a fraction of the mass).
 EXCHANGES = ("pairwise", "push")
+
+#: Pairwise exchanges a peer starts per step (Asynchronous(exchanges_per_step=)).
+DEFAULT_EXCHANGES_PER_STEP = 1
 
 log = logging.getLogger("gossip")
 
@@ -116,8 +119,13 @@ class Asynchronous(BackgroundPolicy):
     two peers' step rates, so that a straggler's stale model would weigh less in the next
     pool, was tried: the weights swung between 0.06 and 3.3 with the noise of the step
     times, and neither the demo nor benchmarks/asynchronous_mixing.py came out better: not
-    taken.) Cost: about one exchange started and one answered per peer per step, each a
-    request and an answer of P bytes (+ 2 elements); memory: five buffers of P.
+    taken.) ``exchanges_per_step`` (default 1): the exchanges a step starts; the ones after
+    the first run back to back on the pushing thread, each with a random live partner, on
+    the pair as the previous one left it (AD-PSGD takes one per step; more mix more per
+    step for more bytes). A step whose last exchanges are still under way starts none.
+    Cost: about ``exchanges_per_step`` exchanges started and as many answered per peer per
+    step, each a request and an answer of P bytes (+ 2 elements); memory: five buffers of
+    P. Answers that come late are taken by the pushing thread as soon as they arrive.
     A peer answers only after its first step (and its first step in a new view), when
     what it publishes is its model.
 
@@ -164,7 +172,8 @@ class Asynchronous(BackgroundPolicy):
 
     ``max_staleness``: if set, after_step() waits (at most ``timeout``, then
     OperationTimeout) until an exchange (or push) that includes the step ``max_staleness``
-    steps ago is over; None (default) never waits.
+    steps ago is over (answered or refused: counting only answered ones, peers that all
+    wait refuse each other, busy, and none is ever answered); None (default) never waits.
 
     Views: joins, a killed peer's restart and leaves are followed, the mass kept exact
     across a join (the module docstring: what is in flight between members settled, the
@@ -185,7 +194,7 @@ class Asynchronous(BackgroundPolicy):
 
     def __init__(self, *, topology: Topology | None = None, max_staleness: int | None = None,
                  exchange: str = "pairwise", push_fraction: float | None = None,
-                 min_weight: float | None = None,
+                 min_weight: float | None = None, exchanges_per_step: int | None = None,
                  channel: int = PeerChannel.ASYNCHRONOUS, poll_interval: float = 0.25,
                  send_timeout: float | None = None,
                  bucket_bytes: int = DEFAULT_BUCKET_BYTES,
@@ -209,6 +218,13 @@ class Asynchronous(BackgroundPolicy):
                     raise ValueError(f"Asynchronous({name}={value!r}) applies to "
                                      "exchange='push' only (a pairwise exchange moves half of "
                                      "the two peers' pooled mass, and never leaves a peer light)")
+        if exchange == "push" and exchanges_per_step is not None:
+            raise ValueError(f"Asynchronous(exchanges_per_step={exchanges_per_step!r}) applies "
+                             "to exchange='pairwise' only (a push moves a fraction of the mass "
+                             "once per step: push_fraction)")
+        self.exchanges_per_step = check_int(
+            "exchanges_per_step",
+            DEFAULT_EXCHANGES_PER_STEP if exchanges_per_step is None else exchanges_per_step, 1)
         self.min_weight = check_number(
             "min_weight", 1 / 2 if min_weight is None else min_weight, lambda w: 0 < w <= 1,
             "in (0, 1]")
@@ -220,6 +236,7 @@ class Asynchronous(BackgroundPolicy):
         self._answers_lock = threading.Lock()          # (pairwise) one reader of answers
         self._round_trip = 0.0   # (pairwise) seconds an answered exchange took (average)
         self._rng = random.Random()        # (pairwise) partners: seeded by rank at attach
+        self._partners: list[int] = []     # (pairwise) whom this step's exchanges may ask
         self._send_timeout_arg = check_number("send_timeout", send_timeout, lambda t: t > 0,
                                               "a positive number", optional=True)
         self._kick = threading.Event()
@@ -228,7 +245,7 @@ class Asynchronous(BackgroundPolicy):
         self._returned: int | None = None   # first bucket of a failed push not delivered
         self._drained_check = False   # a peer was dropped: did it take this peer's mass?
         self._restarts = 0            # weight restarts after such drops
-        self._mixed_step = 0     # steps included in the last push
+        self._mixed_step = 0     # steps included in the last push (or exchange)
         self._rounds = self._turns = self._held_back = self._staleness_waits = 0   # (turns:
         self._receiver_wakeups = 0   # pushes along the rotation, not answering: owed())
         self._lightest = 1.0     # the smallest weight an after_step() has seen
@@ -432,8 +449,11 @@ class Asynchronous(BackgroundPolicy):
             with self._cond:
                 self._mixed_step = included
                 self._cond.notify_all()
+            if self._unanswered:
+                self._kick.set()   # the pushing thread takes the answers that came since
             return
         dst = live[self._rng.randrange(len(live))]
+        self._partners = live   # (the pushing thread's for the step's further exchanges)
         self._turns += 1
         assert self._pairs is not None
         self._pairs.begin(dst, self._out, self._turns)
@@ -457,10 +477,16 @@ class Asynchronous(BackgroundPolicy):
         """The pusher: sees through what after_step posted (stop: its generation's)."""
         stop = self._stop
         while not stop.is_set():
-            if not self._kick.wait(1.0):
-                continue
+            kicked = self._kick.wait(1.0)
             if stop.is_set():
                 break
+            if self._pairs is not None and self._unanswered:
+                # Late answers complete their exchanges here too, not only before the next
+                # exchange starts: with every partner's answer due, none would start.
+                with self._answers_lock:
+                    self._take_late_answers(0.0)
+            if not kicked:
+                continue
             self._kick.clear()
             with self._cond:
                 job = self._job
@@ -470,11 +496,35 @@ class Asynchronous(BackgroundPolicy):
             delivered = [0]
             if self._pairs is not None:
                 self._see_exchange_through(job, delivered)
+                self._further_exchanges(job)
             else:
                 with self._tolerate(f"push to rank {job.dst}", rank=job.dst):
                     job.see_through(delivered)
             self._push_over(job, delivered[0])
             self._background_seconds += time.perf_counter() - start
+
+    def _further_exchanges(self, job: Push) -> None:
+        """(Pushing thread, pairwise.) The step's exchanges after its first, back to back,
+        each with a random live partner of the step's (none is asked whose answer is still
+        due), on the pair as it is then: ``exchanges_per_step`` in all, fewer if this peer
+        pauses, stops or changes view meanwhile. Each counts in _sent_to as the first does."""
+        for _ in range(self.exchanges_per_step - 1):
+            if self._paused or self._stop.is_set() or self._host().changing_now():
+                break
+            lost = self._host().lost_peers()
+            live = [j for j in self._partners
+                    if j not in lost and j not in self._dropped and j not in self._unanswered]
+            if not live:
+                break
+            dst = live[self._rng.randrange(len(live))]
+            self._turns += 1
+            assert self._pairs is not None
+            self._pairs.begin(dst, self._out, self._turns)
+            further = Push(self._comm, dst, job.included, self._out, self.send_timeout)
+            delivered = [0]
+            self._see_exchange_through(further, delivered)
+            with self._cond:
+                self._sent_to[dst] += delivered[0]
 
     @property
     def answer_wait(self) -> float:
@@ -969,6 +1019,7 @@ class Asynchronous(BackgroundPolicy):
                         "requests_answered": pairs.answered, "requests_refused": pairs.refused,
                         "answers_due_from": sorted(self._unanswered),
                         "exchange_round_trip": self._round_trip,
+                        "exchanges_per_step": self.exchanges_per_step,
                         "answer_wait": self.answer_wait})
         else:
             out.update({"messages_absorbed": self._inbox().absorbed,
