@@ -10,7 +10,7 @@ count, rounds, out = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
 peer = gossip.init(join=True, timeout=30)
 x = np.zeros(count)
 policy = eval(os.environ["POLICY"]).attach(peer, [x])      # takes a member's parameters here
-start, at = policy.step, x.copy()
+start, at = peer.view.step, x.copy()   # the switch's step: the members count from it too
 while policy.step < start + rounds:
     policy.after_step()
 np.savez(out, at=at, x=x)
