@@ -76,7 +76,8 @@ class Loop:
         self.name, self.config, self.progress = name, config, progress
         self.steps_per_epoch, self.batch, self.rng = steps_per_epoch, batch, rng
         self.samples = 0                      # trained by this process
-        self.last_accuracy = float("nan")     # of its last evaluation
+        self.last_accuracy = float("nan")
+        self.last_point: dict | None = None   # the last evaluation's point, as measured     # of its last evaluation
 
     def run(self, x: Any, y: Any, train_step: Callable[[Any, Any], float],
             measure: Callable[[dict], dict], step_now: Callable[[], int],
@@ -150,4 +151,5 @@ class Loop:
                 "wall_seconds": wall, "train_seconds": wall - eval_seconds}
 
     def _evaluate(self, measure: Callable[[dict], dict], point: dict) -> None:
+        self.last_point = dict(point)
         self.last_accuracy = measure(point)["accuracy"]

@@ -112,9 +112,12 @@ def collect(directory: str, policy: str, slots: int, *, consensus: bool = True) 
     # peer, or, where the peers split the steps by speed, at about the same time).
     by_index: dict[int, list[tuple[int, dict]]] = {}
     for s, ls in lines.items():
+        latest: dict[int, dict] = {}   # a point evaluated again (train._end_together): the later
         for r in ls:
             if r["kind"] == "eval":
-                by_index.setdefault(r["index"], []).append((s, r))
+                latest[r["index"]] = r
+        for index, r in latest.items():
+            by_index.setdefault(index, []).append((s, r))
     history = []
     for index in sorted(by_index):
         group = by_index[index]

@@ -26,7 +26,7 @@ import json
 import os
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -269,6 +269,8 @@ def _train_policy(peer: Any, name: str, config: TrainConfig, data: _Data, datase
         try:
             record = loop.run(data.x, data.y, train_step, measure,
                               lambda: dopt.policy.step, after_step, share)
+            if policy.own_steps and config.kill is None and loop.last_point is not None:
+                _end_together(peer, dopt.policy, loop.last_point, measure)
             sent = peer.stats()["bytes_sent"] - sent
             stats = dopt.stats()
         finally:
@@ -289,6 +291,19 @@ def _train_policy(peer: Any, name: str, config: TrainConfig, data: _Data, datase
     progress.emit(event="done", policy=name, accuracy=loop.last_accuracy,
                   wall=record["wall_seconds"])
     return {"steps": record["steps"], "first_step": record["first_step"]}
+
+
+def _end_together(peer: Any, policy: Any, last: dict, measure: Callable[[dict], dict]) -> None:
+    """(A policy whose peers count their own steps: asynchronous.) A peer that finished its
+    share waits for the others with its policy open, so it goes on answering their exchanges
+    (AD-PSGD's workers are averaged with until the run ends; closed, it would leave its
+    neighbours without a partner for the end of theirs); once all finished, quiesce() lands
+    every exchange in flight in the parameters, and the last evaluation is made again (same
+    point: step, index, time) on the model as the run leaves it, the same moment for every
+    peer. records.collect keeps the later of two evaluations of one point."""
+    peer.barrier()
+    policy.quiesce()
+    measure(dict(last))
 
 
 def _mixing_counters(stats: dict) -> dict:
