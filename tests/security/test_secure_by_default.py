@@ -173,7 +173,7 @@ def door_member(peer, workdir):
         peer.allreduce(stop, op="max")
         if stop[0]:
             break
-        np.ones((96, 96)) @ np.ones((96, 96))   # the rest of a training step
+        time.sleep(0.01)
     return (peer.transport.config.key is not None, key, _private(key) if key else None,
             peer.world_size, peer.view.number, float(x[0]) == policy.step)
 
