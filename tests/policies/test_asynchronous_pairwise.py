@@ -145,8 +145,9 @@ def test_pairwise_refuses_the_push_only_settings():
 
 def stalled_partner(peer, folder: str):
     """Two peers: rank 0 stops rank 1's process (SIGSTOP) for 50 of its steps and until an
-    exchange with its only partner went unanswered, then lets it go on (SIGCONT) and takes
-    300 more steps."""
+    exchange with its only partner went unanswered, then lets it go on (SIGCONT) and steps
+    until 20 more of its exchanges were answered (at most 60 s: the bug this guards against
+    left rank 0 never asking rank 1 again)."""
     import os
     import signal
     x = start(peer.rank)
@@ -173,7 +174,8 @@ def stalled_partner(peer, folder: str):
                          what="rank 1's answer due")
         os.kill(pid, signal.SIGCONT)
         before = policy.stats()["exchange_answers_taken"]
-        steps(300)
+        wait_until(lambda: steps(1) or policy.stats()["exchange_answers_taken"] - before >= 20,
+                   60, what="20 exchanges with rank 1 answered after it went on")
         after = policy.stats()
     else:
         steps(300)
