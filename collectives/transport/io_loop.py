@@ -387,7 +387,7 @@ class IoLoop:
                 ticket.queued.set()
 
     def _shutdown(self) -> None:
-        self._sockets.close_links()
+        self._sockets.close_links(lost=self._inbox.lost_ranks())
         self._shm.close_rings()  # after the links: nobody stages into them any more
         # A caller may be reading the socket: it lets go within PUMP_SLICE once closing.
         with self._rx_lock:

@@ -17,7 +17,7 @@ import sys
 import tempfile
 import threading
 import uuid
-from typing import Callable
+from typing import Callable, Collection
 
 import zmq
 
@@ -220,16 +220,25 @@ class Sockets:
             self._accepting = False
 
     # -- closing (the I/O thread, as it stops) ----------------------------------------------
-    def close_links(self) -> None:
-        """Close every link, lingering briefly so a goodbye already queued still leaves."""
+    def close_links(self, lost: Collection[int] = ()) -> None:
+        """Close every link, lingering briefly so a goodbye already queued still leaves; a
+        link to a ``lost`` rank (dead, closed) at once: nothing leaves to it any more."""
         with self._links_lock:
             links = list(self.links.values())
         for link in links:
             # A short linger lets the goodbye out; a dead peer cannot hold us longer. Behind
             # data still unacknowledged (up to a send window, which under CURVE takes a while
             # to encrypt and send) the goodbye gets GOODBYE_FLUSH: libzmq closes a socket
-            # whose queue is empty at once, so a live peer costs nothing more.
-            wait = defaults.GOODBYE_FLUSH if link.window.in_flight else defaults.GOODBYE_LINGER
+            # whose queue is empty at once, so a live peer costs nothing more. A lost peer's
+            # unacknowledged data never leaves: lingering on it only held the context's term
+            # for GOODBYE_FLUSH (every member of a view change that replaced a killed member
+            # stood still 0.5 s after the switch, while the restarted one went on alone).
+            if link.rank in lost:
+                wait = 0.0
+            elif link.window.in_flight:
+                wait = defaults.GOODBYE_FLUSH
+            else:
+                wait = defaults.GOODBYE_LINGER
             link.close(linger_ms=int(wait * 1000))
 
     def close_router(self) -> None:
