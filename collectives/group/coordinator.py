@@ -5,7 +5,8 @@ is the coordinator of the moment runs it, in its door's thread, under the protoc
 A live member's identity is never given to another process. A joiner under the name of a
 member of the current view (a restarted process, or one started by hand with a member's
 slot) is that member's restart only once the member is gone: this process counts it lost
-(its transport saw it die, or another member said so), or its door does not answer a
+(its transport saw it die, or another member said so), or its door refuses a connection
+(nothing listens at its port: the process is gone; Door.knock), or its door does not answer a
 ``probe`` within PROBE_SECONDS (capped at a quarter of the protocol's timeout); meanwhile the
 joiner hears ``checking``. A member that answers makes the join refused, naming it (name,
 incarnation, door and host). A member replaced although alive (silent past the probe, then
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import threading
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -67,6 +69,7 @@ class Coordinator:
         self.leaving: dict[str, str] = {}        # name -> door of a member that leaves
         self.lates = 0   # boundaries of the change under way that a member was past already
         self.probing: dict[str, _Probe] = {}   # name -> a joiner waiting on a probe
+        self.knocked: set[str] = set()   # ... whose holder's door refused a connection
         # name -> door of a member that leaves at the next planned boundary (its state is
         # handed to a member there: push-sum mass), not yet in a committed view
         self.departing: dict[str, str] = {}
@@ -141,11 +144,27 @@ class Coordinator:
         now = time.monotonic()
         seconds = min(PROBE_SECONDS, self.changes.timeout / 4)
         self.probing[member.name] = _Probe(member, reply_to, held, now, now + seconds)
+        self.knocked.discard(member.name)
         log.info("%s: %s asks to join under the name of %s, whom it does not count lost: "
                  "asking %s's door at %s whether it lives (%.3g s)", self.changes.name, member,
                  held, held, held.door, seconds)
         self.changes.door.tell(held.door, "probe", name=held.name)
         self.changes.door.tell(reply_to, "checking", holder=held.to_wire(), seconds=seconds)
+        # A dead process's port refuses connections at once: no need to wait out the probe
+        # (a restart would otherwise stand PROBE_SECONDS at the door whenever this process's
+        # transport had not seen the death, as under a policy that never talks to it).
+        threading.Thread(target=self._knock, args=(member.name, held, seconds), daemon=True,
+                         name=f"gossip door knock ({held})").start()
+
+    def _knock(self, name: str, held: Member, seconds: float) -> None:
+        """(A thread of its own.) Knock at ``held``'s door: refused, the probe of the joiner
+        ``name`` ends at the next tick, as the holder's restart."""
+        if not self.changes.door.knock(held.door, seconds):
+            return
+        with self.changes.cond:
+            probe = self.probing.get(name)
+            if probe is not None and probe.holder == held:
+                self.knocked.add(name)
 
     def on_alive(self, msg: dict) -> None:
         """A probed member's door answered: the joiner under its name is refused."""
@@ -154,6 +173,7 @@ class Coordinator:
             if probe is None or msg.get("inc") != probe.holder.incarnation:
                 return
             del self.probing[probe.joiner.name]
+            self.knocked.discard(probe.joiner.name)
             self._refuse(probe.reply_to, probe.joiner, probe.holder,
                          f"its door answered a probe within "
                          f"{time.monotonic() - probe.asked:.2f} s")
@@ -163,9 +183,15 @@ class Coordinator:
         holder this process now counts lost: admitted, as that member's restart."""
         now, lost = time.monotonic(), self.changes.known_lost()
         for name, probe in list(self.probing.items()):
-            if name in lost or now >= probe.deadline:
+            if name in lost or name in self.knocked or now >= probe.deadline:
                 del self.probing[name]
-                if name not in lost:
+                if name in self.knocked:
+                    self.knocked.discard(name)
+                    log.warning("%s: %s's door at %s refused a connection (nothing listens "
+                                "there) %.2f s into its probe: counted gone, %s takes its "
+                                "place", self.changes.name, probe.holder, probe.holder.door,
+                                now - probe.asked, probe.joiner)
+                elif name not in lost:
                     log.warning("%s: %s's door at %s did not answer a probe within %.3g s: "
                                 "counted gone, %s takes its place", self.changes.name,
                                 probe.holder, probe.holder.door, probe.deadline - probe.asked,

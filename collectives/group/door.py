@@ -24,6 +24,7 @@ from typing import Any, Callable
 
 import msgpack
 import zmq
+from zmq.utils.monitor import recv_monitor_message
 
 from collectives.config import TransportConfig
 from collectives.rendezvous import bind_address
@@ -294,6 +295,45 @@ class Door:
             pass
         finally:
             sock.close()
+
+    def knock(self, address: str, timeout: float) -> bool:
+        """Whether nothing listens at ``address`` (``tcp://host:port``; any thread): True when
+        a connection to it is refused within ``timeout`` seconds, as it is at once on the port
+        of a process that is gone. False when it connects (the handshake is let complete
+        before the socket closes, so the door there counts no refused handshake), when
+        nothing is heard in time (a stopped process's port still accepts; a host that is
+        down answers nothing), or when this door closes meanwhile."""
+        if not address.startswith("tcp://"):
+            return False
+        with self._out_lock:
+            if self._closing.is_set():
+                return False
+            sock = self._context.socket(zmq.DEALER)
+        monitor = None
+        try:
+            sock.linger = 0
+            if self.config.key is not None:
+                self.config.key.apply_client(sock)
+            monitor = sock.get_monitor_socket(zmq.EVENT_CONNECT_RETRIED
+                                              | zmq.EVENT_HANDSHAKE_SUCCEEDED
+                                              | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
+                                              | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
+                                              | zmq.EVENT_HANDSHAKE_FAILED_AUTH)
+            sock.connect(address)
+            deadline = time.monotonic() + timeout
+            while not self._closing.is_set():
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                if monitor.poll(min(_POLL_MS, max(1, int(left * 1000)))):
+                    event = recv_monitor_message(monitor)["event"]
+                    return event == zmq.EVENT_CONNECT_RETRIED
+            return False
+        finally:
+            if monitor is not None:
+                sock.disable_monitor()
+                monitor.close(linger=0)
+            sock.close(linger=0)
 
     def forget(self, address: str) -> None:
         """Close the connection to ``address`` (a member that left)."""

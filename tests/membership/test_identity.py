@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -197,3 +198,42 @@ def test_a_member_replaced_while_stopped_stops_naming_its_replacement(tmp_path):
     for kind, _, number, members in (results[0], results[2]):
         assert kind == "trained" and number >= 1
         assert f"rank1#{joined['inc']}" in members
+
+
+# ---------------------------------------------------------------- a knock at a member's door
+@pytest.mark.parametrize("keyed", [False, True])
+def test_a_knock_tells_a_door_that_is_gone_from_one_that_listens(keyed, group_key):
+    """Door.knock, which lets a restart take a dead member's name without waiting out the
+    probe: a closed door's port refuses the connection (True); a live door's completes the
+    handshake (False), and that door counts no refused handshake."""
+    from collectives.config import TransportConfig
+    from collectives.group import Door
+    from collectives.security import load_cluster_key
+    config = TransportConfig(key=load_cluster_key(group_key) if keyed else None)
+    knocker, member, gone = (Door(config, who="coordinator"), Door(config, who="member"),
+                             Door(config, who="gone"))
+    pings: list[dict] = []
+    member.on("ping", pings.append)
+
+    def refused_after_a_ping() -> int:
+        # (The door's thread reads its monitor and its messages in one loop: a message told
+        # after a connection ended is taken after that connection's events.)
+        count = len(pings)
+        knocker.tell(member.address, "ping")
+        wait_until(lambda: len(pings) > count, 10, what="the member's door taking a ping")
+        return member.refusals.count
+
+    try:
+        gone.close()   # its port: nothing listens there any more
+        assert knocker.knock(gone.address, 5.0) is True
+        assert knocker.knock(member.address, 5.0) is False
+        assert refused_after_a_ping() == 0, member.refusals.by_reason
+        # What the knock avoids: a plain connection that hangs up before any handshake is
+        # a refused handshake at that door.
+        host, port = member.address[len("tcp://"):].rsplit(":", 1)
+        socket.create_connection((host, int(port)), timeout=5).close()
+        assert wait_until(lambda: refused_after_a_ping() == 1, 10,
+                          what="the plain connection counted"), member.refusals.by_reason
+    finally:
+        for door in (knocker, member, gone):
+            door.close()
