@@ -31,7 +31,12 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
             "non-iid; about 3 minutes on 2 cores), on a harder task by default (the digits\n"
             "at random places on a 12x12 canvas), each into OUT/<scenario>/, then a summary\n"
             "table, OUT/story.png (a panel per scenario) and OUT/story.json. --scenario NAMES\n"
-            "runs some of them."
+            "runs some of them.\n\n"
+            "--simulate tells the same story in simulated time instead: 64 peers (--peers) on\n"
+            "a WAN, each a thread of this process running the real policy classes on a virtual\n"
+            "clock (gossip simulate train's simulator and task), for the policies it simulates\n"
+            "(synchronous, local-sgd, gossip, push-sum); the same options give the same\n"
+            "OUT/story-simulated.json on any machine, under any load (about 3 minutes)."
         ),
         epilog=(
             "examples:\n"
@@ -43,11 +48,18 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
             "  gossip demo --dataset mnist --data-dir ~/data/mnist --epochs 1\n"
             "  gossip demo --kill 2@0.33                    # peer 2 SIGKILLed at a third, restarted\n"
             "  gossip demo --compression int8               # what travels, int8-encoded\n"
-            "  gossip demo --link 1gbit,2ms                 # an emulated 1 Gbit/s, 2 ms network"
+            "  gossip demo --link 1gbit,2ms                 # an emulated 1 Gbit/s, 2 ms network\n"
+            "  gossip demo --simulate                       # the story at 64 simulated peers"
         ),
     )
-    parser.add_argument("-n", "--peers", type=int, default=4, metavar="N",
-                        help="peer processes to start on this machine (default 4)")
+    parser.add_argument("-n", "--peers", type=int, default=None, metavar="N",
+                        help="peer processes to start on this machine (default 4; under "
+                        "--simulate, simulated peers: default 64)")
+    parser.add_argument("--simulate", action="store_true",
+                        help="the story's scenarios in simulated time (deterministic), at "
+                        "--peers simulated peers on a WAN, instead of peer processes")
+    parser.add_argument("--steps", type=int, default=None, metavar="N",
+                        help="under --simulate: steps per simulated peer (default 200)")
     parser.add_argument("--policy", default=None, metavar="NAMES",
                         help=f"all, or one or more of {_POLICY_HELP}, comma-separated: one "
                         "run of these policies instead of the scenarios")
@@ -188,7 +200,8 @@ def demo_options(args: argparse.Namespace) -> tuple[Any, tuple | None]:
             print(f"--compression {args.compression}: uncompressed (they refuse the codec): "
                   f"{', '.join(plain)}", file=sys.stderr, flush=True)
     options = DemoOptions(
-        policies=policies, policy_options=policy_options, peers=args.peers,
+        policies=policies, policy_options=policy_options,
+        peers=4 if args.peers is None else args.peers,
         topology=args.topology,
         epochs=args.epochs, dataset=dataset, data_dir=args.data_dir,
         out=args.out, batch_size=args.batch_size, lr=args.lr, seed=args.seed,
@@ -199,11 +212,47 @@ def demo_options(args: argparse.Namespace) -> tuple[Any, tuple | None]:
     return options, scenarios
 
 
+def _run_simulated(args: argparse.Namespace) -> int:
+    """`gossip demo --simulate`: the options that make sense for the simulator, the story."""
+    from gossip.demo.scenarios import parse_scenarios
+    from gossip.demo.simulated import SIMULATED_PEERS, SIMULATED_STEPS, run_simulated_story
+    from gossip.simulation import SIMULATED_POLICIES
+
+    refused = [flag for flag, value in (
+        ("--kill", args.kill), ("--link", args.link), ("--non-iid", args.non_iid),
+        ("--straggler", args.straggler), ("--compression", args.compression),
+        ("--dataset", args.dataset), ("--data-dir", args.data_dir), ("--epochs", args.epochs))
+        if value is not None]
+    if refused:
+        raise ValueError(f"--simulate runs the story's scenarios on the simulator's task and a "
+                         f"WAN: drop {' and '.join(refused)} (gossip simulate train runs one "
+                         "setting of your own)")
+    policies = parse_policies(args.policy) if args.policy else SIMULATED_POLICIES
+    unsimulated = [p for p in policies if p not in SIMULATED_POLICIES]
+    if unsimulated:
+        raise ValueError(f"--simulate: {', '.join(unsimulated)} not simulated; the simulator "
+                         f"runs {', '.join(SIMULATED_POLICIES)}")
+    scenarios = None
+    if args.scenario is not None:
+        scenarios = tuple(s.name for s in parse_scenarios(args.scenario))
+    for flag, value in (("--peers", args.peers), ("--steps", args.steps)):
+        if value is not None and value < 1:
+            raise ValueError(f"{flag} must be at least 1, got {value}")
+    return run_simulated_story(
+        policies=tuple(policies), peers=args.peers or SIMULATED_PEERS,
+        steps=args.steps or SIMULATED_STEPS, topology=args.topology, lr=args.lr,
+        seed=args.seed, out=args.out, scenarios=scenarios)
+
+
 def main(args: argparse.Namespace) -> int:
     """Run `gossip demo`. Bad settings are ValueErrors, shown by the CLI in one line; a failed
     peer is one line here, with the details in OUT/failure.log."""
     from gossip.demo.runner import DemoFailed, run_demo
 
+    if args.simulate:
+        return _run_simulated(args)
+    if args.steps is not None:
+        raise ValueError("--steps is --simulate's (a run of peer processes counts --epochs)")
     options, scenarios = demo_options(args)
     existed = os.path.isdir(options.out)
     try:

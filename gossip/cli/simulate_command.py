@@ -77,6 +77,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                        help="compute per step (default 0.01)")
     train.add_argument("--straggler", metavar="RANK@FACTOR",
                        help="that peer's steps take FACTOR times as long, e.g. 3@4")
+    train.add_argument("--non-iid", type=float, default=None, metavar="ALPHA",
+                       help="each peer's classes drawn from Dirichlet(ALPHA), as the demo's "
+                       "--non-iid (default: iid shards)")
     train.add_argument("--hidden", type=int, default=128,
                        help="the MLP's hidden width (default 128: 9,738 parameters)")
     train.add_argument("--lr", type=float, default=0.05, help="SGD learning rate")
@@ -190,7 +193,7 @@ def _train(args: argparse.Namespace) -> int:
     specs = [TrainingSpec(policy=name.strip(), peers=args.peers, topology=args.topology,
                           steps=args.steps, link=args.link, step_seconds=args.step_seconds,
                           straggler=_straggler(args.straggler), lr=args.lr,
-                          hidden=args.hidden, seed=args.seed)
+                          hidden=args.hidden, seed=args.seed, non_iid=args.non_iid)
              for name in args.policy.split(",") if name.strip()]
     if not specs:
         raise ValueError("--policy: give at least one policy")
@@ -198,7 +201,8 @@ def _train(args: argparse.Namespace) -> int:
              "MB/peer", "real s")
     print(f"{args.peers} simulated peers, {args.steps} steps, topology {args.topology}, link "
           f"{args.link or 'free'}, {args.step_seconds:g} s a step"
-          + (f", peer {args.straggler} slower" if args.straggler else ""), flush=True)
+          + (f", peer {args.straggler} slower" if args.straggler else "")
+          + (f", non-iid {args.non_iid:g}" if args.non_iid is not None else ""), flush=True)
     print("  ".join(f"{h:>11}" if k else f"{h:<12}" for k, h in enumerate(heads)), flush=True)
     runs = []
     for spec in specs:

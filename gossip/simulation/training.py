@@ -33,7 +33,9 @@ make together (the background ones, asynchronous and push-sum with overlap, not 
 class TrainingSpec:
     """What to simulate. ``link``: every link's rate and latency ("1gbit,20ms", as
     GOSSIP_LINK; None: communication takes no time). ``step_seconds``: each step's compute;
-    ``straggler``: (rank, factor), that peer's steps take factor times as long."""
+    ``straggler``: (rank, factor), that peer's steps take factor times as long; ``non_iid``:
+    each peer's mix of classes drawn from Dirichlet(``non_iid``), as the demo's --non-iid
+    (gossip.demo.data.shard)."""
 
     policy: str = "gossip"
     peers: int = 4
@@ -48,6 +50,7 @@ class TrainingSpec:
     hidden: int = 128
     seed: int = 0
     policy_options: dict = field(default_factory=dict)
+    non_iid: float | None = None   # Dirichlet alpha of the peers' class mixes (None: iid)
 
     def __post_init__(self) -> None:
         if self.policy not in SIMULATED_POLICIES:
@@ -66,6 +69,11 @@ class TrainingSpec:
             raise ValueError(f"simulate: straggler must be (rank, factor >= 1) with a rank of "
                              f"the {self.peers} peers, got {self.straggler!r}")
         parse_link(self.link or "", "link")   # (checked here: a bad one names the setting)
+        if self.non_iid is not None and not (isinstance(self.non_iid, (int, float))
+                                             and not isinstance(self.non_iid, bool)
+                                             and 0 < self.non_iid < float("inf")):
+            raise ValueError(f"simulate: non_iid must be a positive Dirichlet alpha, got "
+                             f"{self.non_iid!r}")
 
 
 @dataclass(frozen=True)
@@ -129,7 +137,8 @@ def train_peer(peer: Any, spec: TrainingSpec, tick: Callable[[float], None] = la
 
     x, y, test_x, test_y = _task_data()
     n = peer.world_size
-    rows = torch.from_numpy(shard(len(y), peer.rank, n, seed=spec.seed)
+    rows = torch.from_numpy(shard(len(y), peer.rank, n, seed=spec.seed, labels=y.numpy(),
+                                  alpha=spec.non_iid)
                             if len(y) >= n else np.arange(len(y)))
     rng = np.random.default_rng([spec.seed, peer.rank])
     with _SEEDING:   # (torch's seed is the process's: simulated peers are threads of one)

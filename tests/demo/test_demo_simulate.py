@@ -1,0 +1,64 @@
+"""`gossip demo --simulate` (issue #38, item 5): the story's scenarios in simulated time, run by
+the simulator (the real policy classes as threads of one process on a virtual clock) as a user
+runs the command (a subprocess). What it writes is deterministic: two runs give the same JSON,
+byte for byte, whatever else the machine is doing."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+ARGS = ("--simulate", "--peers", "8", "--steps", "20")
+
+
+def _demo(*args: str, timeout: float = 150) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "gossip", "demo", *args],
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def test_two_simulated_stories_write_the_same_json(tmp_path):
+    runs = []
+    for name in ("a", "b"):
+        proc = _demo(*ARGS, "--out", str(tmp_path / name))
+        assert proc.returncode == 0, proc.stderr
+        runs.append((tmp_path / name / "story-simulated.json").read_bytes())
+    assert runs[0] == runs[1]
+    story = json.loads(runs[0])
+    assert [s["name"] for s in story["scenarios"]] == ["slow-network", "straggler", "non-iid"]
+    assert story["skipped"] and story["skipped"][0].startswith("death: not simulated")
+    for scenario in story["scenarios"]:
+        rows = {r["policy"]: r for r in scenario["rows"]}
+        assert list(rows) == ["synchronous", "local-sgd", "gossip", "push-sum"]
+        assert scenario["wins"] in rows
+        assert all(r["spec"]["peers"] == 8 and r["spec"]["steps"] == 20
+                   and r["spec"]["link"] == "100mbit,50ms" for r in rows.values())
+        # Synchronous averages every step: one model, in every scenario.
+        assert rows["synchronous"]["consensus"] == 0.0
+    by_name = {s["name"]: {r["policy"]: r for r in s["rows"]} for s in story["scenarios"]}
+    # The straggler's 4x steps cost synchronous time; the WAN alone costs it an allreduce a
+    # step, more than gossip's exchange with two neighbours.
+    assert (by_name["straggler"]["synchronous"]["simulated_seconds"]
+            > by_name["slow-network"]["synchronous"]["simulated_seconds"])
+    assert (by_name["slow-network"]["gossip"]["simulated_seconds"]
+            < by_name["slow-network"]["synchronous"]["simulated_seconds"])
+    # Non-iid shards pull a ring's peers apart; iid ones much less.
+    assert (by_name["non-iid"]["gossip"]["consensus"]
+            > by_name["slow-network"]["gossip"]["consensus"])
+
+
+@pytest.mark.parametrize("extra, names", [
+    (("--kill", "3@0.33"), "--kill"),
+    (("--policy", "asynchronous"), "asynchronous not simulated"),
+    (("--epochs", "3"), "--epochs"),
+])
+def test_simulate_refuses_what_the_simulator_does_not_run(tmp_path, extra, names):
+    proc = _demo("--simulate", "--peers", "4", *extra, "--out", str(tmp_path / "x"))
+    assert proc.returncode == 2, proc
+    assert names in proc.stderr and proc.stderr.count("\n") == 1, proc.stderr
+
+
+def test_steps_without_simulate_is_refused(tmp_path):
+    proc = _demo("--steps", "10", "--out", str(tmp_path / "x"))
+    assert proc.returncode == 2 and "--steps is --simulate's" in proc.stderr, proc.stderr
