@@ -452,15 +452,21 @@ class Asynchronous(BackgroundPolicy):
             if self._unanswered:
                 self._kick.set()   # the pushing thread takes the answers that came since
             return
-        dst = live[self._rng.randrange(len(live))]
         self._partners = live   # (the pushing thread's for the step's further exchanges)
-        self._turns += 1
-        assert self._pairs is not None
-        self._pairs.begin(dst, self._out, self._turns)
-        push = Push(self._comm, dst, included, self._out, self.send_timeout)
+        push = self._begin_exchange(live, included)
         with self._cond:
             self._job = push
         self._kick.set()
+
+    def _begin_exchange(self, live: list[int], included: int) -> Push:
+        """(Pairwise.) Publish this peer's pair as the next exchange's request to a random
+        one of ``live`` and post it (the requests leave at once, the answers are the pushing
+        thread's to take)."""
+        dst = live[self._rng.randrange(len(live))]
+        self._turns += 1
+        assert self._pairs is not None
+        self._pairs.begin(dst, self._out, self._turns)
+        return Push(self._comm, dst, included, self._out, self.send_timeout)
 
     def _wait_fresh(self, wanted: int) -> None:
         with self._cond:
@@ -516,15 +522,11 @@ class Asynchronous(BackgroundPolicy):
                     if j not in lost and j not in self._dropped and j not in self._unanswered]
             if not live:
                 break
-            dst = live[self._rng.randrange(len(live))]
-            self._turns += 1
-            assert self._pairs is not None
-            self._pairs.begin(dst, self._out, self._turns)
-            further = Push(self._comm, dst, job.included, self._out, self.send_timeout)
+            further = self._begin_exchange(live, job.included)
             delivered = [0]
             self._see_exchange_through(further, delivered)
             with self._cond:
-                self._sent_to[dst] += delivered[0]
+                self._sent_to[further.dst] += delivered[0]
 
     @property
     def answer_wait(self) -> float:
