@@ -269,7 +269,10 @@ def _tell_late_comers(sock, me: dict, reason: str, told: set[int], n: int,
     until = min(deadline, time.monotonic() + defaults.VERDICT_LINGER)
     packed = _pack({"error": reason})
     while not set(range(1, n)) <= told and time.monotonic() < until:
-        if not sock.poll(min(defaults.RENDEZVOUS_POLL, until - time.monotonic()) * 1000):
+        # Never below 0: a negative timeout is zmq_poll's "for ever" (time passes between
+        # the loop's test and this line: under load it hung here for good, in CI).
+        left = max(0.0, until - time.monotonic())
+        if not sock.poll(min(defaults.RENDEZVOUS_POLL, left) * 1000):
             continue
         frames = sock.recv_multipart()
         msg = _unpack(frames[-1]) if len(frames) == 2 else None

@@ -378,7 +378,7 @@ def request(config: TransportConfig, address: str, kind: str, timeout: float,
         message = dict(fields, v=DOOR_VERSION, kind=kind, job=config.job_id,
                        **{"from": ""})
         sock.send(msgpack.packb(message, use_bin_type=True))
-        if not sock.poll(int(timeout * 1000)):
+        if not sock.poll(max(0, int(timeout * 1000))):   # (negative: zmq's "for ever")
             raise TimeoutError(f"no answer from the door at {address} within {timeout:g} s "
                                f"(is a member of the job listening there, with this key?)")
         answer = _unpack(sock.recv())
