@@ -23,6 +23,8 @@ The faults and how they are made (the kernel here has no netem qdisc, nor iptabl
   loads a random number (``ld rand``), sends a packet to a class whose only queue, a pfifo of
   limit 0, drops it. Real packet loss as TCP sees it (the drop is in the forwarding path, not
   in the sender's own stack).
+- Rate: ``shape(rate)`` gives every directed pair of hosts a link of its own (an htb class
+  per destination on each host's eth0, chosen by a u32 filter), as the simulator models links.
 - Latency and stalls: a user-space TCP relay, one "sidecar" process per host, run as
   ``python netfault.py proxy``. The peer is told to listen on loopback only
   (GOSSIP_BIND_HOST=127.0.0.1; it still advertises its eth0 address, found by the runtime on
@@ -285,6 +287,41 @@ class Network:
                 if proc.returncode != 0:
                     raise RuntimeError(f"`tc {' '.join(cmd)}` failed: {proc.stderr.strip()}")
         self.loss = probability
+
+    def shape(self, rate: str, queue: int = 50) -> None:
+        """Give every directed pair of hosts a link of its own of ``rate`` (a tc rate such as
+        "100mbit"): on each host's eth0, an htb class per destination at that rate (ceil the
+        same), chosen by a u32 filter on the destination address, queueing at most ``queue``
+        packets (the kernel here has neither fq_codel nor netem: a pfifo; 50 packets are 6 ms
+        at 100 Mbit/s, where the default 1,000 put 120 ms before the TCP acknowledgements of
+        a link whose reverse direction carries data); what has no IP destination (ARP) takes
+        an unshaped class. A host sending to two others at once fills two links,
+        as in the simulator's link model (gossip/simulation/fabric.py). Replaces any earlier
+        shaping of the hosts' eth0."""
+        for host in self.hosts:
+            tc = ["tc", "-n", host.ns]
+            subprocess.run([*tc, "qdisc", "del", "dev", "eth0", "root"], capture_output=True,
+                           timeout=_CMD_TIMEOUT)
+            cmds = [["qdisc", "add", "dev", "eth0", "root", "handle", "1:", "htb", "default",
+                     "99", "r2q", "100000"],
+                    ["class", "add", "dev", "eth0", "parent", "1:", "classid", "1:99", "htb",
+                     "rate", "10gbit"]]
+            for other in self.hosts:
+                if other is host:
+                    continue
+                classid = f"1:{10 + other.index}"
+                cmds += [["class", "add", "dev", "eth0", "parent", "1:", "classid", classid,
+                          "htb", "rate", rate, "ceil", rate],
+                         ["qdisc", "add", "dev", "eth0", "parent", classid, "handle",
+                          f"{10 + other.index}:", "pfifo", "limit", str(queue)],
+                         ["filter", "add", "dev", "eth0", "parent", "1:", "protocol", "ip",
+                          "prio", "1", "u32", "match", "ip", "dst", f"{other.addr}/32",
+                          "flowid", classid]]
+            for cmd in cmds:
+                proc = subprocess.run([*tc, *cmd], capture_output=True, text=True,
+                                      timeout=_CMD_TIMEOUT)
+                if proc.returncode != 0:
+                    raise RuntimeError(f"`tc {' '.join(cmd)}` in {host}: {proc.stderr.strip()}")
 
     def dropped_packets(self) -> dict[str, int]:
         """Packets the loss filters dropped so far, per switch port."""
