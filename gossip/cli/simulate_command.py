@@ -56,14 +56,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
             "Run the project's own policy classes for N peers as threads of this process, each\n"
             "on a simulated host with a virtual clock: the digits MLP, each peer its shard,\n"
             "each step's compute (--step-seconds, a --straggler) and each message's latency and\n"
-            "bytes (--link) charged to the clocks. The numbers are a real run's (the same\n"
+            "bytes (--link; --regions and --wan, or --links FILE, for links that differ)\n"
+            "charged to the clocks. The numbers are a real run's (the same\n"
             "parameters as real peer processes); the times are the models'. One row per\n"
             "policy: accuracy, consensus distance, simulated time, bytes per peer."),
         epilog=(
             "examples:\n"
             "  gossip simulate train --policy synchronous,gossip -n 64 --link 100mbit,20ms\n"
             "  gossip simulate train --policy gossip,push-sum -n 256 --topology exponential\n"
-            "  gossip simulate train --policy local-sgd -n 16 --straggler 3@4 --json out.json"))
+            "  gossip simulate train --policy local-sgd -n 16 --straggler 3@4 --json out.json\n"
+            "  gossip simulate train -n 64 --regions 4 --link 10gbit,0.5ms --wan 100mbit,40ms\n"
+            "  gossip simulate train -n 6 --links links.json   (see gossip/simulation/links.py)"))
     train.add_argument("--policy", default="synchronous,gossip", metavar="NAMES",
                        help="comma-separated: synchronous, local-sgd, gossip, push-sum "
                             "(default synchronous,gossip)")
@@ -73,6 +76,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     train.add_argument("--steps", type=int, default=200, help="steps per peer (default 200)")
     train.add_argument("--link", metavar="RATE,LATENCY",
                        help="every link, as GOSSIP_LINK: 1gbit,20ms (default: free)")
+    train.add_argument("--regions", type=int, metavar="K",
+                       help="K blocks of consecutive ranks (sites): --link within a block, "
+                            "--wan between blocks")
+    train.add_argument("--wan", metavar="RATE,LATENCY",
+                       help="the links between --regions, e.g. 100mbit,40ms")
+    train.add_argument("--links", metavar="FILE",
+                       help="JSON: each peer's region and the link between every two regions "
+                            "(instead of --link, --regions, --wan)")
     train.add_argument("--step-seconds", type=float, default=0.01, metavar="S",
                        help="compute per step (default 0.01)")
     train.add_argument("--straggler", metavar="RANK@FACTOR",
@@ -193,14 +204,15 @@ def _train(args: argparse.Namespace) -> int:
     specs = [TrainingSpec(policy=name.strip(), peers=args.peers, topology=args.topology,
                           steps=args.steps, link=args.link, step_seconds=args.step_seconds,
                           straggler=_straggler(args.straggler), lr=args.lr,
-                          hidden=args.hidden, seed=args.seed, non_iid=args.non_iid)
+                          hidden=args.hidden, seed=args.seed, non_iid=args.non_iid,
+                          regions=args.regions, wan=args.wan, links=args.links)
              for name in args.policy.split(",") if name.strip()]
     if not specs:
         raise ValueError("--policy: give at least one policy")
     heads = ("policy", "accuracy", "worst", "averaged", "consensus", "simulated s",
              "MB/peer", "real s")
-    print(f"{args.peers} simulated peers, {args.steps} steps, topology {args.topology}, link "
-          f"{args.link or 'free'}, {args.step_seconds:g} s a step"
+    print(f"{args.peers} simulated peers, {args.steps} steps, topology {args.topology}, links "
+          f"{specs[0].network().text}, {args.step_seconds:g} s a step"
           + (f", peer {args.straggler} slower" if args.straggler else "")
           + (f", non-iid {args.non_iid:g}" if args.non_iid is not None else ""), flush=True)
     print("  ".join(f"{h:>11}" if k else f"{h:<12}" for k, h in enumerate(heads)), flush=True)

@@ -9,11 +9,12 @@ runs the mixing dynamics alone, vectorised over the sparse mixing matrices, to 6
 and beyond in seconds.
 """
 from gossip.simulation.fabric import Fabric, collective_seconds
+from gossip.simulation.links import Links
 from gossip.simulation.mixing import MIXING_RULES, MixingTrace, simulate_mixing
 from gossip.simulation.sim_host import SimHost
 from gossip.simulation.training import (SIMULATED_POLICIES, PeerResult, TrainingResult,
                                         TrainingSpec, simulate_training, train_peer)
 
 __all__ = ["simulate_training", "TrainingSpec", "TrainingResult", "PeerResult", "train_peer",
-           "SIMULATED_POLICIES", "SimHost", "Fabric", "collective_seconds",
+           "SIMULATED_POLICIES", "SimHost", "Fabric", "Links", "collective_seconds",
            "simulate_mixing", "MixingTrace", "MIXING_RULES"]

@@ -3,7 +3,7 @@ the virtual clock each of them keeps.
 
 Data moves at once, in memory; time does not. Each peer has a clock (seconds of simulated
 time). A message leaves at its sender's clock, waits for its directed link to be free, and
-arrives ``latency + bytes / rate`` later; the receiver's clock moves to the arrival if that is
+arrives ``latency + bytes / rate`` later (that link's: links.py); the receiver's clock moves to the arrival if that is
 later. A collective starts when its last member arrives (the latest clock) and ends after the
 algorithm's cost on the link model (the ring allreduce's 2(n - 1) steps of bytes / n, ...);
 every member's clock moves to the end. Results are combined in rank order, so a simulation
@@ -22,29 +22,21 @@ import numpy as np
 from collectives.communicator import DEFAULT_SMALL_BYTES
 from collectives.transport.emulation import LinkSpec
 from gossip.errors import OperationTimeout
+from gossip.simulation.links import Links
 
 __all__ = ["Fabric", "collective_seconds"]
 
 
 def collective_seconds(op: str, nbytes: int, size: int, link: LinkSpec | None) -> float:
-    """Simulated seconds of collective ``op`` over ``size`` peers on ``nbytes`` per peer, by
-    the algorithm the collectives run: allreduce by recursive doubling below
-    DEFAULT_SMALL_BYTES (ceil(log2 n) steps of nbytes), as a ring above (2(n-1) steps of
-    nbytes/n); allgather as a ring (n-1 steps of nbytes); broadcast as a binomial tree
+    """Simulated seconds of collective ``op`` over ``size`` peers on ``nbytes`` per peer when
+    every link is ``link``, by the algorithm the collectives run: allreduce by recursive
+    doubling below DEFAULT_SMALL_BYTES (ceil(log2 n) steps of nbytes), as a ring above (2(n-1)
+    steps of nbytes/n); allgather as a ring (n-1 steps of nbytes); broadcast as a binomial tree
     (ceil(log2 n) steps of nbytes); barrier as ceil(log2 n) latencies. 0 without a link model
-    or for one peer."""
+    or for one peer. (Links.collective_seconds: the same over links that differ.)"""
     if link is None or size <= 1:
         return 0.0
-    steps = math.ceil(math.log2(size))
-    if op == "allreduce" and nbytes < DEFAULT_SMALL_BYTES:
-        return steps * (link.latency + nbytes / link.rate)
-    if op == "allreduce":
-        return 2 * (size - 1) * (link.latency + nbytes / size / link.rate)
-    if op == "allgather":
-        return (size - 1) * (link.latency + nbytes / link.rate)
-    if op == "broadcast":
-        return steps * (link.latency + nbytes / link.rate)
-    return steps * link.latency
+    return Links.uniform(size, link).collective_seconds(op, nbytes)
 
 
 class _Round:
@@ -60,12 +52,13 @@ class _Round:
 
 class Fabric:
     """``size`` peers' mailboxes, collectives and clocks (one lock; waits bounded by
-    ``timeout`` real seconds, then OperationTimeout naming the peers waited for)."""
+    ``timeout`` real seconds, then OperationTimeout naming the peers waited for). ``links``:
+    every directed link (links.py), or one LinkSpec for all, or None (free)."""
 
-    def __init__(self, size: int, link: LinkSpec | None = None, *,
+    def __init__(self, size: int, links: Links | LinkSpec | None = None, *,
                  timeout: float = 300.0) -> None:
         self.size = size
-        self.link = link
+        self.links = links if isinstance(links, Links) else Links.uniform(size, links)
         self.timeout = timeout
         self.clock = [0.0] * size
         self.bytes_sent = [0] * size
@@ -98,8 +91,8 @@ class Fabric:
         copy = np.array(data, copy=True)
         with self._cond:
             start = max(self.clock[src], self._link_free.get((src, dst), 0.0))
-            transfer = 0.0 if self.link is None else copy.nbytes / self.link.rate
-            latency = 0.0 if self.link is None else self.link.latency
+            rate, latency = self.links.link(src, dst)
+            transfer = copy.nbytes / rate
             self._link_free[(src, dst)] = start + transfer
             self._mail.setdefault((src, dst), deque()).append((copy, start + transfer + latency))
             self.bytes_sent[src] += copy.nbytes
@@ -134,8 +127,8 @@ class Fabric:
             meeting.clocks[rank] = self.clock[rank]
             if len(meeting.parts) == self.size:
                 meeting.result = combine([meeting.parts[r] for r in range(self.size)])
-                meeting.end = max(meeting.clocks.values()) + collective_seconds(
-                    op, nbytes, self.size, self.link)
+                meeting.end = max(meeting.clocks.values()) + self.links.collective_seconds(
+                    op, nbytes)
                 self._cond.notify_all()
             elif not self._cond.wait_for(
                     lambda: meeting.end is not None or self._aborted is not None, self.timeout):

@@ -17,6 +17,7 @@ import numpy as np
 
 from collectives.transport.emulation import parse_link
 from gossip.simulation.fabric import Fabric
+from gossip.simulation.links import Links
 from gossip.simulation.sim_host import SimHost
 
 __all__ = ["TrainingSpec", "TrainingResult", "PeerResult", "simulate_training", "train_peer",
@@ -32,7 +33,10 @@ make together (the background ones, asynchronous and push-sum with overlap, not 
 @dataclass(frozen=True)
 class TrainingSpec:
     """What to simulate. ``link``: every link's rate and latency ("1gbit,20ms", as
-    GOSSIP_LINK; None: communication takes no time). ``step_seconds``: each step's compute;
+    GOSSIP_LINK; None: communication takes no time); with ``regions`` (K >= 2) and ``wan``,
+    the peers are K blocks of consecutive ranks, ``link`` the links within a block and ``wan``
+    those between; ``links``: a JSON file naming each peer's region and every link instead
+    (gossip/simulation/links.py). ``step_seconds``: each step's compute;
     ``straggler``: (rank, factor), that peer's steps take factor times as long; ``non_iid``:
     each peer's mix of classes drawn from Dirichlet(``non_iid``), as the demo's --non-iid
     (gossip.demo.data.shard)."""
@@ -51,6 +55,9 @@ class TrainingSpec:
     seed: int = 0
     policy_options: dict = field(default_factory=dict)
     non_iid: float | None = None   # Dirichlet alpha of the peers' class mixes (None: iid)
+    regions: int | None = None
+    wan: str | None = None
+    links: str | None = None
 
     def __post_init__(self) -> None:
         if self.policy not in SIMULATED_POLICIES:
@@ -69,11 +76,32 @@ class TrainingSpec:
             raise ValueError(f"simulate: straggler must be (rank, factor >= 1) with a rank of "
                              f"the {self.peers} peers, got {self.straggler!r}")
         parse_link(self.link or "", "link")   # (checked here: a bad one names the setting)
+        if (self.regions is None) != (self.wan is None):
+            raise ValueError("simulate: regions and wan go together (--regions K --wan "
+                             "RATE,LATENCY: K blocks of peers, wan the links between them)")
+        if self.links is not None and (self.link or self.regions is not None):
+            raise ValueError("simulate: links (a file of every link) replaces link, regions "
+                             "and wan; give one or the other")
+        self.network()   # (a bad region count, wan or file names itself here)
         if self.non_iid is not None and not (isinstance(self.non_iid, (int, float))
                                              and not isinstance(self.non_iid, bool)
                                              and 0 < self.non_iid < float("inf")):
             raise ValueError(f"simulate: non_iid must be a positive Dirichlet alpha, got "
                              f"{self.non_iid!r}")
+
+
+    def network(self) -> Links:
+        """Every directed link of the simulated peers, as the spec describes them."""
+        if self.links is not None:
+            return Links.from_file(self.peers, self.links)
+        link = parse_link(self.link or "", "link")
+        if self.regions is not None:
+            wan = parse_link(self.wan or "", "wan")
+            if wan is None:
+                raise ValueError(f"simulate: wan={self.wan!r}: the links between regions need "
+                                 "a rate, e.g. 100mbit,40ms")
+            return Links.regions(self.peers, self.regions, link, wan)
+        return Links.uniform(self.peers, link)
 
 
 @dataclass(frozen=True)
@@ -181,7 +209,7 @@ def simulate_training(spec: TrainingSpec, *, timeout: float = 600.0) -> Training
 
     torch.set_num_threads(1)
     topology = topologies.parse(spec.topology, spec.peers)
-    fabric = Fabric(spec.peers, parse_link(spec.link or "", "link"), timeout=timeout)
+    fabric = Fabric(spec.peers, spec.network(), timeout=timeout)
     results: list[PeerResult | None] = [None] * spec.peers
     errors: list[BaseException] = []
     started = time.perf_counter()
