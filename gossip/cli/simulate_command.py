@@ -84,8 +84,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     train.add_argument("--links", metavar="FILE",
                        help="JSON: each peer's region and the link between every two regions "
                             "(instead of --link, --regions, --wan)")
-    train.add_argument("--step-seconds", type=float, default=0.01, metavar="S",
-                       help="compute per step (default 0.01)")
+    train.add_argument("--step-seconds", default="0.01", metavar="S",
+                       help="compute per step, seconds, or 'measured': this machine's step "
+                            "of the model, timed once (default 0.01)")
+    train.add_argument("--step-jitter", type=float, default=0.0, metavar="SIGMA",
+                       help="each step's compute times a lognormal factor of mean 1 and this "
+                            "sigma, drawn from the seed (default 0: constant)")
     train.add_argument("--straggler", metavar="RANK@FACTOR",
                        help="that peer's steps take FACTOR times as long, e.g. 3@4")
     train.add_argument("--non-iid", type=float, default=None, metavar="ALPHA",
@@ -96,6 +100,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     train.add_argument("--lr", type=float, default=0.05, help="SGD learning rate")
     train.add_argument("--seed", type=int, default=0, help="weights, shards and batches")
     train.add_argument("--json", metavar="FILE", help="write every run as JSON")
+    train.add_argument("--plot", metavar="PNG",
+                       help="the loss against simulated time, one line per policy (needs "
+                            "matplotlib: the demo extra)")
     parser.set_defaults(func=main, parser=parser)
 
 
@@ -130,12 +137,7 @@ def describe(trace: MixingTrace) -> str:
 
 def plot(trace: MixingTrace, path: str) -> None:
     """The distance against the round, log scale, with d0 x SLEM^t."""
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError as exc:
-        raise ValueError("--plot needs matplotlib: pip install 'gossip[demo]'") from exc
+    plt = _pyplot()
     fig, ax = plt.subplots(figsize=(6, 4))
     rounds = range(trace.rounds + 1)
     ax.semilogy(rounds, trace.distance, label="consensus distance")
@@ -198,11 +200,28 @@ def _straggler(text: str | None) -> tuple[int, float] | None:
         raise ValueError(f"--straggler {text!r}: expected RANK@FACTOR, e.g. 3@4") from None
 
 
+def _step_seconds(text: str, hidden: int) -> float:
+    """--step-seconds: a number, or 'measured' (timed here, and said)."""
+    if text.strip().lower() == "measured":
+        from gossip.simulation import measure_step_seconds
+
+        seconds = measure_step_seconds(hidden)
+        print(f"measured: a step of the model takes {seconds * 1e3:.3f} ms here", flush=True)
+        return seconds
+    try:
+        return float(text)
+    except ValueError:
+        raise ValueError(f"--step-seconds {text!r}: expected seconds (0.01) or 'measured'"
+                         ) from None
+
+
 def _train(args: argparse.Namespace) -> int:
     from gossip.simulation import TrainingSpec, simulate_training
 
+    step_seconds = _step_seconds(args.step_seconds, args.hidden)
     specs = [TrainingSpec(policy=name.strip(), peers=args.peers, topology=args.topology,
-                          steps=args.steps, link=args.link, step_seconds=args.step_seconds,
+                          steps=args.steps, link=args.link, step_seconds=step_seconds,
+                          step_jitter=args.step_jitter,
                           straggler=_straggler(args.straggler), lr=args.lr,
                           hidden=args.hidden, seed=args.seed, non_iid=args.non_iid,
                           regions=args.regions, wan=args.wan, links=args.links)
@@ -212,7 +231,8 @@ def _train(args: argparse.Namespace) -> int:
     heads = ("policy", "accuracy", "worst", "averaged", "consensus", "simulated s",
              "MB/peer", "real s")
     print(f"{args.peers} simulated peers, {args.steps} steps, topology {args.topology}, links "
-          f"{specs[0].network().text}, {args.step_seconds:g} s a step"
+          f"{specs[0].network().text}, {step_seconds:g} s a step"
+          + (f" (jitter {args.step_jitter:g})" if args.step_jitter else "")
           + (f", peer {args.straggler} slower" if args.straggler else "")
           + (f", non-iid {args.non_iid:g}" if args.non_iid is not None else ""), flush=True)
     print("  ".join(f"{h:>11}" if k else f"{h:<12}" for k, h in enumerate(heads)), flush=True)
@@ -231,5 +251,35 @@ def _train(args: argparse.Namespace) -> int:
         with open(args.json, "w") as f:
             json.dump({"runs": runs}, f, allow_nan=False, default=_finite)
         print(f"wrote {args.json}")
+    if args.plot:
+        plot_training(runs, args.plot, title=f"{args.peers} simulated peers, "
+                                             f"{specs[0].network().text}")
+        print(f"wrote {args.plot}")
     return 0
+
+
+def plot_training(runs: list[dict], path: str, title: str) -> None:
+    """The mean loss of the peers against simulated time, one line per run."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for run in runs:
+        ax.plot(run["time"], run["loss"], label=f"{run['spec']['policy']} "
+                                                f"({run['accuracy']:.1%})")
+    ax.set_xlabel("simulated seconds")
+    ax.set_ylabel("mean training loss of the peers")
+    ax.set_title(title, fontsize=9)
+    ax.legend(title="policy (final accuracy)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def _pyplot():
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError as exc:
+        raise ValueError("--plot needs matplotlib: pip install 'gossip[demo]'") from exc
+    return plt
 

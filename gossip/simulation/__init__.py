@@ -13,8 +13,9 @@ from gossip.simulation.links import Links
 from gossip.simulation.mixing import MIXING_RULES, MixingTrace, simulate_mixing
 from gossip.simulation.sim_host import SimHost
 from gossip.simulation.training import (SIMULATED_POLICIES, PeerResult, TrainingResult,
-                                        TrainingSpec, simulate_training, train_peer)
+                                        TrainingSpec, measure_step_seconds,
+                                        simulate_training, train_peer)
 
 __all__ = ["simulate_training", "TrainingSpec", "TrainingResult", "PeerResult", "train_peer",
            "SIMULATED_POLICIES", "SimHost", "Fabric", "Links", "collective_seconds",
-           "simulate_mixing", "MixingTrace", "MIXING_RULES"]
+           "simulate_mixing", "MixingTrace", "MIXING_RULES", "measure_step_seconds"]

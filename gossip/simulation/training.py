@@ -21,7 +21,7 @@ from gossip.simulation.links import Links
 from gossip.simulation.sim_host import SimHost
 
 __all__ = ["TrainingSpec", "TrainingResult", "PeerResult", "simulate_training", "train_peer",
-           "SIMULATED_POLICIES"]
+           "SIMULATED_POLICIES", "measure_step_seconds"]
 
 _SEEDING = threading.Lock()
 
@@ -36,7 +36,9 @@ class TrainingSpec:
     GOSSIP_LINK; None: communication takes no time); with ``regions`` (K >= 2) and ``wan``,
     the peers are K blocks of consecutive ranks, ``link`` the links within a block and ``wan``
     those between; ``links``: a JSON file naming each peer's region and every link instead
-    (gossip/simulation/links.py). ``step_seconds``: each step's compute;
+    (gossip/simulation/links.py). ``step_seconds``: each step's compute (``measure_step_seconds``
+    gives this machine's), ``step_jitter``: each step's compute times a lognormal factor of mean
+    1 and this sigma, drawn from (seed, rank, step) so two runs draw alike;
     ``straggler``: (rank, factor), that peer's steps take factor times as long; ``non_iid``:
     each peer's mix of classes drawn from Dirichlet(``non_iid``), as the demo's --non-iid
     (gossip.demo.data.shard)."""
@@ -47,6 +49,7 @@ class TrainingSpec:
     steps: int = 200
     link: str | None = None
     step_seconds: float = 0.01
+    step_jitter: float = 0.0
     straggler: tuple[int, float] | None = None
     lr: float = 0.05
     momentum: float = 0.0
@@ -71,6 +74,9 @@ class TrainingSpec:
                 raise ValueError(f"simulate: {name} must be an int >= {low}, got {value!r}")
         if not self.step_seconds >= 0:
             raise ValueError(f"simulate: step_seconds must be >= 0, got {self.step_seconds!r}")
+        if not 0 <= self.step_jitter <= 3:
+            raise ValueError(f"simulate: step_jitter (a lognormal sigma) must be from 0 to 3, "
+                             f"got {self.step_jitter!r}")
         if self.straggler is not None and not (0 <= self.straggler[0] < self.peers
                                                and self.straggler[1] >= 1):
             raise ValueError(f"simulate: straggler must be (rank, factor >= 1) with a rank of "
@@ -143,6 +149,30 @@ class TrainingResult:
                 "time": [max(col) for col in zip(*(p.clocks for p in self.peers))]}
 
 
+def measure_step_seconds(hidden: int = 128, batch: int = 16, *, steps: int = 30) -> float:
+    """This machine's compute of one step of the task's MLP (``hidden`` units, ``batch``
+    samples; one torch thread, as each simulated peer): the median of ``steps`` timed steps
+    after a few untimed ones, for TrainingSpec.step_seconds."""
+    import torch
+    import torch.nn.functional as F
+
+    x, y, _, _ = _task_data()
+    torch.set_num_threads(1)
+    model = _model(hidden)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    rng = np.random.default_rng(0)
+    times = []
+    for k in range(steps + 5):
+        batch_rows = torch.from_numpy(rng.integers(0, len(y), batch))
+        start = time.perf_counter()
+        opt.zero_grad()
+        F.cross_entropy(model(x[batch_rows]), y[batch_rows]).backward()
+        opt.step()
+        if k >= 5:
+            times.append(time.perf_counter() - start)
+    return float(np.median(times))
+
+
 def _model(hidden: int) -> Any:
     import torch
 
@@ -176,14 +206,18 @@ def train_peer(peer: Any, spec: TrainingSpec, tick: Callable[[float], None] = la
     dopt = gossip.DistributedOptimizer(opt, peer=peer, policy=make(spec.policy,
                                                                   **spec.policy_options))
     slow = spec.straggler[1] if spec.straggler and spec.straggler[0] == peer.rank else 1.0
+    sigma = spec.step_jitter
+    jitter = np.random.default_rng([spec.seed, peer.rank, 1]).lognormal(
+        -sigma * sigma / 2, sigma, spec.steps) if sigma else np.ones(spec.steps)
     losses: list[float] = []
     clocks: list[float] = []
     clock = getattr(peer, "clock", None)
     try:
-        for _ in range(spec.steps):
+        for k in range(spec.steps):
             batch = rows[torch.from_numpy(rng.integers(0, len(rows), spec.batch))]
             dopt.zero_grad()
-            tick(spec.step_seconds * slow)   # the step's compute, before what backward sends
+            tick(spec.step_seconds * slow * float(jitter[k]))   # the step's compute, before
+            #                                                    what backward sends
             loss = F.cross_entropy(model(x[batch]), y[batch])
             loss.backward()
             dopt.step()

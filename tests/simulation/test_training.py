@@ -96,3 +96,16 @@ def test_a_failing_peer_stops_the_others_at_once() -> None:
     spec = TrainingSpec(policy="gossip", peers=4, steps=5, topology="torus:2x3")
     with pytest.raises(Exception, match="6|size|peers"):
         simulate_training(spec, timeout=60)
+
+
+def test_jittered_compute_draws_alike_moves_the_clocks_and_not_the_numbers() -> None:
+    common = {"policy": "gossip", "peers": 4, "steps": 8, "link": "1gbit,1ms",
+              "step_seconds": 0.01}
+    steady = simulate_training(TrainingSpec(**common))
+    jittered = [simulate_training(TrainingSpec(**common, step_jitter=0.8)) for _ in range(2)]
+    assert [p.clocks for p in jittered[0].peers] == [p.clocks for p in jittered[1].peers]
+    assert jittered[0].simulated_seconds != steady.simulated_seconds
+    for a, b in zip(jittered[0].peers, steady.peers):   # (a lockstep policy: same numbers)
+        assert np.array_equal(a.parameters, b.parameters)
+    with pytest.raises(ValueError, match="step_jitter"):
+        TrainingSpec(step_jitter=-1)
