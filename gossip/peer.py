@@ -378,49 +378,71 @@ class Peer:
                                             timeout=timeout)
 
     @overload
-    def neighbor_allreduce(self, x: Array, self_weight: float, src_weights: Mapping[int, float],
-                           dst_ranks: Iterable[int], *,
-                           dst_weights: Mapping[int, float] | None = None,
+    def neighbor_allreduce(self, x: Array, self_weight: float | None = None,
+                           src_weights: Mapping[int, float] | None = None,
+                           dst_ranks: Iterable[int] | None = None, *,
+                           dst_weights: Mapping[int, float] | Iterable[int] | None = None,
                            scratch: Array | None = None, out: Array | None = None,
                            wait: Literal[True] = True, timeout: float | None = None,
                            partial: bool = False, check_pattern: bool = True,
                            compression: CodecSpec = None) -> Array: ...
 
     @overload
-    def neighbor_allreduce(self, x: Array, self_weight: float, src_weights: Mapping[int, float],
-                           dst_ranks: Iterable[int], *,
-                           dst_weights: Mapping[int, float] | None = None,
+    def neighbor_allreduce(self, x: Array, self_weight: float | None = None,
+                           src_weights: Mapping[int, float] | None = None,
+                           dst_ranks: Iterable[int] | None = None, *,
+                           dst_weights: Mapping[int, float] | Iterable[int] | None = None,
                            scratch: Array | None = None, out: Array | None = None,
                            wait: Literal[False], timeout: float | None = None,
                            partial: bool = False, check_pattern: bool = True,
                            compression: CodecSpec = None) -> Work: ...
 
     @overload
-    def neighbor_allreduce(self, x: Array, self_weight: float, src_weights: Mapping[int, float],
-                           dst_ranks: Iterable[int], *,
-                           dst_weights: Mapping[int, float] | None = None,
+    def neighbor_allreduce(self, x: Array, self_weight: float | None = None,
+                           src_weights: Mapping[int, float] | None = None,
+                           dst_ranks: Iterable[int] | None = None, *,
+                           dst_weights: Mapping[int, float] | Iterable[int] | None = None,
                            scratch: Array | None = None, out: Array | None = None,
                            wait: bool = True, timeout: float | None = None,
                            partial: bool = False, check_pattern: bool = True,
                            compression: CodecSpec = None) -> Array | Work: ...
 
-    def neighbor_allreduce(self, x: Array, self_weight: float, src_weights: Mapping[int, float],
-                           dst_ranks: Iterable[int], *,
-                           dst_weights: Mapping[int, float] | None = None,
+    def neighbor_allreduce(self, x: Array, self_weight: float | None = None,
+                           src_weights: Mapping[int, float] | None = None,
+                           dst_ranks: Iterable[int] | None = None, *,
+                           dst_weights: Mapping[int, float] | Iterable[int] | None = None,
                            scratch: Array | None = None, out: Array | None = None,
                            wait: bool = True, timeout: float | None = None,
                            partial: bool = False, check_pattern: bool = True,
                            compression: CodecSpec = None) -> Array | Work:
-        """One neighbour exchange with explicit weights: ``x <- self_weight x +
-        sum_j src_weights[j] x_j``, in place, sending ``x`` to ``dst_ranks`` (scaled by
-        ``dst_weights[j]`` if given, as push-sum does). ``scratch``: a buffer like ``x`` for
-        the received values (else allocated); ``out``: the result goes there and ``x`` is
-        only sent. Patterns must pair up (j in my src_weights iff I am in j's dst_ranks),
-        else ValueError naming both ranks; PeerLost or OperationTimeout if a neighbour dies
-        or stalls; ``partial=True``: the round completes without the neighbours lost during
-        it, then ExchangeIncomplete names them; ``check_pattern``, ``compression``: see
-        Communicator.neighbor_exchange. The arguments make a NeighborPlan
-        (neighbor_exchange)."""
+        """One neighbour exchange: ``x <- self_weight x + sum_j src_weights[j] x_j``, in
+        place, sending ``x`` to ``dst_ranks`` (scaled by ``dst_weights[j]`` if given, as
+        push-sum does). ``scratch``: a buffer like ``x`` for the received values (else
+        allocated); ``out``: the result goes there and ``x`` is only sent. Patterns must pair
+        up (j in my src_weights iff I am in j's dst_ranks), else ValueError naming both ranks;
+        PeerLost or OperationTimeout if a neighbour dies or stalls; ``partial=True``: the
+        round completes without the neighbours lost during it, then ExchangeIncomplete names
+        them; ``check_pattern``, ``compression``: see Communicator.neighbor_exchange. The
+        arguments make a NeighborPlan (neighbor_exchange).
+
+        Defaults as BlueFog's ``neighbor_allreduce``: without ``self_weight`` and
+        ``src_weights`` (give both or neither), the topology's mixing weights at step 0 over
+        the live neighbourhood, as ``neighbor_average``; without ``dst_ranks``, the keys of
+        ``dst_weights`` (which may also be a plain list of ranks, each sent ``x`` itself), else
+        the topology's live out-neighbours."""
+        if (self_weight is None) != (src_weights is None):
+            raise ValueError(f"rank {self.rank}: neighbor_allreduce: give self_weight and "
+                             "src_weights together, or neither for the topology's weights")
+        lost = self._transport.lost_ranks()
+        if self_weight is None or src_weights is None:
+            mixing = live_mixing_round(self.topology, self.rank, 0, lost)
+            self_weight, src_weights = mixing.self_weight, mixing.src_weights
+        if dst_weights is not None and not isinstance(dst_weights, Mapping):
+            dst_ranks, dst_weights = (list(dst_weights) if dst_ranks is None else dst_ranks,
+                                      None)
+        if dst_ranks is None:
+            dst_ranks = (list(dst_weights) if dst_weights is not None else
+                         [j for j in self.topology.out_neighbors(self.rank, 0) if j not in lost])
         plan = NeighborPlan(self_weight, src_weights, dst_ranks, dst_weights, partial,
                             check_pattern, compression)
         return self.neighbor_exchange(x, plan, scratch=scratch, out=out, wait=wait,

@@ -258,6 +258,38 @@ def test_neighbor_allreduce_into_out_leaves_x_unchanged():
         assert lo == hi == 0.5 * r + 0.5 * left
 
 
+def bluefog_defaults(peer):
+    """neighbor_allreduce with BlueFog's defaults: no weights (the topology's), dst_weights as a
+    plain list of ranks or as a dict (dst_ranks its keys), and half the weights refused."""
+    n, r = peer.world_size, peer.rank
+    left, right = (r - 1) % n, (r + 1) % n
+    x = np.full(7, float(r))
+    plain = peer.neighbor_allreduce(x.copy())
+    averaged = peer.neighbor_average(x.copy())
+    listed = peer.neighbor_allreduce(x.copy(), self_weight=0.5, src_weights={left: 0.5},
+                                     dst_weights=[right])
+    pushed = peer.neighbor_allreduce(x.copy(), 0.5, {left: 1.0}, dst_weights={right: 0.5})
+    try:
+        peer.neighbor_allreduce(x.copy(), self_weight=0.5)
+        refused = ""
+    except ValueError as exc:
+        refused = str(exc)
+    return plain, averaged, listed, pushed, refused
+
+
+def test_neighbor_allreduce_takes_bluefog_s_defaults():
+    n = 4
+    for r, (plain, averaged, listed, pushed, refused) in enumerate(
+            spawn(bluefog_defaults, n=n, timeout=120, topology="ring")):
+        left, right = (r - 1) % n, (r + 1) % n
+        assert np.array_equal(plain, averaged)
+        assert np.allclose(plain, (left + r + right) / 3, rtol=1e-15)
+        assert np.allclose(listed, 0.5 * r + 0.5 * left, rtol=1e-15)
+        assert np.allclose(pushed, 0.5 * r + 0.5 * left, rtol=1e-15)
+        assert f"rank {r}: neighbor_allreduce: give self_weight and src_weights together" \
+            in refused
+
+
 # ---------------------------------------------------------------- non-blocking, mismatch, faults
 def many_in_flight(peer, count):
     handles, arrays = [], []
