@@ -94,7 +94,9 @@ class GossipProcessGroup(dist.ProcessGroup):
 
     def allgather(  # type: ignore[override]  # c10d's (tensors, opts): class docstring
             self, outputs: list, inputs: list, opts: Any = None) -> GossipWork:
-        """outputs[i]: a list of world-size tensors, each like inputs[i]."""
+        """outputs[i]: a list of world-size tensors, ``outputs[i][r]`` sized like rank r's
+        inputs[i]: like this rank's, or of uneven sizes (torch's all_gather takes both): then
+        the variable allgather, whose sizes every rank checks against its outputs."""
         if len(outputs) != len(inputs):
             raise ValueError(f"allgather: {len(outputs)} output lists for {len(inputs)} inputs")
         handles, gathered = [], []
@@ -103,14 +105,27 @@ class GossipProcessGroup(dist.ProcessGroup):
             if len(out_list) != self.size():
                 raise ValueError(f"allgather: {len(out_list)} output tensors for world size "
                                  f"{self.size()}")
+            if any(tuple(o.shape) != tuple(x.shape) for o in out_list):
+                if out_list[self.rank()].numel() != x.numel():
+                    raise ValueError(f"all_gather: rank {self.rank()}'s output tensor has "
+                                     f"{out_list[self.rank()].numel()} elements, its input "
+                                     f"{x.numel()}")
+                handles.append(self._comm.allgather(x, variable=True, wait=False))
+                gathered.append(None)
+                continue
             buf = torch.empty((self.size(),) + tuple(x.shape), dtype=x.dtype)
             handles.append(self._comm.allgather(x, out=buf, wait=False))
             gathered.append(buf)
 
         def finish() -> None:
-            for out_list, buf in zip(outputs, gathered):
+            for out_list, buf, handle in zip(outputs, gathered, handles):
+                parts = handle.wait() if buf is None else buf
                 for r, out in enumerate(out_list):
-                    out.copy_(buf[r])
+                    if buf is None and parts[r].numel() != out.numel():
+                        raise ValueError(
+                            f"all_gather: rank {r} sent {parts[r].numel()} elements, rank "
+                            f"{self.rank()}'s output tensor {r} holds {out.numel()}")
+                    out.copy_(parts[r].reshape(out.shape))
         return GossipWork(handles, outputs, finish)
 
     def allgather_coalesced(self, outputs: list, inputs: list, opts: Any = None) -> GossipWork:

@@ -49,6 +49,14 @@ def main() -> None:
     flat = torch.empty(2 * n)
     dist.all_gather_into_tensor(flat, torch.full((2,), float(r)))
     assert flat.tolist() == [float(k) for k in range(n) for _ in range(2)], flat
+    # Uneven sizes, as torch's all_gather takes them: rank k sends k + 1 values in a (k+1, 1).
+    uneven = [torch.empty(k + 1, 1) for k in range(n)]
+    dist.all_gather(uneven, torch.full((r + 1, 1), float(r)))
+    assert [o.reshape(-1).tolist() for o in uneven] == [[float(k)] * (k + 1)
+                                                        for k in range(n)], uneven
+    objects = [None] * n
+    dist.all_gather_object(objects, {"rank": r, "text": "x" * r})
+    assert objects == [{"rank": k, "text": "x" * k} for k in range(n)], objects
     say("OK all_gather")
 
     out = torch.empty(2)
