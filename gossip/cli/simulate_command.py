@@ -84,6 +84,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     train.add_argument("--links", metavar="FILE",
                        help="JSON: each peer's region and the link between every two regions "
                             "(instead of --link, --regions, --wan)")
+    train.add_argument("--deaths", metavar="RANK@SECONDS,...",
+                       help="peers that die at those simulated seconds, e.g. 3@0.5,7@2 "
+                            "(gossip and push-sum)")
+    train.add_argument("--mtbf", type=float, metavar="SECONDS",
+                       help="deaths drawn from the seed instead: one per SECONDS of simulated "
+                            "time across the fleet, on average")
+    train.add_argument("--detect", type=float, default=2.0, metavar="SECONDS",
+                       help="the others count a dead peer lost this long after (the heartbeat "
+                            "timeout; default 2)")
     train.add_argument("--step-seconds", default="0.01", metavar="S",
                        help="compute per step, seconds, or 'measured': this machine's step "
                             "of the model, timed once (default 0.01)")
@@ -200,6 +209,21 @@ def _straggler(text: str | None) -> tuple[int, float] | None:
         raise ValueError(f"--straggler {text!r}: expected RANK@FACTOR, e.g. 3@4") from None
 
 
+def _deaths(text: str | None) -> tuple[tuple[int, float], ...]:
+    """--deaths 3@0.5,7@2 -> ((3, 0.5), (7, 2.0))."""
+    if not text:
+        return ()
+    out = []
+    for item in text.split(","):
+        rank, _, when = item.strip().partition("@")
+        try:
+            out.append((int(rank), float(when)))
+        except ValueError:
+            raise ValueError(f"--deaths {text!r}: expected RANK@SECONDS,..., e.g. 3@0.5,7@2"
+                             ) from None
+    return tuple(out)
+
+
 def _step_seconds(text: str, hidden: int) -> float:
     """--step-seconds: a number, or 'measured' (timed here, and said)."""
     if text.strip().lower() == "measured":
@@ -224,12 +248,14 @@ def _train(args: argparse.Namespace) -> int:
                           step_jitter=args.step_jitter,
                           straggler=_straggler(args.straggler), lr=args.lr,
                           hidden=args.hidden, seed=args.seed, non_iid=args.non_iid,
-                          regions=args.regions, wan=args.wan, links=args.links)
+                          regions=args.regions, wan=args.wan, links=args.links,
+                          deaths=_deaths(args.deaths), mtbf=args.mtbf,
+                          detect_seconds=args.detect)
              for name in args.policy.split(",") if name.strip()]
     if not specs:
         raise ValueError("--policy: give at least one policy")
     heads = ("policy", "accuracy", "worst", "averaged", "consensus", "simulated s",
-             "MB/peer", "real s")
+             "MB/peer", "real s", "died")
     print(f"{args.peers} simulated peers, {args.steps} steps, topology {args.topology}, links "
           f"{specs[0].network().text}, {step_seconds:g} s a step"
           + (f" (jitter {args.step_jitter:g})" if args.step_jitter else "")
@@ -244,7 +270,7 @@ def _train(args: argparse.Namespace) -> int:
         row = (spec.policy, f"{record['accuracy']:.2%}", f"{record['worst_accuracy']:.2%}",
                f"{record['averaged_accuracy']:.2%}", f"{record['consensus']:.4f}",
                f"{record['simulated_seconds']:.3f}", f"{record['bytes_per_peer'] / 1e6:.2f}",
-               f"{record['seconds']:.1f}")
+               f"{record['seconds']:.1f}", str(len(record["died"])))
         print("  ".join(f"{v:>11}" if k else f"{v:<12}" for k, v in enumerate(row)),
               flush=True)
     if args.json:

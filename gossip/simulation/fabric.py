@@ -8,6 +8,16 @@ later. A collective starts when its last member arrives (the latest clock) and e
 algorithm's cost on the link model (the ring allreduce's 2(n - 1) steps of bytes / n, ...);
 every member's clock moves to the end. Results are combined in rank order, so a simulation
 gives the same numbers whatever order its threads run in.
+
+Deaths (``deaths``: rank -> simulated second): a peer dies at the first point it reaches at or
+after its second (a step's start, a neighbour exchange's start, or after an exchange's
+receives, before it combines them): it sends nothing more and absorbs nothing that arrives
+from then on (a message arriving at or after a peer's death is not delivered: the sender
+learns it). The others count it lost ``detect`` seconds after its death (the heartbeat
+timeout), as their clocks pass that; a receive from it that finds nothing waits (in real
+time) until it is dead, then moves the receiver's clock to that detection and raises PeerLost.
+Messages carry their exchange's number, so a round one peer skipped is never taken for the
+next. Everything here follows the clocks and the schedule, never the threads' real order.
 """
 from __future__ import annotations
 
@@ -21,10 +31,15 @@ import numpy as np
 
 from collectives.communicator import DEFAULT_SMALL_BYTES
 from collectives.transport.emulation import LinkSpec
-from gossip.errors import OperationTimeout
+from gossip.errors import OperationTimeout, PeerLost
 from gossip.simulation.links import Links
 
-__all__ = ["Fabric", "collective_seconds"]
+__all__ = ["Fabric", "collective_seconds", "SimulatedDeath"]
+
+
+class SimulatedDeath(BaseException):
+    """Raised in a simulated peer's thread when its scheduled death comes (a BaseException,
+    as a killed process is not an error the policy may catch)."""
 
 
 def collective_seconds(op: str, nbytes: int, size: int, link: LinkSpec | None) -> float:
@@ -56,15 +71,20 @@ class Fabric:
     every directed link (links.py), or one LinkSpec for all, or None (free)."""
 
     def __init__(self, size: int, links: Links | LinkSpec | None = None, *,
-                 timeout: float = 300.0) -> None:
+                 timeout: float = 300.0, deaths: dict[int, float] | None = None,
+                 detect: float = 2.0) -> None:
         self.size = size
         self.links = links if isinstance(links, Links) else Links.uniform(size, links)
+        self.deaths = dict(deaths or {})   # rank -> the simulated second it dies
+        self.detect = detect
+        self.dead: set[int] = set()        # ranks whose death came (their threads ended)
+        self._excluded: set[tuple[int, int]] = set()   # (a, b): a counts b lost
         self.timeout = timeout
         self.clock = [0.0] * size
         self.bytes_sent = [0] * size
         self.messages_sent = [0] * size
         self._cond = threading.Condition()
-        self._mail: dict[tuple[int, int], deque[tuple[np.ndarray, float]]] = {}
+        self._mail: dict[tuple[int, ...], deque[tuple[Any, float, int]]] = {}
         self._link_free: dict[tuple[int, int], float] = {}
         self._rounds: dict[tuple[str, int], _Round] = {}
         self._seq: list[dict[str, int]] = [{} for _ in range(size)]
@@ -82,35 +102,120 @@ class Fabric:
             raise RuntimeError(f"simulation stopped: {self._aborted}")
 
     def advance(self, rank: int, seconds: float) -> None:
-        """``rank`` computes for ``seconds`` of simulated time."""
+        """``rank`` computes for ``seconds`` of simulated time (a step's start: it dies here
+        if its time came)."""
+        self.check_alive(rank)
         with self._cond:
             self.clock[rank] += seconds
 
-    def send(self, src: int, dst: int, data: np.ndarray) -> None:
-        """Post a copy of ``data`` from ``src`` to ``dst`` (never blocks)."""
+    # -- deaths ------------------------------------------------------------------------------
+    def death_of(self, rank: int) -> float:
+        return self.deaths.get(rank, math.inf)
+
+    def check_alive(self, rank: int) -> None:
+        """SimulatedDeath if ``rank``'s clock reached its death."""
+        if self.clock[rank] >= self.death_of(rank):
+            raise SimulatedDeath(f"simulated rank {rank} died at {self.death_of(rank):g} s")
+
+    def died(self, rank: int) -> None:
+        """``rank``'s thread ended by its death: whoever waits on it hears now."""
+        with self._cond:
+            self.dead.add(rank)
+            self._cond.notify_all()
+
+    def lost_for(self, rank: int) -> dict[int, str]:
+        """The peers ``rank`` counts lost at its clock (detected ``detect`` after dying)."""
+        now = self.clock[rank]
+        lost = {d: f"died at {t:g} s (simulated), detected at {t + self.detect:g} s"
+                for d, t in self.deaths.items() if d != rank and now >= t + self.detect}
+        if lost:
+            with self._cond:
+                fresh = {(rank, d) for d in lost} - self._excluded
+                if fresh:
+                    self._excluded |= fresh
+                    self._cond.notify_all()
+        return lost
+
+    def _lost_error(self, dst: int, src: int, what: str) -> PeerLost:
+        """(Under the lock.) ``src`` is dead, or counts ``dst`` lost, and sent nothing: the
+        clock of ``dst`` moves to when it would know."""
+        if src in self.dead:
+            self.clock[dst] = max(self.clock[dst], self.death_of(src) + self.detect)
+            why = f"died at {self.death_of(src):g} s (simulated)"
+        else:   # src went on without dst: dst's own death is due (it fell that far behind)
+            self.clock[dst] = max(self.clock[dst], min(self.death_of(dst),
+                                                       self.clock[src]))
+            why = "counts this peer lost"
+        return PeerLost(f"simulated rank {dst}: rank {src} {why}; no message for {what}",
+                        rank=src, operation=what)
+
+    def send(self, src: int, dst: int, data: np.ndarray, tag: int = 0) -> bool:
+        """Post a copy of ``data`` from ``src`` to ``dst`` (never blocks), numbered ``tag``;
+        False if it arrives at or after ``dst``'s death (not delivered)."""
         copy = np.array(data, copy=True)
         with self._cond:
             start = max(self.clock[src], self._link_free.get((src, dst), 0.0))
             rate, latency = self.links.link(src, dst)
             transfer = copy.nbytes / rate
             self._link_free[(src, dst)] = start + transfer
-            self._mail.setdefault((src, dst), deque()).append((copy, start + transfer + latency))
+            arrival = start + transfer + latency
             self.bytes_sent[src] += copy.nbytes
             self.messages_sent[src] += 1
+            delivered = arrival < self.death_of(dst)
+            # Not delivered: a marker, so dst (still running, behind) dies when it looks for it.
+            self._mail.setdefault((src, dst), deque()).append(
+                (copy if delivered else None, arrival, tag))
             self._cond.notify_all()
+            return delivered
 
-    def recv(self, dst: int, src: int, what: str) -> np.ndarray:
-        """The next message from ``src`` to ``dst``; ``dst``'s clock moves to its arrival."""
+    def recv(self, dst: int, src: int, what: str, tag: int = 0) -> np.ndarray:
+        """The message ``tag`` from ``src`` to ``dst`` (older ones, of rounds ``dst``
+        skipped, are dropped); ``dst``'s clock moves to its arrival. PeerLost if ``src`` died
+        or went on without ``dst`` before sending it (the module docstring)."""
         with self._cond:
             box = self._mail.setdefault((src, dst), deque())
-            if not self._cond.wait_for(lambda: bool(box) or self._aborted is not None,
-                                       self.timeout):
+
+            def ready() -> bool:
+                while box and box[0][2] < tag:
+                    box.popleft()
+                return bool(box) or self._aborted is not None or src in self.dead \
+                    or (src, dst) in self._excluded
+            if not self._cond.wait_for(ready, self.timeout):
                 raise OperationTimeout(f"simulated rank {dst}: no message from rank {src} for "
                                        f"{what} within {self.timeout:g}s (real time)")
             self._check()
-            data, arrival = box.popleft()
+            if not box or box[0][2] != tag:
+                raise self._lost_error(dst, src, what)
+            data, arrival, _ = box.popleft()
             self.clock[dst] = max(self.clock[dst], arrival)
+            if data is None:   # it arrives after dst's death
+                raise SimulatedDeath(f"simulated rank {dst} died at "
+                                     f"{self.death_of(dst):g} s")
             return data
+
+    # -- side channels (free of time: a policy's small control messages) --------------------
+    def post(self, channel: int, src: int, dst: int, data: np.ndarray) -> None:
+        with self._cond:
+            self._mail.setdefault((channel, src, dst), deque()).append(
+                (np.array(data, copy=True), 0.0, 0))
+            self._cond.notify_all()
+
+    def take(self, channel: int, dst: int, src: int, timeout: float) -> np.ndarray:
+        with self._cond:
+            box = self._mail.setdefault((channel, src, dst), deque())
+            if not self._cond.wait_for(lambda: bool(box) or src in self.dead
+                                       or self._aborted is not None, timeout):
+                raise OperationTimeout(f"simulated rank {dst}: nothing from rank {src} on "
+                                       f"channel {channel} within {timeout:g}s (real time)",
+                                       rank=src)
+            self._check()
+            if not box:
+                raise PeerLost(f"simulated rank {dst}: rank {src} died", rank=src)
+            return box.popleft()[0]
+
+    def waiting(self, channel: int, dst: int, src: int) -> bool:
+        with self._cond:
+            return bool(self._mail.get((channel, src, dst)))
 
     def collective(self, rank: int, op: str, part: Any, nbytes: int,
                    combine: Callable[[Sequence[Any]], Any]) -> Any:
@@ -131,12 +236,18 @@ class Fabric:
                     op, nbytes)
                 self._cond.notify_all()
             elif not self._cond.wait_for(
-                    lambda: meeting.end is not None or self._aborted is not None, self.timeout):
+                    lambda: meeting.end is not None or self._aborted is not None
+                    or bool(self.dead - set(meeting.parts)), self.timeout):
                 missing = sorted(set(range(self.size)) - set(meeting.parts))
                 raise OperationTimeout(f"simulated rank {rank}: {op} #{seq} still waits for "
                                        f"ranks {missing[:8]} after {self.timeout:g}s (real time)")
             if meeting.end is None:
                 self._check()
+                gone = sorted(self.dead - set(meeting.parts))
+                if gone:
+                    raise PeerLost(f"simulated rank {rank}: {op} #{seq}: rank {gone[0]} died "
+                                   "(a collective with a dead peer: the group must re-form, "
+                                   "which the simulator does not model)", rank=gone[0])
             assert meeting.end is not None
             self.clock[rank] = meeting.end
             self.bytes_sent[rank] += _collective_bytes(op, nbytes, self.size)

@@ -3,9 +3,14 @@ over a Fabric, so the project's own policy classes run unchanged, many peers in 
 
 Collectives and neighbour exchanges move numpy arrays and CPU torch tensors (their memory, in
 place) through the fabric and advance this peer's virtual clock; a non-blocking call
-completes before it returns (its Work is done). Not simulated, and refused with a
-NotImplementedError naming the call: codecs, membership changes (no peer is lost, joins or
-leaves), the channels of the background policies (asynchronous, push-sum with overlap)."""
+completes before it returns (its Work is done). Deaths (fabric.py) are seen as on real peers:
+``lost_peers`` names a dead peer once this peer's clock passes its detection, an exchange with
+one raises PeerLost (the round skipped), or with ``partial`` completes without it and raises
+ExchangeIncomplete (a missing destination's share stays with the sender), and the policies'
+own channels (a gossip graph's healing proposals) carry their messages. Not simulated, and
+refused with a NotImplementedError naming the call: codecs, membership changes (a view
+change, joins, leaves, restarts), the background policies (asynchronous, push-sum with
+overlap)."""
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -16,6 +21,7 @@ import numpy as np
 
 from collectives import NeighborPlan
 from collectives.work import Work
+from gossip.errors import ExchangeIncomplete, PeerLost
 from gossip.simulation.fabric import Fabric
 
 __all__ = ["SimHost"]
@@ -40,17 +46,35 @@ def _done(result: Any, what: str) -> Work:
     return work
 
 
-class _NoChannel:
-    """A channel of a policy the simulator does not run (its use is refused)."""
+class _Channel:
+    """A policy's channel between simulated peers: point-to-point arrays in order, free of
+    simulated time (a gossip graph's healing proposals); the rest of a peer channel is
+    refused."""
 
-    def __init__(self, number: int) -> None:
+    def __init__(self, fabric: Fabric, rank: int, number: int) -> None:
+        self._fabric = fabric
+        self._rank = rank
         self.number = number
+
+    def send(self, dst: int, x: Any, *, timeout: float | None = None) -> None:
+        self._fabric.post(self.number, self._rank, dst, _numpy(x))
+
+    def recv(self, src: int, out: Any = None, *, timeout: float | None = None) -> Any:
+        got = self._fabric.take(self.number, self._rank, src,
+                                self._fabric.timeout if timeout is None else timeout)
+        if out is None:
+            return got
+        np.copyto(_numpy(out), got.reshape(_numpy(out).shape))
+        return out
+
+    def probe(self, src: int) -> bool:
+        return self._fabric.waiting(self.number, self._rank, src)
 
     def __getattr__(self, name: str) -> Any:
         raise NotImplementedError(
-            f"the simulator has no peer channels (channel {self.number}.{name}): it runs the "
-            "synchronous-round policies (synchronous, local-sgd, gossip, push-sum without "
-            "overlap), without membership changes")
+            f"the simulator's peer channels send, receive and probe (channel {self.number}."
+            f"{name}): it runs the synchronous-round policies (synchronous, local-sgd, gossip, "
+            "push-sum without overlap), without membership changes")
 
 
 class SimHost:
@@ -62,6 +86,7 @@ class SimHost:
         self._topology = topology
         self._timeout = timeout
         self._closed = False
+        self._exchanges = 0   # this peer's neighbour exchanges: the number their messages carry
 
     # -- identity and settings ----------------------------------------------------------------
     @property
@@ -110,14 +135,14 @@ class SimHost:
                 "messages_sent": self._fabric.messages_sent[self._rank], "codec": {}}
 
     def lost_peers(self) -> dict[int, str]:
-        return {}
+        return self._fabric.lost_for(self._rank)
 
     def close(self) -> None:
         self._closed = True
 
     # -- communication ------------------------------------------------------------------------
     def channel(self, number: int) -> Any:
-        return _NoChannel(number)
+        return _Channel(self._fabric, self._rank, number)
 
     def allreduce(self, x: Any, op: str = "sum", *, wait: bool = True,
                   timeout: float | None = None, algorithm: str = "auto",
@@ -168,16 +193,42 @@ class SimHost:
                           timeout: float | None = None) -> Any:
         if plan.compression is not None:
             raise NotImplementedError("the simulator does not simulate codecs yet")
+        fabric, rank = self._fabric, self._rank
+        fabric.check_alive(rank)
+        tag = self._exchanges
+        self._exchanges += 1
+        what = f"neighbour exchange #{tag}"
         mine = _numpy(x)
+        missing: dict[int, Exception] = {}
         for dst in plan.dst_ranks:
             scale = None if plan.dst_weights is None else plan.dst_weights[dst]
-            self._fabric.send(self._rank, dst, mine if scale is None else mine * scale)
-        result = mine * plan.self_weight
+            if not fabric.send(rank, dst, mine if scale is None else mine * scale, tag):
+                missing[dst] = PeerLost(f"simulated rank {rank}: rank {dst} died before "
+                                        f"{what} reached it", rank=dst, operation=what)
+        received = []
         for src in sorted(plan.src_weights):
-            got = self._fabric.recv(self._rank, src, "a neighbour exchange")
+            try:
+                received.append((src, fabric.recv(rank, src, what, tag)))
+            except PeerLost as exc:
+                missing[src] = exc
+        fabric.check_alive(rank)   # (what arrived at or after its death is not absorbed)
+        if missing and not plan.partial:
+            first = min(missing)
+            raise missing[first]   # the round costs this peer its combine, as a real one
+        self_weight = plan.self_weight
+        if plan.dst_weights is not None:   # a missing destination's share stays here
+            self_weight += sum(plan.dst_weights[d] for d in plan.dst_ranks if d in missing)
+        result = mine * self_weight
+        for src, got in received:
             result += plan.src_weights[src] * got
         target = mine if out is None else _numpy(out)
         np.copyto(target, result.astype(target.dtype, copy=False))
+        if missing:
+            raise ExchangeIncomplete(
+                f"simulated rank {rank}: {what} completed without rank(s) {sorted(missing)}",
+                missing=missing, missing_destinations=sorted(d for d in plan.dst_ranks
+                                                             if d in missing),
+                operation=what)
         answer = x if out is None else out
         return answer if wait else _done(answer, "simulated neighbour exchange")
 

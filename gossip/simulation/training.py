@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from collectives.transport.emulation import parse_link
-from gossip.simulation.fabric import Fabric
+from gossip.simulation.fabric import Fabric, SimulatedDeath
 from gossip.simulation.links import Links
 from gossip.simulation.sim_host import SimHost
 
@@ -36,7 +36,13 @@ class TrainingSpec:
     GOSSIP_LINK; None: communication takes no time); with ``regions`` (K >= 2) and ``wan``,
     the peers are K blocks of consecutive ranks, ``link`` the links within a block and ``wan``
     those between; ``links``: a JSON file naming each peer's region and every link instead
-    (gossip/simulation/links.py). ``step_seconds``: each step's compute (``measure_step_seconds``
+    (gossip/simulation/links.py). ``deaths``: (rank, simulated second) pairs, each peer
+    dying at its first step or exchange at or after its second; ``mtbf``: deaths drawn from the
+    seed instead, one per ``mtbf`` simulated seconds across the fleet on average (exponential
+    gaps, a uniformly drawn survivor each time, at least two left); the others count a dead
+    peer lost ``detect_seconds`` later (the heartbeat timeout). Deaths are simulated for
+    gossip and push-sum, which go on around a lost peer; synchronous and local SGD re-form the
+    group through membership, which is not simulated. ``step_seconds``: each step's compute (``measure_step_seconds``
     gives this machine's), ``step_jitter``: each step's compute times a lognormal factor of mean
     1 and this sigma, drawn from (seed, rank, step) so two runs draw alike;
     ``straggler``: (rank, factor), that peer's steps take factor times as long; ``non_iid``:
@@ -61,6 +67,9 @@ class TrainingSpec:
     regions: int | None = None
     wan: str | None = None
     links: str | None = None
+    deaths: tuple[tuple[int, float], ...] = ()
+    mtbf: float | None = None
+    detect_seconds: float = 2.0
 
     def __post_init__(self) -> None:
         if self.policy not in SIMULATED_POLICIES:
@@ -89,12 +98,40 @@ class TrainingSpec:
             raise ValueError("simulate: links (a file of every link) replaces link, regions "
                              "and wan; give one or the other")
         self.network()   # (a bad region count, wan or file names itself here)
+        if self.deaths or self.mtbf is not None:
+            if self.policy not in ("gossip", "push-sum"):
+                raise ValueError(f"simulate: deaths are simulated for gossip and push-sum, not "
+                                 f"{self.policy} (it re-forms the group through membership, "
+                                 "which the simulator does not model yet)")
+            for death in self.deaths:
+                if len(death) != 2 or not 0 <= death[0] < self.peers or not death[1] >= 0:
+                    raise ValueError(f"simulate: deaths must be (rank, seconds >= 0) pairs of "
+                                     f"the {self.peers} peers, got {death!r}")
+            if len({d[0] for d in self.deaths}) != len(self.deaths):
+                raise ValueError("simulate: a rank dies once (deaths lists one twice)")
+            if self.mtbf is not None and not 0 < self.mtbf < float("inf"):
+                raise ValueError(f"simulate: mtbf must be positive seconds, got {self.mtbf!r}")
+            if not 0 <= self.detect_seconds < float("inf"):
+                raise ValueError(f"simulate: detect_seconds must be >= 0, got "
+                                 f"{self.detect_seconds!r}")
         if self.non_iid is not None and not (isinstance(self.non_iid, (int, float))
                                              and not isinstance(self.non_iid, bool)
                                              and 0 < self.non_iid < float("inf")):
             raise ValueError(f"simulate: non_iid must be a positive Dirichlet alpha, got "
                              f"{self.non_iid!r}")
 
+
+    def death_schedule(self) -> dict[int, float]:
+        """rank -> the simulated second it dies: ``deaths``, then ``mtbf``'s draws."""
+        schedule = {int(rank): float(when) for rank, when in self.deaths}
+        if self.mtbf is not None:
+            rng = np.random.default_rng([self.seed, 2])
+            when = 0.0
+            while len(schedule) < self.peers - 2:
+                when += float(rng.exponential(self.mtbf))
+                alive = sorted(set(range(self.peers)) - set(schedule))
+                schedule[int(alive[int(rng.integers(len(alive)))])] = when
+        return schedule
 
     def network(self) -> Links:
         """Every directed link of the simulated peers, as the spec describes them."""
@@ -127,11 +164,12 @@ class TrainingResult:
     """What simulate_training measured (``to_dict()`` for JSON)."""
 
     spec: TrainingSpec
-    peers: list[PeerResult]
+    peers: list[PeerResult]     # the survivors'
     consensus: float            # the peers' mean distance to their average
     averaged_accuracy: float    # the averaged model's test accuracy
     simulated_seconds: float    # the latest peer's clock at the end
     seconds: float              # real time the simulation took
+    died: list[int] = field(default_factory=list)   # the ranks that died, ascending
 
     @property
     def accuracy(self) -> float:
@@ -144,6 +182,7 @@ class TrainingResult:
                 "worst_accuracy": min(p.accuracy for p in self.peers),
                 "averaged_accuracy": self.averaged_accuracy, "consensus": self.consensus,
                 "simulated_seconds": self.simulated_seconds, "seconds": self.seconds,
+                "died": list(self.died),
                 "bytes_per_peer": float(np.mean([p.bytes_sent for p in self.peers])),
                 "loss": [float(np.mean(col)) for col in zip(*(p.losses for p in self.peers))],
                 "time": [max(col) for col in zip(*(p.clocks for p in self.peers))]}
@@ -243,7 +282,8 @@ def simulate_training(spec: TrainingSpec, *, timeout: float = 600.0) -> Training
 
     torch.set_num_threads(1)
     topology = topologies.parse(spec.topology, spec.peers)
-    fabric = Fabric(spec.peers, spec.network(), timeout=timeout)
+    fabric = Fabric(spec.peers, spec.network(), timeout=timeout,
+                    deaths=spec.death_schedule(), detect=spec.detect_seconds)
     results: list[PeerResult | None] = [None] * spec.peers
     errors: list[BaseException] = []
     started = time.perf_counter()
@@ -252,6 +292,8 @@ def simulate_training(spec: TrainingSpec, *, timeout: float = 600.0) -> Training
         host = SimHost(fabric, rank, topology, timeout=timeout)
         try:
             results[rank] = train_peer(host, spec, lambda s: fabric.advance(rank, s))
+        except SimulatedDeath:
+            fabric.died(rank)
         except BaseException as exc:   # (reported below, with the rank)
             errors.append(exc)
             fabric.abort(f"rank {rank} failed: {type(exc).__name__}: {exc}")
@@ -265,12 +307,15 @@ def simulate_training(spec: TrainingSpec, *, timeout: float = 600.0) -> Training
     if errors:
         raise errors[0]
     done = [r for r in results if r is not None]
+    if not done:
+        raise RuntimeError(f"simulate: every peer died ({sorted(fabric.dead)})")
     stacked = np.stack([p.parameters.astype(np.float64) for p in done])
     average = stacked.mean(axis=0)
     consensus = float(np.linalg.norm(stacked - average, axis=1).mean())
     data_model = _averaged_accuracy(average, spec)
     return TrainingResult(spec, done, consensus, data_model,
-                          max(fabric.clock), time.perf_counter() - started)
+                          max(fabric.clock[p.rank] for p in done), time.perf_counter() - started,
+                          sorted(fabric.dead))
 
 
 _DATA: list[tuple[Any, Any, Any, Any]] = []   # the task's tensors, made once a process

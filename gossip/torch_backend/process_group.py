@@ -99,7 +99,8 @@ class GossipProcessGroup(dist.ProcessGroup):
         the variable allgather, whose sizes every rank checks against its outputs."""
         if len(outputs) != len(inputs):
             raise ValueError(f"allgather: {len(outputs)} output lists for {len(inputs)} inputs")
-        handles, gathered = [], []
+        handles: list[OurWork] = []
+        gathered: list[Any] = []
         for out_list, x in zip(outputs, inputs):
             self._check(x, *out_list)
             if len(out_list) != self.size():

@@ -26,9 +26,16 @@ def test_two_simulated_stories_write_the_same_json(tmp_path):
         runs.append((tmp_path / name / "story-simulated.json").read_bytes())
     assert runs[0] == runs[1]
     story = json.loads(runs[0])
-    assert [s["name"] for s in story["scenarios"]] == ["slow-network", "straggler", "non-iid"]
-    assert story["skipped"] and story["skipped"][0].startswith("death: not simulated")
-    for scenario in story["scenarios"]:
+    assert [s["name"] for s in story["scenarios"]] == ["slow-network", "straggler", "non-iid",
+                                                       "death"]
+    assert story["skipped"] == ["death: synchronous, local-sgd not simulated (a death re-forms "
+                                "the group through membership, which the simulator does not "
+                                "model)"]
+    death = {r["policy"]: r for r in story["scenarios"][-1]["rows"]}
+    assert list(death) == ["gossip", "push-sum"]
+    assert all(r["died"] == [4] and r["spec"]["deaths"] == [[4, 20 * 0.01 / 3]]
+               for r in death.values())
+    for scenario in story["scenarios"][:-1]:
         rows = {r["policy"]: r for r in scenario["rows"]}
         assert list(rows) == ["synchronous", "local-sgd", "gossip", "push-sum"]
         assert scenario["wins"] in rows
