@@ -137,15 +137,14 @@ class Fabric:
         return lost
 
     def _lost_error(self, dst: int, src: int, what: str) -> PeerLost:
-        """(Under the lock.) ``src`` is dead, or counts ``dst`` lost, and sent nothing: the
-        clock of ``dst`` moves to when it would know."""
-        if src in self.dead:
-            self.clock[dst] = max(self.clock[dst], self.death_of(src) + self.detect)
-            why = f"died at {self.death_of(src):g} s (simulated)"
-        else:   # src went on without dst: dst's own death is due (it fell that far behind)
-            self.clock[dst] = max(self.clock[dst], min(self.death_of(dst),
-                                                       self.clock[src]))
-            why = "counts this peer lost"
+        """(Under the lock.) No message ``what`` will come from ``src``: it died, or it went
+        on without ``dst`` (whose own death is due: it fell that far behind). The clock of
+        ``dst`` moves to the earlier of its hearing of ``src``'s death and its own death,
+        both from the schedule, never from which thread got where first."""
+        heard, own = self.death_of(src) + self.detect, self.death_of(dst)
+        self.clock[dst] = max(self.clock[dst], min(heard, own))
+        why = (f"died at {self.death_of(src):g} s (simulated)" if heard <= own
+               else "went on without this peer, whose death is due")
         return PeerLost(f"simulated rank {dst}: rank {src} {why}; no message for {what}",
                         rank=src, operation=what)
 
