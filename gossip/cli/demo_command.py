@@ -9,6 +9,9 @@ from typing import Any, NoReturn
 
 __all__ = ["register", "main", "demo_options", "parse_policies", "compression_options"]
 
+_BATCH = 16         # samples per peer per step (the simulator's TrainingSpec.batch too)
+_TIMEOUT = 1800.0   # a real run's deadline
+
 # The names `gossip.policies.names()` returns; repeated here so that building the parser does
 # not import the policies (every `gossip` invocation builds it). main() checks them.
 _POLICY_HELP = "synchronous, local-sgd, gossip, asynchronous, push-sum, elastic, choco"
@@ -84,8 +87,8 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
                         "t10k-labels-idx1-ubyte (each may be .gz)")
     parser.add_argument("--out", default="gossip-demo", metavar="DIR",
                         help="where to write demo.png and demo.json (default ./gossip-demo)")
-    parser.add_argument("--batch-size", type=int, default=16, metavar="B",
-                        help="samples per peer per step (default 16)")
+    parser.add_argument("--batch-size", type=int, default=_BATCH, metavar="B",
+                        help=f"samples per peer per step (default {_BATCH})")
     parser.add_argument("--lr", type=float, default=0.05, help="SGD learning rate (default 0.05)")
     parser.add_argument("--seed", type=int, default=0, help="seed of weights, shards, batches")
     parser.add_argument("--no-baseline", action="store_true",
@@ -115,8 +118,8 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
                         help="peer RANK takes FACTOR times as long per step (it sleeps after "
                         "each), as a slower node would; synchronous policies wait for it, "
                         "asynchronous ones do not. E.g. 3@4")
-    parser.add_argument("--timeout", type=float, default=1800.0, metavar="S",
-                        help="deadline of the whole run in seconds (default 1800)")
+    parser.add_argument("--timeout", type=float, default=_TIMEOUT, metavar="S",
+                        help=f"deadline of the whole run in seconds (default {_TIMEOUT:g})")
     parser.set_defaults(func=main)
 
     def one_line_error(message: str) -> NoReturn:
@@ -223,6 +226,10 @@ def _run_simulated(args: argparse.Namespace) -> int:
         ("--straggler", args.straggler), ("--compression", args.compression),
         ("--dataset", args.dataset), ("--data-dir", args.data_dir), ("--epochs", args.epochs))
         if value is not None]
+    # (The simulator's batch is the demo's default; it has no baseline row and no deadline.)
+    refused += [flag for flag, given in (("--batch-size", args.batch_size != _BATCH),
+                                         ("--no-baseline", args.no_baseline),
+                                         ("--timeout", args.timeout != _TIMEOUT)) if given]
     if refused:
         raise ValueError(f"--simulate runs the story's scenarios on the simulator's task and a "
                          f"WAN: drop {' and '.join(refused)} (gossip simulate train runs one "

@@ -77,7 +77,7 @@ class Loop:
         self.steps_per_epoch, self.batch, self.rng = steps_per_epoch, batch, rng
         self.samples = 0                      # trained by this process
         self.last_accuracy = float("nan")
-        self.last_point: dict | None = None   # the last evaluation's point, as measured     # of its last evaluation
+        self.last_point: dict | None = None   # the last evaluation's point, as measured
 
     def run(self, x: Any, y: Any, train_step: Callable[[Any, Any], float],
             measure: Callable[[dict], dict], step_now: Callable[[], int],

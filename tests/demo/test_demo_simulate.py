@@ -59,6 +59,8 @@ def test_two_simulated_stories_write_the_same_json(tmp_path):
     (("--kill", "3@0.33"), "--kill"),
     (("--policy", "asynchronous"), "asynchronous not simulated"),
     (("--epochs", "3"), "--epochs"),
+    (("--batch-size", "8", "--no-baseline", "--timeout", "60"),
+     "drop --batch-size and --no-baseline and --timeout"),
 ])
 def test_simulate_refuses_what_the_simulator_does_not_run(tmp_path, extra, names):
     proc = _demo("--simulate", "--peers", "4", *extra, "--out", str(tmp_path / "x"))
