@@ -12,7 +12,9 @@ The topology of gossip and push-sum is the exponential graph (log2(n) neighbours
 in a few rounds at any n); DiLoCo averages every --period steps (default 10) and takes an
 outer Nesterov step (lr 0.7, momentum 0.9, as in Douillard et al. 2023). Asynchronous gossip
 is not simulated yet (its exchanges run on background threads the virtual clock does not
-follow), nor are deaths.
+follow). Deaths are not in this grid: the simulator runs them for gossip and push-sum only
+(`gossip simulate train --mtbf S`), not for synchronous and DiLoCo, which re-form the group
+through membership.
 """
 from __future__ import annotations
 
