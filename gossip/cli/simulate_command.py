@@ -87,6 +87,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     train.add_argument("--deaths", metavar="RANK@SECONDS,...",
                        help="peers that die at those simulated seconds, e.g. 3@0.5,7@2 "
                             "(gossip and push-sum)")
+    train.add_argument("--churn", metavar="FILE",
+                       help='a trace of deaths, JSON: {"deaths": [[RANK, SECONDS], ...]} '
+                            "(as --deaths)")
     train.add_argument("--mtbf", type=float, metavar="SECONDS",
                        help="deaths drawn from the seed instead: one per SECONDS of simulated "
                             "time across the fleet, on average")
@@ -224,6 +227,23 @@ def _deaths(text: str | None) -> tuple[tuple[int, float], ...]:
     return tuple(out)
 
 
+def _churn(path: str | None) -> tuple[tuple[int, float], ...]:
+    """--churn FILE: the deaths of a trace, {"deaths": [[rank, seconds], ...]}."""
+    if path is None:
+        return ()
+    try:
+        with open(path) as f:
+            data = json.load(f)
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"--churn {path}: cannot read it: {exc}") from None
+    deaths = data.get("deaths") if isinstance(data, dict) else None
+    if not isinstance(deaths, list) or not all(
+            isinstance(d, list) and len(d) == 2 and type(d[0]) is int
+            and isinstance(d[1], (int, float)) and not isinstance(d[1], bool) for d in deaths):
+        raise ValueError(f'--churn {path}: expected {{"deaths": [[RANK, SECONDS], ...]}}')
+    return tuple((int(r), float(t)) for r, t in deaths)
+
+
 def _step_seconds(text: str, hidden: int) -> float:
     """--step-seconds: a number, or 'measured' (timed here, and said)."""
     if text.strip().lower() == "measured":
@@ -249,7 +269,7 @@ def _train(args: argparse.Namespace) -> int:
                           straggler=_straggler(args.straggler), lr=args.lr,
                           hidden=args.hidden, seed=args.seed, non_iid=args.non_iid,
                           regions=args.regions, wan=args.wan, links=args.links,
-                          deaths=_deaths(args.deaths), mtbf=args.mtbf,
+                          deaths=_deaths(args.deaths) + _churn(args.churn), mtbf=args.mtbf,
                           detect_seconds=args.detect)
              for name in args.policy.split(",") if name.strip()]
     if not specs:

@@ -83,3 +83,18 @@ def test_train_measures_the_step_jitters_it_and_plots_the_loss(tmp_path: Path) -
     assert runs[0]["spec"]["step_jitter"] == 0.5
     proc = _gossip("simulate", "train", "--step-seconds", "fast")
     assert proc.returncode == 2 and "--step-seconds 'fast'" in proc.stderr
+
+
+def test_train_takes_deaths_from_a_churn_trace(tmp_path: Path) -> None:
+    pytest.importorskip("torch")
+    trace, out = tmp_path / "churn.json", tmp_path / "runs.json"
+    trace.write_text(json.dumps({"deaths": [[2, 0.1], [5, 0.2]]}))
+    proc = _gossip("simulate", "train", "--policy", "gossip", "-n", "8", "--steps", "30",
+                   "--link", "1gbit,5ms", "--churn", str(trace), "--detect", "0.2",
+                   "--json", str(out))
+    assert proc.returncode == 0, proc.stderr
+    (run,) = json.loads(out.read_text())["runs"]
+    assert run["died"] == [2, 5] and run["spec"]["deaths"] == [[2, 0.1], [5, 0.2]]
+    trace.write_text(json.dumps({"deaths": [[2, "soon"]]}))
+    proc = _gossip("simulate", "train", "--churn", str(trace))
+    assert proc.returncode == 2 and f"--churn {trace}: expected" in proc.stderr
