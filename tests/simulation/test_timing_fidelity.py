@@ -28,7 +28,6 @@ import os
 import statistics
 import subprocess
 import sys
-import time
 
 import pytest
 
@@ -107,19 +106,23 @@ def _simulated(spec: dict, compute: float) -> list[float]:
 
 
 def _iperf(net) -> float:
-    """iperf3's rate (bits/s) from host 1 to host 0 over the shaped link, 2 s of TCP."""
+    """iperf3's rate (bits/s) from host 1 to host 0 over the shaped link, 2 s of TCP (the
+    client is started again until the server, which says nothing when it is ready, listens)."""
     server = net.run(net.hosts[0], ["iperf3", "-s", "-1", "-p", "5201"], dict(os.environ))
+    runs: list = []
+
+    def measured() -> bool:
+        runs.append(net.ns_exec(net.hosts[1], "iperf3", "-c", net.hosts[0].addr, "-p", "5201",
+                                "-t", "2", "-J"))
+        return runs[-1].returncode == 0
     try:
-        time.sleep(0.5)   # (iperf3 -s has no readiness signal; the client retries below)
-        for _ in range(10):
-            proc = net.ns_exec(net.hosts[1], "iperf3", "-c", net.hosts[0].addr, "-p", "5201",
-                               "-t", "2", "-J")
-            if proc.returncode == 0:
-                return float(json.loads(proc.stdout)["end"]["sum_received"]["bits_per_second"])
-            time.sleep(0.3)
-        raise AssertionError(f"iperf3 failed: {proc.stdout[-500:]} {proc.stderr[-500:]}")
+        wait_until(measured, 30, interval=0.2, what="an iperf3 run between hosts 1 and 0")
+    except TimeoutError:
+        raise AssertionError(f"iperf3 failed: {runs[-1].stdout[-500:]} "
+                             f"{runs[-1].stderr[-500:]}") from None
     finally:
         server.kill()
+    return float(json.loads(runs[-1].stdout)["end"]["sum_received"]["bits_per_second"])
 
 
 def test_simulated_communication_time_is_within_20_percent_of_real_peers_on_shaped_links(
