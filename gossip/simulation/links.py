@@ -122,10 +122,6 @@ class Links:
         a, b = self.region[src], self.region[dst]
         return float(self.rate[a, b]), float(self.latency[a, b])
 
-    def free(self) -> bool:
-        """True when no link costs anything (every rate infinite, every latency 0)."""
-        return bool(np.all(np.isinf(self.rate)) and not np.any(self.latency))
-
     def _slowest(self, src: np.ndarray, dst: np.ndarray, nbytes: float) -> float:
         """The slowest of the pairs ``src[i] -> dst[i]`` carrying ``nbytes`` each."""
         if len(src) == 0:
