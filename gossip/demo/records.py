@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["PeerRecords", "collect", "records_of", "finished_runs"]
+__all__ = ["PeerRecords", "collect", "records_of", "finished_runs", "finished_training"]
 
 
 def _policy_dir(directory: str, policy: str) -> str:
@@ -75,6 +75,13 @@ def records_of(directory: str, policy: str, slot: int) -> list[dict]:
         except ValueError:
             pass  # a torn line (a full disk) is left out, as the progress reader does
     return out
+
+
+def finished_training(directory: str, policy: str, slots: int) -> int:
+    """How many processes wrote that they finished training ``policy`` (a "finished" line:
+    one per process that got there; a killed one never does)."""
+    return sum(1 for slot in range(slots) for line in records_of(directory, policy, slot)
+               if line.get("kind") == "finished")
 
 
 def _mean(values: list[float]) -> float:

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import inspect
 import json
+import logging
 import os
 import time
 from dataclasses import dataclass, field
@@ -36,12 +37,18 @@ from gossip.demo.kill import Kill, die
 from gossip.demo.straggler import Straggler
 from gossip.demo.loop import Loop
 from gossip.demo.model import count_parameters, make_cnn
-from gossip.demo.records import PeerRecords
+from gossip.demo.records import PeerRecords, finished_training
 
 __all__ = ["TrainConfig", "run_peer", "run_baseline", "make_policy", "BASELINE"]
 
 #: The name of the single-process SGD baseline in results and reports.
 BASELINE = "baseline"
+
+#: Seconds a peer that finished waits for the other live members to finish (under --kill,
+#: a policy whose peers count their own steps): _end_together_after_a_death.
+FINISH_WAIT = 60.0
+
+log = logging.getLogger("gossip")
 
 
 @dataclass(frozen=True)
@@ -269,8 +276,12 @@ def _train_policy(peer: Any, name: str, config: TrainConfig, data: _Data, datase
         try:
             record = loop.run(data.x, data.y, train_step, measure,
                               lambda: dopt.policy.step, after_step, share)
-            if policy.own_steps and config.kill is None and loop.last_point is not None:
-                _end_together(peer, dopt.policy, loop.last_point, measure)
+            if policy.own_steps and loop.last_point is not None:
+                if config.kill is None:
+                    _end_together(peer, dopt.policy, loop.last_point, measure)
+                else:
+                    _end_together_after_a_death(peer, dopt.policy, loop.last_point, measure,
+                                                records)
             sent = peer.stats()["bytes_sent"] - sent
             stats = dopt.stats()
         finally:
@@ -302,6 +313,33 @@ def _end_together(peer: Any, policy: Any, last: dict, measure: Callable[[dict], 
     point: step, index, time) on the model as the run leaves it, the same moment for every
     peer. records.collect keeps the later of two evaluations of one point."""
     peer.barrier()
+    policy.quiesce()
+    measure(dict(last))
+
+
+def _end_together_after_a_death(peer: Any, policy: Any, last: dict,
+                                measure: Callable[[dict], dict], records: PeerRecords) -> None:
+    """_end_together under --kill: a barrier would wait on the dead peer (a member until its
+    restarted process takes its place), so the peer writes that it finished and waits, its
+    policy open, until as many processes did as its view has live members (the restarted
+    peer among them once admitted; not while its first incarnation is dead: a restart that
+    comes after the others finished finds nobody stepping to admit it, and times out as
+    before). Then quiesce() (a collective of the live members) and the last evaluation
+    again, as _end_together. A member that does not finish within FINISH_WAIT seconds is
+    not waited for longer (logged)."""
+    records.write("finished", step=last["step"])
+    until = time.monotonic() + FINISH_WAIT
+    while True:
+        live = peer.world_size - len(set(peer.lost_peers()))
+        done = finished_training(records.directory, records.policy, peer.world_size)
+        if done >= live:
+            break
+        if time.monotonic() > until:
+            log.warning("rank %d: %d of %d live members finished %s after %gs; measuring "
+                        "without the others", peer.rank, done, live, records.policy,
+                        FINISH_WAIT)
+            break
+        time.sleep(0.05)
     policy.quiesce()
     measure(dict(last))
 

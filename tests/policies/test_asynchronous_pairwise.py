@@ -193,3 +193,69 @@ def test_a_partner_that_answers_late_is_asked_again_when_it_is_the_only_one(tmp_
     assert due == [1], due               # the stall was seen: rank 1's answer was due
     assert after["answers_due_from"] == [], after
     assert after["exchange_answers_taken"] - before >= 20, (before, after)
+
+
+class _Bucket:
+    """A bucket as Pairs reads one: its flat parameters and a new buffer of their shape."""
+
+    def __init__(self, flat: np.ndarray) -> None:
+        self.flat = flat
+
+    def new(self) -> np.ndarray:
+        return np.zeros_like(self.flat)
+
+
+def _pair(rank: int, values: np.ndarray, weight: float):
+    import threading
+
+    from gossip.policies.asynchronous.pairs import Pairs
+    pairs = Pairs([_Bucket(values)], rank=rank, world_size=4, cond=threading.Condition())
+    pairs.set_weights([weight])
+    pairs.sync([_Bucket(values)])   # published: it answers from now on
+    return pairs
+
+
+def _request(pairs, dst: int, number: int) -> np.ndarray:
+    from gossip.policies.asynchronous.pairs import TAIL
+    out = np.zeros(LENGTH + TAIL)
+    pairs.begin(dst, [out], number)
+    return out
+
+
+def test_a_busy_peer_answers_one_request_and_the_three_mix_doubly_stochastically():
+    """j asks k; before k's answer comes, i asks j (answered: the one overlap) and l asks j
+    (refused: a second could drive j's weight below 0). The sums of w m and of w are
+    exact; i ends with the pool of i and j, k with that of j and k, j with that of i and k;
+    every weight is the mean of two."""
+    values = {r: start(r) for r in range(4)}
+    weights = {0: 0.5, 1: 1.5, 2: 1.25, 3: 0.75}
+    i, j, k, l = (_pair(r, values[r].copy(), weights[r]) for r in range(4))
+    x = {r: weights[r] * values[r] for r in range(4)}
+
+    to_k = _request(j, 2, 1)
+    to_j = _request(i, 1, 1)
+    assert j.answer(0, to_j_answer := to_j.copy())            # the overlap
+    from_l = _request(l, 1, 1)
+    assert not j.answer(0, refused := from_l.copy()) and refused[-1] == 0
+    l.end()
+    assert k.answer(0, to_k_answer := to_k.copy())
+    assert j.apply(0, to_k, to_k_answer)
+    j.end()
+    assert i.apply(0, to_j, to_j_answer)
+    i.end()
+
+    def pair(p, rank):
+        buf = values[rank].copy()
+        p.sync([_Bucket(buf)])   # the exchanges' changes, added to the parameters
+        return buf, p.weights()[0]
+
+    got = {r: pair(p, r) for r, p in enumerate((i, j, k, l))}
+    total_x = sum(w * m for m, w in got.values())
+    assert np.abs(total_x - sum(x.values())).max() < 1e-12
+    assert abs(sum(w for _, w in got.values()) - sum(weights.values())) < 1e-12
+    for rank, (a, b) in {0: (0, 1), 2: (1, 2), 1: (0, 2)}.items():
+        m, w = got[rank]
+        assert w == pytest.approx((weights[a] + weights[b]) / 2, abs=1e-12), rank
+        expected = (x[a] + x[b]) / (weights[a] + weights[b])
+        assert np.abs(m - expected).max() < 1e-12, rank
+    assert np.array_equal(got[3][0], values[3]) and got[3][1] == weights[3]   # refused

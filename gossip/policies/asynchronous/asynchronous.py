@@ -66,7 +66,7 @@ import math
 import random
 import threading
 import time
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Literal
 
 import numpy as np
 
@@ -88,7 +88,7 @@ from gossip.policies.push_sum import weights_from_state
 if TYPE_CHECKING:
     from topologies import Topology
 
-__all__ = ["Asynchronous", "EXCHANGES", "DEFAULT_EXCHANGES_PER_STEP"]
+__all__ = ["Asynchronous", "EXCHANGES", "DEFAULT_EXCHANGES_PER_STEP", "DEFAULT_MAX_STALENESS"]
 
 #: How asynchronous peers mix: ``pairwise`` (AD-PSGD's atomic pairwise average, in push-sum
 #: form; the default) or ``push`` (one-way push-sum pushes of a fraction of the mass).
@@ -96,6 +96,10 @@ EXCHANGES = ("pairwise", "push")
 
 #: Pairwise exchanges a peer starts per step (Asynchronous(exchanges_per_step=)).
 DEFAULT_EXCHANGES_PER_STEP = 1
+
+#: Asynchronous(max_staleness="auto") under exchange="pairwise": a step's exchange runs beside
+#: the next step's compute and is over before the step after (AD-PSGD's schedule).
+DEFAULT_MAX_STALENESS = 1
 
 log = logging.getLogger("gossip")
 
@@ -112,17 +116,20 @@ class Asynchronous(BackgroundPolicy):
     exchange is still under way, asks a random live out-neighbour of the topology to average
     with it. The neighbour's receiving thread pools the request with the pair it published
     (W = w_i + w_j, M = (w_i m_i + w_j m_j) / W), keeps (M, W - g) and answers (M, g); the
-    asker's pushing thread takes the answer. A peer whose own exchange is under way refuses
-    requests (the asker's pair stays as it was), so each exchange is atomic on both sides
-    and leaves the sums of x and of w unchanged; g = W / 2, so with every weight at 1 (no
-    view change) it is AD-PSGD's x_i, x_j <- (x_i + x_j) / 2. (Splitting the pool by the
+    asker's pushing thread takes the answer. Each exchange is atomic on both sides (one
+    lock) and leaves the sums of x and of w unchanged; g = W / 2, so with every weight at 1
+    (no view change) it is AD-PSGD's x_i, x_j <- (x_i + x_j) / 2. A peer whose own
+    exchange is under way answers one request (per bucket) before its answer comes and
+    refuses the others (the asker's pair stays as it was): the mix of the three is then
+    doubly stochastic and every weight stays positive (pairs.py). (Splitting the pool by the
     two peers' step rates, so that a straggler's stale model would weigh less in the next
     pool, was tried: the weights swung between 0.06 and 3.3 with the noise of the step
     times, and neither the demo nor benchmarks/asynchronous_mixing.py came out better: not
     taken.) ``exchanges_per_step`` (default 1): the exchanges a step starts; the ones after
     the first run back to back on the pushing thread, each with a random live partner, on
     the pair as the previous one left it (AD-PSGD takes one per step; more mix more per
-    step for more bytes). A step whose last exchanges are still under way starts none.
+    step for more bytes). A step waits for the last exchanges to be over before it starts
+    its own (``max_staleness``; with None it starts none while they are under way).
     Cost: about ``exchanges_per_step`` exchanges started and as many answered per peer per
     step, each a request and an answer of P bytes (+ 2 elements); memory: five buffers of
     P. Answers that come late are taken by the pushing thread as soon as they arrive.
@@ -170,10 +177,18 @@ class Asynchronous(BackgroundPolicy):
     the asker's pair as it was, so the survivors lose exactly d's pair (and the half of an
     exchange d answered and whose answer did not arrive).
 
-    ``max_staleness``: if set, after_step() waits (at most ``timeout``, then
-    OperationTimeout) until an exchange (or push) that includes the step ``max_staleness``
-    steps ago is over (answered or refused: counting only answered ones, peers that all
-    wait refuse each other, busy, and none is ever answered); None (default) never waits.
+    ``max_staleness``: after_step() waits (at most ``timeout``, then OperationTimeout) for
+    the exchange (or push) under way to be over before it starts the next, and until one
+    that includes the step ``max_staleness`` steps ago is over (answered or refused; a
+    refusal is rare with the one overlap of pairs.py, and counting only answered ones could
+    leave peers that all wait refusing each other). No peer runs ahead of its mixing. The
+    default, ``"auto"``, is 1 under pairwise (``DEFAULT_MAX_STALENESS``: AD-PSGD's schedule,
+    a step's exchange beside the next step's compute) and None under push; None never
+    waits: a step whose exchange is still under way starts none, and on a loaded machine,
+    where a round trip lasts several steps, the peers then mix once in several steps
+    (issue #39: 4 peers on 2 cores, one 4x slower, 0.2 exchanges per step; consensus
+    distance 5.5x gossip's where max_staleness=1 gives 3.5x, at 1.07x gossip's speed;
+    benchmarks/asynchronous_mixing.py). While paused (quiesce()) it does not wait.
 
     Views: joins, a killed peer's restart and leaves are followed, the mass kept exact
     across a join (the module docstring: what is in flight between members settled, the
@@ -192,7 +207,8 @@ class Asynchronous(BackgroundPolicy):
     own_steps = True   # the training loop never waits on a peer: counts drift apart
     worker_name = "asynchronous gossip thread"
 
-    def __init__(self, *, topology: Topology | None = None, max_staleness: int | None = None,
+    def __init__(self, *, topology: Topology | None = None,
+                 max_staleness: int | None | Literal["auto"] = "auto",
                  exchange: str = "pairwise", push_fraction: float | None = None,
                  min_weight: float | None = None, exchanges_per_step: int | None = None,
                  channel: int = PeerChannel.ASYNCHRONOUS, poll_interval: float = 0.25,
@@ -207,6 +223,8 @@ class Asynchronous(BackgroundPolicy):
         super().__init__(channel=channel, poll_interval=poll_interval,
                          bucket_bytes=bucket_bytes, timeout=timeout, nan_guard=nan_guard)
         self._topology_arg = topology
+        if max_staleness == "auto":
+            max_staleness = DEFAULT_MAX_STALENESS if exchange == "pairwise" else None
         self.max_staleness = check_int("max_staleness", max_staleness, 0, optional=True)
         if exchange not in EXCHANGES:
             raise ValueError(f"Asynchronous(exchange={exchange!r}): expected one of "
@@ -313,6 +331,13 @@ class Asynchronous(BackgroundPolicy):
     def _after_step(self, step: int) -> None:
         self._check_worker()
         self._packed().copy_in()
+        if self.max_staleness is not None:
+            # A push of this step must leave: wait for the one under way to finish (before
+            # the sync, so that what an exchange brought is in this step's parameters).
+            with self._cond:
+                self._wait_locked(lambda: self._job is None, self.timeout, 0.1,
+                                  lambda: ("the push in progress did not finish",
+                                           "asynchronous after_step"), stoppable=True)
         if self._pairs is not None:
             self._pairs.sync(self._packed())
         folded, self._folded = self._folded, False
@@ -320,18 +345,12 @@ class Asynchronous(BackgroundPolicy):
             folded = True   # nothing to fold: sync added the exchanges' changes
         if not folded:   # a loop without after_backward(): fold in past the move
             self._fold_in(moved=self._anchor is not None)
-        if self.max_staleness is not None:
-            # A push of this step must leave: wait for the one under way to finish.
-            with self._cond:
-                self._wait_locked(lambda: self._job is None, self.timeout, 0.1,
-                                  lambda: ("the push in progress did not finish",
-                                           "asynchronous after_step"), stoppable=True)
         if not self._paused:
             self._hand_over(step + 1)
         self._packed().copy_out()
         if not folded:
             self._keep_anchor()
-        if self.max_staleness is not None:
+        if self.max_staleness is not None and not self._paused:
             self._wait_fresh(step + 1 - self.max_staleness)
 
     def _keep_anchor(self) -> None:
@@ -535,7 +554,7 @@ class Asynchronous(BackgroundPolicy):
         exchanges' round trip (a moving average), at least 20 ms, at most poll_interval and
         send_timeout. A partner that stalls, or closed its policy (as a peer that finished
         its share of the steps does), holds a peer up no longer than that: while it waits
-        it refuses every request and starts no exchange."""
+        it answers one request (pairs.py) and starts no exchange."""
         wait = max(0.02, 10 * self._round_trip) if self._round_trip else self._poll
         return min(wait, self._poll, self.send_timeout)
 
