@@ -28,7 +28,12 @@ import numpy as np
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["Loop", "BatchOrder"]
+    from gossip.demo.pace import SpeedShare
+
+__all__ = ["Loop", "BatchOrder", "PACE_STEPS"]
+
+#: Under a speed share, the steps between two re-estimates of this peer's total (pace.py).
+PACE_STEPS = 8
 
 
 def _evaluation_steps(total: int, spe: int, evals: int, count: int) -> list[int]:
@@ -39,6 +44,18 @@ def _evaluation_steps(total: int, spe: int, evals: int, count: int) -> list[int]
     first = [round(k * spe / evals) for k in range(1, evals + 1)]
     rest = count - evals
     return first + [spe + round(k * (total - spe) / rest) for k in range(1, rest + 1)]
+
+
+def _rescheduled(schedule: list[int], passed: int, step: int, total: int) -> list[int]:
+    """``schedule`` with its first ``passed`` evaluations kept and the others spread evenly
+    from the last one kept up to ``total``, none at or before ``step`` (the loop is there):
+    every index still comes once, whatever the new total. (Spread from ``step`` instead,
+    a re-estimate every few steps would push the next evaluation ahead each time.)"""
+    left = len(schedule) - passed
+    anchor = schedule[passed - 1] if passed else 0
+    span = max(total - anchor, left)
+    return schedule[:passed] + [max(anchor + round(k * span / left), step + k)
+                                for k in range(1, left + 1)]
 
 
 class BatchOrder:
@@ -82,13 +99,14 @@ class Loop:
     def run(self, x: Any, y: Any, train_step: Callable[[Any, Any], float],
             measure: Callable[[dict], dict], step_now: Callable[[], int],
             after_step: Callable[[int], Any] | None = None,
-            share: Callable[[float], int] | None = None) -> dict:
+            share: SpeedShare | None = None) -> dict:
         """Train from step ``step_now()`` to the last: ``train_step(xb, yb)`` returns the
         batch's loss, ``measure(point)`` evaluates (point: time, step, epoch, index,
         train_loss; it adds accuracy and test_loss), ``after_step(step)`` runs after each
-        step the count advanced by. ``share(seconds)``, if given, is called once at the end
-        of the first epoch with its seconds of training and returns this peer's total steps
-        from then on (module docstring). The clock starts here and pauses while evaluating:
+        step the count advanced by. ``share``, if given, sets this peer's total steps: at the
+        end of the first epoch (``first``, with its seconds of training), then every
+        PACE_STEPS steps (``again``), the evaluations left spread evenly up to the new total
+        (module docstring; pace.py). The clock starts here and pauses while evaluating:
         points' times and ``train_seconds`` are seconds of training; ``wall_seconds`` also
         counts the evaluations (diagnostics, which would otherwise favour policies that
         train fast per evaluation)."""
@@ -127,8 +145,13 @@ class Loop:
                 self.progress.emit(event="step", policy=self.name, step=step)
             if share is not None and before < spe <= step and first < spe:
                 total = max(step + count - evals,   # (a step for each evaluation left)
-                            share(time.perf_counter() - start - eval_seconds))
+                            share.first(step, time.perf_counter() - start - eval_seconds))
                 schedule = _evaluation_steps(total, spe, evals, count)
+                bound = 2 * (total - first) + 100
+            if (share is not None and step > spe and passed < count
+                    and step // PACE_STEPS > before // PACE_STEPS):
+                total = max(step + count - passed, share.again(step))
+                schedule = _rescheduled(schedule, passed, step, total)
                 bound = 2 * (total - first) + 100
             due = passed
             while due < len(schedule) and schedule[due] <= step:

@@ -37,6 +37,7 @@ from gossip.demo.kill import Kill, die
 from gossip.demo.straggler import Straggler
 from gossip.demo.loop import Loop
 from gossip.demo.model import count_parameters, make_cnn
+from gossip.demo.pace import SpeedShare
 from gossip.demo.records import PeerRecords, finished_training
 
 __all__ = ["TrainConfig", "run_peer", "run_baseline", "make_policy", "BASELINE"]
@@ -207,21 +208,6 @@ def _slowed(train_step: Any, straggler: Straggler) -> Any:
     return slow_step
 
 
-def _speed_share(peer: Any, total: int, steps_per_epoch: int) -> Any:
-    """For a policy whose peers count their own steps (asynchronous) beside a straggler:
-    the group trains as many steps in all as the other policies (n * ``total``), each peer
-    its share by speed, measured over the first epoch (AD-PSGD's setting: fast workers take
-    more steps; without it the fast peers would stop early and leave the slow one to train
-    alone). One allreduce of the peers' step rates, at the end of the first epoch: the fast
-    peers wait for the slow one once."""
-    def share(seconds: float) -> int:
-        rates = np.array([steps_per_epoch / max(seconds, 1e-6)])
-        mine = float(rates[0])
-        peer.allreduce(rates)
-        return round(peer.world_size * total * mine / float(rates[0]))
-    return share
-
-
 def _train_policy(peer: Any, name: str, config: TrainConfig, data: _Data, dataset: Dataset,
                   progress: _Progress, *, slot: int, incarnation: int) -> dict:
     import torch
@@ -269,10 +255,12 @@ def _train_policy(peer: Any, name: str, config: TrainConfig, data: _Data, datase
         if config.straggler is not None and config.straggler.rank == slot:
             train_step = _slowed(train_step, config.straggler)
         share = None
-        if (config.straggler is not None and config.kill is None and policy.own_steps
-                and config.epochs > 1):
-            share = _speed_share(peer, config.epochs * data.steps_per_epoch,
-                                 data.steps_per_epoch)
+        if (policy.own_steps and config.epochs > 1
+                and (config.straggler is not None or config.kill is not None)):
+            share = SpeedShare(peer, config.records_dir, name, slot=slot,
+                               slots=peer.world_size, total=config.epochs * data.steps_per_epoch,
+                               steps_per_epoch=data.steps_per_epoch,
+                               first_step=dopt.policy.step, allreduce=config.kill is None)
         try:
             record = loop.run(data.x, data.y, train_step, measure,
                               lambda: dopt.policy.step, after_step, share)

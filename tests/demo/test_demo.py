@@ -615,14 +615,26 @@ def test_the_story_separates_the_policies_where_the_readme_says(tmp_path) -> Non
                if p != "baseline" else float("inf")) == "asynchronous", straggler
     assert averaged_at["asynchronous"] - averaged_at["synchronous"] > 0.05, averaged_at
     assert averaged_at["asynchronous"] - averaged_at["gossip"] > 0.014, averaged_at
+    # ... and its peers agree about as well as gossip's (issue #39): their own models end
+    # within 1 point of gossip's (-0.9 to +1.1 points over seeds 0-3, quiet and beside a
+    # CPU-bound process, 2026-12-05), the consensus distance 1.5-2.1x gossip's; asserted
+    # with twice those margins.
+    assert (straggler["asynchronous"]["final_accuracy"]
+            > straggler["gossip"]["final_accuracy"] - 0.02), straggler
+    assert (straggler["asynchronous"]["consensus"]
+            < 5 * straggler["gossip"]["consensus"]), straggler
     # Non-iid data: gossip on a ring ends below synchronous (2.2-12.6 points), its worst peer
     # further (4.9-20.6 points).
     non_iid = rows("non-iid")
     assert non_iid["synchronous"]["final_accuracy"] > non_iid["gossip"]["final_accuracy"]
     assert (non_iid["synchronous"]["final_accuracy"]
             - non_iid["gossip"]["worst_peer_accuracy"] > 0.02), non_iid
-    # A death: every policy finished, past the dead peer.
+    # A death: every policy finished, past the dead peer; asynchronous's peers end within 1
+    # point of gossip's (-0.9 to +0.7 over the same runs), asserted within 2.
     assert all(r.get("failed") is None for r in story["death"]["table"]), story["death"]
+    death = rows("death")
+    assert death["asynchronous"]["final_accuracy"] > death["gossip"]["final_accuracy"] - 0.02, \
+        death
 
 
 def test_the_story_draws_an_averaged_model_where_the_peers_disagree_late_in_the_run():
