@@ -14,7 +14,8 @@ Three tables:
    process count; plus the same n processes training without communication (the floor).
    Models: a small MLP (784-512-512-10, batch 64) and a small CNN (two 3x3 convolutions and
    a linear layer on 3x32x32 images, batch 32).
-2. ``overlap``: the CNN step (compute-bound) with Asynchronous and PushSum(overlap=True), and
+2. ``overlap``: the CNN step (compute-bound) with Asynchronous (as by default, and with
+   max_staleness=None: no wait for the last exchange) and PushSum(overlap=True), and
    for reference PushSum, Gossip and Synchronous: the slowdown against no communication.
    The same processes run ``--repeats`` rounds of ``--block`` steps of each case in turn
    (the order rotating; each block attaches its policy to a fresh model after ``--warmup``
@@ -233,8 +234,9 @@ def bench_sync(args, emit) -> str:
                   "ratio DDP/Synchronous"], rows)
 
 
-OVERLAP_CASES = [("none", {}), ("asynchronous", {}), ("push-sum", {"overlap": True}),
-                 ("push-sum", {}), ("gossip", {}), ("synchronous", {})]
+OVERLAP_CASES = [("none", {}), ("asynchronous", {}), ("asynchronous", {"max_staleness": None}),
+                 ("push-sum", {"overlap": True}), ("push-sum", {}), ("gossip", {}),
+                 ("synchronous", {})]
 
 
 def overlap_training(peer, cases, block: int, warmup: int, repeats: int):
@@ -299,7 +301,8 @@ def bench_overlap(args, emit) -> str:
         slowdowns = [t / b for t, b in zip(times, bases)]
         t, slow = statistics.median(times), statistics.median(slowdowns)
         low, high = quartiles(slowdowns)
-        label = name + ("(overlap=True)" if kwargs.get("overlap") else "")
+        label = name + ("(" + ", ".join(f"{k}={v}" for k, v in kwargs.items()) + ")"
+                        if kwargs else "")
         sent = max(r["bytes_per_step"][i] for r in res)
         emit({"table": "overlap", "policy": label, "nprocs": args.n, "seconds": t,
               "slowdown": slow, "slowdowns": slowdowns, "bytes_per_step": sent,
