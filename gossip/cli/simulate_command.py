@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import statistics
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # pragma: no cover - annotations only
@@ -293,6 +294,8 @@ def _train(args: argparse.Namespace) -> int:
                f"{record['seconds']:.1f}", str(len(record["died"])))
         print("  ".join(f"{v:>11}" if k else f"{v:<12}" for k, v in enumerate(row)),
               flush=True)
+    for record in runs:
+        print(_link_summary(record), flush=True)
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"runs": runs}, f, allow_nan=False, default=_finite)
@@ -302,6 +305,23 @@ def _train(args: argparse.Namespace) -> int:
                                              f"{specs[0].network().text}")
         print(f"wrote {args.plot}")
     return 0
+
+
+def _link_summary(record: dict) -> str:
+    """One run's bytes per link: how many links carried any, the busiest and the median (MB),
+    and with regions the MB from each region to each other."""
+    links = record["bytes_per_link"]
+    line = f"{record['spec']['policy']}: {len(links)} links carried bytes"
+    if links:
+        src, dst, busiest = links[0]
+        median = statistics.median(n for _, _, n in links)
+        line += (f", the busiest {src}->{dst} {busiest / 1e6:.2f} MB, the median "
+                 f"{median / 1e6:.2f} MB")
+    regions = record["bytes_between_regions"]
+    if len(regions) > 1:
+        rows = "; ".join(" ".join(f"{n / 1e6:.1f}" for n in row) for row in regions)
+        line += f"; MB from region to region (row: from): {rows}"
+    return line
 
 
 def plot_training(runs: list[dict], path: str, title: str) -> None:

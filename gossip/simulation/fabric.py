@@ -29,7 +29,6 @@ from typing import Any
 
 import numpy as np
 
-from collectives.communicator import DEFAULT_SMALL_BYTES
 from collectives.transport.emulation import LinkSpec
 from gossip.errors import OperationTimeout, PeerLost
 from gossip.simulation.links import Links
@@ -83,6 +82,7 @@ class Fabric:
         self.clock = [0.0] * size
         self.bytes_sent = [0] * size
         self.messages_sent = [0] * size
+        self.link_bytes: dict[tuple[int, int], int] = {}   # (src, dst) -> bytes sent
         self._cond = threading.Condition()
         self._mail: dict[tuple[int, ...], deque[tuple[Any, float, int]]] = {}
         self._link_free: dict[tuple[int, int], float] = {}
@@ -158,7 +158,7 @@ class Fabric:
             transfer = copy.nbytes / rate
             self._link_free[(src, dst)] = start + transfer
             arrival = start + transfer + latency
-            self.bytes_sent[src] += copy.nbytes
+            self._count(src, dst, copy.nbytes)
             self.messages_sent[src] += 1
             delivered = arrival < self.death_of(dst)
             # Not delivered: a marker, so dst (still running, behind) dies when it looks for it.
@@ -212,6 +212,12 @@ class Fabric:
                 raise PeerLost(f"simulated rank {dst}: rank {src} died", rank=src)
             return box.popleft()[0]
 
+    def _count(self, src: int, dst: int, nbytes: int) -> None:
+        """(Under the lock.) ``nbytes`` sent from ``src`` to ``dst``: its peer's and its
+        link's counts."""
+        self.bytes_sent[src] += nbytes
+        self.link_bytes[(src, dst)] = self.link_bytes.get((src, dst), 0) + nbytes
+
     def waiting(self, channel: int, dst: int, src: int) -> bool:
         with self._cond:
             return bool(self._mail.get((channel, src, dst)))
@@ -249,24 +255,10 @@ class Fabric:
                                    "which the simulator does not model)", rank=gone[0])
             assert meeting.end is not None
             self.clock[rank] = meeting.end
-            self.bytes_sent[rank] += _collective_bytes(op, nbytes, self.size)
+            for dst, sent in self.links.collective_sends(op, nbytes, rank):
+                self._count(rank, dst, sent)
             self.messages_sent[rank] += 1
             meeting.taken += 1
             if meeting.taken == self.size:
                 del self._rounds[key]
             return meeting.result
-
-
-def _collective_bytes(op: str, nbytes: int, size: int) -> int:
-    """Bytes one peer sends in ``op`` under collective_seconds' algorithms."""
-    if size <= 1:
-        return 0
-    if op == "allreduce" and nbytes < DEFAULT_SMALL_BYTES:
-        return math.ceil(math.log2(size)) * nbytes
-    if op == "allreduce":
-        return 2 * (size - 1) * nbytes // size
-    if op == "allgather":
-        return (size - 1) * nbytes
-    if op == "broadcast":
-        return nbytes
-    return 0

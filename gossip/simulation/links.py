@@ -159,5 +159,27 @@ class Links:
         return sum(self._slowest(ranks, (ranks + (1 << k)) % n, 0) for k in range(steps))
 
 
+    def collective_sends(self, op: str, nbytes: int, rank: int) -> list[tuple[int, int]]:
+        """(destination, bytes) of what ``rank`` sends in collective ``op`` of ``nbytes`` per
+        peer, over the pairs collective_seconds charges: recursive doubling's partners below
+        DEFAULT_SMALL_BYTES, the ring's next rank above (2(n - 1) chunks of nbytes / n), the
+        ring allgather's (n - 1 chunks of nbytes), the binomial broadcast's children;
+        nothing for a barrier (latencies only) or one peer."""
+        n = self.size
+        if n <= 1:
+            return []
+        steps = math.ceil(math.log2(n))
+        if op == "allreduce" and nbytes < DEFAULT_SMALL_BYTES:
+            return [(rank ^ (1 << k), nbytes) for k in range(steps) if rank ^ (1 << k) < n]
+        if op == "allreduce":
+            return [((rank + 1) % n, 2 * (n - 1) * nbytes // n)]
+        if op == "allgather":
+            return [((rank + 1) % n, (n - 1) * nbytes)]
+        if op == "broadcast":
+            return [(rank + (1 << k), nbytes) for k in range(steps)
+                    if rank < (1 << k) and rank + (1 << k) < n]
+        return []
+
+
 def _rate_latency(link: LinkSpec | None) -> tuple[float, float]:
     return (math.inf, 0.0) if link is None else (float(link.rate), float(link.latency))

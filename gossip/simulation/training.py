@@ -170,11 +170,24 @@ class TrainingResult:
     simulated_seconds: float    # the latest peer's clock at the end
     seconds: float              # real time the simulation took
     died: list[int] = field(default_factory=list)   # the ranks that died, ascending
+    #: Bytes sent over each directed link that carried any, (src, dst) -> bytes: messages
+    #: and each collective's algorithm (Links.collective_sends), the dead's included.
+    link_bytes: dict[tuple[int, int], int] = field(default_factory=dict)
+    region: list[int] = field(default_factory=list)  # each peer's region (links.py)
 
     @property
     def accuracy(self) -> float:
         """The peers' own models' mean test accuracy."""
         return float(np.mean([p.accuracy for p in self.peers]))
+
+    def bytes_between_regions(self) -> np.ndarray:
+        """Bytes sent from region a to region b (K x K; 1 x 1 without regions): the load of
+        each WAN link when peers are grouped in regions."""
+        count = max(self.region, default=0) + 1
+        out = np.zeros((count, count), dtype=np.int64)
+        for (a, b), n in self.link_bytes.items():
+            out[self.region[a], self.region[b]] += n
+        return out
 
     def to_dict(self) -> dict[str, Any]:
         spec = asdict(self.spec)
@@ -184,6 +197,10 @@ class TrainingResult:
                 "simulated_seconds": self.simulated_seconds, "seconds": self.seconds,
                 "died": list(self.died),
                 "bytes_per_peer": float(np.mean([p.bytes_sent for p in self.peers])),
+                "bytes_sent": {str(p.rank): p.bytes_sent for p in self.peers},
+                "bytes_per_link": [[a, b, n] for (a, b), n in sorted(
+                    self.link_bytes.items(), key=lambda item: (-item[1], item[0]))],
+                "bytes_between_regions": self.bytes_between_regions().tolist(),
                 "loss": [float(np.mean(col)) for col in zip(*(p.losses for p in self.peers))],
                 "time": [max(col) for col in zip(*(p.clocks for p in self.peers))]}
 
@@ -315,7 +332,8 @@ def simulate_training(spec: TrainingSpec, *, timeout: float = 600.0) -> Training
     data_model = _averaged_accuracy(average, spec)
     return TrainingResult(spec, done, consensus, data_model,
                           max(fabric.clock[p.rank] for p in done), time.perf_counter() - started,
-                          sorted(fabric.dead))
+                          sorted(fabric.dead), dict(fabric.link_bytes),
+                          [int(r) for r in fabric.links.region])
 
 
 _DATA: list[tuple[Any, Any, Any, Any]] = []   # the task's tensors, made once a process

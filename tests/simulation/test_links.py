@@ -129,3 +129,48 @@ def test_a_bad_file_names_the_file_and_what_is_wrong(tmp_path, data, message) ->
 def test_bad_network_settings_name_the_setting(kwargs, message) -> None:
     with pytest.raises(ValueError, match=message):
         TrainingSpec(peers=4, **kwargs)
+
+
+@pytest.mark.parametrize("n", [1, 2, 5, 8, 64])
+@pytest.mark.parametrize("op", ["allreduce", "allgather", "broadcast", "barrier"])
+@pytest.mark.parametrize("nbytes", [1000, 4 * DEFAULT_SMALL_BYTES])
+def test_a_collective_s_sends_are_its_algorithm_s(n: int, op: str, nbytes: int) -> None:
+    """Links.collective_sends: what each rank sends, over the pairs collective_seconds
+    charges. A broadcast reaches every other rank once; the ring sends 2(n - 1)/n of the
+    array (allreduce) or n - 1 arrays (allgather) to the next rank; recursive doubling one
+    array to each partner below n; a barrier sends no bytes."""
+    links = Links.uniform(n, parse_link("1gbit,1ms"))
+    sends = {r: links.collective_sends(op, nbytes, r) for r in range(n)}
+    assert all(0 <= dst < n and dst != r for r, out in sends.items() for dst, _ in out)
+    if n == 1 or op == "barrier":
+        assert all(out == [] for out in sends.values())
+    elif op == "broadcast":
+        received = sorted(dst for out in sends.values() for dst, _ in out)
+        assert received == list(range(1, n))
+    elif op == "allreduce" and nbytes < DEFAULT_SMALL_BYTES:
+        partners = {r: sorted(dst for dst, _ in out) for r, out in sends.items()}
+        assert all(r in partners[dst] for r, out in partners.items() for dst in out)
+        if n & (n - 1) == 0:
+            assert all(len(out) == n.bit_length() - 1 for out in sends.values())
+    else:
+        share = 2 * (n - 1) * nbytes // n if op == "allreduce" else (n - 1) * nbytes
+        assert sends == {r: [((r + 1) % n, share)] for r in range(n)}
+
+
+def test_bytes_are_counted_per_link_and_between_regions() -> None:
+    """Gossip on a ring of 8 in two regions: each ring edge carries a message per step both
+    ways, the links add up to the peers' bytes, and the two WAN edges (3-4, 7-0) carry a
+    quarter of it."""
+    steps = 6
+    result = simulate_training(TrainingSpec(policy="gossip", peers=8, steps=steps,
+                                            regions=2, wan="100mbit,20ms", link="1gbit,1ms"))
+    nbytes = result.peers[0].parameters.nbytes
+    assert result.link_bytes == {(r, (r + d) % 8): steps * nbytes
+                                 for r in range(8) for d in (1, -1)}
+    assert sum(result.link_bytes.values()) == sum(p.bytes_sent for p in result.peers)
+    total = 16 * steps * nbytes
+    assert result.bytes_between_regions().tolist() == [[6 * total // 16, 2 * total // 16],
+                                                       [2 * total // 16, 6 * total // 16]]
+    record = result.to_dict()
+    assert record["bytes_per_link"][0][2] == steps * nbytes and len(record["bytes_per_link"]) == 16
+    json.dumps(record)   # plain numbers: the CLI's --json writes it
