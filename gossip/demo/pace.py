@@ -1,6 +1,6 @@
 """How many steps each peer takes when the peers count their own steps (asynchronous) beside a
-straggler or a death: AD-PSGD's setting, where the group trains a budget of steps and fast workers take
-more of it, all ending together.
+straggler or a death: AD-PSGD's setting, where the group trains a budget of steps and fast
+workers take more of it, all ending together.
 
     share = SpeedShare(peer, records_dir, "asynchronous", slot=1, slots=4, total=356,
                        steps_per_epoch=89)

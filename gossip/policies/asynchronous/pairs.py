@@ -53,10 +53,11 @@ class Pairs:
 
     A peer whose own exchange is under way answers one request per bucket before its
     answer comes, and refuses the others. Refusing them all (as AD-PSGD's locks do) left
-    45% of the requests refused on 4 peers of a 2-core machine, where a round trip lasts
-    about a step: the peers mixed about one step in three. With the one overlap, j busy
-    with k and asked by i: i ends with (x_i + x_j) / 2, k with (x_j + x_k) / 2, and j, its
-    answer applied on top of the pool, with (x_i + x_k) / 2 (w alike): a doubly stochastic
+    45% of the exchanges refused on 4 peers of a 2-core machine, every step starting one
+    and a round trip lasting about a step (8% with the overlap; benchmarks/
+    asynchronous_mixing.py, docs/results.md "Asynchronous mixing"). With the one overlap,
+    j busy with k and asked by i: i ends with (x_i + x_j) / 2, k with (x_j + x_k) / 2, and
+    j, its answer applied on top of the pool, with (x_i + x_k) / 2 (w alike): a doubly stochastic
     mix of the three, the sums exact, and every weight the mean of two positive ones, so no
     w can reach 0 (a second overlap, with l, could: w_j would end at
     (w_i + 2 w_l + 2 w_k - w_j) / 4).
