@@ -186,9 +186,10 @@ class Asynchronous(BackgroundPolicy):
     a step's exchange beside the next step's compute) and None under push; None never
     waits: a step whose exchange is still under way starts none, and on a loaded machine,
     where a round trip lasts several steps, the peers then mix once in several steps
-    (issue #39: 4 peers on 2 cores, one 4x slower, 0.2 exchanges per step; consensus
-    distance 5.5x gossip's where max_staleness=1 gives 3.5x, at 1.07x gossip's speed;
-    benchmarks/asynchronous_mixing.py). While paused (quiesce()) it does not wait.
+    (issue #39, `python benchmarks/asynchronous_mixing.py --repeats 3`, 2026-12-05: 4 peers
+    on 2 cores, one 4x slower; None: 0.19 exchanges per fast step, consensus distance 5.34x
+    gossip's at 2.55x its speed; 1: 1.00 per step, 3.58x at 1.16x). While paused
+    (quiesce()) it does not wait.
 
     Views: joins, a killed peer's restart and leaves are followed, the mass kept exact
     across a join (the module docstring: what is in flight between members settled, the
