@@ -1,13 +1,24 @@
-"""The neighbour exchange on one host without copying the array (issue #18): instead of its
-array, a peer sends each destination a three-word note (its pid, the array's address, the
+"""The neighbour exchange on one host without copying the array (issues #18, #37): instead of
+its array, a peer sends each destination a three-word note (its pid, the array's address, the
 destination's weight), and each destination reads the array straight out of the sender's
-memory (transport/cma.py) into a cache-sized block, adding it into its accumulator. A reader
-then tells the sender it is done (an empty chunk of the call); a sender changes its array
-(the combine) only once every destination is done, and answers each (another empty chunk),
-which tells the reader that what it read was that array, still in the call: a sender that
-failed and returned (its array freed, its memory perhaps reused) never answers, so its
-readers raise its abort instead of keeping what they read. Only the peers of the exchange
-wait for each other, as in the copying exchange.
+memory (transport/cma.py). A reader then tells the sender it is done (an empty chunk of the
+call), and the sender answers each reader (another empty chunk) once every reader of its
+array is done, which tells the reader that what it read was that array, still in the call: a
+sender that failed and returned (its array freed, its memory perhaps reused) never answers,
+so its readers raise its abort. Only the peers of the exchange wait for each other, as in the
+copying exchange.
+
+The round is one pass over memory, in cache-sized blocks: for each block, every source's
+block is read into cache and summed there, this peer's own block added, and the weighted sum
+written once, straight into the array (``x <- w x + sum_j w_j x_j`` needs no second buffer).
+A block may be overwritten only once every reader of this peer's array has read it, so each
+reader marks, in its shared-memory arena's header page (shm_entry.py's read marks), the call
+and how far it has read each source; a peer about to write a block reads its readers' marks,
+waits for them (yielding the CPU, at most WAIT_SECONDS: a reader behind is usually one the
+scheduler has not run), and otherwise writes the block to the scratch buffer and copies it
+over once the round ends. Peers a block apart thus move through their arrays together, and
+none waits on another that is not behind it, so no wait goes round a cycle. If the round
+fails, the array may hold the result in part (with ``out``, it is never written).
 
 The note is the call's first data chunk to each destination, so the pairing check
 (pattern.py) rides on it unchanged. Peers choose this way alike (the exchange decides from
@@ -18,7 +29,8 @@ peer's memory cannot be read; push-sum's rule needs the copying exchange's accou
 from __future__ import annotations
 
 import os
-from typing import Any
+import time
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -26,7 +38,8 @@ from collectives.algorithms.neighbor import combine, refuse
 from collectives.algorithms.p2p import Call, post_range, recv_range, wait_sent
 from collectives.algorithms.pattern import announce, check_pairing, plan_bits
 from collectives.algorithms.shm_direct import BLOCK_BYTES, read_peer
-from collectives.algorithms.shm_entry import count_shared
+from collectives.algorithms.shm_entry import (READ_MARK_SOURCES, SHARED_COUNTERS, SharedEntry,
+                                              count_shared)
 from collectives.arrays.adapter import ArrayAdapter, adapter_for
 from collectives.neighbor_plan import NeighborPlan
 from collectives.transport import cma
@@ -41,12 +54,19 @@ DIRECT_NEIGHBOR_MIN_BYTES = 8 << 20
 #: What the signature carries when the exchange goes this way.
 DIRECT_SIGNATURE = "+direct"
 
+#: How long a peer waits for its readers to be done with a block before it writes the block
+#: to the scratch buffer instead (and copies it over once the round ends).
+WAIT_SECONDS = 0.002
+
 _NOTE_BYTES = 24   # pid, address (int64), weight (float64)
 
 
 def direct_exchange(call: Call, adapter: ArrayAdapter, flat: Any, plan: NeighborPlan, *,
-                    scratch: Any, reader: cma.Reader, out: Any = None) -> dict[int, Exception]:
-    """neighbor_exchange's result (algorithms/neighbor.py), reading the sources' arrays."""
+                    scratch: Any, reader: cma.Reader, entry: SharedEntry | None = None,
+                    out: Any = None) -> dict[int, Exception]:
+    """neighbor_exchange's result (algorithms/neighbor.py), reading the sources' arrays.
+    ``entry``: the communicator's shared-memory entry, whose read marks let a block be
+    written in place (module docstring); None writes every block to ``scratch`` first."""
     src_weights, dst_ranks, dst_weights = plan.src_weights, plan.dst_ranks, plan.dst_weights
     checked = plan.check_pattern
     t = call.transport
@@ -69,38 +89,135 @@ def direct_exchange(call: Call, adapter: ArrayAdapter, flat: Any, plan: Neighbor
     problems = check_pairing(call, peers, src_weights, dst_ranks) if checked else None
     if problems:
         refuse(call, peers, problems, tickets)
-    acc = scratch if out is None else out
-    block = max(1, BLOCK_BYTES // itemsize)
-    buffer = np.empty(min(block, size) * itemsize, np.uint8)
-    first = True
+    sources = []
     for src in sorted(src_weights):
         got = np.empty(k, np.dtype(call.dtype))
         for lo, hi, chunk in recv_range(call, src, adapter_for(got), 0, k):
             got[lo:hi] = chunk
         raw = got.view(np.uint8)
         pid, where = (int(v) for v in raw[:16].view(np.int64))
-        weight = src_weights[src] * float(raw[16:24].view(np.float64)[0])
-        for a in range(0, size, block):
-            b = min(a + block, size)
-            read_peer(reader, call, src, (pid, where), a * itemsize, buffer.ctypes.data,
-                      (b - a) * itemsize)
-            part = adapter.from_frame(buffer[:(b - a) * itemsize], call.frame_dtype, b - a)
-            if first:
-                adapter.scaled_copy(adapter.slice(acc, a, b), weight, part)
-            else:
-                adapter.axpy(adapter.slice(acc, a, b), weight, part)
-        first = False
-        tickets.append(post_range(call, src, adapter, flat, 0, 0))   # "done"
+        sources.append(_Source(src, (pid, where),
+                               src_weights[src] * float(raw[16:24].view(np.float64)[0])))
+    deferred: list[tuple[int, int]] = []
+    if sources:
+        marks = _Marks(entry, call, [s.rank for s in sources],
+                       dst_ranks if out is None else None)
+        deferred = _combine(call, adapter, flat, plan.self_weight, sources, reader, marks,
+                            dest=flat if out is None else out, scratch=scratch)
+    for source in sources:   # done reading it
+        tickets.append(post_range(call, source.rank, adapter, flat, 0, 0))
     for dst in dst_ranks:   # every reader of this peer's array is done with it, and is told
         _empty_chunk(call, dst, adapter)   # its reads were of this array, still in the call
         tickets.append(post_range(call, dst, adapter, flat, 0, 0))
-    for src in sorted(src_weights):   # ... and so was every array read here
-        _empty_chunk(call, src, adapter)
+    for source in sources:   # ... and so was every array read here
+        _empty_chunk(call, source.rank, adapter)
     for ticket in tickets:
         if ticket is not None:
             wait_sent(call, ticket)
-    combine(adapter, flat, plan.self_weight, scratch, out, heard=not first)
+    if not sources:
+        combine(adapter, flat, plan.self_weight, scratch, out, heard=False)
+    for a, b in deferred:   # the blocks a reader had not finished when they were combined
+        adapter.copy(adapter.slice(flat, a, b), adapter.slice(scratch, a, b))
     return {}
+
+
+class _Source(NamedTuple):
+    rank: int
+    where: tuple[int, int]   # its pid, its array's address
+    weight: float            # the plan's weight times its note's (push-sum's share)
+
+
+class _Marks:
+    """A call's read marks (module docstring): this peer marks how far it read each source
+    (a rank below READ_MARK_SOURCES) in its arena; ``readers``: the destinations whose
+    marks say when a block of this peer's array may be overwritten (None: nothing is written
+    in place). Without an entry or shared counters nothing is marked and nothing written in
+    place."""
+
+    def __init__(self, entry: SharedEntry | None, call: Call, sources: list[int],
+                 readers: Any) -> None:
+        me, seq = call.transport.rank, call.seq
+        usable = entry is not None and SHARED_COUNTERS
+        self.seq = seq
+        self.mine = entry.read_marks(me) if usable and entry is not None else None
+        self.sources = [s for s in sources if s < READ_MARK_SOURCES]
+        if self.mine is not None:
+            for s in self.sources:   # nothing read yet, then the call: stores stay in order
+                self.mine[2 * s + 1] = 0
+                self.mine[2 * s] = seq
+        self.readers = None
+        if usable and entry is not None and readers is not None and me < READ_MARK_SOURCES:
+            self.readers = [entry.read_marks(d)[2 * me:2 * me + 2] for d in readers]
+
+    def read(self, source: int, through: int) -> None:
+        """This peer read ``source``'s elements before ``through``."""
+        if self.mine is not None and source < READ_MARK_SOURCES:
+            self.mine[2 * source + 1] = through
+
+    def free(self, through: int) -> bool:
+        """Every reader is done with this peer's elements before ``through`` (it read them in
+        this call, or it is past the call), or will be within WAIT_SECONDS (yielding the CPU
+        meanwhile: a reader behind is usually one the scheduler has not run)."""
+        if self.readers is None:
+            return False
+        deadline = None
+        while not self._free(through):
+            now = time.monotonic()
+            if deadline is None:
+                deadline = now + WAIT_SECONDS
+            elif now > deadline:
+                return False
+            os.sched_yield()
+        return True
+
+    def _free(self, through: int) -> bool:
+        seq = self.seq
+        for words in self.readers or ():
+            s = int(words[0])   # (then the count: loads stay in order)
+            if s < seq or (s == seq and int(words[1]) < through):
+                return False
+        return True
+
+
+def _combine(call: Call, adapter: ArrayAdapter, flat: Any, self_weight: float,
+             sources: list[_Source], reader: cma.Reader, marks: _Marks, *, dest: Any,
+             scratch: Any) -> list[tuple[int, int]]:
+    """``dest`` <- self_weight * flat + the sources' weighted arrays, block by block: each
+    source's block read into cache, summed there and written once; scaled by the first
+    source's weight after the sum (one multiply a block instead of one a source, and
+    none at all where the weights are equal, as on a ring). Where ``dest`` is ``flat``, a
+    block whose readers are not done with it goes to ``scratch``; returns those blocks."""
+    size, itemsize, dtype = adapter.size(flat), call.itemsize, call.frame_dtype
+    block = max(1, BLOCK_BYTES // itemsize)
+    summed = np.empty(min(block, size) * itemsize, np.uint8)
+    buffer = np.empty(summed.size if len(sources) > 1 else 0, np.uint8)
+    first = sources[0]
+    pivot = first.weight if first.weight != 0 else 1.0
+    in_place = dest is flat
+    deferred = []
+    for a in range(0, size, block):
+        b = min(a + block, size)
+        nbytes = (b - a) * itemsize
+        read_peer(reader, call, first.rank, first.where, a * itemsize, summed.ctypes.data,
+                  nbytes)
+        marks.read(first.rank, b)
+        acc = adapter.from_frame(summed[:nbytes], dtype, b - a)
+        if first.weight == 0:
+            adapter.scale(acc, 0.0)
+        for source in sources[1:]:
+            read_peer(reader, call, source.rank, source.where, a * itemsize,
+                      buffer.ctypes.data, nbytes)
+            marks.read(source.rank, b)
+            adapter.axpy(acc, source.weight / pivot,
+                         adapter.from_frame(buffer[:nbytes], dtype, b - a))
+        if self_weight != 0:
+            adapter.axpy(acc, self_weight / pivot, adapter.slice(flat, a, b))
+        into = dest
+        if in_place and not marks.free(b):
+            into = scratch
+            deferred.append((a, b))
+        adapter.scaled_copy(adapter.slice(into, a, b), pivot, acc)
+    return deferred
 
 
 def _empty_chunk(call: Call, src: int, adapter: ArrayAdapter) -> None:

@@ -53,9 +53,9 @@ from collectives.transport.shm_arena import HEADER_BYTES, ArenaViews, ShmArena, 
 from collectives.transport.wait_errors import describe_wait
 
 __all__ = ["SharedEntry", "SLOT_HEADER", "SLOT_WORDS", "SHARED_COUNTERS", "ANNOUNCEMENT_BYTES",
-           "PID", "DIRECT", "STEPS", "WORDS", "SharedBarrier", "shared_barrier",
-           "exchange_arenas", "map_arena", "wait_counters", "check_mailbox", "await_abort",
-           "count_shared"]
+           "PID", "DIRECT", "STEPS", "WORDS", "READ_MARK_SOURCES", "SharedBarrier",
+           "shared_barrier", "exchange_arenas", "map_arena", "wait_counters", "check_mailbox",
+           "await_abort", "count_shared"]
 
 #: Bytes of the slot header at the start of each small arena's data (16 int64 words).
 SLOT_HEADER = 128
@@ -65,11 +65,18 @@ PID, DIRECT, STEPS, WORDS = 3, 4, 5, 6
 SLOT_WORDS = SLOT_HEADER // 8 - WORDS
 #: Where each small arena's header page holds its step counter (a cache line of its own).
 _STEPS_OFFSET = 64
+#: Where it holds its owner's read marks (neighbor_direct.py): per source rank below
+#: READ_MARK_SOURCES, an int64 pair, the sequence number of the neighbour exchange in which the
+#: owner reads that source's array and how many of its elements it has read so far.
+_MARKS_OFFSET = 128
 #: Where it describes its owner's call in words (two int64: the call's CRC, the text's length;
 #: then the text), so a peer whose call differs names it, not its CRC. Rewritten only when the
 #: owner's call differs from its last one: a loop of one call writes it once.
 _CALL_OFFSET = 1024
 _CALL_TEXT_MAX = HEADER_BYTES - _CALL_OFFSET - 16
+#: The sources whose reads a peer marks: ranks 0-55 (the words between the step counter and
+#: the call in words).
+READ_MARK_SOURCES = (_CALL_OFFSET - _MARKS_OFFSET) // 16
 #: (pid, fd, size, counter, address) as int64: an arena's announcement.
 ANNOUNCEMENT_BYTES = 40
 #: How long a wait yields the CPU in a loop before it sleeps, when the peers have a CPU each:
@@ -178,6 +185,13 @@ class SharedEntry:
             return None
         return bytes(page[_CALL_OFFSET + 16:_CALL_OFFSET + 16 + length]).decode(
             "utf-8", "replace")
+
+    def read_marks(self, j: int) -> np.ndarray:
+        """Rank j's read marks (int64 pairs by source rank, READ_MARK_SOURCES of them: the
+        sequence number of the exchange, the elements read; only j writes them). The arenas
+        are mapped by the first entry, which every direct read comes after."""
+        assert self.arenas is not None   # (mapped by ready(), before any call)
+        return self.arenas[j][_MARKS_OFFSET:_CALL_OFFSET].view(np.int64)
 
     def leave(self, call: Call) -> None:
         """Done with ``call`` (or failed in it): the others may reuse what they shared."""
@@ -352,8 +366,8 @@ def _arrivals(call: Call, others: list[int]):
 def wait_counters(call: Call, counters: dict[int, np.ndarray], targets: dict[int, int],
                   what: str) -> None:
     """Return once ``counters[j][0] >= targets[j]`` for every j: yielding the CPU, then
-    sleeping on the first awaited counter (futex.wait, woken as it moves), checking the call's mailboxes every millisecond for what a peer we wait for
-    sent instead (an abort: raised as the transport words it; a chunk: ProtocolError) or its
+    sleeping on the first awaited counter (futex.wait, woken as it moves), checking the call's
+    mailboxes every millisecond for what a peer we wait for sent instead (an abort: raised as the transport words it; a chunk: ProtocolError) or its
     loss (PeerLost), and raising OperationTimeout at the call's deadline."""
     pending = [j for j, target in targets.items() if counters[j][0] < target]
     now = start = time.monotonic()

@@ -79,7 +79,8 @@ def neighbor_allreduce(engine: Engine, x: Any, plan: NeighborPlan, *, scratch: A
         def exchange(call):
             if direct:
                 return direct_exchange(call, adapter, flat, plan, scratch=scratch,
-                                       reader=cma.Reader(), out=out_flat)
+                                       reader=cma.Reader(), entry=engine.on_host.entry,
+                                       out=out_flat)
             return neighbor_exchange(call, adapter, flat, plan, scratch=scratch,
                                      send_buffers=buffers, out=out_flat)
         try:

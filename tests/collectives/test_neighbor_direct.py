@@ -114,3 +114,49 @@ def test_a_source_killed_mid_round_is_an_error_naming_it():
         kind, message = results[r]
         assert kind == "PeerLost", (kind, message)
         assert "rank 2" in message, message
+
+
+def slow_reader(peer, wait_seconds):
+    """A ring round of 64 blocks in which rank 1 reads each block 2 ms late, so its sources
+    (ranks 0 and 2) reach blocks it has not read yet; they wait ``wait_seconds`` for it
+    before writing such a block aside. Returns the result and the blocks written aside."""
+    import time
+    from collectives.algorithms import neighbor_direct
+    _read_directly(peer, True)
+    neighbor_direct.WAIT_SECONDS = wait_seconds
+    combine, aside = neighbor_direct._combine, []
+
+    def counted(*args, **kwargs):
+        blocks = combine(*args, **kwargs)
+        aside.append(len(blocks))
+        return blocks
+    neighbor_direct._combine = counted
+    if peer.rank == 1:
+        read = neighbor_direct.read_peer
+
+        def late(*args, **kwargs):
+            time.sleep(0.002)   # a reader the scheduler runs late
+            return read(*args, **kwargs)
+        neighbor_direct.read_peer = late
+    n, r = peer.world_size, peer.rank
+    x = np.random.default_rng(r).standard_normal(64 * 4096).astype(np.float32)
+    peer.neighbor_allreduce(x, 0.2, {(r - 1) % n: 0.5, (r + 1) % n: 0.3},
+                            [(r - 1) % n, (r + 1) % n])
+    return x, sum(aside)
+
+
+def test_a_block_is_overwritten_only_after_its_readers_read_it():
+    """Whether the writers wait for the late reader or write its blocks aside, every peer
+    gets the round's result (computed here from the peers' inputs), so no peer overwrote a
+    block before its readers had it."""
+    n = 4
+    inputs = [np.random.default_rng(r).standard_normal(64 * 4096).astype(np.float32)
+              for r in range(n)]
+    want = [0.2 * inputs[r] + 0.5 * inputs[(r - 1) % n] + 0.3 * inputs[(r + 1) % n]
+            for r in range(n)]
+    for wait_seconds in (0.0, 5.0):
+        results = spawn(slow_reader, n=n, timeout=120, args=(wait_seconds,))
+        for r, (got, aside) in enumerate(results):
+            assert np.allclose(got, want[r], rtol=1e-5, atol=1e-6), (wait_seconds, r)
+        if wait_seconds == 0.0:   # the late reader's sources wrote blocks aside
+            assert results[0][1] > 0 and results[2][1] > 0, [a for _, a in results]
