@@ -34,6 +34,7 @@ from collectives.algorithms.allgather import exchange_counts, ring_allgather_int
 from collectives.algorithms.broadcast import pipelined_broadcast
 from collectives.algorithms.compressed import CodecStats
 from collectives.algorithms.p2p import Call, wait_sent
+from collectives.algorithms.shm_copies import PeerArrays
 from collectives.algorithms.ring import (counts_digest, ring_reduce_scatter, segments,
                                          segments_of_counts)
 from collectives.arrays.adapter import ArrayAdapter, check_reduce_op
@@ -223,16 +224,29 @@ class Communicator:
         else:
             segs = segments_of_counts(counts, size, n, r, "reduce_scatter")
             signature = f"reduce_scatter({op},counts={counts_digest([b - a for a, b in segs])})"
-        seq = self.engine.next_seq()
+        copies = choice.on_host_copies(self._on_host, self.transport, adapter, dtype,
+                                       size * dtype_itemsize(dtype))
+        seq = self.engine.next_seq("shm" if copies else "")
+        signature += choice.COPIES_SIGNATURE if copies else ""
         shifted = segs[-1:] + segs[:-1]   # the ring leaves peer r with segment r + 1
+        reduce_op = "sum" if op == "mean" else op
+
+        def ring(call: Call) -> None:
+            wait_sent(call, ring_reduce_scatter(call, adapter, flat, reduce_op, segs=shifted,
+                                                divide_by=n if op == "mean" else 0))
+
+        def move(peers: PeerArrays) -> None:
+            lo, hi = segs[r]   # this peer's segment, reduced in place (the others read theirs)
+            peers.reduce(reduce_op, flat, lo, lo, hi, [j for j in range(n) if j != r])
+            if op == "mean":
+                adapter.divide(adapter.slice(flat, lo, hi), n)
 
         def body() -> Array:
             if n > 1:
                 def run(call: Call) -> None:
-                    ticket = ring_reduce_scatter(call, adapter, flat, "sum" if op == "mean"
-                                                 else op, segs=shifted,
-                                                 divide_by=n if op == "mean" else 0)
-                    wait_sent(call, ticket)
+                    if copies is None:
+                        return ring(call)
+                    copies(call, adapter, flat, move, lambda: ring(call))
                 self.engine.execute(seq, signature, dtype, tuple(x.shape), timeout,
                                     self.engine.peers, run)
             lo, hi = segs[r]
@@ -287,8 +301,11 @@ class Communicator:
         elif out is not None:
             raise ValueError(f"rank {self.rank}: allgather(variable=True) returns a list of "
                              "arrays; it takes no out=")
-        seq = self.engine.next_seq()
+        copies = None if variable else choice.on_host_copies(
+            self._on_host, self.transport, adapter, dtype, count * dtype_itemsize(dtype))
+        seq = self.engine.next_seq("shm" if copies else "")
         signature = "allgather(variable)" if variable else "allgather"
+        signature += choice.COPIES_SIGNATURE if copies else ""
         shape = (count,) if variable else tuple(x.shape)
 
         def body() -> Array | list[Array]:
@@ -303,7 +320,18 @@ class Communicator:
                                      (bounds[-1],), call.deadline)
                     ring_allgather_into(data_call, adapter, flat, buf, segs)
                     return [adapter.slice(buf, lo, hi) for lo, hi in segs]
-                ring_allgather_into(call, adapter, flat, out_flat, segments(n * count, n))
+                if copies is None:
+                    ring_allgather_into(call, adapter, flat, out_flat, segments(n * count, n))
+                    return out
+
+                def move(peers: PeerArrays) -> None:
+                    for j in range(n):
+                        if j != self.rank:
+                            peers.copy(j, 0, out_flat, j * count, (j + 1) * count)
+                    r = self.rank
+                    adapter.copy(adapter.slice(out_flat, r * count, (r + 1) * count), flat)
+                copies(call, adapter, flat, move, lambda: ring_allgather_into(
+                    call, adapter, flat, out_flat, segments(n * count, n)))
                 return out
             if n == 1:
                 result = run(self.engine.call(seq, signature, dtype, shape,
@@ -340,14 +368,24 @@ class Communicator:
         if nccl is not None:
             nccl.broadcast(flat, adapter.size(flat), dtype, root)
             return self.engine.done(x, f"broadcast(root={root},nccl)", wait, stage)
-        seq = self.engine.next_seq()
-        signature = f"broadcast(root={root})"
+        count = adapter.size(flat)
+        copies = choice.on_host_copies(self._on_host, self.transport, adapter, dtype,
+                                       count * dtype_itemsize(dtype))
+        seq = self.engine.next_seq("shm" if copies else "")
+        signature = f"broadcast(root={root})" + (choice.COPIES_SIGNATURE if copies else "")
+        mine = self.rank == root
+
+        def run(call: Call) -> None:
+            if copies is None:
+                return pipelined_broadcast(call, adapter, flat, root)
+            copies(call, adapter, flat if mine else None,
+                   lambda peers: None if mine else peers.copy(root, 0, flat, 0, count),
+                   lambda: pipelined_broadcast(call, adapter, flat, root))
 
         def body() -> Array:
             if self.world_size > 1:
                 self.engine.execute(seq, signature, dtype, tuple(x.shape), timeout,
-                                    self.engine.peers,
-                                    lambda call: pipelined_broadcast(call, adapter, flat, root))
+                                    self.engine.peers, run)
             adapter.synchronize()
             return x
         return self.engine.launch(f"{signature} seq {seq}", body, wait, stage)

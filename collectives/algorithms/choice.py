@@ -13,6 +13,7 @@ from collectives.algorithms.order import SequenceOrder
 from collectives.algorithms.ring import ring_allreduce
 from collectives.algorithms.shm_allreduce import (SHM_MIN_BYTES, OnHostAllreduce, on_host,
                                               shared_memory_peers)
+from collectives.algorithms.shm_copies import OnHostCopies
 from collectives.algorithms.shm_entry import (ANNOUNCEMENT_BYTES, SHARED_COUNTERS, SharedEntry,
                                               shared_barrier)
 from collectives.algorithms.shm_small import SMALL_SHM_BYTES, OnHostSmall
@@ -20,12 +21,16 @@ from collectives.algorithms.small import recursive_doubling_allreduce
 from collectives.neighbor_plan import NeighborPlan
 
 __all__ = ["allreduce_algorithm", "barrier_algorithm", "neighbors_read_directly",
-           "ALLREDUCE_ALGORITHMS", "BARRIER_SHAPE", "OnHost"]
+           "on_host_copies", "ALLREDUCE_ALGORITHMS", "BARRIER_SHAPE", "COPIES_SIGNATURE",
+           "OnHost"]
 
 ALLREDUCE_ALGORITHMS = ("ring", "recursive-doubling", "shm", "shm-small", "hierarchical")
 #: A barrier's call: uint8 of this shape, room for the shared-memory arenas' announcement
 #: when a shared-memory barrier is the first such call (shm_entry.exchange_arenas).
 BARRIER_SHAPE = (ANNOUNCEMENT_BYTES,)
+#: What the signature of a broadcast, allgather, alltoall, gather, scatter or reduce_scatter
+#: carries when it runs as on-host copies (shm_copies.py).
+COPIES_SIGNATURE = "+shm"
 
 
 class OnHost:
@@ -42,6 +47,7 @@ class OnHost:
         self.large = OnHostAllreduce(rank, self.entry, self.order)
         self.small = OnHostSmall(self.entry, self.order)
         self.barrier = shared_barrier(self.entry, self.order)
+        self.copies = OnHostCopies(self.entry, self.order)
 
     def reserve(self, seq: int, algorithm: str) -> None:
         if algorithm in ("shm", "shm-small"):
@@ -60,6 +66,19 @@ def barrier_algorithm(shm: OnHost, transport: Any) -> tuple[str, Callable]:
     if SHARED_COUNTERS and others and others <= shared_memory_peers(transport):
         return "shm", shm.barrier
     return "dissemination", dissemination_barrier
+
+
+def on_host_copies(shm: OnHost, transport: Any, adapter: Any, dtype: str,
+                   nbytes: int) -> OnHostCopies | None:
+    """The on-host copies (shm_copies.py) a broadcast, allgather, alltoall, gather, scatter
+    or reduce_scatter of ``nbytes`` per peer runs as, or None for its ZeroMQ algorithm: with
+    shared counters (x86-64), every other peer on this host with shared memory and the array
+    in host memory, of a numpy dtype, holding an announcement (on_host). The same answer on
+    every peer of one call; the caller reserves its turn (``next_seq("shm")``) and adds
+    COPIES_SIGNATURE to its signature."""
+    if SHARED_COUNTERS and on_host(transport, adapter, dtype, nbytes):
+        return shm.copies
+    return None
 
 
 def allreduce_algorithm(name: str, dtype: str, nbytes: int, small_bytes: int,

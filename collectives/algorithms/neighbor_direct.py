@@ -37,7 +37,8 @@ import numpy as np
 from collectives.algorithms.neighbor import combine, refuse
 from collectives.algorithms.p2p import Call, post_range, recv_range, wait_sent
 from collectives.algorithms.pattern import announce, check_pairing, plan_bits
-from collectives.algorithms.shm_direct import BLOCK_BYTES, read_peer
+from collectives.algorithms import shm_direct
+from collectives.algorithms.shm_direct import read_peer
 from collectives.algorithms.shm_entry import (READ_MARK_SOURCES, SHARED_COUNTERS, SharedEntry,
                                               count_shared)
 from collectives.arrays.adapter import ArrayAdapter, adapter_for
@@ -188,7 +189,7 @@ def _combine(call: Call, adapter: ArrayAdapter, flat: Any, self_weight: float,
     none at all where the weights are equal, as on a ring). Where ``dest`` is ``flat``, a
     block whose readers are not done with it goes to ``scratch``; returns those blocks."""
     size, itemsize, dtype = adapter.size(flat), call.itemsize, call.frame_dtype
-    block = max(1, BLOCK_BYTES // itemsize)
+    block = max(1, shm_direct.BLOCK_BYTES // itemsize)   # (read as called: tests shrink it)
     summed = np.empty(min(block, size) * itemsize, np.uint8)
     buffer = np.empty(summed.size if len(sources) > 1 else 0, np.uint8)
     first = sources[0]

@@ -85,14 +85,17 @@ class DirectReads:
 def read_peer(reader: cma.Reader, call: Call, j: int, where: tuple[int, int], offset: int,
               into: int, nbytes: int) -> None:
     """``nbytes`` at ``offset`` of rank j's array, at ``where`` (its pid, the array's
-    address), to address ``into`` here; PeerLost if j is gone, its abort if it gave up
-    on the call, else ProtocolError."""
+    address), to address ``into`` here; its abort if it gave up on the call (whether or not
+    its process still runs), else PeerLost if j is gone, else ProtocolError."""
     pid, address = where
     try:
         reader.read(pid, address + offset, into, nbytes)
     except OSError as exc:
         r, what = call.transport.rank, call.describe()
         if exc.errno == errno.ESRCH:
+            # It may have ended after failing the call for another peer's loss: its abort,
+            # sent before it returned, names that one.
+            await_abort(call, j, grace=0.2)
             raise PeerLost(f"rank {r}: {what}: rank {j} (process {pid}) ended while its "
                            "array was being read", rank=j, operation=what) from None
         # Its array is gone while it is alive: it gave up on the call (a lost peer, a

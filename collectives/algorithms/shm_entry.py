@@ -367,8 +367,9 @@ def wait_counters(call: Call, counters: dict[int, np.ndarray], targets: dict[int
                   what: str) -> None:
     """Return once ``counters[j][0] >= targets[j]`` for every j: yielding the CPU, then
     sleeping on the first awaited counter (futex.wait, woken as it moves), checking the call's
-    mailboxes every millisecond for what a peer we wait for sent instead (an abort: raised as the transport words it; a chunk: ProtocolError) or its
-    loss (PeerLost), and raising OperationTimeout at the call's deadline."""
+    mailboxes every millisecond for what a peer we wait for sent instead (an abort: raised
+    as the transport words it; a chunk: ProtocolError) or its loss (PeerLost), and raising
+    OperationTimeout at the call's deadline."""
     pending = [j for j, target in targets.items() if counters[j][0] < target]
     now = start = time.monotonic()
     crowded = call.transport.world_size > _CPUS

@@ -11,6 +11,11 @@ semantics, equal sizes).
 - ``alltoall``: block j of each peer's ``x`` goes to peer j, all sends posted first so every
   link is busy at once; peer r's ``out`` holds block r of every peer, in rank order.
 
+Among peers on one host (choice.on_host_copies) each of them reads what it needs straight
+from the others' arrays instead (algorithms/shm_copies.py): reduce's segments are reduced by
+their peers out of every array and read by the root; gather's root reads every array, a
+scatter's peers read their parts of the root's, alltoall's their blocks of every peer's.
+
 Non-contiguous arrays go through contiguous stand-ins (staging.py). Every peer must make the
 same call (root, op, dtype, sizes): each message's header is
 checked against the receiver's call, so a mismatch is a ProtocolError naming both calls on
@@ -23,12 +28,15 @@ from typing import Any
 import numpy as np
 
 from collectives.algorithms.allgather import direct_allgather
+from collectives.algorithms.choice import COPIES_SIGNATURE, on_host_copies
 from collectives.algorithms.p2p import Call, post_range, recv_range, wait_sent
 from collectives.algorithms.ring import ring_reduce_scatter, segments, segments_of_counts
+from collectives.algorithms.shm_copies import OnHostCopies, PeerArrays
 from collectives.arrays.adapter import adapter_for, check_reduce_op
 from collectives.engine import Engine
 from collectives.errors import ProtocolError
 from collectives.staging import Staging
+from collectives.transport.wire import dtype_itemsize
 
 __all__ = ["reduce", "gather", "scatter", "alltoall"]
 
@@ -43,10 +51,29 @@ def reduce(engine: Engine, x: Any, root: int, op: str, wait: bool, timeout: floa
     count = adapter.size(flat)
     segs = segments(count, n)
     shifted = segs[-1:] + segs[:-1]   # the ring leaves peer r with segment r + 1: rotated
-    seq = engine.next_seq()
-    signature = f"reduce({op},root={root})"
+    copies = _copies(engine, adapter, dtype, count)
+    seq = engine.next_seq("shm" if copies else "")
+    signature = f"reduce({op},root={root})" + _suffix(copies)
+    reduce_op = "sum" if op == "mean" else op
+    lo, hi = segs[r]
+    # On one host every peer reduces its segment of the arrays, the root's in place (the
+    # others read other segments of its x), the others' in a buffer the root then reads.
+    kept = None if r == root or copies is None else adapter.empty(hi - lo, dtype, flat)
 
-    def run(call: Call) -> None:
+    def move(peers: PeerArrays) -> None:
+        others = [j for j in range(n) if j != r]
+        into, at = (flat, lo) if kept is None else (kept, 0)
+        if kept is not None:
+            adapter.copy(kept, adapter.slice(flat, lo, hi))
+        peers.reduce(reduce_op, into, at, lo, hi, others)
+        if op == "mean":
+            adapter.divide(adapter.slice(into, at, at + hi - lo), n)
+        peers.barrier()   # every segment is reduced: no one reads the arrays any more
+        if r == root:
+            for j in others:
+                peers.copy(j, 0, flat, *segs[j], kept=True)
+
+    def messages(call: Call) -> None:
         if n == 1:
             return
         buf = flat if r == root else adapter.empty(count, dtype, flat)
@@ -62,7 +89,8 @@ def reduce(engine: Engine, x: Any, root: int, op: str, wait: bool, timeout: floa
                 for a, b, chunk in recv_range(call, src, adapter, *segs[src]):
                     adapter.copy(adapter.slice(flat, a, b), chunk)
 
-    return _start(engine, seq, signature, dtype, (count,), timeout, run, result=x,
+    return _start(engine, seq, signature, dtype, (count,), timeout,
+                  _run(copies, adapter, flat, move, messages, kept), result=x,
                   adapter=adapter, wait=wait, stage=stage)
 
 
@@ -80,9 +108,10 @@ def gather(engine: Engine, x: Any, root: int, out: Any, wait: bool,
             out = adapter.empty(n * count, dtype, flat).reshape((n,) + tuple(x.shape))
         out_flat = engine.out_like(adapter, dtype, n * count, out, "gather",
                                    f"{count} elements from {n} peers", stage)
-    seq = engine.next_seq()
+    copies = _copies(engine, adapter, dtype, count)
+    seq = engine.next_seq("shm" if copies else "")
 
-    def run(call: Call) -> None:
+    def messages(call: Call) -> None:
         if r != root:
             wait_sent(call, post_range(call, root, adapter, flat, 0, count, track=True))
             return
@@ -93,7 +122,15 @@ def gather(engine: Engine, x: Any, root: int, out: Any, wait: bool,
                     adapter.copy(adapter.slice(out_flat, src * count + a, src * count + b),
                                  chunk)
 
-    return _start(engine, seq, f"gather(root={root})", dtype, (count,), timeout, run,
+    def move(peers: PeerArrays) -> None:
+        if r == root:
+            for src in range(n):
+                if src != root:
+                    peers.copy(src, 0, out_flat, src * count, (src + 1) * count)
+            adapter.copy(adapter.slice(out_flat, r * count, (r + 1) * count), flat)
+
+    return _start(engine, seq, f"gather(root={root})" + _suffix(copies), dtype, (count,),
+                  timeout, _run(copies, adapter, flat, move, messages),
                   result=out if r == root else None, adapter=adapter, wait=wait, stage=stage)
 
 
@@ -114,9 +151,10 @@ def scatter(engine: Engine, x: Any, root: int, out: Any, wait: bool,
         if x_dtype != dtype or adapter.size(flat) != n * count:
             raise ValueError(f"rank {r}: scatter from {x_dtype} of {adapter.size(flat)} "
                              f"elements into {n} parts of {count} {dtype} (out)")
-    seq = engine.next_seq()
+    copies = _copies(engine, adapter, dtype, count)
+    seq = engine.next_seq("shm" if copies else "")
 
-    def run(call: Call) -> None:
+    def messages(call: Call) -> None:
         if r != root:
             for a, b, chunk in recv_range(call, root, adapter, 0, count):
                 adapter.copy(adapter.slice(out_flat, a, b), chunk)
@@ -128,7 +166,14 @@ def scatter(engine: Engine, x: Any, root: int, out: Any, wait: bool,
         for ticket in tickets:
             wait_sent(call, ticket)
 
-    return _start(engine, seq, f"scatter(root={root})", dtype, (count,), timeout, run,
+    def move(peers: PeerArrays) -> None:
+        if r != root:
+            peers.copy(root, r * count, out_flat, 0, count)
+        else:
+            adapter.copy(out_flat, adapter.slice(flat, r * count, (r + 1) * count))
+
+    return _start(engine, seq, f"scatter(root={root})" + _suffix(copies), dtype, (count,),
+                  timeout, _run(copies, adapter, flat if r == root else None, move, messages),
                   result=out, adapter=adapter, wait=wait, stage=stage)
 
 
@@ -213,12 +258,19 @@ def _alltoall_equal(engine: Engine, x: Any, out: Any, wait: bool, timeout: float
     out_flat = engine.out_like(adapter, dtype, total, out, "alltoall", f"{total} elements",
                                stage)
     count = total // n
-    seq = engine.next_seq()
+    copies = _copies(engine, adapter, dtype, count)
+    seq = engine.next_seq("shm" if copies else "")
 
     def block(a: Any, j: int) -> Any:
         return adapter.slice(a, j * count, (j + 1) * count)
 
-    def run(call: Call) -> None:
+    def move(peers: PeerArrays) -> None:
+        for src in range(n):
+            if src != r:
+                peers.copy(src, r * count, out_flat, src * count, (src + 1) * count)
+        adapter.copy(block(out_flat, r), block(flat, r))
+
+    def messages(call: Call) -> None:
         tickets = [post_range(call, (r + k) % n, adapter, block(flat, (r + k) % n), 0, count,
                               track=True) for k in range(1, n)]
         adapter.copy(block(out_flat, r), block(flat, r))
@@ -229,8 +281,9 @@ def _alltoall_equal(engine: Engine, x: Any, out: Any, wait: bool, timeout: float
         for ticket in tickets:
             wait_sent(call, ticket)
 
-    return _start(engine, seq, "alltoall", dtype, (count,), timeout, run, result=out,
-                  adapter=adapter, wait=wait, stage=stage)
+    return _start(engine, seq, "alltoall" + _suffix(copies), dtype, (count,), timeout,
+                  _run(copies, adapter, flat, move, messages), result=out, adapter=adapter,
+                  wait=wait, stage=stage)
 
 
 def _sizes(segs: list[tuple[int, int]]) -> list[int]:
@@ -279,6 +332,28 @@ def _start(engine: Engine, seq: int, signature: str, dtype: str, shape: tuple,
         adapter.synchronize()
         return result
     return engine.launch(f"{signature} seq {seq}", body, wait, stage)
+
+
+def _copies(engine: Engine, adapter: Any, dtype: str, count: int) -> OnHostCopies | None:
+    """The on-host copies a call of ``count`` elements per peer runs as (choice.py), or None."""
+    return on_host_copies(engine.on_host, engine.transport, adapter, dtype,
+                          count * dtype_itemsize(dtype))
+
+
+def _suffix(copies: OnHostCopies | None) -> str:
+    return COPIES_SIGNATURE if copies is not None else ""
+
+
+def _run(copies: OnHostCopies | None, adapter: Any, read: Any, move: Any, messages: Any,
+         kept: Any = None) -> Any:
+    """The call's body: ``move`` as on-host copies of ``read`` (and ``kept``: shm_copies.py),
+    else (and where some peer cannot read the others) ``messages``, its ZeroMQ algorithm."""
+    if copies is None:
+        return messages
+
+    def run(call: Call) -> None:
+        copies(call, adapter, read, move, lambda: messages(call), kept)
+    return run
 
 
 def _check_root(engine: Engine, root: int) -> None:

@@ -1,0 +1,157 @@
+"""Broadcast, allgather, alltoall, gather, scatter, reduce and reduce_scatter among peers on
+one host, each peer reading what it needs from the others' arrays
+(collectives/algorithms/shm_copies.py, issue #37): real peer processes. Every op gives what
+numpy computes from the peers' inputs, for several dtypes and sizes (one element, under a
+block, many blocks), over the direct reads and over the ZeroMQ algorithms they fall back to
+where a peer cannot read the others; peers that make different calls all raise before anyone
+reads; a peer killed during a call is an error naming it on the others, not a hang."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import gossip
+from gossip.testing import spawn
+
+SIZES = (1, 10, 70_001)   # elements per peer: under an announcement, one block, 18 blocks
+
+
+def _inputs(rank: int, count: int, dtype: str) -> np.ndarray:
+    rng = np.random.default_rng(1000 * rank + count)
+    if dtype.startswith("int"):
+        return rng.integers(-1000, 1000, count).astype(dtype)
+    return rng.standard_normal(count).astype(dtype)
+
+
+def _small_blocks(direct: bool) -> list:
+    """Reads in blocks of 16 KiB; ``direct`` False: this peer cannot read the others (so
+    none does). Returns the list the on-host calls are counted in."""
+    from collectives.algorithms import shm_copies, shm_direct, shm_entry
+    shm_copies.BLOCK_BYTES = shm_direct.BLOCK_BYTES = 16 << 10
+    shm_entry.SharedEntry.direct_reads = direct
+    calls: list = []
+    real = shm_copies.OnHostCopies.__call__
+
+    def counted(self, *args, **kwargs):
+        calls.append(1)
+        return real(self, *args, **kwargs)
+    shm_copies.OnHostCopies.__call__ = counted
+    return calls
+
+
+def every_op(peer, direct):
+    calls = _small_blocks(direct)
+    n, r = peer.world_size, peer.rank
+    out = {}
+    for dtype in ("float32", "float64", "int32"):
+        for count in SIZES:
+            x = _inputs(r, count, dtype)
+            key = f"{dtype}/{count}"
+            b = x.copy()
+            peer.broadcast(b, root=n - 1)
+            out["broadcast " + key] = b
+            out["allgather " + key] = peer.allgather(x)
+            whole = np.concatenate([x] * n) + r
+            out["alltoall " + key] = peer.alltoall(whole)
+            out["gather " + key] = peer.gather(x, root=1)
+            part = np.empty(count, dtype)
+            peer.scatter(np.concatenate([x + j for j in range(n)]) if r == 0 else None,
+                         root=0, out=part)
+            out["scatter " + key] = part
+            for op in ("sum", "max") + (("mean",) if dtype != "int32" else ()):
+                y = np.concatenate([x] * n)
+                out[f"reduce_scatter {op} " + key] = peer.reduce_scatter(y, op).copy()
+                z = np.concatenate([x] * n)
+                peer.reduce(z, root=n - 1, op=op)
+                out[f"reduce {op} " + key] = z
+    import torch
+    t = torch.arange(1000, dtype=torch.float32) + r
+    out["torch allgather"] = peer.allgather(t).numpy()
+    return out, len(calls), peer.communicator._on_host.entry.direct
+
+
+def _expected(n: int) -> dict:
+    want = {}
+    for dtype in ("float32", "float64", "int32"):
+        for count in SIZES:
+            xs = [_inputs(j, count, dtype) for j in range(n)]
+            key = f"{dtype}/{count}"
+            for r in range(n):
+                want[r, "broadcast " + key] = xs[n - 1]
+                want[r, "allgather " + key] = np.stack(xs)
+                want[r, "alltoall " + key] = np.concatenate([xs[j] + j for j in range(n)])
+                want[r, "gather " + key] = np.stack(xs) if r == 1 else None
+                want[r, "scatter " + key] = xs[0] + r
+                stacked = np.stack([np.concatenate([xs[j]] * n) for j in range(n)])
+                for op, f in (("sum", np.sum), ("max", np.max), ("mean", np.mean)):
+                    if op == "mean" and dtype == "int32":
+                        continue
+                    whole = f(stacked, axis=0).astype(dtype)
+                    want[r, f"reduce_scatter {op} " + key] = whole[count * r:count * (r + 1)]
+                    # the root's x holds the result, the others' x is left as it was
+                    want[r, f"reduce {op} " + key] = whole if r == n - 1 else stacked[r]
+    return want
+
+
+@pytest.mark.parametrize("n", [2, 4])
+@pytest.mark.parametrize("direct", [True, False], ids=["direct", "zeromq"])
+def test_every_op_gives_what_numpy_computes(n, direct):
+    results = spawn(every_op, n=n, timeout=180, args=(direct,))
+    want = _expected(n)
+    for r, (got, calls, entered_direct) in enumerate(results):
+        # Every op of 10 elements and more went through the entry (3 dtypes x 2 sizes x 11
+        # calls, one reduce_scatter and one reduce fewer for int32), plus the torch allgather.
+        assert calls == 2 * (11 + 11 + 9) + 1, calls
+        assert entered_direct is direct
+        for key, value in got.items():
+            if key == "torch allgather":
+                assert np.array_equal(value, np.stack([np.arange(1000) + j for j in range(n)]))
+                continue
+            expected = want[r, key]
+            if expected is None:
+                assert value is None, key
+            elif key.startswith("reduce") and not key.split()[-1].startswith("int"):
+                assert np.allclose(value, expected, rtol=1e-5, atol=1e-5), (r, key)
+            else:
+                assert np.array_equal(value, expected), (r, key)
+
+
+def different_roots(peer):
+    x = np.zeros(1000, np.float32)
+    try:
+        peer.broadcast(x, root=peer.rank % 2)
+    except gossip.ProtocolError as exc:
+        return str(exc)
+    return "no error"
+
+
+def test_peers_that_name_different_roots_all_raise_before_reading():
+    for message in spawn(different_roots, n=3, timeout=60, peer_timeout=20):
+        assert "broadcast(root=0)" in message and "broadcast(root=1)" in message, message
+
+
+def killed_during_allgather(peer):
+    """Rank 2 SIGKILLs itself while the others read its 64 MiB in blocks of 16 KiB."""
+    import os
+    import signal
+    import threading
+    _small_blocks(True)
+    x = np.ones(16 << 20, np.float32)
+    peer.barrier()
+    if peer.rank == 2:
+        threading.Timer(0.01, lambda: os.kill(os.getpid(), signal.SIGKILL)).start()
+    try:
+        for _ in range(20):
+            peer.allgather(x)
+    except (gossip.PeerLost, gossip.OperationTimeout) as exc:
+        return type(exc).__name__, str(exc)
+    return "ok", ""
+
+
+def test_a_peer_killed_during_the_copies_is_an_error_naming_it():
+    results = spawn(killed_during_allgather, n=4, timeout=90, peer_timeout=15, tolerate=(2,))
+    assert results[2] is None
+    for r in (0, 1, 3):
+        kind, message = results[r]
+        assert kind == "PeerLost", (kind, message)
+        assert "rank 2" in message, message
