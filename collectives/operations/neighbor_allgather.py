@@ -10,9 +10,19 @@ pair (j in my sources iff I am in j's destinations) is a ValueError on the peers
 naming both ranks; a dtype or trailing shape that differs is a ProtocolError naming both
 calls (they are part of the signature); a data message of another size than its count
 announced is a ProtocolError too.
+
+On one host, from READ_MIN_BYTES, a sender offers its array to be read instead (its count
+message then also carries its pid and the array's address, and no data follows): the
+destination reads it straight out of the sender's memory (transport/cma.py) into its output,
+tells the sender it is done, and keeps what it read once the sender answers that every
+reader is done (as algorithms/neighbor_direct.py's readers do), so no sender returns while
+its array is read, and a sender that failed is an error, never a silent read of freed
+memory. Each sender chooses for itself, its count message says which, so peers whose arrays
+differ in size need not agree.
 """
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import numpy as np
@@ -20,12 +30,52 @@ import numpy as np
 from collectives.algorithms.neighbor import refuse
 from collectives.algorithms.p2p import Call, post_range, recv_range, wait_reached, wait_sent
 from collectives.algorithms.pattern import announce, check_pairing, plan_bits
+from collectives.algorithms.shm_allreduce import on_host
+from collectives.algorithms.shm_direct import read_peer
+from collectives.algorithms.shm_entry import count_shared
 from collectives.arrays.adapter import adapter_for
 from collectives.engine import Engine
 from collectives.errors import ProtocolError
 from collectives.staging import Staging
+from collectives.transport import cma
+from collectives.transport.wire import dtype_itemsize
 
-__all__ = ["neighbor_allgather"]
+__all__ = ["neighbor_allgather", "READ_MIN_BYTES"]
+
+#: The smallest array a sender on this host offers to be read rather than sent (below, the
+#: two messages more of a read cost more than the copies they save).
+READ_MIN_BYTES = 1 << 20
+#: The count message's elements (int64): count, pid, address.
+_NOTE = 3
+
+
+def _offers_reads(engine: Engine, adapter: Any, dtype: str, count: int, dsts: list[int]) -> bool:
+    """Whether this peer offers its array to be read by its destinations: from
+    READ_MIN_BYTES, every destination on this host with shared memory, an array in host
+    memory numpy reads, and every peer able to read every other's memory, as the last
+    shared-memory entry said (before any, never)."""
+    nbytes = count * dtype_itemsize(dtype)
+    return (nbytes >= READ_MIN_BYTES and engine.on_host.entry.direct is True
+            and on_host(engine.transport, adapter, dtype, nbytes, dsts))
+
+
+def _read(call: Call, src: int, where: tuple[int, int], adapter: Any, out: Any, at: int,
+          count: int) -> None:
+    """``count`` elements of rank src's array, at ``where``, into ``out[at:]``."""
+    reader, size = cma.Reader(), dtype_itemsize(call.dtype)
+    into = np.frombuffer(adapter.send_buffer(out, at, at + count), np.uint8).ctypes.data \
+        if count else 0
+    for offset in range(0, count * size, _READ_BYTES):
+        read_peer(reader, call, src, where, offset, into + offset,
+                  min(_READ_BYTES, count * size - offset))
+
+
+def _empty_chunk(call: Call, peer: int, adapter: Any) -> None:
+    for _ in recv_range(call, peer, adapter, 0, 0):
+        pass
+
+
+_READ_BYTES = 4 << 20   # per process_vm_readv (faster than one read of a large array)
 
 
 def neighbor_allgather(engine: Engine, x: Any, src_ranks, dst_ranks, wait: bool,
@@ -47,11 +97,16 @@ def neighbor_allgather(engine: Engine, x: Any, src_ranks, dst_ranks, wait: bool,
     # The dtype and trailing shape are in the signature: peers that differ in either meet
     # a call of another signature (ProtocolError naming both) at the count message.
     signature = f"neighbor_allgather({dtype}{list(rest)})"
+    offer = bool(dsts) and _offers_reads(engine, adapter, dtype, count, dsts)
     seq = engine.next_seq()
     result = [None]
 
     def run(call: Call) -> None:
-        mine = np.array([count], dtype=np.int64)
+        # The count message: the count, and where a destination may read the array (pid and
+        # address; 0 and 0 when the data follows instead).
+        address = np.frombuffer(adapter.send_buffer(flat, 0, 1), np.uint8).ctypes.data \
+            if offer else 0
+        mine = np.array([count, os.getpid() if offer else 0, address], dtype=np.int64)
         np_adapter = adapter_for(mine)
         data = Call(call.transport, call.channel, call.seq, signature + "[data]", dtype,
                     (count,), call.deadline)
@@ -59,30 +114,48 @@ def neighbor_allgather(engine: Engine, x: Any, src_ranks, dst_ranks, wait: bool,
         tickets = []
         for dst in dsts:
             # The count carries the plan; the data follows on the same pipe, in order.
-            tickets.append(post_range(call, dst, np_adapter, mine, 0, 1, track=True,
+            tickets.append(post_range(call, dst, np_adapter, mine, 0, _NOTE, track=True,
                                       plan=plan_bits(dst, srcs, dsts)))
-            tickets.append(post_range(data, dst, adapter, flat, 0, count, track=True))
+            if offer:
+                count_shared(call.transport, dst, count * call.itemsize)
+            else:
+                tickets.append(post_range(data, dst, adapter, flat, 0, count, track=True))
         problems = check_pairing(call, peers, srcs, dsts)
         if problems:
             refuse(call, peers, problems, tickets)
-        counts = {}
+        counts, where = {}, {}
         for src in srcs:
-            for _, _, chunk in recv_range(call, src, np_adapter, 0, 1):
-                counts[src] = int(chunk[0])
+            note = np.empty(_NOTE, np.int64)
+            for lo, hi, chunk in recv_range(call, src, np_adapter, 0, _NOTE):
+                note[lo:hi] = chunk
+            counts[src] = int(note[0])
+            if note[1]:
+                where[src] = (int(note[1]), int(note[2]))
             if counts[src] % row:   # its own x is whole rows: only a broken sender
                 raise ProtocolError(f"rank {r}: {call.describe()}: rank {src} announced "
                                     f"{counts[src]} elements, not whole rows of {list(rest)}")
         total = sum(counts.values())
         out = adapter.empty(total, dtype, flat)
         at = 0
+        theirs = {src: Call(call.transport, call.channel, call.seq, signature + "[data]", dtype,
+                            (counts[src],), call.deadline) for src in srcs}
         for src in srcs:
-            theirs = Call(call.transport, call.channel, call.seq, signature + "[data]", dtype,
-                          (counts[src],), call.deadline)
-            for a, b, chunk in recv_range(theirs, src, adapter, 0, counts[src]):
-                adapter.copy(adapter.slice(out, at + a, at + b), chunk)
+            if src in where:
+                _read(call, src, where[src], adapter, out, at, counts[src])
+                tickets.append(post_range(theirs[src], src, adapter, flat, 0, 0))   # done
+            else:
+                for a, b, chunk in recv_range(theirs[src], src, adapter, 0, counts[src]):
+                    adapter.copy(adapter.slice(out, at + a, at + b), chunk)
             at += counts[src]
+        if offer:   # every reader is done with this peer's array, and is told so: what it
+            for dst in dsts:   # read was this array, still in the call
+                _empty_chunk(data, dst, adapter)
+                tickets.append(post_range(data, dst, adapter, flat, 0, 0))
+        for src in where:
+            _empty_chunk(theirs[src], src, adapter)
         for ticket in tickets:
-            wait_sent(call, ticket)
+            if ticket is not None:
+                wait_sent(call, ticket)
         for dst in dsts:
             if dst not in srcs:   # nothing else notices a destination that died unreached
                 wait_reached(call, dst)
@@ -91,7 +164,8 @@ def neighbor_allgather(engine: Engine, x: Any, src_ranks, dst_ranks, wait: bool,
     def body() -> Any:
         # Even with no neighbours the call begins: a peer that names this one is answered
         # "not involved" (transport/activity.py) instead of waiting out its timeout.
-        engine.execute(seq, signature, "int64", (1,), timeout, peers, run, neighbours=True)
+        engine.execute(seq, signature, "int64", (_NOTE,), timeout, peers, run,
+                       neighbours=True)
         adapter.synchronize()
         return result[0]
     return engine.launch(f"{signature} seq {seq}", body, wait)

@@ -160,3 +160,40 @@ def test_a_block_is_overwritten_only_after_its_readers_read_it():
             assert np.allclose(got, want[r], rtol=1e-5, atol=1e-6), (wait_seconds, r)
         if wait_seconds == 0.0:   # the late reader's sources wrote blocks aside
             assert results[0][1] > 0 and results[2][1] > 0, [a for _, a in results]
+
+
+def gathered(peer, read):
+    """neighbor_allgather on a ring with arrays of another size on every peer; ``read``:
+    the peers with 4 KiB or more (all but rank 0) offer theirs to be read."""
+    from collectives.operations import neighbor_allgather
+    neighbor_allgather.READ_MIN_BYTES = 4096 if read else 1 << 62
+    reads, real = [], neighbor_allgather._read
+
+    def counted(*args, **kwargs):
+        reads.append(1)
+        return real(*args, **kwargs)
+    neighbor_allgather._read = counted
+    peer.barrier()   # a shared-memory entry: every peer knows the others can be read
+    n, r = peer.world_size, peer.rank
+    x = (np.arange(10 + 5000 * r, dtype=np.float64) + 1000 * r).reshape(-1, 1)
+    sent = peer.communicator.transport.counters[(r + 1) % n].bytes_sent
+    got = peer.neighbor_allgather(x)
+    read_here = peer.communicator.transport.counters[(r + 1) % n].bytes_sent - sent
+    return got, read_here, len(reads)
+
+
+def test_neighbor_allgather_reads_the_arrays_offered_and_gets_what_sending_gets():
+    n = 4
+    want = []
+    for r in range(n):
+        parts = [np.arange(10 + 5000 * s, dtype=np.float64) + 1000 * s
+                 for s in sorted({(r - 1) % n, (r + 1) % n})]
+        want.append(np.concatenate(parts).reshape(-1, 1))
+    for read in (True, False):
+        results = spawn(gathered, n=n, timeout=120, args=(read,))
+        for r, (got, counted, reads) in enumerate(results):
+            assert np.array_equal(got, want[r]), (read, r)
+            # ranks 1-3 offer their arrays when ``read``; rank 0's is too small
+            offered = sum(1 for s in {(r - 1) % n, (r + 1) % n} if s != 0)
+            assert reads == (offered if read else 0), (read, r, reads)
+            assert counted >= (10 + 5000 * r) * 8, (read, r, counted)   # read or sent
