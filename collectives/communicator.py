@@ -495,7 +495,9 @@ class Communicator:
         ``plan.dst_weights[dst]`` if given). In place; returns x. With ``out`` (an array of
         x's size and dtype) the result goes there instead, x is only sent and stays as it was,
         and out is returned; ``scratch``: a buffer like x for what arrives (else allocated
-        each round).
+        each round). A round that fails may leave x combined in part (on one host, large
+        arrays are combined in place block by block: algorithms/neighbor_direct.py); with
+        ``out`` x is never written.
 
         Only the peers named take part, so a pattern may be directed or change every round;
         peers must agree on it (j in my src_weights iff I am in j's dst_ranks). With
