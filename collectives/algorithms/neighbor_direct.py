@@ -16,7 +16,8 @@ reader marks, in its shared-memory arena's header page (shm_entry.py's read mark
 and how far it has read each source; a peer about to write a block reads its readers' marks,
 waits for them (yielding the CPU, at most WAIT_SECONDS: a reader behind is usually one the
 scheduler has not run), and otherwise writes the block to the scratch buffer and copies it
-over once the round ends. Peers a block apart thus move through their arrays together, and
+over once the round ends (and, that round, waits no more: a reader that late waits itself,
+for a peer late to the round). Peers a block apart thus move through their arrays together, and
 none waits on another that is not behind it, so no wait goes round a cycle. If the round
 fails, the array may hold the result in part (with ``out``, it is never written).
 
@@ -56,7 +57,8 @@ DIRECT_NEIGHBOR_MIN_BYTES = 8 << 20
 DIRECT_SIGNATURE = "+direct"
 
 #: How long a peer waits for its readers to be done with a block before it writes the block
-#: to the scratch buffer instead (and copies it over once the round ends).
+#: to the scratch buffer instead (and copies it over once the round ends); once a wait ran
+#: out, the round's later blocks do not wait.
 WAIT_SECONDS = 0.002
 
 _NOTE_BYTES = 24   # pid, address (int64), weight (float64)
@@ -147,6 +149,7 @@ class _Marks:
                 self.mine[2 * s + 1] = 0
                 self.mine[2 * s] = seq
         self.readers = None
+        self.patient = True   # (until one wait runs out)
         if usable and entry is not None and readers is not None and me < READ_MARK_SOURCES:
             self.readers = [entry.read_marks(d)[2 * me:2 * me + 2] for d in readers]
 
@@ -158,15 +161,21 @@ class _Marks:
     def free(self, through: int) -> bool:
         """Every reader is done with this peer's elements before ``through`` (it read them in
         this call, or it is past the call), or will be within WAIT_SECONDS (yielding the CPU
-        meanwhile: a reader behind is usually one the scheduler has not run)."""
+        meanwhile: a reader behind is usually one the scheduler has not run); after one wait
+        ran out, the call waits no more."""
         if self.readers is None:
             return False
         deadline = None
         while not self._free(through):
+            if not self.patient:
+                return False
             now = time.monotonic()
             if deadline is None:
                 deadline = now + WAIT_SECONDS
             elif now > deadline:
+                # A reader this late is waiting itself (for a peer that came late to the
+                # round): the rest of the round writes aside rather than spin for it.
+                self.patient = False
                 return False
             os.sched_yield()
         return True
