@@ -53,6 +53,7 @@ from collectives.transport.shm_arena import HEADER_BYTES, ArenaViews, ShmArena, 
 from collectives.transport.wait_errors import describe_wait
 
 __all__ = ["SharedEntry", "SLOT_HEADER", "SLOT_WORDS", "SHARED_COUNTERS", "ANNOUNCEMENT_BYTES",
+           "spin_seconds",
            "PID", "DIRECT", "STEPS", "WORDS", "READ_MARK_SOURCES", "SharedBarrier",
            "shared_barrier", "exchange_arenas", "map_arena", "wait_counters", "check_mailbox",
            "await_abort", "count_shared"]
@@ -66,17 +67,19 @@ SLOT_WORDS = SLOT_HEADER // 8 - WORDS
 #: Where each small arena's header page holds its step counter (a cache line of its own).
 _STEPS_OFFSET = 64
 #: Where it holds its owner's read marks (neighbor_direct.py): per source rank below
-#: READ_MARK_SOURCES, an int64 pair, the sequence number of the neighbour exchange in which the
-#: owner reads that source's array and how many of its elements it has read so far.
+#: READ_MARK_SOURCES, four int64 words: the sequence number of the neighbour exchange in
+#: which the owner reads that source's array, then a futex pair (transport/futex.py: how many
+#: of its elements the owner has read so far, and whether the source sleeps on it), then one
+#: unused (32 bytes a source).
 _MARKS_OFFSET = 128
 #: Where it describes its owner's call in words (two int64: the call's CRC, the text's length;
 #: then the text), so a peer whose call differs names it, not its CRC. Rewritten only when the
 #: owner's call differs from its last one: a loop of one call writes it once.
-_CALL_OFFSET = 1024
+_CALL_OFFSET = 2048
 _CALL_TEXT_MAX = HEADER_BYTES - _CALL_OFFSET - 16
-#: The sources whose reads a peer marks: ranks 0-55 (the words between the step counter and
+#: The sources whose reads a peer marks: ranks 0-59 (the words between the step counter and
 #: the call in words).
-READ_MARK_SOURCES = (_CALL_OFFSET - _MARKS_OFFSET) // 16
+READ_MARK_SOURCES = (_CALL_OFFSET - _MARKS_OFFSET) // 32
 #: (pid, fd, size, counter, address) as int64: an arena's announcement.
 ANNOUNCEMENT_BYTES = 40
 #: How long a wait yields the CPU in a loop before it sleeps, when the peers have a CPU each:
@@ -89,6 +92,11 @@ _SPIN_CROWDED = 5e-5
 _CPUS = len(os.sched_getaffinity(0))   # (as the process started)
 #: Barriers through the arenas' counters (x86-64's ordered stores), else over ZeroMQ.
 SHARED_COUNTERS = platform.machine() in ("x86_64", "AMD64")
+
+
+def spin_seconds(peers: int) -> float:
+    """How long a wait of ``peers`` on this host yields the CPU before it sleeps."""
+    return _SPIN_CROWDED if peers > _CPUS else SPIN_SECONDS
 
 
 class SharedEntry:
@@ -187,9 +195,10 @@ class SharedEntry:
             "utf-8", "replace")
 
     def read_marks(self, j: int) -> np.ndarray:
-        """Rank j's read marks (int64 pairs by source rank, READ_MARK_SOURCES of them: the
-        sequence number of the exchange, the elements read; only j writes them). The arenas
-        are mapped by the first entry, which every direct read comes after."""
+        """Rank j's read marks (four int64 words by source rank, READ_MARK_SOURCES of them:
+        the sequence number of the exchange, the elements read and its futex flag; only j
+        writes the first two). The arenas are mapped by the first entry, which every direct
+        read comes after."""
         assert self.arenas is not None   # (mapped by ready(), before any call)
         return self.arenas[j][_MARKS_OFFSET:_CALL_OFFSET].view(np.int64)
 
@@ -372,8 +381,7 @@ def wait_counters(call: Call, counters: dict[int, np.ndarray], targets: dict[int
     OperationTimeout at the call's deadline."""
     pending = [j for j, target in targets.items() if counters[j][0] < target]
     now = start = time.monotonic()
-    crowded = call.transport.world_size > _CPUS
-    spin_until = now + (_SPIN_CROWDED if crowded else SPIN_SECONDS)
+    spin_until = now + spin_seconds(call.transport.world_size)
     check_at = now + 0.001
     # (The notice is made only if it is due: a call of 26 us makes no object for it.)
     notice_at = start + defaults.LONG_WAIT if call.deadline > start + defaults.LONG_WAIT \

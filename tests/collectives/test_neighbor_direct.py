@@ -14,9 +14,9 @@ def _read_directly(peer, direct: bool) -> list:
     """From here on, exchanges of 1 KiB and more read directly (blocks of 16 KiB) or, not
     ``direct``, never do; returns the list the direct exchanges are counted in."""
     from collectives.operations import neighbor_allreduce
-    from collectives.algorithms import choice, shm_direct
+    from collectives.algorithms import choice, neighbor_direct
     choice.DIRECT_NEIGHBOR_MIN_BYTES = 1024 if direct else 1 << 62
-    shm_direct.BLOCK_BYTES = 16 << 10
+    neighbor_direct.BLOCK_BYTES = 16 << 10
     calls = []
     real = neighbor_allreduce.direct_exchange
 
