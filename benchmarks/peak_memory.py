@@ -1,12 +1,15 @@
 #!/usr/bin/env python3
-"""Peak memory of a peer during a large allreduce, as a multiple of the array.
+"""Peak memory of a peer during a large collective, as a multiple of the array.
 
-Each peer records its resident set before it allocates the array, allocates it, runs a few
-allreduces, and reports (peak RSS - RSS before) / array bytes: 1.0 is the array itself, the
-rest is what the allreduce costs (chunk buffers, shared-memory ring pages it touched, the
-mapped pages of its neighbour's ring). Usage:
+Each peer records its resident set before it allocates the array, allocates it (and the
+operation's output, where it has one: ``out=``), runs the operation a few times, and reports
+(peak RSS - RSS before) / array bytes: 1.0 is the array itself (plus the output's share: an
+allgather's output is n arrays), the rest is what the operation costs (chunk buffers,
+shared-memory ring pages it touched, the mapped pages of its neighbour's ring, a neighbour
+round's scratch). Usage:
 
     python benchmarks/peak_memory.py [--n 2 4] [--mib 64] [--transport auto tcp] [--arenas]
+                                     [--op allreduce broadcast ...]
 """
 from __future__ import annotations
 
@@ -35,22 +38,55 @@ def _pss_bytes() -> int:
     return 0
 
 
-def measure(peer, nbytes: int, rounds: int, arenas: bool = False):
+OPS = ("allreduce", "broadcast", "allgather", "alltoall", "reduce_scatter", "gather", "scatter",
+       "reduce", "neighbor")
+#: The output an operation writes besides its array, in arrays: allocated after the baseline,
+#: so counted in the peak, and named in the table's column.
+OUTPUT = {"allgather": "n", "alltoall": 1, "gather": "n at the root", "scatter": "1/n"}
+
+
+def measure(peer, nbytes: int, rounds: int, arenas: bool = False, op: str = "allreduce"):
     if arenas:   # as where the peers may not read each other's memory (transport/cma.py)
         from collectives.algorithms.shm_entry import SharedEntry
         SharedEntry.direct_reads = False
     peer.barrier()
+    n, r = peer.world_size, peer.rank
     before, pss_before = _rss_bytes(), _pss_bytes()
     x = np.ones(nbytes // 4, dtype=np.float32)
     x += 0  # touch every page
+    out = None
+    if op in ("allgather", "gather"):
+        out = np.zeros((n,) + x.shape, np.float32) if op == "allgather" or r == 0 else None
+    elif op == "alltoall":
+        out = np.zeros_like(x)
+    elif op == "scatter":
+        out = np.zeros(x.size // n, np.float32)
     for _ in range(rounds):
-        peer.allreduce(x)
+        if op == "allreduce":
+            peer.allreduce(x)
+        elif op == "broadcast":
+            peer.broadcast(x, 0)
+        elif op == "allgather":
+            peer.allgather(x, out=out)
+        elif op == "alltoall":
+            peer.alltoall(x, out=out)
+        elif op == "reduce_scatter":
+            peer.reduce_scatter(x)
+        elif op == "gather":
+            peer.gather(x, 0, out=out)
+        elif op == "scatter":
+            peer.scatter(x[:out.size * n], 0, out=out)
+        elif op == "reduce":
+            peer.reduce(x, 0)
+        elif op == "neighbor":
+            peer.neighbor_allreduce(x, 1 / 3, {(r - 1) % n: 1 / 3, (r + 1) % n: 1 / 3},
+                                    [(r - 1) % n, (r + 1) % n])
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # kB on Linux
     # The allreduce keeps what it allocates (arenas) to the end: PSS now is its peak.
     pss = _pss_bytes() - pss_before
-    return {"rank": peer.rank, "before_mib": before / 2**20, "peak_mib": peak / 2**20,
-            "ratio": (peak - before) / nbytes, "pss_ratio": pss / nbytes,
-            "correct": bool(np.all(x == peer.world_size ** rounds))}
+    correct = bool(np.all(x == n ** rounds)) if op == "allreduce" else True
+    return {"rank": r, "before_mib": before / 2**20, "peak_mib": peak / 2**20,
+            "ratio": (peak - before) / nbytes, "pss_ratio": pss / nbytes, "correct": correct}
 
 
 def main() -> None:
@@ -62,21 +98,26 @@ def main() -> None:
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--arenas", action="store_true",
                         help="on one host, keep the shared-memory arenas (no direct reads)")
+    parser.add_argument("--op", nargs="+", default=["allreduce"], choices=OPS)
     args = parser.parse_args()
-    print("| transport | n | array | peak RSS over baseline, worst peer | x array "
-          "| PSS after, x array (shared pages split) |")
-    print("|---|---|---|---|---|---|")
-    for transport in args.transport:
-        for n in args.n:
-            rows = spawn(measure, n=n, timeout=300, args=(args.mib << 20, args.rounds, args.arenas),
-                         transport=transport)
-            worst = max(rows, key=lambda r: r["ratio"])
-            assert all(r["correct"] for r in rows)
-            if args.json:
-                print(json.dumps({"transport": transport, "n": n, "mib": args.mib, **worst}))
-            print(f"| {transport} | {n} | {args.mib} MiB | "
-                  f"{worst['peak_mib'] - worst['before_mib']:.0f} MiB | {worst['ratio']:.2f} | "
-                  f"{max(r['pss_ratio'] for r in rows):.2f} |")
+    print("| op | transport | n | array | output (arrays) | peak RSS over baseline, worst "
+          "peer | x array | PSS after, x array (shared pages split) |")
+    print("|---|---|---|---|---|---|---|---|")
+    for op in args.op:
+        for transport in args.transport:
+            for n in args.n:
+                if op == "neighbor" and n < 3:
+                    continue
+                rows = spawn(measure, n=n, timeout=300, transport=transport,
+                             args=(args.mib << 20, args.rounds, args.arenas, op))
+                worst = max(rows, key=lambda r: r["ratio"])
+                assert all(r["correct"] for r in rows)
+                if args.json:
+                    print(json.dumps({"op": op, "transport": transport, "n": n,
+                                      "mib": args.mib, **worst}))
+                print(f"| {op} | {transport} | {n} | {args.mib} MiB | {OUTPUT.get(op, 0)} | "
+                      f"{worst['peak_mib'] - worst['before_mib']:.0f} MiB | "
+                      f"{worst['ratio']:.2f} | {max(r['pss_ratio'] for r in rows):.2f} |")
 
 
 if __name__ == "__main__":
