@@ -20,7 +20,9 @@ done anyway, and a reader behind is usually one the scheduler has not run), and 
 writes the block to the scratch buffer and copies it over once the round ends (and, that
 round, waits no more: a reader that late waits itself, for a peer late to the round, or
 failed). Peers a block apart thus move through their arrays together, and
-none waits on another that is not behind it, so no wait goes round a cycle. If the round
+none waits on another that is not behind it, so no wait goes round a cycle. A block counts
+as read only by a mark of this very call; one exchange at a time marks (another running at
+the same time, a Work beside a blocking call, marks nothing, so its sources write aside). If the round
 fails, the array may hold the result in part (with ``out``, it is never written).
 
 The note is the call's first data chunk to each destination, so the pairing check
@@ -113,8 +115,11 @@ def direct_exchange(call: Call, adapter: ArrayAdapter, flat: Any, plan: Neighbor
     if sources:
         marks = _Marks(entry, call, [s.rank for s in sources],
                        dst_ranks if out is None else None)
-        deferred = _combine(call, adapter, flat, plan.self_weight, sources, reader, marks,
-                            dest=flat if out is None else out, scratch=scratch)
+        try:
+            deferred = _combine(call, adapter, flat, plan.self_weight, sources, reader, marks,
+                                dest=flat if out is None else out, scratch=scratch)
+        finally:
+            marks.close()
     for source in sources:   # done reading it
         tickets.append(post_range(call, source.rank, adapter, flat, 0, 0))
     for dst in dst_ranks:   # every reader of this peer's array is done with it, and is told
@@ -151,7 +156,13 @@ class _Marks:
         usable = entry is not None and SHARED_COUNTERS
         self.seq = seq
         self.spin = spin_seconds(call.transport.world_size)
-        self.mine = entry.read_marks(me) if usable and entry is not None else None
+        # One exchange at a time marks (another running at once, a Work beside a blocking
+        # call, leaves its sources to wait for "done"): two would interleave their words.
+        self.lock = entry.marks_lock if usable and entry is not None else None
+        if self.lock is not None and not self.lock.acquire(blocking=False):
+            self.lock = None
+        self.mine = entry.read_marks(me) if self.lock is not None and entry is not None \
+            else None
         self.sources = [s for s in sources if s < READ_MARK_SOURCES]
         if self.mine is not None:
             for s in self.sources:   # nothing read yet, then the call: stores stay in order
@@ -162,6 +173,12 @@ class _Marks:
         if usable and entry is not None and readers is not None and me < READ_MARK_SOURCES:
             self.readers = [entry.read_marks(d)[4 * me:4 * me + 3] for d in readers]
 
+    def close(self) -> None:
+        """The call is done marking."""
+        if self.lock is not None:
+            self.lock.release()
+            self.lock = None
+
     def read(self, source: int, through: int) -> None:
         """This peer read ``source``'s elements before ``through`` (waking it if it sleeps
         on that)."""
@@ -169,8 +186,8 @@ class _Marks:
             futex.publish(self.mine[4 * source + 1:4 * source + 3], through)
 
     def free(self, through: int) -> bool:
-        """Every reader is done with this peer's elements before ``through`` (it read them in
-        this call, or it is past the call), or will be within WAIT_SECONDS (yielding the CPU
+        """Every reader is done with this peer's elements before ``through`` (it marked them
+        read in this call), or will be within WAIT_SECONDS (yielding the CPU
         a moment, then asleep until the reader's mark moves); after one wait ran out, the
         call waits no more."""
         if self.readers is None:
@@ -200,8 +217,9 @@ class _Marks:
         """The first reader not done with the elements before ``through``, or None."""
         seq = self.seq
         for words in self.readers or ():
-            s = int(words[0])   # (then the count: loads stay in order)
-            if s < seq or (s == seq and int(words[1]) < through):
+            # The call, then the count (loads stay in order, as the reader's stores: a count
+            # read after this call's number is this call's or later in it).
+            if int(words[0]) != seq or int(words[1]) < through:
                 return words
         return None
 

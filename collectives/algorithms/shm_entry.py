@@ -36,6 +36,7 @@ import functools
 import math
 import os
 import platform
+import threading
 import time
 import zlib
 from typing import Any, Callable
@@ -124,6 +125,8 @@ class SharedEntry:
         self._last = -1
         self._pid = os.getpid()
         self._described = -1   # the CRC of the call this peer's arena describes in words
+        #: Held by the neighbour exchange that writes this peer's read marks (one at a time).
+        self.marks_lock = threading.Lock()
 
     def slot(self, j: int) -> np.ndarray:
         """Rank j's slot data (uint8), after its header."""

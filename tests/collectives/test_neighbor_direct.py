@@ -197,3 +197,33 @@ def test_neighbor_allgather_reads_the_arrays_offered_and_gets_what_sending_gets(
             offered = sum(1 for s in {(r - 1) % n, (r + 1) % n} if s != 0)
             assert reads == (offered if read else 0), (read, r, reads)
             assert counted >= (10 + 5000 * r) * 8, (read, r, counted)   # read or sent
+
+
+def two_at_once(peer):
+    """Two rounds at once on every peer, one as a Work and one blocking, each on its own
+    array, five times: both read their sources directly and write in place."""
+    calls = _read_directly(peer, True)
+    n, r = peer.world_size, peer.rank
+    srcs, dsts = {(r - 1) % n: 0.25, (r + 1) % n: 0.5}, [(r - 1) % n, (r + 1) % n]
+    results = []
+    for k in range(5):
+        a = np.random.default_rng(100 * k + r).standard_normal(1 << 18).astype(np.float32)
+        b = np.random.default_rng(100 * k + r + 50).standard_normal(1 << 18).astype(np.float32)
+        work = peer.neighbor_allreduce(a, 0.25, srcs, dsts, wait=False)
+        peer.neighbor_allreduce(b, 0.25, srcs, dsts)
+        work.wait()
+        results.append((a, b))
+    return results, len(calls)
+
+
+def test_two_rounds_at_once_each_get_their_own_result():
+    n = 4
+    results = spawn(two_at_once, n=n, timeout=120)
+    for r, (rounds, calls) in enumerate(results):
+        assert calls == 10, calls
+        for k, (a, b) in enumerate(rounds):
+            for got, offset in ((a, 0), (b, 50)):
+                x = [np.random.default_rng(100 * k + j + offset).standard_normal(1 << 18)
+                     .astype(np.float32) for j in range(n)]
+                want = 0.25 * x[r] + 0.25 * x[(r - 1) % n] + 0.5 * x[(r + 1) % n]
+                assert np.allclose(got, want, rtol=1e-5, atol=1e-6), (r, k, offset)
