@@ -380,7 +380,8 @@ class Communicator:
                 return pipelined_broadcast(call, adapter, flat, root)
             copies(call, adapter, flat if mine else None,
                    lambda peers: None if mine else peers.copy(root, 0, flat, 0, count),
-                   lambda: pipelined_broadcast(call, adapter, flat, root))
+                   lambda: pipelined_broadcast(call, adapter, flat, root),
+                   readers=None if mine else ())   # (only the root's array is read)
 
         def body() -> Array:
             if self.world_size > 1:

@@ -8,15 +8,18 @@ A call is entered through the peers' small arenas as the on-host allreduces are
 (its ``x``; the root's for broadcast and scatter), the entry compares every peer's call
 (operation, root, dtype, shape) before anyone reads anything, and says whether every peer can
 read every other's memory. Then each peer copies what it needs, in blocks of BLOCK_BYTES
-(process_vm_readv into a block at a time is faster than one read of a large array), and a
-barrier keeps every peer in the call until every read of its array is done, so none returns
-(and lets its caller change or free its array) while another still reads it. Where some peer
+(process_vm_readv into a block at a time is faster than one read of a large array), leaves
+the call (shm_entry.py's counter: done reading the others), and returns once the peers that
+read its arrays left it too: none returns (and lets its caller change or free its array)
+while another still reads it, and none waits for peers that read nothing of it (a
+broadcast's readers return as soon as they have the root's array; only the root waits).
+Where some peer
 cannot read the others (ptrace rules, another user), the call runs the operation's ZeroMQ
 algorithm instead, the same on every peer: the entry's flag is every peer's.
 
 What a peer reads of another counts as bytes that other sent it (transport.counters), as the
 messages would. Only with shared counters (x86-64) and every peer on this host with shared
-memory (choice.py's ``copies_on_host``).
+memory (choice.py's ``on_host_copies``).
 """
 from __future__ import annotations
 
@@ -102,12 +105,13 @@ class OnHostCopies:
 
     def __call__(self, call: Call, adapter: ArrayAdapter, read: Any,
                  move: Callable[[PeerArrays], None], fallback: Callable[[], Any],
-                 kept: Any = None) -> None:
+                 kept: Any = None, readers: Any = None) -> None:
         """Run ``call``: announce ``read`` (the flat array this peer's readers read, or None)
         and ``kept`` (a second one, read after a barrier of ``move``'s), then ``move`` (the
-        copies of this peer) once every peer entered, and keep this peer in the call until
-        every peer's copies are done; ``fallback`` (the ZeroMQ algorithm) where some peer
-        cannot read the others."""
+        copies of this peer) once every peer entered; leave the call, and return once the
+        peers that read this peer's arrays (``readers``: every other peer if None; after a
+        barrier of ``move``'s, those that read ``kept``) left it too. ``fallback`` (the ZeroMQ
+        algorithm) where some peer cannot read the others."""
         t = call.transport
         others = [j for j in range(t.world_size) if j != t.rank]
         with self.order.turn(call):
@@ -120,7 +124,8 @@ class OnHostCopies:
                 barrier = SharedBarrier(call, adapter, read, others, self.entry.steps,
                                         {j: int(h[STEPS]) for j, h in headers.items()})
                 move(PeerArrays(call, adapter, headers, self.reader, barrier))
-                barrier()
+                self.entry.leave(call)   # done reading the others' arrays
+                self.entry.await_readers(call, others if readers is None else readers)
             finally:
                 self.entry.leave(call)
 

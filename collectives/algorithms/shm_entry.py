@@ -205,6 +205,13 @@ class SharedEntry:
         assert self.arenas is not None   # (mapped by ready(), before any call)
         return self.arenas[j][_MARKS_OFFSET:_CALL_OFFSET].view(np.int64)
 
+    def await_readers(self, call: Call, readers: Any) -> None:
+        """Once this peer left ``call``: return when every peer in ``readers`` (those that
+        read this peer's arrays) left it too, so the caller may change its arrays."""
+        if readers:
+            wait_counters(call, self._counters, {j: 2 * call.seq + 2 for j in readers},
+                          "the end of its readers' reads")
+
     def leave(self, call: Call) -> None:
         """Done with ``call`` (or failed in it): the others may reuse what they shared."""
         if self.arenas is not None:

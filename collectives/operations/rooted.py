@@ -90,7 +90,8 @@ def reduce(engine: Engine, x: Any, root: int, op: str, wait: bool, timeout: floa
                     adapter.copy(adapter.slice(flat, a, b), chunk)
 
     return _start(engine, seq, signature, dtype, (count,), timeout,
-                  _run(copies, adapter, flat, move, messages, kept), result=x,
+                  _run(copies, adapter, flat, move, messages, kept,
+                       readers=() if r == root else (root,)), result=x,
                   adapter=adapter, wait=wait, stage=stage)
 
 
@@ -130,7 +131,8 @@ def gather(engine: Engine, x: Any, root: int, out: Any, wait: bool,
             adapter.copy(adapter.slice(out_flat, r * count, (r + 1) * count), flat)
 
     return _start(engine, seq, f"gather(root={root})" + _suffix(copies), dtype, (count,),
-                  timeout, _run(copies, adapter, flat, move, messages),
+                  timeout, _run(copies, adapter, flat, move, messages,
+                                readers=() if r == root else (root,)),
                   result=out if r == root else None, adapter=adapter, wait=wait, stage=stage)
 
 
@@ -173,7 +175,8 @@ def scatter(engine: Engine, x: Any, root: int, out: Any, wait: bool,
             adapter.copy(out_flat, adapter.slice(flat, r * count, (r + 1) * count))
 
     return _start(engine, seq, f"scatter(root={root})" + _suffix(copies), dtype, (count,),
-                  timeout, _run(copies, adapter, flat if r == root else None, move, messages),
+                  timeout, _run(copies, adapter, flat if r == root else None, move, messages,
+                                readers=None if r == root else ()),
                   result=out, adapter=adapter, wait=wait, stage=stage)
 
 
@@ -345,14 +348,15 @@ def _suffix(copies: OnHostCopies | None) -> str:
 
 
 def _run(copies: OnHostCopies | None, adapter: Any, read: Any, move: Any, messages: Any,
-         kept: Any = None) -> Any:
-    """The call's body: ``move`` as on-host copies of ``read`` (and ``kept``: shm_copies.py),
-    else (and where some peer cannot read the others) ``messages``, its ZeroMQ algorithm."""
+         kept: Any = None, readers: Any = None) -> Any:
+    """The call's body: ``move`` as on-host copies of ``read`` (and ``kept``, with the peers
+    that read them last, ``readers``: shm_copies.py), else (and where some peer cannot read
+    the others) ``messages``, its ZeroMQ algorithm."""
     if copies is None:
         return messages
 
     def run(call: Call) -> None:
-        copies(call, adapter, read, move, lambda: messages(call), kept)
+        copies(call, adapter, read, move, lambda: messages(call), kept, readers)
     return run
 
 
