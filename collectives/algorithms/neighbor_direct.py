@@ -42,15 +42,15 @@ import numpy as np
 from collectives.algorithms.neighbor import combine, refuse
 from collectives.algorithms.p2p import Call, post_range, recv_range, wait_sent
 from collectives.algorithms.pattern import announce, check_pairing, plan_bits
-from collectives.algorithms.shm_direct import read_peer
+from collectives.algorithms.shm_direct import address_of, read_peer
 from collectives.algorithms.shm_entry import (READ_MARK_SOURCES, SHARED_COUNTERS, SharedEntry,
                                               count_shared, spin_seconds)
 from collectives.arrays.adapter import ArrayAdapter, adapter_for
 from collectives.neighbor_plan import NeighborPlan
 from collectives.transport import cma, futex
 
-__all__ = ["direct_exchange", "DIRECT_NEIGHBOR_MIN_BYTES", "DIRECT_SIGNATURE", "BLOCK_BYTES",
-           "WAIT_SECONDS"]
+__all__ = ["direct_exchange", "empty_chunk", "DIRECT_NEIGHBOR_MIN_BYTES", "DIRECT_SIGNATURE",
+           "BLOCK_BYTES", "WAIT_SECONDS"]
 
 #: The smallest array exchanged this way: below, the copies through the rings cost as much as
 #: pinning the sender's pages for every read (ring of 4 on 2 cores, `gossip bench neighbor`:
@@ -87,7 +87,7 @@ def direct_exchange(call: Call, adapter: ArrayAdapter, flat: Any, plan: Neighbor
     peers = plan.peers
     if checked:
         announce(call, peers, src_weights, dst_ranks)
-    address = np.frombuffer(adapter.send_buffer(flat, 0, 1), np.uint8).ctypes.data
+    address = address_of(adapter, flat)
     k = -(-_NOTE_BYTES // itemsize)   # the note, as elements of the call's dtype
     notes, tickets = [], []
     for dst in dst_ranks:
@@ -123,10 +123,10 @@ def direct_exchange(call: Call, adapter: ArrayAdapter, flat: Any, plan: Neighbor
     for source in sources:   # done reading it
         tickets.append(post_range(call, source.rank, adapter, flat, 0, 0))
     for dst in dst_ranks:   # every reader of this peer's array is done with it, and is told
-        _empty_chunk(call, dst, adapter)   # its reads were of this array, still in the call
+        empty_chunk(call, dst, adapter)   # its reads were of this array, still in the call
         tickets.append(post_range(call, dst, adapter, flat, 0, 0))
     for source in sources:   # ... and so was every array read here
-        _empty_chunk(call, source.rank, adapter)
+        empty_chunk(call, source.rank, adapter)
     for ticket in tickets:
         if ticket is not None:
             wait_sent(call, ticket)
@@ -265,6 +265,7 @@ def _combine(call: Call, adapter: ArrayAdapter, flat: Any, self_weight: float,
     return deferred
 
 
-def _empty_chunk(call: Call, src: int, adapter: ArrayAdapter) -> None:
-    for _ in recv_range(call, src, adapter, 0, 0):
+def empty_chunk(call: Call, peer: int, adapter: ArrayAdapter) -> None:
+    """Receive the empty chunk of ``call`` that ``peer`` sends (a "done" or its answer)."""
+    for _ in recv_range(call, peer, adapter, 0, 0):
         pass

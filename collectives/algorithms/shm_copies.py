@@ -7,8 +7,8 @@ A call is entered through the peers' small arenas as the on-host allreduces are
 (shm_entry.py): the slot header carries the address of the array this peer's readers read
 (its ``x``; the root's for broadcast and scatter), the entry compares every peer's call
 (operation, root, dtype, shape) before anyone reads anything, and says whether every peer can
-read every other's memory. Then each peer copies what it needs, in blocks of BLOCK_BYTES
-(process_vm_readv into a block at a time is faster than one read of a large array), leaves
+read every other's memory. Then each peer copies what it needs, shm_direct.READ_BYTES at a
+time (faster than one read of a large array), leaves
 the call (shm_entry.py's counter: done reading the others), and returns once the peers that
 read its arrays left it too: none returns (and lets its caller change or free its array)
 while another still reads it, and none waits for peers that read nothing of it (a
@@ -29,17 +29,13 @@ import numpy as np
 
 from collectives.algorithms.p2p import Call
 from collectives.algorithms import shm_direct
-from collectives.algorithms.shm_direct import read_peer
+from collectives.algorithms.shm_direct import address_of, read_peer, read_range
 from collectives.algorithms.shm_entry import (PID, STEPS, WORDS, SharedBarrier, SharedEntry,
                                               count_shared)
 from collectives.arrays.adapter import ArrayAdapter
 from collectives.transport import cma
 
-__all__ = ["OnHostCopies", "PeerArrays", "BLOCK_BYTES"]
-
-#: Bytes per read of a peer's array (64 MiB in blocks of 4 MiB: 6.6 ms against 10.2 ms in
-#: one read, 2 processes on this 2-core machine).
-BLOCK_BYTES = 4 << 20
+__all__ = ["OnHostCopies", "PeerArrays"]
 
 
 class PeerArrays:
@@ -64,13 +60,10 @@ class PeerArrays:
         if hi <= lo:
             return
         size = self.call.itemsize
-        address = np.frombuffer(self.adapter.send_buffer(into, lo, hi), np.uint8).ctypes.data
         nbytes = (hi - lo) * size
         count_shared(self.call.transport, j, nbytes)
-        where = self._where(j, kept)
-        for at in range(0, nbytes, BLOCK_BYTES):
-            read_peer(self.reader, self.call, j, where, start * size + at, address + at,
-                      min(BLOCK_BYTES, nbytes - at))
+        read_range(self.reader, self.call, j, self._where(j, kept), start * size,
+                   address_of(self.adapter, into, lo), nbytes)
 
     def reduce(self, op: str, into: Any, at: int, start: int, stop: int,
                others: list[int]) -> None:
@@ -131,6 +124,4 @@ class OnHostCopies:
 
 
 def _address(adapter: ArrayAdapter, flat: Any) -> int:
-    if flat is None or adapter.size(flat) == 0:
-        return 0
-    return np.frombuffer(adapter.send_buffer(flat, 0, 1), np.uint8).ctypes.data
+    return 0 if flat is None else address_of(adapter, flat)

@@ -26,7 +26,8 @@ from collectives.arrays.adapter import ArrayAdapter
 from collectives.errors import PeerLost, ProtocolError
 from collectives.transport import cma
 
-__all__ = ["DirectReads", "read_peer", "BLOCK_BYTES", "DIRECT_MIN_BYTES"]
+__all__ = ["DirectReads", "read_peer", "read_range", "address_of", "BLOCK_BYTES",
+           "DIRECT_MIN_BYTES", "READ_BYTES"]
 
 #: Bytes read from a peer and reduced at a time (stays in cache).
 BLOCK_BYTES = 1 << 20
@@ -35,6 +36,9 @@ BLOCK_BYTES = 1 << 20
 #: 427 us with arenas against 560 us, 8 MiB even, 16 MiB 2.2 against 1.7 ms, 64 MiB 8.9
 #: against 5.3 ms); from it on no arena is kept beyond what smaller calls need.
 DIRECT_MIN_BYTES = 8 << 20
+#: Bytes per process_vm_readv of a long run straight into its destination (64 MiB in reads of
+#: 4 MiB: 6.6 ms against 10.2 ms in one read, 2 processes on this 2-core machine).
+READ_BYTES = 4 << 20
 
 
 class DirectReads:
@@ -103,3 +107,18 @@ def read_peer(reader: cma.Reader, call: Call, j: int, where: tuple[int, int], of
         await_abort(call, j, grace=1.0)
         raise ProtocolError(f"rank {r}: {what}: cannot read rank {j}'s array (process "
                             f"{pid}): {exc}") from None
+
+
+def read_range(reader: cma.Reader, call: Call, j: int, where: tuple[int, int], offset: int,
+               into: int, nbytes: int) -> None:
+    """read_peer of a long run, READ_BYTES at a time."""
+    for at in range(0, nbytes, READ_BYTES):
+        read_peer(reader, call, j, where, offset + at, into + at, min(READ_BYTES, nbytes - at))
+
+
+def address_of(adapter: ArrayAdapter, flat: Any, start: int = 0) -> int:
+    """The address of element ``start`` of a flat host array (0 for an empty one), as the
+    peers that read it are told."""
+    if adapter.size(flat) <= start:
+        return 0
+    return np.frombuffer(adapter.send_buffer(flat, start, start + 1), np.uint8).ctypes.data

@@ -31,7 +31,8 @@ from collectives.algorithms.neighbor import refuse
 from collectives.algorithms.p2p import Call, post_range, recv_range, wait_reached, wait_sent
 from collectives.algorithms.pattern import announce, check_pairing, plan_bits
 from collectives.algorithms.shm_allreduce import on_host
-from collectives.algorithms.shm_direct import read_peer
+from collectives.algorithms.neighbor_direct import empty_chunk
+from collectives.algorithms.shm_direct import address_of, read_range
 from collectives.algorithms.shm_entry import count_shared
 from collectives.arrays.adapter import adapter_for
 from collectives.engine import Engine
@@ -62,20 +63,8 @@ def _offers_reads(engine: Engine, adapter: Any, dtype: str, count: int, dsts: li
 def _read(call: Call, src: int, where: tuple[int, int], adapter: Any, out: Any, at: int,
           count: int) -> None:
     """``count`` elements of rank src's array, at ``where``, into ``out[at:]``."""
-    reader, size = cma.Reader(), dtype_itemsize(call.dtype)
-    into = np.frombuffer(adapter.send_buffer(out, at, at + count), np.uint8).ctypes.data \
-        if count else 0
-    for offset in range(0, count * size, _READ_BYTES):
-        read_peer(reader, call, src, where, offset, into + offset,
-                  min(_READ_BYTES, count * size - offset))
-
-
-def _empty_chunk(call: Call, peer: int, adapter: Any) -> None:
-    for _ in recv_range(call, peer, adapter, 0, 0):
-        pass
-
-
-_READ_BYTES = 4 << 20   # per process_vm_readv (faster than one read of a large array)
+    read_range(cma.Reader(), call, src, where, 0, address_of(adapter, out, at),
+               count * dtype_itemsize(call.dtype))
 
 
 def neighbor_allgather(engine: Engine, x: Any, src_ranks, dst_ranks, wait: bool,
@@ -104,8 +93,7 @@ def neighbor_allgather(engine: Engine, x: Any, src_ranks, dst_ranks, wait: bool,
     def run(call: Call) -> None:
         # The count message: the count, and where a destination may read the array (pid and
         # address; 0 and 0 when the data follows instead).
-        address = np.frombuffer(adapter.send_buffer(flat, 0, 1), np.uint8).ctypes.data \
-            if offer else 0
+        address = address_of(adapter, flat) if offer else 0
         mine = np.array([count, os.getpid() if offer else 0, address], dtype=np.int64)
         np_adapter = adapter_for(mine)
         data = Call(call.transport, call.channel, call.seq, signature + "[data]", dtype,
@@ -149,10 +137,10 @@ def neighbor_allgather(engine: Engine, x: Any, src_ranks, dst_ranks, wait: bool,
             at += counts[src]
         if offer:   # every reader is done with this peer's array, and is told so: what it
             for dst in dsts:   # read was this array, still in the call
-                _empty_chunk(data, dst, adapter)
+                empty_chunk(data, dst, adapter)
                 tickets.append(post_range(data, dst, adapter, flat, 0, 0))
         for src in where:
-            _empty_chunk(theirs[src], src, adapter)
+            empty_chunk(theirs[src], src, adapter)
         for ticket in tickets:
             if ticket is not None:
                 wait_sent(call, ticket)

@@ -27,7 +27,7 @@ def _small_blocks(direct: bool) -> list:
     """Reads in blocks of 16 KiB; ``direct`` False: this peer cannot read the others (so
     none does). Returns the list the on-host calls are counted in."""
     from collectives.algorithms import shm_copies, shm_direct, shm_entry
-    shm_copies.BLOCK_BYTES = shm_direct.BLOCK_BYTES = 16 << 10
+    shm_direct.READ_BYTES = shm_direct.BLOCK_BYTES = 16 << 10
     shm_entry.SharedEntry.direct_reads = direct
     calls: list = []
     real = shm_copies.OnHostCopies.__call__
