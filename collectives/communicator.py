@@ -34,7 +34,7 @@ from collectives.algorithms.allgather import exchange_counts, ring_allgather_int
 from collectives.algorithms.broadcast import pipelined_broadcast
 from collectives.algorithms.compressed import CodecStats
 from collectives.algorithms.p2p import Call, wait_sent
-from collectives.algorithms.shm_copies import PeerArrays
+from collectives.algorithms.shm_copies import CallArrays
 from collectives.algorithms.ring import (counts_digest, ring_reduce_scatter, segments,
                                          segments_of_counts)
 from collectives.arrays.adapter import ArrayAdapter, check_reduce_op
@@ -235,7 +235,7 @@ class Communicator:
             wait_sent(call, ring_reduce_scatter(call, adapter, flat, reduce_op, segs=shifted,
                                                 divide_by=n if op == "mean" else 0))
 
-        def move(peers: PeerArrays) -> None:
+        def move(peers: CallArrays) -> None:
             lo, hi = segs[r]   # this peer's segment, reduced in place (the others read theirs)
             peers.reduce(reduce_op, flat, lo, lo, hi, [j for j in range(n) if j != r])
             if op == "mean":
@@ -246,7 +246,8 @@ class Communicator:
                 def run(call: Call) -> None:
                     if copies is None:
                         return ring(call)
-                    copies(call, adapter, flat, move, lambda: ring(call))
+                    copies(call, adapter, flat, move, lambda: ring(call),
+                           slot_bytes=size * dtype_itemsize(dtype))
                 self.engine.execute(seq, signature, dtype, tuple(x.shape), timeout,
                                     self.engine.peers, run)
             lo, hi = segs[r]
@@ -324,14 +325,15 @@ class Communicator:
                     ring_allgather_into(call, adapter, flat, out_flat, segments(n * count, n))
                     return out
 
-                def move(peers: PeerArrays) -> None:
+                def move(peers: CallArrays) -> None:
                     for j in range(n):
                         if j != self.rank:
                             peers.copy(j, 0, out_flat, j * count, (j + 1) * count)
                     r = self.rank
                     adapter.copy(adapter.slice(out_flat, r * count, (r + 1) * count), flat)
                 copies(call, adapter, flat, move, lambda: ring_allgather_into(
-                    call, adapter, flat, out_flat, segments(n * count, n)))
+                    call, adapter, flat, out_flat, segments(n * count, n)),
+                    slot_bytes=count * dtype_itemsize(dtype))
                 return out
             if n == 1:
                 result = run(self.engine.call(seq, signature, dtype, shape,
@@ -381,7 +383,8 @@ class Communicator:
             copies(call, adapter, flat if mine else None,
                    lambda peers: None if mine else peers.copy(root, 0, flat, 0, count),
                    lambda: pipelined_broadcast(call, adapter, flat, root),
-                   readers=None if mine else ())   # (only the root's array is read)
+                   readers=None if mine else (),   # (only the root's array is read)
+                   slot_bytes=count * dtype_itemsize(dtype))
 
         def body() -> Array:
             if self.world_size > 1:

@@ -31,7 +31,7 @@ from collectives.algorithms.allgather import direct_allgather
 from collectives.algorithms.choice import COPIES_SIGNATURE, on_host_copies
 from collectives.algorithms.p2p import Call, post_range, recv_range, wait_sent
 from collectives.algorithms.ring import ring_reduce_scatter, segments, segments_of_counts
-from collectives.algorithms.shm_copies import OnHostCopies, PeerArrays
+from collectives.algorithms.shm_copies import CallArrays, OnHostCopies, SlotArrays
 from collectives.arrays.adapter import adapter_for, check_reduce_op
 from collectives.engine import Engine
 from collectives.errors import ProtocolError
@@ -56,12 +56,21 @@ def reduce(engine: Engine, x: Any, root: int, op: str, wait: bool, timeout: floa
     signature = f"reduce({op},root={root})" + _suffix(copies)
     reduce_op = "sum" if op == "mean" else op
     lo, hi = segs[r]
+    size = dtype_itemsize(dtype)
     # On one host every peer reduces its segment of the arrays, the root's in place (the
-    # others read other segments of its x), the others' in a buffer the root then reads.
-    kept = None if r == root or copies is None else adapter.empty(hi - lo, dtype, flat)
+    # others read other segments of its x), the others' in a buffer the root then reads;
+    # through the slots (a small array) the root reduces the whole of every slot itself.
+    kept = None if r == root or copies is None or copies.fits(count * size) else \
+        adapter.empty(hi - lo, dtype, flat)
 
-    def move(peers: PeerArrays) -> None:
+    def move(peers: CallArrays) -> None:
         others = [j for j in range(n) if j != r]
+        if isinstance(peers, SlotArrays):   # small: the root reduces every slot (one wait)
+            if r == root:
+                peers.reduce(reduce_op, flat, 0, 0, count, others)
+                if op == "mean":
+                    adapter.divide(flat, n)
+            return
         into, at = (flat, lo) if kept is None else (kept, 0)
         if kept is not None:
             adapter.copy(kept, adapter.slice(flat, lo, hi))
@@ -91,7 +100,8 @@ def reduce(engine: Engine, x: Any, root: int, op: str, wait: bool, timeout: floa
 
     return _start(engine, seq, signature, dtype, (count,), timeout,
                   _run(copies, adapter, flat, move, messages, kept,
-                       readers=() if r == root else (root,)), result=x,
+                       readers=() if r == root else (root,), slot_bytes=count * size),
+                  result=x,
                   adapter=adapter, wait=wait, stage=stage)
 
 
@@ -123,7 +133,7 @@ def gather(engine: Engine, x: Any, root: int, out: Any, wait: bool,
                     adapter.copy(adapter.slice(out_flat, src * count + a, src * count + b),
                                  chunk)
 
-    def move(peers: PeerArrays) -> None:
+    def move(peers: CallArrays) -> None:
         if r == root:
             for src in range(n):
                 if src != root:
@@ -132,7 +142,8 @@ def gather(engine: Engine, x: Any, root: int, out: Any, wait: bool,
 
     return _start(engine, seq, f"gather(root={root})" + _suffix(copies), dtype, (count,),
                   timeout, _run(copies, adapter, flat, move, messages,
-                                readers=() if r == root else (root,)),
+                                readers=() if r == root else (root,),
+                                slot_bytes=count * dtype_itemsize(dtype)),
                   result=out if r == root else None, adapter=adapter, wait=wait, stage=stage)
 
 
@@ -168,7 +179,7 @@ def scatter(engine: Engine, x: Any, root: int, out: Any, wait: bool,
         for ticket in tickets:
             wait_sent(call, ticket)
 
-    def move(peers: PeerArrays) -> None:
+    def move(peers: CallArrays) -> None:
         if r != root:
             peers.copy(root, r * count, out_flat, 0, count)
         else:
@@ -176,7 +187,8 @@ def scatter(engine: Engine, x: Any, root: int, out: Any, wait: bool,
 
     return _start(engine, seq, f"scatter(root={root})" + _suffix(copies), dtype, (count,),
                   timeout, _run(copies, adapter, flat if r == root else None, move, messages,
-                                readers=None if r == root else ()),
+                                readers=None if r == root else (),
+                                slot_bytes=n * count * dtype_itemsize(dtype)),
                   result=out, adapter=adapter, wait=wait, stage=stage)
 
 
@@ -267,7 +279,7 @@ def _alltoall_equal(engine: Engine, x: Any, out: Any, wait: bool, timeout: float
     def block(a: Any, j: int) -> Any:
         return adapter.slice(a, j * count, (j + 1) * count)
 
-    def move(peers: PeerArrays) -> None:
+    def move(peers: CallArrays) -> None:
         for src in range(n):
             if src != r:
                 peers.copy(src, r * count, out_flat, src * count, (src + 1) * count)
@@ -285,7 +297,8 @@ def _alltoall_equal(engine: Engine, x: Any, out: Any, wait: bool, timeout: float
             wait_sent(call, ticket)
 
     return _start(engine, seq, "alltoall" + _suffix(copies), dtype, (count,), timeout,
-                  _run(copies, adapter, flat, move, messages), result=out, adapter=adapter,
+                  _run(copies, adapter, flat, move, messages,
+                       slot_bytes=total * dtype_itemsize(dtype)), result=out, adapter=adapter,
                   wait=wait, stage=stage)
 
 
@@ -348,15 +361,17 @@ def _suffix(copies: OnHostCopies | None) -> str:
 
 
 def _run(copies: OnHostCopies | None, adapter: Any, read: Any, move: Any, messages: Any,
-         kept: Any = None, readers: Any = None) -> Any:
+         kept: Any = None, readers: Any = None, *, slot_bytes: int) -> Any:
     """The call's body: ``move`` as on-host copies of ``read`` (and ``kept``, with the peers
-    that read them last, ``readers``: shm_copies.py), else (and where some peer cannot read
-    the others) ``messages``, its ZeroMQ algorithm."""
+    that read them last, ``readers``; through the slots when the most any peer announces,
+    ``slot_bytes``, fits: shm_copies.py), else (and where some peer cannot read the others)
+    ``messages``, its ZeroMQ algorithm."""
     if copies is None:
         return messages
 
     def run(call: Call) -> None:
-        copies(call, adapter, read, move, lambda: messages(call), kept, readers)
+        copies(call, adapter, read, move, lambda: messages(call), kept, readers,
+               slot_bytes=slot_bytes)
     return run
 
 

@@ -25,7 +25,8 @@ def _inputs(rank: int, count: int, dtype: str) -> np.ndarray:
 
 def _small_blocks(direct: bool) -> list:
     """Reads in blocks of 16 KiB; ``direct`` False: this peer cannot read the others (so
-    none does). Returns the list the on-host calls are counted in."""
+    none does). Returns the list the on-host calls are counted in: True for each that went
+    through the slots (small enough), False for each that read the arrays or fell back."""
     from collectives.algorithms import shm_copies, shm_direct, shm_entry
     shm_direct.READ_BYTES = shm_direct.BLOCK_BYTES = 16 << 10
     shm_entry.SharedEntry.direct_reads = direct
@@ -33,7 +34,7 @@ def _small_blocks(direct: bool) -> list:
     real = shm_copies.OnHostCopies.__call__
 
     def counted(self, *args, **kwargs):
-        calls.append(1)
+        calls.append(kwargs["slot_bytes"] <= self.entry.data_bytes)
         return real(self, *args, **kwargs)
     shm_copies.OnHostCopies.__call__ = counted
     return calls
@@ -67,7 +68,7 @@ def every_op(peer, direct):
     import torch
     t = torch.arange(1000, dtype=torch.float32) + r
     out["torch allgather"] = peer.allgather(t).numpy()
-    return out, len(calls), peer.communicator._on_host.entry.direct
+    return out, calls, peer.communicator._on_host.entry.direct
 
 
 def _expected(n: int) -> dict:
@@ -100,8 +101,12 @@ def test_every_op_gives_what_numpy_computes(n, direct):
     want = _expected(n)
     for r, (got, calls, entered_direct) in enumerate(results):
         # Every op of 10 elements and more went through the entry (3 dtypes x 2 sizes x 11
-        # calls, one reduce_scatter and one reduce fewer for int32), plus the torch allgather.
-        assert calls == 2 * (11 + 11 + 9) + 1, calls
+        # calls, one reduce_scatter and one reduce fewer for int32), plus the torch allgather;
+        # those of 10 elements (and the torch one, 4000 bytes) through the slots, direct or
+        # not, those of 70,001 reading the arrays (or falling back).
+        assert len(calls) == 2 * (11 + 11 + 9) + 1, calls
+        assert calls == [True] * 11 + [False] * 11 + [True] * 11 + [False] * 11 \
+            + [True] * 9 + [False] * 9 + [True], calls
         assert entered_direct is direct
         for key, value in got.items():
             if key == "torch allgather":
