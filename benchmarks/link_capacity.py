@@ -83,8 +83,8 @@ def _iperf(net, netfault, bidir: bool) -> tuple[float, float]:
         for _ in range(100):
             argv = ["iperf3", "-c", net.hosts[0].addr, "-p", "5201", "-t", "3", "-J"]
             run = net.ns_exec(net.hosts[1], *argv, *(["--bidir"] if bidir else []))
-            if run.returncode == 0:
-                end = json.loads(run.stdout)["end"]
+            end = json.loads(run.stdout or "{}").get("end", {}) if run.returncode == 0 else {}
+            if "sum_received" in end and (not bidir or "sum_received_bidir_reverse" in end):
                 there = float(end["sum_received"]["bits_per_second"])
                 back = float(end.get("sum_received_bidir_reverse", {}).get("bits_per_second", 0))
                 return there, back
@@ -140,7 +140,8 @@ def main() -> None:
         raise SystemExit(f"link_capacity: {reason}")
     one_way, each_way, times = [], [], {}
     for invocation in range(args.invocations):
-        with netfault.Network(HOSTS) as net, tempfile.TemporaryDirectory() as tmp:
+        tmp = tempfile.mkdtemp(); print(tmp)
+        with netfault.Network(HOSTS) as net:
             net.shape(args.rate)
             one_way.append(_iperf(net, netfault, False)[0])
             each_way.append(min(_iperf(net, netfault, True)))
