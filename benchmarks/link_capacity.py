@@ -6,16 +6,17 @@ Four "hosts" (network namespaces on one bridge, tests/netfault.py), every direct
 hosts a link of its own shaped by tc (htb at ``--rate``; the kernel here has no netem, so the
 links have no added latency); one real peer per host. In each invocation:
 
-- iperf3, one TCP stream host 1 -> host 0 for 3 s (what one direction of a link carries),
-  then both directions at once (``--bidir``: what a link carries when the gossip round sends
-  each way);
+- iperf3, one TCP stream a link for 3 s: one link alone (host 1 -> host 0), then every link
+  the allreduce uses at once (the ring, i -> i + 1), then every link the gossip round uses at
+  once (the ring both ways: 8 streams), what the links and this machine carry in the op's
+  own pattern;
 - ``allreduce`` of each size (the ring over TCP: every link i -> i + 1 carries 2 (n - 1) / n
   of the array one way), and a gossip round (``neighbor_allreduce`` on the ring, weights 1/3:
   every link carries the whole array each way at once), each timed as the slowest peer's
   time, the median of ``--reps`` after one untimed call.
 
-Fraction = the bytes each link carried / time, against iperf3's rate (one way for the
-allreduce, each way of ``--bidir`` for the round). Usage:
+Fraction = the bytes each link carried / time, against iperf3's mean rate a link on the op's
+own links at once (and, in brackets, against one link alone). Usage:
 
     python benchmarks/link_capacity.py [--rate 1gbit] [--sizes 64M,256M] [--invocations 3]
 """
@@ -75,24 +76,33 @@ def worker(sizes: list[int], reps: int, out: str) -> None:
     peer.close()
 
 
-def _iperf(net, netfault, bidir: bool) -> tuple[float, float]:
-    """iperf3's rate (bits/s) host 1 -> host 0 over 3 s, and with ``bidir`` the reverse
-    direction's at the same time (else 0)."""
-    server = net.run(net.hosts[0], ["iperf3", "-s", "-1", "-p", "5201"], dict(os.environ))
-    try:
-        for _ in range(100):
-            argv = ["iperf3", "-c", net.hosts[0].addr, "-p", "5201", "-t", "3", "-J"]
-            run = net.ns_exec(net.hosts[1], *argv, *(["--bidir"] if bidir else []))
-            end = json.loads(run.stdout or "{}").get("end", {}) if run.returncode == 0 else {}
-            if "sum_received" in end and (not bidir or "sum_received_bidir_reverse" in end):
-                there = float(end["sum_received"]["bits_per_second"])
-                back = float(end.get("sum_received_bidir_reverse", {}).get("bits_per_second", 0))
-                return there, back
-            time.sleep(0.2)   # (the server says nothing when it listens: try again)
-        raise SystemExit(f"iperf3 failed: {run.stdout[-500:]} {run.stderr[-500:]}")
-    finally:
-        server.kill()
-        server.wait()
+def _iperf(net, pairs: list[tuple[int, int]], tmp: str) -> list[float]:
+    """iperf3's rate (bits/s) on each directed link ``(src, dst)`` of ``pairs``, all of them
+    at once for 3 s (one TCP stream each, a server per link on the destination)."""
+    for attempt in range(5):
+        servers = [net.run(net.hosts[dst], ["iperf3", "-s", "-1", "-p", str(5201 + k)],
+                           dict(os.environ)) for k, (_, dst) in enumerate(pairs)]
+        time.sleep(0.5 + attempt)   # (a server says nothing when it listens)
+        logs = [os.path.join(tmp, f"iperf.{k}.json") for k in range(len(pairs))]
+        clients = [net.run(net.hosts[src], ["iperf3", "-c", net.hosts[dst].addr, "-p",
+                                            str(5201 + k), "-t", "3", "-J"], dict(os.environ),
+                           log_path=logs[k]) for k, (src, dst) in enumerate(pairs)]
+        for proc in clients + servers:
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        rates = []
+        for log in logs:
+            try:
+                with open(log) as f:
+                    rates.append(float(json.load(f)["end"]["sum_received"]["bits_per_second"]))
+            except (OSError, ValueError, KeyError):
+                break
+        if len(rates) == len(pairs):
+            return rates
+    raise SystemExit(f"iperf3 failed on {pairs}: {open(logs[0], errors='replace').read()[-500:]}")
 
 
 def _peers(net, sizes: list[int], reps: int, tmp: str) -> list[dict]:
@@ -138,35 +148,44 @@ def main() -> None:
     reason = netfault.netns_unavailable()
     if reason:
         raise SystemExit(f"link_capacity: {reason}")
-    one_way, each_way, times = [], [], {}
+    ring = [(i, (i + 1) % HOSTS) for i in range(HOSTS)]
+    patterns = {"one link": [(1, 0)], "allreduce": ring,
+                "round": ring + [(b, a) for a, b in ring]}
+    iperf: dict[str, list[float]] = {}
+    times: dict[tuple[str, int], list[float]] = {}
     for invocation in range(args.invocations):
-        tmp = tempfile.mkdtemp(); print(tmp)
-        with netfault.Network(HOSTS) as net:
+        with netfault.Network(HOSTS) as net, tempfile.TemporaryDirectory() as tmp:
             net.shape(args.rate)
-            one_way.append(_iperf(net, netfault, False)[0])
-            each_way.append(min(_iperf(net, netfault, True)))
+            for name, pairs in patterns.items():
+                rates = _iperf(net, pairs, tmp)
+                iperf.setdefault(name, []).append(statistics.mean(rates))
+                iperf.setdefault(name + " slowest", []).append(min(rates))
             for row in _peers(net, sizes, args.reps, tmp):
                 times.setdefault((row["op"], row["bytes"]), []).append(
                     statistics.median(row["times"]))
-        print(f"# invocation {invocation}: iperf3 {one_way[-1] / 1e6:.0f} Mbit/s one way, "
-              f"{each_way[-1] / 1e6:.0f} each way at once; "
+        print(f"# invocation {invocation}: iperf3 "
+              + ", ".join(f"{name} {r[-1] / 1e6:.0f}" for name, r in iperf.items())
+              + " Mbit/s; "
               + ", ".join(f"{op} {b >> 20} MiB {t[-1]:.3f} s" for (op, b), t in times.items()),
               flush=True)
-    there, both = statistics.median(one_way), statistics.median(each_way)
-    print(f"\n{HOSTS} hosts, every directed pair a {args.rate} htb link; iperf3 (median of "
-          f"{args.invocations}): {there / 1e6:.1f} Mbit/s one way, {both / 1e6:.1f} Mbit/s each "
-          "way at once")
-    print("| op | size | time (median) | bytes a link carries | rate | iperf3 | fraction |")
+    rate_of = {name: statistics.median(r) for name, r in iperf.items()}
+    print(f"\n{HOSTS} hosts, every directed pair a {args.rate} htb link. iperf3, one TCP "
+          f"stream a link, medians of {args.invocations} invocations: one link alone "
+          f"{rate_of['one link'] / 1e6:.1f} Mbit/s; the allreduce's {len(ring)} ring links at "
+          f"once {rate_of['allreduce'] / 1e6:.1f} a link (slowest "
+          f"{rate_of['allreduce slowest'] / 1e6:.1f}); the round's {2 * len(ring)} at once "
+          f"{rate_of['round'] / 1e6:.1f} (slowest {rate_of['round slowest'] / 1e6:.1f}). "
+          "Fraction: against the op's own links at once (and against one link alone).")
+    print("| op | size | time (median) | bytes a link carries | rate a link | iperf3, its "
+          "links at once | fraction (of one link alone) |")
     print("|---|---|---|---|---|---|---|")
     for (op, nbytes), ts in times.items():
         t = statistics.median(ts)
         carried = nbytes * 2 * (HOSTS - 1) / HOSTS if op == "allreduce" else nbytes
-        reference = there if op == "allreduce" else both
         rate = carried * 8 / t
         print(f"| {op} | {nbytes >> 20} MiB | {t:.3f} s | {carried / 1e6:.1f} MB | "
-              f"{rate / 1e6:.1f} Mbit/s | {reference / 1e6:.1f} Mbit/s | "
-              f"{rate / reference:.2f} |")
-
+              f"{rate / 1e6:.1f} Mbit/s | {rate_of[op] / 1e6:.1f} Mbit/s | "
+              f"{rate / rate_of[op]:.2f} ({rate / rate_of['one link']:.2f}) |")
 
 if __name__ == "__main__":
     main()
