@@ -84,31 +84,9 @@ def neighbor_exchange(call: Call, adapter: ArrayAdapter, flat: Any, plan: Neighb
     if problems:
         refuse(call, peers, problems, tickets)
     missing = missing if missing is not None else {}
-    # What the in-neighbours send adds up in `scratch` (the first one is written, not added,
-    # so nothing clears it first); `flat` is still read by the sends, and is combined last,
-    # in one pass: 3 passes over memory fewer per round than scaling a copy of `flat` first
-    # and copying the result back.
-    acc = scratch if out is None else out
-    first = True
-    for src in sorted(src_weights):
-        if src in missing:
-            continue
-        weight = src_weights[src]
-        got = False
-        try:
-            for a, b, chunk in recv_range(call, src, adapter, 0, size):
-                part = adapter.slice(acc, a, b)
-                if first:
-                    adapter.scaled_copy(part, weight, chunk)
-                else:
-                    adapter.axpy(part, weight, chunk)
-                got = True
-        except MISSING as exc:
-            if not partial or got:
-                raise
-            missing[src] = exc
-            continue
-        first = False
+    # What the in-neighbours send adds up in `scratch` (in `out` if given); `flat` is still
+    # read by the sends, and is combined last, in one pass (combine).
+    heard = _absorb(call, adapter, flat, plan, scratch if out is None else out, missing)
     for dst, ticket in zip(dst_ranks, tickets):
         if dst in missing:
             continue
@@ -125,8 +103,64 @@ def neighbor_exchange(call: Call, adapter: ArrayAdapter, flat: Any, plan: Neighb
     if missing and dst_weights is not None:
         # The shares of the destinations missing from the round were not absorbed there.
         self_weight += sum(dst_weights[d] for d in dst_ranks if d in missing)
-    combine(adapter, flat, self_weight, scratch, out, heard=not first)
+    combine(adapter, flat, self_weight, scratch, out, heard=heard)
     return missing
+
+
+def _absorb(call: Call, adapter: ArrayAdapter, flat: Any, plan: NeighborPlan, acc: Any,
+            missing: dict[int, Exception]) -> bool:
+    """``acc`` <- what the in-neighbours of ``plan`` (but the ``missing``) send, weighted;
+    returns whether any sent something (else ``acc`` is not written). The first source in
+    rank order writes each range (a scaled copy: nothing clears ``acc`` first) and the others
+    add theirs once it has; chunks are taken as they come, always from the source whose next
+    chunk starts lowest (ties in rank order), one held per source while the first one has not
+    reached its end. So every element is summed in rank order, whatever the timing and the
+    chunk sizes, as when the sources were read one after the other, and no source's chunks
+    pile up unread behind another's, to be summed only after the last byte arrived (a tail
+    of one pass over the array per source after the network's last byte). A source lost
+    before it delivered anything of a ``partial`` plan joins ``missing`` (the next in rank
+    order then writes); one lost later fails the round (what it sent is summed in)."""
+    src_weights = plan.src_weights
+    order = [src for src in sorted(src_weights) if src not in missing]
+    sources = {src: recv_range(call, src, adapter, 0, adapter.size(flat)) for src in order}
+    at = dict.fromkeys(order, 0)                    # elements received from each source
+    held: dict[int, tuple[int, int, Any]] = {}      # a chunk not summed yet, by source
+    got: set[int] = set()
+    written = 0                                     # acc[:written] holds the first's share
+    while True:
+        live = [src for src in order if src not in missing]
+        if not live:
+            return False
+        # (A source is read only once every source before it in rank order delivered a
+        # chunk, so the one that becomes first when the first is lost holds nothing yet.)
+        first = live[0]
+        for src in [src for src, (_, b, _) in held.items() if b <= written]:
+            a, b, chunk = held.pop(src)
+            adapter.axpy(adapter.slice(acc, a, b), src_weights[src], chunk)
+        ready = [src for src in sources if src not in held]
+        if not ready:
+            return bool(got)
+        src = min(ready, key=lambda s: (at[s], s))
+        try:
+            a, b, chunk = next(sources[src])
+        except StopIteration:
+            del sources[src]
+            continue
+        except MISSING as exc:
+            if not plan.partial or src in got:
+                raise
+            missing[src] = exc
+            del sources[src]
+            continue
+        got.add(src)
+        at[src] = b
+        if src == first:
+            adapter.scaled_copy(adapter.slice(acc, a, b), src_weights[src], chunk)
+            written = b
+        elif b <= written:
+            adapter.axpy(adapter.slice(acc, a, b), src_weights[src], chunk)
+        else:
+            held[src] = (a, b, chunk)
 
 
 def combine(adapter: ArrayAdapter, flat: Any, self_weight: float, scratch: Any, out: Any,

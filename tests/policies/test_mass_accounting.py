@@ -161,14 +161,16 @@ def test_live_mixing_round_stays_doubly_stochastic_on_an_irregular_graph():
             - np.diag(np.diag(graph.mixing_matrix(0)[np.ix_(live, live)])) - 1e-15).all()
 
 
-def partial_exchange(peer):
+def partial_exchange(peer, victim):
+    """The path 0 - 1 - 2, push weights 1/3 per edge, an end of it (``victim``) killed; rank 1
+    has not noticed the death. Killing rank 0 takes rank 1's first source in rank order, so
+    rank 2's message, which came first, must be summed as the first share."""
     from gossip.errors import ExchangeIncomplete
-    quiet_point(peer, 2)
-    if peer.rank == 2:
+    quiet_point(peer, victim)
+    if peer.rank == victim:
         os.kill(os.getpid(), signal.SIGKILL)
-    # A path 0 - 1 - 2, push weights 1/3 per edge; rank 1 has not noticed rank 2's death.
     x = np.full(4, 3.0 * (peer.rank + 1))
-    if peer.rank == 0:
+    if peer.rank != 1:
         peer.neighbor_allreduce(x, 2 / 3, {1: 1.0}, [1], dst_weights={1: 1 / 3}, partial=True)
         return x, None
     try:
@@ -179,10 +181,16 @@ def partial_exchange(peer):
     return x, "completed"
 
 
-def test_a_partial_exchange_completes_without_the_lost_peer_and_keeps_its_share():
-    out = spawn(partial_exchange, n=3, timeout=60, tolerate=[2], peer_timeout=10)
-    x0, _ = out[0]
+@pytest.mark.parametrize("victim", [2, 0])
+def test_a_partial_exchange_completes_without_the_lost_peer_and_keeps_its_share(victim):
+    out = spawn(partial_exchange, n=3, timeout=60, tolerate=[victim], peer_timeout=10,
+                args=(victim,))
+    other = 2 - victim
+    x_other, _ = out[other]
     x1, failure = out[1]
-    assert failure == ([2], [2], 2), failure
-    # Rank 1 kept the third meant for rank 2: 2/3 * 6 + 1/3 * 3; rank 0: 2/3 * 3 + 1/3 * 6.
-    assert np.allclose(x1, 5.0, rtol=0, atol=1e-15) and np.allclose(x0, 4.0, rtol=0, atol=1e-15)
+    assert failure == ([victim], [victim], victim), failure
+    # Rank 1 kept the third meant for the victim: 2/3 * 6 + 1/3 * theirs; the other end:
+    # 2/3 * theirs + 1/3 * 6 (x = 3, 6, 9 on ranks 0, 1, 2).
+    theirs = 3.0 * (other + 1)
+    assert np.allclose(x1, 4.0 + theirs / 3, rtol=0, atol=1e-15)
+    assert np.allclose(x_other, 2 * theirs / 3 + 2.0, rtol=0, atol=1e-15)
