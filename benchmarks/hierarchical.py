@@ -9,8 +9,11 @@ memory. Needs root and `ip netns`.
 
 Prints, per placement (round-robin: rank r on host r % H, as a launcher handing out ranks in
 turn; blocks: ranks in host order) and size, the median seconds per call of each algorithm
-over ``--repeats`` calls (each after a barrier), the ratio, and the bytes each peer sent to
-other hosts; ``--invocations`` runs of the whole (fresh namespaces each), medians and ranges.
+over ``--repeats`` calls (each after a barrier), the ratio, the bytes each peer sent to other
+hosts, and how full the busiest uplink was (the bytes its host's peers sent to other hosts a
+second, against iperf3 between hosts 1 and 0 both ways at once, one TCP stream each way,
+measured first in each invocation on the same uplinks: benchmarks/link_capacity.py);
+``--invocations`` runs of the whole (fresh namespaces each), medians and ranges.
 """
 from __future__ import annotations
 
@@ -61,19 +64,24 @@ def worker(out: str, sizes: list[int], repeats: int) -> int:
     return 0
 
 
-def invocation(args, placement: str) -> dict:
+def invocation(args, placement: str) -> tuple[dict, float]:
     """One run in fresh namespaces: {(size, algorithm): (median seconds of rank 0's calls,
-    the most bytes a peer sent to other hosts per call)}."""
+    the most bytes a peer sent to other hosts per call, the most bytes a host's peers sent to
+    other hosts per call)}, and iperf3's rate (bits/s) from host 1 to host 0 while host 0 sends
+    to host 1 too (the slower way), measured first on the same uplinks."""
     import netfault
+    from link_capacity import iperf_rates
     n = args.hosts * args.per_host
     with netfault.Network(args.hosts) as net, tempfile.TemporaryDirectory() as tmp:
         for host in net.hosts:   # each host's uplink, as its NIC would be
             subprocess.run(["tc", "-n", host.ns, "qdisc", "add", "dev", "eth0", "root", "tbf",
                             "rate", args.rate, "burst", "256kb", "latency", "50ms"],
                            check=True, capture_output=True)
-        procs = []
+        iperf = min(iperf_rates(net, [(1, 0), (0, 1)], tmp))
+        procs, where = [], []
         for r in range(n):
             h = r % args.hosts if placement == "round-robin" else r // args.per_host
+            where.append(h)
             env = dict(os.environ, GOSSIP_RANK=str(r), GOSSIP_WORLD_SIZE=str(n),
                        GOSSIP_MASTER_ADDR=net.hosts[0].addr, GOSSIP_MASTER_PORT=str(PORT),
                        GOSSIP_TIMEOUT="120", PYTHONPATH=REPO)
@@ -88,7 +96,9 @@ def invocation(args, placement: str) -> dict:
                 raise SystemExit(f"rank {r} failed ({placement}):\n{log}")
         outs = [json.load(open(os.path.join(tmp, f"out.{r}"))) for r in range(n)]
     return {key: (statistics.median(outs[0][key]["seconds"]),
-                  max(o[key]["away_bytes"] for o in outs)) for key in outs[0]}
+                  max(o[key]["away_bytes"] for o in outs),
+                  max(sum(o[key]["away_bytes"] for o, h in zip(outs, where) if h == host)
+                      for host in range(args.hosts))) for key in outs[0]}, iperf
 
 
 def parse_size(text: str) -> int:
@@ -115,19 +125,32 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{args.hosts} hosts x {args.per_host} peers, uplinks {args.rate} (tbf), "
           f"{args.repeats} calls per invocation, {args.invocations} invocations")
     print(f"{'placement':<12} {'size':>5} {'ring s':>16} {'two levels s':>16} {'ratio':>6} "
-          f"{'away MiB ring / two levels':>28}")
+          f"{'away MiB ring / two levels':>28} {'uplink / iperf3, ring / two levels':>36}")
+    rates = []
     for placement in ("round-robin", "blocks"):
-        runs = [invocation(args, placement) for _ in range(args.invocations)]
+        runs = []
+        for _ in range(args.invocations):
+            run, iperf = invocation(args, placement)
+            runs.append(run)
+            rates.append(iperf)
         for size in args.sizes.split(","):
             b = parse_size(size)
             ring = [run[f"{b}/ring"][0] for run in runs]
             two = [run[f"{b}/hierarchical"][0] for run in runs]
             away = [run[f"{b}/{a}"][1] / 2**20 for a in ALGORITHMS for run in runs[:1]]
+            # What the busiest uplink carried a second, against iperf3 both ways at once.
+            filled = [statistics.median(run[f"{b}/{a}"][2] * 8 / run[f"{b}/{a}"][0]
+                                        for run in runs) / statistics.median(rates)
+                      for a in ALGORITHMS]
             print(f"{placement:<12} {size:>5} {statistics.median(ring):>7.3f} "
                   f"({min(ring):.3f}-{max(ring):.3f}) {statistics.median(two):>7.3f} "
                   f"({min(two):.3f}-{max(two):.3f}) "
                   f"{statistics.median(ring) / statistics.median(two):>5.2f}x "
-                  f"{away[0]:>12.1f} / {away[1]:.1f}", flush=True)
+                  f"{away[0]:>12.1f} / {away[1]:.1f} {filled[0]:>22.2f} / {filled[1]:.2f}",
+                  flush=True)
+    print(f"iperf3 between hosts 1 and 0, both ways at once (the slower way): median "
+          f"{statistics.median(rates) / 1e6:.1f} Mbit/s ({min(rates) / 1e6:.1f}-"
+          f"{max(rates) / 1e6:.1f})")
     return 0
 
 

@@ -76,7 +76,7 @@ def worker(sizes: list[int], reps: int, out: str) -> None:
     peer.close()
 
 
-def _iperf(net, pairs: list[tuple[int, int]], tmp: str) -> list[float]:
+def iperf_rates(net, pairs: list[tuple[int, int]], tmp: str) -> list[float]:
     """iperf3's rate (bits/s) on each directed link ``(src, dst)`` of ``pairs``, all of them
     at once for 3 s (one TCP stream each, a server per link on the destination)."""
     for attempt in range(5):
@@ -157,7 +157,7 @@ def main() -> None:
         with netfault.Network(HOSTS) as net, tempfile.TemporaryDirectory() as tmp:
             net.shape(args.rate)
             for name, pairs in patterns.items():
-                rates = _iperf(net, pairs, tmp)
+                rates = iperf_rates(net, pairs, tmp)
                 iperf.setdefault(name, []).append(statistics.mean(rates))
                 iperf.setdefault(name + " slowest", []).append(min(rates))
             for row in _peers(net, sizes, args.reps, tmp):
