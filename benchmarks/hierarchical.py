@@ -30,6 +30,8 @@ REPO = os.path.dirname(os.path.dirname(os.path.realpath(__file__)))   # through 
 sys.path.insert(0, os.path.join(REPO, "tests"))
 sys.path.insert(0, REPO)
 
+from gossip.bench.sizes import parse_size   # (after the repository's path)
+
 ALGORITHMS = ("ring", "hierarchical")
 PORT = 29517
 
@@ -99,11 +101,6 @@ def invocation(args, placement: str) -> tuple[dict, float]:
                   max(o[key]["away_bytes"] for o in outs),
                   max(sum(o[key]["away_bytes"] for o, h in zip(outs, where) if h == host)
                       for host in range(args.hosts))) for key in outs[0]}, iperf
-
-
-def parse_size(text: str) -> int:
-    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
-    return int(text[:-1]) * units[text[-1].upper()] if text[-1].upper() in units else int(text)
 
 
 def main(argv: list[str] | None = None) -> int:

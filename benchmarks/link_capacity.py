@@ -37,11 +37,6 @@ HOSTS = 4
 PORT = 29531
 
 
-def _size(text: str) -> int:
-    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
-    return int(text[:-1]) * units[text[-1].upper()] if text[-1].upper() in units else int(text)
-
-
 def worker(sizes: list[int], reps: int, out: str) -> None:
     """One peer: every size's allreduce and ring round, the slowest peer's times (rank 0
     writes them to ``out``)."""
@@ -138,10 +133,12 @@ def main() -> None:
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    sizes = [_size(s) for s in args.sizes.split(",")]
+    sys.path[:0] = [REPO]   # (before tests/, whose collectives/ is the tests')
+    from gossip.bench.sizes import parse_sizes
+
+    sizes = parse_sizes(args.sizes)
     if args.worker:
         return worker(sizes, args.reps, args.out)
-    sys.path[:0] = [REPO]   # (before tests/, whose collectives/ is the tests')
     sys.path.append(os.path.join(REPO, "tests"))
     import netfault
 

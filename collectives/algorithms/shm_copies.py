@@ -113,8 +113,10 @@ class SlotArrays:
     reduced at the root, out of every slot)."""
 
     def __init__(self, call: Call, adapter: ArrayAdapter, entry: SharedEntry,
-                 barrier: Callable[[], None]) -> None:
-        self.call, self.adapter, self.entry, self.barrier = call, adapter, entry, barrier
+                 headers: dict[int, np.ndarray], read: Any) -> None:
+        self.call, self.adapter, self.entry = call, adapter, entry
+        self._headers, self._read = headers, read
+        self._barrier: SharedBarrier | None = None   # (made if a move asks for one)
 
     def part(self, j: int, start: int, count: int) -> Any:
         """Elements [start, start + count) of what rank j wrote into its slot."""
@@ -140,6 +142,16 @@ class SlotArrays:
         for j in others:
             count_shared(self.call.transport, j, (stop - start) * self.call.itemsize)
             self.adapter.reduce(op, mine, self.part(j, start, stop - start))
+
+    def barrier(self) -> None:
+        """Wait until every peer of the call reached the same point of it."""
+        if self._barrier is None:
+            t = self.call.transport
+            self._barrier = SharedBarrier(
+                self.call, self.adapter, self._read,
+                [j for j in range(t.world_size) if j != t.rank], self.entry.steps,
+                {j: int(h[STEPS]) for j, h in self._headers.items()})
+        self._barrier()
 
 
 class OnHostCopies:
@@ -168,7 +180,7 @@ class OnHostCopies:
         with self.order.turn(call):
             try:
                 if self.fits(slot_bytes):
-                    self._through_slots(call, adapter, read, move, others)
+                    self._through_slots(call, adapter, read, move)
                     return
                 headers = self.entry.enter(call, call.nbytes,
                                            (_address(adapter, read), _address(adapter, kept)))
@@ -188,16 +200,14 @@ class OnHostCopies:
         return slot_bytes <= self.entry.data_bytes
 
     def _through_slots(self, call: Call, adapter: ArrayAdapter, read: Any,
-                       move: Callable[[CallArrays], None], others: list[int]) -> None:
+                       move: Callable[[CallArrays], None]) -> None:
         def write() -> None:
             if read is not None:
                 count = adapter.size(read)
                 slot = self.entry.slot(call.transport.rank)[:count * call.itemsize]
                 adapter.copy(adapter.from_frame(slot, call.frame_dtype, count), read)
         headers = self.entry.enter(call, call.nbytes, write=write)
-        barrier = SharedBarrier(call, adapter, read, others, self.entry.steps,
-                                {j: int(h[STEPS]) for j, h in headers.items()})
-        move(SlotArrays(call, adapter, self.entry, barrier))
+        move(SlotArrays(call, adapter, self.entry, headers, read))
 
 
 def _address(adapter: ArrayAdapter, flat: Any) -> int:
