@@ -3,16 +3,17 @@ namespaces (tests/netfault.py), every directed pair of hosts a link of its own s
 (htb, 100 Mbit/s), one real peer per host running the loop every simulated peer runs
 (gossip.simulation.train_peer, tests/simulation/workers/timing_worker.py); then the simulator
 runs the same TrainingSpec over "100mbit,0ms" links. The communication of a synchronous step
-(the gradients' allreduce) and of a DiLoCo outer step (local SGD's average of the parameters
-and the outer Nesterov step) must take within 20% of the real time.
+(the gradients' allreduce), of a gossip step (a ring round: each peer sends its parameters to
+both neighbours and hears from both) and of a DiLoCo outer step (local SGD's average of the
+parameters and the outer Nesterov step) must take within 20% of the real time.
 
-The gossip round is the exception, measured and left as it is: with both directions of a link
-busy at once (each peer sends to its two neighbours and hears from both), a round takes
-0.2-0.3 s where 2.46 MB at 95.6 Mbit/s (iperf3's rate on these links) is 0.206 s, and one-way
-rounds take 0.206 s; plain pyzmq DEALER/ROUTER pairs show the same (median 237 ms, p90
-317 ms; at 50 Mbit/s 515 ms against 412 ms), so it is the emulated network's, not the
-runtime's. The simulator's links are independent and never slowed so: for the round this test
-asserts only that the simulator does not overstate it, and prints the ratio.
+The hosts' TCP congestion control is reno (netfault.Network.congestion), TCP's classic
+loss-based control, which fills a link as the simulator's model assumes. A namespace otherwise
+takes the machine's default, and under BBR (the default on some machines, this one included)
+a gossip round, with both directions of every link busy at once, takes 1.2-1.7x what its
+bytes need at iperf3's rate, no packet lost (BBR paces by the rate its acknowledgements show,
+and those of one direction queue behind the other direction's data); the allreduce, one way a
+link, is the same under either.
 
 The real compute is measured in the same run: DiLoCo's local steps communicate nothing, so
 their time is the step's compute, which the simulator is then given (step_seconds). The model
@@ -45,6 +46,7 @@ HIDDEN = 8192
 PERIOD = 4            # DiLoCo's local steps per outer step
 WARMUP = 2            # steps left out of the real medians (connections, first allocations)
 TOLERANCE = 0.20      # the issue's bound on simulated against real communication time
+CONGESTION = "reno"   # the hosts' TCP congestion control (see the module's docstring)
 WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "workers", "timing_worker.py")
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 MASTER_PORT = 29500
@@ -57,6 +59,7 @@ def shaped():
         pytest.skip(reason)
     with netfault.Network(HOSTS) as net:
         net.shape(RATE)
+        net.congestion(CONGESTION)
         yield net
 
 
@@ -150,13 +153,11 @@ def test_simulated_communication_time_is_within_20_percent_of_real_peers_on_shap
         sim = statistics.median(_simulated(spec, compute)[WARMUP:])
         rows.append((f"{policy} step", real - compute, sim - compute))
     with capsys.disabled():
-        print(f"\n# {RATE} links (iperf3: {rate / 1e6:.1f} Mbit/s), step compute "
-              f"{compute * 1e3:.2f} ms" if rate else f"\n# {RATE} links, compute {compute:.4f}s")
+        print(f"\n# {RATE} links, TCP {CONGESTION} (iperf3: {rate / 1e6:.1f} Mbit/s), step "
+              f"compute {compute * 1e3:.2f} ms" if rate
+              else f"\n# {RATE} links, TCP {CONGESTION}, compute {compute:.4f}s")
         for name, real, sim in rows:
             print(f"# {name:20s} real {real * 1e3:8.1f} ms  simulated {sim * 1e3:8.1f} ms  "
                   f"({sim / real:.3f}x)")
     for name, real, sim in rows:
-        if name == "gossip step":   # (see the module's docstring)
-            assert sim <= real * (1 + TOLERANCE), (name, real, sim, rows)
-        else:
-            assert abs(sim - real) <= TOLERANCE * real, (name, real, sim, rows)
+        assert abs(sim - real) <= TOLERANCE * real, (name, real, sim, rows)
