@@ -94,6 +94,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     train.add_argument("--mtbf", type=float, metavar="SECONDS",
                        help="deaths drawn from the seed instead: one per SECONDS of simulated "
                             "time across the fleet, on average")
+    train.add_argument("--elastic", action="store_true",
+                       help="synchronous and local-sgd re-form the group after a death "
+                            "(elastic=True; without it a death fails their job)")
     train.add_argument("--detect", type=float, default=2.0, metavar="SECONDS",
                        help="the others count a dead peer lost this long after (the heartbeat "
                             "timeout; default 2)")
@@ -260,6 +263,10 @@ def _step_seconds(text: str, hidden: int) -> float:
                          ) from None
 
 
+#: The policies --elastic makes elastic (gossip and push-sum go on around a death anyway).
+ELASTIC_POLICIES = ("synchronous", "local-sgd")
+
+
 def _train(args: argparse.Namespace) -> int:
     from gossip.simulation import TrainingSpec, simulate_training
 
@@ -271,7 +278,9 @@ def _train(args: argparse.Namespace) -> int:
                           hidden=args.hidden, seed=args.seed, non_iid=args.non_iid,
                           regions=args.regions, wan=args.wan, links=args.links,
                           deaths=_deaths(args.deaths) + _churn(args.churn), mtbf=args.mtbf,
-                          detect_seconds=args.detect)
+                          detect_seconds=args.detect,
+                          policy_options=({"elastic": True} if args.elastic and name.strip()
+                                          in ELASTIC_POLICIES else {}))
              for name in args.policy.split(",") if name.strip()]
     if not specs:
         raise ValueError("--policy: give at least one policy")

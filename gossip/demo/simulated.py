@@ -15,10 +15,10 @@ only the times are the models'. The real demo stays the proof that the mechanics
 The scenarios are the story's (scenarios.py) where the simulator can run them, every one on a
 WAN (SIMULATED_LINK), for the policies it simulates (synchronous, local-sgd, gossip,
 push-sum): the network alone, a straggler, non-iid data, and a death (the middle peer dies
-when a third of the steps' compute has passed, counted lost DETECT seconds later), which the simulator runs
-for gossip and push-sum only (synchronous and local SGD re-form the group through membership,
-not simulated: named and skipped). Per scenario the table says which policy is the fastest of
-those whose peers end within one point of the best accuracy.
+when a third of the steps' compute has passed, counted lost DETECT seconds later; gossip and
+push-sum go on around it, synchronous and local SGD run with ``elastic=True`` and re-form the
+group without it). Per scenario the table says which policy is the fastest of those whose
+peers end within one point of the best accuracy.
 """
 from __future__ import annotations
 
@@ -53,8 +53,8 @@ class SimulatedScenario:
 
 #: The death scenario: the others count the dead peer lost this long after (heartbeats).
 DETECT = 2.0
-#: The policies whose deaths the simulator runs (training.py's TrainingSpec says why).
-_SURVIVE_DEATHS = ("gossip", "push-sum")
+#: The policies that need elastic=True to survive a death (they re-form the group).
+_ELASTIC = ("synchronous", "local-sgd")
 
 SIMULATED_SCENARIOS = (
     SimulatedScenario("slow-network", f"every link {SIMULATED_LINK} (a WAN)"),
@@ -63,7 +63,8 @@ SIMULATED_SCENARIOS = (
     SimulatedScenario("non-iid", "a WAN, each peer's classes drawn from Dirichlet(0.1)",
                       {"non_iid": 0.1}),
     SimulatedScenario("death", "a WAN, the middle peer dies a third of the way in "
-                               f"(counted lost {DETECT:g} s later)", {"deaths": "middle"}),
+                               f"(counted lost {DETECT:g} s later; synchronous and local-sgd "
+                               "elastic)", {"deaths": "middle"}),
 )
 
 
@@ -82,34 +83,26 @@ def simulated_story(*, policies: tuple[str, ...], peers: int, steps: int, topolo
 
     stderr = stderr or sys.stderr
     run = _scenarios(scenarios)
-    skipped: list[str] = []
     story: dict[str, Any] = {
         "run": {"peers": peers, "steps": steps, "topology": topology, "lr": lr, "seed": seed,
                 "link": SIMULATED_LINK, "policies": list(policies),
                 "task": "digits MLP (gossip.simulation.training)"},
-        "scenarios": [], "skipped": skipped}
-    for line in skipped:
-        print(f"simulated story: {line}", file=stderr, flush=True)
+        "scenarios": []}
     for scenario in run:
         settings = dict(scenario.settings)
         if settings.get("straggler") == "last":
             settings["straggler"] = (peers - 1, 4.0)
-        chosen = policies
-        if settings.get("deaths") == "middle":
+        dies = settings.get("deaths") == "middle"
+        if dies:
             # A third of the steps' compute: within the run whatever the network costs.
             third = steps * TrainingSpec.step_seconds / 3
             settings.update(deaths=((peers // 2, third),), detect_seconds=DETECT)
-            chosen = tuple(p for p in policies if p in _SURVIVE_DEATHS)
-            left = [p for p in policies if p not in _SURVIVE_DEATHS]
-            if left:
-                line = (f"{scenario.name}: {', '.join(left)} not simulated (a death re-forms "
-                        "the group through membership, which the simulator does not model)")
-                story["skipped"].append(line)
-                print(f"simulated story: {line}", file=stderr, flush=True)
         rows = []
-        for policy in chosen:
+        for policy in policies:
+            options = {"elastic": True} if dies and policy in _ELASTIC else {}
             spec = TrainingSpec(policy=policy, peers=peers, topology=topology, steps=steps,
-                                link=SIMULATED_LINK, lr=lr, seed=seed, **settings)
+                                link=SIMULATED_LINK, lr=lr, seed=seed, policy_options=options,
+                                **settings)
             started = time.perf_counter()
             result = simulate_training(spec).to_dict()
             print(f"{scenario.name}: {policy} took {result['simulated_seconds']:.1f} "
@@ -146,8 +139,6 @@ def format_story(story: dict[str, Any]) -> str:
                          f"{r['averaged_accuracy']:>10.2%}{r['consensus']:>11.4f}"
                          f"{r['simulated_seconds']:>13.2f}{r['bytes_per_peer'] / 1e6:>10.2f}")
         lines.append(f"fastest within {WITHIN:.0%} of the best accuracy: {scenario['wins']}")
-    for line in story["skipped"]:
-        lines += ["", f"skipped: {line}"]
     return "\n".join(lines)
 
 

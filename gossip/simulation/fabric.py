@@ -18,6 +18,15 @@ timeout), as their clocks pass that; a receive from it that finds nothing waits 
 time) until it is dead, then moves the receiver's clock to that detection and raises PeerLost.
 Messages carry their exchange's number, so a round one peer skipped is never taken for the
 next. Everything here follows the clocks and the schedule, never the threads' real order.
+
+Views (an elastic policy's recovery, sim_host.SimHost.recover): peers keep the number they
+started with (their global rank: clocks, counts and messages use it); ``members`` lists the
+current view's, in its rank order. A collective is among the view's members; one whose
+member died raises PeerLost on every survivor, its clock moved to the death's detection.
+The survivors then meet in ``reform``: once every member of the old view arrived or died, the
+view becomes those who arrived (the dead left out, the others renumbered in their order),
+every survivor's clock moves to the last arrival plus a barrier's cost over the new view (the
+agreement on it), and collectives count again from the first.
 """
 from __future__ import annotations
 
@@ -86,9 +95,14 @@ class Fabric:
         self._cond = threading.Condition()
         self._mail: dict[tuple[int, ...], deque[tuple[Any, float, int]]] = {}
         self._link_free: dict[tuple[int, int], float] = {}
-        self._rounds: dict[tuple[str, int], _Round] = {}
+        self._rounds: dict[tuple[int, str, int], _Round] = {}   # (view, op, seq)
         self._seq: list[dict[str, int]] = [{} for _ in range(size)]
         self._aborted: str | None = None
+        self.members = list(range(size))   # the current view's peers, in its rank order
+        self.view_number = 0
+        self._position = {m: k for k, m in enumerate(self.members)}   # member -> view rank
+        self._view_links = self.links
+        self._reforms: dict[int, _Round] = {}   # the view being left -> its survivors' meeting
 
     def abort(self, reason: str) -> None:
         """End every wait now and every later one at once, with ``reason`` (a peer failed: the
@@ -124,7 +138,8 @@ class Fabric:
             self._cond.notify_all()
 
     def lost_for(self, rank: int) -> dict[int, str]:
-        """The peers ``rank`` counts lost at its clock (detected ``detect`` after dying)."""
+        """The peers ``rank`` counts lost at its clock (detected ``detect`` after dying), by
+        global rank."""
         now = self.clock[rank]
         lost = {d: f"died at {t:g} s (simulated), detected at {t + self.detect:g} s"
                 for d, t in self.deaths.items() if d != rank and now >= t + self.detect}
@@ -224,41 +239,95 @@ class Fabric:
 
     def collective(self, rank: int, op: str, part: Any, nbytes: int,
                    combine: Callable[[Sequence[Any]], Any]) -> Any:
-        """Every peer's ``part`` of this ``op`` (the peers' k-th calls of it meet), combined
-        once in rank order by ``combine``; every member's clock moves to the latest arrival
-        plus the op's cost (collective_seconds)."""
+        """Every member's ``part`` of this ``op`` (the members' k-th calls of it in this view
+        meet), combined once in view rank order by ``combine``; every member's clock moves to
+        the latest arrival plus the op's cost (collective_seconds over the view). A member
+        dead before it arrived: PeerLost, the clock at its detection (the module docstring)."""
         with self._cond:
             self._check()
             seq = self._seq[rank].get(op, 0)
             self._seq[rank][op] = seq + 1
-            key = (op, seq)
+            key = (self.view_number, op, seq)
+            members = self.members
             meeting = self._rounds.setdefault(key, _Round())
             meeting.parts[rank] = part
             meeting.clocks[rank] = self.clock[rank]
-            if len(meeting.parts) == self.size:
-                meeting.result = combine([meeting.parts[r] for r in range(self.size)])
-                meeting.end = max(meeting.clocks.values()) + self.links.collective_seconds(
-                    op, nbytes)
+            if len(meeting.parts) == len(members):
+                meeting.result = combine([meeting.parts[r] for r in members])
+                meeting.end = max(meeting.clocks.values()) + \
+                    self._view_links.collective_seconds(op, nbytes)
                 self._cond.notify_all()
             elif not self._cond.wait_for(
                     lambda: meeting.end is not None or self._aborted is not None
-                    or bool(self.dead - set(meeting.parts)), self.timeout):
-                missing = sorted(set(range(self.size)) - set(meeting.parts))
+                    or bool(self.dead.intersection(members) - set(meeting.parts)),
+                    self.timeout):
+                missing = sorted(set(members) - set(meeting.parts))
                 raise OperationTimeout(f"simulated rank {rank}: {op} #{seq} still waits for "
                                        f"ranks {missing[:8]} after {self.timeout:g}s (real time)")
             if meeting.end is None:
                 self._check()
-                gone = sorted(self.dead - set(meeting.parts))
+                gone = sorted(self.dead.intersection(members) - set(meeting.parts))
                 if gone:
+                    heard = min(self.death_of(g) for g in gone) + self.detect
+                    self.clock[rank] = max(self.clock[rank], heard)
                     raise PeerLost(f"simulated rank {rank}: {op} #{seq}: rank {gone[0]} died "
-                                   "(a collective with a dead peer: the group must re-form, "
-                                   "which the simulator does not model)", rank=gone[0])
+                                   f"at {self.death_of(gone[0]):g} s (simulated)", rank=gone[0],
+                                   operation=f"{op} #{seq}")
             assert meeting.end is not None
             self.clock[rank] = meeting.end
-            for dst, sent in self.links.collective_sends(op, nbytes, rank):
-                self._count(rank, dst, sent)
+            for dst, sent in self._view_links.collective_sends(op, nbytes,
+                                                               self._position[rank]):
+                self._count(rank, members[dst], sent)
             self.messages_sent[rank] += 1
             meeting.taken += 1
-            if meeting.taken == self.size:
+            if meeting.taken == len(members):
                 del self._rounds[key]
             return meeting.result
+
+    def reform(self, rank: int, step: int) -> tuple[list[int], list[int]]:
+        """(An elastic recovery.) Meet the other survivors of the current view, ``rank`` at
+        step count ``step``: once every member arrived or died, the new view is those who
+        arrived, in the old order. Returns its members (global ranks) and their steps;
+        ``rank``'s clock moves to the last arrival plus a barrier's cost over the new view."""
+        with self._cond:
+            self._check()
+            number, members = self.view_number, self.members
+            if rank not in self._position:
+                raise RuntimeError(f"simulated rank {rank} is not in view {number}")
+            meeting = self._reforms.setdefault(number, _Round())
+            meeting.parts[rank] = step
+            meeting.clocks[rank] = self.clock[rank]
+
+            def settled() -> bool:
+                return meeting.end is not None or self._aborted is not None or all(
+                    m in meeting.parts or m in self.dead for m in members)
+            if not self._cond.wait_for(settled, self.timeout):
+                waited = sorted(set(members) - set(meeting.parts) - self.dead)
+                raise OperationTimeout(f"simulated rank {rank}: the recovery of view {number} "
+                                       f"still waits for ranks {waited[:8]} after "
+                                       f"{self.timeout:g}s (real time)")
+            self._check()
+            if meeting.end is None:   # the first to see it settled installs the new view
+                survivors = [m for m in members if m in meeting.parts]
+                links = self.links.subset(survivors)
+                meeting.result = (survivors, [meeting.parts[m] for m in survivors])
+                meeting.end = max(meeting.clocks.values()) + links.collective_seconds(
+                    "barrier", 0)
+                self.members = survivors
+                self._position = {m: k for k, m in enumerate(survivors)}
+                self._view_links = links
+                self.view_number = number + 1
+                for m in survivors:
+                    self._seq[m] = {}
+                self._rounds = {k: v for k, v in self._rounds.items() if k[0] > number}
+                self._cond.notify_all()
+            self.clock[rank] = max(self.clock[rank], meeting.end)
+            meeting.taken += 1
+            survivors, steps = meeting.result
+            if meeting.taken == len(survivors):
+                del self._reforms[number]
+            return list(survivors), list(steps)
+
+    def view_rank(self, rank: int) -> int:
+        """``rank``'s rank in the current view."""
+        return self._position[rank]

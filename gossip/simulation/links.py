@@ -116,6 +116,12 @@ class Links:
                     parse_link(text or "", f"{where}: links[{a}][{b}]"))
         return cls(size, region, rate, latency, f"from {path} ({count} regions)")
 
+    def subset(self, members: list[int]) -> "Links":
+        """The links among ``members`` (peers of this network), renumbered 0 to
+        len(members) - 1 in that order: a view without the dead (fabric.py)."""
+        return Links(len(members), self.region[np.asarray(members, dtype=np.int64)],
+                     self.rate, self.latency, self.text)
+
     # -- what a message and a collective cost ------------------------------------------------
     def link(self, src: int, dst: int) -> tuple[float, float]:
         """(rate in bytes/s, latency in s) of the link from ``src`` to ``dst``."""

@@ -7,10 +7,14 @@ completes before it returns (its Work is done). Deaths (fabric.py) are seen as o
 ``lost_peers`` names a dead peer once this peer's clock passes its detection, an exchange with
 one raises PeerLost (the round skipped), or with ``partial`` completes without it and raises
 ExchangeIncomplete (a missing destination's share stays with the sender), and the policies'
-own channels (a gossip graph's healing proposals) carry their messages. Not simulated, and
-refused with a NotImplementedError naming the call: codecs, membership changes (a view
-change, joins, leaves, restarts), the background policies (asynchronous, push-sum with
-overlap)."""
+own channels (a gossip graph's healing proposals) carry their messages. An elastic policy
+(synchronous, local SGD with ``elastic=True``) that loses a peer in a collective recovers
+through ``recover``: the survivors re-form the group (Fabric.reform), the policy's own
+view-change hooks run, and every survivor goes on from the same step, as a recovery at once
+on real peers; the host then has the new view's rank and size (the fabric keeps each peer's
+starting rank). Not simulated, and refused with a NotImplementedError naming the call:
+codecs, joins, leaves and restarts, a recovery whose survivors are at different steps (a
+state transfer), the background policies (asynchronous, push-sum with overlap)."""
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -21,7 +25,9 @@ import numpy as np
 
 from collectives import NeighborPlan
 from collectives.work import Work
+from collectives.group import Member, Switch, View
 from gossip.errors import ExchangeIncomplete, PeerLost
+from gossip.policies.neighborhood.policy_graph import resize_topology
 from gossip.simulation.fabric import Fabric
 
 __all__ = ["SimHost"]
@@ -40,10 +46,21 @@ def _numpy(x: Any) -> np.ndarray:
                     f"{type(x).__name__}")
 
 
-def _done(result: Any, what: str) -> Work:
+def _done(result: Any, what: str, error: BaseException | None = None) -> Work:
     work = Work(what)
-    work.finish(result)
+    work.finish(result, error)
     return work
+
+
+def _call(wait: bool, what: str, run: Any) -> Any:
+    """``run()``'s result, or with ``wait=False`` a finished Work holding it, or holding the
+    PeerLost it raised (raised by ``wait()``, as a real non-blocking call's)."""
+    if wait:
+        return run()
+    try:
+        return _done(run(), what)
+    except PeerLost as exc:
+        return _done(None, what, exc)
 
 
 class _Channel:
@@ -53,14 +70,14 @@ class _Channel:
 
     def __init__(self, fabric: Fabric, rank: int, number: int) -> None:
         self._fabric = fabric
-        self._rank = rank
+        self._rank = rank   # (global: the fabric's)
         self.number = number
 
     def send(self, dst: int, x: Any, *, timeout: float | None = None) -> None:
-        self._fabric.post(self.number, self._rank, dst, _numpy(x))
+        self._fabric.post(self.number, self._rank, self._fabric.members[dst], _numpy(x))
 
     def recv(self, src: int, out: Any = None, *, timeout: float | None = None) -> Any:
-        got = self._fabric.take(self.number, self._rank, src,
+        got = self._fabric.take(self.number, self._rank, self._fabric.members[src],
                                 self._fabric.timeout if timeout is None else timeout)
         if out is None:
             return got
@@ -68,21 +85,22 @@ class _Channel:
         return out
 
     def probe(self, src: int) -> bool:
-        return self._fabric.waiting(self.number, self._rank, src)
+        return self._fabric.waiting(self.number, self._rank, self._fabric.members[src])
 
     def __getattr__(self, name: str) -> Any:
         raise NotImplementedError(
             f"the simulator's peer channels send, receive and probe (channel {self.number}."
             f"{name}): it runs the synchronous-round policies (synchronous, local-sgd, gossip, "
-            "push-sum without overlap), without membership changes")
+            "push-sum without overlap), without joins, leaves or restarts")
 
 
 class SimHost:
-    """Rank ``rank`` of ``fabric``'s peers, on ``topology`` (PEER_TOPOLOGY's graph)."""
+    """Peer ``rank`` of ``fabric``'s (its starting rank), on ``topology`` (PEER_TOPOLOGY's
+    graph)."""
 
     def __init__(self, fabric: Fabric, rank: int, topology: Any, *, timeout: float = 300.0) -> None:
         self._fabric = fabric
-        self._rank = rank
+        self._rank = rank   # global: the fabric's number for this peer, whatever the view
         self._topology = topology
         self._timeout = timeout
         self._closed = False
@@ -91,11 +109,17 @@ class SimHost:
     # -- identity and settings ----------------------------------------------------------------
     @property
     def rank(self) -> int:
-        return self._rank
+        """This peer's rank in the current view (its starting rank until a recovery)."""
+        return self._fabric.view_rank(self._rank)
 
     @property
     def world_size(self) -> int:
-        return self._fabric.size
+        return len(self._fabric.members)
+
+    @property
+    def starting_rank(self) -> int:
+        """The rank this peer started with (the fabric's clocks and counts use it)."""
+        return self._rank
 
     @property
     def timeout(self) -> float:
@@ -135,7 +159,11 @@ class SimHost:
                 "messages_sent": self._fabric.messages_sent[self._rank], "codec": {}}
 
     def lost_peers(self) -> dict[int, str]:
-        return self._fabric.lost_for(self._rank)
+        """The current view's ranks this peer counts lost (a view re-formed without the dead
+        lists none of them)."""
+        lost = self._fabric.lost_for(self._rank)
+        members = self._fabric.members
+        return {members.index(d): why for d, why in lost.items() if d in members}
 
     def close(self) -> None:
         self._closed = True
@@ -160,33 +188,37 @@ class SimHost:
                 total = total / len(parts)
             return total.astype(mine.dtype, copy=False)
 
-        result = self._fabric.collective(self._rank, "allreduce", mine.copy(), mine.nbytes,
-                                         combine)
-        np.copyto(mine, result)
-        return x if wait else _done(x, "simulated allreduce")
+        def run() -> Any:
+            np.copyto(mine, self._fabric.collective(self._rank, "allreduce", mine.copy(),
+                                                    mine.nbytes, combine))
+            return x
+        return _call(wait, "simulated allreduce", run)
 
     def broadcast(self, x: Any, root: int = 0, *, wait: bool = True,
                   timeout: float | None = None) -> Any:
         mine = _numpy(x)
-        result = self._fabric.collective(self._rank, "broadcast", mine.copy(), mine.nbytes,
-                                         lambda parts: parts[root])
-        np.copyto(mine, result)
-        return x if wait else _done(x, "simulated broadcast")
+
+        def run() -> Any:
+            np.copyto(mine, self._fabric.collective(self._rank, "broadcast", mine.copy(),
+                                                    mine.nbytes, lambda parts: parts[root]))
+            return x
+        return _call(wait, "simulated broadcast", run)
 
     def allgather(self, x: Any, *, out: Any = None, variable: bool = False,
                   wait: bool = True, timeout: float | None = None) -> Any:
         mine = _numpy(x)
-        parts = self._fabric.collective(self._rank, "allgather", mine.copy(), mine.nbytes,
-                                        lambda ps: [p.copy() for p in ps])
-        if variable:
-            result: Any = parts
-        else:
+
+        def run() -> Any:
+            parts = self._fabric.collective(self._rank, "allgather", mine.copy(), mine.nbytes,
+                                            lambda ps: [p.copy() for p in ps])
+            if variable:
+                return parts
             gathered = np.stack(parts)
             if out is not None:
                 np.copyto(_numpy(out), gathered.reshape(_numpy(out).shape))
-                gathered = out
-            result = gathered
-        return result if wait else _done(result, "simulated allgather")
+                return out
+            return gathered
+        return _call(wait, "simulated allgather", run)
 
     def neighbor_exchange(self, x: Any, plan: NeighborPlan, *, scratch: Any = None,
                           out: Any = None, wait: bool = True,
@@ -199,16 +231,18 @@ class SimHost:
         self._exchanges += 1
         what = f"neighbour exchange #{tag}"
         mine = _numpy(x)
+        members = fabric.members   # view rank -> the fabric's
         missing: dict[int, Exception] = {}
         for dst in plan.dst_ranks:
             scale = None if plan.dst_weights is None else plan.dst_weights[dst]
-            if not fabric.send(rank, dst, mine if scale is None else mine * scale, tag):
+            if not fabric.send(rank, members[dst], mine if scale is None else mine * scale,
+                               tag):
                 missing[dst] = PeerLost(f"simulated rank {rank}: rank {dst} died before "
                                         f"{what} reached it", rank=dst, operation=what)
         received = []
         for src in sorted(plan.src_weights):
             try:
-                received.append((src, fabric.recv(rank, src, what, tag)))
+                received.append((src, fabric.recv(rank, members[src], what, tag)))
             except PeerLost as exc:
                 missing[src] = exc
         fabric.check_alive(rank)   # (what arrived at or after its death is not absorbed)
@@ -232,7 +266,7 @@ class SimHost:
         answer = x if out is None else out
         return answer if wait else _done(answer, "simulated neighbour exchange")
 
-    # -- membership (none: every peer stays) ---------------------------------------------------
+    # -- membership: an elastic recovery (no joins, leaves or restarts) -----------------------
     def register_policy(self, policy: Any) -> None:
         pass
 
@@ -246,10 +280,33 @@ class SimHost:
         return False
 
     def recover(self, policy: Any, step: int, pending: bool = False) -> int:
-        raise NotImplementedError("the simulator has no membership changes yet")
+        """A peer was lost mid-step (an elastic policy, Policy._recover): re-form the group
+        with the survivors (Fabric.reform) and go on from ``step``, the same on every survivor
+        (a recovery at once whose source is any of them: no state moves). The policy's hooks
+        run as a real view change runs them (view_changing, view_changed, resume_at; gossip/
+        membership/controller.py, take_switch); ``pending``: its parameters hold this peer's
+        update of ``step``, not yet combined, so the step is completed in the new view."""
+        fabric = self._fabric
+        old = fabric.view_number
+        fabric.check_alive(self._rank)   # (its clock moved to the detection: its own death?)
+        members, steps = fabric.reform(self._rank, step)
+        if len(set(steps)) > 1:
+            raise NotImplementedError(
+                f"simulated rank {self._rank}: the survivors of view {old} are at steps "
+                f"{sorted(set(steps))}; taking a state from the one furthest on (a state "
+                "transfer) is not simulated")
+        view = View("simulation", old + 1,
+                    tuple(Member(f"peer-{m}", 0, "") for m in members), step)
+        switch = Switch(view, None, source=0, step=step, receivers=[], at_once=True,
+                        completes=pending)
+        policy.view_changing(switch)
+        self._topology = resize_topology(self._topology, len(members))
+        policy.view_changed()
+        policy.resume_at(step, complete=pending)
+        return step
 
     def changing_now(self) -> bool:
         return False
 
     def leave(self) -> None:
-        raise NotImplementedError("the simulator has no membership changes yet")
+        raise NotImplementedError("the simulator has no joins, leaves or restarts yet")

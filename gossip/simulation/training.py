@@ -99,10 +99,11 @@ class TrainingSpec:
                              "and wan; give one or the other")
         self.network()   # (a bad region count, wan or file names itself here)
         if self.deaths or self.mtbf is not None:
-            if self.policy not in ("gossip", "push-sum"):
-                raise ValueError(f"simulate: deaths are simulated for gossip and push-sum, not "
-                                 f"{self.policy} (it re-forms the group through membership, "
-                                 "which the simulator does not model yet)")
+            if self.policy not in ("gossip", "push-sum") and \
+                    not self.policy_options.get("elastic"):
+                raise ValueError(f"simulate: with deaths, {self.policy} needs elastic=True "
+                                 "(policy_options; --elastic): without it a death fails the "
+                                 "job, as on real peers")
             for death in self.deaths:
                 if len(death) != 2 or not 0 <= death[0] < self.peers or not death[1] >= 0:
                     raise ValueError(f"simulate: deaths must be (rank, seconds >= 0) pairs of "
@@ -250,20 +251,20 @@ def train_peer(peer: Any, spec: TrainingSpec, tick: Callable[[float], None] = la
     from gossip.policies import make
 
     x, y, test_x, test_y = _task_data()
-    n = peer.world_size
-    rows = torch.from_numpy(shard(len(y), peer.rank, n, seed=spec.seed, labels=y.numpy(),
+    n, rank = peer.world_size, peer.rank   # (the rank it starts with: a recovery renumbers)
+    rows = torch.from_numpy(shard(len(y), rank, n, seed=spec.seed, labels=y.numpy(),
                                   alpha=spec.non_iid)
                             if len(y) >= n else np.arange(len(y)))
-    rng = np.random.default_rng([spec.seed, peer.rank])
+    rng = np.random.default_rng([spec.seed, rank])
     with _SEEDING:   # (torch's seed is the process's: simulated peers are threads of one)
         torch.manual_seed(spec.seed)
         model = _model(spec.hidden)
     opt = torch.optim.SGD(model.parameters(), lr=spec.lr, momentum=spec.momentum)
     dopt = gossip.DistributedOptimizer(opt, peer=peer, policy=make(spec.policy,
                                                                   **spec.policy_options))
-    slow = spec.straggler[1] if spec.straggler and spec.straggler[0] == peer.rank else 1.0
+    slow = spec.straggler[1] if spec.straggler and spec.straggler[0] == rank else 1.0
     sigma = spec.step_jitter
-    jitter = np.random.default_rng([spec.seed, peer.rank, 1]).lognormal(
+    jitter = np.random.default_rng([spec.seed, rank, 1]).lognormal(
         -sigma * sigma / 2, sigma, spec.steps) if sigma else np.ones(spec.steps)
     losses: list[float] = []
     clocks: list[float] = []
@@ -286,7 +287,7 @@ def train_peer(peer: Any, spec: TrainingSpec, tick: Callable[[float], None] = la
         dopt.close()
     if getattr(peer, "clock", None) is not None and clocks:
         clocks[-1] = float(peer.clock)
-    return PeerResult(peer.rank, flat_parameters(model), accuracy, losses, clocks, sent)
+    return PeerResult(rank, flat_parameters(model), accuracy, losses, clocks, sent)
 
 
 def simulate_training(spec: TrainingSpec, *, timeout: float = 600.0) -> TrainingResult:

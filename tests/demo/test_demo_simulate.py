@@ -28,14 +28,15 @@ def test_two_simulated_stories_write_the_same_json(tmp_path):
     story = json.loads(runs[0])
     assert [s["name"] for s in story["scenarios"]] == ["slow-network", "straggler", "non-iid",
                                                        "death"]
-    assert story["skipped"] == ["death: synchronous, local-sgd not simulated (a death re-forms "
-                                "the group through membership, which the simulator does not "
-                                "model)"]
     death = {r["policy"]: r for r in story["scenarios"][-1]["rows"]}
-    assert list(death) == ["gossip", "push-sum"]
+    assert list(death) == ["synchronous", "local-sgd", "gossip", "push-sum"]
     assert all(r["died"] == [4] and r["spec"]["deaths"] == [[4, 20 * 0.01 / 3]]
                for r in death.values())
-    for scenario in story["scenarios"][:-1]:
+    # The lockstep policies re-form the group (elastic) and stay one model.
+    assert [death[p]["spec"]["policy_options"] for p in death] == [
+        {"elastic": True}, {"elastic": True}, {}, {}]
+    assert death["synchronous"]["consensus"] == 0.0 and death["local-sgd"]["consensus"] == 0.0
+    for scenario in story["scenarios"]:
         rows = {r["policy"]: r for r in scenario["rows"]}
         assert list(rows) == ["synchronous", "local-sgd", "gossip", "push-sum"]
         assert scenario["wins"] in rows

@@ -1,6 +1,8 @@
 """Deaths in the simulator (gossip/simulation/fabric.py): a peer dies at its scheduled
 simulated second, the others count it lost once their clocks pass its detection, and the real
-gossip and push-sum policies go on around it (a ring healed by the policy's own proposals)."""
+gossip and push-sum policies go on around it (a ring healed by the policy's own proposals);
+the real synchronous and local SGD policies, elastic, re-form the group without it
+(SimHost.recover: the policies' own recovery, Policy._recover, and view-change hooks)."""
 from __future__ import annotations
 
 import numpy as np
@@ -48,9 +50,59 @@ def test_mtbf_draws_deaths_from_the_seed_and_keeps_two_peers() -> None:
     assert schedule != TrainingSpec(policy="gossip", peers=6, mtbf=1.0, seed=6).death_schedule()
 
 
+@pytest.mark.parametrize("policy, options", [
+    ("synchronous", {}), ("local-sgd", {"period": 4}),
+    ("local-sgd", {"period": 4, "outer_optimizer": "diloco"})])
+def test_an_elastic_lockstep_policy_re_forms_the_group_and_two_runs_alike(
+        policy: str, options: dict) -> None:
+    spec = TrainingSpec(policy=policy, deaths=((3, 0.3), (6, 0.6)), detect_seconds=0.5,
+                        policy_options={"elastic": True, **options}, **COMMON)
+    runs = [simulate_training(spec, timeout=120) for _ in range(2)]
+    for run in runs:
+        assert run.died == [3, 6] and [p.rank for p in run.peers] == [0, 1, 2, 4, 5, 7]
+        assert len(run.peers[0].losses) == COMMON["steps"]
+    for a, b in zip(*(run.peers for run in runs)):
+        assert a.clocks == b.clocks and np.array_equal(a.parameters, b.parameters)
+    run = runs[0]
+    # One model on every survivor after two recoveries (the step cut off by each was begun
+    # again or completed in the new view, on every survivor alike).
+    assert run.consensus == 0.0
+    assert all(np.array_equal(p.parameters, run.peers[0].parameters) for p in run.peers)
+    whole = simulate_training(TrainingSpec(policy=policy, policy_options=options, **COMMON),
+                              timeout=120)
+    assert run.accuracy > whole.accuracy - 0.05
+    # The first death cost about its detection (0.5 s, less the step's compute the survivors
+    # had done when they began to wait); rank 6's came during it (0.6 s, before the survivors
+    # heard of rank 3's at 0.8): it dies entering the recovery, and one recovery leaves both
+    # out, so the second costs nothing more.
+    assert 0.45 < run.simulated_seconds - whole.simulated_seconds < 0.55
+
+
+def test_a_recovery_charges_the_detection_and_the_new_view_s_barrier() -> None:
+    """Synchronous on 4 peers, 1 Gbit/s links with 5 ms latency, 10 ms steps: each step's
+    gradient allreduce (39 KB: recursive doubling) is log2(4) = 2 steps of latency + bytes /
+    rate, as after the start's broadcast. Rank 3 dies at step 2's start (its clock 0.052 s
+    >= 0.05); the others, waiting in that step's allreduce, hear of it at 0.05 + 0.2 s, re-form
+    (a barrier over 3: ceil(log2 3) = 2 latencies), begin step 2 again (its update skipped)
+    and pay 2 steps of latency + bytes / rate per allreduce of 3 after that."""
+    steps, compute, latency, rate, detect = 10, 0.01, 0.005, 1e9 / 8, 0.2
+    spec = TrainingSpec(policy="synchronous", peers=4, steps=steps, link="1gbit,5ms",
+                        step_seconds=compute, deaths=((3, 0.05),), detect_seconds=detect,
+                        policy_options={"elastic": True})
+    run = simulate_training(spec, timeout=120)
+    nbytes = run.peers[0].parameters.nbytes
+    allreduce = 2 * (latency + nbytes / rate)
+    assert allreduce + 2 * (compute + allreduce) >= 0.05 > allreduce + (compute + allreduce)
+    expected = 0.05 + detect + 2 * latency + (steps - 3) * (compute + allreduce)
+    assert run.died == [3]
+    assert run.simulated_seconds == pytest.approx(expected, rel=1e-9)
+    # (clocks[k]: the clock as step k began, the last one the end)
+    assert run.peers[0].clocks[3] == pytest.approx(0.05 + detect + 2 * latency, rel=1e-9)
+
+
 @pytest.mark.parametrize("kwargs, message", [
-    ({"policy": "synchronous", "deaths": ((1, 1.0),)}, "not synchronous"),
-    ({"policy": "local-sgd", "mtbf": 10.0}, "not local-sgd"),
+    ({"policy": "synchronous", "deaths": ((1, 1.0),)}, "synchronous needs elastic=True"),
+    ({"policy": "local-sgd", "mtbf": 10.0}, "local-sgd needs elastic=True"),
     ({"deaths": ((9, 1.0),)}, "pairs of the 4 peers"),
     ({"deaths": ((1, -1.0),)}, "pairs of the 4 peers"),
     ({"deaths": ((1, 1.0), (1, 2.0))}, "dies once"),

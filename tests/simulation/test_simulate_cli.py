@@ -98,3 +98,20 @@ def test_train_takes_deaths_from_a_churn_trace(tmp_path: Path) -> None:
     trace.write_text(json.dumps({"deaths": [[2, "soon"]]}))
     proc = _gossip("simulate", "train", "--churn", str(trace))
     assert proc.returncode == 2 and f"--churn {trace}: expected" in proc.stderr
+
+
+def test_train_elastic_lets_the_lockstep_policies_survive_a_death(tmp_path: Path) -> None:
+    pytest.importorskip("torch")
+    out = tmp_path / "runs.json"
+    args = ("simulate", "train", "--policy", "synchronous,local-sgd,gossip", "-n", "6",
+            "--steps", "20", "--link", "1gbit,5ms", "--deaths", "4@0.05", "--detect", "0.1")
+    proc = _gossip(*args)
+    assert proc.returncode == 2 and "synchronous needs elastic=True" in proc.stderr \
+        and "--elastic" in proc.stderr, proc.stderr
+    proc = _gossip(*args, "--elastic", "--json", str(out))
+    assert proc.returncode == 0, proc.stderr
+    runs = {r["spec"]["policy"]: r for r in json.loads(out.read_text())["runs"]}
+    assert [runs[p]["spec"]["policy_options"] for p in runs] == [
+        {"elastic": True}, {"elastic": True}, {}]
+    assert all(r["died"] == [4] for r in runs.values())
+    assert runs["synchronous"]["consensus"] == 0.0 and runs["local-sgd"]["consensus"] == 0.0
