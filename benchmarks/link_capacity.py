@@ -16,9 +16,14 @@ links have no added latency); one real peer per host. In each invocation:
   time, the median of ``--reps`` after one untimed call.
 
 Fraction = the bytes each link carried / time, against iperf3's mean rate a link on the op's
-own links at once (and, in brackets, against one link alone). Usage:
+own links at once (and, in brackets, against one link alone). ``--congestion reno,bbr`` runs
+it all under each TCP congestion control in turn within every invocation (the hosts' own;
+default: the machine's, which a new namespace takes): under BBR a round, both directions of
+every link busy at once, fills less of its links than under reno or cubic
+(tests/netfault.Network.congestion). Usage:
 
     python benchmarks/link_capacity.py [--rate 1gbit] [--sizes 64M,256M] [--invocations 3]
+        [--congestion reno,bbr]
 """
 from __future__ import annotations
 
@@ -130,6 +135,9 @@ def main() -> None:
     parser.add_argument("--sizes", default="64M,256M")
     parser.add_argument("--invocations", type=int, default=3)
     parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--congestion", default="",
+                        help="TCP congestion controls to run under, comma-separated "
+                             "(default: the machine's)")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -148,41 +156,58 @@ def main() -> None:
     ring = [(i, (i + 1) % HOSTS) for i in range(HOSTS)]
     patterns = {"one link": [(1, 0)], "allreduce": ring,
                 "round": ring + [(b, a) for a, b in ring]}
-    iperf: dict[str, list[float]] = {}
-    times: dict[tuple[str, int], list[float]] = {}
+    controls = [c for c in args.congestion.split(",") if c] or [""]
+    iperf: dict[tuple[str, str], list[float]] = {}
+    times: dict[tuple[str, str, int], list[float]] = {}
     for invocation in range(args.invocations):
-        with netfault.Network(HOSTS) as net, tempfile.TemporaryDirectory() as tmp:
-            net.shape(args.rate)
-            for name, pairs in patterns.items():
-                rates = iperf_rates(net, pairs, tmp)
-                iperf.setdefault(name, []).append(statistics.mean(rates))
-                iperf.setdefault(name + " slowest", []).append(min(rates))
-            for row in _peers(net, sizes, args.reps, tmp):
-                times.setdefault((row["op"], row["bytes"]), []).append(
-                    statistics.median(row["times"]))
-        print(f"# invocation {invocation}: iperf3 "
-              + ", ".join(f"{name} {r[-1] / 1e6:.0f}" for name, r in iperf.items())
-              + " Mbit/s; "
-              + ", ".join(f"{op} {b >> 20} MiB {t[-1]:.3f} s" for (op, b), t in times.items()),
-              flush=True)
-    rate_of = {name: statistics.median(r) for name, r in iperf.items()}
+        for control in controls:
+            with netfault.Network(HOSTS) as net, tempfile.TemporaryDirectory() as tmp:
+                net.shape(args.rate)
+                default = net.congestion(control) if control else ""
+                control = control or default or _current(net)
+                for name, pairs in patterns.items():
+                    rates = iperf_rates(net, pairs, tmp)
+                    iperf.setdefault((control, name), []).append(statistics.mean(rates))
+                    iperf.setdefault((control, name + " slowest"), []).append(min(rates))
+                for row in _peers(net, sizes, args.reps, tmp):
+                    times.setdefault((control, row["op"], row["bytes"]), []).append(
+                        statistics.median(row["times"]))
+            print(f"# invocation {invocation}, TCP {control}: iperf3 "
+                  + ", ".join(f"{name} {r[-1] / 1e6:.0f}" for (c, name), r in iperf.items()
+                              if c == control)
+                  + " Mbit/s; "
+                  + ", ".join(f"{op} {b >> 20} MiB {t[-1]:.3f} s"
+                              for (c, op, b), t in times.items() if c == control),
+                  flush=True)
+    rate_of = {key: statistics.median(r) for key, r in iperf.items()}
     print(f"\n{HOSTS} hosts, every directed pair a {args.rate} htb link. iperf3, one TCP "
-          f"stream a link, medians of {args.invocations} invocations: one link alone "
-          f"{rate_of['one link'] / 1e6:.1f} Mbit/s; the allreduce's {len(ring)} ring links at "
-          f"once {rate_of['allreduce'] / 1e6:.1f} a link (slowest "
-          f"{rate_of['allreduce slowest'] / 1e6:.1f}); the round's {2 * len(ring)} at once "
-          f"{rate_of['round'] / 1e6:.1f} (slowest {rate_of['round slowest'] / 1e6:.1f}). "
-          "Fraction: against the op's own links at once (and against one link alone).")
-    print("| op | size | time (median) | bytes a link carries | rate a link | iperf3, its "
+          f"stream a link, medians of {args.invocations} invocations:")
+    for control in dict.fromkeys(c for c, _ in rate_of):
+        print(f"- TCP {control}: one link alone {rate_of[control, 'one link'] / 1e6:.1f} Mbit/s; "
+              f"the allreduce's {len(ring)} ring links at once "
+              f"{rate_of[control, 'allreduce'] / 1e6:.1f} a link (slowest "
+              f"{rate_of[control, 'allreduce slowest'] / 1e6:.1f}); the round's "
+              f"{2 * len(ring)} at once {rate_of[control, 'round'] / 1e6:.1f} (slowest "
+              f"{rate_of[control, 'round slowest'] / 1e6:.1f}).")
+    print("\nFraction: against the op's own links at once (and against one link alone).\n")
+    print("| TCP | op | size | time (median) | bytes a link carries | rate a link | iperf3, its "
           "links at once | fraction (of one link alone) |")
-    print("|---|---|---|---|---|---|---|")
-    for (op, nbytes), ts in times.items():
+    print("|---|---|---|---|---|---|---|---|")
+    for (control, op, nbytes), ts in times.items():
         t = statistics.median(ts)
         carried = nbytes * 2 * (HOSTS - 1) / HOSTS if op == "allreduce" else nbytes
         rate = carried * 8 / t
-        print(f"| {op} | {nbytes >> 20} MiB | {t:.3f} s | {carried / 1e6:.1f} MB | "
-              f"{rate / 1e6:.1f} Mbit/s | {rate_of[op] / 1e6:.1f} Mbit/s | "
-              f"{rate / rate_of[op]:.2f} ({rate / rate_of['one link']:.2f}) |")
+        own, alone = rate_of[control, op], rate_of[control, "one link"]
+        print(f"| {control} | {op} | {nbytes >> 20} MiB | {t:.3f} s | {carried / 1e6:.1f} MB | "
+              f"{rate / 1e6:.1f} Mbit/s | {own / 1e6:.1f} Mbit/s | "
+              f"{rate / own:.2f} ({rate / alone:.2f}) |")
+
+
+def _current(net) -> str:
+    """The TCP congestion control the hosts' namespaces have."""
+    return net.ns_exec(net.hosts[0], "sysctl", "-n",
+                       "net.ipv4.tcp_congestion_control").stdout.strip() or "?"
+
 
 if __name__ == "__main__":
     main()
