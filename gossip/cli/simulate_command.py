@@ -94,6 +94,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     train.add_argument("--mtbf", type=float, metavar="SECONDS",
                        help="deaths drawn from the seed instead: one per SECONDS of simulated "
                             "time across the fleet, on average")
+    train.add_argument("--restarts", metavar="RANK@SECONDS,...",
+                       help="a dead peer's new process asks to join at that simulated second "
+                            "(it takes a member's state at the next step boundary)")
+    train.add_argument("--restart-after", type=float, metavar="SECONDS",
+                       help="every dead peer restarts SECONDS after its death")
     train.add_argument("--elastic", action="store_true",
                        help="synchronous and local-sgd re-form the group after a death "
                             "(elastic=True; without it a death fails their job)")
@@ -216,8 +221,8 @@ def _straggler(text: str | None) -> tuple[int, float] | None:
         raise ValueError(f"--straggler {text!r}: expected RANK@FACTOR, e.g. 3@4") from None
 
 
-def _deaths(text: str | None) -> tuple[tuple[int, float], ...]:
-    """--deaths 3@0.5,7@2 -> ((3, 0.5), (7, 2.0))."""
+def _deaths(text: str | None, option: str = "--deaths") -> tuple[tuple[int, float], ...]:
+    """--deaths 3@0.5,7@2 -> ((3, 0.5), (7, 2.0)) (--restarts alike)."""
     if not text:
         return ()
     out = []
@@ -226,26 +231,35 @@ def _deaths(text: str | None) -> tuple[tuple[int, float], ...]:
         try:
             out.append((int(rank), float(when)))
         except ValueError:
-            raise ValueError(f"--deaths {text!r}: expected RANK@SECONDS,..., e.g. 3@0.5,7@2"
+            raise ValueError(f"{option} {text!r}: expected RANK@SECONDS,..., e.g. 3@0.5,7@2"
                              ) from None
     return tuple(out)
 
 
-def _churn(path: str | None) -> tuple[tuple[int, float], ...]:
-    """--churn FILE: the deaths of a trace, {"deaths": [[rank, seconds], ...]}."""
+def _churn(path: str | None) -> tuple[tuple[tuple[int, float], ...], tuple[tuple[int, float], ...]]:
+    """--churn FILE: the (deaths, restarts) of a trace, {"deaths": [[rank, seconds], ...],
+    "restarts": [[rank, seconds], ...]} (restarts optional)."""
     if path is None:
-        return ()
+        return (), ()
     try:
         with open(path) as f:
             data = json.load(f)
     except (OSError, ValueError) as exc:
         raise ValueError(f"--churn {path}: cannot read it: {exc}") from None
-    deaths = data.get("deaths") if isinstance(data, dict) else None
-    if not isinstance(deaths, list) or not all(
-            isinstance(d, list) and len(d) == 2 and type(d[0]) is int
-            and isinstance(d[1], (int, float)) and not isinstance(d[1], bool) for d in deaths):
-        raise ValueError(f'--churn {path}: expected {{"deaths": [[RANK, SECONDS], ...]}}')
-    return tuple((int(r), float(t)) for r, t in deaths)
+
+    def pairs(key: str) -> tuple[tuple[int, float], ...] | None:
+        items = data.get(key, []) if isinstance(data, dict) else None
+        if not isinstance(items, list) or not all(
+                isinstance(d, list) and len(d) == 2 and type(d[0]) is int
+                and isinstance(d[1], (int, float)) and not isinstance(d[1], bool)
+                for d in items):
+            return None
+        return tuple((int(r), float(t)) for r, t in items)
+    deaths, restarts = pairs("deaths"), pairs("restarts")
+    if deaths is None or restarts is None or not isinstance(data, dict) or "deaths" not in data:
+        raise ValueError(f'--churn {path}: expected {{"deaths": [[RANK, SECONDS], ...], '
+                         f'"restarts": [[RANK, SECONDS], ...]}} (restarts optional)')
+    return deaths, restarts
 
 
 def _step_seconds(text: str, hidden: int) -> float:
@@ -271,21 +285,24 @@ def _train(args: argparse.Namespace) -> int:
     from gossip.simulation import TrainingSpec, simulate_training
 
     step_seconds = _step_seconds(args.step_seconds, args.hidden)
+    churn = _churn(args.churn)
     specs = [TrainingSpec(policy=name.strip(), peers=args.peers, topology=args.topology,
                           steps=args.steps, link=args.link, step_seconds=step_seconds,
                           step_jitter=args.step_jitter,
                           straggler=_straggler(args.straggler), lr=args.lr,
                           hidden=args.hidden, seed=args.seed, non_iid=args.non_iid,
                           regions=args.regions, wan=args.wan, links=args.links,
-                          deaths=_deaths(args.deaths) + _churn(args.churn), mtbf=args.mtbf,
+                          deaths=_deaths(args.deaths) + churn[0], mtbf=args.mtbf,
                           detect_seconds=args.detect,
+                          restarts=_deaths(args.restarts, "--restarts") + churn[1],
+                          restart_after=args.restart_after,
                           policy_options=({"elastic": True} if args.elastic and name.strip()
                                           in ELASTIC_POLICIES else {}))
              for name in args.policy.split(",") if name.strip()]
     if not specs:
         raise ValueError("--policy: give at least one policy")
     heads = ("policy", "accuracy", "worst", "averaged", "consensus", "simulated s",
-             "MB/peer", "real s", "died")
+             "MB/peer", "real s", "died", "restarted")
     print(f"{args.peers} simulated peers, {args.steps} steps, topology {args.topology}, links "
           f"{specs[0].network().text}, {step_seconds:g} s a step"
           + (f" (jitter {args.step_jitter:g})" if args.step_jitter else "")
@@ -300,7 +317,8 @@ def _train(args: argparse.Namespace) -> int:
         row = (spec.policy, f"{record['accuracy']:.2%}", f"{record['worst_accuracy']:.2%}",
                f"{record['averaged_accuracy']:.2%}", f"{record['consensus']:.4f}",
                f"{record['simulated_seconds']:.3f}", f"{record['bytes_per_peer'] / 1e6:.2f}",
-               f"{record['seconds']:.1f}", str(len(record["died"])))
+               f"{record['seconds']:.1f}", str(len(record["died"])),
+               str(len(record["restarted"])))
         print("  ".join(f"{v:>11}" if k else f"{v:<12}" for k, v in enumerate(row)),
               flush=True)
     for record in runs:

@@ -27,6 +27,16 @@ The survivors then meet in ``reform``: once every member of the old view arrived
 view becomes those who arrived (the dead left out, the others renumbered in their order),
 every survivor's clock moves to the last arrival plus a barrier's cost over the new view (the
 agreement on it), and collectives count again from the first.
+
+Restarts (``restarts``: rank -> the simulated second a dead peer's new process asks to join):
+while one is pending, the members meet at every step boundary (``boundary``; every member
+arrives or dies). At the first boundary whose latest clock is at or after the request, and
+once the old process is dead, the view becomes the live members and the restarted ones,
+ordered by their starting ranks (the dead left out); the lowest surviving member is the
+source, whose state (its policy's Snapshot) the joiner takes (``post_state``,
+``take_state``); everyone's clock moves to the boundary's latest clock plus the state's
+transfer (bytes / rate and a latency, from the source to each joiner in turn) plus a barrier
+over the new view. The restarted peer counts as alive again from then on.
 """
 from __future__ import annotations
 
@@ -42,7 +52,7 @@ from collectives.transport.emulation import LinkSpec
 from gossip.errors import OperationTimeout, PeerLost
 from gossip.simulation.links import Links
 
-__all__ = ["Fabric", "collective_seconds", "SimulatedDeath"]
+__all__ = ["Fabric", "Admission", "collective_seconds", "SimulatedDeath"]
 
 
 class SimulatedDeath(BaseException):
@@ -60,6 +70,24 @@ def collective_seconds(op: str, nbytes: int, size: int, link: LinkSpec | None) -
     if link is None or size <= 1:
         return 0.0
     return Links.uniform(size, link).collective_seconds(op, nbytes)
+
+
+class Admission:
+    """A view change at a step boundary that admits restarted peers: the new view's members
+    (starting ranks, in rank order), the step count everyone goes on from, the source's and the
+    joiners' ranks in it, and the source's state once posted."""
+
+    def __init__(self, number: int, members: list[int], step: int, source: int,
+                 receivers: list[int], start: float) -> None:
+        self.number = number
+        self.members = members
+        self.step = step
+        self.source = source
+        self.receivers = receivers
+        self.start = start                 # the boundary's latest clock
+        self.state: Any = None             # the source's Snapshot
+        self.loaded = 0                    # joiners that took it
+        self.end: float | None = None      # after the transfer and the barrier
 
 
 class _Round:
@@ -80,12 +108,18 @@ class Fabric:
 
     def __init__(self, size: int, links: Links | LinkSpec | None = None, *,
                  timeout: float = 300.0, deaths: dict[int, float] | None = None,
-                 detect: float = 2.0) -> None:
+                 detect: float = 2.0, restarts: dict[int, float] | None = None) -> None:
         self.size = size
         self.links = links if isinstance(links, Links) else Links.uniform(size, links)
         self.deaths = dict(deaths or {})   # rank -> the simulated second it dies
         self.detect = detect
-        self.dead: set[int] = set()        # ranks whose death came (their threads ended)
+        self.dead: set[int] = set()        # ranks whose process is dead now (threads ended)
+        self.died: list[int] = []          # every death so far, in order (restarted or not)
+        self.restarts = dict(restarts or {})   # rank -> the second its new process asks in
+        self._admitted: set[int] = set()
+        self._admissions: dict[int, Admission] = {}   # by starting rank of each joiner
+        self._boundaries: dict[tuple[int, int], _Round] = {}   # (view, step)
+        self._finished: set[int] = set()   # members whose training ended
         self._excluded: set[tuple[int, int]] = set()   # (a, b): a counts b lost
         self.timeout = timeout
         self.clock = [0.0] * size
@@ -93,7 +127,7 @@ class Fabric:
         self.messages_sent = [0] * size
         self.link_bytes: dict[tuple[int, int], int] = {}   # (src, dst) -> bytes sent
         self._cond = threading.Condition()
-        self._mail: dict[tuple[int, ...], deque[tuple[Any, float, int]]] = {}
+        self._mail: dict[tuple[int, ...], deque[tuple[Any, float, Any]]] = {}
         self._link_free: dict[tuple[int, int], float] = {}
         self._rounds: dict[tuple[int, str, int], _Round] = {}   # (view, op, seq)
         self._seq: list[dict[str, int]] = [{} for _ in range(size)]
@@ -131,10 +165,17 @@ class Fabric:
         if self.clock[rank] >= self.death_of(rank):
             raise SimulatedDeath(f"simulated rank {rank} died at {self.death_of(rank):g} s")
 
-    def died(self, rank: int) -> None:
+    def mark_dead(self, rank: int) -> None:
         """``rank``'s thread ended by its death: whoever waits on it hears now."""
         with self._cond:
             self.dead.add(rank)
+            self.died.append(rank)
+            self._cond.notify_all()
+
+    def finished(self, rank: int) -> None:
+        """``rank``'s training ended (a joiner still waiting then is never admitted)."""
+        with self._cond:
+            self._finished.add(rank)
             self._cond.notify_all()
 
     def lost_for(self, rank: int) -> dict[int, str]:
@@ -163,8 +204,9 @@ class Fabric:
         return PeerLost(f"simulated rank {dst}: rank {src} {why}; no message for {what}",
                         rank=src, operation=what)
 
-    def send(self, src: int, dst: int, data: np.ndarray, tag: int = 0) -> bool:
-        """Post a copy of ``data`` from ``src`` to ``dst`` (never blocks), numbered ``tag``;
+    def send(self, src: int, dst: int, data: np.ndarray, tag: Any = 0) -> bool:
+        """Post a copy of ``data`` from ``src`` to ``dst`` (never blocks), numbered ``tag``
+        (ordered: an int, or a host's (view, exchange) pair);
         False if it arrives at or after ``dst``'s death (not delivered)."""
         copy = np.array(data, copy=True)
         with self._cond:
@@ -182,7 +224,7 @@ class Fabric:
             self._cond.notify_all()
             return delivered
 
-    def recv(self, dst: int, src: int, what: str, tag: int = 0) -> np.ndarray:
+    def recv(self, dst: int, src: int, what: str, tag: Any = 0) -> np.ndarray:
         """The message ``tag`` from ``src`` to ``dst`` (older ones, of rounds ``dst``
         skipped, are dropped); ``dst``'s clock moves to its arrival. PeerLost if ``src`` died
         or went on without ``dst`` before sending it (the module docstring)."""
@@ -241,8 +283,9 @@ class Fabric:
                    combine: Callable[[Sequence[Any]], Any]) -> Any:
         """Every member's ``part`` of this ``op`` (the members' k-th calls of it in this view
         meet), combined once in view rank order by ``combine``; every member's clock moves to
-        the latest arrival plus the op's cost (collective_seconds over the view). A member
-        dead before it arrived: PeerLost, the clock at its detection (the module docstring)."""
+        the latest arrival plus the op's cost (collective_seconds over the view). Members dead
+        before they arrived (known once every member arrived or died, so the same whatever
+        the threads' order): PeerLost, the clock at the first one's detection."""
         with self._cond:
             self._check()
             seq = self._seq[rank].get(op, 0)
@@ -252,6 +295,7 @@ class Fabric:
             meeting = self._rounds.setdefault(key, _Round())
             meeting.parts[rank] = part
             meeting.clocks[rank] = self.clock[rank]
+            self._cond.notify_all()   # (the last arrival may settle the others' wait)
             if len(meeting.parts) == len(members):
                 meeting.result = combine([meeting.parts[r] for r in members])
                 meeting.end = max(meeting.clocks.values()) + \
@@ -259,7 +303,7 @@ class Fabric:
                 self._cond.notify_all()
             elif not self._cond.wait_for(
                     lambda: meeting.end is not None or self._aborted is not None
-                    or bool(self.dead.intersection(members) - set(meeting.parts)),
+                    or all(m in meeting.parts or m in self.dead for m in members),
                     self.timeout):
                 missing = sorted(set(members) - set(meeting.parts))
                 raise OperationTimeout(f"simulated rank {rank}: {op} #{seq} still waits for "
@@ -309,17 +353,10 @@ class Fabric:
             self._check()
             if meeting.end is None:   # the first to see it settled installs the new view
                 survivors = [m for m in members if m in meeting.parts]
-                links = self.links.subset(survivors)
                 meeting.result = (survivors, [meeting.parts[m] for m in survivors])
-                meeting.end = max(meeting.clocks.values()) + links.collective_seconds(
-                    "barrier", 0)
-                self.members = survivors
-                self._position = {m: k for k, m in enumerate(survivors)}
-                self._view_links = links
-                self.view_number = number + 1
-                for m in survivors:
-                    self._seq[m] = {}
-                self._rounds = {k: v for k, v in self._rounds.items() if k[0] > number}
+                meeting.end = max(meeting.clocks.values()) + self.links.subset(
+                    survivors).collective_seconds("barrier", 0)
+                self._install(survivors)
                 self._cond.notify_all()
             self.clock[rank] = max(self.clock[rank], meeting.end)
             meeting.taken += 1
@@ -327,6 +364,145 @@ class Fabric:
             if meeting.taken == len(survivors):
                 del self._reforms[number]
             return list(survivors), list(steps)
+
+    # -- restarts: a view change at a step boundary -----------------------------------------
+    def boundary(self, rank: int, step: int) -> Admission | None:
+        """``rank`` completed ``step`` steps. While a restart is pending, meet the other
+        members here and return the Admission this boundary takes (None: no change)."""
+        with self._cond:
+            self._check()
+            if all(r in self._admitted for r in self.restarts):
+                return None
+            number, members = self.view_number, self.members
+            key = (number, step)
+            meeting = self._boundaries.setdefault(key, _Round())
+            meeting.parts[rank] = step
+            meeting.clocks[rank] = self.clock[rank]
+
+            def settled() -> bool:
+                return meeting.end is not None or self._aborted is not None or all(
+                    m in meeting.parts or m in self.dead for m in members)
+            if not self._cond.wait_for(settled, self.timeout):
+                waited = sorted(set(members) - set(meeting.parts) - self.dead)
+                raise OperationTimeout(f"simulated rank {rank}: step boundary {step} still "
+                                       f"waits for ranks {waited[:8]} after {self.timeout:g}s "
+                                       "(real time)")
+            self._check()
+            if meeting.end is None:   # the first to see it settled decides, by the schedule
+                now = max(meeting.clocks.values())
+                meeting.end = now
+                joiners = sorted(r for r, when in self.restarts.items()
+                                 if r not in self._admitted and when <= now and r in self.dead)
+                meeting.result = self._admit(number, [m for m in members if m in meeting.parts],
+                                             joiners, step, now) if joiners else None
+                self._cond.notify_all()
+            result = meeting.result
+            meeting.taken += 1
+            if meeting.taken == len(meeting.parts):
+                del self._boundaries[key]
+            return result
+
+    def _admit(self, number: int, live: list[int], joiners: list[int], step: int,
+               now: float) -> Admission:
+        """(Under the lock.) Install the view of ``live`` and ``joiners``."""
+        new = sorted(live + joiners)
+        admission = Admission(number + 1, new, step, new.index(min(live)),
+                              [new.index(r) for r in joiners], now)
+        for r in joiners:
+            self._admitted.add(r)
+            self.dead.discard(r)
+            self.deaths.pop(r, None)   # (the new process does not die)
+            self._excluded = {pair for pair in self._excluded if r not in pair}
+            for box in [k for k in self._mail if r in k[-2:]]:
+                del self._mail[box]
+            for pair in [k for k in self._link_free if r in k]:
+                del self._link_free[pair]
+            self.clock[r] = max(self.clock[r], now)
+            self._admissions[r] = admission
+        self._install(new)
+        self._cond.notify_all()
+        return admission
+
+    def _install(self, members: list[int]) -> None:
+        """(Under the lock.) ``members`` become the next view."""
+        number = self.view_number
+        self.members = members
+        self._position = {m: k for k, m in enumerate(members)}
+        self._view_links = self.links.subset(members)
+        self.view_number = number + 1
+        for m in members:
+            self._seq[m] = {}
+        self._rounds = {k: v for k, v in self._rounds.items() if k[0] > number}
+
+    @property
+    def admitted(self) -> list[int]:
+        """The restarted peers admitted so far."""
+        with self._cond:
+            return sorted(self._admitted)
+
+    def admission(self, rank: int) -> Admission | None:
+        """(A restarted peer.) Wait until a boundary admits ``rank`` (None: the members ended
+        first, it never joins)."""
+        with self._cond:
+            def decided() -> bool:
+                return rank in self._admissions or self._aborted is not None or all(
+                    m in self._finished or m in self.dead for m in self.members)
+            # The members train meanwhile, for as long as the run takes: the wait fails only
+            # if ``timeout`` real seconds pass without any clock moving.
+            clocks = None
+            while not self._cond.wait_for(decided, self.timeout):
+                if self.clock == clocks:
+                    raise OperationTimeout(f"simulated rank {rank}: not admitted, and no peer's "
+                                           f"clock moved for {self.timeout:g}s (real time)")
+                clocks = list(self.clock)
+            self._check()
+            return self._admissions.get(rank)
+
+    def post_state(self, admission: Admission, state: Any) -> None:
+        """(The source.) Its state for the joiners; counts the bytes sent to each."""
+        with self._cond:
+            admission.state = state
+            src = admission.members[admission.source]
+            for k in admission.receivers:
+                self._count(src, admission.members[k], state.nbytes)
+                self.messages_sent[src] += 1
+            self._cond.notify_all()
+
+    def take_state(self, admission: Admission) -> Any:
+        """(A joiner.) The source's state, once posted."""
+        with self._cond:
+            if not self._cond.wait_for(lambda: admission.state is not None
+                                       or self._aborted is not None, self.timeout):
+                raise OperationTimeout(f"the source of view {admission.number} posted no "
+                                       f"state within {self.timeout:g}s (real time)")
+            self._check()
+            return admission.state
+
+    def settle(self, rank: int, admission: Admission, *, loaded: bool = False) -> None:
+        """Every member of the new view, once it took its part (``loaded``: a joiner that
+        loaded the state): wait for every joiner, then move to the switch's end (the
+        state's transfer from the source to each joiner in turn, then a barrier over the
+        new view)."""
+        with self._cond:
+            if loaded:
+                admission.loaded += 1
+                self._cond.notify_all()
+            if not self._cond.wait_for(lambda: admission.loaded == len(admission.receivers)
+                                       or self._aborted is not None, self.timeout):
+                raise OperationTimeout(f"simulated rank {rank}: view {admission.number}'s "
+                                       f"joiners did not take the state within "
+                                       f"{self.timeout:g}s (real time)")
+            self._check()
+            if admission.end is None:
+                src = admission.members[admission.source]
+                transfer, latency = 0.0, 0.0
+                for k in admission.receivers:
+                    rate, lat = self.links.link(src, admission.members[k])
+                    transfer += admission.state.nbytes / rate
+                    latency = max(latency, lat)
+                admission.end = admission.start + transfer + latency + \
+                    self._view_links.collective_seconds("barrier", 0)
+            self.clock[rank] = max(self.clock[rank], admission.end)
 
     def view_rank(self, rank: int) -> int:
         """``rank``'s rank in the current view."""

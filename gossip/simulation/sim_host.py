@@ -11,21 +11,25 @@ own channels (a gossip graph's healing proposals) carry their messages. An elast
 (synchronous, local SGD with ``elastic=True``) that loses a peer in a collective recovers
 through ``recover``: the survivors re-form the group (Fabric.reform), the policy's own
 view-change hooks run, and every survivor goes on from the same step, as a recovery at once
-on real peers; the host then has the new view's rank and size (the fabric keeps each peer's
-starting rank). Not simulated, and refused with a NotImplementedError naming the call:
-codecs, joins, leaves and restarts, a recovery whose survivors are at different steps (a
+on real peers. A restarted peer (``joining``) waits until the members admit it at a step
+boundary (``wait_admitted``; ``at_boundary`` on the members' side), then takes the source's
+state at attach (``attached``: gossip.membership.state_transfer's state_of and load_state).
+Each host keeps its own view (its rank and size change when it takes a change); the fabric
+names peers by their starting rank. Not simulated, and refused with a NotImplementedError
+naming the call: codecs, planned leaves, a recovery whose survivors are at different steps (a
 state transfer), the background policies (asynchronous, push-sum with overlap)."""
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from functools import reduce
 from typing import Any
 
 import numpy as np
 
 from collectives import NeighborPlan
-from collectives.work import Work
 from collectives.group import Member, Switch, View
+from collectives.work import Work
 from gossip.errors import ExchangeIncomplete, PeerLost
 from gossip.policies.neighborhood.policy_graph import resize_topology
 from gossip.simulation.fabric import Fabric
@@ -68,16 +72,17 @@ class _Channel:
     simulated time (a gossip graph's healing proposals); the rest of a peer channel is
     refused."""
 
-    def __init__(self, fabric: Fabric, rank: int, number: int) -> None:
-        self._fabric = fabric
-        self._rank = rank   # (global: the fabric's)
+    def __init__(self, host: "SimHost", number: int) -> None:
+        self._fabric = host.fabric
+        self._host = host
+        self._rank = host.starting_rank
         self.number = number
 
     def send(self, dst: int, x: Any, *, timeout: float | None = None) -> None:
-        self._fabric.post(self.number, self._rank, self._fabric.members[dst], _numpy(x))
+        self._fabric.post(self.number, self._rank, self._host.members[dst], _numpy(x))
 
     def recv(self, src: int, out: Any = None, *, timeout: float | None = None) -> Any:
-        got = self._fabric.take(self.number, self._rank, self._fabric.members[src],
+        got = self._fabric.take(self.number, self._rank, self._host.members[src],
                                 self._fabric.timeout if timeout is None else timeout)
         if out is None:
             return got
@@ -85,36 +90,55 @@ class _Channel:
         return out
 
     def probe(self, src: int) -> bool:
-        return self._fabric.waiting(self.number, self._rank, self._fabric.members[src])
+        return self._fabric.waiting(self.number, self._rank, self._host.members[src])
 
     def __getattr__(self, name: str) -> Any:
         raise NotImplementedError(
             f"the simulator's peer channels send, receive and probe (channel {self.number}."
             f"{name}): it runs the synchronous-round policies (synchronous, local-sgd, gossip, "
-            "push-sum without overlap), without joins, leaves or restarts")
+            "push-sum without overlap), without planned leaves")
+
+
+@dataclass(frozen=True)
+class _ViewTransport:
+    """What a policy's view_changing reads of the new view's transport: this peer's rank."""
+
+    rank: int
 
 
 class SimHost:
     """Peer ``rank`` of ``fabric``'s (its starting rank), on ``topology`` (PEER_TOPOLOGY's
     graph)."""
 
-    def __init__(self, fabric: Fabric, rank: int, topology: Any, *, timeout: float = 300.0) -> None:
+    def __init__(self, fabric: Fabric, rank: int, topology: Any, *, timeout: float = 300.0,
+                 joining: bool = False) -> None:
+        self.fabric = fabric
         self._fabric = fabric
         self._rank = rank   # global: the fabric's number for this peer, whatever the view
         self._topology = topology
         self._timeout = timeout
         self._closed = False
-        self._exchanges = 0   # this peer's neighbour exchanges: the number their messages carry
+        self._joining = joining
+        self._admission: Any = None   # (a restarted peer) the view change that admitted it
+        # This peer's view (it changes when this peer takes a change, as a real peer's).
+        self._view = (0, list(fabric.members))
+        self._position = {m: k for k, m in enumerate(fabric.members)}   # (of self._view)
+        self._exchanges = 0   # this view's neighbour exchanges: the number their messages carry
 
     # -- identity and settings ----------------------------------------------------------------
     @property
+    def members(self) -> list[int]:
+        """This peer's view: the starting ranks of its members, in rank order."""
+        return self._view[1]
+
+    @property
     def rank(self) -> int:
-        """This peer's rank in the current view (its starting rank until a recovery)."""
-        return self._fabric.view_rank(self._rank)
+        """This peer's rank in its view (its starting rank until a view change)."""
+        return self._position[self._rank]
 
     @property
     def world_size(self) -> int:
-        return len(self._fabric.members)
+        return len(self._view[1])
 
     @property
     def starting_rank(self) -> int:
@@ -139,7 +163,7 @@ class SimHost:
 
     @property
     def joining(self) -> bool:
-        return False
+        return self._joining
 
     @property
     def entering(self) -> bool:
@@ -162,15 +186,14 @@ class SimHost:
         """The current view's ranks this peer counts lost (a view re-formed without the dead
         lists none of them)."""
         lost = self._fabric.lost_for(self._rank)
-        members = self._fabric.members
-        return {members.index(d): why for d, why in lost.items() if d in members}
+        return {self._position[d]: why for d, why in lost.items() if d in self._position}
 
     def close(self) -> None:
         self._closed = True
 
     # -- communication ------------------------------------------------------------------------
     def channel(self, number: int) -> Any:
-        return _Channel(self._fabric, self._rank, number)
+        return _Channel(self, number)
 
     def allreduce(self, x: Any, op: str = "sum", *, wait: bool = True,
                   timeout: float | None = None, algorithm: str = "auto",
@@ -227,11 +250,11 @@ class SimHost:
             raise NotImplementedError("the simulator does not simulate codecs yet")
         fabric, rank = self._fabric, self._rank
         fabric.check_alive(rank)
-        tag = self._exchanges
+        tag = (self._view[0], self._exchanges)
         self._exchanges += 1
-        what = f"neighbour exchange #{tag}"
+        what = f"neighbour exchange #{tag[1]}"
         mine = _numpy(x)
-        members = fabric.members   # view rank -> the fabric's
+        members = self.members   # view rank -> the fabric's
         missing: dict[int, Exception] = {}
         for dst in plan.dst_ranks:
             scale = None if plan.dst_weights is None else plan.dst_weights[dst]
@@ -266,18 +289,57 @@ class SimHost:
         answer = x if out is None else out
         return answer if wait else _done(answer, "simulated neighbour exchange")
 
-    # -- membership: an elastic recovery (no joins, leaves or restarts) -----------------------
+    # -- membership: an elastic recovery, restarts (no planned leaves) ------------------------
     def register_policy(self, policy: Any) -> None:
         pass
 
     def unregister_policy(self, policy: Any) -> None:
         pass
 
-    def attached(self, policy: Any) -> None:
-        pass
-
     def at_boundary(self, policy: Any, step: int) -> bool:
-        return False
+        """After step ``step``: while a restart is pending, meet the members here
+        (Fabric.boundary); a change that admits restarted peers is taken as take_switch takes
+        it (gossip/membership/controller.py): the policy's view_changing, the new view,
+        view_changed, the source's state to the joiners, resume_at, settle_view, the
+        barrier. True if the view changed."""
+        admission = self._fabric.boundary(self._rank, step)
+        if admission is None:
+            return False
+        me = admission.members.index(self._rank)
+        self._switch_to(policy, admission.number, admission.members, step,
+                        receivers=admission.receivers, source=admission.source)
+        if me == admission.source:
+            from gossip.membership.state_transfer import state_of
+            self._fabric.post_state(admission, state_of(policy))
+            policy.state_sent()
+        policy.resume_at(step, complete=False)
+        policy.settle_view()
+        self._fabric.settle(self._rank, admission)
+        return True
+
+    def wait_admitted(self) -> bool:
+        """(A restarted peer, before its policy attaches.) Wait until the members admit it
+        and take their view; False if they ended first (it never joins)."""
+        admission = self._fabric.admission(self._rank)
+        if admission is None:
+            return False
+        self._admission = admission
+        self._set_view(admission.number, admission.members)
+        self._topology = resize_topology(self._topology, len(admission.members))
+        return True
+
+    def attached(self, policy: Any) -> None:
+        """(A restarted peer.) Take the source's state into ``policy``, as a joiner does at
+        attach (controller.attached), then meet the members at the switch's end."""
+        admission = self._admission
+        if admission is None or not self._joining:
+            return
+        from gossip.membership.state_transfer import load_state
+        load_state(policy, self._fabric.take_state(admission), admission.step)
+        policy.resume_at(admission.step, complete=False)
+        policy.settle_view()
+        self._joining = False
+        self._fabric.settle(self._rank, admission, loaded=True)
 
     def recover(self, policy: Any, step: int, pending: bool = False) -> int:
         """A peer was lost mid-step (an elastic policy, Policy._recover): re-form the group
@@ -295,18 +357,32 @@ class SimHost:
                 f"simulated rank {self._rank}: the survivors of view {old} are at steps "
                 f"{sorted(set(steps))}; taking a state from the one furthest on (a state "
                 "transfer) is not simulated")
-        view = View("simulation", old + 1,
-                    tuple(Member(f"peer-{m}", 0, "") for m in members), step)
-        switch = Switch(view, None, source=0, step=step, receivers=[], at_once=True,
-                        completes=pending)
-        policy.view_changing(switch)
-        self._topology = resize_topology(self._topology, len(members))
-        policy.view_changed()
+        self._switch_to(policy, old + 1, members, step, completes=pending)
         policy.resume_at(step, complete=pending)
         return step
+
+    def _switch_to(self, policy: Any, number: int, members: list[int], step: int, *,
+                   receivers: list[int] | None = None, source: int = 0,
+                   completes: bool = False) -> None:
+        """The policy's hooks around this peer's move to view ``number`` of ``members``:
+        view_changing in the old view, then the new view and topology, then view_changed."""
+        view = View("simulation", number,
+                    tuple(Member(f"peer-{m}", 0, "") for m in members), step)
+        switch = Switch(view, _ViewTransport(members.index(self._rank)), source=source,
+                        step=step, receivers=list(receivers or []), at_once=not receivers,
+                        completes=completes)
+        policy.view_changing(switch)
+        self._set_view(number, members)
+        self._topology = resize_topology(self._topology, len(members))
+        policy.view_changed()
+
+    def _set_view(self, number: int, members: list[int]) -> None:
+        self._view = (number, list(members))
+        self._position = {m: k for k, m in enumerate(members)}
+        self._exchanges = 0
 
     def changing_now(self) -> bool:
         return False
 
     def leave(self) -> None:
-        raise NotImplementedError("the simulator has no joins, leaves or restarts yet")
+        raise NotImplementedError("the simulator has no planned leaves yet")

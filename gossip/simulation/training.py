@@ -40,11 +40,16 @@ class TrainingSpec:
     dying at its first step or exchange at or after its second; ``mtbf``: deaths drawn from the
     seed instead, one per ``mtbf`` simulated seconds across the fleet on average (exponential
     gaps, a uniformly drawn survivor each time, at least two left); the others count a dead
-    peer lost ``detect_seconds`` later (the heartbeat timeout). Deaths are simulated for
-    gossip and push-sum, which go on around a lost peer; synchronous and local SGD re-form the
-    group through membership, which is not simulated. ``step_seconds``: each step's compute (``measure_step_seconds``
-    gives this machine's), ``step_jitter``: each step's compute times a lognormal factor of mean
-    1 and this sigma, drawn from (seed, rank, step) so two runs draw alike;
+    peer lost ``detect_seconds`` later (the heartbeat timeout). Gossip and push-sum go on
+    around a lost peer; synchronous and local SGD need ``policy_options={"elastic": True}``
+    (without it a death fails the job, as on real peers): the survivors re-form the group
+    (sim_host.SimHost.recover) and go on. ``restarts``: (rank, simulated second) pairs, a dead
+    peer's new process asking to join at that second (after its death), or with
+    ``restart_after`` every dead peer's, that long after its death: the members admit it at
+    the next step boundary and it takes a member's state (fabric.py). ``step_seconds``: each
+    step's compute (``measure_step_seconds`` gives this machine's), ``step_jitter``: each
+    step's compute times a lognormal factor of mean 1 and this sigma, drawn from (seed, rank,
+    step) so two runs draw alike;
     ``straggler``: (rank, factor), that peer's steps take factor times as long; ``non_iid``:
     each peer's mix of classes drawn from Dirichlet(``non_iid``), as the demo's --non-iid
     (gossip.demo.data.shard)."""
@@ -70,6 +75,8 @@ class TrainingSpec:
     deaths: tuple[tuple[int, float], ...] = ()
     mtbf: float | None = None
     detect_seconds: float = 2.0
+    restarts: tuple[tuple[int, float], ...] = ()
+    restart_after: float | None = None
 
     def __post_init__(self) -> None:
         if self.policy not in SIMULATED_POLICIES:
@@ -115,12 +122,36 @@ class TrainingSpec:
             if not 0 <= self.detect_seconds < float("inf"):
                 raise ValueError(f"simulate: detect_seconds must be >= 0, got "
                                  f"{self.detect_seconds!r}")
+        if self.restart_after is not None and not 0 <= self.restart_after < float("inf"):
+            raise ValueError(f"simulate: restart_after must be seconds >= 0, got "
+                             f"{self.restart_after!r}")
+        if self.restarts or self.restart_after is not None:
+            deaths = dict(self.deaths)
+            for restart in self.restarts:
+                if len(restart) != 2 or restart[0] not in deaths or \
+                        not restart[1] > deaths[restart[0]]:
+                    raise ValueError(f"simulate: restarts must be (rank, seconds) pairs of "
+                                     f"ranks that die (deaths), after their death, got "
+                                     f"{restart!r}")
+            if len({r[0] for r in self.restarts}) != len(self.restarts):
+                raise ValueError("simulate: a rank restarts once (restarts lists one twice)")
+            if self.restarts and self.restart_after is not None:
+                raise ValueError("simulate: restarts (a schedule) or restart_after (every "
+                                 "death), not both")
         if self.non_iid is not None and not (isinstance(self.non_iid, (int, float))
                                              and not isinstance(self.non_iid, bool)
                                              and 0 < self.non_iid < float("inf")):
             raise ValueError(f"simulate: non_iid must be a positive Dirichlet alpha, got "
                              f"{self.non_iid!r}")
 
+
+    def restart_schedule(self) -> dict[int, float]:
+        """rank -> the simulated second its new process asks to join: ``restarts``, or
+        ``restart_after`` each death."""
+        if self.restart_after is not None:
+            return {rank: when + self.restart_after
+                    for rank, when in self.death_schedule().items()}
+        return {int(rank): float(when) for rank, when in self.restarts}
 
     def death_schedule(self) -> dict[int, float]:
         """rank -> the simulated second it dies: ``deaths``, then ``mtbf``'s draws."""
@@ -158,6 +189,7 @@ class PeerResult:
     losses: list[float]
     clocks: list[float]
     bytes_sent: int
+    first_step: int = 0   # (a restarted peer's: the step it joined at)
 
 
 @dataclass(frozen=True)
@@ -175,6 +207,7 @@ class TrainingResult:
     #: and each collective's algorithm (Links.collective_sends), the dead's included.
     link_bytes: dict[tuple[int, int], int] = field(default_factory=dict)
     region: list[int] = field(default_factory=list)  # each peer's region (links.py)
+    restarted: list[int] = field(default_factory=list)   # dead ranks that joined again
 
     @property
     def accuracy(self) -> float:
@@ -202,8 +235,19 @@ class TrainingResult:
                 "bytes_per_link": [[a, b, n] for (a, b), n in sorted(
                     self.link_bytes.items(), key=lambda item: (-item[1], item[0]))],
                 "bytes_between_regions": self.bytes_between_regions().tolist(),
-                "loss": [float(np.mean(col)) for col in zip(*(p.losses for p in self.peers))],
-                "time": [max(col) for col in zip(*(p.clocks for p in self.peers))]}
+                "restarted": list(self.restarted),
+                "loss": [float(np.mean(col)) for col in self._by_step("losses")],
+                "time": [max(col) for col in self._by_step("clocks")]}
+
+    def _by_step(self, what: str) -> list[list[float]]:
+        """Per step, ``what`` (losses or clocks) of every peer that ran that step (a restarted
+        peer from the step it joined at)."""
+        steps = max(p.first_step + len(getattr(p, what)) for p in self.peers)
+        out: list[list[float]] = [[] for _ in range(steps)]
+        for p in self.peers:
+            for k, value in enumerate(getattr(p, what)):
+                out[p.first_step + k].append(value)
+        return out
 
 
 def measure_step_seconds(hidden: int = 128, batch: int = 16, *, steps: int = 30) -> float:
@@ -251,7 +295,9 @@ def train_peer(peer: Any, spec: TrainingSpec, tick: Callable[[float], None] = la
     from gossip.policies import make
 
     x, y, test_x, test_y = _task_data()
-    n, rank = peer.world_size, peer.rank   # (the rank it starts with: a recovery renumbers)
+    # Its slot: the rank it starts with (a view change renumbers; a restarted peer keeps its
+    # slot's) of the spec's peers (its shard, its seeds).
+    n, rank = spec.peers, getattr(peer, "starting_rank", peer.rank)
     rows = torch.from_numpy(shard(len(y), rank, n, seed=spec.seed, labels=y.numpy(),
                                   alpha=spec.non_iid)
                             if len(y) >= n else np.arange(len(y)))
@@ -266,11 +312,13 @@ def train_peer(peer: Any, spec: TrainingSpec, tick: Callable[[float], None] = la
     sigma = spec.step_jitter
     jitter = np.random.default_rng([spec.seed, rank, 1]).lognormal(
         -sigma * sigma / 2, sigma, spec.steps) if sigma else np.ones(spec.steps)
-    losses: list[float] = []
-    clocks: list[float] = []
-    clock = getattr(peer, "clock", None)
+    losses: list[float] = []     # of every step counted, from ``first``
+    clocks: list[float] = []     # the simulated clock at each counted step's end
+    first = dopt.policy.step     # (0, or a restarted peer's: the state it took goes on there)
     try:
-        for k in range(spec.steps):
+        # Until the policy counted spec.steps steps: a step a recovery cut off is begun again
+        # (not counted: Policy.after_step), as a real loop driven by the step count does.
+        while (k := dopt.policy.step) < spec.steps:
             batch = rows[torch.from_numpy(rng.integers(0, len(rows), spec.batch))]
             dopt.zero_grad()
             tick(spec.step_seconds * slow * float(jitter[k]))   # the step's compute, before
@@ -278,16 +326,14 @@ def train_peer(peer: Any, spec: TrainingSpec, tick: Callable[[float], None] = la
             loss = F.cross_entropy(model(x[batch]), y[batch])
             loss.backward()
             dopt.step()
-            losses.append(loss.item())
-            clocks.append(float(clock) if clock is not None else 0.0)
-            clock = getattr(peer, "clock", None)
+            if dopt.policy.step > k:
+                losses.append(loss.item())
+                clocks.append(float(getattr(peer, "clock", 0.0)))
         accuracy = evaluate(model, test_x, test_y)[0]
         sent = int(peer.stats()["bytes_sent"])
     finally:
         dopt.close()
-    if getattr(peer, "clock", None) is not None and clocks:
-        clocks[-1] = float(peer.clock)
-    return PeerResult(rank, flat_parameters(model), accuracy, losses, clocks, sent)
+    return PeerResult(rank, flat_parameters(model), accuracy, losses, clocks, sent, first)
 
 
 def simulate_training(spec: TrainingSpec, *, timeout: float = 600.0) -> TrainingResult:
@@ -300,24 +346,31 @@ def simulate_training(spec: TrainingSpec, *, timeout: float = 600.0) -> Training
 
     torch.set_num_threads(1)
     topology = topologies.parse(spec.topology, spec.peers)
+    restarts = spec.restart_schedule()
     fabric = Fabric(spec.peers, spec.network(), timeout=timeout,
-                    deaths=spec.death_schedule(), detect=spec.detect_seconds)
+                    deaths=spec.death_schedule(), detect=spec.detect_seconds,
+                    restarts=restarts)
     results: list[PeerResult | None] = [None] * spec.peers
     errors: list[BaseException] = []
     started = time.perf_counter()
 
-    def run(rank: int) -> None:
-        host = SimHost(fabric, rank, topology, timeout=timeout)
+    def run(rank: int, restarted: bool) -> None:
+        host = SimHost(fabric, rank, topology, timeout=timeout, joining=restarted)
         try:
+            if restarted and not host.wait_admitted():
+                return   # (the others ended before it was admitted)
             results[rank] = train_peer(host, spec, lambda s: fabric.advance(rank, s))
+            fabric.finished(rank)
         except SimulatedDeath:
-            fabric.died(rank)
+            fabric.mark_dead(rank)
         except BaseException as exc:   # (reported below, with the rank)
             errors.append(exc)
             fabric.abort(f"rank {rank} failed: {type(exc).__name__}: {exc}")
 
-    threads = [threading.Thread(target=run, args=(r,), name=f"simulated-peer-{r}",
+    threads = [threading.Thread(target=run, args=(r, False), name=f"simulated-peer-{r}",
                                 daemon=True) for r in range(spec.peers)]
+    threads += [threading.Thread(target=run, args=(r, True), name=f"simulated-peer-{r}-restart",
+                                 daemon=True) for r in sorted(restarts)]
     for t in threads:
         t.start()
     for t in threads:
@@ -333,8 +386,9 @@ def simulate_training(spec: TrainingSpec, *, timeout: float = 600.0) -> Training
     data_model = _averaged_accuracy(average, spec)
     return TrainingResult(spec, done, consensus, data_model,
                           max(fabric.clock[p.rank] for p in done), time.perf_counter() - started,
-                          sorted(fabric.dead), dict(fabric.link_bytes),
-                          [int(r) for r in fabric.links.region])
+                          sorted(fabric.died), dict(fabric.link_bytes),
+                          [int(r) for r in fabric.links.region],
+                          fabric.admitted)
 
 
 _DATA: list[tuple[Any, Any, Any, Any]] = []   # the task's tensors, made once a process

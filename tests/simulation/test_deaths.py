@@ -83,8 +83,9 @@ def test_a_recovery_charges_the_detection_and_the_new_view_s_barrier() -> None:
     gradient allreduce (39 KB: recursive doubling) is log2(4) = 2 steps of latency + bytes /
     rate, as after the start's broadcast. Rank 3 dies at step 2's start (its clock 0.052 s
     >= 0.05); the others, waiting in that step's allreduce, hear of it at 0.05 + 0.2 s, re-form
-    (a barrier over 3: ceil(log2 3) = 2 latencies), begin step 2 again (its update skipped)
-    and pay 2 steps of latency + bytes / rate per allreduce of 3 after that."""
+    (a barrier over 3: ceil(log2 3) = 2 latencies), begin step 2 again (its update skipped,
+    the step not counted: the loop runs until 10 are) and pay 2 steps of latency + bytes /
+    rate per allreduce of 3 from then on."""
     steps, compute, latency, rate, detect = 10, 0.01, 0.005, 1e9 / 8, 0.2
     spec = TrainingSpec(policy="synchronous", peers=4, steps=steps, link="1gbit,5ms",
                         step_seconds=compute, deaths=((3, 0.05),), detect_seconds=detect,
@@ -93,11 +94,81 @@ def test_a_recovery_charges_the_detection_and_the_new_view_s_barrier() -> None:
     nbytes = run.peers[0].parameters.nbytes
     allreduce = 2 * (latency + nbytes / rate)
     assert allreduce + 2 * (compute + allreduce) >= 0.05 > allreduce + (compute + allreduce)
-    expected = 0.05 + detect + 2 * latency + (steps - 3) * (compute + allreduce)
+    recovered = 0.05 + detect + 2 * latency
     assert run.died == [3]
-    assert run.simulated_seconds == pytest.approx(expected, rel=1e-9)
-    # (clocks[k]: the clock as step k began, the last one the end)
-    assert run.peers[0].clocks[3] == pytest.approx(0.05 + detect + 2 * latency, rel=1e-9)
+    assert run.simulated_seconds == pytest.approx(recovered + (steps - 2) * (compute + allreduce),
+                                                  rel=1e-9)
+    clocks = run.peers[0].clocks   # (at each counted step's end)
+    assert len(clocks) == steps
+    assert clocks[1] == pytest.approx(allreduce + 2 * (compute + allreduce), rel=1e-9)
+    assert clocks[2] == pytest.approx(recovered + compute + allreduce, rel=1e-9)
+
+
+@pytest.mark.parametrize("policy, options", [
+    ("synchronous", {"elastic": True}), ("local-sgd", {"elastic": True, "period": 4}),
+    ("gossip", {}), ("push-sum", {})])
+def test_a_restarted_peer_joins_at_a_boundary_takes_the_state_and_two_runs_alike(
+        policy: str, options: dict) -> None:
+    spec = TrainingSpec(policy=policy, deaths=((3, 0.2),), restarts=((3, 0.5),),
+                        detect_seconds=0.1, policy_options=options, **COMMON)
+    runs = [simulate_training(spec, timeout=120) for _ in range(2)]
+    for run in runs:
+        assert run.died == [3] and run.restarted == [3]
+        assert [p.rank for p in run.peers] == list(range(8))
+    for a, b in zip(*(run.peers for run in runs)):
+        assert a.clocks == b.clocks and np.array_equal(a.parameters, b.parameters)
+    run = runs[0]
+    joiner = run.peers[3]
+    # It joined at the first boundary at or after its request, and ran the steps left.
+    assert 0 < joiner.first_step < COMMON["steps"]
+    assert len(joiner.losses) == COMMON["steps"] - joiner.first_step
+    # (clocks[k]: at the end of step k, the boundary's change included)
+    members, joined = [p for p in run.peers if p is not joiner], joiner.first_step
+    assert max(p.clocks[joined - 2] for p in members) < 0.5 \
+        <= max(p.clocks[joined - 1] for p in members)
+    assert joiner.clocks[0] > 0.5
+    data = run.to_dict()
+    assert len(data["loss"]) == len(data["time"]) == COMMON["steps"]
+    if policy in ("synchronous", "local-sgd"):
+        # It took a member's state: one model again.
+        assert run.consensus == 0.0
+    else:
+        assert run.consensus < 0.2
+    assert run.accuracy > 0.6
+
+
+@pytest.mark.parametrize("policy, options", [
+    ("synchronous", {"elastic": True}), ("push-sum", {})])
+def test_heavy_churn_with_restarts_gives_the_same_json_twice(policy: str, options: dict) -> None:
+    # A death every simulated second or so, each peer back a second later: deaths during
+    # recoveries and admissions, several at once in one collective (whose survivors hear of
+    # the first by the schedule, whatever order the threads see them die in).
+    spec = TrainingSpec(policy=policy, peers=12, steps=80, link="100mbit,20ms", mtbf=1.0,
+                        detect_seconds=0.5, seed=3, restart_after=1.0, policy_options=options)
+    a, b = (simulate_training(spec, timeout=120).to_dict() for _ in range(2))
+    assert a | {"seconds": 0} == b | {"seconds": 0}
+    assert len(a["died"]) >= 5 and a["restarted"] and set(a["restarted"]) <= set(a["died"])
+
+
+def test_a_restart_costs_the_state_s_transfer_and_a_barrier() -> None:
+    """Synchronous on 4 peers (as above): rank 3 dies at step 2's start, the survivors re-form
+    at 0.26 s; its new process asks in at 0.3 s, and the first boundary whose clock is past
+    that admits it: that step's end moves by the state's transfer (bytes / rate + latency, the
+    parameters and the policy's state) and a barrier over 4 (2 latencies)."""
+    steps, compute, latency, rate = 10, 0.01, 0.005, 1e9 / 8
+    spec = TrainingSpec(policy="synchronous", peers=4, steps=steps, link="1gbit,5ms",
+                        step_seconds=compute, deaths=((3, 0.05),), restarts=((3, 0.3),),
+                        detect_seconds=0.2, policy_options={"elastic": True})
+    run = simulate_training(spec, timeout=120)
+    nbytes = run.peers[0].parameters.nbytes
+    allreduce = 2 * (latency + nbytes / rate)
+    clocks, joined = run.peers[0].clocks, run.peers[3].first_step
+    assert clocks[joined - 2] < 0.3 <= clocks[joined - 1]
+    switch = clocks[joined - 1] - (clocks[joined - 2] + compute + allreduce)
+    # The state: the parameters and a little more (the policy's own, its step).
+    assert 3 * latency + nbytes / rate < switch < 3 * latency + 1.2 * nbytes / rate
+    assert run.peers[3].clocks[0] == pytest.approx(clocks[joined], rel=1e-9)
+    assert run.consensus == 0.0
 
 
 @pytest.mark.parametrize("kwargs, message", [
@@ -107,6 +178,10 @@ def test_a_recovery_charges_the_detection_and_the_new_view_s_barrier() -> None:
     ({"deaths": ((1, -1.0),)}, "pairs of the 4 peers"),
     ({"deaths": ((1, 1.0), (1, 2.0))}, "dies once"),
     ({"mtbf": 0.0}, "mtbf must be positive"),
+    ({"deaths": ((1, 1.0),), "restarts": ((2, 2.0),)}, "ranks that die"),
+    ({"deaths": ((1, 1.0),), "restarts": ((1, 0.5),)}, "after their death"),
+    ({"deaths": ((1, 1.0),), "restarts": ((1, 2.0),), "restart_after": 1.0}, "not both"),
+    ({"mtbf": 1.0, "restart_after": -1.0}, "restart_after must be"),
     ({"deaths": ((1, 1.0),), "detect_seconds": -1.0}, "detect_seconds"),
 ])
 def test_bad_death_settings_name_the_setting(kwargs, message) -> None:

@@ -95,9 +95,22 @@ def test_train_takes_deaths_from_a_churn_trace(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr
     (run,) = json.loads(out.read_text())["runs"]
     assert run["died"] == [2, 5] and run["spec"]["deaths"] == [[2, 0.1], [5, 0.2]]
+    assert run["restarted"] == []
+    # Restarts in the trace: rank 5's new process asks in at 0.4 s.
+    trace.write_text(json.dumps({"deaths": [[2, 0.1], [5, 0.2]], "restarts": [[5, 0.4]]}))
+    proc = _gossip("simulate", "train", "--policy", "gossip", "-n", "8", "--steps", "60",
+                   "--link", "1gbit,5ms", "--churn", str(trace), "--detect", "0.2",
+                   "--json", str(out))
+    assert proc.returncode == 0, proc.stderr
+    (run,) = json.loads(out.read_text())["runs"]
+    assert run["died"] == [2, 5] and run["restarted"] == [5]
+    assert run["spec"]["restarts"] == [[5, 0.4]]
+    assert sorted(int(r) for r in run["bytes_sent"]) == [0, 1, 3, 4, 5, 6, 7]
     trace.write_text(json.dumps({"deaths": [[2, "soon"]]}))
     proc = _gossip("simulate", "train", "--churn", str(trace))
     assert proc.returncode == 2 and f"--churn {trace}: expected" in proc.stderr
+    proc = _gossip("simulate", "train", "--deaths", "1@0.5", "--restarts", "1@soon")
+    assert proc.returncode == 2 and "--restarts '1@soon': expected" in proc.stderr
 
 
 def test_train_elastic_lets_the_lockstep_policies_survive_a_death(tmp_path: Path) -> None:
