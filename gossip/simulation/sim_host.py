@@ -112,7 +112,6 @@ class SimHost:
 
     def __init__(self, fabric: Fabric, rank: int, topology: Any, *, timeout: float = 300.0,
                  joining: bool = False) -> None:
-        self.fabric = fabric
         self._fabric = fabric
         self._rank = rank   # global: the fabric's number for this peer, whatever the view
         self._topology = topology
@@ -126,6 +125,10 @@ class SimHost:
         self._exchanges = 0   # this view's neighbour exchanges: the number their messages carry
 
     # -- identity and settings ----------------------------------------------------------------
+    @property
+    def fabric(self) -> Fabric:
+        return self._fabric
+
     @property
     def members(self) -> list[int]:
         """This peer's view: the starting ranks of its members, in rank order."""
@@ -349,7 +352,7 @@ class SimHost:
         membership/controller.py, take_switch); ``pending``: its parameters hold this peer's
         update of ``step``, not yet combined, so the step is completed in the new view."""
         fabric = self._fabric
-        old = fabric.view_number
+        old = self._view[0]
         fabric.check_alive(self._rank)   # (its clock moved to the detection: its own death?)
         members, steps = fabric.reform(self._rank, step)
         if len(set(steps)) > 1:
