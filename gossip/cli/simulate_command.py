@@ -99,6 +99,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                             "(it takes a member's state at the next step boundary)")
     train.add_argument("--restart-after", type=float, metavar="SECONDS",
                        help="every dead peer restarts SECONDS after its death")
+    train.add_argument("--leaves", metavar="RANK@SECONDS,...",
+                       help="planned leaves: the peer leaves at the first step boundary at or "
+                            "after that simulated second, handing its state over")
     train.add_argument("--elastic", action="store_true",
                        help="synchronous and local-sgd re-form the group after a death "
                             "(elastic=True; without it a death fails their job)")
@@ -236,11 +239,15 @@ def _deaths(text: str | None, option: str = "--deaths") -> tuple[tuple[int, floa
     return tuple(out)
 
 
-def _churn(path: str | None) -> tuple[tuple[tuple[int, float], ...], tuple[tuple[int, float], ...]]:
-    """--churn FILE: the (deaths, restarts) of a trace, {"deaths": [[rank, seconds], ...],
-    "restarts": [[rank, seconds], ...]} (restarts optional)."""
+Pairs = tuple[tuple[int, float], ...]
+
+
+def _churn(path: str | None) -> tuple[Pairs, Pairs, Pairs]:
+    """--churn FILE: the (deaths, restarts, leaves) of a trace, {"deaths": [[rank, seconds],
+    ...], "restarts": [[rank, seconds], ...], "leaves": [[rank, seconds], ...]} (restarts
+    and leaves optional)."""
     if path is None:
-        return (), ()
+        return (), (), ()
     try:
         with open(path) as f:
             data = json.load(f)
@@ -255,11 +262,13 @@ def _churn(path: str | None) -> tuple[tuple[tuple[int, float], ...], tuple[tuple
                 for d in items):
             return None
         return tuple((int(r), float(t)) for r, t in items)
-    deaths, restarts = pairs("deaths"), pairs("restarts")
-    if deaths is None or restarts is None or not isinstance(data, dict) or "deaths" not in data:
+    deaths, restarts, leaves = pairs("deaths"), pairs("restarts"), pairs("leaves")
+    if deaths is None or restarts is None or leaves is None or not isinstance(data, dict) \
+            or not ("deaths" in data or "leaves" in data):
         raise ValueError(f'--churn {path}: expected {{"deaths": [[RANK, SECONDS], ...], '
-                         f'"restarts": [[RANK, SECONDS], ...]}} (restarts optional)')
-    return deaths, restarts
+                         f'"restarts": [[RANK, SECONDS], ...], "leaves": [[RANK, SECONDS], '
+                         f'...]}} (restarts and leaves optional)')
+    return deaths, restarts, leaves
 
 
 def _step_seconds(text: str, hidden: int) -> float:
@@ -296,13 +305,14 @@ def _train(args: argparse.Namespace) -> int:
                           detect_seconds=args.detect,
                           restarts=_deaths(args.restarts, "--restarts") + churn[1],
                           restart_after=args.restart_after,
+                          leaves=_deaths(args.leaves, "--leaves") + churn[2],
                           policy_options=({"elastic": True} if args.elastic and name.strip()
                                           in ELASTIC_POLICIES else {}))
              for name in args.policy.split(",") if name.strip()]
     if not specs:
         raise ValueError("--policy: give at least one policy")
     heads = ("policy", "accuracy", "worst", "averaged", "consensus", "simulated s",
-             "MB/peer", "real s", "died", "restarted")
+             "MB/peer", "real s", "died", "restarted", "left")
     print(f"{args.peers} simulated peers, {args.steps} steps, topology {args.topology}, links "
           f"{specs[0].network().text}, {step_seconds:g} s a step"
           + (f" (jitter {args.step_jitter:g})" if args.step_jitter else "")
@@ -318,7 +328,7 @@ def _train(args: argparse.Namespace) -> int:
                f"{record['averaged_accuracy']:.2%}", f"{record['consensus']:.4f}",
                f"{record['simulated_seconds']:.3f}", f"{record['bytes_per_peer'] / 1e6:.2f}",
                f"{record['seconds']:.1f}", str(len(record["died"])),
-               str(len(record["restarted"])))
+               str(len(record["restarted"])), str(len(record["left"])))
         print("  ".join(f"{v:>11}" if k else f"{v:<12}" for k, v in enumerate(row)),
               flush=True)
     for record in runs:

@@ -37,6 +37,11 @@ source, whose state (its policy's Snapshot) the joiner takes (``post_state``,
 ``take_state``); everyone's clock moves to the boundary's latest clock plus the state's
 transfer (bytes / rate and a latency, from the source to each joiner in turn) plus a barrier
 over the new view. The restarted peer counts as alive again from then on.
+
+Planned leaves (``leaves``: rank -> the simulated second it asks to leave) take effect the same
+way, at the first boundary whose latest clock is at or after the request: the view goes on
+without the leaver, which hands what its policy holds (push-sum's mass) to the next staying
+member after it (over the policies' channels, free of time) and ends.
 """
 from __future__ import annotations
 
@@ -78,9 +83,12 @@ class Admission:
     joiners' ranks in it, and the source's state once posted."""
 
     def __init__(self, number: int, members: list[int], step: int, source: int,
-                 receivers: list[int], start: float) -> None:
+                 receivers: list[int], start: float,
+                 leavers: dict[int, int] | None = None) -> None:
         self.number = number
         self.members = members
+        # Planned leavers (starting ranks) -> the starting rank of the member taking their state.
+        self.leavers = dict(leavers or {})
         self.step = step
         self.source = source
         self.receivers = receivers
@@ -108,7 +116,8 @@ class Fabric:
 
     def __init__(self, size: int, links: Links | LinkSpec | None = None, *,
                  timeout: float = 300.0, deaths: dict[int, float] | None = None,
-                 detect: float = 2.0, restarts: dict[int, float] | None = None) -> None:
+                 detect: float = 2.0, restarts: dict[int, float] | None = None,
+                 leaves: dict[int, float] | None = None) -> None:
         self.size = size
         self.links = links if isinstance(links, Links) else Links.uniform(size, links)
         self.deaths = dict(deaths or {})   # rank -> the simulated second it dies
@@ -116,6 +125,8 @@ class Fabric:
         self.dead: set[int] = set()        # ranks whose process is dead now (threads ended)
         self.died: list[int] = []          # every death so far, in order (restarted or not)
         self.restarts = dict(restarts or {})   # rank -> the second its new process asks in
+        self.leaves = dict(leaves or {})       # rank -> the second it asks to leave
+        self.left: list[int] = []              # planned leavers gone, in order
         self._admitted: set[int] = set()
         self._admissions: dict[int, Admission] = {}   # by starting rank of each joiner
         self._boundaries: dict[tuple[int, int], _Round] = {}   # (view, step)
@@ -371,7 +382,8 @@ class Fabric:
         members here and return the Admission this boundary takes (None: no change)."""
         with self._cond:
             self._check()
-            if all(r in self._admitted for r in self.restarts):
+            if all(r in self._admitted for r in self.restarts) and \
+                    all(r in self.left for r in self.leaves):
                 return None
             number, members = self.view_number, self.members
             key = (number, step)
@@ -393,8 +405,13 @@ class Fabric:
                 meeting.end = now
                 joiners = sorted(r for r, when in self.restarts.items()
                                  if r not in self._admitted and when <= now and r in self.dead)
-                meeting.result = self._admit(number, [m for m in members if m in meeting.parts],
-                                             joiners, step, now) if joiners else None
+                live = [m for m in members if m in meeting.parts]
+                leavers = [r for r in live if r not in self.left
+                           and self.leaves.get(r, math.inf) <= now]
+                if len(leavers) == len(live):   # (the last one stays)
+                    leavers = leavers[1:]
+                meeting.result = self._admit(number, live, joiners, step, now, leavers) \
+                    if joiners or leavers else None
                 self._cond.notify_all()
             result = meeting.result
             meeting.taken += 1
@@ -403,11 +420,17 @@ class Fabric:
             return result
 
     def _admit(self, number: int, live: list[int], joiners: list[int], step: int,
-               now: float) -> Admission:
-        """(Under the lock.) Install the view of ``live`` and ``joiners``."""
-        new = sorted(live + joiners)
-        admission = Admission(number + 1, new, step, new.index(min(live)),
-                              [new.index(r) for r in joiners], now)
+               now: float, leavers: list[int]) -> Admission:
+        """(Under the lock.) Install the view of ``live`` but ``leavers``, and ``joiners``;
+        each leaver's state goes to the next staying member after it in the old view's
+        order."""
+        staying = [m for m in live if m not in leavers]
+        new = sorted(staying + joiners)
+        takers = {r: next(m for m in live[live.index(r) + 1:] + live if m in staying)
+                  for r in leavers}
+        admission = Admission(number + 1, new, step, new.index(min(staying)),
+                              [new.index(r) for r in joiners], now, takers)
+        self.left += leavers
         for r in joiners:
             self._admitted.add(r)
             self.dead.discard(r)

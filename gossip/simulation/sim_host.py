@@ -16,8 +16,10 @@ boundary (``wait_admitted``; ``at_boundary`` on the members' side), then takes t
 state at attach (``attached``: gossip.membership.state_transfer's state_of and load_state).
 Each host keeps its own view (its rank and size change when it takes a change); the fabric
 names peers by their starting rank. Not simulated, and refused with a NotImplementedError
-naming the call: codecs, planned leaves, a recovery whose survivors are at different steps (a
-state transfer), the background policies (asynchronous, push-sum with overlap)."""
+naming the call: codecs, a recovery whose survivors are at different steps (a state
+transfer), the background policies (asynchronous, push-sum with overlap). A planned leave
+(scheduled, TrainingSpec.leaves) takes effect at a boundary too: the leaver hands its state
+over (``policy.hand_off``; push-sum's mass) and ``departed`` turns True."""
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -96,7 +98,7 @@ class _Channel:
         raise NotImplementedError(
             f"the simulator's peer channels send, receive and probe (channel {self.number}."
             f"{name}): it runs the synchronous-round policies (synchronous, local-sgd, gossip, "
-            "push-sum without overlap), without planned leaves")
+            "push-sum without overlap)")
 
 
 @dataclass(frozen=True)
@@ -119,6 +121,7 @@ class SimHost:
         self._closed = False
         self._joining = joining
         self._admission: Any = None   # (a restarted peer) the view change that admitted it
+        self._departed = False        # a planned leaver, gone
         # This peer's view (it changes when this peer takes a change, as a real peer's).
         self._view = (0, list(fabric.members))
         self._position = {m: k for k, m in enumerate(fabric.members)}   # (of self._view)
@@ -167,6 +170,11 @@ class SimHost:
     @property
     def joining(self) -> bool:
         return self._joining
+
+    @property
+    def departed(self) -> bool:
+        """True once this peer's planned leave took effect (it handed its state over)."""
+        return self._departed
 
     @property
     def entering(self) -> bool:
@@ -292,7 +300,7 @@ class SimHost:
         answer = x if out is None else out
         return answer if wait else _done(answer, "simulated neighbour exchange")
 
-    # -- membership: an elastic recovery, restarts (no planned leaves) ------------------------
+    # -- membership: an elastic recovery, restarts, planned leaves -----------------------------
     def register_policy(self, policy: Any) -> None:
         pass
 
@@ -308,9 +316,16 @@ class SimHost:
         admission = self._fabric.boundary(self._rank, step)
         if admission is None:
             return False
+        if self._rank in admission.leavers:   # a planned leaver: hand over, then done
+            policy.hand_off(self._position[admission.leavers[self._rank]])
+            self._departed = True
+            return True
         me = admission.members.index(self._rank)
+        handoffs = [(me, self._position[r]) for r, taker in admission.leavers.items()
+                    if taker == self._rank]
         self._switch_to(policy, admission.number, admission.members, step,
-                        receivers=admission.receivers, source=admission.source)
+                        receivers=admission.receivers, source=admission.source,
+                        handoffs=handoffs)
         if me == admission.source:
             from gossip.membership.state_transfer import state_of
             self._fabric.post_state(admission, state_of(policy))
@@ -366,14 +381,15 @@ class SimHost:
 
     def _switch_to(self, policy: Any, number: int, members: list[int], step: int, *,
                    receivers: list[int] | None = None, source: int = 0,
-                   completes: bool = False) -> None:
+                   completes: bool = False,
+                   handoffs: list[tuple[int, int]] | None = None) -> None:
         """The policy's hooks around this peer's move to view ``number`` of ``members``:
         view_changing in the old view, then the new view and topology, then view_changed."""
         view = View("simulation", number,
                     tuple(Member(f"peer-{m}", 0, "") for m in members), step)
         switch = Switch(view, _ViewTransport(members.index(self._rank)), source=source,
                         step=step, receivers=list(receivers or []), at_once=not receivers,
-                        completes=completes)
+                        completes=completes, handoffs=list(handoffs or []))
         policy.view_changing(switch)
         self._set_view(number, members)
         self._topology = resize_topology(self._topology, len(members))
@@ -388,4 +404,5 @@ class SimHost:
         return False
 
     def leave(self) -> None:
-        raise NotImplementedError("the simulator has no planned leaves yet")
+        raise NotImplementedError("the simulator's leaves are scheduled (TrainingSpec.leaves), "
+                                  "not called")

@@ -46,7 +46,9 @@ class TrainingSpec:
     (sim_host.SimHost.recover) and go on. ``restarts``: (rank, simulated second) pairs, a dead
     peer's new process asking to join at that second (after its death), or with
     ``restart_after`` every dead peer's, that long after its death: the members admit it at
-    the next step boundary and it takes a member's state (fabric.py). ``step_seconds``: each
+    the next step boundary and it takes a member's state (fabric.py); ``leaves``: (rank,
+    simulated second) pairs, a planned leave taking effect at the next step boundary (the
+    leaver hands its state over, push-sum's mass, and ends). ``step_seconds``: each
     step's compute (``measure_step_seconds`` gives this machine's), ``step_jitter``: each
     step's compute times a lognormal factor of mean 1 and this sigma, drawn from (seed, rank,
     step) so two runs draw alike;
@@ -77,6 +79,7 @@ class TrainingSpec:
     detect_seconds: float = 2.0
     restarts: tuple[tuple[int, float], ...] = ()
     restart_after: float | None = None
+    leaves: tuple[tuple[int, float], ...] = ()
 
     def __post_init__(self) -> None:
         if self.policy not in SIMULATED_POLICIES:
@@ -138,6 +141,19 @@ class TrainingSpec:
             if self.restarts and self.restart_after is not None:
                 raise ValueError("simulate: restarts (a schedule) or restart_after (every "
                                  "death), not both")
+        if self.leaves:
+            dying = {int(r) for r, _ in self.deaths}
+            for leave in self.leaves:
+                if len(leave) != 2 or not 0 <= leave[0] < self.peers or not leave[1] >= 0 \
+                        or leave[0] in dying:
+                    raise ValueError(f"simulate: leaves must be (rank, seconds >= 0) pairs of "
+                                     f"the {self.peers} peers, none of which dies, got "
+                                     f"{leave!r}")
+            if len({r[0] for r in self.leaves}) != len(self.leaves):
+                raise ValueError("simulate: a rank leaves once (leaves lists one twice)")
+            if self.mtbf is not None:
+                raise ValueError("simulate: leaves with mtbf: the draws could pick a leaver; "
+                                 "give deaths instead")
         if self.non_iid is not None and not (isinstance(self.non_iid, (int, float))
                                              and not isinstance(self.non_iid, bool)
                                              and 0 < self.non_iid < float("inf")):
@@ -208,6 +224,7 @@ class TrainingResult:
     link_bytes: dict[tuple[int, int], int] = field(default_factory=dict)
     region: list[int] = field(default_factory=list)  # each peer's region (links.py)
     restarted: list[int] = field(default_factory=list)   # dead ranks that joined again
+    left: list[int] = field(default_factory=list)        # planned leavers (not in peers)
 
     @property
     def accuracy(self) -> float:
@@ -235,7 +252,7 @@ class TrainingResult:
                 "bytes_per_link": [[a, b, n] for (a, b), n in sorted(
                     self.link_bytes.items(), key=lambda item: (-item[1], item[0]))],
                 "bytes_between_regions": self.bytes_between_regions().tolist(),
-                "restarted": list(self.restarted),
+                "restarted": list(self.restarted), "left": list(self.left),
                 "loss": [float(np.mean(col)) for col in self._by_step("losses")],
                 "time": [max(col) for col in self._by_step("clocks")]}
 
@@ -329,6 +346,8 @@ def train_peer(peer: Any, spec: TrainingSpec, tick: Callable[[float], None] = la
             if dopt.policy.step > k:
                 losses.append(loss.item())
                 clocks.append(float(getattr(peer, "clock", 0.0)))
+            if getattr(peer, "departed", False):   # (a simulated planned leave took effect)
+                break
         accuracy = evaluate(model, test_x, test_y)[0]
         sent = int(peer.stats()["bytes_sent"])
     finally:
@@ -349,7 +368,7 @@ def simulate_training(spec: TrainingSpec, *, timeout: float = 600.0) -> Training
     restarts = spec.restart_schedule()
     fabric = Fabric(spec.peers, spec.network(), timeout=timeout,
                     deaths=spec.death_schedule(), detect=spec.detect_seconds,
-                    restarts=restarts)
+                    restarts=restarts, leaves={int(r): float(t) for r, t in spec.leaves})
     results: list[PeerResult | None] = [None] * spec.peers
     errors: list[BaseException] = []
     started = time.perf_counter()
@@ -377,7 +396,7 @@ def simulate_training(spec: TrainingSpec, *, timeout: float = 600.0) -> Training
         t.join()
     if errors:
         raise errors[0]
-    done = [r for r in results if r is not None]
+    done = [r for r in results if r is not None and r.rank not in fabric.left]
     if not done:
         raise RuntimeError(f"simulate: every peer died ({sorted(fabric.dead)})")
     stacked = np.stack([p.parameters.astype(np.float64) for p in done])
@@ -388,7 +407,7 @@ def simulate_training(spec: TrainingSpec, *, timeout: float = 600.0) -> Training
                           max(fabric.clock[p.rank] for p in done), time.perf_counter() - started,
                           sorted(fabric.died), dict(fabric.link_bytes),
                           [int(r) for r in fabric.links.region],
-                          fabric.admitted)
+                          fabric.admitted, sorted(fabric.left))
 
 
 _DATA: list[tuple[Any, Any, Any, Any]] = []   # the task's tensors, made once a process

@@ -5,6 +5,8 @@ the real synchronous and local SGD policies, elastic, re-form the group without 
 (SimHost.recover: the policies' own recovery, Policy._recover, and view-change hooks)."""
 from __future__ import annotations
 
+import logging
+
 import numpy as np
 import pytest
 
@@ -150,6 +152,28 @@ def test_heavy_churn_with_restarts_gives_the_same_json_twice(policy: str, option
     assert len(a["died"]) >= 5 and a["restarted"] and set(a["restarted"]) <= set(a["died"])
 
 
+@pytest.mark.parametrize("policy, options", [
+    ("synchronous", {"elastic": True}), ("local-sgd", {"period": 4}), ("gossip", {}),
+    ("push-sum", {})])
+def test_planned_leaves_take_effect_at_a_boundary_and_two_runs_alike(
+        policy: str, options: dict, caplog) -> None:
+    spec = TrainingSpec(policy=policy, leaves=((2, 0.2), (5, 0.4)), policy_options=options,
+                        **COMMON)
+    with caplog.at_level(logging.INFO, logger="gossip"):
+        a, b = (simulate_training(spec, timeout=120) for _ in range(2))
+    assert a.to_dict() | {"seconds": 0} == b.to_dict() | {"seconds": 0}
+    assert a.left == [2, 5] and a.died == [] and [p.rank for p in a.peers] == [0, 1, 3, 4, 6, 7]
+    assert all(len(p.losses) == COMMON["steps"] for p in a.peers)
+    if policy == "push-sum":   # each leaver's mass went to the next member (its own hand_off)
+        handed = [r.getMessage() for r in caplog.records if "handed its mass" in r.getMessage()]
+        # (ranks of the view each left: 5 was rank 4 once 2 had gone, its taker 6 rank 5)
+        assert sorted(handed) == ["rank 2: push-sum: handed its mass to rank 3"] * 2 + [
+            "rank 4: push-sum: handed its mass to rank 5"] * 2, handed
+    if policy in ("synchronous", "local-sgd"):
+        assert a.consensus == 0.0
+    assert a.accuracy > 0.6
+
+
 def test_a_restart_costs_the_state_s_transfer_and_a_barrier() -> None:
     """Synchronous on 4 peers (as above): rank 3 dies at step 2's start, the survivors re-form
     at 0.26 s; its new process asks in at 0.3 s, and the first boundary whose clock is past
@@ -182,6 +206,9 @@ def test_a_restart_costs_the_state_s_transfer_and_a_barrier() -> None:
     ({"deaths": ((1, 1.0),), "restarts": ((1, 0.5),)}, "after their death"),
     ({"deaths": ((1, 1.0),), "restarts": ((1, 2.0),), "restart_after": 1.0}, "not both"),
     ({"mtbf": 1.0, "restart_after": -1.0}, "restart_after must be"),
+    ({"leaves": ((4, 1.0),)}, "pairs of the 4 peers"),
+    ({"deaths": ((1, 1.0),), "leaves": ((1, 2.0),)}, "none of which dies"),
+    ({"leaves": ((1, 1.0), (1, 2.0))}, "leaves once"),
     ({"deaths": ((1, 1.0),), "detect_seconds": -1.0}, "detect_seconds"),
 ])
 def test_bad_death_settings_name_the_setting(kwargs, message) -> None:
