@@ -102,6 +102,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     train.add_argument("--leaves", metavar="RANK@SECONDS,...",
                        help="planned leaves: the peer leaves at the first step boundary at or "
                             "after that simulated second, handing its state over")
+    train.add_argument("--joins", metavar="SECONDS,...",
+                       help="new peers ask to join at these simulated seconds (each takes a "
+                            "member's state at the next step boundary)")
     train.add_argument("--elastic", action="store_true",
                        help="synchronous and local-sgd re-form the group after a death "
                             "(elastic=True; without it a death fails their job)")
@@ -242,12 +245,22 @@ def _deaths(text: str | None, option: str = "--deaths") -> tuple[tuple[int, floa
 Pairs = tuple[tuple[int, float], ...]
 
 
-def _churn(path: str | None) -> tuple[Pairs, Pairs, Pairs]:
-    """--churn FILE: the (deaths, restarts, leaves) of a trace, {"deaths": [[rank, seconds],
-    ...], "restarts": [[rank, seconds], ...], "leaves": [[rank, seconds], ...]} (restarts
-    and leaves optional)."""
+def _seconds(text: str | None) -> tuple[float, ...]:
+    """--joins 2,5.5 -> (2.0, 5.5)."""
+    if not text:
+        return ()
+    try:
+        return tuple(float(t) for t in text.split(","))
+    except ValueError:
+        raise ValueError(f"--joins {text!r}: expected SECONDS,..., e.g. 2,5.5") from None
+
+
+def _churn(path: str | None) -> tuple[Pairs, Pairs, Pairs, tuple[float, ...]]:
+    """--churn FILE: the (deaths, restarts, leaves, joins) of a trace, {"deaths": [[rank,
+    seconds], ...], "restarts": [[rank, seconds], ...], "leaves": [[rank, seconds], ...],
+    "joins": [seconds, ...]} (every key optional)."""
     if path is None:
-        return (), (), ()
+        return (), (), (), ()
     try:
         with open(path) as f:
             data = json.load(f)
@@ -263,12 +276,14 @@ def _churn(path: str | None) -> tuple[Pairs, Pairs, Pairs]:
             return None
         return tuple((int(r), float(t)) for r, t in items)
     deaths, restarts, leaves = pairs("deaths"), pairs("restarts"), pairs("leaves")
-    if deaths is None or restarts is None or leaves is None or not isinstance(data, dict) \
-            or not ("deaths" in data or "leaves" in data):
+    joins = data.get("joins", []) if isinstance(data, dict) else None
+    if deaths is None or restarts is None or leaves is None or not isinstance(joins, list) \
+            or not all(isinstance(t, (int, float)) and not isinstance(t, bool) for t in joins) \
+            or not any(k in data for k in ("deaths", "leaves", "joins")):
         raise ValueError(f'--churn {path}: expected {{"deaths": [[RANK, SECONDS], ...], '
                          f'"restarts": [[RANK, SECONDS], ...], "leaves": [[RANK, SECONDS], '
-                         f'...]}} (restarts and leaves optional)')
-    return deaths, restarts, leaves
+                         f'...], "joins": [SECONDS, ...]}} (each optional)')
+    return deaths, restarts, leaves, tuple(float(t) for t in joins)
 
 
 def _step_seconds(text: str, hidden: int) -> float:
@@ -306,13 +321,14 @@ def _train(args: argparse.Namespace) -> int:
                           restarts=_deaths(args.restarts, "--restarts") + churn[1],
                           restart_after=args.restart_after,
                           leaves=_deaths(args.leaves, "--leaves") + churn[2],
+                          joins=_seconds(args.joins) + churn[3],
                           policy_options=({"elastic": True} if args.elastic and name.strip()
                                           in ELASTIC_POLICIES else {}))
              for name in args.policy.split(",") if name.strip()]
     if not specs:
         raise ValueError("--policy: give at least one policy")
     heads = ("policy", "accuracy", "worst", "averaged", "consensus", "simulated s",
-             "MB/peer", "real s", "died", "restarted", "left")
+             "MB/peer", "real s", "died", "restarted", "left", "joined")
     print(f"{args.peers} simulated peers, {args.steps} steps, topology {args.topology}, links "
           f"{specs[0].network().text}, {step_seconds:g} s a step"
           + (f" (jitter {args.step_jitter:g})" if args.step_jitter else "")
@@ -328,7 +344,8 @@ def _train(args: argparse.Namespace) -> int:
                f"{record['averaged_accuracy']:.2%}", f"{record['consensus']:.4f}",
                f"{record['simulated_seconds']:.3f}", f"{record['bytes_per_peer'] / 1e6:.2f}",
                f"{record['seconds']:.1f}", str(len(record["died"])),
-               str(len(record["restarted"])), str(len(record["left"])))
+               str(len(record["restarted"])), str(len(record["left"])),
+               str(len(record["joined"])))
         print("  ".join(f"{v:>11}" if k else f"{v:<12}" for k, v in enumerate(row)),
               flush=True)
     for record in runs:

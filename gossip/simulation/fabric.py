@@ -36,7 +36,8 @@ ordered by their starting ranks (the dead left out); the lowest surviving member
 source, whose state (its policy's Snapshot) the joiner takes (``post_state``,
 ``take_state``); everyone's clock moves to the boundary's latest clock plus the state's
 transfer (bytes / rate and a latency, from the source to each joiner in turn) plus a barrier
-over the new view. The restarted peer counts as alive again from then on.
+over the new view. The restarted peer counts as alive again from then on. A new peer (a slot
+past ``initial``, which no process held before) joins the same way.
 
 Planned leaves (``leaves``: rank -> the simulated second it asks to leave) take effect the same
 way, at the first boundary whose latest clock is at or after the request: the view goes on
@@ -117,12 +118,14 @@ class Fabric:
     def __init__(self, size: int, links: Links | LinkSpec | None = None, *,
                  timeout: float = 300.0, deaths: dict[int, float] | None = None,
                  detect: float = 2.0, restarts: dict[int, float] | None = None,
-                 leaves: dict[int, float] | None = None) -> None:
+                 leaves: dict[int, float] | None = None, initial: int | None = None) -> None:
         self.size = size
         self.links = links if isinstance(links, Links) else Links.uniform(size, links)
         self.deaths = dict(deaths or {})   # rank -> the simulated second it dies
         self.detect = detect
-        self.dead: set[int] = set()        # ranks whose process is dead now (threads ended)
+        # Ranks whose process is dead now (threads ended); the slots past ``initial`` (new
+        # peers that join later: ``restarts`` names when) have none yet.
+        self.dead: set[int] = set(range(size if initial is None else initial, size))
         self.died: list[int] = []          # every death so far, in order (restarted or not)
         self.restarts = dict(restarts or {})   # rank -> the second its new process asks in
         self.leaves = dict(leaves or {})       # rank -> the second it asks to leave
@@ -143,10 +146,11 @@ class Fabric:
         self._rounds: dict[tuple[int, str, int], _Round] = {}   # (view, op, seq)
         self._seq: list[dict[str, int]] = [{} for _ in range(size)]
         self._aborted: str | None = None
-        self.members = list(range(size))   # the current view's peers, in its rank order
+        # The current view's peers, in its rank order.
+        self.members = list(range(size if initial is None else initial))
         self.view_number = 0
         self._position = {m: k for k, m in enumerate(self.members)}   # member -> view rank
-        self._view_links = self.links
+        self._view_links = self.links.subset(self.members)
         self._reforms: dict[int, _Round] = {}   # the view being left -> its survivors' meeting
 
     def abort(self, reason: str) -> None:

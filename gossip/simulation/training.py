@@ -7,6 +7,7 @@ shard. ``train_peer`` is the one loop every peer runs, simulated or real (the fi
 runs it on real peer processes too)."""
 from __future__ import annotations
 
+import math
 import threading
 import time
 from collections.abc import Callable
@@ -48,7 +49,9 @@ class TrainingSpec:
     ``restart_after`` every dead peer's, that long after its death: the members admit it at
     the next step boundary and it takes a member's state (fabric.py); ``leaves``: (rank,
     simulated second) pairs, a planned leave taking effect at the next step boundary (the
-    leaver hands its state over, push-sum's mass, and ends). ``step_seconds``: each
+    leaver hands its state over, push-sum's mass, and ends); ``joins``: simulated seconds at
+    which new peers ask to join (slots ``peers``, ``peers`` + 1, ...: admitted as restarts are;
+    the data is sharded over ``slots``, every peer that ever takes part). ``step_seconds``: each
     step's compute (``measure_step_seconds`` gives this machine's), ``step_jitter``: each
     step's compute times a lognormal factor of mean 1 and this sigma, drawn from (seed, rank,
     step) so two runs draw alike;
@@ -80,6 +83,7 @@ class TrainingSpec:
     restarts: tuple[tuple[int, float], ...] = ()
     restart_after: float | None = None
     leaves: tuple[tuple[int, float], ...] = ()
+    joins: tuple[float, ...] = ()
 
     def __post_init__(self) -> None:
         if self.policy not in SIMULATED_POLICIES:
@@ -141,6 +145,10 @@ class TrainingSpec:
             if self.restarts and self.restart_after is not None:
                 raise ValueError("simulate: restarts (a schedule) or restart_after (every "
                                  "death), not both")
+        if not all(isinstance(t, (int, float)) and not isinstance(t, bool) and 0 <= t < math.inf
+                   for t in self.joins):
+            raise ValueError(f"simulate: joins must be simulated seconds >= 0, got "
+                             f"{self.joins!r}")
         if self.leaves:
             dying = {int(r) for r, _ in self.deaths}
             for leave in self.leaves:
@@ -181,18 +189,24 @@ class TrainingSpec:
                 schedule[int(alive[int(rng.integers(len(alive)))])] = when
         return schedule
 
+    @property
+    def slots(self) -> int:
+        """Every peer that takes part at some point: ``peers`` and the ``joins``."""
+        return self.peers + len(self.joins)
+
     def network(self) -> Links:
-        """Every directed link of the simulated peers, as the spec describes them."""
+        """Every directed link of the simulated peers (the joiners' too), as the spec
+        describes them."""
         if self.links is not None:
-            return Links.from_file(self.peers, self.links)
+            return Links.from_file(self.slots, self.links)
         link = parse_link(self.link or "", "link")
         if self.regions is not None:
             wan = parse_link(self.wan or "", "wan")
             if wan is None:
                 raise ValueError(f"simulate: wan={self.wan!r}: the links between regions need "
                                  "a rate, e.g. 100mbit,40ms")
-            return Links.regions(self.peers, self.regions, link, wan)
-        return Links.uniform(self.peers, link)
+            return Links.regions(self.slots, self.regions, link, wan)
+        return Links.uniform(self.slots, link)
 
 
 @dataclass(frozen=True)
@@ -225,6 +239,7 @@ class TrainingResult:
     region: list[int] = field(default_factory=list)  # each peer's region (links.py)
     restarted: list[int] = field(default_factory=list)   # dead ranks that joined again
     left: list[int] = field(default_factory=list)        # planned leavers (not in peers)
+    joined: list[int] = field(default_factory=list)      # new peers' slots, admitted
 
     @property
     def accuracy(self) -> float:
@@ -253,6 +268,7 @@ class TrainingResult:
                     self.link_bytes.items(), key=lambda item: (-item[1], item[0]))],
                 "bytes_between_regions": self.bytes_between_regions().tolist(),
                 "restarted": list(self.restarted), "left": list(self.left),
+                "joined": list(self.joined),
                 "loss": [float(np.mean(col)) for col in self._by_step("losses")],
                 "time": [max(col) for col in self._by_step("clocks")]}
 
@@ -314,7 +330,7 @@ def train_peer(peer: Any, spec: TrainingSpec, tick: Callable[[float], None] = la
     x, y, test_x, test_y = _task_data()
     # Its slot: the rank it starts with (a view change renumbers; a restarted peer keeps its
     # slot's) of the spec's peers (its shard, its seeds).
-    n, rank = spec.peers, getattr(peer, "starting_rank", peer.rank)
+    n, rank = spec.slots, getattr(peer, "starting_rank", peer.rank)
     rows = torch.from_numpy(shard(len(y), rank, n, seed=spec.seed, labels=y.numpy(),
                                   alpha=spec.non_iid)
                             if len(y) >= n else np.arange(len(y)))
@@ -366,10 +382,12 @@ def simulate_training(spec: TrainingSpec, *, timeout: float = 600.0) -> Training
     torch.set_num_threads(1)
     topology = topologies.parse(spec.topology, spec.peers)
     restarts = spec.restart_schedule()
-    fabric = Fabric(spec.peers, spec.network(), timeout=timeout,
+    restarts.update({spec.peers + k: float(t) for k, t in enumerate(spec.joins)})
+    fabric = Fabric(spec.slots, spec.network(), timeout=timeout,
                     deaths=spec.death_schedule(), detect=spec.detect_seconds,
-                    restarts=restarts, leaves={int(r): float(t) for r, t in spec.leaves})
-    results: list[PeerResult | None] = [None] * spec.peers
+                    restarts=restarts, leaves={int(r): float(t) for r, t in spec.leaves},
+                    initial=spec.peers)
+    results: list[PeerResult | None] = [None] * spec.slots
     errors: list[BaseException] = []
     started = time.perf_counter()
 
@@ -407,7 +425,8 @@ def simulate_training(spec: TrainingSpec, *, timeout: float = 600.0) -> Training
                           max(fabric.clock[p.rank] for p in done), time.perf_counter() - started,
                           sorted(fabric.died), dict(fabric.link_bytes),
                           [int(r) for r in fabric.links.region],
-                          fabric.admitted, sorted(fabric.left))
+                          [r for r in fabric.admitted if r < spec.peers], sorted(fabric.left),
+                          [r for r in fabric.admitted if r >= spec.peers])
 
 
 _DATA: list[tuple[Any, Any, Any, Any]] = []   # the task's tensors, made once a process

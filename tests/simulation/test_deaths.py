@@ -174,6 +174,24 @@ def test_planned_leaves_take_effect_at_a_boundary_and_two_runs_alike(
     assert a.accuracy > 0.6
 
 
+@pytest.mark.parametrize("policy, options", [
+    ("synchronous", {"elastic": True}), ("local-sgd", {"period": 4}), ("gossip", {}),
+    ("push-sum", {})])
+def test_new_peers_join_take_a_member_s_state_and_two_runs_alike(policy: str,
+                                                                   options: dict) -> None:
+    spec = TrainingSpec(policy=policy, joins=(0.2, 0.4), policy_options=options,
+                        **dict(COMMON, peers=6))
+    a, b = (simulate_training(spec, timeout=120) for _ in range(2))
+    assert a.to_dict() | {"seconds": 0} == b.to_dict() | {"seconds": 0}
+    assert a.joined == [6, 7] and a.restarted == [] and [p.rank for p in a.peers] == list(range(8))
+    first = [p.first_step for p in a.peers]
+    assert first[:6] == [0] * 6 and 0 < first[6] < first[7] < COMMON["steps"]
+    assert len(a.to_dict()["loss"]) == COMMON["steps"]
+    if policy in ("synchronous", "local-sgd"):
+        assert a.consensus == 0.0   # (each joiner took a member's state)
+    assert a.accuracy > 0.6
+
+
 def test_a_restart_costs_the_state_s_transfer_and_a_barrier() -> None:
     """Synchronous on 4 peers (as above): rank 3 dies at step 2's start, the survivors re-form
     at 0.26 s; its new process asks in at 0.3 s, and the first boundary whose clock is past
@@ -209,6 +227,7 @@ def test_a_restart_costs_the_state_s_transfer_and_a_barrier() -> None:
     ({"leaves": ((4, 1.0),)}, "pairs of the 4 peers"),
     ({"deaths": ((1, 1.0),), "leaves": ((1, 2.0),)}, "none of which dies"),
     ({"leaves": ((1, 1.0), (1, 2.0))}, "leaves once"),
+    ({"joins": (-1.0,)}, "joins must be"),
     ({"deaths": ((1, 1.0),), "detect_seconds": -1.0}, "detect_seconds"),
 ])
 def test_bad_death_settings_name_the_setting(kwargs, message) -> None:

@@ -106,6 +106,14 @@ def test_train_takes_deaths_from_a_churn_trace(tmp_path: Path) -> None:
     assert run["died"] == [2, 5] and run["restarted"] == [5]
     assert run["spec"]["restarts"] == [[5, 0.4]]
     assert sorted(int(r) for r in run["bytes_sent"]) == [0, 1, 3, 4, 5, 6, 7]
+    # Leaves and joins in the trace too.
+    trace.write_text(json.dumps({"leaves": [[1, 0.1]], "joins": [0.2]}))
+    proc = _gossip("simulate", "train", "--policy", "push-sum", "-n", "4", "--steps", "40",
+                   "--link", "1gbit,5ms", "--churn", str(trace), "--json", str(out))
+    assert proc.returncode == 0, proc.stderr
+    (run,) = json.loads(out.read_text())["runs"]
+    assert run["left"] == [1] and run["joined"] == [4] and run["died"] == []
+    assert sorted(int(r) for r in run["bytes_sent"]) == [0, 2, 3, 4]
     trace.write_text(json.dumps({"deaths": [[2, "soon"]]}))
     proc = _gossip("simulate", "train", "--churn", str(trace))
     assert proc.returncode == 2 and f"--churn {trace}: expected" in proc.stderr
