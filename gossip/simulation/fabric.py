@@ -343,6 +343,24 @@ class Fabric:
                 del self._rounds[key]
             return meeting.result
 
+    def _meet(self, meeting: _Round, rank: int, step: int, members: list[int],
+              what: str) -> None:
+        """(Under the lock.) ``rank`` arrives at ``meeting`` (a view change's, decided by the
+        first to see it settled) at step count ``step``; wait until every one of ``members``
+        arrived or died, or the meeting was decided."""
+        meeting.parts[rank] = step
+        meeting.clocks[rank] = self.clock[rank]
+        self._cond.notify_all()   # (the last arrival may settle the others' wait)
+
+        def settled() -> bool:
+            return meeting.end is not None or self._aborted is not None or all(
+                m in meeting.parts or m in self.dead for m in members)
+        if not self._cond.wait_for(settled, self.timeout):
+            waited = sorted(set(members) - set(meeting.parts) - self.dead)
+            raise OperationTimeout(f"simulated rank {rank}: {what} still waits for ranks "
+                                   f"{waited[:8]} after {self.timeout:g}s (real time)")
+        self._check()
+
     def reform(self, rank: int, step: int) -> tuple[list[int], list[int]]:
         """(An elastic recovery.) Meet the other survivors of the current view, ``rank`` at
         step count ``step``: once every member arrived or died, the new view is those who
@@ -354,18 +372,7 @@ class Fabric:
             if rank not in self._position:
                 raise RuntimeError(f"simulated rank {rank} is not in view {number}")
             meeting = self._reforms.setdefault(number, _Round())
-            meeting.parts[rank] = step
-            meeting.clocks[rank] = self.clock[rank]
-
-            def settled() -> bool:
-                return meeting.end is not None or self._aborted is not None or all(
-                    m in meeting.parts or m in self.dead for m in members)
-            if not self._cond.wait_for(settled, self.timeout):
-                waited = sorted(set(members) - set(meeting.parts) - self.dead)
-                raise OperationTimeout(f"simulated rank {rank}: the recovery of view {number} "
-                                       f"still waits for ranks {waited[:8]} after "
-                                       f"{self.timeout:g}s (real time)")
-            self._check()
+            self._meet(meeting, rank, step, members, f"the recovery of view {number}")
             if meeting.end is None:   # the first to see it settled installs the new view
                 survivors = [m for m in members if m in meeting.parts]
                 meeting.result = (survivors, [meeting.parts[m] for m in survivors])
@@ -392,18 +399,7 @@ class Fabric:
             number, members = self.view_number, self.members
             key = (number, step)
             meeting = self._boundaries.setdefault(key, _Round())
-            meeting.parts[rank] = step
-            meeting.clocks[rank] = self.clock[rank]
-
-            def settled() -> bool:
-                return meeting.end is not None or self._aborted is not None or all(
-                    m in meeting.parts or m in self.dead for m in members)
-            if not self._cond.wait_for(settled, self.timeout):
-                waited = sorted(set(members) - set(meeting.parts) - self.dead)
-                raise OperationTimeout(f"simulated rank {rank}: step boundary {step} still "
-                                       f"waits for ranks {waited[:8]} after {self.timeout:g}s "
-                                       "(real time)")
-            self._check()
+            self._meet(meeting, rank, step, members, f"step boundary {step}")
             if meeting.end is None:   # the first to see it settled decides, by the schedule
                 now = max(meeting.clocks.values())
                 meeting.end = now
