@@ -87,18 +87,21 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                             "(instead of --link, --regions, --wan)")
     train.add_argument("--deaths", metavar="RANK@SECONDS,...",
                        help="peers that die at those simulated seconds, e.g. 3@0.5,7@2 "
-                            "(gossip and push-sum)")
+                            "(synchronous and local-sgd with --elastic); a rank listed again "
+                            "dies again after its restart")
     train.add_argument("--churn", metavar="FILE",
-                       help='a trace of deaths, JSON: {"deaths": [[RANK, SECONDS], ...]} '
-                            "(as --deaths)")
+                       help='a trace, JSON: {"deaths": [[RANK, SECONDS], ...], "restarts": '
+                            '[[RANK, SECONDS], ...], "leaves": [[RANK, SECONDS], ...], "joins": '
+                            "[SECONDS, ...]} (each optional; as the options of those names)")
     train.add_argument("--mtbf", type=float, metavar="SECONDS",
-                       help="deaths drawn from the seed instead: one per SECONDS of simulated "
-                            "time across the fleet, on average")
+                       help="deaths drawn from the seed: one per SECONDS of simulated time "
+                            "across the fleet on average (with --restart-after, restarted "
+                            "peers die again: the rate holds for the whole run)")
     train.add_argument("--restarts", metavar="RANK@SECONDS,...",
                        help="a dead peer's new process asks to join at that simulated second "
                             "(it takes a member's state at the next step boundary)")
     train.add_argument("--restart-after", type=float, metavar="SECONDS",
-                       help="every dead peer restarts SECONDS after its death")
+                       help="every dead peer restarts SECONDS after each death")
     train.add_argument("--leaves", metavar="RANK@SECONDS,...",
                        help="planned leaves: the peer leaves at the first step boundary at or "
                             "after that simulated second, handing its state over")

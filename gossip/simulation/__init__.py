@@ -8,6 +8,7 @@ same as a real multi-process run's (tests/simulation/test_training.py). ``simula
 runs the mixing dynamics alone, vectorised over the sparse mixing matrices, to 65,536 peers
 and beyond in seconds.
 """
+from gossip.simulation.churn import Churn
 from gossip.simulation.fabric import Fabric, collective_seconds
 from gossip.simulation.links import Links
 from gossip.simulation.mixing import MIXING_RULES, MixingTrace, simulate_mixing
@@ -17,5 +18,5 @@ from gossip.simulation.training import (SIMULATED_POLICIES, PeerResult, Training
                                         simulate_training, train_peer)
 
 __all__ = ["simulate_training", "TrainingSpec", "TrainingResult", "PeerResult", "train_peer",
-           "SIMULATED_POLICIES", "SimHost", "Fabric", "Links", "collective_seconds",
+           "SIMULATED_POLICIES", "SimHost", "Fabric", "Churn", "Links", "collective_seconds",
            "simulate_mixing", "MixingTrace", "MIXING_RULES", "measure_step_seconds"]

@@ -9,8 +9,9 @@ algorithm's cost on the link model (the ring allreduce's 2(n - 1) steps of bytes
 every member's clock moves to the end. Results are combined in rank order, so a simulation
 gives the same numbers whatever order its threads run in.
 
-Deaths (``deaths``: rank -> simulated second): a peer dies at the first point it reaches at or
-after its second (a step's start, a neighbour exchange's start, or after an exchange's
+Deaths and restarts follow ``churn`` (churn.py: each slot's lives, a death ending each, a
+request to join beginning each later one). A peer dies at the first point it reaches at or
+after its life's death (a step's start, a neighbour exchange's start, or after an exchange's
 receives, before it combines them): it sends nothing more and absorbs nothing that arrives
 from then on (a message arriving at or after a peer's death is not delivered: the sender
 learns it). The others count it lost ``detect`` seconds after its death (the heartbeat
@@ -28,16 +29,16 @@ view becomes those who arrived (the dead left out, the others renumbered in thei
 every survivor's clock moves to the last arrival plus a barrier's cost over the new view (the
 agreement on it), and collectives count again from the first.
 
-Restarts (``restarts``: rank -> the simulated second a dead peer's new process asks to join):
-while one is pending, the members meet at every step boundary (``boundary``; every member
+Restarts (a later life's request to join): while one may come, the members meet at every step boundary (``boundary``; every member
 arrives or dies). At the first boundary whose latest clock is at or after the request, and
 once the old process is dead, the view becomes the live members and the restarted ones,
 ordered by their starting ranks (the dead left out); the lowest surviving member is the
 source, whose state (its policy's Snapshot) the joiner takes (``post_state``,
 ``take_state``); everyone's clock moves to the boundary's latest clock plus the state's
 transfer (bytes / rate and a latency, from the source to each joiner in turn) plus a barrier
-over the new view. The restarted peer counts as alive again from then on. A new peer (a slot
-past ``initial``, which no process held before) joins the same way.
+over the new view. The restarted peer counts as alive again from then on, until its new life's
+death (a slot may die and come back any number of times). A new peer (a slot past the
+churn's ``initial``, which no process held before) joins the same way.
 
 Planned leaves (``leaves``: rank -> the simulated second it asks to leave) take effect the same
 way, at the first boundary whose latest clock is at or after the request: the view goes on
@@ -56,6 +57,7 @@ import numpy as np
 
 from collectives.transport.emulation import LinkSpec
 from gossip.errors import OperationTimeout, PeerLost
+from gossip.simulation.churn import Churn
 from gossip.simulation.links import Links
 
 __all__ = ["Fabric", "Admission", "collective_seconds", "SimulatedDeath"]
@@ -116,22 +118,29 @@ class Fabric:
     every directed link (links.py), or one LinkSpec for all, or None (free)."""
 
     def __init__(self, size: int, links: Links | LinkSpec | None = None, *,
-                 timeout: float = 300.0, deaths: dict[int, float] | None = None,
-                 detect: float = 2.0, restarts: dict[int, float] | None = None,
-                 leaves: dict[int, float] | None = None, initial: int | None = None) -> None:
+                 timeout: float = 300.0, churn: Churn | None = None, detect: float = 2.0,
+                 leaves: dict[int, float] | None = None) -> None:
         self.size = size
         self.links = links if isinstance(links, Links) else Links.uniform(size, links)
-        self.deaths = dict(deaths or {})   # rank -> the simulated second it dies
+        self.churn = churn if churn is not None else Churn(size)
+        if self.churn.slots != size:
+            raise ValueError(f"the churn's {self.churn.slots} slots are not the fabric's {size}")
         self.detect = detect
-        # Ranks whose process is dead now (threads ended); the slots past ``initial`` (new
-        # peers that join later: ``restarts`` names when) have none yet.
-        self.dead: set[int] = set(range(size if initial is None else initial, size))
-        self.died: list[int] = []          # every death so far, in order (restarted or not)
-        self.restarts = dict(restarts or {})   # rank -> the second its new process asks in
+        # Each slot's life now (churn.py): the one whose process runs, or last ran; -1 for a
+        # slot whose first process has not joined yet.
+        self._life = [self.churn.first_life(r) for r in range(size)]
+        # Slots whose process is dead now (threads ended), and those no process held yet.
+        self.dead: set[int] = {r for r in range(size) if self._life[r] < 0}
+        # The life each slot's thread waits to see admitted once its process died (and a new
+        # slot's first).
+        self._awaiting = [life + 1 for life in self._life]
+        self.died: list[int] = []          # every death so far, in order (a slot once a death)
+        self._later = self.churn.later_lives()   # lives that begin with a request (None: no end)
         self.leaves = dict(leaves or {})       # rank -> the second it asks to leave
         self.left: list[int] = []              # planned leavers gone, in order
-        self._admitted: set[int] = set()
-        self._admissions: dict[int, Admission] = {}   # by starting rank of each joiner
+        self._admitted: list[tuple[int, int]] = []   # (slot, life) of every admission
+        # (slot, life) -> the view change that admitted that life.
+        self._admissions: dict[tuple[int, int], Admission] = {}
         self._boundaries: dict[tuple[int, int], _Round] = {}   # (view, step)
         self._finished: set[int] = set()   # members whose training ended
         self._excluded: set[tuple[int, int]] = set()   # (a, b): a counts b lost
@@ -147,7 +156,7 @@ class Fabric:
         self._seq: list[dict[str, int]] = [{} for _ in range(size)]
         self._aborted: str | None = None
         # The current view's peers, in its rank order.
-        self.members = list(range(size if initial is None else initial))
+        self.members = list(range(self.churn.initial))
         self.view_number = 0
         self._position = {m: k for k, m in enumerate(self.members)}   # member -> view rank
         self._view_links = self.links.subset(self.members)
@@ -172,20 +181,29 @@ class Fabric:
             self.clock[rank] += seconds
 
     # -- deaths ------------------------------------------------------------------------------
-    def death_of(self, rank: int) -> float:
-        return self.deaths.get(rank, math.inf)
+    def death_of(self, rank: int, until: float | None = None) -> float:
+        """(Under the lock.) When ``rank``'s present life dies, if at or before ``until``
+        (math.inf if not); without ``until``, as far as the schedule is drawn (a dead peer's
+        death always is)."""
+        return self.churn.death(rank, self._life[rank],
+                                max(self.clock) if until is None else until)
 
     def check_alive(self, rank: int) -> None:
         """SimulatedDeath if ``rank``'s clock reached its death."""
-        if self.clock[rank] >= self.death_of(rank):
-            raise SimulatedDeath(f"simulated rank {rank} died at {self.death_of(rank):g} s")
+        with self._cond:
+            when = self.death_of(rank, self.clock[rank])
+        if self.clock[rank] >= when:
+            raise SimulatedDeath(f"simulated rank {rank} died at {when:g} s")
 
-    def mark_dead(self, rank: int) -> None:
-        """``rank``'s thread ended by its death: whoever waits on it hears now."""
+    def mark_dead(self, rank: int) -> bool:
+        """``rank``'s thread ended by its death: whoever waits on it hears now. True if a later
+        life of the slot asks to join (its thread waits for its admission, wait_admitted)."""
         with self._cond:
             self.dead.add(rank)
             self.died.append(rank)
+            self._awaiting[rank] = self._life[rank] + 1
             self._cond.notify_all()
+            return self.churn.request(rank, self._life[rank] + 1) is not None
 
     def finished(self, rank: int) -> None:
         """``rank``'s training ended (a joiner still waiting then is never admitted)."""
@@ -194,17 +212,17 @@ class Fabric:
             self._cond.notify_all()
 
     def lost_for(self, rank: int) -> dict[int, str]:
-        """The peers ``rank`` counts lost at its clock (detected ``detect`` after dying), by
-        global rank."""
-        now = self.clock[rank]
-        lost = {d: f"died at {t:g} s (simulated), detected at {t + self.detect:g} s"
-                for d, t in self.deaths.items() if d != rank and now >= t + self.detect}
-        if lost:
-            with self._cond:
-                fresh = {(rank, d) for d in lost} - self._excluded
-                if fresh:
-                    self._excluded |= fresh
-                    self._cond.notify_all()
+        """The peers ``rank`` counts lost at its clock (a life's death, detected ``detect``
+        after it, until the slot's next life is admitted), by global rank."""
+        with self._cond:
+            now = self.clock[rank]
+            lost = {d: f"died at {t:g} s (simulated), detected at {t + self.detect:g} s"
+                    for t, d, life in self.churn.deaths_until(now - self.detect)
+                    if d != rank and self._life[d] == life}
+            fresh = {(rank, d) for d in lost} - self._excluded
+            if fresh:
+                self._excluded |= fresh
+                self._cond.notify_all()
         return lost
 
     def _lost_error(self, dst: int, src: int, what: str) -> PeerLost:
@@ -212,7 +230,8 @@ class Fabric:
         on without ``dst`` (whose own death is due: it fell that far behind). The clock of
         ``dst`` moves to the earlier of its hearing of ``src``'s death and its own death,
         both from the schedule, never from which thread got where first."""
-        heard, own = self.death_of(src) + self.detect, self.death_of(dst)
+        heard = self.death_of(src) + self.detect
+        own = self.death_of(dst, min(heard, max(self.clock)))
         self.clock[dst] = max(self.clock[dst], min(heard, own))
         why = (f"died at {self.death_of(src):g} s (simulated)" if heard <= own
                else "went on without this peer, whose death is due")
@@ -232,7 +251,7 @@ class Fabric:
             arrival = start + transfer + latency
             self._count(src, dst, copy.nbytes)
             self.messages_sent[src] += 1
-            delivered = arrival < self.death_of(dst)
+            delivered = arrival < self.death_of(dst, arrival)
             # Not delivered: a marker, so dst (still running, behind) dies when it looks for it.
             self._mail.setdefault((src, dst), deque()).append(
                 (copy if delivered else None, arrival, tag))
@@ -393,7 +412,7 @@ class Fabric:
         members here and return the Admission this boundary takes (None: no change)."""
         with self._cond:
             self._check()
-            if all(r in self._admitted for r in self.restarts) and \
+            if self._later is not None and len(self._admitted) >= self._later and \
                     all(r in self.left for r in self.leaves):
                 return None
             number, members = self.view_number, self.members
@@ -403,8 +422,8 @@ class Fabric:
             if meeting.end is None:   # the first to see it settled decides, by the schedule
                 now = max(meeting.clocks.values())
                 meeting.end = now
-                joiners = sorted(r for r, when in self.restarts.items()
-                                 if r not in self._admitted and when <= now and r in self.dead)
+                joiners = [r for r in sorted(self.dead)
+                           if (self.churn.request(r, self._life[r] + 1) or math.inf) <= now]
                 live = [m for m in members if m in meeting.parts]
                 leavers = [r for r in live if r not in self.left
                            and self.leaves.get(r, math.inf) <= now]
@@ -432,16 +451,16 @@ class Fabric:
                               [new.index(r) for r in joiners], now, takers)
         self.left += leavers
         for r in joiners:
-            self._admitted.add(r)
+            self._life[r] += 1
+            self._admitted.append((r, self._life[r]))
             self.dead.discard(r)
-            self.deaths.pop(r, None)   # (the new process does not die)
             self._excluded = {pair for pair in self._excluded if r not in pair}
             for box in [k for k in self._mail if r in k[-2:]]:
                 del self._mail[box]
             for pair in [k for k in self._link_free if r in k]:
                 del self._link_free[pair]
             self.clock[r] = max(self.clock[r], now)
-            self._admissions[r] = admission
+            self._admissions[(r, self._life[r])] = admission
         self._install(new)
         self._cond.notify_all()
         return admission
@@ -458,17 +477,20 @@ class Fabric:
         self._rounds = {k: v for k, v in self._rounds.items() if k[0] > number}
 
     @property
-    def admitted(self) -> list[int]:
-        """The restarted peers admitted so far."""
+    def admitted(self) -> list[tuple[int, int]]:
+        """Every life admitted so far, (slot, life), in order: a restart's life is 1 or more
+        (a slot past the churn's ``initial``: its join's is 0)."""
         with self._cond:
-            return sorted(self._admitted)
+            return list(self._admitted)
 
     def admission(self, rank: int) -> Admission | None:
-        """(A restarted peer.) Wait until a boundary admits ``rank`` (None: the members ended
-        first, it never joins)."""
+        """(A restarted peer.) Wait until a boundary admits ``rank``'s next life (None: the
+        members ended first, it never joins)."""
         with self._cond:
+            key = (rank, self._awaiting[rank])
+
             def decided() -> bool:
-                return rank in self._admissions or self._aborted is not None or all(
+                return key in self._admissions or self._aborted is not None or all(
                     m in self._finished or m in self.dead for m in self.members)
             # The members train meanwhile, for as long as the run takes: the wait fails only
             # if ``timeout`` real seconds pass without any clock moving.
@@ -479,7 +501,7 @@ class Fabric:
                                            f"clock moved for {self.timeout:g}s (real time)")
                 clocks = list(self.clock)
             self._check()
-            return self._admissions.get(rank)
+            return self._admissions.get(key)
 
     def post_state(self, admission: Admission, state: Any) -> None:
         """(The source.) Its state for the joiners; counts the bytes sent to each."""

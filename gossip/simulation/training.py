@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from collectives.transport.emulation import parse_link
+from gossip.simulation.churn import Churn
 from gossip.simulation.fabric import Fabric, SimulatedDeath
 from gossip.simulation.links import Links
 from gossip.simulation.sim_host import SimHost
@@ -38,16 +39,18 @@ class TrainingSpec:
     the peers are K blocks of consecutive ranks, ``link`` the links within a block and ``wan``
     those between; ``links``: a JSON file naming each peer's region and every link instead
     (gossip/simulation/links.py). ``deaths``: (rank, simulated second) pairs, each peer
-    dying at its first step or exchange at or after its second; ``mtbf``: deaths drawn from the
-    seed instead, one per ``mtbf`` simulated seconds across the fleet on average (exponential
-    gaps, a uniformly drawn survivor each time, at least two left); the others count a dead
+    dying at its first step or exchange at or after its second (a rank listed again dies
+    again after its restart); ``mtbf``: deaths drawn from the seed as well, one per ``mtbf``
+    simulated seconds across the fleet on average (exponential gaps, each on a peer drawn
+    uniformly from those alive then, and only while more than two are; with restarts, for as
+    long as the run lasts: gossip/simulation/churn.py); the others count a dead
     peer lost ``detect_seconds`` later (the heartbeat timeout). Gossip and push-sum go on
     around a lost peer; synchronous and local SGD need ``policy_options={"elastic": True}``
     (without it a death fails the job, as on real peers): the survivors re-form the group
     (sim_host.SimHost.recover) and go on. ``restarts``: (rank, simulated second) pairs, a dead
-    peer's new process asking to join at that second (after its death), or with
-    ``restart_after`` every dead peer's, that long after its death: the members admit it at
-    the next step boundary and it takes a member's state (fabric.py); ``leaves``: (rank,
+    peer's new process asking to join at that second (after its death, before its next), or
+    with ``restart_after`` every dead peer's, that long after each death: the members admit it
+    at the next step boundary and it takes a member's state (fabric.py); ``leaves``: (rank,
     simulated second) pairs, a planned leave taking effect at the next step boundary (the
     leaver hands its state over, push-sum's mass, and ends); ``joins``: simulated seconds at
     which new peers ask to join (slots ``peers``, ``peers`` + 1, ...: admitted as restarts are;
@@ -112,6 +115,12 @@ class TrainingSpec:
             raise ValueError("simulate: links (a file of every link) replaces link, regions "
                              "and wan; give one or the other")
         self.network()   # (a bad region count, wan or file names itself here)
+        if not all(isinstance(t, (int, float)) and not isinstance(t, bool) and 0 <= t < math.inf
+                   for t in self.joins):
+            raise ValueError(f"simulate: joins must be simulated seconds >= 0, got "
+                             f"{self.joins!r}")
+        slots = f"the {self.slots} slots (the {self.peers} peers" + (
+            f" and {len(self.joins)} joiners)" if self.joins else ")")
         if self.deaths or self.mtbf is not None:
             if self.policy not in ("gossip", "push-sum") and \
                     not self.policy_options.get("elastic"):
@@ -119,36 +128,29 @@ class TrainingSpec:
                                  "(policy_options; --elastic): without it a death fails the "
                                  "job, as on real peers")
             for death in self.deaths:
-                if len(death) != 2 or not 0 <= death[0] < self.peers or not death[1] >= 0:
+                if len(death) != 2 or not 0 <= death[0] < self.slots or not death[1] >= 0:
                     raise ValueError(f"simulate: deaths must be (rank, seconds >= 0) pairs of "
-                                     f"the {self.peers} peers, got {death!r}")
-            if len({d[0] for d in self.deaths}) != len(self.deaths):
-                raise ValueError("simulate: a rank dies once (deaths lists one twice)")
+                                     f"{slots}, got {death!r}")
             if self.mtbf is not None and not 0 < self.mtbf < float("inf"):
                 raise ValueError(f"simulate: mtbf must be positive seconds, got {self.mtbf!r}")
             if not 0 <= self.detect_seconds < float("inf"):
                 raise ValueError(f"simulate: detect_seconds must be >= 0, got "
                                  f"{self.detect_seconds!r}")
-        if self.restart_after is not None and not 0 <= self.restart_after < float("inf"):
-            raise ValueError(f"simulate: restart_after must be seconds >= 0, got "
-                             f"{self.restart_after!r}")
-        if self.restarts or self.restart_after is not None:
-            deaths = dict(self.deaths)
-            for restart in self.restarts:
-                if len(restart) != 2 or restart[0] not in deaths or \
-                        not restart[1] > deaths[restart[0]]:
-                    raise ValueError(f"simulate: restarts must be (rank, seconds) pairs of "
-                                     f"ranks that die (deaths), after their death, got "
-                                     f"{restart!r}")
-            if len({r[0] for r in self.restarts}) != len(self.restarts):
-                raise ValueError("simulate: a rank restarts once (restarts lists one twice)")
-            if self.restarts and self.restart_after is not None:
-                raise ValueError("simulate: restarts (a schedule) or restart_after (every "
-                                 "death), not both")
-        if not all(isinstance(t, (int, float)) and not isinstance(t, bool) and 0 <= t < math.inf
-                   for t in self.joins):
-            raise ValueError(f"simulate: joins must be simulated seconds >= 0, got "
-                             f"{self.joins!r}")
+        if self.restart_after is not None:
+            if not 0 <= self.restart_after < float("inf"):
+                raise ValueError(f"simulate: restart_after must be seconds >= 0, got "
+                                 f"{self.restart_after!r}")
+            if not self.deaths and self.mtbf is None:
+                raise ValueError("simulate: restart_after restarts the dead, and nobody dies: "
+                                 "give deaths or mtbf too")
+        for restart in self.restarts:
+            if len(restart) != 2 or not 0 <= restart[0] < self.slots or not restart[1] >= 0:
+                raise ValueError(f"simulate: restarts must be (rank, seconds) pairs of ranks "
+                                 f"that die (deaths), after their death, got {restart!r}")
+        if self.restarts and self.restart_after is not None:
+            raise ValueError("simulate: restarts (a schedule) or restart_after (every "
+                             "death), not both")
+        self._check_lives()
         if self.leaves:
             dying = {int(r) for r, _ in self.deaths}
             for leave in self.leaves:
@@ -168,26 +170,45 @@ class TrainingSpec:
             raise ValueError(f"simulate: non_iid must be a positive Dirichlet alpha, got "
                              f"{self.non_iid!r}")
 
+    def _check_lives(self) -> None:
+        """Each slot's deaths and restarts alternate: it starts (at 0 s, or at its join),
+        dies, restarts after that death, may die again after its restart, and so on."""
+        deaths, restarts = _by_rank(self.deaths), _by_rank(self.restarts)
+        for rank in sorted(set(deaths) | set(restarts)):
+            died, back = sorted(deaths.get(rank, [])), sorted(restarts.get(rank, []))
+            if self.restart_after is not None:
+                back = [when + self.restart_after for when in died]
+            first = 0.0 if rank < self.peers else float(self.joins[rank - self.peers])
+            starts = [first] + back
+            if len(back) > len(died):
+                raise ValueError(f"simulate: restarts must be (rank, seconds) pairs of ranks "
+                                 f"that die (deaths), after their death: rank {rank} restarts "
+                                 f"{len(back)} times and dies {len(died)}")
+            for k, when in enumerate(died):
+                if k >= len(starts):
+                    raise ValueError(f"simulate: rank {rank} dies again at {when:g} s with no "
+                                     f"restart since its death at {died[k - 1]:g} s (a rank "
+                                     "dies once per life: give its restarts)")
+                if when < starts[k] or (k and starts[k] <= died[k - 1]):
+                    what = ("joins" if rank >= self.peers and k == 0 else
+                            "restarts" if k else "starts")
+                    raise ValueError(f"simulate: rank {rank}'s deaths and restarts must "
+                                     f"alternate, each restart after its death: it "
+                                     f"{what} at {starts[k]:g} s and dies at {when:g} s"
+                                     + (f" (its death before at {died[k - 1]:g} s)" if k else ""))
+            if len(back) == len(died) and back and back[-1] <= died[-1]:
+                raise ValueError(f"simulate: restarts must come after their death: rank "
+                                 f"{rank} dies at {died[-1]:g} s and restarts at "
+                                 f"{back[-1]:g} s")
 
-    def restart_schedule(self) -> dict[int, float]:
-        """rank -> the simulated second its new process asks to join: ``restarts``, or
-        ``restart_after`` each death."""
-        if self.restart_after is not None:
-            return {rank: when + self.restart_after
-                    for rank, when in self.death_schedule().items()}
-        return {int(rank): float(when) for rank, when in self.restarts}
-
-    def death_schedule(self) -> dict[int, float]:
-        """rank -> the simulated second it dies: ``deaths``, then ``mtbf``'s draws."""
-        schedule = {int(rank): float(when) for rank, when in self.deaths}
-        if self.mtbf is not None:
-            rng = np.random.default_rng([self.seed, 2])
-            when = 0.0
-            while len(schedule) < self.peers - 2:
-                when += float(rng.exponential(self.mtbf))
-                alive = sorted(set(range(self.peers)) - set(schedule))
-                schedule[int(alive[int(rng.integers(len(alive)))])] = when
-        return schedule
+    def churn(self) -> Churn:
+        """The lives of every slot (churn.py) this spec describes: the listed deaths,
+        restarts and joins, ``restart_after``, ``mtbf``'s draws from the seed."""
+        requests = {self.peers + k: [float(t)] for k, t in enumerate(self.joins)}
+        for rank, times in _by_rank(self.restarts).items():
+            requests.setdefault(rank, []).extend(times)
+        return Churn(self.slots, self.peers, deaths=_by_rank(self.deaths), requests=requests,
+                     restart_after=self.restart_after, mtbf=self.mtbf, seed=self.seed)
 
     @property
     def slots(self) -> int:
@@ -207,6 +228,14 @@ class TrainingSpec:
                                  "a rate, e.g. 100mbit,40ms")
             return Links.regions(self.slots, self.regions, link, wan)
         return Links.uniform(self.slots, link)
+
+
+def _by_rank(pairs: tuple[tuple[int, float], ...]) -> dict[int, list[float]]:
+    """(rank, seconds) pairs -> rank -> its seconds, ascending."""
+    out: dict[int, list[float]] = {}
+    for rank, when in pairs:
+        out.setdefault(int(rank), []).append(float(when))
+    return {rank: sorted(times) for rank, times in out.items()}
 
 
 @dataclass(frozen=True)
@@ -232,12 +261,12 @@ class TrainingResult:
     averaged_accuracy: float    # the averaged model's test accuracy
     simulated_seconds: float    # the latest peer's clock at the end
     seconds: float              # real time the simulation took
-    died: list[int] = field(default_factory=list)   # the ranks that died, ascending
+    died: list[int] = field(default_factory=list)   # a rank per death, ascending
     #: Bytes sent over each directed link that carried any, (src, dst) -> bytes: messages
     #: and each collective's algorithm (Links.collective_sends), the dead's included.
     link_bytes: dict[tuple[int, int], int] = field(default_factory=dict)
     region: list[int] = field(default_factory=list)  # each peer's region (links.py)
-    restarted: list[int] = field(default_factory=list)   # dead ranks that joined again
+    restarted: list[int] = field(default_factory=list)   # a rank per restart, ascending
     left: list[int] = field(default_factory=list)        # planned leavers (not in peers)
     joined: list[int] = field(default_factory=list)      # new peers' slots, admitted
 
@@ -381,33 +410,36 @@ def simulate_training(spec: TrainingSpec, *, timeout: float = 600.0) -> Training
 
     torch.set_num_threads(1)
     topology = topologies.parse(spec.topology, spec.peers)
-    restarts = spec.restart_schedule()
-    restarts.update({spec.peers + k: float(t) for k, t in enumerate(spec.joins)})
-    fabric = Fabric(spec.slots, spec.network(), timeout=timeout,
-                    deaths=spec.death_schedule(), detect=spec.detect_seconds,
-                    restarts=restarts, leaves={int(r): float(t) for r, t in spec.leaves},
-                    initial=spec.peers)
+    fabric = Fabric(spec.slots, spec.network(), timeout=timeout, churn=spec.churn(),
+                    detect=spec.detect_seconds,
+                    leaves={int(r): float(t) for r, t in spec.leaves})
     results: list[PeerResult | None] = [None] * spec.slots
     errors: list[BaseException] = []
     started = time.perf_counter()
 
-    def run(rank: int, restarted: bool) -> None:
-        host = SimHost(fabric, rank, topology, timeout=timeout, joining=restarted)
-        try:
-            if restarted and not host.wait_admitted():
-                return   # (the others ended before it was admitted)
-            results[rank] = train_peer(host, spec, lambda s: fabric.advance(rank, s))
-            fabric.finished(rank)
-        except SimulatedDeath:
-            fabric.mark_dead(rank)
-        except BaseException as exc:   # (reported below, with the rank)
-            errors.append(exc)
-            fabric.abort(f"rank {rank} failed: {type(exc).__name__}: {exc}")
+    def run(rank: int) -> None:
+        # The slot's lives one after the other: a process per life, the next one (a restart)
+        # asking to join once the one before died, as long as the churn says one does.
+        joining = rank >= spec.peers
+        while True:
+            host = SimHost(fabric, rank, topology, timeout=timeout, joining=joining)
+            try:
+                if joining and not host.wait_admitted():
+                    return   # (the others ended before it was admitted)
+                results[rank] = train_peer(host, spec, lambda s: fabric.advance(rank, s))
+                fabric.finished(rank)
+                return
+            except SimulatedDeath:
+                if not fabric.mark_dead(rank):
+                    return
+                joining = True
+            except BaseException as exc:   # (reported below, with the rank)
+                errors.append(exc)
+                fabric.abort(f"rank {rank} failed: {type(exc).__name__}: {exc}")
+                return
 
-    threads = [threading.Thread(target=run, args=(r, False), name=f"simulated-peer-{r}",
-                                daemon=True) for r in range(spec.peers)]
-    threads += [threading.Thread(target=run, args=(r, True), name=f"simulated-peer-{r}-restart",
-                                 daemon=True) for r in sorted(restarts)]
+    threads = [threading.Thread(target=run, args=(r,), name=f"simulated-peer-{r}",
+                                daemon=True) for r in range(spec.slots)]
     for t in threads:
         t.start()
     for t in threads:
@@ -425,8 +457,9 @@ def simulate_training(spec: TrainingSpec, *, timeout: float = 600.0) -> Training
                           max(fabric.clock[p.rank] for p in done), time.perf_counter() - started,
                           sorted(fabric.died), dict(fabric.link_bytes),
                           [int(r) for r in fabric.links.region],
-                          [r for r in fabric.admitted if r < spec.peers], sorted(fabric.left),
-                          [r for r in fabric.admitted if r >= spec.peers])
+                          sorted(r for r, life in fabric.admitted if life >= 1),
+                          sorted(fabric.left),
+                          sorted(r for r, life in fabric.admitted if life == 0))
 
 
 _DATA: list[tuple[Any, Any, Any, Any]] = []   # the task's tensors, made once a process

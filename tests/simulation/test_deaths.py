@@ -44,12 +44,37 @@ def test_gossip_heals_the_ring_around_the_dead_peer() -> None:
     assert run.consensus < 1.5 * seven.consensus   # (without healing: 2.1x, measured)
 
 
+def _drawn(spec: TrainingSpec, until: float) -> list[tuple[float, int, int]]:
+    return spec.churn().deaths_until(until)
+
+
 def test_mtbf_draws_deaths_from_the_seed_and_keeps_two_peers() -> None:
     spec = TrainingSpec(policy="gossip", peers=6, mtbf=1.0, seed=5)
-    schedule = spec.death_schedule()
-    assert schedule == TrainingSpec(policy="gossip", peers=6, mtbf=1.0, seed=5).death_schedule()
-    assert len(schedule) == 4 and sorted(schedule.values()) == list(schedule.values())
-    assert schedule != TrainingSpec(policy="gossip", peers=6, mtbf=1.0, seed=6).death_schedule()
+    drawn = _drawn(spec, 1e6)
+    assert drawn == _drawn(TrainingSpec(policy="gossip", peers=6, mtbf=1.0, seed=5), 1e6)
+    # Without restarts each peer dies once, four of six (two are left), in time order.
+    assert len(drawn) == 4 and len({r for _, r, _ in drawn}) == 4
+    assert [t for t, _, _ in drawn] == sorted(t for t, _, _ in drawn)
+    assert all(life == 0 for _, _, life in drawn)
+    assert drawn != _drawn(TrainingSpec(policy="gossip", peers=6, mtbf=1.0, seed=6), 1e6)
+
+
+def test_mtbf_with_restarts_keeps_drawing_and_the_draws_do_not_depend_on_the_asking() -> None:
+    """With restarts the deaths never run out: a restarted peer can die again (a later life),
+    the rate stays one per mtbf, and asking up to one second then another gives the same
+    draws as asking up to the last at once (the threads ask in any order)."""
+    spec = TrainingSpec(policy="gossip", peers=6, mtbf=1.0, seed=5, restart_after=0.5)
+    at_once = _drawn(spec, 400.0)
+    churn = spec.churn()
+    for until in (3.0, 1.0, 50.0, 400.0):
+        piecewise = churn.deaths_until(until)
+    assert piecewise == at_once
+    assert 300 < len(at_once) < 500   # (about 400: one a second)
+    assert max(life for _, _, life in at_once) >= 10
+    for t, rank, life in at_once:   # each life k >= 1 began with its restart after death k - 1
+        if life:
+            before = churn.death(rank, life - 1, t)
+            assert churn.request(rank, life) == before + 0.5 <= t
 
 
 @pytest.mark.parametrize("policy, options", [
@@ -140,6 +165,33 @@ def test_a_restarted_peer_joins_at_a_boundary_takes_the_state_and_two_runs_alike
 
 
 @pytest.mark.parametrize("policy, options", [
+    ("synchronous", {"elastic": True}), ("local-sgd", {"elastic": True, "period": 4}),
+    ("gossip", {}), ("push-sum", {})])
+def test_a_restarted_peer_dies_again_and_comes_back_again(policy: str, options: dict) -> None:
+    """Rank 3 dies, restarts, dies in its second life, restarts again; a new peer (slot 8)
+    joins, dies and restarts too. Each later life is admitted at the first boundary past its
+    request, takes a member's state, and the run is the same twice."""
+    spec = TrainingSpec(policy=policy, deaths=((3, 0.15), (3, 0.45), (8, 0.5)),
+                        restarts=((3, 0.3), (3, 0.6), (8, 0.65)), joins=(0.25,),
+                        detect_seconds=0.05, policy_options=options, **COMMON)
+    a, b = (simulate_training(spec, timeout=120) for _ in range(2))
+    assert a.to_dict() | {"seconds": 0} == b.to_dict() | {"seconds": 0}
+    assert a.died == [3, 3, 8] and a.restarted == [3, 3, 8] and a.joined == [8]
+    assert [p.rank for p in a.peers] == list(range(9))
+    assert a.simulated_seconds > 0.65   # (every restart's request came before the end)
+    # Their last lives began at the first boundary past the last request, and ran the rest.
+    for rank, request in ((3, 0.6), (8, 0.65)):
+        last = a.peers[rank]
+        assert 0 < last.first_step < COMMON["steps"]
+        assert last.first_step + len(last.losses) == COMMON["steps"]
+        assert last.clocks[0] > request
+        assert a.peers[0].clocks[last.first_step - 2] < request
+    if policy in ("synchronous", "local-sgd"):
+        assert a.consensus == 0.0
+    assert a.accuracy > 0.6
+
+
+@pytest.mark.parametrize("policy, options", [
     ("synchronous", {"elastic": True}), ("push-sum", {})])
 def test_heavy_churn_with_restarts_gives_the_same_json_twice(policy: str, options: dict) -> None:
     # A death every simulated second or so, each peer back a second later: deaths during
@@ -216,9 +268,13 @@ def test_a_restart_costs_the_state_s_transfer_and_a_barrier() -> None:
 @pytest.mark.parametrize("kwargs, message", [
     ({"policy": "synchronous", "deaths": ((1, 1.0),)}, "synchronous needs elastic=True"),
     ({"policy": "local-sgd", "mtbf": 10.0}, "local-sgd needs elastic=True"),
-    ({"deaths": ((9, 1.0),)}, "pairs of the 4 peers"),
-    ({"deaths": ((1, -1.0),)}, "pairs of the 4 peers"),
-    ({"deaths": ((1, 1.0), (1, 2.0))}, "dies once"),
+    ({"deaths": ((9, 1.0),)}, "pairs of the 4 slots"),
+    ({"deaths": ((1, -1.0),)}, "pairs of the 4 slots"),
+    ({"deaths": ((4, 0.1),), "joins": (0.5,)}, "it joins at 0.5 s and dies at 0.1 s"),
+    ({"deaths": ((1, 1.0), (1, 2.0))}, "dies again at 2 s with no restart"),
+    ({"deaths": ((1, 1.0), (1, 2.0)), "restarts": ((1, 3.0),)}, "must alternate"),
+    ({"deaths": ((1, 1.0), (1, 2.0)), "restart_after": 1.5}, "must alternate"),
+    ({"restart_after": 1.0}, "nobody dies"),
     ({"mtbf": 0.0}, "mtbf must be positive"),
     ({"deaths": ((1, 1.0),), "restarts": ((2, 2.0),)}, "ranks that die"),
     ({"deaths": ((1, 1.0),), "restarts": ((1, 0.5),)}, "after their death"),
