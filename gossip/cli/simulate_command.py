@@ -103,8 +103,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     train.add_argument("--restart-after", type=float, metavar="SECONDS",
                        help="every dead peer restarts SECONDS after each death")
     train.add_argument("--leaves", metavar="RANK@SECONDS,...",
-                       help="planned leaves: the peer leaves at the first step boundary at or "
-                            "after that simulated second, handing its state over")
+                       help="leaves, as peer.leave() under each policy: at once (the peer "
+                            "goes at its next step boundary at or after that simulated second, "
+                            "the others re-form the group without it), or under push-sum at a "
+                            "boundary the group meets at, handing its mass over")
     train.add_argument("--joins", metavar="SECONDS,...",
                        help="new peers ask to join at these simulated seconds (each takes a "
                             "member's state at the next step boundary)")

@@ -20,14 +20,18 @@ time) until it is dead, then moves the receiver's clock to that detection and ra
 Messages carry their exchange's number, so a round one peer skipped is never taken for the
 next. Everything here follows the clocks and the schedule, never the threads' real order.
 
-Views (an elastic policy's recovery, sim_host.SimHost.recover): peers keep the number they
+Views (a recovery at once, sim_host.SimHost.recover: an elastic policy's after a death, any
+policy's after a leave at once): peers keep the number they
 started with (their global rank: clocks, counts and messages use it); ``members`` lists the
 current view's, in its rank order. A collective is among the view's members; one whose
 member died raises PeerLost on every survivor, its clock moved to the death's detection.
-The survivors then meet in ``reform``: once every member of the old view arrived or died, the
-view becomes those who arrived (the dead left out, the others renumbered in their order),
-every survivor's clock moves to the last arrival plus a barrier's cost over the new view (the
-agreement on it), and collectives count again from the first.
+The survivors then meet in ``reform``: once every member of the old view arrived, died, left
+or ended its training, the view becomes those who arrived (the others left out, the
+survivors renumbered in their order), every survivor's clock moves to the last arrival plus
+a barrier's cost over the new view (the agreement on it), and collectives count again from
+the first. The commit is the coordinator's (collectives/group/coordinator.py): everyone goes
+on from the step count of the survivor furthest on, whose state those behind take when the
+policy's replicas are identical or share a part (local SGD).
 
 Restarts (a later life's request to join): while one may come, the members meet at every step boundary (``boundary``; every member
 arrives or dies). At the first boundary whose latest clock is at or after the request, and
@@ -40,10 +44,15 @@ over the new view. The restarted peer counts as alive again from then on, until 
 death (a slot may die and come back any number of times). A new peer (a slot past the
 churn's ``initial``, which no process held before) joins the same way.
 
-Planned leaves (``leaves``: rank -> the simulated second it asks to leave) take effect the same
-way, at the first boundary whose latest clock is at or after the request: the view goes on
-without the leaver, which hands what its policy holds (push-sum's mass) to the next staying
-member after it (over the policies' channels, free of time) and ends.
+Leaves (``leaves``: rank -> the simulated second it asks to leave) are at once
+(``leave_at_once``, every policy but push-sum, as ``peer.leave()``): the leaver goes at its own
+first boundary at or after its request (``depart``); the members of its view hear of it a
+barrier's latencies later (``notice``); from then on each starts no operation of that view,
+an operation waiting on a member gone or already re-forming ends (ViewChanging, its clock at
+the notice), and they re-form (``reform``). Planned leaves (push-sum's) take effect the
+way restarts do, at the first boundary whose latest clock is at or after the request: the
+view goes on without the leaver, which hands what its policy holds (push-sum's mass) to the
+next staying member after it (over the policies' channels, free of time) and ends.
 """
 from __future__ import annotations
 
@@ -56,7 +65,7 @@ from typing import Any
 import numpy as np
 
 from collectives.transport.emulation import LinkSpec
-from gossip.errors import OperationTimeout, PeerLost
+from gossip.errors import OperationTimeout, PeerLost, ViewChanging
 from gossip.simulation.churn import Churn
 from gossip.simulation.links import Links
 
@@ -87,8 +96,10 @@ class Admission:
 
     def __init__(self, number: int, members: list[int], step: int, source: int,
                  receivers: list[int], start: float,
-                 leavers: dict[int, int] | None = None) -> None:
+                 leavers: dict[int, int] | None = None, completes: bool = False) -> None:
         self.number = number
+        # (A recovery's.) The source's state holds its update of ``step``, not yet combined.
+        self.completes = completes
         self.members = members
         # Planned leavers (starting ranks) -> the starting rank of the member taking their state.
         self.leavers = dict(leavers or {})
@@ -119,7 +130,7 @@ class Fabric:
 
     def __init__(self, size: int, links: Links | LinkSpec | None = None, *,
                  timeout: float = 300.0, churn: Churn | None = None, detect: float = 2.0,
-                 leaves: dict[int, float] | None = None) -> None:
+                 leaves: dict[int, float] | None = None, leave_at_once: bool = False) -> None:
         self.size = size
         self.links = links if isinstance(links, Links) else Links.uniform(size, links)
         self.churn = churn if churn is not None else Churn(size)
@@ -137,7 +148,13 @@ class Fabric:
         self.died: list[int] = []          # every death so far, in order (a slot once a death)
         self._later = self.churn.later_lives()   # lives that begin with a request (None: no end)
         self.leaves = dict(leaves or {})       # rank -> the second it asks to leave
-        self.left: list[int] = []              # planned leavers gone, in order
+        self.left: list[int] = []              # leavers gone, in order
+        # Leaves at once (the policy does not hand its state off at a leave): the leaver goes
+        # at its own first boundary past its request, and the others hear of the change.
+        self.leave_at_once = leave_at_once
+        self._departed: dict[int, float] = {}   # a leaver at once -> its clock as it left
+        # View number -> when its members hear of a change at once in it (a leave's notice).
+        self._notices: dict[int, float] = {}
         self._admitted: list[tuple[int, int]] = []   # (slot, life) of every admission
         # (slot, life) -> the view change that admitted that life.
         self._admissions: dict[tuple[int, int], Admission] = {}
@@ -211,6 +228,58 @@ class Fabric:
             self._finished.add(rank)
             self._cond.notify_all()
 
+    def _heard(self, rank: int) -> float:
+        """(Under the lock.) When the others hear that ``rank``, gone, is gone: a leaver at
+        once at its view's notice, the dead ``detect`` after the death."""
+        if rank in self._departed:
+            return self._departed[rank] + self._notice_delay()
+        return self.death_of(rank) + self.detect
+
+    def _notice_delay(self) -> float:
+        """(Under the lock.) How long after a leave at once its view's members hear of it:
+        a barrier's latencies over the view (the leaver's word to the coordinator, whose
+        proposal reaches the members)."""
+        return self._view_links.collective_seconds("barrier", 0)
+
+    # -- leaves at once -----------------------------------------------------------------------
+    def leave_due(self, rank: int) -> bool:
+        """(A member at its boundary.) ``rank`` leaves at once now: its request came."""
+        with self._cond:
+            return self.leave_at_once and rank not in self._departed and \
+                self.clock[rank] >= self.leaves.get(rank, math.inf)
+
+    def depart(self, rank: int) -> None:
+        """``rank`` leaves at once, at its clock: its process ends (the others' waits on it
+        end as they hear, ``notice``), and the members re-form without it (reform)."""
+        with self._cond:
+            self._departed[rank] = self.clock[rank]
+            self.left.append(rank)
+            self.dead.add(rank)
+            heard = self.clock[rank] + self._notice_delay()
+            number = self.view_number
+            self._notices[number] = min(self._notices.get(number, math.inf), heard)
+            self._cond.notify_all()
+
+    def notice(self, number: int) -> float | None:
+        """When the members of view ``number`` hear of a change at once in it (None: none
+        came)."""
+        with self._cond:
+            return self._notices.get(number)
+
+    def _reforming(self) -> dict[int, Any]:
+        """(Under the lock.) The members of the current view already at its re-forming
+        (reform), who take part in none of its operations any more."""
+        meeting = self._reforms.get(self.view_number)
+        return meeting.parts if meeting is not None else {}
+
+    def _changing_error(self, rank: int, what: str) -> PeerLost:
+        """(Under the lock.) ``rank``'s ``what`` is ended by the change at once under way
+        (a member it waits for is re-forming the group): its clock moves to the notice."""
+        heard = self._notices.get(self.view_number, self.clock[rank])
+        self.clock[rank] = max(self.clock[rank], heard)
+        return ViewChanging(f"simulated rank {rank}: {what} ended: the group is re-forming "
+                            f"(view {self.view_number} changes at once)", operation=what)
+
     def lost_for(self, rank: int) -> dict[int, str]:
         """The peers ``rank`` counts lost at its clock (a life's death, detected ``detect``
         after it, until the slot's next life is admitted), by global rank."""
@@ -230,10 +299,11 @@ class Fabric:
         on without ``dst`` (whose own death is due: it fell that far behind). The clock of
         ``dst`` moves to the earlier of its hearing of ``src``'s death and its own death,
         both from the schedule, never from which thread got where first."""
-        heard = self.death_of(src) + self.detect
+        heard = self._heard(src)
         own = self.death_of(dst, min(heard, max(self.clock)))
         self.clock[dst] = max(self.clock[dst], min(heard, own))
-        why = (f"died at {self.death_of(src):g} s (simulated)" if heard <= own
+        why = (f"left at {self._departed[src]:g} s (simulated)" if src in self._departed
+               else f"died at {self.death_of(src):g} s (simulated)" if heard <= own
                else "went on without this peer, whose death is due")
         return PeerLost(f"simulated rank {dst}: rank {src} {why}; no message for {what}",
                         rank=src, operation=what)
@@ -269,12 +339,14 @@ class Fabric:
                 while box and box[0][2] < tag:
                     box.popleft()
                 return bool(box) or self._aborted is not None or src in self.dead \
-                    or (src, dst) in self._excluded
+                    or (src, dst) in self._excluded or src in self._reforming()
             if not self._cond.wait_for(ready, self.timeout):
                 raise OperationTimeout(f"simulated rank {dst}: no message from rank {src} for "
                                        f"{what} within {self.timeout:g}s (real time)")
             self._check()
             if not box or box[0][2] != tag:
+                if src in self._reforming() and src not in self.dead:
+                    raise self._changing_error(dst, what)
                 raise self._lost_error(dst, src, what)
             data, arrival, _ = box.popleft()
             self.clock[dst] = max(self.clock[dst], arrival)
@@ -337,7 +409,8 @@ class Fabric:
                 self._cond.notify_all()
             elif not self._cond.wait_for(
                     lambda: meeting.end is not None or self._aborted is not None
-                    or all(m in meeting.parts or m in self.dead for m in members),
+                    or all(m in meeting.parts or m in self.dead or m in self._reforming()
+                           for m in members),
                     self.timeout):
                 missing = sorted(set(members) - set(meeting.parts))
                 raise OperationTimeout(f"simulated rank {rank}: {op} #{seq} still waits for "
@@ -346,11 +419,13 @@ class Fabric:
                 self._check()
                 gone = sorted(self.dead.intersection(members) - set(meeting.parts))
                 if gone:
-                    heard = min(self.death_of(g) for g in gone) + self.detect
-                    self.clock[rank] = max(self.clock[rank], heard)
-                    raise PeerLost(f"simulated rank {rank}: {op} #{seq}: rank {gone[0]} died "
-                                   f"at {self.death_of(gone[0]):g} s (simulated)", rank=gone[0],
-                                   operation=f"{op} #{seq}")
+                    first = gone[0]
+                    self.clock[rank] = max(self.clock[rank], min(self._heard(g) for g in gone))
+                    how = (f"left at {self._departed[first]:g} s" if first in self._departed
+                           else f"died at {self.death_of(first):g} s")
+                    raise PeerLost(f"simulated rank {rank}: {op} #{seq}: rank {first} {how} "
+                                   "(simulated)", rank=first, operation=f"{op} #{seq}")
+                raise self._changing_error(rank, f"{op} #{seq}")
             assert meeting.end is not None
             self.clock[rank] = meeting.end
             for dst, sent in self._view_links.collective_sends(op, nbytes,
@@ -362,49 +437,64 @@ class Fabric:
                 del self._rounds[key]
             return meeting.result
 
-    def _meet(self, meeting: _Round, rank: int, step: int, members: list[int],
+    def _meet(self, meeting: _Round, rank: int, part: Any, members: list[int],
               what: str) -> None:
         """(Under the lock.) ``rank`` arrives at ``meeting`` (a view change's, decided by the
-        first to see it settled) at step count ``step``; wait until every one of ``members``
-        arrived or died, or the meeting was decided."""
-        meeting.parts[rank] = step
+        first to see it settled) with ``part`` (its step count, ...); wait until every one of
+        ``members`` arrived or died, or the meeting was decided."""
+        meeting.parts[rank] = part
         meeting.clocks[rank] = self.clock[rank]
         self._cond.notify_all()   # (the last arrival may settle the others' wait)
 
-        def settled() -> bool:
+        def settled() -> bool:   # (a member that ended its training comes to none)
             return meeting.end is not None or self._aborted is not None or all(
-                m in meeting.parts or m in self.dead for m in members)
+                m in meeting.parts or m in self.dead or m in self._finished for m in members)
         if not self._cond.wait_for(settled, self.timeout):
-            waited = sorted(set(members) - set(meeting.parts) - self.dead)
+            waited = sorted(set(members) - set(meeting.parts) - self.dead - self._finished)
             raise OperationTimeout(f"simulated rank {rank}: {what} still waits for ranks "
                                    f"{waited[:8]} after {self.timeout:g}s (real time)")
         self._check()
 
-    def reform(self, rank: int, step: int) -> tuple[list[int], list[int]]:
-        """(An elastic recovery.) Meet the other survivors of the current view, ``rank`` at
-        step count ``step``: once every member arrived or died, the new view is those who
-        arrived, in the old order. Returns its members (global ranks) and their steps;
-        ``rank``'s clock moves to the last arrival plus a barrier's cost over the new view."""
+    def reform(self, rank: int, step: int, pending: bool = False,
+               resync: bool = False) -> Admission:
+        """(A recovery at once: an elastic policy's after a death, any policy's after a leave
+        at once.) Meet the other survivors of the current view, ``rank`` at step count
+        ``step`` (``pending``: its state holds its update of that step, not yet combined):
+        once every member arrived, died or left, the new view is those who arrived, in the
+        old order, and the commit is the coordinator's (collectives/group/coordinator.py):
+        the source is the survivor that completed the most steps (the first in rank order
+        among equals), everyone goes on from its step count, and with ``resync`` (the
+        policy's replicas are identical, or share part of their state: local SGD's last
+        average) the survivors at another step take its state (the Admission's receivers:
+        post_state, take_state, settle). ``rank``'s clock moves to the last arrival plus a
+        barrier's cost over the new view."""
         with self._cond:
             self._check()
             number, members = self.view_number, self.members
             if rank not in self._position:
                 raise RuntimeError(f"simulated rank {rank} is not in view {number}")
             meeting = self._reforms.setdefault(number, _Round())
-            self._meet(meeting, rank, step, members, f"the recovery of view {number}")
+            self._meet(meeting, rank, (step, pending), members,
+                       f"the recovery of view {number}")
             if meeting.end is None:   # the first to see it settled installs the new view
                 survivors = [m for m in members if m in meeting.parts]
-                meeting.result = (survivors, [meeting.parts[m] for m in survivors])
+                steps = [meeting.parts[m][0] for m in survivors]
+                source = max(range(len(survivors)), key=lambda k: (steps[k], -k))
+                receivers = [k for k in range(len(survivors))
+                             if resync and steps[k] != steps[source]]
                 meeting.end = max(meeting.clocks.values()) + self.links.subset(
                     survivors).collective_seconds("barrier", 0)
+                meeting.result = Admission(number + 1, survivors, steps[source], source,
+                                           receivers, meeting.end,
+                                           completes=meeting.parts[survivors[source]][1])
                 self._install(survivors)
                 self._cond.notify_all()
             self.clock[rank] = max(self.clock[rank], meeting.end)
             meeting.taken += 1
-            survivors, steps = meeting.result
-            if meeting.taken == len(survivors):
+            change = meeting.result
+            if meeting.taken == len(change.members):
                 del self._reforms[number]
-            return list(survivors), list(steps)
+            return change
 
     # -- restarts: a view change at a step boundary -----------------------------------------
     def boundary(self, rank: int, step: int) -> Admission | None:
@@ -413,8 +503,8 @@ class Fabric:
         with self._cond:
             self._check()
             if self._later is not None and len(self._admitted) >= self._later and \
-                    all(r in self.left for r in self.leaves):
-                return None
+                    (self.leave_at_once or all(r in self.left for r in self.leaves)):
+                return None   # (leaves at once take no boundary: depart, reform)
             number, members = self.view_number, self.members
             key = (number, step)
             meeting = self._boundaries.setdefault(key, _Round())
@@ -425,8 +515,8 @@ class Fabric:
                 joiners = [r for r in sorted(self.dead)
                            if (self.churn.request(r, self._life[r] + 1) or math.inf) <= now]
                 live = [m for m in members if m in meeting.parts]
-                leavers = [r for r in live if r not in self.left
-                           and self.leaves.get(r, math.inf) <= now]
+                leavers = [] if self.leave_at_once else [
+                    r for r in live if r not in self.left and self.leaves.get(r, math.inf) <= now]
                 if len(leavers) == len(live):   # (the last one stays)
                     leavers = leavers[1:]
                 meeting.result = self._admit(number, live, joiners, step, now, leavers) \

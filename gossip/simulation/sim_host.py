@@ -15,13 +15,20 @@ on real peers. A restarted peer (``joining``) waits until the members admit it a
 boundary (``wait_admitted``; ``at_boundary`` on the members' side), then takes the source's
 state at attach (``attached``: gossip.membership.state_transfer's state_of and load_state).
 Each host keeps its own view (its rank and size change when it takes a change); the fabric
-names peers by their starting rank. Not simulated, and refused with a NotImplementedError
-naming the call: codecs, a recovery whose survivors are at different steps (a state
-transfer), the background policies (asynchronous, push-sum with overlap). A planned leave
-(scheduled, TrainingSpec.leaves) takes effect at a boundary too: the leaver hands its state
-over (``policy.hand_off``; push-sum's mass) and ``departed`` turns True."""
+names peers by their starting rank. A leave (scheduled, TrainingSpec.leaves) is at once
+under the policies that do not hand their state off: the leaver goes at its own boundary
+(Fabric.depart) and ``departed`` turns True; the others hear of it a notice later
+(``changing_now``), start no operation of the old view from then on (ViewChanging; those
+waiting on a member that is re-forming end too), and re-form the group (``_recovery``,
+from the policy's recovery or at a boundary): the commit is the real coordinator's, the
+survivors going on from the step count of the one furthest on, those behind taking its
+state when the policy's replicas are identical or share a part (local SGD). Push-sum's
+leave is planned: at a boundary the group meets at, the leaver hands its state over
+(``policy.hand_off``: its mass). Not simulated, and refused with a NotImplementedError
+naming the call: codecs, the background policies (asynchronous, push-sum with overlap)."""
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import reduce
@@ -32,11 +39,13 @@ import numpy as np
 from collectives import NeighborPlan
 from collectives.group import Member, Switch, View
 from collectives.work import Work
-from gossip.errors import ExchangeIncomplete, PeerLost
+from gossip.errors import ExchangeIncomplete, PeerLost, ViewChanging
 from gossip.policies.neighborhood.policy_graph import resize_topology
 from gossip.simulation.fabric import Fabric
 
 __all__ = ["SimHost"]
+
+log = logging.getLogger("gossip")
 
 _OPS = {"sum": np.add, "max": np.maximum, "min": np.minimum, "prod": np.multiply}
 
@@ -173,7 +182,8 @@ class SimHost:
 
     @property
     def departed(self) -> bool:
-        """True once this peer's planned leave took effect (it handed its state over)."""
+        """True once this peer's leave took effect (at once, or planned: it handed its state
+        over)."""
         return self._departed
 
     @property
@@ -223,6 +233,7 @@ class SimHost:
             return total.astype(mine.dtype, copy=False)
 
         def run() -> Any:
+            self._check_change("allreduce")
             np.copyto(mine, self._fabric.collective(self._rank, "allreduce", mine.copy(),
                                                     mine.nbytes, combine))
             return x
@@ -233,6 +244,7 @@ class SimHost:
         mine = _numpy(x)
 
         def run() -> Any:
+            self._check_change("broadcast")
             np.copyto(mine, self._fabric.collective(self._rank, "broadcast", mine.copy(),
                                                     mine.nbytes, lambda parts: parts[root]))
             return x
@@ -243,6 +255,7 @@ class SimHost:
         mine = _numpy(x)
 
         def run() -> Any:
+            self._check_change("allgather")
             parts = self._fabric.collective(self._rank, "allgather", mine.copy(), mine.nbytes,
                                             lambda ps: [p.copy() for p in ps])
             if variable:
@@ -261,6 +274,7 @@ class SimHost:
             raise NotImplementedError("the simulator does not simulate codecs yet")
         fabric, rank = self._fabric, self._rank
         fabric.check_alive(rank)
+        self._check_change("neighbour exchange")
         tag = (self._view[0], self._exchanges)
         self._exchanges += 1
         what = f"neighbour exchange #{tag[1]}"
@@ -300,7 +314,7 @@ class SimHost:
         answer = x if out is None else out
         return answer if wait else _done(answer, "simulated neighbour exchange")
 
-    # -- membership: an elastic recovery, restarts, planned leaves -----------------------------
+    # -- membership: recoveries, restarts, leaves ------------------------------------------------
     def register_policy(self, policy: Any) -> None:
         pass
 
@@ -308,11 +322,20 @@ class SimHost:
         pass
 
     def at_boundary(self, policy: Any, step: int) -> bool:
-        """After step ``step``: while a restart is pending, meet the members here
-        (Fabric.boundary); a change that admits restarted peers is taken as take_switch takes
-        it (gossip/membership/controller.py): the policy's view_changing, the new view,
-        view_changed, the source's state to the joiners, resume_at, settle_view, the
-        barrier. True if the view changed."""
+        """After step ``step``: a leaver at once whose request came goes now; a member that
+        heard of a change at once re-forms the group here (_recovery); while a restart or a
+        planned leave is pending, meet the members here (Fabric.boundary); a change that
+        admits restarted peers is taken as take_switch takes it (gossip/membership/
+        controller.py): the policy's view_changing, the new view, view_changed, the source's
+        state to the joiners, resume_at, settle_view, the barrier. True if the view
+        changed."""
+        if self._fabric.leave_due(self._rank):   # a leave at once: this peer goes now
+            self._fabric.depart(self._rank)
+            self._departed = True
+            return True
+        if self.changing_now():   # a change at once it heard of: it re-forms the group here
+            self._recovery(policy, step, pending=False)
+            return True
         admission = self._fabric.boundary(self._rank, step)
         if admission is None:
             return False
@@ -360,35 +383,56 @@ class SimHost:
         self._fabric.settle(self._rank, admission, loaded=True)
 
     def recover(self, policy: Any, step: int, pending: bool = False) -> int:
-        """A peer was lost mid-step (an elastic policy, Policy._recover): re-form the group
-        with the survivors (Fabric.reform) and go on from ``step``, the same on every survivor
-        (a recovery at once whose source is any of them: no state moves). The policy's hooks
-        run as a real view change runs them (view_changing, view_changed, resume_at; gossip/
-        membership/controller.py, take_switch); ``pending``: its parameters hold this peer's
-        update of ``step``, not yet combined, so the step is completed in the new view."""
+        """A peer was lost mid-step (an elastic policy, Policy._recover), or a change at once
+        ended the step's operations (a leave at once, any policy): re-form the group with
+        the survivors and go on, as PeerMembership.recover does (_recovery)."""
+        return self._recovery(policy, step, pending)
+
+    def _recovery(self, policy: Any, step: int, pending: bool) -> int:
+        """Meet the survivors (Fabric.reform: the commit names the source, the survivor that
+        completed most steps, and the step count everyone goes on from); the policy's hooks
+        run as a real view change runs them (gossip/membership/controller.py, take_switch):
+        view_changing, the new view, view_changed, the source's state to those behind it
+        when the policy's replicas are identical or share a part (local SGD's average),
+        resume_at, settle_view. ``pending``: this peer's parameters hold its update of
+        ``step``, not yet combined; a member that takes the source's state completes the
+        step if the source's were pending. Returns the step count to go on from."""
         fabric = self._fabric
-        old = self._view[0]
         fabric.check_alive(self._rank)   # (its clock moved to the detection: its own death?)
-        members, steps = fabric.reform(self._rank, step)
-        if len(set(steps)) > 1:
-            raise NotImplementedError(
-                f"simulated rank {self._rank}: the survivors of view {old} are at steps "
-                f"{sorted(set(steps))}; taking a state from the one furthest on (a state "
-                "transfer) is not simulated")
-        self._switch_to(policy, old + 1, members, step, completes=pending)
-        policy.resume_at(step, complete=pending)
-        return step
+        resync = bool(policy.identical_replicas or policy.shared_state)
+        change = fabric.reform(self._rank, step, pending, resync)
+        me = change.members.index(self._rank)
+        received = me in change.receivers
+        self._switch_to(policy, change.number, change.members, change.step,
+                        receivers=change.receivers, source=change.source,
+                        completes=change.completes, at_once=True)
+        if change.receivers:
+            from gossip.membership.state_transfer import load_state, state_of
+            if me == change.source:
+                fabric.post_state(change, state_of(policy))
+                policy.state_sent()
+            elif received:
+                load_state(policy, fabric.take_state(change), change.step)
+                log.info("simulated rank %d: took the state of rank %d at step %d (the view "
+                         "re-formed at once, %d members)", self._rank,
+                         change.members[change.source], change.step, len(change.members))
+        policy.resume_at(change.step, complete=change.completes if received else pending)
+        policy.settle_view()
+        if change.receivers:
+            fabric.settle(self._rank, change, loaded=received)
+        return change.step
 
     def _switch_to(self, policy: Any, number: int, members: list[int], step: int, *,
                    receivers: list[int] | None = None, source: int = 0,
-                   completes: bool = False,
+                   completes: bool = False, at_once: bool = False,
                    handoffs: list[tuple[int, int]] | None = None) -> None:
         """The policy's hooks around this peer's move to view ``number`` of ``members``:
         view_changing in the old view, then the new view and topology, then view_changed."""
         view = View("simulation", number,
                     tuple(Member(f"peer-{m}", 0, "") for m in members), step)
         switch = Switch(view, _ViewTransport(members.index(self._rank)), source=source,
-                        step=step, receivers=list(receivers or []), at_once=not receivers,
+                        step=step, receivers=list(receivers or []),
+                        at_once=at_once or not receivers,
                         completes=completes, handoffs=list(handoffs or []))
         policy.view_changing(switch)
         self._set_view(number, members)
@@ -400,8 +444,18 @@ class SimHost:
         self._position = {m: k for k, m in enumerate(members)}
         self._exchanges = 0
 
+    def _check_change(self, what: str) -> None:
+        """A peer that heard of a change at once starts no operation of the old view: it
+        raises ViewChanging, and its policy re-forms the group (Policy._recover)."""
+        if self.changing_now():
+            raise ViewChanging(f"simulated rank {self._rank}: {what} not started: view "
+                               f"{self._view[0]} changes at once", operation=what)
+
     def changing_now(self) -> bool:
-        return False
+        """True once this peer heard of a change at once in its view (a leave at once: the
+        view's notice, Fabric.depart), until it took the change."""
+        notice = self._fabric.notice(self._view[0])
+        return notice is not None and self.clock >= notice
 
     def leave(self) -> None:
         raise NotImplementedError("the simulator's leaves are scheduled (TrainingSpec.leaves), "

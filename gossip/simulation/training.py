@@ -51,8 +51,10 @@ class TrainingSpec:
     peer's new process asking to join at that second (after its death, before its next), or
     with ``restart_after`` every dead peer's, that long after each death: the members admit it
     at the next step boundary and it takes a member's state (fabric.py); ``leaves``: (rank,
-    simulated second) pairs, a planned leave taking effect at the next step boundary (the
-    leaver hands its state over, push-sum's mass, and ends); ``joins``: simulated seconds at
+    simulated second) pairs, each leaving as ``peer.leave()`` does under the policy: at once
+    (the leaver goes at its own next step boundary, the others hear, end what they were
+    doing and re-form the group without it: ``leaves_at_once``), or, under push-sum, at the
+    next step boundary the group meets at (the leaver hands its mass over); ``joins``: simulated seconds at
     which new peers ask to join (slots ``peers``, ``peers`` + 1, ...: admitted as restarts are;
     the data is sharded over ``slots``, every peer that ever takes part). ``step_seconds``: each
     step's compute (``measure_step_seconds`` gives this machine's), ``step_jitter``: each
@@ -164,6 +166,11 @@ class TrainingSpec:
             if self.mtbf is not None:
                 raise ValueError("simulate: leaves with mtbf: the draws could pick a leaver; "
                                  "give deaths instead")
+            if self.leaves_at_once and (self.restarts or self.restart_after is not None
+                                        or self.joins):
+                raise ValueError(f"simulate: {self.policy} leaves at once (its state is not "
+                                 "handed off), and leaves at once with restarts or joins are "
+                                 "not simulated yet")
         if self.non_iid is not None and not (isinstance(self.non_iid, (int, float))
                                              and not isinstance(self.non_iid, bool)
                                              and 0 < self.non_iid < float("inf")):
@@ -209,6 +216,15 @@ class TrainingSpec:
             requests.setdefault(rank, []).extend(times)
         return Churn(self.slots, self.peers, deaths=_by_rank(self.deaths), requests=requests,
                      restart_after=self.restart_after, mtbf=self.mtbf, seed=self.seed)
+
+    @property
+    def leaves_at_once(self) -> bool:
+        """Whether a leave takes effect at once under this spec's policy, as
+        ``peer.leave()`` does on real peers (every policy but those that hand their state off
+        at a leave, push-sum: those leave at a step boundary the group agrees on)."""
+        from gossip.policies import make
+
+        return not make(self.policy, **self.policy_options).hands_off_at_leave
 
     @property
     def slots(self) -> int:
@@ -388,7 +404,9 @@ def train_peer(peer: Any, spec: TrainingSpec, tick: Callable[[float], None] = la
             loss = F.cross_entropy(model(x[batch]), y[batch])
             loss.backward()
             dopt.step()
-            if dopt.policy.step > k:
+            # (A change at once can move the count on by more than one, to the step count of
+            # the member furthest on: the steps it passed end here too.)
+            for _ in range(dopt.policy.step - k):
                 losses.append(loss.item())
                 clocks.append(float(getattr(peer, "clock", 0.0)))
             if getattr(peer, "departed", False):   # (a simulated planned leave took effect)
@@ -412,7 +430,8 @@ def simulate_training(spec: TrainingSpec, *, timeout: float = 600.0) -> Training
     topology = topologies.parse(spec.topology, spec.peers)
     fabric = Fabric(spec.slots, spec.network(), timeout=timeout, churn=spec.churn(),
                     detect=spec.detect_seconds,
-                    leaves={int(r): float(t) for r, t in spec.leaves})
+                    leaves={int(r): float(t) for r, t in spec.leaves},
+                    leave_at_once=bool(spec.leaves) and spec.leaves_at_once)
     results: list[PeerResult | None] = [None] * spec.slots
     errors: list[BaseException] = []
     started = time.perf_counter()

@@ -205,12 +205,17 @@ def test_heavy_churn_with_restarts_gives_the_same_json_twice(policy: str, option
 
 
 @pytest.mark.parametrize("policy, options", [
-    ("synchronous", {"elastic": True}), ("local-sgd", {"period": 4}), ("gossip", {}),
-    ("push-sum", {})])
-def test_planned_leaves_take_effect_at_a_boundary_and_two_runs_alike(
+    ("synchronous", {}), ("synchronous", {"elastic": True}), ("local-sgd", {"period": 4}),
+    ("gossip", {}), ("push-sum", {})])
+def test_leaves_take_effect_as_peer_leave_does_and_two_runs_alike(
         policy: str, options: dict, caplog) -> None:
+    """Push-sum's leaves are planned (at a boundary the group meets at, the mass handed
+    over); every other policy's at once (the leaver goes at its own boundary, the others end
+    what they were doing as they hear and re-form the group without it), elastic or not, as
+    ``peer.leave()`` on real peers."""
     spec = TrainingSpec(policy=policy, leaves=((2, 0.2), (5, 0.4)), policy_options=options,
                         **COMMON)
+    assert spec.leaves_at_once == (policy != "push-sum")
     with caplog.at_level(logging.INFO, logger="gossip"):
         a, b = (simulate_training(spec, timeout=120) for _ in range(2))
     assert a.to_dict() | {"seconds": 0} == b.to_dict() | {"seconds": 0}
@@ -224,6 +229,89 @@ def test_planned_leaves_take_effect_at_a_boundary_and_two_runs_alike(
     if policy in ("synchronous", "local-sgd"):
         assert a.consensus == 0.0
     assert a.accuracy > 0.6
+
+
+def test_a_leave_at_once_costs_its_notice_and_a_barrier() -> None:
+    """Synchronous (not elastic) on 4 peers: rank 3 asks to leave at 0.05 s and goes at its
+    boundary after step 2 (its end past 0.05 s); the others hear a barrier's latencies later
+    (the notice), as they enter step 3's allreduce: it is ended (ViewChanging), they re-form
+    (a barrier over 3) and begin step 3 again, over 3 from then on."""
+    steps, compute, latency, rate = 10, 0.01, 0.005, 1e9 / 8
+    spec = TrainingSpec(policy="synchronous", peers=4, steps=steps, link="1gbit,5ms",
+                        step_seconds=compute, leaves=((3, 0.05),))
+    run = simulate_training(spec, timeout=120)
+    assert run.left == [3] and run.died == [] and [p.rank for p in run.peers] == [0, 1, 2]
+    nbytes = run.peers[0].parameters.nbytes
+    clocks = run.peers[0].clocks
+    gone = clocks[1]   # rank 3 went at the end of step 2 (index 1): the first past 0.05 s
+    assert clocks[0] < 0.05 <= gone
+    notice = gone + 2 * latency           # a barrier over 4: two latencies
+    assert gone + compute >= notice       # (so the allreduce of step 3 is not begun)
+    three = 2 * (latency + nbytes / rate)   # recursive doubling over 3: two steps
+    assert clocks[2] == pytest.approx(notice + 2 * latency + compute + three, rel=1e-6)
+    assert run.consensus == 0.0 and all(len(p.losses) == steps for p in run.peers)
+
+
+def _reform(steps: dict[int, int], resync: bool, pending: set[int] = frozenset()) -> list:
+    """Each peer of a 4-peer fabric whose rank 3 left at once meets the others at the
+    re-forming with its step count: every peer's Admission."""
+    import threading
+
+    from gossip.simulation import Fabric
+
+    fabric = Fabric(4, None, timeout=30, leaves={3: 0.0}, leave_at_once=True)
+    fabric.depart(3)
+    out: dict[int, object] = {}
+
+    def meet(rank: int) -> None:
+        out[rank] = fabric.reform(rank, steps[rank], rank in pending, resync)
+    threads = [threading.Thread(target=meet, args=(r,)) for r in steps]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return [out[r] for r in sorted(steps)]
+
+
+def test_a_recovery_goes_on_from_the_member_furthest_on_as_the_coordinator_commits() -> None:
+    # (collectives/group/coordinator.py: the source completed most steps, the first among
+    # equals; with identical or shared replicas those at another count take its state.)
+    own = _reform({0: 5, 1: 7, 2: 7}, resync=False, pending={1})
+    assert all(a is own[0] for a in own)
+    change = own[0]
+    assert change.members == [0, 1, 2] and change.step == 7 and change.source == 1
+    assert change.receivers == [] and change.completes is True
+    shared = _reform({0: 5, 1: 7, 2: 6}, resync=True)[0]
+    assert shared.step == 7 and shared.source == 1 and shared.receivers == [0, 2]
+    assert shared.completes is False
+
+
+def test_local_sgd_members_behind_take_the_state_of_the_one_furthest_on(caplog) -> None:
+    """Local SGD with jittered steps: a leave at once is heard at different step counts, so
+    the members re-form at different counts; those behind take the state of the one furthest
+    on (its average and its count), the same twice, every member at the end's average.
+    (Gossip's members keep their own: nobody takes a state.)"""
+    spec = TrainingSpec(policy="local-sgd", leaves=((2, 0.2),), step_jitter=0.5, seed=4,
+                        policy_options={"period": 4}, **COMMON)
+    with caplog.at_level(logging.INFO, logger="gossip"):
+        a, b = (simulate_training(spec, timeout=120) for _ in range(2))
+    assert a.to_dict() | {"seconds": 0} == b.to_dict() | {"seconds": 0}
+    assert a.left == [2] and all(len(p.losses) == COMMON["steps"] for p in a.peers)
+    took = sorted(r.getMessage() for r in caplog.records if "took the state" in r.getMessage())
+    # (measured: ranks 0, 1, 3, 4 and 6 at counts 14 and 13 took rank 5's at 15; twice)
+    assert len(took) == 10 and all("of rank 5 at step 15" in m for m in took), took
+    assert a.consensus == 0.0 and a.accuracy > 0.6
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="gossip"):
+        simulate_training(TrainingSpec(policy="gossip", leaves=((2, 0.2),), step_jitter=0.5,
+                                       seed=4, **COMMON), timeout=120)
+    assert not [r for r in caplog.records if "took the state" in r.getMessage()]
+
+
+def test_leaves_at_once_with_restarts_or_joins_are_refused() -> None:
+    with pytest.raises(ValueError, match="leaves at once with restarts or joins"):
+        TrainingSpec(policy="gossip", leaves=((1, 1.0),), joins=(2.0,))
+    TrainingSpec(policy="push-sum", leaves=((1, 1.0),), joins=(2.0,))   # (planned: fine)
 
 
 @pytest.mark.parametrize("policy, options", [
