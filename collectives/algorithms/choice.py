@@ -14,6 +14,7 @@ from collectives.algorithms.ring import ring_allreduce
 from collectives.algorithms.shm_allreduce import (SHM_MIN_BYTES, OnHostAllreduce, on_host,
                                               shared_memory_peers)
 from collectives.algorithms.shm_copies import OnHostCopies
+from collectives.algorithms.shm_neighbor import OnHostNeighbors
 from collectives.algorithms.shm_entry import (ANNOUNCEMENT_BYTES, SHARED_COUNTERS, SharedEntry,
                                               shared_barrier)
 from collectives.algorithms.shm_small import SMALL_SHM_BYTES, OnHostSmall
@@ -21,6 +22,7 @@ from collectives.algorithms.small import recursive_doubling_allreduce
 from collectives.neighbor_plan import NeighborPlan
 
 __all__ = ["allreduce_algorithm", "barrier_algorithm", "neighbors_read_directly",
+           "neighbors_in_slots", "neighbors_may_use_slots",
            "on_host_copies", "ALLREDUCE_ALGORITHMS", "BARRIER_SHAPE", "COPIES_SIGNATURE",
            "OnHost"]
 
@@ -48,6 +50,7 @@ class OnHost:
         self.small = OnHostSmall(self.entry, self.order)
         self.barrier = shared_barrier(self.entry, self.order)
         self.copies = OnHostCopies(self.entry, self.order)
+        self.neighbors = OnHostNeighbors(self.entry, self.order)
 
     def reserve(self, seq: int, algorithm: str) -> None:
         if algorithm in ("shm", "shm-small"):
@@ -119,6 +122,38 @@ def allreduce_algorithm(name: str, dtype: str, nbytes: int, small_bytes: int,
         return name, shm.large
     return name, {"ring": ring_allreduce, "hierarchical": hierarchical_allreduce,
                   "recursive-doubling": recursive_doubling_allreduce}[name]
+
+
+def neighbors_may_use_slots(shm: OnHost, transport: Any, plan: NeighborPlan, *,
+                            adapter: Any, dtype: str, nbytes: int) -> bool:
+    """Whether a neighbour exchange of ``plan`` may go through the slots of the shared-memory
+    entry (shm_neighbor.py): with shared counters (x86-64), every other peer on this host with
+    shared memory, an array in host memory of a numpy dtype that fits a slot with its
+    pattern (below DIRECT_NEIGHBOR_MIN_BYTES, so never where the direct reads would be
+    chosen), and not a partial round. The same answer on every peer of one call (the same
+    size, and the same kind of plan); the caller reserves its turn (``next_seq("shm")``)
+    and asks neighbors_in_slots as the call runs."""
+    return (SHARED_COUNTERS and not plan.partial and nbytes < DIRECT_NEIGHBOR_MIN_BYTES
+            and shm.neighbors.fits(transport.world_size, nbytes)
+            and on_host(transport, adapter, dtype, nbytes))
+
+
+def neighbors_in_slots(shm: OnHost, transport: Any, seq: int, deadline: float) -> bool:
+    """(A call neighbors_may_use_slots allowed, its turn reserved.) Whether it goes through
+    the slots: once the peers' arenas are mapped, which the first shared-memory call of
+    every peer does (a broadcast_parameters, a barrier, an allreduce on this host), so a
+    round never maps them itself (a mapping is every peer's call, and a round involves its
+    neighbours only). It waits for this peer's earlier shared-memory calls first, so every
+    peer answers alike; if not, its reserved turn is given up (the copying exchange)."""
+    try:
+        shm.order.wait_before(seq, deadline, transport, f"neighbor_allreduce at sequence {seq}")
+    except BaseException:
+        shm.order.release(seq)
+        raise
+    if shm.entry.arenas is not None:
+        return True
+    shm.order.release(seq)
+    return False
 
 
 def neighbors_read_directly(shm: OnHost, transport: Any, seq: int, deadline: float,

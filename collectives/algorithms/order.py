@@ -24,6 +24,12 @@ class SequenceOrder:
         with self._cond:
             self._reserved.add(seq)
 
+    def release(self, seq: int) -> None:
+        """Give up reserved ``seq`` without running it (the call went another way)."""
+        with self._cond:
+            self._reserved.discard(seq)
+            self._cond.notify_all()
+
     def wait_before(self, seq: int, deadline: float, transport: Any, what: str) -> None:
         """Return once every call reserved before ``seq`` is done (OperationTimeout at
         ``deadline``; PeerLost once the transport closes), without taking a turn; ``what``:

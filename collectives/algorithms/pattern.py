@@ -20,7 +20,7 @@ from collectives.algorithms.p2p import Call
 from collectives.errors import OperationTimeout, PeerLost
 from collectives.transport.wire import DATA, PLAN, PLAN_ANSWER, PLAN_RECEIVES, PLAN_SENDS
 
-__all__ = ["announce", "check_pairing", "plan_bits", "MISSING"]
+__all__ = ["announce", "check_pairing", "plan_bits", "names", "MISSING"]
 
 # What leaves a peer out of a partial round (push-sum's rule for lost peers) instead of
 # failing it: ``missing`` (rank -> error) collects them where a caller passes one.
@@ -76,7 +76,7 @@ def check_pairing(call: Call, peers, sources, destinations,
             raise call.mismatch(p, header, "a chunk" if header.kind != PLAN else "a plan")
         bits = header.slot
         if bits == PLAN_ANSWER:
-            problems.append(f"rank {r} {_names(p in sources, p in destinations)} rank {p}, "
+            problems.append(f"rank {r} {names(p in sources, p in destinations)} rank {p}, "
                             f"but rank {p}'s call at sequence {seq} does not involve rank {r}")
             continue
         if bool(bits & PLAN_SENDS) != (p in sources):
@@ -93,7 +93,8 @@ def check_pairing(call: Call, peers, sources, destinations,
     return problems
 
 
-def _names(receives: bool, sends: bool) -> str:
+def names(receives: bool, sends: bool) -> str:
+    """How a plan words what one peer does towards another."""
     if receives and sends:
         return "exchanges with"
     return "expects data from" if receives else "plans to send to"

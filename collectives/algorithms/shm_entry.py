@@ -123,6 +123,8 @@ class SharedEntry:
         self._counters: dict[int, np.ndarray] = {}   # views of their counters
         self._headers: dict[int, np.ndarray] = {}    # and of their slot headers
         self._last = -1
+        # The peers that read this peer's slot in its last call (None: every other).
+        self._readers: list[int] | None = None
         self._pid = os.getpid()
         self._described = -1   # the CRC of the call this peer's arena describes in words
         #: Held by the neighbour exchange that writes this peer's read marks (one at a time).
@@ -136,19 +138,31 @@ class SharedEntry:
         return self.arenas[j][start:start + self.data_bytes]
 
     def enter(self, call: Call, nbytes: int, words: Any = (),
-              write: Callable[[], None] | None = None) -> dict[int, np.ndarray]:
+              write: Callable[[], None] | None = None,
+              among: list[int] | None = None) -> dict[int, np.ndarray]:
         """Enter ``call`` (see the module docstring): ``write`` fills this peer's slot once
         the others are done with the previous call. Returns every peer's header (16 int64,
-        a copy). Call ``leave`` afterwards, whatever happens."""
+        a copy). Call ``leave`` afterwards, whatever happens. ``among``: the only peers this
+        call waits for and compares, and that read this peer's slot (a neighbour exchange's
+        sources and destinations; every peer still enters the call, with its own); the next
+        call waits for those of them that are not lost to be done with this one, not for
+        every peer, and ``direct`` is not changed."""
         t = call.transport
         n, r, s = t.world_size, t.rank, call.seq
-        others = [j for j in range(n) if j != r]
+        others = [j for j in range(n) if j != r] if among is None else sorted(among)
         self.ready(call)
         counters, headers = self._counters, self._headers
         crc, text = _crc(call.signature, call.dtype, call.shape)
         if self._last >= 0:   # everyone is done with this peer's last call
-            wait_counters(call, counters, {j: 2 * self._last + 2 for j in others},
+            readers = self._readers
+            if readers is None:
+                readers = [j for j in range(n) if j != r]
+            else:   # (a neighbour exchange's: a lost one reads nothing any more)
+                lost = t.lost_ranks()
+                readers = [j for j in readers if j not in lost]
+            wait_counters(call, counters, {j: 2 * self._last + 2 for j in readers},
                           "the end of the previous call")
+        self._readers = None if among is None else others
         if crc != self._described:
             self._describe(r, crc, text)
         header = headers[r]
@@ -169,6 +183,8 @@ class SharedEntry:
                          f"{crc:08x})")
                 raise ProtocolError(f"rank {r}: called {call.describe()}, but rank {j} {other} "
                                     "at that sequence: the peers made different calls")
+        if among is not None:
+            return {j: headers[j].copy() for j in [r] + others}
         seen = {j: headers[j].copy() for j in range(n)}
         self.direct = all(h[DIRECT] == 1 for h in seen.values())
         return seen

@@ -7,6 +7,8 @@ communicator's Engine:
 - copied through the transport (algorithms/neighbor.py), the general way;
 - read straight from the sources' memory on one host, for large arrays
   (algorithms/neighbor_direct.py; every peer of the exchange decides alike);
+- through the slots of the shared-memory entry on one host, for small arrays
+  (algorithms/shm_neighbor.py: every peer of the communicator enters the round);
 - as encodings, when the plan has a codec (algorithms/compressed.py): ``x <- w_self D(E(x))
   + sum_j w_j D(E(x_j))``, summed in float32 (float64 for float64 arrays). The codec is part of
   the signature and of the header's dtype, so peers that pass different codecs (or one none)
@@ -20,10 +22,12 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from collectives.algorithms.choice import neighbors_read_directly
+from collectives.algorithms.choice import (neighbors_in_slots, neighbors_may_use_slots,
+                                           neighbors_read_directly)
 from collectives.algorithms.compressed import CodecStats, compressed_exchange
 from collectives.algorithms.neighbor import UNCHECKED, incomplete, neighbor_exchange
 from collectives.algorithms.neighbor_direct import DIRECT_SIGNATURE, direct_exchange
+from collectives.algorithms.shm_neighbor import SLOTS_SIGNATURE
 from collectives.codecs.float32 import as_float32, write_back
 from collectives.codecs.catalog import wire_dtype
 from collectives.codecs.codec import Codec
@@ -58,14 +62,27 @@ def neighbor_allreduce(engine: Engine, x: Any, plan: NeighborPlan, *, scratch: A
     if scratch is not None:
         scratch = engine.out_like(adapter, dtype, adapter.size(flat), scratch,
                                   "neighbor_allreduce", "scratch like x")
-    seq = engine.next_seq()
-    peers = plan.peers
     nbytes = adapter.size(flat) * dtype_itemsize(dtype)
+    may_use_slots = neighbors_may_use_slots(engine.on_host, engine.transport, plan,
+                                            adapter=adapter, dtype=dtype, nbytes=nbytes)
+    seq = engine.next_seq("shm" if may_use_slots else "")
+    peers = plan.peers
 
     def body() -> Any:
+        deadline = time.monotonic() + (engine.timeout if timeout is None else timeout)
+        if may_use_slots and neighbors_in_slots(engine.on_host, engine.transport, seq,
+                                                deadline):
+            # On one host, small arrays go through the entry's slots (shm_neighbor.py).
+            signature = ("neighbor_allreduce" + SLOTS_SIGNATURE
+                         + ("" if plan.check_pattern else UNCHECKED))
+            engine.execute(seq, signature, dtype, tuple(x.shape), timeout, peers,
+                           lambda call: engine.on_host.neighbors(
+                               call, adapter, flat, plan, scratch=scratch, out=out_flat),
+                           neighbours=True)
+            adapter.synchronize()
+            return x if out is None else out
         # On one host, large arrays are read from the sources' memory instead of copied
         # (neighbor_direct.py); never for a partial round.
-        deadline = time.monotonic() + (engine.timeout if timeout is None else timeout)
         direct = neighbors_read_directly(engine.on_host, engine.transport, seq, deadline, plan,
                                          adapter=adapter, dtype=dtype, nbytes=nbytes)
         signature = ("neighbor_allreduce" + (DIRECT_SIGNATURE if direct else "")
