@@ -95,7 +95,7 @@ class Admission:
     joiners' ranks in it, and the source's state once posted."""
 
     def __init__(self, number: int, members: list[int], step: int, source: int,
-                 receivers: list[int], start: float,
+                 receivers: list[int], start: float, *,
                  leavers: dict[int, int] | None = None, completes: bool = False) -> None:
         self.number = number
         # (A recovery's.) The source's state holds its update of ``step``, not yet combined.
@@ -538,7 +538,7 @@ class Fabric:
         takers = {r: next(m for m in live[live.index(r) + 1:] + live if m in staying)
                   for r in leavers}
         admission = Admission(number + 1, new, step, new.index(min(staying)),
-                              [new.index(r) for r in joiners], now, takers)
+                              [new.index(r) for r in joiners], now, leavers=takers)
         self.left += leavers
         for r in joiners:
             self._life[r] += 1
