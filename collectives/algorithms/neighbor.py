@@ -20,7 +20,8 @@ from __future__ import annotations
 from typing import Any
 
 from collectives.algorithms.p2p import Call, post_range, recv_range, wait_reached, wait_sent
-from collectives.algorithms.pattern import MISSING, announce, check_pairing, plan_bits
+from collectives.algorithms.pattern import (MISSING, announce, check_pairing, plan_bits,
+                                            unpaired)
 from collectives.arrays.adapter import ArrayAdapter
 from collectives.errors import ExchangeIncomplete
 from collectives.neighbor_plan import NeighborPlan
@@ -184,8 +185,7 @@ def refuse(call: Call, peers, problems: list[str], tickets) -> None:
     (those whose own check passed would otherwise wait for this peer's data) and this peer's
     sends are off its buffer (the caller may change it once this raises)."""
     t = call.transport
-    message = (f"rank {t.rank}: {call.signature} at sequence {call.seq}: the send and "
-               f"receive patterns do not pair: {'; '.join(problems)}")
+    message = unpaired(call, problems)
     t.abort(peers, call.channel, call.seq, message)
     for ticket in tickets:
         if ticket is None:

@@ -20,7 +20,8 @@ from collectives.algorithms.p2p import Call
 from collectives.errors import OperationTimeout, PeerLost
 from collectives.transport.wire import DATA, PLAN, PLAN_ANSWER, PLAN_RECEIVES, PLAN_SENDS
 
-__all__ = ["announce", "check_pairing", "plan_bits", "names", "MISSING"]
+__all__ = ["announce", "check_pairing", "plan_bits", "pair_problems", "uninvolved", "unpaired",
+           "MISSING"]
 
 # What leaves a peer out of a partial round (push-sum's rule for lost peers) instead of
 # failing it: ``missing`` (rank -> error) collects them where a caller passes one.
@@ -76,25 +77,48 @@ def check_pairing(call: Call, peers, sources, destinations,
             raise call.mismatch(p, header, "a chunk" if header.kind != PLAN else "a plan")
         bits = header.slot
         if bits == PLAN_ANSWER:
-            problems.append(f"rank {r} {names(p in sources, p in destinations)} rank {p}, "
-                            f"but rank {p}'s call at sequence {seq} does not involve rank {r}")
+            problems.append(uninvolved(r, p, seq, p in sources, p in destinations))
             continue
-        if bool(bits & PLAN_SENDS) != (p in sources):
-            problems.append(f"rank {p} plans to send to rank {r}, which does not expect it"
-                            if bits & PLAN_SENDS else
-                            f"rank {r} expects data from rank {p}, which does not send to it")
-        if bool(bits & PLAN_RECEIVES) != (p in destinations):
-            problems.append(f"rank {p} expects data from rank {r}, which does not send to it"
-                            if bits & PLAN_RECEIVES else
-                            f"rank {r} plans to send to rank {p}, which does not expect it")
+        problems += pair_problems(r, p, expects=p in sources, sends=p in destinations,
+                                  p_sends=bool(bits & PLAN_SENDS),
+                                  p_expects=bool(bits & PLAN_RECEIVES))
     for p in t.activity.strangers(call.channel, seq):
         problems.append(f"rank {p} names rank {r} in its pattern, but rank {r}'s call at "
                         f"sequence {seq} does not involve rank {p}")
     return problems
 
 
-def names(receives: bool, sends: bool) -> str:
-    """How a plan words what one peer does towards another."""
+def pair_problems(r: int, p: int, *, expects: bool, sends: bool, p_sends: bool,
+                  p_expects: bool) -> list[str]:
+    """What does not pair between rank ``r`` (which ``expects`` data from rank ``p`` and
+    ``sends`` to it) and rank ``p`` (which ``p_sends`` to ``r`` and ``p_expects`` from it),
+    worded for the error of a pattern that does not pair (``unpaired``)."""
+    problems = []
+    if p_sends != expects:
+        problems.append(f"rank {p} plans to send to rank {r}, which does not expect it"
+                        if p_sends else
+                        f"rank {r} expects data from rank {p}, which does not send to it")
+    if p_expects != sends:
+        problems.append(f"rank {p} expects data from rank {r}, which does not send to it"
+                        if p_expects else
+                        f"rank {r} plans to send to rank {p}, which does not expect it")
+    return problems
+
+
+def uninvolved(r: int, p: int, seq: int, expects: bool, sends: bool) -> str:
+    """The problem of rank ``r``, which names rank ``p`` (``expects`` data from it, ``sends``
+    to it), when ``p``'s call at sequence ``seq`` does not name ``r``."""
+    return (f"rank {r} {_names(expects, sends)} rank {p}, but rank {p}'s call at sequence "
+            f"{seq} does not involve rank {r}")
+
+
+def unpaired(call: Call, problems: list[str]) -> str:
+    """The message of the ValueError of a pattern that does not pair."""
+    return (f"rank {call.transport.rank}: {call.signature} at sequence {call.seq}: the send "
+            f"and receive patterns do not pair: {'; '.join(problems)}")
+
+
+def _names(receives: bool, sends: bool) -> str:
     if receives and sends:
         return "exchanges with"
     return "expects data from" if receives else "plans to send to"

@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from collectives.algorithms.neighbor import combine
-from collectives.algorithms.pattern import names
+from collectives.algorithms.pattern import pair_problems, uninvolved, unpaired
 from collectives.algorithms.p2p import Call
 from collectives.algorithms.shm_entry import SharedEntry, count_shared
 from collectives.arrays.adapter import ArrayAdapter
@@ -115,33 +115,20 @@ class OnHostNeighbors:
         """This peer's pattern pairs with its sources' and destinations' (the module
         docstring), else the ValueError of a pattern that does not pair, worded as the
         copying exchange's (pattern.py), naming both."""
-        t = call.transport
-        r, seq = t.rank, call.seq
+        r = call.transport.rank
         mine = ~np.isnan(patterns[r])
-        problems = []
+        problems: list[str] = []
         for p in among:
-            theirs_row = ~np.isnan(patterns[p])
-            if theirs_row[0, r] == mine[1, p] and theirs_row[1, r] == mine[0, p]:
-                continue
-            ours = (bool(mine[1, p]), bool(mine[0, p]))   # p a source, a destination
-            theirs = (bool(theirs_row[1, r]), bool(theirs_row[0, r]))
-            if not any(theirs):
-                problems.append(f"rank {r} {names(*ours)} rank {p}, but rank {p}'s call at "
-                                f"sequence {seq} does not involve rank {r}")
+            theirs = ~np.isnan(patterns[p])
+            expects, sends = bool(mine[1, p]), bool(mine[0, p])
+            p_sends, p_expects = bool(theirs[0, r]), bool(theirs[1, r])
+            if not (p_sends or p_expects):
+                problems.append(uninvolved(r, p, call.seq, expects, sends))
             else:
-                if theirs[1] != ours[0]:
-                    problems.append(f"rank {p} plans to send to rank {r}, which does not "
-                                    "expect it" if theirs[1] else
-                                    f"rank {r} expects data from rank {p}, which does not "
-                                    "send to it")
-                if theirs[0] != ours[1]:
-                    problems.append(f"rank {p} expects data from rank {r}, which does not "
-                                    "send to it" if theirs[0] else
-                                    f"rank {r} plans to send to rank {p}, which does not "
-                                    "expect it")
+                problems += pair_problems(r, p, expects=expects, sends=sends, p_sends=p_sends,
+                                          p_expects=p_expects)
         if problems:
-            raise ValueError(f"rank {r}: {call.signature} at sequence {seq}: the send and "
-                             f"receive patterns do not pair: {'; '.join(problems)}")
+            raise ValueError(unpaired(call, problems))
 
     def _part(self, adapter: ArrayAdapter, call: Call, j: int, count: int) -> Any:
         frame = self.entry.slot(j)[:count * call.itemsize]

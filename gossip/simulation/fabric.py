@@ -3,8 +3,8 @@ the virtual clock each of them keeps.
 
 Data moves at once, in memory; time does not. Each peer has a clock (seconds of simulated
 time). A message leaves at its sender's clock, waits for its directed link to be free, and
-arrives ``latency + bytes / rate`` later (that link's: links.py); the receiver's clock moves to the arrival if that is
-later. A collective starts when its last member arrives (the latest clock) and ends after the
+arrives ``latency + bytes / rate`` later (that link's: links.py); the receiver's clock moves
+to the arrival if that is later. A collective starts when its last member arrives (the latest clock) and ends after the
 algorithm's cost on the link model (the ring allreduce's 2(n - 1) steps of bytes / n, ...);
 every member's clock moves to the end. Results are combined in rank order, so a simulation
 gives the same numbers whatever order its threads run in.
@@ -33,7 +33,8 @@ the first. The commit is the coordinator's (collectives/group/coordinator.py): e
 on from the step count of the survivor furthest on, whose state those behind take when the
 policy's replicas are identical or share a part (local SGD).
 
-Restarts (a later life's request to join): while one may come, the members meet at every step boundary (``boundary``; every member
+Restarts (a later life's request to join): while one may come, the members meet at every step
+boundary (``boundary``; every member
 arrives or dies). At the first boundary whose latest clock is at or after the request, and
 once the old process is dead, the view becomes the live members and the restarted ones,
 ordered by their starting ranks (the dead left out); the lowest surviving member is the
@@ -152,7 +153,8 @@ class Fabric:
         # Leaves at once (the policy does not hand its state off at a leave): the leaver goes
         # at its own first boundary past its request, and the others hear of the change.
         self.leave_at_once = leave_at_once
-        self._departed: dict[int, float] = {}   # a leaver at once -> its clock as it left
+        # A leaver at once -> (its clock as it left, when its view's members hear of it).
+        self._departed: dict[int, tuple[float, float]] = {}
         # View number -> when its members hear of a change at once in it (a leave's notice).
         self._notices: dict[int, float] = {}
         self._admitted: list[tuple[int, int]] = []   # (slot, life) of every admission
@@ -232,7 +234,7 @@ class Fabric:
         """(Under the lock.) When the others hear that ``rank``, gone, is gone: a leaver at
         once at its view's notice, the dead ``detect`` after the death."""
         if rank in self._departed:
-            return self._departed[rank] + self._notice_delay()
+            return self._departed[rank][1]
         return self.death_of(rank) + self.detect
 
     def _notice_delay(self) -> float:
@@ -252,10 +254,10 @@ class Fabric:
         """``rank`` leaves at once, at its clock: its process ends (the others' waits on it
         end as they hear, ``notice``), and the members re-form without it (reform)."""
         with self._cond:
-            self._departed[rank] = self.clock[rank]
+            heard = self.clock[rank] + self._notice_delay()
+            self._departed[rank] = (self.clock[rank], heard)
             self.left.append(rank)
             self.dead.add(rank)
-            heard = self.clock[rank] + self._notice_delay()
             number = self.view_number
             self._notices[number] = min(self._notices.get(number, math.inf), heard)
             self._cond.notify_all()
@@ -302,7 +304,7 @@ class Fabric:
         heard = self._heard(src)
         own = self.death_of(dst, min(heard, max(self.clock)))
         self.clock[dst] = max(self.clock[dst], min(heard, own))
-        why = (f"left at {self._departed[src]:g} s (simulated)" if src in self._departed
+        why = (f"left at {self._departed[src][0]:g} s (simulated)" if src in self._departed
                else f"died at {self.death_of(src):g} s (simulated)" if heard <= own
                else "went on without this peer, whose death is due")
         return PeerLost(f"simulated rank {dst}: rank {src} {why}; no message for {what}",
@@ -421,7 +423,7 @@ class Fabric:
                 if gone:
                     first = gone[0]
                     self.clock[rank] = max(self.clock[rank], min(self._heard(g) for g in gone))
-                    how = (f"left at {self._departed[first]:g} s" if first in self._departed
+                    how = (f"left at {self._departed[first][0]:g} s" if first in self._departed
                            else f"died at {self.death_of(first):g} s")
                     raise PeerLost(f"simulated rank {rank}: {op} #{seq}: rank {first} {how} "
                                    "(simulated)", rank=first, operation=f"{op} #{seq}")

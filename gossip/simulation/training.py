@@ -54,8 +54,8 @@ class TrainingSpec:
     simulated second) pairs, each leaving as ``peer.leave()`` does under the policy: at once
     (the leaver goes at its own next step boundary, the others hear, end what they were
     doing and re-form the group without it: ``leaves_at_once``), or, under push-sum, at the
-    next step boundary the group meets at (the leaver hands its mass over); ``joins``: simulated seconds at
-    which new peers ask to join (slots ``peers``, ``peers`` + 1, ...: admitted as restarts are;
+    next step boundary the group meets at (the leaver hands its mass over); ``joins``:
+    simulated seconds at which new peers ask to join (slots ``peers``, ``peers`` + 1, ...: admitted as restarts are;
     the data is sharded over ``slots``, every peer that ever takes part). ``step_seconds``: each
     step's compute (``measure_step_seconds`` gives this machine's), ``step_jitter``: each
     step's compute times a lognormal factor of mean 1 and this sigma, drawn from (seed, rank,
