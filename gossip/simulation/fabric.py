@@ -46,11 +46,14 @@ death (a slot may die and come back any number of times). A new peer (a slot pas
 churn's ``initial``, which no process held before) joins the same way.
 
 Leaves (``leaves``: rank -> the simulated second it asks to leave) are at once
-(``leave_at_once``, every policy but push-sum, as ``peer.leave()``): the leaver goes at its own
-first boundary at or after its request (``depart``); the members of its view hear of it a
-barrier's latencies later (``notice``); from then on each starts no operation of that view,
-an operation waiting on a member gone or already re-forming ends (ViewChanging, its clock at
-the notice), and they re-form (``reform``). Planned leaves (push-sum's) take effect the
+(``leave_at_once``, every policy but push-sum, as ``peer.leave()``): the members of the
+leaver's view hear of it a barrier's latencies over the view after its request (``notice``,
+known from the schedule as the view begins, so that whether a member heard depends on its
+own clock only, never on how far the leaver's thread got); from then on each starts no
+operation of that view, an operation waiting on a member gone or already re-forming ends
+(ViewChanging, its clock at the notice), and they re-form (``reform``). The leaver goes
+(``depart``) at its own first boundary at or after its request, or as it hears of its own
+change, whichever comes first. Planned leaves (push-sum's) take effect the
 way restarts do, at the first boundary whose latest clock is at or after the request: the
 view goes on without the leaver, which hands what its policy holds (push-sum's mass) to the
 next staying member after it (over the policies' channels, free of time) and ends.
@@ -180,6 +183,7 @@ class Fabric:
         self._position = {m: k for k, m in enumerate(self.members)}   # member -> view rank
         self._view_links = self.links.subset(self.members)
         self._reforms: dict[int, _Round] = {}   # the view being left -> its survivors' meeting
+        self._plan_notice()
 
     def abort(self, reason: str) -> None:
         """End every wait now and every later one at once, with ``reason`` (a peer failed: the
@@ -237,29 +241,33 @@ class Fabric:
             return self._departed[rank][1]
         return self.death_of(rank) + self.detect
 
-    def _notice_delay(self) -> float:
-        """(Under the lock.) How long after a leave at once its view's members hear of it:
-        a barrier's latencies over the view (the leaver's word to the coordinator, whose
-        proposal reaches the members)."""
-        return self._view_links.collective_seconds("barrier", 0)
+    def _plan_notice(self) -> None:
+        """(Under the lock, as the current view begins.) When its members hear of a change at
+        once in it: the earliest request of a leaver at once among them, plus a barrier's
+        latencies over the view (the leaver's word to the coordinator, whose proposal reaches
+        the members). Taken from the schedule, never from the leaver's thread, so every
+        member knows from its own clock whether it heard, whatever the threads' order."""
+        asked = [self.leaves[m] for m in self.members if m in self.leaves]
+        if self.leave_at_once and asked:
+            self._notices[self.view_number] = min(asked) + \
+                self._view_links.collective_seconds("barrier", 0)
 
     # -- leaves at once -----------------------------------------------------------------------
     def leave_due(self, rank: int) -> bool:
-        """(A member at its boundary.) ``rank`` leaves at once now: its request came."""
+        """(A member at its boundary, or hearing of the change its own request began.)
+        ``rank`` leaves at once now: its request came."""
         with self._cond:
             return self.leave_at_once and rank not in self._departed and \
                 self.clock[rank] >= self.leaves.get(rank, math.inf)
 
     def depart(self, rank: int) -> None:
         """``rank`` leaves at once, at its clock: its process ends (the others' waits on it
-        end as they hear, ``notice``), and the members re-form without it (reform)."""
+        end as they hear, at the view's notice), and the members re-form without it
+        (reform)."""
         with self._cond:
-            heard = self.clock[rank] + self._notice_delay()
-            self._departed[rank] = (self.clock[rank], heard)
+            self._departed[rank] = (self.clock[rank], self._notices[self.view_number])
             self.left.append(rank)
             self.dead.add(rank)
-            number = self.view_number
-            self._notices[number] = min(self._notices.get(number, math.inf), heard)
             self._cond.notify_all()
 
     def notice(self, number: int) -> float | None:
@@ -564,6 +572,7 @@ class Fabric:
         self._position = {m: k for k, m in enumerate(members)}
         self._view_links = self.links.subset(members)
         self.view_number = number + 1
+        self._plan_notice()
         for m in members:
             self._seq[m] = {}
         self._rounds = {k: v for k, v in self._rounds.items() if k[0] > number}

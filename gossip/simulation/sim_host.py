@@ -17,10 +17,10 @@ state at attach (``attached``: gossip.membership.state_transfer's state_of and l
 Each host keeps its own view (its rank and size change when it takes a change); the fabric
 names peers by their starting rank. A leave (scheduled, TrainingSpec.leaves) is at once
 under the policies that do not hand their state off: the leaver goes at its own boundary
-(Fabric.depart) and ``departed`` turns True; the others hear of it a notice later
-(``changing_now``), start no operation of the old view from then on (ViewChanging; those
-waiting on a member that is re-forming end too), and re-form the group (``_recovery``,
-from the policy's recovery or at a boundary): the commit is the real coordinator's, the
+(Fabric.depart) and ``departed`` turns True, or as it hears of its own change; the
+others hear of it a notice after its request (``changing_now``), start no operation of the
+old view from then on (ViewChanging; those waiting on a member that is re-forming end too),
+and re-form the group (``_recovery``, from the policy's recovery or at a boundary): the commit is the real coordinator's, the
 survivors going on from the step count of the one furthest on, those behind taking its
 state when the policy's replicas are identical or share a part (local SGD). Push-sum's
 leave is planned: at a boundary the group meets at, the leaver hands its state over
@@ -396,9 +396,14 @@ class SimHost:
         when the policy's replicas are identical or share a part (local SGD's average),
         resume_at, settle_view. ``pending``: this peer's parameters hold its update of
         ``step``, not yet combined; a member that takes the source's state completes the
-        step if the source's were pending. Returns the step count to go on from."""
+        step if the source's were pending. Returns the step count to go on from. A leaver
+        at once whose request came goes instead (the change it heard of is its own)."""
         fabric = self._fabric
         fabric.check_alive(self._rank)   # (its clock moved to the detection: its own death?)
+        if fabric.leave_due(self._rank):   # the change it hears of is its own leave: it goes
+            fabric.depart(self._rank)
+            self._departed = True
+            return step
         resync = bool(policy.identical_replicas or policy.shared_state)
         change = fabric.reform(self._rank, step, pending, resync)
         me = change.members.index(self._rank)
