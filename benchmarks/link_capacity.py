@@ -3,32 +3,37 @@
 same links in the same run (issue #37, item 4). Needs root, ``ip netns`` and iperf3.
 
 Four "hosts" (network namespaces on one bridge, tests/netfault.py), every directed pair of
-hosts a link of its own shaped by tc (htb at ``--rate``; the kernel here has no netem, so the
-links have no added latency); one real peer per host. In each invocation:
+hosts a link of its own shaped by tc (htb at ``--rate``); one real peer per host. The kernel
+here has no netem: with ``--rtt`` (such as 50ms) each host's cable is a pair of taps joined by
+a user-space wire that holds every frame a quarter of the round trip (tests/netfault.py,
+``Network(wire_delay=...)``), so TCP sees the round trip end to end. In each invocation:
 
-- iperf3, one TCP stream a link for 3 s: one link alone (host 1 -> host 0), then every link
-  the allreduce uses at once (the ring, i -> i + 1), then every link the gossip round uses at
-  once (the ring both ways: 8 streams), what the links and this machine carry in the op's
-  own pattern;
+- iperf3 for 3 s: one link alone (host 1 -> host 0), then every link the allreduce uses at
+  once (the ring, i -> i + 1), then every link the gossip round uses at once (the ring both
+  ways: 8 links), what the links and this machine carry in the op's own pattern; each with one
+  TCP stream a link and with ``--streams`` (4) a link (``-P``: what a pool of connections
+  carries where one stream cannot fill a long fat pipe);
 - ``allreduce`` of each size (the ring over TCP: every link i -> i + 1 carries 2 (n - 1) / n
   of the array one way), and a gossip round (``neighbor_allreduce`` on the ring, weights 1/3:
   every link carries the whole array each way at once), each timed as the slowest peer's
   time, the median of ``--reps`` after one untimed call.
 
 Fraction = the bytes each link carried / time, against iperf3's mean rate a link on the op's
-own links at once (and, in brackets, against one link alone). ``--congestion reno,bbr`` runs
+own links at once, the better of one stream and ``--streams`` a link (and, in brackets,
+against one link alone, likewise). ``--congestion reno,bbr`` runs
 it all under each TCP congestion control in turn within every invocation (the hosts' own;
 default: the machine's, which a new namespace takes): under BBR a round, both directions of
 every link busy at once, fills less of its links than under reno or cubic
 (tests/netfault.Network.congestion). Usage:
 
-    python benchmarks/link_capacity.py [--rate 1gbit] [--sizes 64M,256M] [--invocations 3]
-        [--congestion reno,bbr]
+    python benchmarks/link_capacity.py [--rate 1gbit] [--rtt 50ms] [--sizes 64M,256M]
+        [--invocations 3] [--congestion reno,bbr]
 """
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import statistics
 import subprocess
@@ -76,16 +81,17 @@ def worker(sizes: list[int], reps: int, out: str) -> None:
     peer.close()
 
 
-def iperf_rates(net, pairs: list[tuple[int, int]], tmp: str) -> list[float]:
+def iperf_rates(net, pairs: list[tuple[int, int]], tmp: str, streams: int = 1) -> list[float]:
     """iperf3's rate (bits/s) on each directed link ``(src, dst)`` of ``pairs``, all of them
-    at once for 3 s (one TCP stream each, a server per link on the destination)."""
+    at once for 3 s (``streams`` TCP streams each, a server per link on the destination)."""
     for attempt in range(5):
         servers = [net.run(net.hosts[dst], ["iperf3", "-s", "-1", "-p", str(5201 + k)],
                            dict(os.environ)) for k, (_, dst) in enumerate(pairs)]
         time.sleep(0.5 + attempt)   # (a server says nothing when it listens)
         logs = [os.path.join(tmp, f"iperf.{k}.json") for k in range(len(pairs))]
         clients = [net.run(net.hosts[src], ["iperf3", "-c", net.hosts[dst].addr, "-p",
-                                            str(5201 + k), "-t", "3", "-J"], dict(os.environ),
+                                            str(5201 + k), "-t", "3", "-P", str(streams),
+                                            "-J"], dict(os.environ),
                            log_path=logs[k]) for k, (src, dst) in enumerate(pairs)]
         for proc in clients + servers:
             try:
@@ -132,7 +138,12 @@ def _peers(net, sizes: list[int], reps: int, tmp: str) -> list[dict]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rate", default="1gbit")
+    parser.add_argument("--rtt", default="",
+                        help="round trip between two hosts, such as 50ms (default: none "
+                             "added; the wire's quarter on each cable each way)")
     parser.add_argument("--sizes", default="64M,256M")
+    parser.add_argument("--streams", type=int, default=4,
+                        help="iperf3's streams a link in its second measurement (-P)")
     parser.add_argument("--invocations", type=int, default=3)
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--congestion", default="",
@@ -154,21 +165,25 @@ def main() -> None:
     if reason:
         raise SystemExit(f"link_capacity: {reason}")
     ring = [(i, (i + 1) % HOSTS) for i in range(HOSTS)]
-    patterns = {"one link": [(1, 0)], "allreduce": ring,
-                "round": ring + [(b, a) for a, b in ring]}
+    links = {"one link": [(1, 0)], "allreduce": ring, "round": ring + [(b, a) for a, b in ring]}
+    patterns = {(name, streams): pairs for name, pairs in links.items()
+                for streams in dict.fromkeys((1, args.streams))}
+    rtt = _seconds(args.rtt) if args.rtt else None
     controls = [c for c in args.congestion.split(",") if c] or [""]
     iperf: dict[tuple[str, str], list[float]] = {}
     times: dict[tuple[str, str, int], list[float]] = {}
     for invocation in range(args.invocations):
         for control in controls:
-            with netfault.Network(HOSTS) as net, tempfile.TemporaryDirectory() as tmp:
+            with netfault.Network(HOSTS, wire_delay=None if rtt is None else rtt / 4) as net, \
+                    tempfile.TemporaryDirectory() as tmp:
                 net.shape(args.rate)
                 default = net.congestion(control) if control else ""
                 control = control or default or _current(net)
-                for name, pairs in patterns.items():
-                    rates = iperf_rates(net, pairs, tmp)
-                    iperf.setdefault((control, name), []).append(statistics.mean(rates))
-                    iperf.setdefault((control, name + " slowest"), []).append(min(rates))
+                for (name, streams), pairs in patterns.items():
+                    rates = iperf_rates(net, pairs, tmp, streams)
+                    label = name if streams == 1 else f"{name} x{streams}"
+                    iperf.setdefault((control, label), []).append(statistics.mean(rates))
+                    iperf.setdefault((control, label + " slowest"), []).append(min(rates))
                 for row in _peers(net, sizes, args.reps, tmp):
                     times.setdefault((control, row["op"], row["bytes"]), []).append(
                         statistics.median(row["times"]))
@@ -180,27 +195,41 @@ def main() -> None:
                               for (c, op, b), t in times.items() if c == control),
                   flush=True)
     rate_of = {key: statistics.median(r) for key, r in iperf.items()}
-    print(f"\n{HOSTS} hosts, every directed pair a {args.rate} htb link. iperf3, one TCP "
+    many = f" x{args.streams}"
+
+    def best(control: str, name: str) -> float:   # the better of 1 and --streams a link
+        return max(rate_of[control, name], rate_of.get((control, name + many), 0.0))
+    print(f"\n{HOSTS} hosts, every directed pair a {args.rate} htb link"
+          + (f", {args.rtt} round trip (a wire)" if rtt else "") + ". iperf3, one TCP "
           f"stream a link, medians of {args.invocations} invocations:")
     for control in dict.fromkeys(c for c, _ in rate_of):
-        print(f"- TCP {control}: one link alone {rate_of[control, 'one link'] / 1e6:.1f} Mbit/s; "
-              f"the allreduce's {len(ring)} ring links at once "
-              f"{rate_of[control, 'allreduce'] / 1e6:.1f} a link (slowest "
-              f"{rate_of[control, 'allreduce slowest'] / 1e6:.1f}); the round's "
-              f"{2 * len(ring)} at once {rate_of[control, 'round'] / 1e6:.1f} (slowest "
-              f"{rate_of[control, 'round slowest'] / 1e6:.1f}).")
+        print(f"- TCP {control}: " + "; ".join(
+            f"{what} {rate_of[control, name] / 1e6:.1f} Mbit/s a link (slowest "
+            f"{rate_of[control, name + ' slowest'] / 1e6:.1f}), {args.streams} streams a link "
+            f"{rate_of.get((control, name + many), math.nan) / 1e6:.1f}"
+            for name, what in (("one link", "one link alone"),
+                               ("allreduce", f"the allreduce's {len(ring)} ring links at once"),
+                               ("round", f"the round's {2 * len(ring)} at once"))) + ".")
     print("\nFraction: against the op's own links at once (and against one link alone).\n")
     print("| TCP | op | size | time (median) | bytes a link carries | rate a link | iperf3, its "
-          "links at once | fraction (of one link alone) |")
+          "links at once (the better of 1 and --streams) | fraction (of one link alone) |")
     print("|---|---|---|---|---|---|---|---|")
     for (control, op, nbytes), ts in times.items():
         t = statistics.median(ts)
         carried = nbytes * 2 * (HOSTS - 1) / HOSTS if op == "allreduce" else nbytes
         rate = carried * 8 / t
-        own, alone = rate_of[control, op], rate_of[control, "one link"]
+        own, alone = best(control, op), best(control, "one link")
         print(f"| {control} | {op} | {nbytes >> 20} MiB | {t:.3f} s | {carried / 1e6:.1f} MB | "
               f"{rate / 1e6:.1f} Mbit/s | {own / 1e6:.1f} Mbit/s | "
               f"{rate / own:.2f} ({rate / alone:.2f}) |")
+
+
+def _seconds(text: str) -> float:
+    """"50ms", "0.05s" or "0.05" as seconds."""
+    for suffix, scale in (("ms", 1e-3), ("us", 1e-6), ("s", 1.0)):
+        if text.endswith(suffix):
+            return float(text[:-len(suffix)]) * scale
+    return float(text)
 
 
 def _current(net) -> str:

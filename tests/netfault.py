@@ -28,6 +28,14 @@ The faults and how they are made (the kernel here has no netem qdisc, nor iptabl
   ``congestion("reno")`` sets the hosts' TCP congestion control (each namespace has its own;
   a new one takes the machine's default, BBR on some machines, which on these links slows
   transfers that run both ways of a link at once: see ``congestion``).
+- Latency on the wire: ``Network(n, wire_delay=d)`` makes each host's cable a pair of tap
+  devices (the host's eth0, the switch's p<i>) joined by one "wire" process (``python
+  netfault.py wire``) that hands every frame from one end to the other ``d`` seconds after it
+  read it, both ways: a packet between two hosts crosses two cables, so their round trip is
+  4 d, and TCP sees it end to end (its window, its acknowledgements, a long fat pipe's
+  bandwidth-delay product), as it sees netem's. The cables' MTU is 65,000 bytes (taps carry
+  no offloads, so this keeps the frames a second few enough for one Python process at
+  1 Gbit/s); ``shape`` works on them as on the veths.
 - Latency and stalls: a user-space TCP relay, one "sidecar" process per host, run as
   ``python netfault.py proxy``. The peer is told to listen on loopback only
   (GOSSIP_BIND_HOST=127.0.0.1; it still advertises its eth0 address, found by the runtime on
@@ -52,6 +60,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
@@ -62,6 +71,7 @@ __all__ = ["Network", "Host", "netns_unavailable", "remove_stale_namespaces", "P
            "SUBNET", "proxy_main"]
 
 _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+WIRE_MTU = 65000        # the tap cables' MTU (Network(wire_delay=...))
 PREFIX = "gnf"          # namespace names: gnf-<pid>-<tag>-sw / -h<i>
 SUBNET = "10.77.0"      # host i is SUBNET.(i+1)/24
 _CMD_TIMEOUT = 20.0     # seconds any one `ip` / `tc` command may take
@@ -153,6 +163,8 @@ class Network:
     procs: list = field(default_factory=list)
     switch: str = ""
     loss: float = 0.0
+    wire_delay: float | None = None   # seconds a frame spends on each cable (tap cables)
+    wire_log: str | None = None       # the wire process's output (default: discarded)
 
     def __post_init__(self) -> None:
         if not 1 <= self.n <= 250:
@@ -168,18 +180,47 @@ class Network:
                 host = Host(i, f"{base}-h{i}", f"{SUBNET}.{i + 1}", f"p{i}")
                 _ip("netns", "add", host.ns)
                 self.hosts.append(host)
-                # Made in the switch namespace, host end placed straight into the host's:
-                # no name in the root namespace, so parallel runs cannot collide.
-                _ip("-n", self.switch, "link", "add", host.port, "type", "veth",
-                    "peer", "name", "eth0", "netns", host.ns)
+                if self.wire_delay is None:
+                    # Made in the switch namespace, host end placed straight into the host's:
+                    # no name in the root namespace, so parallel runs cannot collide.
+                    _ip("-n", self.switch, "link", "add", host.port, "type", "veth",
+                        "peer", "name", "eth0", "netns", host.ns)
+                else:   # a tap at each end; the wire process joins them
+                    for ns, name in ((self.switch, host.port), (host.ns, "eth0")):
+                        _ip("-n", ns, "tuntap", "add", "dev", name, "mode", "tap")
+                        _ip("-n", ns, "link", "set", name, "mtu", str(WIRE_MTU))
                 _ip("-n", self.switch, "link", "set", host.port, "master", "br0")
                 _ip("-n", self.switch, "link", "set", host.port, "up")
                 _ip("-n", host.ns, "link", "set", "lo", "up")
                 _ip("-n", host.ns, "addr", "add", f"{host.addr}/24", "dev", "eth0")
                 _ip("-n", host.ns, "link", "set", "eth0", "up")
+            if self.wire_delay is not None:
+                self._start_wire()
         except BaseException:
             self.close()
             raise
+
+    def _start_wire(self) -> None:
+        """The wire process (``wire_main``), in the switch namespace; returns once it has
+        every cable's two taps open (it says so on its first line)."""
+        argv = [sys.executable, "-P", os.path.abspath(__file__), "wire", "--delay",
+                repr(self.wire_delay), "--parent", str(os.getpid())]
+        for host in self.hosts:
+            argv += ["--cable", f"{host.ns},eth0,{self.switch},{host.port}"]
+        log = self.wire_log or os.path.join(
+            tempfile.mkdtemp(prefix="netfault-wire-"), "wire.log")
+        proc = self.run(self.switch, argv, dict(os.environ, PYTHONPATH=_REPO), log_path=log)
+
+        def started() -> bool:
+            if proc.poll() is not None:
+                return True
+            with open(log, errors="replace") as f:
+                return f.read().startswith("wire ")
+        wait_until(started, 30.0, interval=0.02, what=f"the wire process writing {log}")
+        if proc.poll() is not None:
+            with open(log, errors="replace") as f:
+                raise RuntimeError(f"the wire process exited with {proc.returncode}:\n"
+                                   f"{f.read()}")
 
     # ------------------------------------------------------------------ lifetime
     def __enter__(self) -> "Network":
@@ -218,13 +259,15 @@ class Network:
         self.switch = ""
 
     # ------------------------------------------------------------------ processes
-    def run(self, host: Host, argv: list[str], env: dict[str, str], *,
+    def run(self, host: Host | str, argv: list[str], env: dict[str, str], *,
             log_path: str | None = None) -> subprocess.Popen:
-        """Start ``argv`` inside ``host`` (``ip netns exec`` execs it, so the Popen's pid is the
-        program's). Output goes to ``log_path`` (or is discarded)."""
+        """Start ``argv`` inside ``host`` (or a namespace named so; ``ip netns exec`` execs
+        it, so the Popen's pid is the program's). Output goes to ``log_path`` (or is
+        discarded)."""
+        ns = host.ns if isinstance(host, Host) else host
         out = open(log_path, "wb") if log_path else subprocess.DEVNULL
         try:
-            proc = subprocess.Popen(["ip", "netns", "exec", host.ns, *argv], env=env,
+            proc = subprocess.Popen(["ip", "netns", "exec", ns, *argv], env=env,
                                     stdout=out, stderr=subprocess.STDOUT,
                                     stdin=subprocess.DEVNULL, start_new_session=True)
         finally:
@@ -555,7 +598,85 @@ def proxy_main(argv: list[str]) -> int:
     return 0
 
 
+# ---------------------------------------------------------------------- the wire process
+_TUNSETIFF = 0x400454CA
+_IFF_TAP, _IFF_NO_PI = 0x0002, 0x1000
+_CLONE_NEWNET = 0x40000000
+
+
+def _open_tap(ns: str, name: str) -> int:
+    """An open, non-blocking fd of the persistent tap ``name`` in namespace ``ns`` (this
+    process enters the namespace to attach to it; the fd stays the device's after)."""
+    import ctypes
+    import fcntl
+    import struct
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    with open(f"/var/run/netns/{ns}") as nsf:
+        if libc.setns(nsf.fileno(), _CLONE_NEWNET) != 0:
+            raise OSError(ctypes.get_errno(), f"setns({ns})")
+    fd = os.open("/dev/net/tun", os.O_RDWR | os.O_NONBLOCK)
+    fcntl.ioctl(fd, _TUNSETIFF, struct.pack("16sH", name.encode(), _IFF_TAP | _IFF_NO_PI))
+    return fd
+
+
+def wire_main(argv: list[str]) -> int:
+    """Join each cable's two taps: every frame read at one end is written at the other
+    ``--delay`` seconds later, in order (one queue a direction; epoll's timeout, 1 ms
+    granularity, is the only wait)."""
+    import select
+
+    parser = argparse.ArgumentParser(prog="netfault.py wire")
+    parser.add_argument("--delay", type=float, required=True, help="seconds on each cable")
+    parser.add_argument("--cable", action="append", default=[],
+                        help="HOST_NS,HOST_TAP,SWITCH_NS,SWITCH_TAP")
+    parser.add_argument("--parent", type=int, default=0, help="exit when this pid is gone")
+    args = parser.parse_args(argv)
+    other: dict[int, int] = {}
+    for cable in args.cable:
+        host_ns, host_tap, switch_ns, switch_tap = cable.split(",")
+        a, b = _open_tap(host_ns, host_tap), _open_tap(switch_ns, switch_tap)
+        other[a], other[b] = b, a
+    queues: dict[int, collections.deque] = {fd: collections.deque() for fd in other}
+    poller = select.epoll()
+    for fd in other:
+        poller.register(fd, select.EPOLLIN)
+    print(f"wire {len(args.cable)} cables, {args.delay}s each way", flush=True)
+    frames, dropped, checked = 0, 0, time.monotonic()
+    while True:
+        now = time.monotonic()
+        due = min((q[0][0] for q in queues.values() if q), default=now + 1.0)
+        for fd, _ in poller.poll(max(0.0, due - now)):
+            now = time.monotonic()
+            for _ in range(256):
+                try:
+                    frame = os.read(fd, WIRE_MTU + 64)
+                except BlockingIOError:
+                    break
+                queues[other[fd]].append((now + args.delay, frame))
+                frames += 1
+        now = time.monotonic()
+        for out, queue in queues.items():
+            while queue and queue[0][0] <= now:
+                try:
+                    os.write(out, queue[0][1])
+                except BlockingIOError:
+                    break   # (the device's queue is full: the frame waits for the next turn)
+                except OSError:
+                    dropped += 1
+                queue.popleft()
+        if now - checked > 1.0:
+            checked = now
+            if args.parent and not _pid_alive(args.parent):
+                print(f"wire: {frames} frames, {dropped} dropped; the parent is gone",
+                      flush=True)
+                return 0
+
+
 if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "proxy":
         sys.exit(proxy_main(sys.argv[2:]))
-    sys.exit("usage: netfault.py proxy --addr ADDR [--delay S] [--stall-probability P]")
+    if len(sys.argv) > 1 and sys.argv[1] == "wire":
+        sys.exit(wire_main(sys.argv[2:]))
+    sys.exit("usage: netfault.py proxy --addr ADDR [--delay S] [--stall-probability P]\n"
+             "       netfault.py wire --delay S --cable HOST_NS,TAP,SWITCH_NS,TAP ...")
