@@ -54,7 +54,9 @@ class TransportConfig:
     send_hwm: int = 64
     recv_hwm: int = 64
     # Kernel socket buffers (SO_SNDBUF/SO_RCVBUF) in bytes; 0 keeps the system default. Larger
-    # buffers mean fewer wake-ups per megabyte moved (the kernel caps them at wmem_max).
+    # buffers mean fewer wake-ups per megabyte moved, and a tcp connection keeps at most about
+    # this much in flight: a long fat link needs its bandwidth x round trip (GOSSIP_SOCKET_BUFFER;
+    # the kernel caps them at net.core.wmem_max / rmem_max, and gossip.init warns).
     socket_buffer_bytes: int = 4 << 20
     # "auto": shared memory for payloads between peers on the same host (control messages over
     # ipc), tcp between hosts; or force "shm", "ipc" or "tcp" (measured in benchmarks/).

@@ -84,6 +84,50 @@ def _port_range(text: str) -> tuple[int, int]:
     return int(match.group(1)), int(match.group(2))
 
 
+def _socket_buffer(text: str) -> int:
+    """GOSSIP_SOCKET_BUFFER: bytes, or with a K/M/G suffix (powers of 1024); 0: the
+    kernel's own sizing (its autotuning, up to net.ipv4.tcp_wmem / tcp_rmem)."""
+    from gossip.bench.sizes import parse_size
+    if text.strip() == "0":
+        return 0
+    try:
+        return parse_size(text)
+    except ValueError as exc:
+        raise ValueError(f"GOSSIP_SOCKET_BUFFER={text!r}: {exc}") from None
+
+
+#: Where Linux keeps the most a process may ask of a socket's buffers (SO_SNDBUF, SO_RCVBUF).
+KERNEL_BUFFER_CAPS = {"net.core.wmem_max": "/proc/sys/net/core/wmem_max",
+                      "net.core.rmem_max": "/proc/sys/net/core/rmem_max"}
+
+
+def _check_socket_buffers(asked: int, rank: int) -> None:
+    """A run across machines (the first peer of each host): warn if the kernel caps the tcp
+    connections' buffers below ``asked`` (socket_buffer_bytes). One connection keeps at most
+    about its send buffer in flight, so such a cap silently bounds every link to cap / round
+    trip: 4 MiB over 50 ms is 670 Mbit/s, Linux's default 208 KiB 34 Mbit/s."""
+    if not asked:
+        return
+    caps = {}
+    for name, path in KERNEL_BUFFER_CAPS.items():
+        try:
+            with open(path) as f:
+                caps[name] = int(f.read().split()[0])
+        except (OSError, ValueError, IndexError):
+            return   # (not Linux, or not readable: nothing to say)
+    low = {name: cap for name, cap in caps.items() if cap < asked}
+    if low:
+        cap = min(low.values())
+        log.warning(
+            "rank %d: each tcp connection asks for %d KiB socket buffers "
+            "(GOSSIP_SOCKET_BUFFER / socket_buffer_bytes), but this host's kernel caps them "
+            "at %s: one connection then keeps at most about %d KiB in flight, %.0f Mbit/s "
+            "over a 50 ms round trip (%.0f over 1 ms). To fill a long fat link, raise the caps "
+            "as root: sysctl -w %s", rank, asked >> 10,
+            ", ".join(f"{n}={c}" for n, c in low.items()), cap >> 10, cap * 8 / 0.05 / 1e6,
+            cap * 8 / 0.001 / 1e6, " ".join(f"{n}={asked}" for n in low))
+
+
 def init(*, rank: int | None = None, world_size: int | None = None,
          rendezvous: str | None = None, topology: Topology | str | None = None,
          timeout: float | None = None,
@@ -150,13 +194,19 @@ def init(*, rank: int | None = None, world_size: int | None = None,
         changes["link"] = parse_link(link, where)   # the error names the setting
     if os.environ.get("GOSSIP_PORT_RANGE"):
         changes["data_ports"] = _port_range(os.environ["GOSSIP_PORT_RANGE"])
+    if os.environ.get("GOSSIP_SOCKET_BUFFER"):
+        changes["socket_buffer_bytes"] = _socket_buffer(os.environ["GOSSIP_SOCKET_BUFFER"])
     far = _remote_endpoint(settings, join if joining else None)
+    across = False
     if (settings.world_size > 1 or joining) and far is not None:
         # A run across machines (or a joiner of one, started by hand with a world of one):
         # listen everywhere, advertise the address others can reach.
+        across = True
         changes["bind_host"] = os.environ.get("GOSSIP_BIND_HOST", "0.0.0.0")
         changes["advertise_host"] = os.environ.get("GOSSIP_HOST") or _route_address(*far)
     cfg = (config or TransportConfig()).with_(**changes)
+    if across and settings.local_rank == 0:   # (a host's kernel: its first peer says it)
+        _check_socket_buffers(cfg.socket_buffer_bytes, settings.rank)
 
     # Without a rank from a launcher there is no slot to come back to: a name of its own.
     name, incarnation = member_identity(settings.rank if settings.rank_given else None)

@@ -277,6 +277,11 @@ ENVIRONMENT: tuple[Variable, ...] = (
              "e.g. `1gbit,2ms`, for every link this peer sends on.", (_RUNTIME,)),
     Variable("GOSSIP_PORT_RANGE", "20000-64999", "`LO-HI`: the ports data sockets may bind, "
              "for firewalls between machines (one per peer).", (_RUNTIME,)),
+    Variable("GOSSIP_SOCKET_BUFFER", "4M", "The kernel buffers (SO_SNDBUF, SO_RCVBUF) of "
+             "each tcp connection, bytes or K/M/G: a connection keeps at most about this much "
+             "in flight, so a link of 1 Gbit/s at a 50 ms round trip wants 8M or more. The "
+             "kernel caps it at net.core.wmem_max and rmem_max; a run across machines warns "
+             "when they are lower. `0`: the kernel's autotuning.", (_RUNTIME,)),
     Variable("GOSSIP_BIND_HOST", "0.0.0.0 on a run across machines; 127.0.0.1 on one",
              "The address data sockets bind on a run across machines.", (_RUNTIME,)),
     Variable("GOSSIP_HOST", "this host's address on the route to the rendezvous",

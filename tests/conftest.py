@@ -216,8 +216,8 @@ CI_LONGEST = (
 
 def pytest_collection_modifyitems(config, items):
     """Mark the tests of CI_AFTER_DEFAULT and CI_LONGEST `ci` (not in the default run: see
-    pyproject's addopts)."""
+    pyproject's addopts); a test named without its parameters, every parameter of it."""
     listed = set(CI_AFTER_DEFAULT) | set(CI_LONGEST)
     for item in items:
-        if item.nodeid in listed:
+        if item.nodeid in listed or item.nodeid.split("[", 1)[0] in listed:
             item.add_marker(pytest.mark.ci)

@@ -332,6 +332,48 @@ def test_bad_gossip_port_range_is_a_clear_error(monkeypatch, text):
         gossip.init(rank=0, world_size=1)
 
 
+def socket_buffer(peer):
+    x = np.ones(1 << 16)
+    peer.allreduce(x)   # (over tcp sockets with those buffers)
+    return peer.transport.config.socket_buffer_bytes, float(x[0])
+
+
+def test_gossip_socket_buffer_sizes_the_tcp_connections_buffers():
+    out = spawn(socket_buffer, n=2, timeout=60, transport="tcp",
+                env={"GOSSIP_SOCKET_BUFFER": "1M"})
+    assert out == [(1 << 20, 2.0)] * 2
+
+
+@pytest.mark.parametrize("text", ["big", "4X", "-1"])
+def test_bad_gossip_socket_buffer_is_a_clear_error(monkeypatch, text):
+    monkeypatch.setenv("GOSSIP_SOCKET_BUFFER", text)
+    with pytest.raises(ValueError, match="GOSSIP_SOCKET_BUFFER"):
+        gossip.init(rank=0, world_size=1)
+
+
+def test_a_kernel_cap_below_the_socket_buffers_is_a_warning(caplog):
+    """A run across machines checks the kernel's caps (net.core.wmem_max, rmem_max, read from
+    /proc) against socket_buffer_bytes: asked for more than this machine allows, it warns with
+    the sysctl that lifts them; asked for what it allows, it says nothing."""
+    import logging
+
+    from gossip.runtime import KERNEL_BUFFER_CAPS, _check_socket_buffers
+    caps = {}
+    for name, path in KERNEL_BUFFER_CAPS.items():
+        if not os.path.exists(path):
+            pytest.skip(f"no {path} here")
+        caps[name] = int(open(path).read())
+    with caplog.at_level(logging.WARNING, logger="gossip"):
+        _check_socket_buffers(min(caps.values()), 3)
+        assert not caplog.records
+        _check_socket_buffers(max(caps.values()) + 4096, 3)
+    (record,) = caplog.records
+    text = record.getMessage()
+    assert text.startswith("rank 3: ") and "GOSSIP_SOCKET_BUFFER" in text
+    assert all(f"{name}={cap}" in text for name, cap in caps.items()), text
+    assert f"sysctl -w net.core.wmem_max={max(caps.values()) + 4096}" in text, text
+
+
 def test_rings_made_ahead_keep_those_on_this_host_and_close_the_rest():
     # A proposed view's transport makes its rings to the members on its host before the
     # table comes (warm memory for the first messages); the table then decides.

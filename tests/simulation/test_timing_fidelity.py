@@ -2,7 +2,9 @@
 namespaces (tests/netfault.py), every directed pair of hosts a link of its own shaped by tc
 (htb, 100 Mbit/s), one real peer per host running the loop every simulated peer runs
 (gossip.simulation.train_peer, tests/simulation/workers/timing_worker.py); then the simulator
-runs the same TrainingSpec over "100mbit,0ms" links. The communication of a synchronous step
+runs the same TrainingSpec over "100mbit,0ms" links; then the same with a round trip of 20 ms
+on the wire (each host's cable two taps joined by a user-space process holding every frame
+5 ms each way, ``Network(wire_delay=)``) against "100mbit,10ms". The communication of a synchronous step
 (the gradients' allreduce), of a gossip step (a ring round: each peer sends its parameters to
 both neighbours and hears from both) and of a DiLoCo outer step (local SGD's average of the
 parameters and the outer Nesterov step) must take within 20% of the real time.
@@ -19,8 +21,8 @@ The real compute is measured in the same run: DiLoCo's local steps communicate n
 their time is the step's compute, which the simulator is then given (step_seconds). The model
 is the digits MLP widened to 8,192 hidden units (614,410 parameters, 2.46 MB in float32): its
 messages take 0.05-0.2 s on these links, its compute a few milliseconds. The kernel here has no
-netem qdisc, so the links have a rate and no added latency (the simulator's latency is 0).
-Needs root and `ip netns`; skips otherwise.
+netem qdisc: the latency is the wire's (whose epoll wakes at millisecond steps: each crossing
+may hold a frame up to a millisecond more). Needs root and `ip netns`; skips otherwise.
 """
 from __future__ import annotations
 
@@ -41,7 +43,7 @@ pytest.importorskip("torch")
 
 HOSTS = 4
 RATE = "100mbit"
-LINK = "100mbit,0ms"
+WIRE_DELAYS = (None, 0.005)   # veth cables; tap cables holding each frame 5 ms each way
 HIDDEN = 8192
 PERIOD = 4            # DiLoCo's local steps per outer step
 WARMUP = 2            # steps left out of the real medians (connections, first allocations)
@@ -52,15 +54,20 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 MASTER_PORT = 29500
 
 
-@pytest.fixture(scope="module")
-def shaped():
+@pytest.fixture(scope="module", params=WIRE_DELAYS, ids=["no-latency", "20ms-rtt"])
+def shaped(request):
     reason = netfault.netns_unavailable()
     if reason:
         pytest.skip(reason)
-    with netfault.Network(HOSTS) as net:
+    with netfault.Network(HOSTS, wire_delay=request.param) as net:
         net.shape(RATE)
         net.congestion(CONGESTION)
         yield net
+
+
+def _link(net) -> str:
+    """The simulator's link for ``net``'s: the rate, and one way's latency (two cables)."""
+    return f"{RATE},{2 * (net.wire_delay or 0.0) * 1e3:g}ms"
 
 
 def _spec(policy: str, steps: int, **options) -> dict:
@@ -100,10 +107,10 @@ def _durations(starts: list[float]) -> list[float]:
     return [b - a for a, b in zip(starts, starts[1:])]
 
 
-def _simulated(spec: dict, compute: float) -> list[float]:
+def _simulated(spec: dict, compute: float, link: str) -> list[float]:
     """The simulated steps' durations (the slowest peer's clock, step to step)."""
     from gossip.simulation import TrainingSpec, simulate_training
-    result = simulate_training(TrainingSpec(**spec, link=LINK, step_seconds=compute))
+    result = simulate_training(TrainingSpec(**spec, link=link, step_seconds=compute))
     clock = result.to_dict()["time"]
     return _durations([0.0] + clock)
 
@@ -142,7 +149,7 @@ def test_simulated_communication_time_is_within_20_percent_of_real_peers_on_shap
     real_outer = statistics.median(
         s[k + PERIOD] - s[k] for s in starts for k in range(PERIOD, len(s) - PERIOD, PERIOD))
     sim_outer = statistics.median(
-        sum(d[k:k + PERIOD]) for d in [_simulated(diloco, compute)]
+        sum(d[k:k + PERIOD]) for d in [_simulated(diloco, compute, _link(shaped))]
         for k in range(PERIOD, len(d) - PERIOD + 1, PERIOD))
     rows = [("diloco outer step", real_outer - PERIOD * compute,
              sim_outer - PERIOD * compute)]
@@ -150,12 +157,12 @@ def test_simulated_communication_time_is_within_20_percent_of_real_peers_on_shap
         spec = _spec(policy, 10)
         real = statistics.median(d for s in _real(shaped, tmp_path, spec, policy)
                                  for d in _durations(s)[WARMUP:])
-        sim = statistics.median(_simulated(spec, compute)[WARMUP:])
+        sim = statistics.median(_simulated(spec, compute, _link(shaped))[WARMUP:])
         rows.append((f"{policy} step", real - compute, sim - compute))
     with capsys.disabled():
-        print(f"\n# {RATE} links, TCP {CONGESTION} (iperf3: {rate / 1e6:.1f} Mbit/s), step "
-              f"compute {compute * 1e3:.2f} ms" if rate
-              else f"\n# {RATE} links, TCP {CONGESTION}, compute {compute:.4f}s")
+        print(f"\n# {_link(shaped)} links, TCP {CONGESTION} (iperf3: {rate / 1e6:.1f} Mbit/s), "
+              f"step compute {compute * 1e3:.2f} ms" if rate
+              else f"\n# {_link(shaped)} links, TCP {CONGESTION}, compute {compute:.4f}s")
         for name, real, sim in rows:
             print(f"# {name:20s} real {real * 1e3:8.1f} ms  simulated {sim * 1e3:8.1f} ms  "
                   f"({sim / real:.3f}x)")
