@@ -161,7 +161,7 @@ def main() -> None:
     sys.path.append(os.path.join(REPO, "tests"))
     import netfault
 
-    reason = netfault.netns_unavailable()
+    reason = netfault.netns_unavailable() if not args.rtt else netfault.wire_unavailable()
     if reason:
         raise SystemExit(f"link_capacity: {reason}")
     ring = [(i, (i + 1) % HOSTS) for i in range(HOSTS)]

@@ -67,8 +67,8 @@ from dataclasses import dataclass, field
 
 from gossip.testing import wait_until
 
-__all__ = ["Network", "Host", "netns_unavailable", "remove_stale_namespaces", "PREFIX",
-           "SUBNET", "proxy_main"]
+__all__ = ["Network", "Host", "netns_unavailable", "wire_unavailable",
+           "remove_stale_namespaces", "PREFIX", "SUBNET", "WIRE_MTU", "proxy_main", "wire_main"]
 
 _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WIRE_MTU = 65000        # the tap cables' MTU (Network(wire_delay=...))
@@ -98,6 +98,25 @@ def netns_unavailable() -> str | None:
     if proc.returncode != 0:
         return f"`ip netns add` is not permitted here: {proc.stderr.strip()}"
     _ip("netns", "del", name, check=False)
+    return None
+
+
+def wire_unavailable() -> str | None:
+    """Why ``Network(wire_delay=...)`` cannot be used here, or None if it can (namespaces,
+    and a tap device made and removed in one)."""
+    reason = netns_unavailable()
+    if reason:
+        return reason
+    if not os.path.exists("/dev/net/tun"):
+        return "no /dev/net/tun: tap devices cannot be made"
+    name = f"{PREFIX}-{os.getpid()}-{secrets.token_hex(3)}-probe"
+    _ip("netns", "add", name)
+    try:
+        proc = _ip("-n", name, "tuntap", "add", "dev", "tap0", "mode", "tap", check=False)
+        if proc.returncode != 0:
+            return f"`ip tuntap add` is not permitted here: {proc.stderr.strip()}"
+    finally:
+        _ip("netns", "del", name, check=False)
     return None
 
 

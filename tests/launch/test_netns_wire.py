@@ -5,7 +5,8 @@ measures the collectives against iperf3 on; the kernel here has no netem).
 
 Checked with real TCP between two namespaces: bytes arrive intact in order through frames of
 the cables' large MTU, and no round trip is shorter than the wire's 4 d (a lower bound: the
-wire can hold a frame longer on a loaded machine, never less). Needs root and `ip netns`.
+wire can hold a frame longer on a loaded machine, never less). Needs root, `ip netns` and
+/dev/net/tun; skips otherwise.
 """
 from __future__ import annotations
 
@@ -53,7 +54,7 @@ else:
 
 @pytest.fixture(scope="module")
 def netns_ok():
-    reason = netfault.netns_unavailable()
+    reason = netfault.wire_unavailable()
     if reason:
         pytest.skip(reason)
 

@@ -22,7 +22,8 @@ their time is the step's compute, which the simulator is then given (step_second
 is the digits MLP widened to 8,192 hidden units (614,410 parameters, 2.46 MB in float32): its
 messages take 0.05-0.2 s on these links, its compute a few milliseconds. The kernel here has no
 netem qdisc: the latency is the wire's (whose epoll wakes at millisecond steps: each crossing
-may hold a frame up to a millisecond more). Needs root and `ip netns`; skips otherwise.
+may hold a frame up to a millisecond more). Needs root and `ip netns` (and /dev/net/tun for
+the wire); skips otherwise.
 """
 from __future__ import annotations
 
@@ -56,7 +57,8 @@ MASTER_PORT = 29500
 
 @pytest.fixture(scope="module", params=WIRE_DELAYS, ids=["no-latency", "20ms-rtt"])
 def shaped(request):
-    reason = netfault.netns_unavailable()
+    reason = netfault.netns_unavailable() if request.param is None else \
+        netfault.wire_unavailable()
     if reason:
         pytest.skip(reason)
     with netfault.Network(HOSTS, wire_delay=request.param) as net:
