@@ -229,17 +229,7 @@ class Network:
         log = self.wire_log or os.path.join(
             tempfile.mkdtemp(prefix="netfault-wire-"), "wire.log")
         proc = self.run(self.switch, argv, dict(os.environ, PYTHONPATH=_REPO), log_path=log)
-
-        def started() -> bool:
-            if proc.poll() is not None:
-                return True
-            with open(log, errors="replace") as f:
-                return f.read().startswith("wire ")
-        wait_until(started, 30.0, interval=0.02, what=f"the wire process writing {log}")
-        if proc.poll() is not None:
-            with open(log, errors="replace") as f:
-                raise RuntimeError(f"the wire process exited with {proc.returncode}:\n"
-                                   f"{f.read()}")
+        self._wait_for_sidecar(proc, log, first="wire ", what="wire process")
 
     # ------------------------------------------------------------------ lifetime
     def __enter__(self) -> "Network":
@@ -453,18 +443,20 @@ class Network:
         return procs
 
     @staticmethod
-    def _wait_for_sidecar(proc: subprocess.Popen, log: str) -> None:
-        """Wait until a relay sidecar printed its first line; one that exits first (an import
-        error, a bad argument) fails here with its log, not later as peers that never finish."""
+    def _wait_for_sidecar(proc: subprocess.Popen, log: str, *, first: str = "proxy on ",
+                          what: str = "relay sidecar") -> None:
+        """Wait until a sidecar (a relay, the wire) printed its first line, which begins with
+        ``first``; one that exits first (an import error, a bad argument) fails here with its
+        log, not later as peers that never finish."""
         def started() -> bool:
             if proc.poll() is not None:
                 return True
             with open(log, errors="replace") as f:
-                return f.read().startswith("proxy on ")
-        wait_until(started, 30.0, interval=0.02, what=f"the relay sidecar writing {log}")
+                return f.read().startswith(first)
+        wait_until(started, 30.0, interval=0.02, what=f"the {what} writing {log}")
         if proc.poll() is not None:
             with open(log, errors="replace") as f:
-                raise RuntimeError(f"relay sidecar exited with {proc.returncode}:\n{f.read()}")
+                raise RuntimeError(f"{what} exited with {proc.returncode}:\n{f.read()}")
 
 
 # ---------------------------------------------------------------------- the relay sidecar
