@@ -153,6 +153,7 @@ def main() -> None:
     parser.add_argument("--out", help=argparse.SUPPRESS)
     args = parser.parse_args()
     sys.path[:0] = [REPO]   # (before tests/, whose collectives/ is the tests')
+    from collectives.transport.emulation import parse_link
     from gossip.bench.sizes import parse_sizes
 
     sizes = parse_sizes(args.sizes)
@@ -168,7 +169,8 @@ def main() -> None:
     links = {"one link": [(1, 0)], "allreduce": ring, "round": ring + [(b, a) for a, b in ring]}
     patterns = {(name, streams): pairs for name, pairs in links.items()
                 for streams in dict.fromkeys((1, args.streams))}
-    rtt = _seconds(args.rtt) if args.rtt else None
+    # (--rtt read as GOSSIP_LINK's latency is: 50ms, 500us, 0.05)
+    rtt = parse_link(f"{args.rate},{args.rtt}", "--rate,--rtt").latency if args.rtt else None
     controls = [c for c in args.congestion.split(",") if c] or [""]
     iperf: dict[tuple[str, str], list[float]] = {}
     times: dict[tuple[str, str, int], list[float]] = {}
@@ -222,14 +224,6 @@ def main() -> None:
         print(f"| {control} | {op} | {nbytes >> 20} MiB | {t:.3f} s | {carried / 1e6:.1f} MB | "
               f"{rate / 1e6:.1f} Mbit/s | {own / 1e6:.1f} Mbit/s | "
               f"{rate / own:.2f} ({rate / alone:.2f}) |")
-
-
-def _seconds(text: str) -> float:
-    """"50ms", "0.05s" or "0.05" as seconds."""
-    for suffix, scale in (("ms", 1e-3), ("us", 1e-6), ("s", 1.0)):
-        if text.endswith(suffix):
-            return float(text[:-len(suffix)]) * scale
-    return float(text)
 
 
 def _current(net) -> str:
