@@ -7,7 +7,7 @@ import argparse
 import json
 import math
 import statistics
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # pragma: no cover - annotations only
     from gossip.simulation import MixingTrace
@@ -113,6 +113,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     train.add_argument("--elastic", action="store_true",
                        help="synchronous and local-sgd re-form the group after a death "
                             "(elastic=True; without it a death fails their job)")
+    train.add_argument("--overlap", action="store_true",
+                       help="push-sum overlaps each step's exchange with the next step's "
+                            "compute (overlap=True; the row reads push-sum+overlap)")
     train.add_argument("--detect", type=float, default=2.0, metavar="SECONDS",
                        help="the others count a dead peer lost this long after (the heartbeat "
                             "timeout; default 2)")
@@ -310,6 +313,20 @@ def _step_seconds(text: str, hidden: int) -> float:
 ELASTIC_POLICIES = ("synchronous", "local-sgd")
 
 
+def _policy_options(name: str, args: argparse.Namespace) -> dict:
+    """What --elastic and --overlap give policy ``name``."""
+    if args.elastic and name in ELASTIC_POLICIES:
+        return {"elastic": True}
+    if args.overlap and name == "push-sum":
+        return {"overlap": True}
+    return {}
+
+
+def _label(spec: Any) -> str:
+    """A run's name in the table, the plot and the link summary."""
+    return spec.policy + ("+overlap" if spec.policy_options.get("overlap") else "")
+
+
 def _train(args: argparse.Namespace) -> int:
     from gossip.simulation import TrainingSpec, simulate_training
 
@@ -327,8 +344,7 @@ def _train(args: argparse.Namespace) -> int:
                           restart_after=args.restart_after,
                           leaves=_deaths(args.leaves, "--leaves") + churn[2],
                           joins=_seconds(args.joins) + churn[3],
-                          policy_options=({"elastic": True} if args.elastic and name.strip()
-                                          in ELASTIC_POLICIES else {}))
+                          policy_options=_policy_options(name.strip(), args))
              for name in args.policy.split(",") if name.strip()]
     if not specs:
         raise ValueError("--policy: give at least one policy")
@@ -345,7 +361,8 @@ def _train(args: argparse.Namespace) -> int:
         result = simulate_training(spec)
         record = result.to_dict()
         runs.append(record)
-        row = (spec.policy, f"{record['accuracy']:.2%}", f"{record['worst_accuracy']:.2%}",
+        record["label"] = _label(spec)
+        row = (record["label"], f"{record['accuracy']:.2%}", f"{record['worst_accuracy']:.2%}",
                f"{record['averaged_accuracy']:.2%}", f"{record['consensus']:.4f}",
                f"{record['simulated_seconds']:.3f}", f"{record['bytes_per_peer'] / 1e6:.2f}",
                f"{record['seconds']:.1f}", str(len(record["died"])),
@@ -370,7 +387,7 @@ def _link_summary(record: dict) -> str:
     """One run's bytes per link: how many links carried any, the busiest and the median (MB),
     and with regions the MB from each region to each other."""
     links = record["bytes_per_link"]
-    line = f"{record['spec']['policy']}: {len(links)} links carried bytes"
+    line = f"{record.get('label', record['spec']['policy'])}: {len(links)} links carried bytes"
     if links:
         src, dst, busiest = links[0]
         median = statistics.median(n for _, _, n in links)
@@ -388,7 +405,7 @@ def plot_training(runs: list[dict], path: str, title: str) -> None:
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(7, 4))
     for run in runs:
-        ax.plot(run["time"], run["loss"], label=f"{run['spec']['policy']} "
+        ax.plot(run["time"], run["loss"], label=f"{run.get('label', run['spec']['policy'])} "
                                                 f"({run['accuracy']:.1%})")
     ax.set_xlabel("simulated seconds")
     ax.set_ylabel("mean training loss of the peers")

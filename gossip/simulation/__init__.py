@@ -1,7 +1,7 @@
 """Simulation of many peers in one process.
 
 ``simulate_training`` runs the project's real policy classes (synchronous, local SGD and
-DiLoCo, gossip, push-sum without overlap) for N peers as threads of one process, each on a
+DiLoCo, gossip, push-sum with or without overlap) for N peers as threads of one process, each on a
 SimHost (a PolicyHost over an in-memory fabric) with a virtual clock: each step's compute and
 each message's latency and bytes are charged by the spec's models, and the results are the
 same as a real multi-process run's (tests/simulation/test_training.py). ``simulate_mixing``

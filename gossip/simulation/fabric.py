@@ -161,6 +161,8 @@ class Fabric:
         # View number -> when its members hear of a change at once in it (a leave's notice).
         self._notices: dict[int, float] = {}
         self._admitted: list[tuple[int, int]] = []   # (slot, life) of every admission
+        # Slot -> the view its present life was admitted in (a restarted or new peer's).
+        self._since: dict[int, int] = {}
         # (slot, life) -> the view change that admitted that life.
         self._admissions: dict[tuple[int, int], Admission] = {}
         self._boundaries: dict[tuple[int, int], _Round] = {}   # (view, step)
@@ -304,16 +306,24 @@ class Fabric:
                 self._cond.notify_all()
         return lost
 
+    def _gone_since(self, src: int, tag: Any) -> bool:
+        """(Under the lock.) ``src``'s life that would send the message ``tag`` of an earlier
+        view is over: a later life of the slot joined since (a receive of an exchange still
+        in flight at a view change, push-sum's overlap flushing at a restart's boundary)."""
+        return isinstance(tag, tuple) and tag[0] < self._since.get(src, -1)
+
     def _lost_error(self, dst: int, src: int, what: str) -> PeerLost:
         """(Under the lock.) No message ``what`` will come from ``src``: it died, or it went
         on without ``dst`` (whose own death is due: it fell that far behind). The clock of
         ``dst`` moves to the earlier of its hearing of ``src``'s death and its own death,
         both from the schedule, never from which thread got where first."""
         heard = self._heard(src)
+        if math.isinf(heard) and self._life[src] > 0:   # (its life before, gone since)
+            heard = self.churn.death(src, self._life[src] - 1, max(self.clock)) + self.detect
         own = self.death_of(dst, min(heard, max(self.clock)))
         self.clock[dst] = max(self.clock[dst], min(heard, own))
         why = (f"left at {self._departed[src][0]:g} s (simulated)" if src in self._departed
-               else f"died at {self.death_of(src):g} s (simulated)" if heard <= own
+               else f"died at {heard - self.detect:g} s (simulated)" if heard <= own
                else "went on without this peer, whose death is due")
         return PeerLost(f"simulated rank {dst}: rank {src} {why}; no message for {what}",
                         rank=src, operation=what)
@@ -338,10 +348,14 @@ class Fabric:
             self._cond.notify_all()
             return delivered
 
-    def recv(self, dst: int, src: int, what: str, tag: Any = 0) -> np.ndarray:
+    def recv(self, dst: int, src: int, what: str, tag: Any = 0, *,
+             dying: bool = True) -> np.ndarray:
         """The message ``tag`` from ``src`` to ``dst`` (older ones, of rounds ``dst``
         skipped, are dropped); ``dst``'s clock moves to its arrival. PeerLost if ``src`` died
-        or went on without ``dst`` before sending it (the module docstring)."""
+        or went on without ``dst`` before sending it (the module docstring). A message that
+        arrives at or after ``dst``'s death ends ``dst`` (SimulatedDeath), or with
+        ``dying=False`` (inside a view change, where this fabric takes no death: it comes at
+        the peer's next step) is missing, PeerLost, as its sender counted it."""
         with self._cond:
             box = self._mail.setdefault((src, dst), deque())
 
@@ -349,7 +363,8 @@ class Fabric:
                 while box and box[0][2] < tag:
                     box.popleft()
                 return bool(box) or self._aborted is not None or src in self.dead \
-                    or (src, dst) in self._excluded or src in self._reforming()
+                    or (src, dst) in self._excluded or src in self._reforming() \
+                    or self._gone_since(src, tag)
             if not self._cond.wait_for(ready, self.timeout):
                 raise OperationTimeout(f"simulated rank {dst}: no message from rank {src} for "
                                        f"{what} within {self.timeout:g}s (real time)")
@@ -359,11 +374,18 @@ class Fabric:
                     raise self._changing_error(dst, what)
                 raise self._lost_error(dst, src, what)
             data, arrival, _ = box.popleft()
+            if data is None and not dying:
+                return self._undelivered(dst, src, what)
             self.clock[dst] = max(self.clock[dst], arrival)
             if data is None:   # it arrives after dst's death
                 raise SimulatedDeath(f"simulated rank {dst} died at "
                                      f"{self.death_of(dst):g} s")
             return data
+
+    @staticmethod
+    def _undelivered(dst: int, src: int, what: str) -> Any:
+        raise PeerLost(f"simulated rank {dst}: {what} from rank {src} arrives after this "
+                       "peer's death (not delivered)", rank=src, operation=what)
 
     # -- side channels (free of time: a policy's small control messages) --------------------
     def post(self, channel: int, src: int, dst: int, data: np.ndarray) -> None:
@@ -561,6 +583,7 @@ class Fabric:
                 del self._link_free[pair]
             self.clock[r] = max(self.clock[r], now)
             self._admissions[(r, self._life[r])] = admission
+            self._since[r] = number + 1
         self._install(new)
         self._cond.notify_all()
         return admission

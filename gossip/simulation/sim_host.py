@@ -24,8 +24,12 @@ and re-form the group (``_recovery``, from the policy's recovery or at a boundar
 survivors going on from the step count of the one furthest on, those behind taking its
 state when the policy's replicas are identical or share a part (local SGD). Push-sum's
 leave is planned: at a boundary the group meets at, the leaver hands its state over
-(``policy.hand_off``: its mass). Not simulated, and refused with a NotImplementedError
-naming the call: codecs, the background policies (asynchronous, push-sum with overlap)."""
+(``policy.hand_off``: its mass). A non-blocking neighbour exchange (push-sum's overlap) sends
+at once and receives and combines at its Work's ``wait()``, on the waiter's clock; inside a
+view change (``_switch_to``, where push-sum's overlap completes the exchange in flight) it
+takes no death (a message that arrives after this peer's death is missing, as its sender
+counted it: the death comes at the next step). Not simulated, and refused with a
+NotImplementedError naming the call: codecs, the asynchronous policy's background threads."""
 from __future__ import annotations
 
 import logging
@@ -67,6 +71,30 @@ def _done(result: Any, what: str, error: BaseException | None = None) -> Work:
     return work
 
 
+class _Deferred(Work):
+    """A simulated non-blocking exchange whose receives and combine run at the first
+    ``wait()`` (in the waiting thread, on its clock); ``done()`` is False until then (whether
+    the messages arrived by the caller's clock is known only once it waits: the senders'
+    threads may not have sent yet in real time)."""
+
+    __slots__ = ("_complete",)
+
+    def __init__(self, description: str, complete: Any) -> None:
+        super().__init__(description)
+        self._complete = complete
+
+    def wait(self, timeout: float | None = None) -> Any:
+        complete, self._complete = self._complete, None
+        if complete is not None:
+            try:
+                result = complete()
+            except BaseException as exc:   # (raised below, as a real handle's error is)
+                self.finish(None, exc)
+            else:
+                self.finish(result)
+        return super().wait(timeout)
+
+
 def _call(wait: bool, what: str, run: Any) -> Any:
     """``run()``'s result, or with ``wait=False`` a finished Work holding it, or holding the
     PeerLost it raised (raised by ``wait()``, as a real non-blocking call's)."""
@@ -106,8 +134,8 @@ class _Channel:
     def __getattr__(self, name: str) -> Any:
         raise NotImplementedError(
             f"the simulator's peer channels send, receive and probe (channel {self.number}."
-            f"{name}): it runs the synchronous-round policies (synchronous, local-sgd, gossip, "
-            "push-sum without overlap)")
+            f"{name}): it runs the round-based policies (synchronous, local-sgd, gossip, "
+            "push-sum), not the asynchronous one's background threads")
 
 
 @dataclass(frozen=True)
@@ -135,6 +163,7 @@ class SimHost:
         self._view = (0, list(fabric.members))
         self._position = {m: k for k, m in enumerate(fabric.members)}   # (of self._view)
         self._exchanges = 0   # this view's neighbour exchanges: the number their messages carry
+        self._switching = False   # inside a view change's policy hooks (_switch_to)
 
     # -- identity and settings ----------------------------------------------------------------
     @property
@@ -287,32 +316,42 @@ class SimHost:
                                tag):
                 missing[dst] = PeerLost(f"simulated rank {rank}: rank {dst} died before "
                                         f"{what} reached it", rank=dst, operation=what)
-        received = []
-        for src in sorted(plan.src_weights):
-            try:
-                received.append((src, fabric.recv(rank, members[src], what, tag)))
-            except PeerLost as exc:
-                missing[src] = exc
-        fabric.check_alive(rank)   # (what arrived at or after its death is not absorbed)
-        if missing and not plan.partial:
-            first = min(missing)
-            raise missing[first]   # the round costs this peer its combine, as a real one
-        self_weight = plan.self_weight
-        if plan.dst_weights is not None:   # a missing destination's share stays here
-            self_weight += sum(plan.dst_weights[d] for d in plan.dst_ranks if d in missing)
-        result = mine * self_weight
-        for src, got in received:
-            result += plan.src_weights[src] * got
-        target = mine if out is None else _numpy(out)
-        np.copyto(target, result.astype(target.dtype, copy=False))
-        if missing:
-            raise ExchangeIncomplete(
-                f"simulated rank {rank}: {what} completed without rank(s) {sorted(missing)}",
-                missing=missing, missing_destinations=sorted(d for d in plan.dst_ranks
-                                                             if d in missing),
-                operation=what)
-        answer = x if out is None else out
-        return answer if wait else _done(answer, "simulated neighbour exchange")
+
+        def complete() -> Any:
+            received = []
+            for src in sorted(plan.src_weights):
+                try:
+                    received.append((src, fabric.recv(rank, members[src], what, tag,
+                                                      dying=not self._switching)))
+                except PeerLost as exc:
+                    missing[src] = exc
+            if not self._switching:   # (a death inside a view change comes at the next step)
+                fabric.check_alive(rank)   # (what arrived at or after it is not absorbed)
+            if missing and not plan.partial:
+                first = min(missing)
+                raise missing[first]   # the round costs this peer its combine, as a real one
+            self_weight = plan.self_weight
+            if plan.dst_weights is not None:   # a missing destination's share stays here
+                self_weight += sum(plan.dst_weights[d] for d in plan.dst_ranks if d in missing)
+            result = mine * self_weight
+            for src, got in received:
+                result += plan.src_weights[src] * got
+            target = mine if out is None else _numpy(out)
+            np.copyto(target, result.astype(target.dtype, copy=False))
+            if missing:
+                raise ExchangeIncomplete(
+                    f"simulated rank {rank}: {what} completed without rank(s) "
+                    f"{sorted(missing)}", missing=missing,
+                    missing_destinations=sorted(d for d in plan.dst_ranks if d in missing),
+                    operation=what)
+            return x if out is None else out
+
+        if wait:
+            return complete()
+        # In flight while the caller goes on (push-sum's overlap): what was sent left at this
+        # clock; the receives and the combine happen at wait(), the clock moving to the last
+        # arrival if that is later than the caller's by then.
+        return _Deferred("simulated neighbour exchange", complete)
 
     # -- membership: recoveries, restarts, leaves ------------------------------------------------
     def register_policy(self, policy: Any) -> None:
@@ -439,7 +478,11 @@ class SimHost:
                         step=step, receivers=list(receivers or []),
                         at_once=at_once or not receivers,
                         completes=completes, handoffs=list(handoffs or []))
-        policy.view_changing(switch)
+        self._switching = True   # (push-sum's overlap completes its exchange in flight here)
+        try:
+            policy.view_changing(switch)
+        finally:
+            self._switching = False
         self._set_view(number, members)
         self._topology = resize_topology(self._topology, len(members))
         policy.view_changed()

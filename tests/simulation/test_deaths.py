@@ -166,7 +166,7 @@ def test_a_restarted_peer_joins_at_a_boundary_takes_the_state_and_two_runs_alike
 
 @pytest.mark.parametrize("policy, options", [
     ("synchronous", {"elastic": True}), ("local-sgd", {"elastic": True, "period": 4}),
-    ("gossip", {}), ("push-sum", {})])
+    ("gossip", {}), ("push-sum", {}), ("push-sum", {"overlap": True})])
 def test_a_restarted_peer_dies_again_and_comes_back_again(policy: str, options: dict) -> None:
     """Rank 3 dies, restarts, dies in its second life, restarts again; a new peer (slot 8)
     joins, dies and restarts too. Each later life is admitted at the first boundary past its
@@ -192,7 +192,7 @@ def test_a_restarted_peer_dies_again_and_comes_back_again(policy: str, options: 
 
 
 @pytest.mark.parametrize("policy, options", [
-    ("synchronous", {"elastic": True}), ("push-sum", {})])
+    ("synchronous", {"elastic": True}), ("push-sum", {}), ("push-sum", {"overlap": True})])
 def test_heavy_churn_with_restarts_gives_the_same_json_twice(policy: str, options: dict) -> None:
     # A death every simulated second or so, each peer back a second later: deaths during
     # recoveries and admissions, several at once in one collective (whose survivors hear of
@@ -206,7 +206,7 @@ def test_heavy_churn_with_restarts_gives_the_same_json_twice(policy: str, option
 
 @pytest.mark.parametrize("policy, options", [
     ("synchronous", {}), ("synchronous", {"elastic": True}), ("local-sgd", {"period": 4}),
-    ("gossip", {}), ("push-sum", {})])
+    ("gossip", {}), ("push-sum", {}), ("push-sum", {"overlap": True})])
 def test_leaves_take_effect_as_peer_leave_does_and_two_runs_alike(
         policy: str, options: dict, caplog) -> None:
     """Push-sum's leaves are planned (at a boundary the group meets at, the mass handed

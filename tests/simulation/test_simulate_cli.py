@@ -70,16 +70,20 @@ def test_train_measures_the_step_jitters_it_and_plots_the_loss(tmp_path: Path) -
     pytest.importorskip("torch")
     pytest.importorskip("matplotlib")
     png, out = tmp_path / "loss.png", tmp_path / "runs.json"
-    proc = _gossip("simulate", "train", "--policy", "synchronous,gossip", "-n", "4", "--steps",
-                   "6", "--link", "1gbit,5ms", "--step-seconds", "measured", "--step-jitter",
-                   "0.5", "--plot", str(png), "--json", str(out))
+    proc = _gossip("simulate", "train", "--policy", "synchronous,gossip,push-sum", "-n", "4",
+                   "--steps", "6", "--link", "1gbit,5ms", "--step-seconds", "measured",
+                   "--step-jitter", "0.5", "--overlap", "--plot", str(png), "--json", str(out))
     assert proc.returncode == 0, proc.stderr
     measured = float(proc.stdout.split("a step of the model takes ")[1].split(" ms")[0])
     assert 0 < measured < 1000
     assert "(jitter 0.5)" in proc.stdout
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     runs = json.loads(out.read_text())["runs"]
-    assert [r["spec"]["policy"] for r in runs] == ["synchronous", "gossip"]
+    assert [r["spec"]["policy"] for r in runs] == ["synchronous", "gossip", "push-sum"]
+    # --overlap is push-sum's alone, and names its row.
+    assert [r["spec"]["policy_options"] for r in runs] == [{}, {}, {"overlap": True}]
+    assert [r["label"] for r in runs] == ["synchronous", "gossip", "push-sum+overlap"]
+    assert "\npush-sum+overlap " in proc.stdout
     assert runs[0]["spec"]["step_jitter"] == 0.5
     proc = _gossip("simulate", "train", "--step-seconds", "fast")
     assert proc.returncode == 2 and "--step-seconds 'fast'" in proc.stderr

@@ -25,12 +25,16 @@ def real(peer, spec: TrainingSpec):
 
 @pytest.mark.parametrize("policy,topology,n", [
     ("synchronous", "ring", 4), ("gossip", "ring", 4), ("push-sum", "one-peer-exponential", 4),
-    ("local-sgd", "ring", 4),
+    ("local-sgd", "ring", 4), ("push-sum overlap", "one-peer-exponential", 4),
     pytest.param("gossip", "ring", 8, marks=pytest.mark.slow),          # (and in CI's
     pytest.param("push-sum", "exponential", 8, marks=pytest.mark.slow)])  # second pass)
 def test_the_simulated_peers_end_where_real_peers_end(policy: str, topology: str,
                                                       n: int) -> None:
-    spec = TrainingSpec(policy=policy, peers=n, steps=30, topology=topology)
+    # "push-sum overlap": its exchange in flight while the next step computes (the
+    # simulator's deferred exchange, sim_host._Deferred).
+    options = {"overlap": True} if policy.endswith(" overlap") else {}
+    spec = TrainingSpec(policy=policy.split()[0], peers=n, steps=30, topology=topology,
+                        policy_options=options)
     simulated = simulate_training(spec)
     out = spawn(real, n=n, timeout=300, args=(spec,), preload=("torch",))
     for rank in range(n):
@@ -74,6 +78,28 @@ def test_the_clock_charges_compute_latency_and_bytes() -> None:
         broadcast + steps * (compute + per_step), rel=1e-9)
 
 
+@pytest.mark.parametrize("compute", [0.01, 0.002])
+def test_push_sum_overlap_hides_its_exchange_behind_the_next_step(compute: float) -> None:
+    """Push-sum with overlap=True on one-peer-exponential of 4: each step's exchange (one
+    message: the parameters and the weight, latency + bytes / rate) leaves at the step's end
+    and is absorbed at the next step's end, after its compute: a step takes the longer of the
+    two, where without overlap it takes both; the last one completes at close()."""
+    steps, latency, rate = 10, 0.005, 1e9 / 8
+    spec = TrainingSpec(policy="push-sum", peers=4, steps=steps, link="1gbit,5ms",
+                        topology="one-peer-exponential", step_seconds=compute,
+                        policy_options={"overlap": True})
+    run = simulate_training(spec)
+    message = run.peers[0].bytes_sent / steps
+    exchange = latency + message / rate
+    assert message == run.peers[0].parameters.nbytes + 4   # (the weight, a float32)
+    for p in run.peers:
+        assert p.clocks == pytest.approx(
+            [compute + k * max(compute, exchange) for k in range(steps)], rel=1e-9)
+    assert run.simulated_seconds == pytest.approx(run.peers[0].clocks[-1] + exchange, rel=1e-9)
+    plain = simulate_training(TrainingSpec(**{**spec.__dict__, "policy_options": {}}))
+    assert plain.peers[0].clocks[-1] == pytest.approx(steps * (compute + exchange), rel=1e-9)
+
+
 def test_a_straggler_sets_the_pace_of_the_lockstep_policies() -> None:
     fast = simulate_training(TrainingSpec(policy="synchronous", peers=4, steps=10))
     slow = simulate_training(TrainingSpec(policy="synchronous", peers=4, steps=10,
@@ -84,7 +110,6 @@ def test_a_straggler_sets_the_pace_of_the_lockstep_policies() -> None:
 
 @pytest.mark.parametrize("kwargs,message", [
     ({"policy": "asynchronous"}, "policy 'asynchronous' is not simulated"),
-    ({"policy": "push-sum", "policy_options": {"overlap": True}}, "overlap=True"),
     ({"peers": 0}, "peers must be an int >= 1"),
     ({"straggler": (9, 2.0)}, "straggler must be"),
     ({"link": "fast"}, "link='fast'"),
