@@ -17,6 +17,7 @@ from collectives.transport.transport import Transport
 from gossip.membership import MembershipParticipant, PeerMembership
 from gossip import stacks
 from gossip.status.reporter import StatusReporter
+from gossip.policies.base.concurrency import REAL_CONCURRENCY, Concurrency
 from gossip.policies.neighborhood import live_mixing_round, resize_topology
 from gossip.settings import LaunchSettings
 from gossip.tracked import StepTracked, TrackedState
@@ -100,6 +101,12 @@ class Peer:
     def transport(self) -> Transport:
         """The transport: sockets, I/O thread, lost-peer detection."""
         return self._transport
+
+    @property
+    def concurrency(self) -> Concurrency:
+        """The threads, locks and clock a background policy uses here: the standard
+        library's (a simulated peer's are virtual: gossip/policies/base/concurrency.py)."""
+        return REAL_CONCURRENCY
 
     @property
     def communicator(self) -> Communicator:

@@ -38,8 +38,9 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
             "--simulate tells the same story in simulated time instead: 64 peers (--peers) on\n"
             "a WAN, each a thread of this process running the real policy classes on a virtual\n"
             "clock (gossip simulate train's simulator and task), for the policies it simulates\n"
-            "(synchronous, local-sgd, gossip, push-sum); the same options give the same\n"
-            "OUT/story-simulated.json on any machine, under any load (about 3 minutes)."
+            "(synchronous, local-sgd, gossip, push-sum, asynchronous); the same options give\n"
+            "the same OUT/story-simulated.json on any machine, under any load (about 8\n"
+            "minutes)."
         ),
         epilog=(
             "examples:\n"

@@ -69,8 +69,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
             "  gossip simulate train -n 64 --regions 4 --link 10gbit,0.5ms --wan 100mbit,40ms\n"
             "  gossip simulate train -n 6 --links links.json   (see gossip/simulation/links.py)"))
     train.add_argument("--policy", default="synchronous,gossip", metavar="NAMES",
-                       help="comma-separated: synchronous, local-sgd, gossip, push-sum "
-                            "(default synchronous,gossip)")
+                       help="comma-separated: synchronous, local-sgd, gossip, push-sum, "
+                            "asynchronous (default synchronous,gossip)")
     train.add_argument("-n", "--peers", type=int, default=4, metavar="N",
                        help="peers (default 4)")
     train.add_argument("--topology", default="ring", help="the gossip graph (default ring)")

@@ -14,11 +14,13 @@ only the times are the models'. The real demo stays the proof that the mechanics
 
 The scenarios are the story's (scenarios.py) where the simulator can run them, every one on a
 WAN (SIMULATED_LINK), for the policies it simulates (synchronous, local-sgd, gossip,
-push-sum): the network alone, a straggler, non-iid data, and a death (the middle peer dies
-when a third of the steps' compute has passed, counted lost DETECT seconds later; gossip and
-push-sum go on around it, synchronous and local SGD run with ``elastic=True`` and re-form the
-group without it). Per scenario the table says which policy is the fastest of those whose
-peers end within one point of the best accuracy.
+push-sum, asynchronous: its threads on the simulator's virtual threads): the network alone, a
+straggler, non-iid data, and a death (the middle peer dies when a third of the steps' compute
+has passed, counted lost DETECT seconds later; gossip, push-sum and asynchronous go on around
+it, synchronous and local SGD run with ``elastic=True`` and re-form the group without it). Per
+scenario the table says which policy is the fastest of those whose peers end within one point
+of the best accuracy (the time is the last peer's: with a straggler, asynchronous's others end
+long before it, which ``peer_seconds`` in the JSON shows).
 """
 from __future__ import annotations
 

@@ -72,6 +72,7 @@ from collectives.transport.emulation import LinkSpec
 from gossip.errors import OperationTimeout, PeerLost, ViewChanging
 from gossip.simulation.churn import Churn
 from gossip.simulation.links import Links
+from gossip.simulation.scheduler import Scheduler
 
 __all__ = ["Fabric", "Admission", "collective_seconds", "SimulatedDeath"]
 
@@ -134,7 +135,8 @@ class Fabric:
 
     def __init__(self, size: int, links: Links | LinkSpec | None = None, *,
                  timeout: float = 300.0, churn: Churn | None = None, detect: float = 2.0,
-                 leaves: dict[int, float] | None = None, leave_at_once: bool = False) -> None:
+                 leaves: dict[int, float] | None = None, leave_at_once: bool = False,
+                 scheduled: bool = False) -> None:
         self.size = size
         self.links = links if isinstance(links, Links) else Links.uniform(size, links)
         self.churn = churn if churn is not None else Churn(size)
@@ -186,6 +188,10 @@ class Fabric:
         self._view_links = self.links.subset(self.members)
         self._reforms: dict[int, _Round] = {}   # the view being left -> its survivors' meeting
         self._plan_notice()
+        # Virtual threads (scheduler.py), one running at a time in virtual-time order: for the
+        # background policies, whose threads meet on timed channels (channel_send, ...).
+        self.scheduler = Scheduler(self.clock, timeout=timeout,
+                                   death=self._death_at) if scheduled else None
 
     def abort(self, reason: str) -> None:
         """End every wait now and every later one at once, with ``reason`` (a peer failed: the
@@ -193,6 +199,8 @@ class Fabric:
         with self._cond:
             self._aborted = reason
             self._cond.notify_all()
+        if self.scheduler is not None:   # (its threads wait in virtual time: end them too)
+            self.scheduler.stop(RuntimeError(f"simulation stopped: {reason}"))
 
     def _check(self) -> None:
         if self._aborted is not None:
@@ -204,6 +212,8 @@ class Fabric:
         self.check_alive(rank)
         with self._cond:
             self.clock[rank] += seconds
+        if self.scheduler is not None:   # (the threads whose time comes first run now)
+            self.scheduler.sleep_until(self.clock[rank])
 
     # -- deaths ------------------------------------------------------------------------------
     def death_of(self, rank: int, until: float | None = None) -> float:
@@ -212,6 +222,14 @@ class Fabric:
         death always is)."""
         return self.churn.death(rank, self._life[rank],
                                 max(self.clock) if until is None else until)
+
+    def _death_at(self, rank: int, clock: float) -> SimulatedDeath | None:
+        """(The scheduler, as a thread of ``rank`` takes its turn at ``clock``.) Its death,
+        if it came by then."""
+        with self._cond:
+            when = self.death_of(rank, clock)
+        return SimulatedDeath(f"simulated rank {rank} died at {when:g} s") \
+            if clock >= when else None
 
     def check_alive(self, rank: int) -> None:
         """SimulatedDeath if ``rank``'s clock reached its death."""
@@ -328,11 +346,14 @@ class Fabric:
         return PeerLost(f"simulated rank {dst}: rank {src} {why}; no message for {what}",
                         rank=src, operation=what)
 
-    def send(self, src: int, dst: int, data: np.ndarray, tag: Any = 0) -> bool:
+    def send(self, src: int, dst: int, data: np.ndarray, tag: Any = 0, *,
+             channel: int | None = None) -> bool:
         """Post a copy of ``data`` from ``src`` to ``dst`` (never blocks), numbered ``tag``
-        (ordered: an int, or a host's (view, exchange) pair);
+        (ordered: an int, or a host's (view, exchange) pair), or on timed ``channel``
+        (scheduled runs: channel_take);
         False if it arrives at or after ``dst``'s death (not delivered)."""
         copy = np.array(data, copy=True)
+        key = (src, dst) if channel is None else (channel, src, dst)
         with self._cond:
             start = max(self.clock[src], self._link_free.get((src, dst), 0.0))
             rate, latency = self.links.link(src, dst)
@@ -343,7 +364,7 @@ class Fabric:
             self.messages_sent[src] += 1
             delivered = arrival < self.death_of(dst, arrival)
             # Not delivered: a marker, so dst (still running, behind) dies when it looks for it.
-            self._mail.setdefault((src, dst), deque()).append(
+            self._mail.setdefault(key, deque()).append(
                 (copy if delivered else None, arrival, tag))
             self._cond.notify_all()
             return delivered
@@ -406,6 +427,46 @@ class Fabric:
             if not box:
                 raise PeerLost(f"simulated rank {dst}: rank {src} died", rank=src)
             return box.popleft()[0]
+
+    # -- timed channels (scheduled runs: a background policy's threads) ----------------------
+    def _arrival(self, channel: int, dst: int, src: int) -> float | None:
+        box = self._mail.get((channel, src, dst))
+        return box[0][1] if box else None
+
+    def channel_take(self, channel: int, dst: int, src: int, timeout: float | None,
+                     what: str) -> np.ndarray:
+        """(A virtual thread of ``dst``.) The next message from ``src`` on ``channel``, once
+        it arrived (the thread's clock moves to its arrival); OperationTimeout after
+        ``timeout`` simulated seconds without one."""
+        assert self.scheduler is not None
+        if not self.scheduler.wait_for(lambda: self._arrival(channel, dst, src), timeout,
+                                       what):
+            raise OperationTimeout(f"simulated rank {dst}: nothing from rank {src} for {what} "
+                                   f"within {timeout:g}s (simulated)", rank=src)
+        # (Never a message marked undelivered, one arriving at or after dst's death: the
+        # scheduler stopped dst's threads as their turn came past it.)
+        return self._mail[(channel, src, dst)].popleft()[0]
+
+    def channel_probe(self, channel: int, dst: int, src: int) -> bool:
+        """Whether a message from ``src`` on ``channel`` arrived by ``dst``'s clock."""
+        at = self._arrival(channel, dst, src)
+        return at is not None and at <= self.clock[dst]
+
+    def channel_wait_any(self, channel: int, dst: int, sources: Sequence[int],
+                         timeout: float | None, what: str) -> int | None:
+        """(A virtual thread of ``dst``.) The source of the first message to arrive from
+        ``sources`` on ``channel`` (the earliest arrival; ties: the lowest rank), waiting up
+        to ``timeout`` simulated seconds; None if none came."""
+        assert self.scheduler is not None
+
+        def first() -> tuple[float, int] | None:
+            times = [(at, src) for src in sources
+                     if (at := self._arrival(channel, dst, src)) is not None]
+            return min(times) if times else None
+        if not self.scheduler.wait_for(lambda: (first() or (None,))[0], timeout, what):
+            return None
+        found = first()
+        return None if found is None else found[1]
 
     def _count(self, src: int, dst: int, nbytes: int) -> None:
         """(Under the lock.) ``nbytes`` sent from ``src`` to ``dst``: its peer's and its

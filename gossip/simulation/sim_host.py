@@ -44,6 +44,7 @@ from collectives import NeighborPlan
 from collectives.group import Member, Switch, View
 from collectives.work import Work
 from gossip.errors import ExchangeIncomplete, PeerLost, ViewChanging
+from gossip.policies.base.concurrency import REAL_CONCURRENCY, Concurrency
 from gossip.policies.neighborhood.policy_graph import resize_topology
 from gossip.simulation.fabric import Fabric
 
@@ -106,43 +107,85 @@ def _call(wait: bool, what: str, run: Any) -> Any:
         return _done(None, what, exc)
 
 
+class _Sent:
+    """A simulated isend's request: the message left at once (its link's time is charged to
+    its arrival)."""
+
+    def test(self) -> bool:
+        return True
+
+    def wait(self, timeout: float | None = None) -> None:
+        return None
+
+
 class _Channel:
-    """A policy's channel between simulated peers: point-to-point arrays in order, free of
-    simulated time (a gossip graph's healing proposals); the rest of a peer channel is
-    refused."""
+    """A policy's channel between simulated peers: point-to-point arrays in order. In a run
+    of round-based policies free of simulated time (a gossip graph's healing proposals); in
+    a scheduled run (the asynchronous policy's threads: scheduler.py) timed as the exchanges
+    are, each message charged its link's latency and bytes, with isend, probe and wait_any.
+    The rest of a peer channel is refused."""
 
     def __init__(self, host: "SimHost", number: int) -> None:
         self._fabric = host.fabric
         self._host = host
         self._rank = host.starting_rank
         self.number = number
+        self._timed = host.fabric.scheduler is not None
 
     def send(self, dst: int, x: Any, *, timeout: float | None = None) -> None:
-        self._fabric.post(self.number, self._rank, self._host.members[dst], _numpy(x))
+        if self._timed:
+            self._fabric.send(self._rank, self._host.members[dst], _numpy(x),
+                              channel=self.number)
+        else:
+            self._fabric.post(self.number, self._rank, self._host.members[dst], _numpy(x))
+
+    def isend(self, dst: int, x: Any, *, timeout: float | None = None) -> _Sent:
+        if not self._timed:
+            return self.__getattr__("isend")
+        self.send(dst, x, timeout=timeout)
+        return _Sent()
 
     def recv(self, src: int, out: Any = None, *, timeout: float | None = None) -> Any:
-        got = self._fabric.take(self.number, self._rank, self._host.members[src],
-                                self._fabric.timeout if timeout is None else timeout)
+        peer = self._host.members[src]
+        if self._timed:
+            got = self._fabric.channel_take(
+                self.number, self._rank, peer, timeout,
+                f"a message on channel {self.number} from rank {src}")
+        else:
+            got = self._fabric.take(self.number, self._rank, peer,
+                                    self._fabric.timeout if timeout is None else timeout)
         if out is None:
             return got
         np.copyto(_numpy(out), got.reshape(_numpy(out).shape))
         return out
 
     def probe(self, src: int) -> bool:
+        if self._timed:
+            return self._fabric.channel_probe(self.number, self._rank, self._host.members[src])
         return self._fabric.waiting(self.number, self._rank, self._host.members[src])
+
+    def wait_any(self, sources: Sequence[int], timeout: float | None = None) -> int | None:
+        if not self._timed:
+            return self.__getattr__("wait_any")
+        members = self._host.members
+        found = self._fabric.channel_wait_any(
+            self.number, self._rank, [members[j] for j in sources], timeout,
+            f"a message on channel {self.number} from ranks {list(sources)}")
+        return None if found is None else self._host.view_rank_of(found)
 
     def __getattr__(self, name: str) -> Any:
         raise NotImplementedError(
             f"the simulator's peer channels send, receive and probe (channel {self.number}."
-            f"{name}): it runs the round-based policies (synchronous, local-sgd, gossip, "
-            "push-sum), not the asynchronous one's background threads")
+            f"{name}): the policies the simulator runs use no more")
 
 
 @dataclass(frozen=True)
 class _ViewTransport:
-    """What a policy's view_changing reads of the new view's transport: this peer's rank."""
+    """What a policy reads of a simulated peer's transport: this peer's rank, and that no
+    change at once interrupted its waits (scheduled runs have no view changes)."""
 
     rank: int
+    interrupted: bool = False
 
 
 class SimHost:
@@ -199,7 +242,18 @@ class SimHost:
 
     @property
     def transport(self) -> Any:
-        raise NotImplementedError("the simulator has no transport (a background policy?)")
+        """What a policy reads of the transport: this peer's rank, and ``interrupted``."""
+        return _ViewTransport(self.rank)
+
+    @property
+    def concurrency(self) -> Concurrency:
+        """The fabric's virtual threads in a scheduled run (scheduler.py), else the standard
+        library's (the round-based policies start no thread)."""
+        return self._fabric.scheduler or REAL_CONCURRENCY
+
+    def view_rank_of(self, peer: int) -> int:
+        """Fabric peer ``peer``'s rank in this peer's view."""
+        return self._position[peer]
 
     @property
     def view(self) -> None:

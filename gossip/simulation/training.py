@@ -7,6 +7,7 @@ shard. ``train_peer`` is the one loop every peer runs, simulated or real (the fi
 runs it on real peer processes too)."""
 from __future__ import annotations
 
+import functools
 import math
 import threading
 import time
@@ -27,7 +28,7 @@ __all__ = ["TrainingSpec", "TrainingResult", "PeerResult", "simulate_training", 
 
 _SEEDING = threading.Lock()
 
-SIMULATED_POLICIES = ("synchronous", "local-sgd", "gossip", "push-sum")
+SIMULATED_POLICIES = ("synchronous", "local-sgd", "gossip", "push-sum", "asynchronous")
 """The policies the simulator runs: those whose rounds are collectives and exchanges the peers
 make together (push-sum with ``overlap=True`` too: its exchange completes at the next step;
 the asynchronous policy's background threads not yet)."""
@@ -95,6 +96,11 @@ class TrainingSpec:
         if self.policy not in SIMULATED_POLICIES:
             raise ValueError(f"simulate: policy {self.policy!r} is not simulated; "
                              f"one of {', '.join(SIMULATED_POLICIES)}")
+        if self.scheduled and (self.restarts or self.restart_after is not None
+                               or self.leaves or self.joins):
+            raise ValueError(f"simulate: {self.policy} with restarts, leaves or joins is not "
+                             "simulated yet (its threads run on the scheduler, whose view "
+                             "changes are not built; deaths are)")
         for name, value, low in (("peers", self.peers, 1), ("steps", self.steps, 0),
                                  ("batch", self.batch, 1), ("hidden", self.hidden, 1)):
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
@@ -123,7 +129,7 @@ class TrainingSpec:
         slots = f"the {self.slots} slots (the {self.peers} peers" + (
             f" and {len(self.joins)} joiners)" if self.joins else ")")
         if self.deaths or self.mtbf is not None:
-            if self.policy not in ("gossip", "push-sum") and \
+            if self.policy not in ("gossip", "push-sum", "asynchronous") and \
                     not self.policy_options.get("elastic"):
                 raise ValueError(f"simulate: with deaths, {self.policy} needs elastic=True "
                                  "(policy_options; --elastic): without it a death fails the "
@@ -226,6 +232,13 @@ class TrainingSpec:
         return not make(self.policy, **self.policy_options).hands_off_at_leave
 
     @property
+    def scheduled(self) -> bool:
+        """Whether the run's peers are virtual threads, one running at a time in
+        virtual-time order (scheduler.py): the asynchronous policy's, whose background
+        threads meet on timed channels."""
+        return self.policy == "asynchronous"
+
+    @property
     def slots(self) -> int:
         """Every peer that takes part at some point: ``peers`` and the ``joins``."""
         return self.peers + len(self.joins)
@@ -308,6 +321,9 @@ class TrainingResult:
                 "died": list(self.died),
                 "bytes_per_peer": float(np.mean([p.bytes_sent for p in self.peers])),
                 "bytes_sent": {str(p.rank): p.bytes_sent for p in self.peers},
+                # Each peer's clock at its last step's end (asynchronous peers end apart).
+                "peer_seconds": {str(p.rank): p.clocks[-1] if p.clocks else 0.0
+                                 for p in self.peers},
                 "bytes_per_link": [[a, b, n] for (a, b), n in sorted(
                     self.link_bytes.items(), key=lambda item: (-item[1], item[0]))],
                 "bytes_between_regions": self.bytes_between_regions().tolist(),
@@ -430,7 +446,8 @@ def simulate_training(spec: TrainingSpec, *, timeout: float = 600.0) -> Training
     fabric = Fabric(spec.slots, spec.network(), timeout=timeout, churn=spec.churn(),
                     detect=spec.detect_seconds,
                     leaves={int(r): float(t) for r, t in spec.leaves},
-                    leave_at_once=bool(spec.leaves) and spec.leaves_at_once)
+                    leave_at_once=bool(spec.leaves) and spec.leaves_at_once,
+                    scheduled=spec.scheduled)
     results: list[PeerResult | None] = [None] * spec.slots
     errors: list[BaseException] = []
     started = time.perf_counter()
@@ -456,12 +473,20 @@ def simulate_training(spec: TrainingSpec, *, timeout: float = 600.0) -> Training
                 fabric.abort(f"rank {rank} failed: {type(exc).__name__}: {exc}")
                 return
 
-    threads = [threading.Thread(target=run, args=(r,), name=f"simulated-peer-{r}",
-                                daemon=True) for r in range(spec.slots)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    if fabric.scheduler is not None:   # (virtual threads: one at a time, by virtual time)
+        for r in range(spec.slots):
+            fabric.scheduler.spawn(functools.partial(run, r), r, f"simulated-peer-{r}",
+                                   main=True)
+        fabric.scheduler.run()
+        if fabric.scheduler.failed is not None and not errors:   # (a deadlock)
+            raise fabric.scheduler.failed
+    else:
+        threads = [threading.Thread(target=run, args=(r,), name=f"simulated-peer-{r}",
+                                    daemon=True) for r in range(spec.slots)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
     if errors:
         raise errors[0]
     done = [r for r in results if r is not None and r.rank not in fabric.left]

@@ -209,7 +209,8 @@ def _pair(rank: int, values: np.ndarray, weight: float):
     import threading
 
     from gossip.policies.asynchronous.pairs import Pairs
-    pairs = Pairs([_Bucket(values)], rank=rank, world_size=4, cond=threading.Condition())
+    pairs = Pairs([_Bucket(values)], rank=rank, world_size=4, cond=threading.Condition(),
+                  lock=threading.Lock())
     pairs.set_weights([weight])
     pairs.sync([_Bucket(values)])   # published: it answers from now on
     return pairs

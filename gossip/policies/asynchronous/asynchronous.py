@@ -64,8 +64,6 @@ import functools
 import logging
 import math
 import random
-import threading
-import time
 from typing import TYPE_CHECKING, Any, Callable, Literal
 
 import numpy as np
@@ -252,13 +250,11 @@ class Asynchronous(BackgroundPolicy):
             lambda f: 0 < f < 1, "in (0, 1)")
         self._pairs: Pairs | None = None   # (pairwise) what this peer offers to exchanges
         self._unanswered: dict[int, Unanswered] = {}   # (pairwise) partner -> late answers
-        self._answers_lock = threading.Lock()          # (pairwise) one reader of answers
         self._round_trip = 0.0   # (pairwise) seconds an answered exchange took (average)
         self._rng = random.Random()        # (pairwise) partners: seeded by rank at attach
         self._partners: list[int] = []     # (pairwise) whom this step's exchanges may ask
         self._send_timeout_arg = check_number("send_timeout", send_timeout, lambda t: t > 0,
                                               "a positive number", optional=True)
-        self._kick = threading.Event()
         self._paused = False
         self._job: Push | None = None   # the push in flight
         self._returned: int | None = None   # first bucket of a failed push not delivered
@@ -280,6 +276,11 @@ class Asynchronous(BackgroundPolicy):
         self._shares: tuple[list[float], int] | None = None
 
     # ------------------------------------------------------------------ set-up
+    def _primitives(self) -> None:
+        super()._primitives()
+        self._answers_lock = self._concurrency.lock()   # (pairwise) one reader of answers
+        self._kick = self._concurrency.event()
+
     @property
     def send_timeout(self) -> float:
         """Seconds a push may take before its neighbour counts as silent (default: the
@@ -300,7 +301,7 @@ class Asynchronous(BackgroundPolicy):
         if self.exchange == "pairwise":
             host = self._host()
             self._pairs = Pairs(self._packed(), rank=host.rank, world_size=host.world_size,
-                                cond=self._cond)
+                                cond=self._cond, lock=self._concurrency.lock())
             self._rng = random.Random(0x5EED + host.rank)
             # (Pairwise messages: the model, the exchange's number, the weight: pairs.TAIL.)
             self._out = [b.new(extra=TAIL) for b in self._packed()]      # the request
@@ -518,7 +519,7 @@ class Asynchronous(BackgroundPolicy):
                 job = self._job
             if job is None:
                 continue
-            start = time.perf_counter()
+            start = self._concurrency.monotonic()
             delivered = [0]
             if self._pairs is not None:
                 self._see_exchange_through(job, delivered)
@@ -527,7 +528,7 @@ class Asynchronous(BackgroundPolicy):
                 with self._tolerate(f"push to rank {job.dst}", rank=job.dst):
                     job.see_through(delivered)
             self._push_over(job, delivered[0])
-            self._background_seconds += time.perf_counter() - start
+            self._background_seconds += self._concurrency.monotonic() - start
 
     def _further_exchanges(self, job: Push) -> None:
         """(Pushing thread, pairwise.) The step's exchanges after its first, back to back,
@@ -570,7 +571,7 @@ class Asynchronous(BackgroundPolicy):
                 self._take_late_answers(0.0)
                 with self._tolerate(f"exchange with rank {job.dst}", rank=job.dst,
                                     drop=(PeerLost,)):
-                    start = time.perf_counter()
+                    start = self._concurrency.monotonic()
                     job.see_through(delivered)
                     for k, (sent, got) in enumerate(zip(self._out, self._answer)):
                         try:
@@ -584,7 +585,7 @@ class Asynchronous(BackgroundPolicy):
                             continue
                         self._pairs.apply(k, sent, got)
                     else:   # every answer came in time
-                        took = time.perf_counter() - start
+                        took = self._concurrency.monotonic() - start
                         self._round_trip = took if not self._round_trip else \
                             0.8 * self._round_trip + 0.2 * took
         finally:
@@ -675,10 +676,10 @@ class Asynchronous(BackgroundPolicy):
                 break
             if src is None:
                 continue
-            start = time.perf_counter()
+            start = self._concurrency.monotonic()
             with self._tolerate(f"{what} rank {src}", rank=src, drop=(PeerLost,)):
                 take(src)
-            self._background_seconds += time.perf_counter() - start
+            self._background_seconds += self._concurrency.monotonic() - start
 
     def _answer_waiting(self, comm: Communicator, src: int) -> None:
         """(Receiving thread, pairwise.) Answer every request waiting from ``src``."""
@@ -847,7 +848,8 @@ class Asynchronous(BackgroundPolicy):
             self._pairs.renumber(rank, n)
             self._next_request = {}
         elif self._arrivals is None:
-            self._arrivals = Arrivals(self._packed(), rank=rank, world_size=n, cond=self._cond)
+            self._arrivals = Arrivals(self._packed(), rank=rank, world_size=n, cond=self._cond,
+                                      locks=(self._concurrency.lock(), self._concurrency.lock()))
         else:
             self._arrivals.renumber(rank, n)
         self._start(self._run, "gossip-async")
@@ -917,11 +919,11 @@ class Asynchronous(BackgroundPolicy):
     def _settle(self, switch: Switch) -> None:
         """Steps 1-3 of the module docstring. Never raises for what it waits on: a member
         that does not answer in time is logged, and what it did not deliver is lost."""
-        deadline = time.monotonic() + self.timeout
+        deadline = self._concurrency.monotonic() + self.timeout
         with self._cond:   # the push under way completes (its send is bounded)
             while self._job is not None and self._error is None \
-                    and time.monotonic() < deadline:
-                self._cond.wait(min(0.5, max(0.0, deadline - time.monotonic())))
+                    and self._concurrency.monotonic() < deadline:
+                self._cond.wait(min(0.5, max(0.0, deadline - self._concurrency.monotonic())))
             sent = list(self._sent_to)
         partners = self._continuing(switch)
         if partners and not switch.at_once:
@@ -931,13 +933,13 @@ class Asynchronous(BackgroundPolicy):
                 with self._cond:
                     self._wait_locked(
                         lambda: all(absorbed[j] >= c for j, c in expected.items()),
-                        max(0.0, deadline - time.monotonic()), 0.5,
+                        max(0.0, deadline - self._concurrency.monotonic()), 0.5,
                         lambda: (f"view change: absorbed {[absorbed[j] for j in expected]} "
                                  f"of the {list(expected.values())} pushes ranks "
                                  f"{list(expected)} sent it", "asynchronous view change"))
                 for j in [j for j in self._unanswered if j not in partners]:
                     del self._unanswered[j]   # (gone: its part went with it)
-                self._settle_late_answers(max(0.1, deadline - time.monotonic()))
+                self._settle_late_answers(max(0.1, deadline - self._concurrency.monotonic()))
             except (OperationTimeout, RuntimeError) as exc:
                 log.warning("rank %d: %s: the pushes in flight did not all arrive before "
                             "view %d (%s): what did not is lost", self._host().rank, self.name,

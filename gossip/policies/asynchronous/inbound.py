@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import logging
 import math
-import threading
 from typing import Any
 
 from collectives.arrays import adapter_for
@@ -28,7 +27,7 @@ class Arrivals:
     updated under ``cond``, which is notified after each."""
 
     def __init__(self, buckets: Any, *, rank: int, world_size: int,
-                 cond: threading.Condition) -> None:
+                 cond: Any, locks: tuple[Any, Any]) -> None:
         nb = len(buckets)
         self._rank, self._n, self._cond = rank, world_size, cond
         self._next_bucket: dict[int, int] = {}   # source -> bucket of its next message
@@ -41,8 +40,8 @@ class Arrivals:
         # weights would no longer add up to n.
         self._weight = [[0.0] * nb for _ in range(2)]
         self._fill = 0   # the set the receiver adds into
-        self._lock = threading.Lock()
-        self._absorbing = threading.Lock()   # one absorber at a time: a source's messages
+        # (The policy's host makes them: gossip/policies/base/concurrency.py.)
+        self._lock, self._absorbing = locks   # _absorbing: one absorber at a time: a source's messages
 
     def renumber(self, rank: int, world_size: int) -> None:
         """(No receiver running, every arrival taken.) The ranks of a new view: the counts

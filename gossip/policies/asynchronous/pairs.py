@@ -4,7 +4,6 @@ them, changed in place by each exchange, and the change since then, which the tr
 thread adds to its parameters at its next step."""
 from __future__ import annotations
 
-import threading
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -67,9 +66,9 @@ class Pairs:
     """
 
     def __init__(self, buckets: Any, *, rank: int, world_size: int,
-                 cond: threading.Condition) -> None:
+                 cond: Any, lock: Any) -> None:
         self._cond = cond
-        self._lock = threading.Lock()
+        self._lock = lock
         self._pub = [adapter_for(b.flat).clone(b.flat) for b in buckets]
         self._delta = [b.new() for b in buckets]
         self._dirty = [False] * len(self._pub)

@@ -1,6 +1,9 @@
 """The background worker of the threaded policies (Asynchronous, ElasticAveraging): threads that
 communicate while the training loop computes, and what the training thread needs from them.
 
+- Threads, locks, conditions, events and the clock come from the host's ``concurrency``
+  (gossip/policies/base/concurrency.py: the standard library's, or a simulated peer's virtual
+  ones), bound at attach (``_primitives``); nothing here blocks on anything else.
 - Lifetime: ``_start(body, name)`` runs ``body`` in a daemon thread; ``close()`` sets the
   stop flag, wakes the threads (``_wake``) and joins them all under one deadline
   (``_stop_seconds``), warning about any still running. ``_halt()`` does the same without
@@ -19,20 +22,24 @@ communicate while the training loop computes, and what the training thread needs
 from __future__ import annotations
 
 import logging
-import threading
-import time
-from typing import Callable, ClassVar
+from collections.abc import Iterable, Sequence
+from typing import Any, Callable, ClassVar, TypeVar
 
 from collectives import Communicator
+from collectives.arrays import Array
 from collectives.codecs import CodecSpec
 from gossip.errors import OperationTimeout
 from gossip.policies.base.arguments import check_int, check_number
 from gossip.policies.base.buckets import DEFAULT_BUCKET_BYTES
-from gossip.policies.base.policy import Policy
+from gossip.policies.base.concurrency import REAL_CONCURRENCY, Concurrency, ThreadHandle
+from gossip.policies.base.policy import ParameterSource, Policy
+from gossip.policies.base.policy_host import PolicyHost
 
 __all__ = ["BackgroundPolicy"]
 
 log = logging.getLogger("gossip")
+
+_B = TypeVar("_B", bound="BackgroundPolicy")
 
 
 class BackgroundPolicy(Policy):
@@ -53,22 +60,38 @@ class BackgroundPolicy(Policy):
         check_number("poll_interval", poll_interval, lambda s: 0 < s <= 1, "in (0, 1] seconds")
         self._channel_number = int(channel)
         self._poll = float(poll_interval)
-        self._cond = threading.Condition(threading.Lock())   # state shared with the threads
-        self._stop = threading.Event()
-        self._threads: list[threading.Thread] = []
+        self._threads: list[ThreadHandle] = []
+        self._concurrency: Concurrency = REAL_CONCURRENCY   # (the host's, from attach)
+        self._primitives()
         self._error: BaseException | None = None
         self._dropped: dict[int, str] = {}
 
     # ------------------------------------------------------------------ lifetime
+    def _primitives(self) -> None:
+        """Make the locks, conditions and events shared with the threads, from
+        ``self._concurrency`` (subclasses add theirs, calling this)."""
+        self._cond = self._concurrency.condition(self._concurrency.lock())   # shared state
+        self._stop = self._concurrency.event()
+
+    def attach(self: _B, peer: PolicyHost, params: Iterable[Array] | ParameterSource, *,
+               names: Sequence[str] | None = None) -> _B:
+        """Policy.attach, the threads and their primitives from ``peer.concurrency`` (a
+        simulated peer's run on virtual time)."""
+        concurrency = getattr(peer, "concurrency", REAL_CONCURRENCY)   # (attach checks peer)
+        if concurrency is not self._concurrency and self._peer is None and not self._closed:
+            self._concurrency = concurrency
+            self._primitives()
+        return super().attach(peer, params, names=names)
+
     def _start(self, body: Callable[[], None], name: str) -> None:
         """Run ``body`` in a daemon thread named ``name``-r<rank>; its exception, unless the
         policy is stopping, is handed to the training thread."""
-        thread = threading.Thread(target=self._guarded, args=(body, self._stop), daemon=True,
-                                  name=f"{name}-r{self._host().rank}")
+        thread = self._concurrency.thread(self._guarded, f"{name}-r{self._host().rank}",
+                                          args=(body, self._stop))
         self._threads.append(thread)
         thread.start()
 
-    def _guarded(self, body: Callable[[], None], stop: threading.Event) -> None:
+    def _guarded(self, body: Callable[[], None], stop: Any) -> None:
         try:
             body()
         except BaseException as exc:  # handed to the training loop at its next step
@@ -94,14 +117,15 @@ class BackgroundPolicy(Policy):
         outlived the wait (warned about) can never run on beside them."""
         self._join_threads("a halt")
         self._threads = []
-        self._stop = threading.Event()
+        self._stop = self._concurrency.event()
 
     def _join_threads(self, after: str) -> None:
         self._stop.set()
         self._wake()
-        end = time.monotonic() + self._stop_seconds()
+        clock = self._concurrency.monotonic
+        end = clock() + self._stop_seconds()
         for thread in self._threads:
-            thread.join(max(0.0, end - time.monotonic()))
+            thread.join(max(0.0, end - clock()))
             if thread.is_alive():
                 log.warning("rank %d: %s %s still running after %s", self._host().rank,
                             self.worker_name, thread.name, after)
@@ -119,12 +143,13 @@ class BackgroundPolicy(Policy):
         """(Holding _cond.) Wait until ``done()``; RuntimeError if a thread failed (or, with
         ``stoppable``, the policy is stopping), OperationTimeout naming ``what()``
         (message, operation) after ``timeout`` seconds."""
-        deadline = time.monotonic() + timeout
+        clock = self._concurrency.monotonic
+        deadline = clock() + timeout
         while not done():
             if self._error is not None or (stoppable and self._stop.is_set()):
                 raise RuntimeError(f"rank {self._host().rank}: the {self.worker_name} stopped: "
                                    f"{self._error!r}") from self._error
-            left = deadline - time.monotonic()
+            left = deadline - clock()
             if left <= 0:
                 message, operation = what()
                 raise OperationTimeout(f"rank {self._host().rank}: {self.name}: {message} "

@@ -1,6 +1,6 @@
 """What a policy may ask of the peer it is attached to: the PolicyHost contract.
 
-gossip.Peer is the one implementation; a policy holds it as ``self._peer`` and asks it
+gossip.Peer is the real implementation (gossip.simulation.SimHost the simulated one); a policy holds it as ``self._peer`` and asks it
 nothing else. The membership side of the contract (at_boundary, recover, attached,
 changing_now) is how a policy takes part in a view change: it calls the peer, the peer hands
 the call to its membership controller (gossip/membership/), and the controller calls the
@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     from collectives.codecs import CodecSpec
     from collectives.group import View
     from gossip.membership.contracts import MembershipParticipant
+    from gossip.policies.base.concurrency import Concurrency
     from topologies import Topology
 
 __all__ = ["PolicyHost"]
@@ -46,6 +47,11 @@ class PolicyHost(Protocol):
     def transport(self) -> Transport:
         """The current view's transport (its endpoints name this peer; ``interrupted`` says
         a view change at once ended its waits)."""
+
+    @property
+    def concurrency(self) -> Concurrency:
+        """The threads, locks, conditions, events and clock of a background policy: the
+        standard library's on a real peer, virtual ones on a simulated peer."""
 
     @property
     def view(self) -> View | None:

@@ -1,0 +1,401 @@
+"""Virtual threads for the simulated peers of a background policy (asynchronous gossip): every
+thread of every peer (its training loop and its policy's threads) is a real thread, but only one
+runs at a time, and the next to run is always the one whose virtual time comes first, so a run
+is a discrete-event simulation of the real code and two runs are the same whatever the machine.
+
+Each thread has a clock. A thread runs until it blocks: on a lock held by another, a condition
+or an event not yet set (``Concurrency``'s primitives, which a background policy takes from its
+host), a message not yet arrived (the fabric's timed channels, ``wait``), or a deadline
+(``sleep_until``: a step's compute, a wait's timeout). Then every blocked thread's candidate
+time is computed: a thread whose wait is satisfied is ready at the time that satisfied it (the
+message's arrival, the moment the event was set or the condition notified, or now for a
+predicate that now holds), one that is not at its deadline; the earliest candidate runs next
+(ties: the thread registered first), its clock moved to that time. While a thread of peer r
+runs, ``clocks[r]`` (the fabric's clock of r) is that thread's clock, so the fabric charges
+what it sends to the right time; each thread keeps its own clock between turns.
+
+When no thread can ever run again while some have not ended (every one waits on something
+nobody will do), the run is deadlocked: every thread raises SimulationDeadlock naming what
+each waited for. A turn that does not come within ``timeout`` real seconds while no other
+thread takes one raises OperationTimeout (a thread stuck outside the scheduler)."""
+from __future__ import annotations
+
+import math
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from gossip.errors import OperationTimeout
+from gossip.policies.base.concurrency import Concurrency
+
+__all__ = ["Scheduler", "SimulationDeadlock"]
+
+#: A blocked thread's readiness: the virtual time at which its wait is satisfied, or None.
+Ready = Callable[[], "float | None"]
+
+
+class SimulationDeadlock(RuntimeError):
+    """Every thread of a simulation waits on something no thread will do."""
+
+
+class _VThread:
+    __slots__ = ("name", "rank", "seq", "clock", "ready", "deadline", "woke", "resume",
+                 "done", "what", "target", "main")
+
+    def __init__(self, name: str, rank: int, seq: int, clock: float,
+                 target: Callable[[], None], main: bool) -> None:
+        self.name, self.rank, self.seq, self.clock = name, rank, seq, clock
+        self.main = main   # the peer's own thread (its training loop), not its policy's
+        self.ready: Ready | None = None
+        self.deadline = clock        # a new thread is ready at its creator's clock
+        self.woke = False
+        self.resume = threading.Event()
+        self.done = False
+        self.what = "its start"
+        self.target = target
+
+
+class Scheduler(Concurrency):
+    """The virtual threads of one simulation; ``clocks``: the fabric's, one per peer."""
+
+    def __init__(self, clocks: list[float], *, timeout: float = 300.0,
+                 death: Callable[[int, float], BaseException | None] | None = None) -> None:
+        self._clocks = clocks
+        self._death = death
+        self._timeout = timeout
+        self._lock = threading.Lock()
+        self._threads: list[_VThread] = []
+        self._local = threading.local()
+        self._current: _VThread | None = None
+        self._failed: BaseException | None = None
+        self._turns = 0
+        self._all_done = threading.Event()
+
+    # -- threads -------------------------------------------------------------------------
+    def spawn(self, target: Callable[[], None], rank: int, name: str, *,
+              main: bool = False) -> _VThread:
+        """(Before ``run``, or from a running thread.) A new thread of peer ``rank`` running
+        ``target``, ready at the clock of whoever made it; ``main``: the peer's own thread."""
+        clock = self._clocks[rank] if self._current is None else self._now()
+        with self._lock:
+            vt = _VThread(name, rank, len(self._threads), clock, target, main)
+            self._threads.append(vt)
+        real = threading.Thread(target=self._body, args=(vt,), name=name, daemon=True)
+        real.start()
+        return vt
+
+    def run(self) -> None:
+        """(The caller's own thread, not a virtual one.) Run every thread to its end."""
+        first = self._pick()
+        if first is None:
+            return
+        self._hand(first[0], first[1], first[2])
+        turns = -1
+        while not self._all_done.wait(self._timeout):
+            if self._turns == turns:
+                holder = self._current.name if self._current is not None else "none"
+                self._fail(OperationTimeout(
+                    f"simulation: no virtual thread took a turn for {self._timeout:g}s (real "
+                    f"time); {holder} holds it"))
+                break
+            turns = self._turns
+
+    def _body(self, vt: _VThread) -> None:
+        self._local.me = vt
+        vt.resume.wait()
+        vt.resume.clear()
+        try:
+            if self._failed is None:
+                if not vt.main:   # (a policy's thread started after its peer's death)
+                    self._check_death(vt)
+                vt.target()
+        except BaseException as exc:   # the run's failure: every thread stops (run, failed)
+            if exc is not self._failed:
+                self._fail(exc)
+        finally:
+            vt.done = True
+            vt.what = "nothing (ended)"
+            if all(t.done for t in self._threads):
+                self._all_done.set()
+            elif self._failed is None:
+                self._switch(vt, ending=True)
+
+    def _me(self) -> _VThread:
+        vt = getattr(self._local, "me", None)
+        if vt is None:
+            raise RuntimeError("a simulated peer's primitive used outside its virtual threads")
+        return vt
+
+    def _now(self) -> float:
+        """The running thread's clock."""
+        me = self._me()
+        return self._clocks[me.rank]
+
+    # -- turns ---------------------------------------------------------------------------
+    def block(self, ready: Ready | None, deadline: float, what: str) -> bool:
+        """(A running thread.) Give up the turn until ``ready()`` is a time (True) or the
+        clock reaches ``deadline`` (False)."""
+        me = self._me()
+        if self._failed is not None:
+            raise self._failed
+        if self._current is not me:
+            holder = self._current.name if self._current is not None else "nobody"
+            raise RuntimeError(f"simulation: {me.name} waits for {what} while {holder} holds "
+                               "the turn (a scheduler bug: two virtual threads ran at once)")
+        me.clock = self._clocks[me.rank]
+        me.ready, me.deadline, me.what = ready, deadline, what
+        self._switch(me)
+        return me.woke
+
+    def sleep_until(self, when: float, what: str = "its compute") -> None:
+        """(A running thread.) Let every thread whose time comes first run, then go on at
+        ``when``."""
+        self.block(None, when, what)
+
+    def _pick(self) -> tuple[_VThread, float, bool] | None:
+        best: tuple[_VThread, float, bool] | None = None
+        for vt in self._threads:
+            if vt.done:
+                continue
+            at = vt.ready() if vt.ready is not None else None
+            if at is not None:
+                when, woke = max(vt.clock, at), True
+            else:
+                when, woke = vt.deadline, False
+            if when < math.inf and (best is None or when < best[1]):
+                best = (vt, when, woke)
+        return best
+
+    def _switch(self, me: _VThread, *, ending: bool = False) -> None:
+        picked = self._pick()
+        if picked is None:   # every thread left waits on what no thread will do
+            error = SimulationDeadlock(self._deadlock())
+            self._fail(error)
+            if ending:
+                return
+            raise error
+        nxt, when, woke = picked
+        self._hand(nxt, when, woke, wake=nxt is not me)
+        if ending:
+            return
+        if nxt is not me:
+            while not me.resume.wait(self._timeout):
+                if self._failed is not None:
+                    break
+            me.resume.clear()
+        if self._failed is not None:
+            raise self._failed
+        self._check_death(me)
+
+    def _check_death(self, me: _VThread) -> None:
+        """(``me`` just took its turn.) If its peer's death came by its clock: the peer's own
+        thread raises the death (its loop ends as a killed process's, through its
+        ``finally``); a policy's thread stops where it is, for good, as a killed process's
+        threads do (it counts as ended; its real thread stays blocked)."""
+        error = self._death(me.rank, me.clock) if self._death is not None else None
+        if error is None:
+            return
+        if me.main:
+            raise error
+        me.done = True
+        me.what = "nothing (its peer died)"
+        if all(t.done for t in self._threads):
+            self._all_done.set()
+        else:
+            self._switch(me, ending=True)
+        threading.Event().wait()   # (a daemon thread, parked until the process ends)
+
+    def _hand(self, nxt: _VThread, when: float, woke: bool, *, wake: bool = True) -> None:
+        """Give the turn to ``nxt`` at ``when`` (``wake``: resume its real thread; not when
+        the thread that blocked takes the turn back itself)."""
+        nxt.clock, nxt.woke = when, woke
+        nxt.ready, nxt.deadline = None, math.inf
+        self._clocks[nxt.rank] = when
+        self._current = nxt
+        self._turns += 1
+        if wake:
+            nxt.resume.set()
+
+    def _deadlock(self) -> str:
+        waiting = [f"{vt.name} (clock {vt.clock:.6g} s) waits for {vt.what}"
+                   + (f" (until {vt.deadline:.6g} s)" if vt.deadline < math.inf else "")
+
+                   for vt in self._threads if not vt.done]
+        return "simulation deadlocked: " + "; ".join(waiting)
+
+    def _fail(self, error: BaseException) -> None:
+        if self._failed is None:
+            self._failed = error
+        for vt in self._threads:
+            vt.resume.set()
+        self._all_done.set()
+
+    def stop(self, error: BaseException) -> None:
+        """End the run: every waiting thread raises ``error`` (the first stop's)."""
+        self._fail(error)
+
+    @property
+    def failed(self) -> BaseException | None:
+        return self._failed
+
+    # -- Concurrency -----------------------------------------------------------------------
+    def thread(self, target: Callable[..., None], name: str, args: tuple = ()) -> Any:
+        return _Thread(self, target, name, args)
+
+    def lock(self) -> Any:
+        return _Lock(self)
+
+    def condition(self, lock: Any = None) -> Any:
+        return _Condition(self, lock if lock is not None else _Lock(self))
+
+    def event(self) -> Any:
+        return _Event(self)
+
+    def monotonic(self) -> float:
+        return self._now()
+
+    def wait_for(self, ready: Ready, timeout: float | None, what: str) -> bool:
+        """(A running thread.) Block until ``ready()`` gives a time, at most ``timeout``
+        virtual seconds (None: no limit): True if it did."""
+        deadline = math.inf if timeout is None else self._now() + max(0.0, timeout)
+        if ready() is not None and ready() <= self._now():   # type: ignore[operator]
+            return True
+        return self.block(ready, deadline, what)
+
+    def holds(self, predicate: Callable[[], bool]) -> Ready:
+        """A readiness that is now (the running thread's clock, as the picker evaluates it)
+        once ``predicate()`` holds."""
+        def ready() -> float | None:
+            if not predicate():
+                return None
+            current = self._current
+            return self._clocks[current.rank] if current is not None else 0.0
+        return ready
+
+
+class _Thread:
+    def __init__(self, scheduler: Scheduler, target: Callable[..., None], name: str,
+                 args: tuple) -> None:
+        self._s, self._target, self._args, self.name = scheduler, target, args, name
+        self._vt: _VThread | None = None
+
+    def start(self) -> None:
+        rank = self._s._me().rank
+        self._vt = self._s.spawn(lambda: self._target(*self._args), rank, self.name)
+
+    def join(self, timeout: float | None = None) -> None:
+        vt = self._vt
+        if vt is None or vt.done:
+            return
+        self._s.wait_for(self._s.holds(lambda: vt.done), timeout, f"{self.name} to end")
+
+    def is_alive(self) -> bool:
+        return self._vt is not None and not self._vt.done
+
+
+class _Lock:
+    def __init__(self, scheduler: Scheduler) -> None:
+        self._s = scheduler
+        self._owner: _VThread | None = None
+
+    def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:
+        me = self._s._me()
+        if self._owner is not None:
+            if not blocking:
+                return False
+            got = self._s.wait_for(self._s.holds(lambda: self._owner is None),
+                                   None if timeout < 0 else timeout, "a lock")
+            if not got:
+                return False
+        self._owner = me
+        return True
+
+    def release(self) -> None:
+        self._owner = None
+
+    def __enter__(self) -> bool:
+        return self.acquire()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.release()
+
+
+class _Condition:
+    def __init__(self, scheduler: Scheduler, lock: _Lock) -> None:
+        self._s, self._lock = scheduler, lock
+        self._waiters: list[list[float | None]] = []
+
+    def acquire(self, *args: Any) -> bool:
+        return self._lock.acquire(*args)
+
+    def release(self) -> None:
+        self._lock.release()
+
+    def __enter__(self) -> bool:
+        return self._lock.acquire()
+
+    def __exit__(self, *exc: Any) -> None:
+        self._lock.release()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        token: list[float | None] = [None]
+        self._waiters.append(token)
+        self._lock.release()
+        try:
+            woke = self._s.wait_for(lambda: token[0], timeout, "a condition")
+        finally:
+            if token in self._waiters:
+                self._waiters.remove(token)
+            self._lock.acquire()
+        return woke
+
+    def wait_for(self, predicate: Callable[[], Any], timeout: float | None = None) -> Any:
+        end = None if timeout is None else self._s.monotonic() + timeout
+        result = predicate()
+        while not result:
+            left = None if end is None else end - self._s.monotonic()
+            if left is not None and left <= 0:
+                break
+            self.wait(left)
+            result = predicate()
+        return result
+
+    def notify(self, n: int = 1) -> None:
+        now = self._s.monotonic()
+        for token in self._waiters[:n]:
+            token[0] = now
+        del self._waiters[:n]
+
+    def notify_all(self) -> None:
+        self.notify(len(self._waiters))
+
+
+class _Event:
+    def __init__(self, scheduler: Scheduler) -> None:
+        self._s = scheduler
+        self._flag = False
+        self._waiters: list[list[float | None]] = []
+
+    def is_set(self) -> bool:
+        return self._flag
+
+    def set(self) -> None:
+        self._flag = True
+        if self._waiters:
+            now = self._s.monotonic()
+            for token in self._waiters:
+                token[0] = now
+            self._waiters = []
+
+    def clear(self) -> None:
+        self._flag = False
+
+    def wait(self, timeout: float | None = None) -> bool:
+        if self._flag:
+            return True
+        token: list[float | None] = [None]
+        self._waiters.append(token)
+        woke = self._s.wait_for(lambda: token[0], timeout, "an event")
+        if not woke and token in self._waiters:
+            self._waiters.remove(token)
+        return woke or self._flag
