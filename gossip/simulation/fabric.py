@@ -177,6 +177,9 @@ class Fabric:
         self.link_bytes: dict[tuple[int, int], int] = {}   # (src, dst) -> bytes sent
         self._cond = threading.Condition()
         self._mail: dict[tuple[int, ...], deque[tuple[Any, float, Any]]] = {}
+        # (Timed channels) (channel, dst) -> the sources with a message waiting, so a wait for
+        # any of many sources looks at those only.
+        self._waiting_from: dict[tuple[int, int], dict[int, None]] = {}
         self._link_free: dict[tuple[int, int], float] = {}
         self._rounds: dict[tuple[int, str, int], _Round] = {}   # (view, op, seq)
         self._seq: list[dict[str, int]] = [{} for _ in range(size)]
@@ -366,6 +369,8 @@ class Fabric:
             # Not delivered: a marker, so dst (still running, behind) dies when it looks for it.
             self._mail.setdefault(key, deque()).append(
                 (copy if delivered else None, arrival, tag))
+            if channel is not None:
+                self._waiting_from.setdefault((channel, dst), {})[src] = None
             self._cond.notify_all()
             return delivered
 
@@ -445,7 +450,11 @@ class Fabric:
                                    f"within {timeout:g}s (simulated)", rank=src)
         # (Never a message marked undelivered, one arriving at or after dst's death: the
         # scheduler stopped dst's threads as their turn came past it.)
-        return self._mail[(channel, src, dst)].popleft()[0]
+        box = self._mail[(channel, src, dst)]
+        data = box.popleft()[0]
+        if not box:
+            del self._waiting_from[(channel, dst)][src]
+        return data
 
     def channel_probe(self, channel: int, dst: int, src: int) -> bool:
         """Whether a message from ``src`` on ``channel`` arrived by ``dst``'s clock."""
@@ -459,9 +468,12 @@ class Fabric:
         to ``timeout`` simulated seconds; None if none came."""
         assert self.scheduler is not None
 
+        wanted = set(sources)
+        waiting = self._waiting_from.setdefault((channel, dst), {})
+
         def first() -> tuple[float, int] | None:
-            times = [(at, src) for src in sources
-                     if (at := self._arrival(channel, dst, src)) is not None]
+            times = [(self._mail[(channel, src, dst)][0][1], src) for src in waiting
+                     if src in wanted]
             return min(times) if times else None
         if not self.scheduler.wait_for(lambda: (first() or (None,))[0], timeout, what):
             return None
