@@ -652,6 +652,10 @@ class Fabric:
             self._excluded = {pair for pair in self._excluded if r not in pair}
             for box in [k for k in self._mail if r in k[-2:]]:
                 del self._mail[box]
+            for (_, dst), sources in list(self._waiting_from.items()):
+                sources.pop(r, None)
+                if dst == r:
+                    sources.clear()
             for pair in [k for k in self._link_free if r in k]:
                 del self._link_free[pair]
             self.clock[r] = max(self.clock[r], now)

@@ -120,7 +120,8 @@ class Scheduler(Concurrency):
             elif self._failed is None:
                 self._switch(vt, ending=True)
 
-    def _me(self) -> _VThread:
+    def running(self) -> _VThread:
+        """The virtual thread calling (RuntimeError from any other thread)."""
         vt = getattr(self._local, "me", None)
         if vt is None:
             raise RuntimeError("a simulated peer's primitive used outside its virtual threads")
@@ -128,14 +129,14 @@ class Scheduler(Concurrency):
 
     def _now(self) -> float:
         """The running thread's clock."""
-        me = self._me()
+        me = self.running()
         return self._clocks[me.rank]
 
     # -- turns ---------------------------------------------------------------------------
     def block(self, ready: Ready | None, deadline: float, what: str) -> bool:
         """(A running thread.) Give up the turn until ``ready()`` is a time (True) or the
         clock reaches ``deadline`` (False)."""
-        me = self._me()
+        me = self.running()
         if self._failed is not None:
             raise self._failed
         if self._current is not me:
@@ -280,7 +281,7 @@ class _Thread:
         self._vt: _VThread | None = None
 
     def start(self) -> None:
-        rank = self._s._me().rank
+        rank = self._s.running().rank
         self._vt = self._s.spawn(lambda: self._target(*self._args), rank, self.name)
 
     def join(self, timeout: float | None = None) -> None:
@@ -299,7 +300,7 @@ class _Lock:
         self._owner: _VThread | None = None
 
     def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:
-        me = self._s._me()
+        me = self._s.running()
         if self._owner is not None:
             if not blocking:
                 return False

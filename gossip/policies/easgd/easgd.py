@@ -73,7 +73,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import threading
 import warnings
 from typing import Any, Iterator
 
@@ -200,7 +199,6 @@ class ElasticAveraging(BackgroundPolicy):
         self._alpha_arg = None if alpha is None else float(alpha)
         self.period = period
         self.center_mode = center
-        self._lock = threading.Lock()   # the centre shard, between server and training thread
         self._served = 0
         self._rounds = 0
         self._forwards = 0   # updates forwarded to this peer's backup
@@ -214,6 +212,11 @@ class ElasticAveraging(BackgroundPolicy):
         self._rebuilt = 0
 
     # ------------------------------------------------------------------ set-up
+    def _primitives(self) -> None:
+        super()._primitives()
+        # The centre shard, between the server thread and the training thread.
+        self._lock = self._concurrency.lock()
+
     @property
     def alpha(self) -> float:
         """The elastic rate (default 0.9 / n, known once attached: RuntimeError before)."""
