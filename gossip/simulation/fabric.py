@@ -371,6 +371,8 @@ class Fabric:
                 (copy if delivered else None, arrival, tag))
             if channel is not None:
                 self._waiting_from.setdefault((channel, dst), {})[src] = None
+                if self.scheduler is not None:   # (a thread of dst may wait for it)
+                    self.scheduler.recheck_rank(dst)
             self._cond.notify_all()
             return delivered
 

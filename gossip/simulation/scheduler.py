@@ -6,11 +6,14 @@ is a discrete-event simulation of the real code and two runs are the same whatev
 Each thread has a clock. A thread runs until it blocks: on a lock held by another, a condition
 or an event not yet set (``Concurrency``'s primitives, which a background policy takes from its
 host), a message not yet arrived (the fabric's timed channels, ``wait``), or a deadline
-(``sleep_until``: a step's compute, a wait's timeout). Then every blocked thread's candidate
-time is computed: a thread whose wait is satisfied is ready at the time that satisfied it (the
-message's arrival, the moment the event was set or the condition notified, or now for a
-predicate that now holds), one that is not at its deadline; the earliest candidate runs next
-(ties: the thread registered first), its clock moved to that time. While a thread of peer r
+(``sleep_until``: a step's compute, a wait's timeout). A blocked thread is ready at the time
+that satisfies its wait (the message's arrival, the moment the event was set, the condition
+notified, the lock released or the thread ended), or at its deadline if that comes first; the
+earliest runs next (ties: the thread registered first), its clock moved to that time. The
+candidates are kept in a heap: a wait's deadline goes in as the thread blocks, its readiness
+as the event that satisfies it happens (``recheck``, called by the primitives and by the
+fabric's timed channels for the receiving peer), so a turn costs O(log threads).
+While a thread of peer r
 runs, ``clocks[r]`` (the fabric's clock of r) is that thread's clock, so the fabric charges
 what it sends to the right time; each thread keeps its own clock between turns.
 
@@ -20,6 +23,7 @@ each waited for. A turn that does not come within ``timeout`` real seconds while
 thread takes one raises OperationTimeout (a thread stuck outside the scheduler)."""
 from __future__ import annotations
 
+import heapq
 import math
 import threading
 from collections.abc import Callable
@@ -40,7 +44,7 @@ class SimulationDeadlock(RuntimeError):
 
 class _VThread:
     __slots__ = ("name", "rank", "seq", "clock", "ready", "deadline", "woke", "resume",
-                 "done", "what", "target", "main")
+                 "done", "what", "target", "main", "epoch", "blocked", "joiners")
 
     def __init__(self, name: str, rank: int, seq: int, clock: float,
                  target: Callable[[], None], main: bool) -> None:
@@ -53,6 +57,9 @@ class _VThread:
         self.done = False
         self.what = "its start"
         self.target = target
+        self.epoch = 0           # its block's number: heap entries of older blocks are void
+        self.blocked = True      # waiting for its turn (a new thread: its start)
+        self.joiners: list[_VThread] = []   # threads waiting for its end
 
 
 class Scheduler(Concurrency):
@@ -70,6 +77,10 @@ class Scheduler(Concurrency):
         self._failed: BaseException | None = None
         self._turns = 0
         self._all_done = threading.Event()
+        # Candidates: (time, registration, 0 ready / 1 deadline, push count, epoch, thread).
+        self._heap: list[tuple[float, int, int, int, int, _VThread]] = []
+        self._pushes = 0
+        self._by_rank: dict[int, list[_VThread]] = {}
 
     # -- threads -------------------------------------------------------------------------
     def spawn(self, target: Callable[[], None], rank: int, name: str, *,
@@ -80,6 +91,8 @@ class Scheduler(Concurrency):
         with self._lock:
             vt = _VThread(name, rank, len(self._threads), clock, target, main)
             self._threads.append(vt)
+            self._by_rank.setdefault(rank, []).append(vt)
+            self._push(clock, vt, ready=False)
         real = threading.Thread(target=self._body, args=(vt,), name=name, daemon=True)
         real.start()
         return vt
@@ -113,8 +126,7 @@ class Scheduler(Concurrency):
             if exc is not self._failed:
                 self._fail(exc)
         finally:
-            vt.done = True
-            vt.what = "nothing (ended)"
+            self._end(vt, "nothing (ended)")
             if all(t.done for t in self._threads):
                 self._all_done.set()
             elif self._failed is None:
@@ -145,8 +157,38 @@ class Scheduler(Concurrency):
                                "the turn (a scheduler bug: two virtual threads ran at once)")
         me.clock = self._clocks[me.rank]
         me.ready, me.deadline, me.what = ready, deadline, what
+        me.epoch += 1
+        me.blocked = True
+        if deadline < math.inf:
+            self._push(deadline, me, ready=False)
+        self.recheck(me)
         self._switch(me)
         return me.woke
+
+    def recheck(self, vt: _VThread) -> None:
+        """(After an event that may satisfy ``vt``'s wait.) If it does, ``vt`` is ready at
+        that time (unless its deadline comes first)."""
+        if not vt.blocked or vt.done or vt.ready is None:
+            return
+        at = vt.ready()
+        if at is not None and max(vt.clock, at) <= vt.deadline:
+            self._push(max(vt.clock, at), vt, ready=True)
+
+    def recheck_rank(self, rank: int) -> None:
+        """``recheck`` every thread of peer ``rank`` (a message arrived for it)."""
+        for vt in self._by_rank.get(rank, ()):
+            self.recheck(vt)
+
+    def _push(self, when: float, vt: _VThread, *, ready: bool) -> None:
+        self._pushes += 1
+        heapq.heappush(self._heap, (when, vt.seq, 0 if ready else 1, self._pushes, vt.epoch,
+                                    vt))
+
+    def _end(self, vt: _VThread, what: str) -> None:
+        """``vt`` ended (or stopped for good): it takes no more turns; its joiners may go."""
+        vt.done, vt.blocked, vt.what = True, False, what
+        for joiner in vt.joiners:
+            self.recheck(joiner)
 
     def sleep_until(self, when: float, what: str = "its compute") -> None:
         """(A running thread.) Let every thread whose time comes first run, then go on at
@@ -154,18 +196,16 @@ class Scheduler(Concurrency):
         self.block(None, when, what)
 
     def _pick(self) -> tuple[_VThread, float, bool] | None:
-        best: tuple[_VThread, float, bool] | None = None
-        for vt in self._threads:
-            if vt.done:
+        """The blocked thread whose time comes first: the heap's first entry still standing
+        (of the thread's present block; a readiness still holding)."""
+        while self._heap:
+            when, _, kind, _, epoch, vt = heapq.heappop(self._heap)
+            if vt.done or not vt.blocked or vt.epoch != epoch:
                 continue
-            at = vt.ready() if vt.ready is not None else None
-            if at is not None:
-                when, woke = max(vt.clock, at), True
-            else:
-                when, woke = vt.deadline, False
-            if when < math.inf and (best is None or when < best[1]):
-                best = (vt, when, woke)
-        return best
+            if kind == 0 and (vt.ready is None or vt.ready() is None):
+                continue   # (no longer: a lock taken again first; a later event rechecks)
+            return vt, when, kind == 0
+        return None
 
     def _switch(self, me: _VThread, *, ending: bool = False) -> None:
         picked = self._pick()
@@ -198,8 +238,7 @@ class Scheduler(Concurrency):
             return
         if me.main:
             raise error
-        me.done = True
-        me.what = "nothing (its peer died)"
+        self._end(me, "nothing (its peer died)")
         if all(t.done for t in self._threads):
             self._all_done.set()
         else:
@@ -211,6 +250,8 @@ class Scheduler(Concurrency):
         the thread that blocked takes the turn back itself)."""
         nxt.clock, nxt.woke = when, woke
         nxt.ready, nxt.deadline = None, math.inf
+        nxt.blocked = False
+        nxt.epoch += 1
         self._clocks[nxt.rank] = when
         self._current = nxt
         self._turns += 1
@@ -288,7 +329,12 @@ class _Thread:
         vt = self._vt
         if vt is None or vt.done:
             return
-        self._s.wait_for(self._s.holds(lambda: vt.done), timeout, f"{self.name} to end")
+        me = self._s.running()
+        vt.joiners.append(me)
+        try:
+            self._s.wait_for(self._s.holds(lambda: vt.done), timeout, f"{self.name} to end")
+        finally:
+            vt.joiners.remove(me)
 
     def is_alive(self) -> bool:
         return self._vt is not None and not self._vt.done
@@ -298,14 +344,19 @@ class _Lock:
     def __init__(self, scheduler: Scheduler) -> None:
         self._s = scheduler
         self._owner: _VThread | None = None
+        self._waiting: list[_VThread] = []
 
     def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:
         me = self._s.running()
         if self._owner is not None:
             if not blocking:
                 return False
-            got = self._s.wait_for(self._s.holds(lambda: self._owner is None),
-                                   None if timeout < 0 else timeout, "a lock")
+            self._waiting.append(me)
+            try:
+                got = self._s.wait_for(self._s.holds(lambda: self._owner is None),
+                                       None if timeout < 0 else timeout, "a lock")
+            finally:
+                self._waiting.remove(me)
             if not got:
                 return False
         self._owner = me
@@ -313,6 +364,8 @@ class _Lock:
 
     def release(self) -> None:
         self._owner = None
+        for waiter in self._waiting:
+            self._s.recheck(waiter)
 
     def __enter__(self) -> bool:
         return self.acquire()
@@ -324,7 +377,7 @@ class _Lock:
 class _Condition:
     def __init__(self, scheduler: Scheduler, lock: _Lock) -> None:
         self._s, self._lock = scheduler, lock
-        self._waiters: list[list[float | None]] = []
+        self._waiters: list[list[Any]] = []   # [notified at, thread]
 
     def acquire(self, *args: Any) -> bool:
         return self._lock.acquire(*args)
@@ -339,7 +392,7 @@ class _Condition:
         self._lock.release()
 
     def wait(self, timeout: float | None = None) -> bool:
-        token: list[float | None] = [None]
+        token: list[Any] = [None, self._s.running()]
         self._waiters.append(token)
         self._lock.release()
         try:
@@ -363,9 +416,10 @@ class _Condition:
 
     def notify(self, n: int = 1) -> None:
         now = self._s.monotonic()
-        for token in self._waiters[:n]:
+        woken, self._waiters[:n] = self._waiters[:n], []
+        for token in woken:
             token[0] = now
-        del self._waiters[:n]
+            self._s.recheck(token[1])
 
     def notify_all(self) -> None:
         self.notify(len(self._waiters))
@@ -375,7 +429,7 @@ class _Event:
     def __init__(self, scheduler: Scheduler) -> None:
         self._s = scheduler
         self._flag = False
-        self._waiters: list[list[float | None]] = []
+        self._waiters: list[list[Any]] = []   # [set at, thread]
 
     def is_set(self) -> bool:
         return self._flag
@@ -384,9 +438,10 @@ class _Event:
         self._flag = True
         if self._waiters:
             now = self._s.monotonic()
-            for token in self._waiters:
+            woken, self._waiters = self._waiters, []
+            for token in woken:
                 token[0] = now
-            self._waiters = []
+                self._s.recheck(token[1])
 
     def clear(self) -> None:
         self._flag = False
@@ -394,7 +449,7 @@ class _Event:
     def wait(self, timeout: float | None = None) -> bool:
         if self._flag:
             return True
-        token: list[float | None] = [None]
+        token: list[Any] = [None, self._s.running()]
         self._waiters.append(token)
         woke = self._s.wait_for(lambda: token[0], timeout, "an event")
         if not woke and token in self._waiters:

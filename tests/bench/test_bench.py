@@ -263,7 +263,7 @@ def test_memory_check_names_the_need_and_what_is_available():
 
 
 def test_what_if_script_runs_every_policy_on_every_network_small(tmp_path):
-    """benchmarks/what_if.py end to end at toy sizes: a table per (peers, network), the four
+    """benchmarks/what_if.py end to end at toy sizes: a table per (peers, network), the five
     policies in each, synchronous the unit of the ratio, and the JSON rows."""
     rows = tmp_path / "what_if.json"
     out = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "what_if.py"),
@@ -273,7 +273,7 @@ def test_what_if_script_runs_every_policy_on_every_network_small(tmp_path):
     runs = json.loads(rows.read_text())["runs"]
     assert [(r["link"], r["label"]) for r in runs] == [
         (link, label) for link in ("100mbit,20ms", "10gbit,1ms")
-        for label in ("synchronous", "gossip", "push-sum", "diloco (H=10)")]
+        for label in ("synchronous", "gossip", "push-sum", "diloco (H=10)", "asynchronous")]
     assert all(r["peers"] == 4 and r["simulated_seconds"] > 0 for r in runs)
     assert [r["ratio_to_sync"] for r in runs if r["label"] == "synchronous"] == [1.0, 1.0]
     # The allreduce pays more latency per step than one exchange with the neighbours.
