@@ -30,7 +30,7 @@ from collections.abc import Callable
 from typing import Any
 
 from gossip.errors import OperationTimeout
-from gossip.policies.base.concurrency import Concurrency
+from gossip.policies.base.concurrency import Concurrency, ThreadKilled
 
 __all__ = ["Scheduler", "SimulationDeadlock"]
 
@@ -122,6 +122,8 @@ class Scheduler(Concurrency):
                 if not vt.main:   # (a policy's thread started after its peer's death)
                     self._check_death(vt)
                 vt.target()
+        except ThreadKilled:   # (its peer died: it ends, as a killed process's thread)
+            pass
         except BaseException as exc:   # the run's failure: every thread stops (run, failed)
             if exc is not self._failed:
                 self._fail(exc)
@@ -231,19 +233,14 @@ class Scheduler(Concurrency):
     def _check_death(self, me: _VThread) -> None:
         """(``me`` just took its turn.) If its peer's death came by its clock: the peer's own
         thread raises the death (its loop ends as a killed process's, through its
-        ``finally``); a policy's thread stops where it is, for good, as a killed process's
-        threads do (it counts as ended; its real thread stays blocked)."""
+        ``finally``), a policy's thread ThreadKilled (it unwinds, on its turn, and ends
+        quietly: BackgroundPolicy._guarded)."""
         error = self._death(me.rank, me.clock) if self._death is not None else None
         if error is None:
             return
         if me.main:
             raise error
-        self._end(me, "nothing (its peer died)")
-        if all(t.done for t in self._threads):
-            self._all_done.set()
-        else:
-            self._switch(me, ending=True)
-        threading.Event().wait()   # (a daemon thread, parked until the process ends)
+        raise ThreadKilled(str(error))
 
     def _hand(self, nxt: _VThread, when: float, woke: bool, *, wake: bool = True) -> None:
         """Give the turn to ``nxt`` at ``when`` (``wake``: resume its real thread; not when

@@ -4,6 +4,8 @@ a run where nobody can go on says who waits for what; and the asynchronous polic
 threads run on them, gives the same run twice and is not held back by a straggler."""
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 import pytest
 
@@ -123,3 +125,8 @@ def test_asynchronous_goes_on_around_deaths_the_same_twice() -> None:
     assert a.died == [3, 5] and [p.rank for p in a.peers] == [0, 1, 2, 4, 6, 7]
     assert all(len(p.losses) == 40 for p in a.peers)
     assert a.accuracy > 0.6
+    # The dead peers' policy threads ended too (ThreadKilled), none left blocked.
+    left = [t for t in threading.enumerate() if t.name.endswith(("-r3", "-r5"))]
+    for thread in left:
+        thread.join(10)
+    assert not [t.name for t in left if t.is_alive()]

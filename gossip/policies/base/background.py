@@ -31,7 +31,8 @@ from collectives.codecs import CodecSpec
 from gossip.errors import OperationTimeout
 from gossip.policies.base.arguments import check_int, check_number
 from gossip.policies.base.buckets import DEFAULT_BUCKET_BYTES
-from gossip.policies.base.concurrency import REAL_CONCURRENCY, Concurrency, ThreadHandle
+from gossip.policies.base.concurrency import (REAL_CONCURRENCY, Concurrency, ThreadHandle,
+                                              ThreadKilled)
 from gossip.policies.base.policy import ParameterSource, Policy
 from gossip.policies.base.policy_host import PolicyHost
 
@@ -94,6 +95,8 @@ class BackgroundPolicy(Policy):
     def _guarded(self, body: Callable[[], None], stop: Any) -> None:
         try:
             body()
+        except ThreadKilled:   # (its process died: nothing to report, nobody to tell)
+            return
         except BaseException as exc:  # handed to the training loop at its next step
             if not stop.is_set():   # (its own generation's flag: see _halt)
                 log.exception("rank %d: %s failed", self._host().rank, self.worker_name)

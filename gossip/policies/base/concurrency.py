@@ -13,7 +13,13 @@ import threading
 import time
 from typing import Any, Callable, Protocol
 
-__all__ = ["Concurrency", "ThreadHandle", "REAL_CONCURRENCY"]
+__all__ = ["Concurrency", "ThreadHandle", "REAL_CONCURRENCY", "ThreadKilled"]
+
+
+class ThreadKilled(BaseException):
+    """Raised in a policy's thread when the host ends it as its process dies (a simulated
+    peer's death): the thread unwinds and ends quietly, as a killed process's threads stop,
+    without being reported as failed."""
 
 
 class ThreadHandle(Protocol):
