@@ -403,17 +403,13 @@ class Fabric:
                 raise self._lost_error(dst, src, what)
             data, arrival, _ = box.popleft()
             if data is None and not dying:
-                return self._undelivered(dst, src, what)
+                raise PeerLost(f"simulated rank {dst}: {what} from rank {src} arrives after "
+                               "this peer's death (not delivered)", rank=src, operation=what)
             self.clock[dst] = max(self.clock[dst], arrival)
             if data is None:   # it arrives after dst's death
                 raise SimulatedDeath(f"simulated rank {dst} died at "
                                      f"{self.death_of(dst):g} s")
             return data
-
-    @staticmethod
-    def _undelivered(dst: int, src: int, what: str) -> Any:
-        raise PeerLost(f"simulated rank {dst}: {what} from rank {src} arrives after this "
-                       "peer's death (not delivered)", rank=src, operation=what)
 
     # -- side channels (free of time: a policy's small control messages) --------------------
     def post(self, channel: int, src: int, dst: int, data: np.ndarray) -> None:
@@ -479,7 +475,7 @@ class Fabric:
             return min(times) if times else None
         if not self.scheduler.wait_for(lambda: (first() or (None,))[0], timeout, what):
             return None
-        found = first()
+        found = first()   # (again, as this thread resumes: the messages as they are now)
         return None if found is None else found[1]
 
     def _count(self, src: int, dst: int, nbytes: int) -> None:

@@ -115,7 +115,9 @@ class Scheduler(Concurrency):
 
     def _body(self, vt: _VThread) -> None:
         self._local.me = vt
-        vt.resume.wait()
+        while not vt.resume.wait(self._timeout):   # (its first turn; a failure wakes it too)
+            if self._failed is not None:
+                break
         vt.resume.clear()
         try:
             if self._failed is None:
@@ -297,7 +299,8 @@ class Scheduler(Concurrency):
         """(A running thread.) Block until ``ready()`` gives a time, at most ``timeout``
         virtual seconds (None: no limit): True if it did."""
         deadline = math.inf if timeout is None else self._now() + max(0.0, timeout)
-        if ready() is not None and ready() <= self._now():   # type: ignore[operator]
+        now = ready()
+        if now is not None and now <= self._now():
             return True
         return self.block(ready, deadline, what)
 

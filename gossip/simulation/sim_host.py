@@ -28,8 +28,9 @@ leave is planned: at a boundary the group meets at, the leaver hands its state o
 at once and receives and combines at its Work's ``wait()``, on the waiter's clock; inside a
 view change (``_switch_to``, where push-sum's overlap completes the exchange in flight) it
 takes no death (a message that arrives after this peer's death is missing, as its sender
-counted it: the death comes at the next step). Not simulated, and refused with a
-NotImplementedError naming the call: codecs, the asynchronous policy's background threads."""
+counted it: the death comes at the next step). The asynchronous policy's background threads
+run on the fabric's Scheduler (one virtual thread at a time, by virtual time). Not simulated,
+and refused with a NotImplementedError naming the call: codecs."""
 from __future__ import annotations
 
 import logging
