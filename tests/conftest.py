@@ -67,6 +67,8 @@ CI_AFTER_DEFAULT = (
       f"1024_peers[{c}]" for c in ("ring-gossip", "exponential-push-sum")),
     *(f"tests/simulation/test_training.py::test_the_simulated_peers_end_where_real_peers_end[{c}]"
       for c in ("gossip-ring-8", "push-sum-exponential-8")),
+    *(f"tests/simulation/test_training.py::test_the_simulated_codecs_end_where_real_ones_end[{c}]"
+      for c in ("synchronous-topk:0.1-128", "synchronous-int8-1024")),
     *(f"tests/simulation/test_mixing.py::test_consensus_decays_at_the_slem_at_1024_peers[{case}]"
       for case in ("Ring(1024)-100000", "Torus(32, 32)-2000", "Exponential(1024)-60",
                    "OnePeerExponential(1000)-60")),

@@ -16,7 +16,7 @@ from collectives.codecs.catalog import wire_dtype
 from collectives.engine import Engine
 from collectives.staging import flat_of
 
-__all__ = ["compressed_allreduce", "check_residual"]
+__all__ = ["compressed_allreduce", "compressed_input", "check_residual"]
 
 
 def check_residual(residual: Any, x32: Any) -> None:
@@ -29,13 +29,10 @@ def check_residual(residual: Any, x32: Any) -> None:
                          "array's own module (numpy for numpy and torch CPU arrays)")
 
 
-def compressed_allreduce(engine: Engine, x: Any, op: str, codec: Codec, *, wait: bool,
-                         timeout: float | None, stats: CodecStats, residual: Any = None,
-                         small_bytes: int = 0) -> Any:
-    """Communicator.allreduce with ``codec`` (ops sum and mean; floating-point arrays). Arrays
-    of at most ``small_bytes`` (as float32) gather every encoding straight from its owner, in
-    one latency, whatever the codec; larger ones take the ring on encodings (dense codecs) or
-    gather around the ring (top-k). ``stats`` counts what was encoded."""
+def compressed_input(x: Any, op: str, codec: Codec, residual: Any) -> tuple[Any, Any, str, Any]:
+    """``x``'s adapter, flat view and dtype, and the float32 array the codec encodes (x's own
+    memory when it is float32), once the call is checked: op sum or mean, a residual only for
+    a codec that is not dense (top-k), a float32 array of x's module and size."""
     adapter, flat, dtype = flat_of(x)
     if op not in ("sum", "mean"):
         raise ValueError(f"allreduce with compression sums: op must be 'sum' or 'mean', "
@@ -45,6 +42,17 @@ def compressed_allreduce(engine: Engine, x: Any, op: str, codec: Codec, *, wait:
         raise ValueError(f"error feedback (residual=) is for top-k; {codec.name} is summed "
                          "on the ring, re-encoded at every hop")
     check_residual(residual, x32)
+    return adapter, flat, dtype, x32
+
+
+def compressed_allreduce(engine: Engine, x: Any, op: str, codec: Codec, *, wait: bool,
+                         timeout: float | None, stats: CodecStats, residual: Any = None,
+                         small_bytes: int = 0) -> Any:
+    """Communicator.allreduce with ``codec`` (ops sum and mean; floating-point arrays). Arrays
+    of at most ``small_bytes`` (as float32) gather every encoding straight from its owner, in
+    one latency, whatever the codec; larger ones take the ring on encodings (dense codecs) or
+    gather around the ring (top-k). ``stats`` counts what was encoded."""
+    adapter, flat, _, x32 = compressed_input(x, op, codec, residual)
     n, count = engine.world_size, x32.size
     seq = engine.next_seq()
     signature = f"allreduce({op},{codec.name})"

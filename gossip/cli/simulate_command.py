@@ -116,6 +116,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     train.add_argument("--overlap", action="store_true",
                        help="push-sum overlaps each step's exchange with the next step's "
                             "compute (overlap=True; the row reads push-sum+overlap)")
+    train.add_argument("--compression", default="none", metavar="CODEC,...",
+                       help="each policy that takes a codec (synchronous, local-sgd, gossip) "
+                            "runs once per codec listed: none, fp16, bf16, int8, topk:RATIO "
+                            "(e.g. none,int8: the row without and the row with; rows read "
+                            "gossip+int8); the messages are charged their encodings' bytes")
     train.add_argument("--detect", type=float, default=2.0, metavar="SECONDS",
                        help="the others count a dead peer lost this long after (the heartbeat "
                             "timeout; default 2)")
@@ -313,6 +318,10 @@ def _step_seconds(text: str, hidden: int) -> float:
 ELASTIC_POLICIES = ("synchronous", "local-sgd")
 
 
+#: The simulated policies that take a codec (compression=).
+CODEC_POLICIES = ("synchronous", "local-sgd", "gossip")
+
+
 def _policy_options(name: str, args: argparse.Namespace) -> dict:
     """What --elastic and --overlap give policy ``name``."""
     if args.elastic and name in ELASTIC_POLICIES:
@@ -322,9 +331,41 @@ def _policy_options(name: str, args: argparse.Namespace) -> dict:
     return {}
 
 
+def _runs(policies: str, compression: str) -> list[tuple[str, str | None]]:
+    """(policy, codec) of every run --policy and --compression ask for: each policy that
+    takes a codec once per codec, the others once without (said on stdout)."""
+    from collectives.codecs.catalog import parse
+
+    names = [n.strip() for n in policies.split(",") if n.strip()]
+    codecs: list[str | None] = []
+    for text in (c.strip() for c in compression.split(",")):
+        if not text:
+            continue
+        try:
+            codec = parse(text)
+        except ValueError as exc:
+            raise ValueError(f"--compression {text!r}: {exc}") from None
+        codecs.append(None if codec is None else text)
+    codecs = codecs or [None]
+    if any(codecs) and not any(n in CODEC_POLICIES for n in names):
+        raise ValueError(f"--compression {compression}: none of the policies {names} takes a "
+                         f"codec (those that do: {', '.join(CODEC_POLICIES)})")
+    runs: list[tuple[str, str | None]] = []
+    for name in names:
+        if name in CODEC_POLICIES:
+            runs.extend((name, codec) for codec in codecs)
+            continue
+        if any(codecs):
+            print(f"{name} takes no codec: it runs without compression", flush=True)
+        runs.append((name, None))
+    return runs
+
+
 def _label(spec: Any) -> str:
     """A run's name in the table, the plot and the link summary."""
-    return spec.policy + ("+overlap" if spec.policy_options.get("overlap") else "")
+    options = spec.policy_options
+    return (spec.policy + ("+overlap" if options.get("overlap") else "")
+            + (f"+{options['compression']}" if options.get("compression") else ""))
 
 
 def _train(args: argparse.Namespace) -> int:
@@ -332,7 +373,7 @@ def _train(args: argparse.Namespace) -> int:
 
     step_seconds = _step_seconds(args.step_seconds, args.hidden)
     churn = _churn(args.churn)
-    specs = [TrainingSpec(policy=name.strip(), peers=args.peers, topology=args.topology,
+    specs = [TrainingSpec(policy=name, peers=args.peers, topology=args.topology,
                           steps=args.steps, link=args.link, step_seconds=step_seconds,
                           step_jitter=args.step_jitter,
                           straggler=_straggler(args.straggler), lr=args.lr,
@@ -344,8 +385,9 @@ def _train(args: argparse.Namespace) -> int:
                           restart_after=args.restart_after,
                           leaves=_deaths(args.leaves, "--leaves") + churn[2],
                           joins=_seconds(args.joins) + churn[3],
-                          policy_options=_policy_options(name.strip(), args))
-             for name in args.policy.split(",") if name.strip()]
+                          policy_options={**_policy_options(name, args),
+                                          **({"compression": codec} if codec else {})})
+             for name, codec in _runs(args.policy, args.compression)]
     if not specs:
         raise ValueError("--policy: give at least one policy")
     heads = ("policy", "accuracy", "worst", "averaged", "consensus", "simulated s",

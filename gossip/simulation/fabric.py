@@ -489,10 +489,11 @@ class Fabric:
             return bool(self._mail.get((channel, src, dst)))
 
     def collective(self, rank: int, op: str, part: Any, nbytes: int,
-                   combine: Callable[[Sequence[Any]], Any]) -> Any:
+                   combine: Callable[[Sequence[Any]], Any], *, cost: str | None = None) -> Any:
         """Every member's ``part`` of this ``op`` (the members' k-th calls of it in this view
         meet), combined once in view rank order by ``combine``; every member's clock moves to
-        the latest arrival plus the op's cost (collective_seconds over the view). Members dead
+        the latest arrival plus the op's cost (collective_seconds over the view, of the
+        algorithm ``cost`` if given: a compressed allreduce's scheme, links.py). Members dead
         before they arrived (known once every member arrived or died, so the same whatever
         the threads' order): PeerLost, the clock at the first one's detection."""
         with self._cond:
@@ -508,7 +509,7 @@ class Fabric:
             if len(meeting.parts) == len(members):
                 meeting.result = combine([meeting.parts[r] for r in members])
                 meeting.end = max(meeting.clocks.values()) + \
-                    self._view_links.collective_seconds(op, nbytes)
+                    self._view_links.collective_seconds(cost or op, nbytes)
                 self._cond.notify_all()
             elif not self._cond.wait_for(
                     lambda: meeting.end is not None or self._aborted is not None
@@ -531,7 +532,7 @@ class Fabric:
                 raise self._changing_error(rank, f"{op} #{seq}")
             assert meeting.end is not None
             self.clock[rank] = meeting.end
-            for dst, sent in self._view_links.collective_sends(op, nbytes,
+            for dst, sent in self._view_links.collective_sends(cost or op, nbytes,
                                                                self._position[rank]):
                 self._count(rank, members[dst], sent)
             self.messages_sent[rank] += 1

@@ -24,7 +24,11 @@ each step waiting for its slowest pair: the ring allreduce's 2(n - 1) steps of n
 the links rank i -> i + 1, recursive doubling below DEFAULT_SMALL_BYTES (step k: i <-> i xor
 2^k), the ring allgather's n - 1 steps of nbytes, the binomial broadcast from rank 0 (step k:
 i -> i + 2^k for i < 2^k) and the dissemination barrier's latencies (step k: i -> i + 2^k mod
-n). On one region these are ``collective_seconds``' formulas.
+n). On one region these are ``collective_seconds``' formulas. The compressed allreduce's
+schemes (collectives/algorithms/compressed.py) are charged on their encodings' bytes:
+``ring_allreduce`` the ring whatever the size (nbytes: one peer's encodings of its n
+segments), ``allgather`` the gather around the ring, ``direct_allgather`` every encoding
+straight from its owner (one step in which every pair carries nbytes).
 """
 from __future__ import annotations
 
@@ -151,8 +155,10 @@ class Links:
                 total += self._slowest(ranks[keep], partner[keep], nbytes)
             return total
         ring = (ranks + 1) % n
-        if op == "allreduce":
+        if op in ("allreduce", "ring_allreduce"):
             return 2 * (n - 1) * self._slowest(ranks, ring, nbytes / n)
+        if op == "direct_allgather":
+            return max(self._slowest(ranks, (ranks + k) % n, nbytes) for k in range(1, n))
         if op == "allgather":
             return (n - 1) * self._slowest(ranks, ring, nbytes)
         if op == "broadcast":
@@ -169,7 +175,8 @@ class Links:
         """(destination, bytes) of what ``rank`` sends in collective ``op`` of ``nbytes`` per
         peer, over the pairs collective_seconds charges: recursive doubling's partners below
         DEFAULT_SMALL_BYTES, the ring's next rank above (2(n - 1) chunks of nbytes / n), the
-        ring allgather's (n - 1 chunks of nbytes), the binomial broadcast's children;
+        ring allgather's (n - 1 chunks of nbytes), the direct allgather's (nbytes to every
+        other peer), the binomial broadcast's children;
         nothing for a barrier (latencies only) or one peer."""
         n = self.size
         if n <= 1:
@@ -177,8 +184,10 @@ class Links:
         steps = math.ceil(math.log2(n))
         if op == "allreduce" and nbytes < DEFAULT_SMALL_BYTES:
             return [(rank ^ (1 << k), nbytes) for k in range(steps) if rank ^ (1 << k) < n]
-        if op == "allreduce":
+        if op in ("allreduce", "ring_allreduce"):
             return [((rank + 1) % n, 2 * (n - 1) * nbytes // n)]
+        if op == "direct_allgather":
+            return [((rank + k) % n, nbytes) for k in range(1, n)]
         if op == "allgather":
             return [((rank + 1) % n, (n - 1) * nbytes)]
         if op == "broadcast":

@@ -29,8 +29,16 @@ at once and receives and combines at its Work's ``wait()``, on the waiter's cloc
 view change (``_switch_to``, where push-sum's overlap completes the exchange in flight) it
 takes no death (a message that arrives after this peer's death is missing, as its sender
 counted it: the death comes at the next step). The asynchronous policy's background threads
-run on the fabric's Scheduler (one virtual thread at a time, by virtual time). Not simulated,
-and refused with a NotImplementedError naming the call: codecs."""
+run on the fabric's Scheduler (one virtual thread at a time, by virtual time).
+
+Codecs (``compression=``) run as the real collectives run them
+(collectives/algorithms/compressed.py), on the same codec objects and in the same order, so
+the bits are the real ones: the neighbour exchange sends one encoding to each destination and
+combines the decoded encodings in float32 (float64 for float64 arrays); the allreduce of an
+array of at most DEFAULT_SMALL_BYTES (as float32) or with top-k gathers every peer's encoding
+(error feedback in the caller's residual) and sums the decoded ones in rank order, a larger
+one with a dense codec runs the ring on encodings (each hop's partial sum encoded again). The
+messages are charged their encodings' bytes (links.py names each scheme's cost)."""
 from __future__ import annotations
 
 import logging
@@ -42,6 +50,13 @@ from typing import Any
 import numpy as np
 
 from collectives import NeighborPlan
+from collectives.algorithms.compressed import CodecStats, encode_with_feedback, padded_count
+from collectives.codecs.catalog import parse as parse_codec
+from collectives.codecs.codec import Codec
+from collectives.codecs.float32 import as_float32, write_back
+from collectives.communicator import DEFAULT_SMALL_BYTES
+from collectives.operations.compressed_allreduce import compressed_input
+from collectives.staging import flat_of
 from collectives.group import Member, Switch, View
 from collectives.work import Work
 from gossip.errors import ExchangeIncomplete, PeerLost, ViewChanging
@@ -189,6 +204,59 @@ class _ViewTransport:
     interrupted: bool = False
 
 
+def _sum_of_encodings(codec: Codec, encodings: Sequence[np.ndarray], count: int,
+                      op: str) -> np.ndarray:
+    """gather_allreduce's sum: every peer's encoding decoded and summed in rank order, in
+    float32 (divided by n for a mean)."""
+    acc = np.empty(count, dtype=np.float32)
+    part = np.empty(count, dtype=np.float32)
+    for i, encoding in enumerate(encodings):
+        codec.decode(encoding, acc if i == 0 else part)
+        if i:
+            acc += part
+    if op == "mean" and len(encodings) > 1:
+        acc /= len(encodings)
+    return acc
+
+
+def _ring_on_encodings(codec: Codec, arrays: Sequence[np.ndarray], op: str) -> np.ndarray:
+    """ring_allreduce_compressed's result over every peer's float32 array (rank order), hop
+    by hop as the peers compute it: at hop s rank r encodes its partial sum of segment r - s
+    and its right neighbour adds the decoded encoding to its own; then each rank encodes the
+    segment r + 1 it finished, and every peer decodes those."""
+    n, count = len(arrays), arrays[0].size
+    seg = padded_count(count, n)
+    size = codec.encoded_nbytes(seg)
+    accs = []
+    for x in arrays:
+        acc = np.zeros(n * seg, dtype=np.float32)
+        acc[:count] = x
+        accs.append(acc)
+    part = np.empty(seg, dtype=np.float32)
+    for s in range(n - 1):
+        sent = []
+        for r in range(n):
+            j = (r - s) % n
+            encoding = np.empty(size, dtype=np.uint8)
+            codec.encode(accs[r][j * seg:(j + 1) * seg], encoding)
+            sent.append(encoding)
+        for r in range(n):   # what its left neighbour sent: its partial sum of segment k
+            k = (r - s - 1) % n
+            codec.decode(sent[(r - 1) % n], part)
+            accs[r][k * seg:(k + 1) * seg] += part
+    result = np.empty(n * seg, dtype=np.float32)
+    encoding = np.empty(size, dtype=np.uint8)
+    for r in range(n):
+        owned = (r + 1) % n
+        codec.encode(accs[r][owned * seg:(owned + 1) * seg], encoding)
+        codec.decode(encoding, part)
+        result[owned * seg:(owned + 1) * seg] = part
+    out = result[:count].copy()
+    if op == "mean" and n > 1:
+        out /= n
+    return out
+
+
 class SimHost:
     """Peer ``rank`` of ``fabric``'s (its starting rank), on ``topology`` (PEER_TOPOLOGY's
     graph)."""
@@ -208,6 +276,7 @@ class SimHost:
         self._position = {m: k for k, m in enumerate(fabric.members)}   # (of self._view)
         self._exchanges = 0   # this view's neighbour exchanges: the number their messages carry
         self._switching = False   # inside a view change's policy hooks (_switch_to)
+        self._codec_stats = CodecStats()   # what its compressed calls encoded (stats()["codec"])
 
     # -- identity and settings ----------------------------------------------------------------
     @property
@@ -285,7 +354,8 @@ class SimHost:
 
     def stats(self) -> dict[str, Any]:
         return {"bytes_sent": self._fabric.bytes_sent[self._rank],
-                "messages_sent": self._fabric.messages_sent[self._rank], "codec": {}}
+                "messages_sent": self._fabric.messages_sent[self._rank],
+                "codec": self._codec_stats.snapshot()}
 
     def lost_peers(self) -> dict[int, str]:
         """The current view's ranks this peer counts lost (a view re-formed without the dead
@@ -303,8 +373,9 @@ class SimHost:
     def allreduce(self, x: Any, op: str = "sum", *, wait: bool = True,
                   timeout: float | None = None, algorithm: str = "auto",
                   compression: Any = None, residual: Any = None) -> Any:
-        if compression is not None:
-            raise NotImplementedError("the simulator does not simulate codecs yet")
+        codec = parse_codec(compression)
+        if codec is not None:
+            return self._compressed_allreduce(x, op, codec, wait, residual)
         if op not in _OPS and op != "mean":
             raise ValueError(f"allreduce: unknown op {op!r}")
         mine = _numpy(x)
@@ -322,6 +393,39 @@ class SimHost:
                                                     mine.nbytes, combine))
             return x
         return _call(wait, "simulated allreduce", run)
+
+    def _compressed_allreduce(self, x: Any, op: str, codec: Codec, wait: bool,
+                              residual: Any) -> Any:
+        """allreduce(compression=codec), as collectives/operations/compressed_allreduce.py
+        runs it (the same checks, scheme and arithmetic; the module docstring)."""
+        adapter, flat, _, x32 = compressed_input(x, op, codec, residual)
+        count = x32.size
+        small = count * 4 <= DEFAULT_SMALL_BYTES
+
+        def run() -> Any:
+            self._check_change("allreduce")
+            n = self.world_size
+            if codec.dense and not small:   # the ring on encodings
+                seg = padded_count(count, n)
+                size = codec.encoded_nbytes(seg)
+                for _ in range(n):   # (its n - 1 hops' partial sums and its own segment)
+                    self._codec_stats.encoded(seg, size)
+                result = self._fabric.collective(
+                    self._rank, "allreduce", x32.copy(), n * size,
+                    lambda parts: _ring_on_encodings(codec, parts, op), cost="ring_allreduce")
+            else:   # one encoding a peer, gathered (straight from each if small)
+                size = codec.encoded_nbytes(count)
+                encoding = np.empty(size, dtype=np.uint8)
+                encode_with_feedback(codec, x32, encoding, residual)
+                self._codec_stats.encoded(count, size)
+                result = self._fabric.collective(
+                    self._rank, "allreduce", encoding, size,
+                    lambda parts: _sum_of_encodings(codec, parts, count, op),
+                    cost="direct_allgather" if small else "allgather")
+            x32[...] = result
+            write_back(adapter, flat, x32)
+            return x
+        return _call(wait, f"simulated allreduce({op},{codec.name})", run)
 
     def broadcast(self, x: Any, root: int = 0, *, wait: bool = True,
                   timeout: float | None = None) -> Any:
@@ -354,25 +458,31 @@ class SimHost:
     def neighbor_exchange(self, x: Any, plan: NeighborPlan, *, scratch: Any = None,
                           out: Any = None, wait: bool = True,
                           timeout: float | None = None) -> Any:
-        if plan.compression is not None:
-            raise NotImplementedError("the simulator does not simulate codecs yet")
         fabric, rank = self._fabric, self._rank
         fabric.check_alive(rank)
         self._check_change("neighbour exchange")
         tag = (self._view[0], self._exchanges)
         self._exchanges += 1
         what = f"neighbour exchange #{tag[1]}"
-        mine = _numpy(x)
         members = self.members   # view rank -> the fabric's
         missing: dict[int, Exception] = {}
+        codec = plan.compression
+        if codec is not None:   # one encoding to every destination (compressed_exchange)
+            adapter, flat, dtype = flat_of(x)
+            x32 = as_float32(adapter, flat, dtype)
+            payload = np.empty(codec.encoded_nbytes(x32.size), dtype=np.uint8)
+            codec.encode(x32, payload)
+            self._codec_stats.encoded(x32.size, payload.size)
+        else:
+            mine = _numpy(x)
         for dst in plan.dst_ranks:
             scale = None if plan.dst_weights is None else plan.dst_weights[dst]
-            if not fabric.send(rank, members[dst], mine if scale is None else mine * scale,
-                               tag):
+            data = payload if codec is not None else mine if scale is None else mine * scale
+            if not fabric.send(rank, members[dst], data, tag):
                 missing[dst] = PeerLost(f"simulated rank {rank}: rank {dst} died before "
                                         f"{what} reached it", rank=dst, operation=what)
 
-        def complete() -> Any:
+        def receive() -> list[tuple[int, np.ndarray]]:
             received = []
             for src in sorted(plan.src_weights):
                 try:
@@ -385,6 +495,33 @@ class SimHost:
             if missing and not plan.partial:
                 first = min(missing)
                 raise missing[first]   # the round costs this peer its combine, as a real one
+            return received
+
+        def complete_compressed() -> Any:
+            assert codec is not None
+            # As compressed_exchange: w_self D(E(x)) + sum_j w_j D(E(x_j)), in rank order.
+            own = np.empty_like(x32)
+            codec.decode(payload, own)
+            accumulate = "float64" if dtype == "float64" else "float32"
+            acc = own.astype(accumulate)
+            acc *= plan.self_weight
+            part = np.empty_like(x32)
+            for src, got in receive():
+                codec.decode(got, part)
+                acc += plan.src_weights[src] * part.astype(accumulate, copy=False)
+            x32[...] = own
+            if out is not None and out is not x:   # x keeps what its neighbours received
+                write_back(adapter, flat, x32)
+                out_adapter, out_flat, _ = flat_of(out)
+                write_back(out_adapter, out_flat, acc)
+                return out
+            write_back(adapter, flat, acc)
+            return x
+
+        def complete() -> Any:
+            if codec is not None:
+                return complete_compressed()
+            received = receive()
             self_weight = plan.self_weight
             if plan.dst_weights is not None:   # a missing destination's share stays here
                 self_weight += sum(plan.dst_weights[d] for d in plan.dst_ranks if d in missing)

@@ -30,8 +30,10 @@ _SEEDING = threading.Lock()
 
 SIMULATED_POLICIES = ("synchronous", "local-sgd", "gossip", "push-sum", "asynchronous")
 """The policies the simulator runs: those whose rounds are collectives and exchanges the peers
-make together (push-sum with ``overlap=True`` too: its exchange completes at the next step;
-the asynchronous policy's background threads not yet)."""
+make together (push-sum with ``overlap=True`` too: its exchange completes at the next step),
+and the asynchronous policy, whose background threads run on the fabric's Scheduler.
+``policy_options`` go to the policy's constructor: ``compression`` too (synchronous, local
+SGD and gossip take a codec; sim_host.py runs it as the real collectives do)."""
 
 
 @dataclass(frozen=True)

@@ -140,3 +140,23 @@ def test_train_elastic_lets_the_lockstep_policies_survive_a_death(tmp_path: Path
         {"elastic": True}, {"elastic": True}, {}]
     assert all(r["died"] == [4] for r in runs.values())
     assert runs["synchronous"]["consensus"] == 0.0 and runs["local-sgd"]["consensus"] == 0.0
+
+
+def test_train_runs_each_policy_that_takes_a_codec_once_per_codec(tmp_path: Path) -> None:
+    out = tmp_path / "runs.json"
+    proc = _gossip("simulate", "train", "--policy", "gossip,push-sum", "--compression",
+                   "none,int8", "-n", "4", "--steps", "5", "--link", "100mbit,20ms",
+                   "--json", str(out))
+    assert proc.returncode == 0, proc.stderr
+    assert "push-sum takes no codec: it runs without compression" in proc.stdout
+    runs = {r["label"]: r for r in json.loads(out.read_text())["runs"]}
+    assert sorted(runs) == ["gossip", "gossip+int8", "push-sum"]
+    assert runs["gossip+int8"]["spec"]["policy_options"] == {"compression": "int8"}
+    # int8 sends a byte an element and a scale a block: about a quarter of float32's bytes.
+    ratio = runs["gossip+int8"]["bytes_per_peer"] / runs["gossip"]["bytes_per_peer"]
+    assert 0.25 < ratio < 0.3
+    proc = _gossip("simulate", "train", "--policy", "gossip", "--compression", "zip")
+    assert proc.returncode == 2 and "--compression 'zip'" in proc.stderr
+    proc = _gossip("simulate", "train", "--policy", "push-sum", "--compression", "int8")
+    assert proc.returncode == 2 and "none of the policies ['push-sum'] takes a codec" in \
+        proc.stderr

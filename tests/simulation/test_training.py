@@ -47,6 +47,24 @@ def test_the_simulated_peers_end_where_real_peers_end(policy: str, topology: str
     assert not np.array_equal(simulated.peers[0].parameters, out[0][0] * 0)   # (it trained)
 
 
+@pytest.mark.parametrize("policy,codec,hidden", [
+    ("gossip", "int8", 128),          # one encoding to each neighbour, decoded and combined
+    ("synchronous", "topk:0.1", 128),  # every encoding gathered; error feedback
+    ("synchronous", "int8", 1024)])    # above 256 KiB: the ring on encodings, re-encoded a hop
+def test_the_simulated_codecs_end_where_real_ones_end(policy: str, codec: str,
+                                                      hidden: int) -> None:
+    spec = TrainingSpec(policy=policy, peers=4, steps=20, hidden=hidden,
+                        policy_options={"compression": codec})
+    simulated = simulate_training(spec)
+    out = spawn(real, n=4, timeout=300, args=(spec,), preload=("torch",))
+    for rank in range(4):
+        assert np.array_equal(simulated.peers[rank].parameters, out[rank][0]), rank
+        if policy == "gossip":   # (the collectives' byte counts model rank 0's broadcast)
+            assert simulated.peers[rank].bytes_sent == out[rank][2]
+    plain = simulate_training(TrainingSpec(**{**spec.__dict__, "policy_options": {}}))
+    assert not np.array_equal(plain.peers[0].parameters, simulated.peers[0].parameters)
+
+
 def test_two_runs_are_identical() -> None:
     spec = TrainingSpec(policy="gossip", peers=6, steps=20, link="100mbit,5ms",
                         straggler=(5, 3.0))
@@ -76,6 +94,38 @@ def test_the_clock_charges_compute_latency_and_bytes() -> None:
     broadcast = 2 * (latency + nbytes / rate)
     assert sync.simulated_seconds == pytest.approx(
         broadcast + steps * (compute + per_step), rel=1e-9)
+
+
+def test_the_clock_charges_a_codec_its_encodings_bytes() -> None:
+    """Gossip with int8 on a ring of 4: each step is its compute, then one encoding to each
+    neighbour; synchronous with int8 on an array below 256 KiB gathers every encoding straight
+    from its owner (one step: latency + encoding / rate), above it runs the ring on encodings
+    (2(n - 1) steps of one segment's encoding)."""
+    from collectives.algorithms.compressed import padded_count
+    from collectives.codecs.catalog import parse
+
+    int8 = parse("int8")
+    steps, compute, latency, rate, n = 10, 0.01, 0.005, 1e9 / 8, 4
+    common = dict(peers=n, steps=steps, link="1gbit,5ms", step_seconds=compute,
+                  policy_options={"compression": "int8"})
+    run = simulate_training(TrainingSpec(policy="gossip", **common))
+    count = run.peers[0].parameters.size
+    encoding = int8.encoded_nbytes(count)
+    assert run.peers[0].bytes_sent == steps * 2 * encoding
+    assert run.simulated_seconds == pytest.approx(
+        steps * (compute + latency + encoding / rate), rel=1e-9)
+    raw = count * 4
+    broadcast = 2 * (latency + raw / rate)   # (the initial one, uncompressed)
+    sync = simulate_training(TrainingSpec(policy="synchronous", **common))
+    assert sync.simulated_seconds == pytest.approx(
+        broadcast + steps * (compute + latency + encoding / rate), rel=1e-9)
+    big = simulate_training(TrainingSpec(policy="synchronous", hidden=1024, **common))
+    count = big.peers[0].parameters.size
+    assert count * 4 > 256 * 1024
+    segment = int8.encoded_nbytes(padded_count(count, n))
+    broadcast = 2 * (latency + count * 4 / rate)
+    assert big.simulated_seconds == pytest.approx(
+        broadcast + steps * (compute + 2 * (n - 1) * (latency + segment / rate)), rel=1e-9)
 
 
 @pytest.mark.parametrize("compute", [0.01, 0.002])
