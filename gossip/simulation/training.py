@@ -183,6 +183,18 @@ class TrainingSpec:
                                              and 0 < self.non_iid < float("inf")):
             raise ValueError(f"simulate: non_iid must be a positive Dirichlet alpha, got "
                              f"{self.non_iid!r}")
+        self._check_policy_options()
+
+    def _check_policy_options(self) -> None:
+        """The policy takes ``policy_options`` (made once here, as every peer makes it: a
+        refused option fails the spec before any peer runs, not the run halfway)."""
+        from gossip.policies import make
+
+        try:
+            make(self.policy, **self.policy_options)
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"simulate: policy {self.policy!r} with policy_options="
+                             f"{self.policy_options!r}: {exc}") from None
 
     def _check_lives(self) -> None:
         """Each slot's deaths and restarts alternate: it starts (at 0 s, or at its join),
@@ -331,18 +343,23 @@ class TrainingResult:
                 "bytes_between_regions": self.bytes_between_regions().tolist(),
                 "restarted": list(self.restarted), "left": list(self.left),
                 "joined": list(self.joined),
-                "loss": [float(np.mean(col)) for col in self._by_step("losses")],
-                "time": [max(col) for col in self._by_step("clocks")]}
+                # The steps some peer that ended the run took part in (with churn every
+                # one of them may have joined after the first steps), and at each the mean
+                # loss and the latest clock of those peers.
+                "steps": [k for k, _ in self._by_step("losses")],
+                "loss": [float(np.mean(col)) for _, col in self._by_step("losses")],
+                "time": [max(col) for _, col in self._by_step("clocks")]}
 
-    def _by_step(self, what: str) -> list[list[float]]:
-        """Per step, ``what`` (losses or clocks) of every peer that ran that step (a restarted
-        peer from the step it joined at)."""
+    def _by_step(self, what: str) -> list[tuple[int, list[float]]]:
+        """(step, ``what`` (losses or clocks) of every peer that ran that step) for every step
+        one of ``peers`` ran (a restarted peer's from the step it joined at; its earlier
+        lives, which died, are not among them)."""
         steps = max(p.first_step + len(getattr(p, what)) for p in self.peers)
         out: list[list[float]] = [[] for _ in range(steps)]
         for p in self.peers:
             for k, value in enumerate(getattr(p, what)):
                 out[p.first_step + k].append(value)
-        return out
+        return [(k, col) for k, col in enumerate(out) if col]
 
 
 def measure_step_seconds(hidden: int = 128, batch: int = 16, *, steps: int = 30) -> float:

@@ -191,6 +191,23 @@ def test_a_restarted_peer_dies_again_and_comes_back_again(policy: str, options: 
     assert a.accuracy > 0.6
 
 
+def test_a_run_whose_every_peer_restarted_reports_the_steps_its_survivors_ran() -> None:
+    """Every peer dies once and restarts: no process that ended the run took part in the
+    first steps. The JSON's loss and time cover the steps some of them ran, named in
+    ``steps`` (it raised ValueError on the empty first steps before)."""
+    spec = TrainingSpec(policy="gossip", peers=4, steps=60, detect_seconds=0.01,
+                        deaths=((0, 0.05), (1, 0.15), (2, 0.25), (3, 0.35)),
+                        restarts=((0, 0.1), (1, 0.2), (2, 0.3), (3, 0.4)))
+    run = simulate_training(spec, timeout=120)
+    assert sorted(run.restarted) == [0, 1, 2, 3]
+    first = min(p.first_step for p in run.peers)
+    assert first > 0
+    record = run.to_dict()
+    assert record["steps"] == list(range(first, 60))
+    assert len(record["loss"]) == len(record["time"]) == 60 - first
+    assert record["time"] == sorted(record["time"])
+
+
 @pytest.mark.parametrize("policy, options", [
     ("synchronous", {"elastic": True}), ("push-sum", {}), ("push-sum", {"overlap": True})])
 def test_heavy_churn_with_restarts_gives_the_same_json_twice(policy: str, options: dict) -> None:

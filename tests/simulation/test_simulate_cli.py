@@ -157,6 +157,9 @@ def test_train_runs_each_policy_that_takes_a_codec_once_per_codec(tmp_path: Path
     assert 0.25 < ratio < 0.3
     proc = _gossip("simulate", "train", "--policy", "gossip", "--compression", "zip")
     assert proc.returncode == 2 and "--compression 'zip'" in proc.stderr
+    proc = _gossip("simulate", "train", "--policy", "gossip", "--compression", "topk:0.1")
+    assert proc.returncode == 2 and "Gossip sends the parameters themselves" in proc.stderr
+    assert "accuracy" not in proc.stdout   # (refused before any run)
     proc = _gossip("simulate", "train", "--policy", "push-sum", "--compression", "int8")
     assert proc.returncode == 2 and "none of the policies ['push-sum'] takes a codec" in \
         proc.stderr
