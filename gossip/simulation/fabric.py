@@ -63,7 +63,7 @@ from __future__ import annotations
 import math
 import threading
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from typing import Any
 
 import numpy as np
@@ -176,10 +176,10 @@ class Fabric:
         self.messages_sent = [0] * size
         self.link_bytes: dict[tuple[int, int], int] = {}   # (src, dst) -> bytes sent
         self._cond = threading.Condition()
-        self._mail: dict[tuple[int, ...], deque[tuple[Any, float, Any]]] = {}
+        self._mail: dict[tuple[Hashable, ...], deque[tuple[Any, float, Any]]] = {}
         # (Timed channels) (channel, dst) -> the sources with a message waiting, so a wait for
         # any of many sources looks at those only.
-        self._waiting_from: dict[tuple[int, int], dict[int, None]] = {}
+        self._waiting_from: dict[tuple[Hashable, int], dict[int, None]] = {}
         self._link_free: dict[tuple[int, int], float] = {}
         self._rounds: dict[tuple[int, str, int], _Round] = {}   # (view, op, seq)
         self._seq: list[dict[str, int]] = [{} for _ in range(size)]
@@ -193,21 +193,51 @@ class Fabric:
         self._plan_notice()
         # Virtual threads (scheduler.py), one running at a time in virtual-time order: for the
         # background policies, whose threads meet on timed channels (channel_send, ...).
-        self.scheduler = Scheduler(self.clock, timeout=timeout,
-                                   death=self._death_at) if scheduled else None
+        self.scheduler = Scheduler(self.clock, timeout=timeout, death=self._death_at,
+                                   life=lambda rank: self._life[rank]) if scheduled else None
+        self._waiters: set[Any] = set()   # (scheduled) virtual threads in a wait of _wait
 
     def abort(self, reason: str) -> None:
         """End every wait now and every later one at once, with ``reason`` (a peer failed: the
         others would wait for it until their timeout)."""
         with self._cond:
             self._aborted = reason
-            self._cond.notify_all()
+            self._notify()
         if self.scheduler is not None:   # (its threads wait in virtual time: end them too)
             self.scheduler.stop(RuntimeError(f"simulation stopped: {reason}"))
 
     def _check(self) -> None:
         if self._aborted is not None:
             raise RuntimeError(f"simulation stopped: {self._aborted}")
+
+    def _notify(self) -> None:
+        """(Under the lock.) The fabric changed: every wait on it looks again (real threads;
+        a scheduled run's virtual threads in _wait)."""
+        self._cond.notify_all()
+        if self.scheduler is not None:
+            for thread in list(self._waiters):
+                self.scheduler.recheck(thread)
+
+    def _wait(self, predicate: Callable[[], Any], timeout: float | None, what: str) -> bool:
+        """(Under the lock, a peer's own thread.) Until ``predicate()`` holds, at most
+        ``timeout`` real seconds (False then). In a scheduled run, in virtual time: the other
+        threads run meanwhile (the lock released), this one resumes when a change of the
+        fabric makes it hold; no real deadline (a wait nobody will end is the scheduler's
+        deadlock), and its peer's death is deferred (it comes at the peer's next step)."""
+        if self.scheduler is None:
+            return self._cond.wait_for(predicate, timeout)
+        if predicate():
+            return True
+        scheduler = self.scheduler
+        me = scheduler.running()
+        self._waiters.add(me)
+        self._cond.release()
+        try:
+            with scheduler.deferring_death(me.rank):
+                return scheduler.wait_for(scheduler.holds(predicate), None, what)
+        finally:
+            self._cond.acquire()
+            self._waiters.discard(me)
 
     def advance(self, rank: int, seconds: float) -> None:
         """``rank`` computes for ``seconds`` of simulated time (a step's start: it dies here
@@ -226,13 +256,31 @@ class Fabric:
         return self.churn.death(rank, self._life[rank],
                                 max(self.clock) if until is None else until)
 
-    def _death_at(self, rank: int, clock: float) -> SimulatedDeath | None:
-        """(The scheduler, as a thread of ``rank`` takes its turn at ``clock``.) Its death,
-        if it came by then."""
+    def _death_at(self, thread: Any) -> SimulatedDeath | None:
+        """(The scheduler, as ``thread``, a virtual thread of a peer, takes its turn.) Its
+        death: the peer's own thread dies at its first turn at or after its life's death (it
+        enacts it: mark_dead); a policy's thread once its peer's own thread died, or once
+        its life ended (a restart's process starts threads of its own), so a peer's threads
+        never outlive one another's death, whatever their clocks; a peer's own thread,
+        once dead, is its next life's process, waiting to be admitted."""
+        rank, clock = thread.rank, thread.clock
         with self._cond:
+            if not thread.main:
+                if rank in self.dead or thread.life != self._life[rank]:
+                    return SimulatedDeath(f"simulated rank {rank} died (its life "
+                                          f"{thread.life} ended)")
+                return None
+            if rank in self.dead:
+                return None
             when = self.death_of(rank, clock)
         return SimulatedDeath(f"simulated rank {rank} died at {when:g} s") \
             if clock >= when else None
+
+    def life_of(self, rank: int) -> int:
+        """``rank``'s present life: 0 for its first process, one more for each restart (a
+        view's member incarnation)."""
+        with self._cond:
+            return self._life[rank]
 
     def check_alive(self, rank: int) -> None:
         """SimulatedDeath if ``rank``'s clock reached its death."""
@@ -248,14 +296,14 @@ class Fabric:
             self.dead.add(rank)
             self.died.append(rank)
             self._awaiting[rank] = self._life[rank] + 1
-            self._cond.notify_all()
+            self._notify()
             return self.churn.request(rank, self._life[rank] + 1) is not None
 
     def finished(self, rank: int) -> None:
         """``rank``'s training ended (a joiner still waiting then is never admitted)."""
         with self._cond:
             self._finished.add(rank)
-            self._cond.notify_all()
+            self._notify()
 
     def _heard(self, rank: int) -> float:
         """(Under the lock.) When the others hear that ``rank``, gone, is gone: a leaver at
@@ -291,7 +339,7 @@ class Fabric:
             self._departed[rank] = (self.clock[rank], self._notices[self.view_number])
             self.left.append(rank)
             self.dead.add(rank)
-            self._cond.notify_all()
+            self._notify()
 
     def notice(self, number: int) -> float | None:
         """When the members of view ``number`` hear of a change at once in it (None: none
@@ -324,7 +372,7 @@ class Fabric:
             fresh = {(rank, d) for d in lost} - self._excluded
             if fresh:
                 self._excluded |= fresh
-                self._cond.notify_all()
+                self._notify()
         return lost
 
     def _gone_since(self, src: int, tag: Any) -> bool:
@@ -350,10 +398,11 @@ class Fabric:
                         rank=src, operation=what)
 
     def send(self, src: int, dst: int, data: np.ndarray, tag: Any = 0, *,
-             channel: int | None = None) -> bool:
+             channel: Hashable | None = None) -> bool:
         """Post a copy of ``data`` from ``src`` to ``dst`` (never blocks), numbered ``tag``
         (ordered: an int, or a host's (view, exchange) pair), or on timed ``channel``
-        (scheduled runs: channel_take);
+        (scheduled runs: channel_take; a policy channel's number and the view it belongs
+        to, so a view's messages are never taken by another view's receives);
         False if it arrives at or after ``dst``'s death (not delivered)."""
         copy = np.array(data, copy=True)
         key = (src, dst) if channel is None else (channel, src, dst)
@@ -367,13 +416,15 @@ class Fabric:
             self.messages_sent[src] += 1
             delivered = arrival < self.death_of(dst, arrival)
             # Not delivered: a marker, so dst (still running, behind) dies when it looks for it.
+            # A timed channel's message is kept: a thread of dst takes it only while dst runs
+            # (its death deferred through a view change: sim_host._switch_to).
             self._mail.setdefault(key, deque()).append(
-                (copy if delivered else None, arrival, tag))
+                (copy if delivered or channel is not None else None, arrival, tag))
             if channel is not None:
                 self._waiting_from.setdefault((channel, dst), {})[src] = None
                 if self.scheduler is not None:   # (a thread of dst may wait for it)
                     self.scheduler.recheck_rank(dst)
-            self._cond.notify_all()
+            self._notify()
             return delivered
 
     def recv(self, dst: int, src: int, what: str, tag: Any = 0, *,
@@ -416,7 +467,7 @@ class Fabric:
         with self._cond:
             self._mail.setdefault((channel, src, dst), deque()).append(
                 (np.array(data, copy=True), 0.0, 0))
-            self._cond.notify_all()
+            self._notify()
 
     def take(self, channel: int, dst: int, src: int, timeout: float) -> np.ndarray:
         with self._cond:
@@ -432,34 +483,49 @@ class Fabric:
             return box.popleft()[0]
 
     # -- timed channels (scheduled runs: a background policy's threads) ----------------------
-    def _arrival(self, channel: int, dst: int, src: int) -> float | None:
+    def _arrival(self, channel: Hashable, dst: int, src: int) -> float | None:
         box = self._mail.get((channel, src, dst))
         return box[0][1] if box else None
 
-    def channel_take(self, channel: int, dst: int, src: int, timeout: float | None,
+    def channel_take(self, channel: Hashable, dst: int, src: int, timeout: float | None,
                      what: str) -> np.ndarray:
         """(A virtual thread of ``dst``.) The next message from ``src`` on ``channel``, once
-        it arrived (the thread's clock moves to its arrival); OperationTimeout after
-        ``timeout`` simulated seconds without one."""
-        assert self.scheduler is not None
-        if not self.scheduler.wait_for(lambda: self._arrival(channel, dst, src), timeout,
-                                       what):
-            raise OperationTimeout(f"simulated rank {dst}: nothing from rank {src} for {what} "
-                                   f"within {timeout:g}s (simulated)", rank=src)
-        # (Never a message marked undelivered, one arriving at or after dst's death: the
-        # scheduler stopped dst's threads as their turn came past it.)
+        it arrived (the thread's clock moves to its arrival); PeerLost once ``src`` is dead
+        and the others heard (``detect`` after its death) with nothing from it waiting, as a
+        real receive from a dead peer; OperationTimeout after ``timeout`` simulated seconds
+        without either."""
+        scheduler = self.scheduler
+        assert scheduler is not None
+
+        def ready() -> float | None:
+            arrival = self._arrival(channel, dst, src)
+            if arrival is not None:
+                return arrival
+            return self._heard(src) if src in self.dead else None
+        me = scheduler.running()
+        self._waiters.add(me)   # (a death of src, mark_dead, makes it look again)
+        try:
+            if not scheduler.wait_for(ready, timeout, what):
+                raise OperationTimeout(f"simulated rank {dst}: nothing from rank {src} for "
+                                       f"{what} within {timeout:g}s (simulated)", rank=src)
+        finally:
+            self._waiters.discard(me)
+        box = self._mail.get((channel, src, dst))
+        if not box:
+            raise PeerLost(f"simulated rank {dst}: {what}: rank {src} died at "
+                           f"{self.death_of(src):g} s (simulated)", rank=src, operation=what)
         box = self._mail[(channel, src, dst)]
         data = box.popleft()[0]
         if not box:
             del self._waiting_from[(channel, dst)][src]
         return data
 
-    def channel_probe(self, channel: int, dst: int, src: int) -> bool:
+    def channel_probe(self, channel: Hashable, dst: int, src: int) -> bool:
         """Whether a message from ``src`` on ``channel`` arrived by ``dst``'s clock."""
         at = self._arrival(channel, dst, src)
         return at is not None and at <= self.clock[dst]
 
-    def channel_wait_any(self, channel: int, dst: int, sources: Sequence[int],
+    def channel_wait_any(self, channel: Hashable, dst: int, sources: Sequence[int],
                          timeout: float | None, what: str) -> int | None:
         """(A virtual thread of ``dst``.) The source of the first message to arrive from
         ``sources`` on ``channel`` (the earliest arrival; ties: the lowest rank), waiting up
@@ -505,17 +571,17 @@ class Fabric:
             meeting = self._rounds.setdefault(key, _Round())
             meeting.parts[rank] = part
             meeting.clocks[rank] = self.clock[rank]
-            self._cond.notify_all()   # (the last arrival may settle the others' wait)
+            self._notify()   # (the last arrival may settle the others' wait)
             if len(meeting.parts) == len(members):
                 meeting.result = combine([meeting.parts[r] for r in members])
                 meeting.end = max(meeting.clocks.values()) + \
                     self._view_links.collective_seconds(cost or op, nbytes)
-                self._cond.notify_all()
-            elif not self._cond.wait_for(
+                self._notify()
+            elif not self._wait(
                     lambda: meeting.end is not None or self._aborted is not None
                     or all(m in meeting.parts or m in self.dead or m in self._reforming()
                            for m in members),
-                    self.timeout):
+                    self.timeout, f"the other members' {op} #{seq}"):
                 missing = sorted(set(members) - set(meeting.parts))
                 raise OperationTimeout(f"simulated rank {rank}: {op} #{seq} still waits for "
                                        f"ranks {missing[:8]} after {self.timeout:g}s (real time)")
@@ -548,12 +614,12 @@ class Fabric:
         ``members`` arrived or died, or the meeting was decided."""
         meeting.parts[rank] = part
         meeting.clocks[rank] = self.clock[rank]
-        self._cond.notify_all()   # (the last arrival may settle the others' wait)
+        self._notify()   # (the last arrival may settle the others' wait)
 
         def settled() -> bool:   # (a member that ended its training comes to none)
             return meeting.end is not None or self._aborted is not None or all(
                 m in meeting.parts or m in self.dead or m in self._finished for m in members)
-        if not self._cond.wait_for(settled, self.timeout):
+        if not self._wait(settled, self.timeout, what):
             waited = sorted(set(members) - set(meeting.parts) - self.dead - self._finished)
             raise OperationTimeout(f"simulated rank {rank}: {what} still waits for ranks "
                                    f"{waited[:8]} after {self.timeout:g}s (real time)")
@@ -592,7 +658,7 @@ class Fabric:
                                            receivers, meeting.end,
                                            completes=meeting.parts[survivors[source]][1])
                 self._install(survivors)
-                self._cond.notify_all()
+                self._notify()
             self.clock[rank] = max(self.clock[rank], meeting.end)
             meeting.taken += 1
             change = meeting.result
@@ -625,7 +691,7 @@ class Fabric:
                     leavers = leavers[1:]
                 meeting.result = self._admit(number, live, joiners, step, now, leavers) \
                     if joiners or leavers else None
-                self._cond.notify_all()
+                self._notify()
             result = meeting.result
             meeting.taken += 1
             if meeting.taken == len(meeting.parts):
@@ -661,7 +727,7 @@ class Fabric:
             self._admissions[(r, self._life[r])] = admission
             self._since[r] = number + 1
         self._install(new)
-        self._cond.notify_all()
+        self._notify()
         return admission
 
     def _install(self, members: list[int]) -> None:
@@ -695,7 +761,7 @@ class Fabric:
             # The members train meanwhile, for as long as the run takes: the wait fails only
             # if ``timeout`` real seconds pass without any clock moving.
             clocks = None
-            while not self._cond.wait_for(decided, self.timeout):
+            while not self._wait(decided, self.timeout, "its admission"):
                 if self.clock == clocks:
                     raise OperationTimeout(f"simulated rank {rank}: not admitted, and no peer's "
                                            f"clock moved for {self.timeout:g}s (real time)")
@@ -711,13 +777,14 @@ class Fabric:
             for k in admission.receivers:
                 self._count(src, admission.members[k], state.nbytes)
                 self.messages_sent[src] += 1
-            self._cond.notify_all()
+            self._notify()
 
     def take_state(self, admission: Admission) -> Any:
         """(A joiner.) The source's state, once posted."""
         with self._cond:
-            if not self._cond.wait_for(lambda: admission.state is not None
-                                       or self._aborted is not None, self.timeout):
+            if not self._wait(lambda: admission.state is not None
+                              or self._aborted is not None, self.timeout,
+                              f"the state of view {admission.number}'s source"):
                 raise OperationTimeout(f"the source of view {admission.number} posted no "
                                        f"state within {self.timeout:g}s (real time)")
             self._check()
@@ -731,9 +798,10 @@ class Fabric:
         with self._cond:
             if loaded:
                 admission.loaded += 1
-                self._cond.notify_all()
-            if not self._cond.wait_for(lambda: admission.loaded == len(admission.receivers)
-                                       or self._aborted is not None, self.timeout):
+                self._notify()
+            if not self._wait(lambda: admission.loaded == len(admission.receivers)
+                              or self._aborted is not None, self.timeout,
+                              f"view {admission.number}'s joiners to take the state"):
                 raise OperationTimeout(f"simulated rank {rank}: view {admission.number}'s "
                                        f"joiners did not take the state within "
                                        f"{self.timeout:g}s (real time)")

@@ -23,10 +23,11 @@ each waited for. A turn that does not come within ``timeout`` real seconds while
 thread takes one raises OperationTimeout (a thread stuck outside the scheduler)."""
 from __future__ import annotations
 
+import contextlib
 import heapq
 import math
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from gossip.errors import OperationTimeout
@@ -44,12 +45,15 @@ class SimulationDeadlock(RuntimeError):
 
 class _VThread:
     __slots__ = ("name", "rank", "seq", "clock", "ready", "deadline", "woke", "resume",
-                 "done", "what", "target", "main", "epoch", "blocked", "joiners")
+                 "done", "what", "target", "main", "epoch", "blocked", "joiners", "life",
+                 "shielded")
 
     def __init__(self, name: str, rank: int, seq: int, clock: float,
-                 target: Callable[[], None], main: bool) -> None:
+                 target: Callable[[], None], main: bool, life: int) -> None:
         self.name, self.rank, self.seq, self.clock = name, rank, seq, clock
         self.main = main   # the peer's own thread (its training loop), not its policy's
+        self.life = life   # (a policy's thread) the life of its peer's slot it belongs to
+        self.shielded = False   # taking a lock back (a condition's wait): no death meanwhile
         self.ready: Ready | None = None
         self.deadline = clock        # a new thread is ready at its creator's clock
         self.woke = False
@@ -66,9 +70,12 @@ class Scheduler(Concurrency):
     """The virtual threads of one simulation; ``clocks``: the fabric's, one per peer."""
 
     def __init__(self, clocks: list[float], *, timeout: float = 300.0,
-                 death: Callable[[int, float], BaseException | None] | None = None) -> None:
+                 death: Callable[[_VThread], BaseException | None] | None = None,
+                 life: Callable[[int], int] = lambda rank: 0) -> None:
         self._clocks = clocks
-        self._death = death
+        self._death = death   # a thread's death, if its peer's came by its clock
+        self._life = life     # a peer's present life (a restart begins the next one)
+        self._immune: dict[int, int] = {}   # rank -> deferrals of its death (deferring_death)
         self._timeout = timeout
         self._lock = threading.Lock()
         self._threads: list[_VThread] = []
@@ -89,7 +96,8 @@ class Scheduler(Concurrency):
         ``target``, ready at the clock of whoever made it; ``main``: the peer's own thread."""
         clock = self._clocks[rank] if self._current is None else self._now()
         with self._lock:
-            vt = _VThread(name, rank, len(self._threads), clock, target, main)
+            vt = _VThread(name, rank, len(self._threads), clock, target, main,
+                          self._life(rank))
             self._threads.append(vt)
             self._by_rank.setdefault(rank, []).append(vt)
             self._push(clock, vt, ready=False)
@@ -237,12 +245,25 @@ class Scheduler(Concurrency):
         thread raises the death (its loop ends as a killed process's, through its
         ``finally``), a policy's thread ThreadKilled (it unwinds, on its turn, and ends
         quietly: BackgroundPolicy._guarded)."""
-        error = self._death(me.rank, me.clock) if self._death is not None else None
+        if self._death is None or me.shielded or (me.main and self._immune.get(me.rank)):
+            return
+        error = self._death(me)
         if error is None:
             return
         if me.main:
             raise error
         raise ThreadKilled(str(error))
+
+    @contextlib.contextmanager
+    def deferring_death(self, rank: int) -> Iterator[None]:
+        """Peer ``rank``'s own thread takes no death inside (a view change it is in: its
+        death comes at its next turn past it, as on the other policies at the next step; its
+        policy's threads die only once it did)."""
+        self._immune[rank] = self._immune.get(rank, 0) + 1
+        try:
+            yield
+        finally:
+            self._immune[rank] -= 1
 
     def _hand(self, nxt: _VThread, when: float, woke: bool, *, wake: bool = True) -> None:
         """Give the turn to ``nxt`` at ``when`` (``wake``: resume its real thread; not when
@@ -400,7 +421,15 @@ class _Condition:
         finally:
             if token in self._waiters:
                 self._waiters.remove(token)
-            self._lock.acquire()
+            # Taken back whatever happens, a death too (ThreadKilled unwinds through the
+            # caller's ``with``, which releases it: it must hold it); the death comes at the
+            # thread's next turn.
+            me = self._s.running()
+            me.shielded = True
+            try:
+                self._lock.acquire()
+            finally:
+                me.shielded = False
         return woke
 
     def wait_for(self, predicate: Callable[[], Any], timeout: float | None = None) -> Any:

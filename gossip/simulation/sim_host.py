@@ -41,6 +41,7 @@ one with a dense codec runs the ring on encodings (each hop's partial sum encode
 messages are charged their encodings' bytes (links.py names each scheme's cost)."""
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -147,11 +148,14 @@ class _Channel:
         self._rank = host.starting_rank
         self.number = number
         self._timed = host.fabric.scheduler is not None
+        # (Timed) the channel of this view: a channel is its view's communicator's, as on a
+        # real peer, so a receive of the view being left never takes the next one's message.
+        self._key = (number, host.view_number)
 
     def send(self, dst: int, x: Any, *, timeout: float | None = None) -> None:
         if self._timed:
             self._fabric.send(self._rank, self._host.members[dst], _numpy(x),
-                              channel=self.number)
+                              channel=self._key)
         else:
             self._fabric.post(self.number, self._rank, self._host.members[dst], _numpy(x))
 
@@ -165,7 +169,7 @@ class _Channel:
         peer = self._host.members[src]
         if self._timed:
             got = self._fabric.channel_take(
-                self.number, self._rank, peer, timeout,
+                self._key, self._rank, peer, timeout,
                 f"a message on channel {self.number} from rank {src}")
         else:
             got = self._fabric.take(self.number, self._rank, peer,
@@ -177,7 +181,7 @@ class _Channel:
 
     def probe(self, src: int) -> bool:
         if self._timed:
-            return self._fabric.channel_probe(self.number, self._rank, self._host.members[src])
+            return self._fabric.channel_probe(self._key, self._rank, self._host.members[src])
         return self._fabric.waiting(self.number, self._rank, self._host.members[src])
 
     def wait_any(self, sources: Sequence[int], timeout: float | None = None) -> int | None:
@@ -185,7 +189,7 @@ class _Channel:
             return self.__getattr__("wait_any")
         members = self._host.members
         found = self._fabric.channel_wait_any(
-            self.number, self._rank, [members[j] for j in sources], timeout,
+            self._key, self._rank, [members[j] for j in sources], timeout,
             f"a message on channel {self.number} from ranks {list(sources)}")
         return None if found is None else self._host.view_rank_of(found)
 
@@ -272,8 +276,7 @@ class SimHost:
         self._admission: Any = None   # (a restarted peer) the view change that admitted it
         self._departed = False        # a planned leaver, gone
         # This peer's view (it changes when this peer takes a change, as a real peer's).
-        self._view = (0, list(fabric.members))
-        self._position = {m: k for k, m in enumerate(fabric.members)}   # (of self._view)
+        self._set_view(0, list(fabric.members))
         self._exchanges = 0   # this view's neighbour exchanges: the number their messages carry
         self._switching = False   # inside a view change's policy hooks (_switch_to)
         self._codec_stats = CodecStats()   # what its compressed calls encoded (stats()["codec"])
@@ -292,6 +295,11 @@ class SimHost:
     def rank(self) -> int:
         """This peer's rank in its view (its starting rank until a view change)."""
         return self._position[self._rank]
+
+    @property
+    def view_number(self) -> int:
+        """The number of this peer's view (0 at the start; one more at each change)."""
+        return self._view[0]
 
     @property
     def world_size(self) -> int:
@@ -326,8 +334,9 @@ class SimHost:
         return self._position[peer]
 
     @property
-    def view(self) -> None:
-        return None
+    def view(self) -> View:
+        """This peer's view (members named by slot, of their present life's incarnation)."""
+        return self._view_object
 
     @property
     def joining(self) -> bool:
@@ -664,23 +673,32 @@ class SimHost:
                    handoffs: list[tuple[int, int]] | None = None) -> None:
         """The policy's hooks around this peer's move to view ``number`` of ``members``:
         view_changing in the old view, then the new view and topology, then view_changed."""
-        view = View("simulation", number,
-                    tuple(Member(f"peer-{m}", 0, "") for m in members), step)
+        view = self._make_view(number, members, step)
         switch = Switch(view, _ViewTransport(members.index(self._rank)), source=source,
                         step=step, receivers=list(receivers or []),
                         at_once=at_once or not receivers,
                         completes=completes, handoffs=list(handoffs or []))
         self._switching = True   # (push-sum's overlap completes its exchange in flight here)
-        try:
-            policy.view_changing(switch)
+        scheduler = self._fabric.scheduler
+        try:   # (a scheduled peer's death inside the hooks comes at its next step too)
+            with scheduler.deferring_death(self._rank) if scheduler is not None \
+                    else contextlib.nullcontext():
+                policy.view_changing(switch)
+                self._set_view(number, members, view)
+                self._topology = resize_topology(self._topology, len(members))
+                policy.view_changed()
         finally:
             self._switching = False
-        self._set_view(number, members)
-        self._topology = resize_topology(self._topology, len(members))
-        policy.view_changed()
 
-    def _set_view(self, number: int, members: list[int]) -> None:
+    def _make_view(self, number: int, members: list[int], step: int) -> View:
+        """View ``number`` of ``members`` (starting ranks), each member named by its slot
+        and of the incarnation of its present life (a restarted peer is another member)."""
+        return View("simulation", number, tuple(
+            Member(f"peer-{m}", self._fabric.life_of(m), "") for m in members), step)
+
+    def _set_view(self, number: int, members: list[int], view: View | None = None) -> None:
         self._view = (number, list(members))
+        self._view_object = view if view is not None else self._make_view(number, members, 0)
         self._position = {m: k for k, m in enumerate(members)}
         self._exchanges = 0
 
