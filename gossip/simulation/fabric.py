@@ -512,8 +512,10 @@ class Fabric:
             self._waiters.discard(me)
         box = self._mail.get((channel, src, dst))
         if not box:
-            raise PeerLost(f"simulated rank {dst}: {what}: rank {src} died at "
-                           f"{self.death_of(src):g} s (simulated)", rank=src, operation=what)
+            why = (f"left at {self._departed[src][0]:g} s" if src in self._departed
+                   else f"died at {self.death_of(src):g} s")
+            raise PeerLost(f"simulated rank {dst}: {what}: rank {src} {why} (simulated)",
+                           rank=src, operation=what)
         box = self._mail[(channel, src, dst)]
         data = box.popleft()[0]
         if not box:

@@ -202,7 +202,8 @@ class _Channel:
 @dataclass(frozen=True)
 class _ViewTransport:
     """What a policy reads of a simulated peer's transport: this peer's rank, and that no
-    change at once interrupted its waits (scheduled runs have no view changes)."""
+    change at once interrupted its waits (a real inbox closed by one stops sleeping; the
+    simulated channels' waits always sleep their timeout)."""
 
     rank: int
     interrupted: bool = False

@@ -98,10 +98,6 @@ class TrainingSpec:
         if self.policy not in SIMULATED_POLICIES:
             raise ValueError(f"simulate: policy {self.policy!r} is not simulated; "
                              f"one of {', '.join(SIMULATED_POLICIES)}")
-        if self.scheduled and self.leaves:
-            raise ValueError(f"simulate: {self.policy} with leaves is not simulated yet (a "
-                             "leave at once interrupts the waits of its threads, which the "
-                             "scheduler does not; deaths, restarts and joins are)")
         for name, value, low in (("peers", self.peers, 1), ("steps", self.steps, 0),
                                  ("batch", self.batch, 1), ("hidden", self.hidden, 1)):
             if isinstance(value, bool) or not isinstance(value, int) or value < low:

@@ -107,9 +107,18 @@ def test_asynchronous_runs_alike_twice_and_a_straggler_holds_nobody_back() -> No
     assert a.consensus < 0.5 and a.accuracy > 0.5
 
 
-def test_asynchronous_with_leaves_is_refused_by_name() -> None:
-    with pytest.raises(ValueError, match="asynchronous with leaves is not simulated yet"):
-        TrainingSpec(policy="asynchronous", leaves=((2, 1.0),))
+def test_asynchronous_leaves_at_once_the_same_twice() -> None:
+    """Ranks 2 and 4 leave (at once, as peer.leave() under asynchronous): each goes at its
+    next step boundary, its threads end, the others' receives from it fail once they hear
+    (the view's notice), they drop it and re-form the group without it; a death beside."""
+    spec = TrainingSpec(policy="asynchronous", peers=6, steps=40, link="100mbit,5ms",
+                        leaves=((2, 0.3), (4, 0.5)), deaths=((1, 0.7),), detect_seconds=0.1)
+    a, b = simulate_training(spec, timeout=120), simulate_training(spec, timeout=120)
+    assert a.to_dict() | {"seconds": 0} == b.to_dict() | {"seconds": 0}
+    assert a.left == [2, 4] and a.died == [1]
+    assert [p.rank for p in a.peers] == [0, 3, 5]
+    assert all(len(p.losses) == 40 for p in a.peers)
+    assert a.accuracy > 0.6
 
 
 def test_asynchronous_admits_a_restart_and_a_joiner_the_same_twice() -> None:
