@@ -53,7 +53,10 @@ own clock only, never on how far the leaver's thread got); from then on each sta
 operation of that view, an operation waiting on a member gone or already re-forming ends
 (ViewChanging, its clock at the notice), and they re-form (``reform``). The leaver goes
 (``depart``) at its own first boundary at or after its request, or as it hears of its own
-change, whichever comes first. Planned leaves (push-sum's) take effect the
+change, whichever comes first. While restarts are pending too, a change at once comes first:
+a step boundary whose latest clock is past the view's notice, or with a member already
+re-forming (who counts as having come), admits nobody; its members hear of the change there
+and re-form, and the restart is admitted at a boundary of the next view. Planned leaves (push-sum's) take effect the
 way restarts do, at the first boundary whose latest clock is at or after the request: the
 view goes on without the leaver, which hands what its policy holds (push-sum's mass) to the
 next staying member after it (over the policies' channels, free of time) and ends.
@@ -618,11 +621,15 @@ class Fabric:
         meeting.clocks[rank] = self.clock[rank]
         self._notify()   # (the last arrival may settle the others' wait)
 
-        def settled() -> bool:   # (a member that ended its training comes to none)
+        def settled() -> bool:   # (a member that ended its training comes to none, nor one
+            #                       that re-forms the group after a change at once)
+            reforming = self._reforming()
             return meeting.end is not None or self._aborted is not None or all(
-                m in meeting.parts or m in self.dead or m in self._finished for m in members)
+                m in meeting.parts or m in self.dead or m in self._finished or m in reforming
+                for m in members)
         if not self._wait(settled, self.timeout, what):
-            waited = sorted(set(members) - set(meeting.parts) - self.dead - self._finished)
+            waited = sorted(set(members) - set(meeting.parts) - self.dead - self._finished
+                            - set(self._reforming()))
             raise OperationTimeout(f"simulated rank {rank}: {what} still waits for ranks "
                                    f"{waited[:8]} after {self.timeout:g}s (real time)")
         self._check()
@@ -671,7 +678,11 @@ class Fabric:
     # -- restarts: a view change at a step boundary -----------------------------------------
     def boundary(self, rank: int, step: int) -> Admission | None:
         """``rank`` completed ``step`` steps. While a restart is pending, meet the other
-        members here and return the Admission this boundary takes (None: no change)."""
+        members here and return the Admission this boundary takes (None: no change). A
+        change at once in this view comes first: once a member re-forms the group, or the
+        boundary's latest clock is past the view's notice, the boundary admits nobody and
+        every member at it hears of the change (its clock at least the notice: it re-forms
+        the group next, SimHost.at_boundary); the restart waits for the next view's."""
         with self._cond:
             self._check()
             if self._later is not None and len(self._admitted) >= self._later and \
@@ -684,6 +695,13 @@ class Fabric:
             if meeting.end is None:   # the first to see it settled decides, by the schedule
                 now = max(meeting.clocks.values())
                 meeting.end = now
+                notice = self._notices.get(number)
+                if notice is not None and (notice <= now or self._reforming()):
+                    for m in meeting.parts:   # (they hear of it here)
+                        self.clock[m] = max(self.clock[m], notice)
+                    meeting.result = None
+                    self._notify()
+                    return self._leave_boundary(key, meeting)
                 joiners = [r for r in sorted(self.dead)
                            if (self.churn.request(r, self._life[r] + 1) or math.inf) <= now]
                 live = [m for m in members if m in meeting.parts]
@@ -694,11 +712,14 @@ class Fabric:
                 meeting.result = self._admit(number, live, joiners, step, now, leavers) \
                     if joiners or leavers else None
                 self._notify()
-            result = meeting.result
-            meeting.taken += 1
-            if meeting.taken == len(meeting.parts):
-                del self._boundaries[key]
-            return result
+            return self._leave_boundary(key, meeting)
+
+    def _leave_boundary(self, key: tuple[int, int], meeting: _Round) -> Admission | None:
+        """(Under the lock.) A member takes the boundary's decision; the last forgets it."""
+        meeting.taken += 1
+        if meeting.taken == len(meeting.parts):
+            del self._boundaries[key]
+        return meeting.result
 
     def _admit(self, number: int, live: list[int], joiners: list[int], step: int,
                now: float, leavers: list[int]) -> Admission:

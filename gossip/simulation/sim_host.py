@@ -579,6 +579,9 @@ class SimHost:
             return True
         admission = self._fabric.boundary(self._rank, step)
         if admission is None:
+            if self.changing_now():   # (it heard of a change at once at the boundary)
+                self._recovery(policy, step, pending=False)
+                return True
             return False
         if self._rank in admission.leavers:   # a planned leaver: hand over, then done
             policy.hand_off(self._position[admission.leavers[self._rank]])

@@ -168,11 +168,6 @@ class TrainingSpec:
             if self.mtbf is not None:
                 raise ValueError("simulate: leaves with mtbf: the draws could pick a leaver; "
                                  "give deaths instead")
-            if self.leaves_at_once and (self.restarts or self.restart_after is not None
-                                        or self.joins):
-                raise ValueError(f"simulate: {self.policy} leaves at once (its state is not "
-                                 "handed off), and leaves at once with restarts or joins are "
-                                 "not simulated yet")
         if self.non_iid is not None and not (isinstance(self.non_iid, (int, float))
                                              and not isinstance(self.non_iid, bool)
                                              and 0 < self.non_iid < float("inf")):

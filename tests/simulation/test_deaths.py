@@ -352,10 +352,30 @@ def test_local_sgd_members_behind_take_the_state_of_the_one_furthest_on(caplog) 
     assert not [r for r in caplog.records if "took the state" in r.getMessage()]
 
 
-def test_leaves_at_once_with_restarts_or_joins_are_refused() -> None:
-    with pytest.raises(ValueError, match="leaves at once with restarts or joins"):
-        TrainingSpec(policy="gossip", leaves=((1, 1.0),), joins=(2.0,))
-    TrainingSpec(policy="push-sum", leaves=((1, 1.0),), joins=(2.0,))   # (planned: fine)
+@pytest.mark.parametrize("policy, options", [
+    ("synchronous", {"elastic": True}), ("local-sgd", {"elastic": True, "period": 4}),
+    ("gossip", {}), ("asynchronous", {})])
+def test_leaves_at_once_with_a_restart_and_a_join_the_same_twice(policy: str,
+                                                                 options: dict) -> None:
+    """Two leaves at once, a death and its restart, a join, in one run: a change at once comes
+    first (a boundary past the view's notice, or with a member already re-forming, admits
+    nobody: its members hear of the change there and re-form; the restart and the join are
+    admitted at a boundary of a later view)."""
+    spec = TrainingSpec(policy=policy, peers=8, steps=60, link="1gbit,5ms",
+                        detect_seconds=0.05, leaves=((2, 0.2), (5, 0.45)),
+                        deaths=((3, 0.15),), restarts=((3, 0.3),), joins=(0.35,),
+                        policy_options=options)
+    a, b = (simulate_training(spec, timeout=120) for _ in range(2))
+    assert a.to_dict() | {"seconds": 0} == b.to_dict() | {"seconds": 0}
+    assert a.left == [2, 5] and a.died == [3] and a.restarted == [3] and a.joined == [8]
+    assert [p.rank for p in a.peers] == [0, 1, 3, 4, 6, 7, 8]
+    assert all(p.first_step + len(p.losses) == 60 for p in a.peers)
+    by_rank = {p.rank: p for p in a.peers}
+    for rank, request in ((3, 0.3), (8, 0.35)):
+        assert by_rank[rank].first_step > 0 and by_rank[rank].clocks[0] > request
+    if policy in ("synchronous", "local-sgd"):
+        assert a.consensus == 0.0
+    assert a.accuracy > 0.6
 
 
 @pytest.mark.parametrize("policy, options", [
