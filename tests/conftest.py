@@ -66,7 +66,7 @@ CI_AFTER_DEFAULT = (
     *(f"tests/simulation/test_mixing.py::test_the_vectorised_mode_equals_the_per_peer_mode_at_"
       f"1024_peers[{c}]" for c in ("ring-gossip", "exponential-push-sum")),
     *(f"tests/simulation/test_training.py::test_the_simulated_peers_end_where_real_peers_end[{c}]"
-      for c in ("gossip-ring-8", "push-sum-exponential-8")),
+      for c in ("synchronous-ring-8", "gossip-ring-8", "push-sum-exponential-8")),
     *(f"tests/simulation/test_training.py::test_the_simulated_codecs_end_where_real_ones_end[{c}]"
       for c in ("synchronous-topk:0.1-128", "synchronous-int8-1024")),
     *(f"tests/simulation/test_mixing.py::test_consensus_decays_at_the_slem_at_1024_peers[{case}]"

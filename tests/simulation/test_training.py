@@ -26,6 +26,7 @@ def real(peer, spec: TrainingSpec):
 @pytest.mark.parametrize("policy,topology,n", [
     ("synchronous", "ring", 4), ("gossip", "ring", 4), ("push-sum", "one-peer-exponential", 4),
     ("local-sgd", "ring", 4), ("push-sum overlap", "one-peer-exponential", 4),
+    pytest.param("synchronous", "ring", 8, marks=pytest.mark.slow),     # (and in CI's
     pytest.param("gossip", "ring", 8, marks=pytest.mark.slow),          # (and in CI's
     pytest.param("push-sum", "exponential", 8, marks=pytest.mark.slow)])  # second pass)
 def test_the_simulated_peers_end_where_real_peers_end(policy: str, topology: str,
