@@ -443,16 +443,26 @@ def _link_summary(record: dict) -> str:
 
 
 def plot_training(runs: list[dict], path: str, title: str) -> None:
-    """The mean loss of the peers against simulated time, one line per run."""
+    """Against simulated time, one line per run: the peers' mean loss (every step), their own
+    models' mean test accuracy and their consensus distance (the trace's points)."""
     plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(7, 4))
+    fig, (loss_ax, acc_ax, cons_ax) = plt.subplots(1, 3, figsize=(15, 4))
     for run in runs:
-        ax.plot(run["time"], run["loss"], label=f"{run.get('label', run['spec']['policy'])} "
-                                                f"({run['accuracy']:.1%})")
-    ax.set_xlabel("simulated seconds")
-    ax.set_ylabel("mean training loss of the peers")
-    ax.set_title(title, fontsize=9)
-    ax.legend(title="policy (final accuracy)")
+        label = f"{run.get('label', run['spec']['policy'])} ({run['accuracy']:.1%})"
+        line, = loss_ax.plot(run["time"], run["loss"], label=label)
+        points = run.get("trace", [])
+        acc_ax.plot([p["time"] for p in points], [100 * p["accuracy"] for p in points],
+                    marker=".", color=line.get_color())
+        cons_ax.plot([p["time"] for p in points if p["consensus_rms"] is not None],
+                     [p["consensus_rms"] for p in points if p["consensus_rms"] is not None],
+                     marker=".", color=line.get_color())
+    loss_ax.set_ylabel("mean training loss of the peers")
+    acc_ax.set_ylabel("peers' own test accuracy, mean (%)")
+    cons_ax.set_ylabel("consensus distance (RMS to the average)")
+    for ax in (loss_ax, acc_ax, cons_ax):
+        ax.set_xlabel("simulated seconds")
+    fig.suptitle(title, fontsize=9)
+    loss_ax.legend(title="policy (final accuracy)")
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)

@@ -22,6 +22,7 @@ from gossip.simulation.churn import Churn
 from gossip.simulation.fabric import Fabric, SimulatedDeath
 from gossip.simulation.links import Links
 from gossip.simulation.sim_host import SimHost
+from gossip.simulation.trace import TrainingTrace
 
 __all__ = ["TrainingSpec", "TrainingResult", "PeerResult", "simulate_training", "train_peer",
            "SIMULATED_POLICIES", "measure_step_seconds"]
@@ -301,6 +302,9 @@ class TrainingResult:
     restarted: list[int] = field(default_factory=list)   # a rank per restart, ascending
     left: list[int] = field(default_factory=list)        # planned leavers (not in peers)
     joined: list[int] = field(default_factory=list)      # new peers' slots, admitted
+    #: About twenty points of the run: accuracy, averaged accuracy and consensus against
+    #: simulated time (trace.py).
+    trace: list[dict] = field(default_factory=list)
 
     @property
     def accuracy(self) -> float:
@@ -338,7 +342,8 @@ class TrainingResult:
                 # loss and the latest clock of those peers.
                 "steps": [k for k, _ in self._by_step("losses")],
                 "loss": [float(np.mean(col)) for _, col in self._by_step("losses")],
-                "time": [max(col) for _, col in self._by_step("clocks")]}
+                "time": [max(col) for _, col in self._by_step("clocks")],
+                "trace": [dict(point) for point in self.trace]}
 
     def _by_step(self, what: str) -> list[tuple[int, list[float]]]:
         """(step, ``what`` (losses or clocks) of every peer that ran that step) for every step
@@ -383,11 +388,12 @@ def _model(hidden: int) -> Any:
                                torch.nn.ReLU(), torch.nn.Linear(hidden, 10))
 
 
-def train_peer(peer: Any, spec: TrainingSpec, tick: Callable[[float], None] = lambda s: None
-               ) -> PeerResult:
+def train_peer(peer: Any, spec: TrainingSpec, tick: Callable[[float], None] = lambda s: None,
+               trace: Callable[[int, Any], None] = lambda steps, model: None) -> PeerResult:
     """The loop every peer runs: the digits MLP (seeded weights, this rank's shard, seeded
     batches), ``spec.steps`` steps through gossip.DistributedOptimizer with ``spec.policy``;
-    ``tick(seconds)`` charges each step's compute (the simulator's clock; a no-op for real)."""
+    ``tick(seconds)`` charges each step's compute (the simulator's clock; a no-op for real);
+    ``trace(steps, model)`` after each step counted (the simulator's TrainingTrace)."""
     import torch
     import torch.nn.functional as F
 
@@ -430,9 +436,10 @@ def train_peer(peer: Any, spec: TrainingSpec, tick: Callable[[float], None] = la
             dopt.step()
             # (A change at once can move the count on by more than one, to the step count of
             # the member furthest on: the steps it passed end here too.)
-            for _ in range(dopt.policy.step - k):
+            for done in range(k + 1, dopt.policy.step + 1):
                 losses.append(loss.item())
                 clocks.append(float(getattr(peer, "clock", 0.0)))
+                trace(done, model)
             if getattr(peer, "departed", False):   # (a simulated planned leave took effect)
                 break
         accuracy = evaluate(model, test_x, test_y)[0]
@@ -449,6 +456,7 @@ def simulate_training(spec: TrainingSpec, *, timeout: float = 600.0) -> Training
     import torch
 
     import topologies
+    from gossip.demo.evaluation import evaluate, flat_parameters
 
     torch.set_num_threads(1)
     topology = topologies.parse(spec.topology, spec.peers)
@@ -460,6 +468,15 @@ def simulate_training(spec: TrainingSpec, *, timeout: float = 600.0) -> Training
     results: list[PeerResult | None] = [None] * spec.slots
     errors: list[BaseException] = []
     started = time.perf_counter()
+    test = _task_data()[2:]
+    tracer = TrainingTrace(spec.steps, lambda model: evaluate(model, *test)[0])
+
+    def tracing(rank: int) -> Callable[[int, Any], None]:
+        def trace(steps: int, model: Any) -> None:
+            if tracer.wants(steps):
+                tracer.record(steps, rank, fabric.life_of(rank), fabric.clock[rank], model,
+                              flat_parameters(model))
+        return trace
 
     def run(rank: int) -> None:
         # The slot's lives one after the other: a process per life, the next one (a restart)
@@ -470,7 +487,8 @@ def simulate_training(spec: TrainingSpec, *, timeout: float = 600.0) -> Training
             try:
                 if joining and not host.wait_admitted():
                     return   # (the others ended before it was admitted)
-                results[rank] = train_peer(host, spec, lambda s: fabric.advance(rank, s))
+                results[rank] = train_peer(host, spec, lambda s: fabric.advance(rank, s),
+                                           tracing(rank))
                 fabric.finished(rank)
                 return
             except SimulatedDeath:
@@ -511,7 +529,8 @@ def simulate_training(spec: TrainingSpec, *, timeout: float = 600.0) -> Training
                           [int(r) for r in fabric.links.region],
                           sorted(r for r, life in fabric.admitted if life >= 1),
                           sorted(fabric.left),
-                          sorted(r for r, life in fabric.admitted if life == 0))
+                          sorted(r for r, life in fabric.admitted if life == 0),
+                          tracer.points(lambda mean: _averaged_accuracy(mean, spec)))
 
 
 _DATA: list[tuple[Any, Any, Any, Any]] = []   # the task's tensors, made once a process

@@ -75,6 +75,35 @@ def test_two_runs_are_identical() -> None:
     assert a.to_dict() | {"seconds": 0} == b.to_dict() | {"seconds": 0}
 
 
+def test_the_trace_follows_accuracy_and_consensus_over_simulated_time() -> None:
+    """About twenty points of a run: the peers' own accuracy, the averaged model's and the
+    consensus distance (RMS) against the latest clock; the last point is the run's end.
+    Synchronous's replicas are one model at every point; gossip's are not."""
+    from gossip.simulation.trace import trace_steps
+
+    assert trace_steps(60) == list(range(3, 61, 3))
+    assert trace_steps(45) == list(range(2, 41, 2)) + [42, 44, 45]
+    assert trace_steps(7) == list(range(1, 8)) and trace_steps(0) == []
+    for policy in ("gossip", "synchronous"):
+        run = simulate_training(TrainingSpec(policy=policy, peers=6, steps=45,
+                                             link="100mbit,5ms"))
+        points = run.trace
+        assert [p["step"] for p in points] == trace_steps(45)
+        assert all(p["peers"] == 6 for p in points)
+        assert [p["time"] for p in points] == sorted(p["time"] for p in points)
+        last = points[-1]
+        assert last["time"] == pytest.approx(run.simulated_seconds)
+        assert last["accuracy"] == pytest.approx(run.accuracy, abs=1e-12)
+        assert last["averaged_accuracy"] == pytest.approx(run.averaged_accuracy, abs=1e-12)
+        assert points[0]["accuracy"] < last["accuracy"]
+        if policy == "synchronous":
+            assert all(p["consensus_rms"] < 1e-6 for p in points)
+        else:
+            assert all(p["consensus_rms"] > 1e-3 for p in points)
+            assert last["consensus_rms"] == pytest.approx(run.consensus, rel=0.2)
+        assert run.to_dict()["trace"] == points
+
+
 def test_the_clock_charges_compute_latency_and_bytes() -> None:
     """Gossip on a ring of 4, no straggler: each step is its compute, then one message to each
     neighbour (latency + bytes / rate, the links free at once); the allreduce of synchronous
