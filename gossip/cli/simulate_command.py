@@ -121,6 +121,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                             "runs once per codec listed: none, fp16, bf16, int8, topk:RATIO "
                             "(e.g. none,int8: the row without and the row with; rows read "
                             "gossip+int8); the messages are charged their encodings' bytes")
+    train.add_argument("--trace-points", type=int, default=20, metavar="N",
+                       help="points of the run at which each peer's model is evaluated and "
+                            "the consensus measured (the JSON's trace, the plot's accuracy "
+                            "and consensus; default 20, 0: none)")
     train.add_argument("--detect", type=float, default=2.0, metavar="SECONDS",
                        help="the others count a dead peer lost this long after (the heartbeat "
                             "timeout; default 2)")
@@ -385,6 +389,7 @@ def _train(args: argparse.Namespace) -> int:
                           restart_after=args.restart_after,
                           leaves=_deaths(args.leaves, "--leaves") + churn[2],
                           joins=_seconds(args.joins) + churn[3],
+                          trace_points=args.trace_points,
                           policy_options={**_policy_options(name, args),
                                           **({"compression": codec} if codec else {})})
              for name, codec in _runs(args.policy, args.compression)]

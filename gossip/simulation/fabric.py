@@ -60,6 +60,12 @@ and re-form, and the restart is admitted at a boundary of the next view. Planned
 way restarts do, at the first boundary whose latest clock is at or after the request: the
 view goes on without the leaver, which hands what its policy holds (push-sum's mass) to the
 next staying member after it (over the policies' channels, free of time) and ends.
+
+Scheduled runs (``scheduled``: the asynchronous policy's threads, scheduler.py) wait in
+virtual time: a meeting, an admission or a transfer releases the lock and is looked at again
+as the fabric changes (_wait, _notify); a peer waiting there takes no death until it is over.
+Their policies' timed channels belong to a view each, and a receive from a dead or departed
+peer fails as the others hear of it.
 """
 from __future__ import annotations
 

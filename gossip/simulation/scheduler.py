@@ -17,6 +17,13 @@ While a thread of peer r
 runs, ``clocks[r]`` (the fabric's clock of r) is that thread's clock, so the fabric charges
 what it sends to the right time; each thread keeps its own clock between turns.
 
+Deaths (``death``, the fabric's): as a thread takes its turn, its peer's death may be due.
+The peer's own thread raises it (its training loop ends as a killed process's), except while
+its death is deferred (``deferring_death``: a view change it is in); a policy's thread gets
+ThreadKilled once its peer's own thread died or its life ended (``life``: a restarted peer's
+process makes threads of its own), and a thread taking a condition's lock back takes no death
+until it holds it.
+
 When no thread can ever run again while some have not ended (every one waits on something
 nobody will do), the run is deadlocked: every thread raises SimulationDeadlock naming what
 each waited for. A turn that does not come within ``timeout`` real seconds while no other

@@ -1,5 +1,6 @@
 """A simulated training run's trace over simulated time: at about twenty points of the run
-(every ``steps // 20`` steps, and the last), the peers' own models' mean test accuracy, the
+(every ``steps // 20`` steps, and the last; TrainingSpec.trace_points, 0 for none: a point
+costs each peer an evaluation of its model), the peers' own models' mean test accuracy, the
 averaged model's, and the consensus distance, beside the latest clock of the peers that got
 there (``TrainingResult.trace``, the JSON's ``trace``).
 
@@ -41,8 +42,9 @@ def trace_steps(steps: int, points: int = 20) -> list[int]:
 class TrainingTrace:
     """The points of one run (thread-safe: record() is called by every simulated peer)."""
 
-    def __init__(self, steps: int, evaluate: Callable[[Any], float]) -> None:
-        self._steps = set(trace_steps(steps))
+    def __init__(self, steps: int, evaluate: Callable[[Any], float], *,
+                 points: int = 20) -> None:
+        self._steps = set(trace_steps(steps, points)) if points else set()
         self._evaluate = evaluate   # a model's test accuracy
         self._lock = threading.Lock()
         self._sums: dict[int, np.ndarray] = {}           # step -> sum of parameters (int64)

@@ -94,13 +94,15 @@ class TrainingSpec:
     restart_after: float | None = None
     leaves: tuple[tuple[int, float], ...] = ()
     joins: tuple[float, ...] = ()
+    trace_points: int = 20   # points of TrainingResult.trace (0: none; trace.py)
 
     def __post_init__(self) -> None:
         if self.policy not in SIMULATED_POLICIES:
             raise ValueError(f"simulate: policy {self.policy!r} is not simulated; "
                              f"one of {', '.join(SIMULATED_POLICIES)}")
         for name, value, low in (("peers", self.peers, 1), ("steps", self.steps, 0),
-                                 ("batch", self.batch, 1), ("hidden", self.hidden, 1)):
+                                 ("batch", self.batch, 1), ("hidden", self.hidden, 1),
+                                 ("trace_points", self.trace_points, 0)):
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
                 raise ValueError(f"simulate: {name} must be an int >= {low}, got {value!r}")
         if not self.step_seconds >= 0:
@@ -456,7 +458,7 @@ def simulate_training(spec: TrainingSpec, *, timeout: float = 600.0) -> Training
     import torch
 
     import topologies
-    from gossip.demo.evaluation import evaluate, flat_parameters
+    from gossip.demo.evaluation import flat_parameters
 
     torch.set_num_threads(1)
     topology = topologies.parse(spec.topology, spec.peers)
@@ -469,7 +471,8 @@ def simulate_training(spec: TrainingSpec, *, timeout: float = 600.0) -> Training
     errors: list[BaseException] = []
     started = time.perf_counter()
     test = _task_data()[2:]
-    tracer = TrainingTrace(spec.steps, lambda model: evaluate(model, *test)[0])
+    tracer = TrainingTrace(spec.steps, lambda model: _accuracy(model, test),
+                           points=spec.trace_points)
 
     def tracing(rank: int) -> Callable[[int, Any], None]:
         def trace(steps: int, model: Any) -> None:
@@ -531,6 +534,16 @@ def simulate_training(spec: TrainingSpec, *, timeout: float = 600.0) -> Training
                           sorted(fabric.left),
                           sorted(r for r, life in fabric.admitted if life == 0),
                           tracer.points(lambda mean: _averaged_accuracy(mean, spec)))
+
+
+def _accuracy(model: Any, test: tuple[Any, Any]) -> float:
+    """``model``'s test accuracy, the model left in training mode (evaluate sets eval)."""
+    from gossip.demo.evaluation import evaluate
+
+    try:
+        return evaluate(model, *test)[0]
+    finally:
+        model.train()
 
 
 _DATA: list[tuple[Any, Any, Any, Any]] = []   # the task's tensors, made once a process

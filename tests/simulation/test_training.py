@@ -191,6 +191,7 @@ def test_a_straggler_sets_the_pace_of_the_lockstep_policies() -> None:
 @pytest.mark.parametrize("kwargs,message", [
     ({"policy": "easgd"}, "policy 'easgd' is not simulated"),
     ({"peers": 0}, "peers must be an int >= 1"),
+    ({"trace_points": -1}, "trace_points must be an int >= 0"),
     ({"straggler": (9, 2.0)}, "straggler must be"),
     ({"link": "fast"}, "link='fast'"),
 ])
