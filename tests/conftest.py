@@ -67,8 +67,12 @@ CI_AFTER_DEFAULT = (
       f"1024_peers[{c}]" for c in ("ring-gossip", "exponential-push-sum")),
     *(f"tests/simulation/test_training.py::test_the_simulated_peers_end_where_real_peers_end[{c}]"
       for c in ("synchronous-ring-8", "gossip-ring-8", "push-sum-exponential-8")),
-    *(f"tests/simulation/test_training.py::test_the_simulated_codecs_end_where_real_ones_end[{c}]"
-      for c in ("synchronous-topk:0.1-128", "synchronous-int8-1024")),
+    # (all three: the default run keeps the codec clock test)
+    "tests/simulation/test_training.py::test_the_simulated_codecs_end_where_real_ones_end",
+    "tests/simulation/test_simulate_cli.py::"
+    "test_train_runs_each_policy_that_takes_a_codec_once_per_codec",
+    *("tests/simulation/test_deaths.py::test_leaves_at_once_with_a_restart_and_a_join_the_same_"
+      f"twice[{c}]" for c in ("synchronous-options0", "local-sgd-options1", "gossip-options2")),
     *(f"tests/simulation/test_mixing.py::test_consensus_decays_at_the_slem_at_1024_peers[{case}]"
       for case in ("Ring(1024)-100000", "Torus(32, 32)-2000", "Exponential(1024)-60",
                    "OnePeerExponential(1000)-60")),

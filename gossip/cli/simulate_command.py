@@ -121,10 +121,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                             "runs once per codec listed: none, fp16, bf16, int8, topk:RATIO "
                             "(e.g. none,int8: the row without and the row with; rows read "
                             "gossip+int8); the messages are charged their encodings' bytes")
-    train.add_argument("--trace-points", type=int, default=20, metavar="N",
+    train.add_argument("--trace-points", type=int, default=10, metavar="N",
                        help="points of the run at which each peer's model is evaluated and "
                             "the consensus measured (the JSON's trace, the plot's accuracy "
-                            "and consensus; default 20, 0: none)")
+                            "and consensus; default 10, 0: none)")
     train.add_argument("--detect", type=float, default=2.0, metavar="SECONDS",
                        help="the others count a dead peer lost this long after (the heartbeat "
                             "timeout; default 2)")

@@ -1,5 +1,5 @@
-"""A simulated training run's trace over simulated time: at about twenty points of the run
-(every ``steps // 20`` steps, and the last; TrainingSpec.trace_points, 0 for none: a point
+"""A simulated training run's trace over simulated time: at about ten points of the run
+(every ``steps // 10`` steps, and the last; TrainingSpec.trace_points, 0 for none: a point
 costs each peer an evaluation of its model), the peers' own models' mean test accuracy, the
 averaged model's, and the consensus distance, beside the latest clock of the peers that got
 there (``TrainingResult.trace``, the JSON's ``trace``).
@@ -29,7 +29,7 @@ __all__ = ["TrainingTrace", "trace_steps"]
 _SCALE = float(2 ** 40)
 
 
-def trace_steps(steps: int, points: int = 20) -> list[int]:
+def trace_steps(steps: int, points: int = 10) -> list[int]:
     """The step counts a run of ``steps`` steps is traced after: every ``steps // points``
     (at least 1), and the last."""
     every = max(1, steps // points)
@@ -43,7 +43,7 @@ class TrainingTrace:
     """The points of one run (thread-safe: record() is called by every simulated peer)."""
 
     def __init__(self, steps: int, evaluate: Callable[[Any], float], *,
-                 points: int = 20) -> None:
+                 points: int = 10) -> None:
         self._steps = set(trace_steps(steps, points)) if points else set()
         self._evaluate = evaluate   # a model's test accuracy
         self._lock = threading.Lock()

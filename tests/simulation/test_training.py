@@ -76,13 +76,14 @@ def test_two_runs_are_identical() -> None:
 
 
 def test_the_trace_follows_accuracy_and_consensus_over_simulated_time() -> None:
-    """About twenty points of a run: the peers' own accuracy, the averaged model's and the
+    """About ten points of a run: the peers' own accuracy, the averaged model's and the
     consensus distance (RMS) against the latest clock; the last point is the run's end.
     Synchronous's replicas are one model at every point; gossip's are not."""
     from gossip.simulation.trace import trace_steps
 
-    assert trace_steps(60) == list(range(3, 61, 3))
-    assert trace_steps(45) == list(range(2, 41, 2)) + [42, 44, 45]
+    assert trace_steps(60) == list(range(6, 61, 6))
+    assert trace_steps(45) == list(range(4, 45, 4)) + [45]
+    assert trace_steps(60, 20) == list(range(3, 61, 3))
     assert trace_steps(7) == list(range(1, 8)) and trace_steps(0) == []
     for policy in ("gossip", "synchronous"):
         run = simulate_training(TrainingSpec(policy=policy, peers=6, steps=45,
