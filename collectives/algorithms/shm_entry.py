@@ -127,6 +127,7 @@ class SharedEntry:
         self._readers: list[int] | None = None
         self._pid = os.getpid()
         self._described = -1   # the CRC of the call this peer's arena describes in words
+        self._parts: dict[tuple, list] = {}   # parts(): views by (family, dtype, count)
         #: Held by the neighbour exchange that writes this peer's read marks (one at a time).
         self.marks_lock = threading.Lock()
 
@@ -136,6 +137,23 @@ class SharedEntry:
             raise RuntimeError("the peers' slots are mapped by ready(), the first call's")
         start = HEADER_BYTES + SLOT_HEADER
         return self.arenas[j][start:start + self.data_bytes]
+
+    def parts(self, adapter: ArrayAdapter, call: Call, count: int) -> list:
+        """Every rank's slot data as an array of ``count`` elements of ``call``'s frame dtype
+        in ``adapter``'s family, by rank: views made once per mapping and (family, dtype,
+        count), so a loop of one small call makes none."""
+        dtype = call.frame_dtype
+        key = (adapter.kind, dtype, count)
+        views = self._parts.get(key)
+        if views is None:
+            if self.arenas is None:
+                raise RuntimeError("the peers' slots are mapped by ready(), the first call's")
+            if len(self._parts) >= 64:   # (a program of many sizes: bounded)
+                self._parts.clear()
+            nbytes = count * call.itemsize
+            views = self._parts[key] = [adapter.from_frame(self.slot(j)[:nbytes], dtype, count)
+                                        for j in range(len(self.arenas))]
+        return views
 
     def enter(self, call: Call, nbytes: int, words: Any = (),
               write: Callable[[], None] | None = None,
@@ -254,9 +272,11 @@ class SharedEntry:
         self._headers = {j: a[HEADER_BYTES:HEADER_BYTES + SLOT_HEADER].view(np.int64)
                          for j, a in self.arenas.items()}
         self._described = -1
+        self._parts = {}
 
     def close(self) -> None:
         self.arenas, self._counters, self._headers, self.steps = None, {}, {}, {}
+        self._parts = {}
         self.views.close()
         self.arena.close()
 

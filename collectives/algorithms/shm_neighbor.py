@@ -80,7 +80,7 @@ class OnHostNeighbors:
         dst_weights = plan.dst_weights
 
         def write() -> None:
-            adapter.copy(self._part(adapter, call, r, count), flat)
+            adapter.copy(self.entry.parts(adapter, call, count)[r], flat)
             pattern = self._patterns(at, n)[r]
             pattern.fill(np.nan)
             for dst in plan.dst_ranks:
@@ -96,8 +96,9 @@ class OnHostNeighbors:
         acc = scratch if out is None else out
         heard = False
         scaled = None
+        parts = self.entry.parts(adapter, call, count)
         for src in sorted(plan.src_weights):
-            theirs = self._part(adapter, call, src, count)
+            theirs = parts[src]
             sent = float(patterns[src][0, r])
             if sent != 1.0:   # its copy for this peer, scaled as the copying exchange does
                 if scaled is None:
@@ -129,10 +130,6 @@ class OnHostNeighbors:
                                           p_expects=p_expects)
         if problems:
             raise ValueError(unpaired(call, problems))
-
-    def _part(self, adapter: ArrayAdapter, call: Call, j: int, count: int) -> Any:
-        frame = self.entry.slot(j)[:count * call.itemsize]
-        return adapter.from_frame(frame, call.frame_dtype, count)
 
     def _patterns(self, at: int, n: int) -> list[np.ndarray]:
         """Every rank's pattern in its slot, by rank: (2, n) float64, its weights sent and

@@ -35,21 +35,18 @@ class OnHostSmall:
         n, r = t.world_size, t.rank
         count = adapter.size(flat)
         nbytes = count * call.itemsize
+        entry = self.entry
 
         def write() -> None:
-            adapter.copy(self._part(adapter, call, r, count), flat)
+            adapter.copy(entry.parts(adapter, call, count)[r], flat)
             for j in range(n):   # (each other reads this peer's slot)
                 if j != r:
                     count_shared(t, j, nbytes)
-        self.entry.enter(call, nbytes, write=write)
+        entry.enter(call, nbytes, write=write)
+        parts = entry.parts(adapter, call, count)
         reduce_op = "sum" if op == "mean" else op
-        adapter.copy(flat, self._part(adapter, call, 0, count))
+        adapter.copy(flat, parts[0])
         for j in range(1, n):
-            adapter.reduce(reduce_op, flat, self._part(adapter, call, j, count))
+            adapter.reduce(reduce_op, flat, parts[j])
         if op == "mean":
             adapter.divide(flat, n)
-
-    def _part(self, adapter: ArrayAdapter, call: Call, j: int, count: int) -> Any:
-        frame = self.entry.slot(j)[:count * call.itemsize]
-        return adapter.from_frame(frame, call.frame_dtype, count)
-
