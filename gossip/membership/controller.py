@@ -406,16 +406,21 @@ class PeerMembership:
         return switch.step
 
     def _count_deaths(self, transport: Transport, view: View) -> None:
-        """Count the members of the view ending that ``view`` leaves out or replaces (a
-        higher incarnation under the name) and that ``transport`` found dead: lost without
-        a goodbye (a planned leave says goodbye: not a death)."""
+        """Count the members of the view ending that ``view`` leaves out or replaces and
+        that died: ``transport`` lost them without a goodbye (a planned leave says goodbye:
+        not a death), or ``view`` has their name back with a higher incarnation while
+        ``transport`` had no goodbye from them (the restarted process asked in before this
+        peer's transport saw the old one go: its death all the same)."""
         old = self._view_members   # the last view counted: the one ending (rank order)
         now = {m.name: m.incarnation for m in view.members}
-        for rank, lost in transport.inbox.lost_ranks().items():
-            if rank >= len(old) or lost.kind == "closed":
-                continue
-            name, incarnation = old[rank]
-            if now.get(name) != incarnation:
+        lost = transport.inbox.lost_ranks()
+        for rank, (name, incarnation) in enumerate(old):
+            if now.get(name) == incarnation:
+                continue   # still a member
+            why = lost.get(rank)
+            if why is not None and why.kind == "closed":
+                continue   # it said goodbye
+            if why is not None or now.get(name, -1) > incarnation:
                 self._changes_seen["member_deaths"] += 1
 
     def _count_view(self, view: View, first: bool = False) -> None:

@@ -3,11 +3,11 @@ the virtual clock each of them keeps.
 
 Data moves at once, in memory; time does not. Each peer has a clock (seconds of simulated
 time). A message leaves at its sender's clock, waits for its directed link to be free, and
-arrives ``latency + bytes / rate`` later (that link's: links.py); the receiver's clock moves
-to the arrival if that is later. A collective starts when its last member arrives (the latest clock) and ends after the
-algorithm's cost on the link model (the ring allreduce's 2(n - 1) steps of bytes / n, ...);
-every member's clock moves to the end. Results are combined in rank order, so a simulation
-gives the same numbers whatever order its threads run in.
+arrives ``latency + bytes / rate`` later (that link's: links.py); the receiver's clock moves to
+the arrival if that is later. A collective starts when its last member arrives (the latest
+clock) and ends after the algorithm's cost on the link model (the ring allreduce's 2(n - 1)
+steps of bytes / n, ...); every member's clock moves to the end. Results are combined in rank
+order, so a simulation gives the same numbers whatever order its threads run in.
 
 Deaths and restarts follow ``churn`` (churn.py: each slot's lives, a death ending each, a
 request to join beginning each later one). A peer dies at the first point it reaches at or
@@ -48,18 +48,18 @@ churn's ``initial``, which no process held before) joins the same way.
 Leaves (``leaves``: rank -> the simulated second it asks to leave) are at once
 (``leave_at_once``, every policy but push-sum, as ``peer.leave()``): the members of the
 leaver's view hear of it a barrier's latencies over the view after its request (``notice``,
-known from the schedule as the view begins, so that whether a member heard depends on its
-own clock only, never on how far the leaver's thread got); from then on each starts no
-operation of that view, an operation waiting on a member gone or already re-forming ends
-(ViewChanging, its clock at the notice), and they re-form (``reform``). The leaver goes
-(``depart``) at its own first boundary at or after its request, or as it hears of its own
-change, whichever comes first. While restarts are pending too, a change at once comes first:
-a step boundary whose latest clock is past the view's notice, or with a member already
-re-forming (who counts as having come), admits nobody; its members hear of the change there
-and re-form, and the restart is admitted at a boundary of the next view. Planned leaves (push-sum's) take effect the
-way restarts do, at the first boundary whose latest clock is at or after the request: the
-view goes on without the leaver, which hands what its policy holds (push-sum's mass) to the
-next staying member after it (over the policies' channels, free of time) and ends.
+known from the schedule as the view begins, so that whether a member heard depends on its own
+clock only, never on how far the leaver's thread got); from then on each starts no operation of
+that view, an operation waiting on a member gone or already re-forming ends (ViewChanging, its
+clock at the notice), and they re-form (``reform``). The leaver goes (``depart``) at its own
+first boundary at or after its request, or as it hears of its own change, whichever comes
+first. While restarts are pending too, a change at once comes first: a step boundary whose
+latest clock is past the view's notice, or with a member already re-forming (who counts as
+having come), admits nobody; its members hear of the change there and re-form, and the restart
+is admitted at a boundary of the next view. Planned leaves (push-sum's) take effect the way
+restarts do, at the first boundary whose latest clock is at or after the request: the view goes
+on without the leaver, which hands what its policy holds (push-sum's mass) to the next staying
+member after it (over the policies' channels, free of time) and ends.
 
 Scheduled runs (``scheduled``: the asynchronous policy's threads, scheduler.py) wait in
 virtual time: a meeting, an admission or a transfer releases the lock and is looked at again

@@ -27,6 +27,9 @@ __all__ = ["TrainingTrace", "trace_steps"]
 #: The fixed point of the parameters' sum: 2^-40 (parameters below 2^12 in magnitude, sums
 #: of up to 2^10 peers below 2^62).
 _SCALE = float(2 ** 40)
+#: Contributions one int64 partial sum takes (2^10 of under 2^52 each: no overflow); a point
+#: with more (a large run with restarts) keeps several, added as exact integers at the end.
+_PARTIAL = 2 ** 10
 
 
 def trace_steps(steps: int, points: int = 10) -> list[int]:
@@ -47,7 +50,8 @@ class TrainingTrace:
         self._steps = set(trace_steps(steps, points)) if points else set()
         self._evaluate = evaluate   # a model's test accuracy
         self._lock = threading.Lock()
-        self._sums: dict[int, np.ndarray] = {}           # step -> sum of parameters (int64)
+        # step -> partial sums of parameters (int64) and how many each holds
+        self._sums: dict[int, list[tuple[np.ndarray, list[int]]]] = {}
         self._scalars: dict[int, dict[tuple[int, int], tuple[float, float]]] = {}
         self._clocks: dict[int, float] = {}               # step -> the latest clock there
 
@@ -66,11 +70,13 @@ class TrainingTrace:
             np.zeros(values.size, dtype=np.int64)
         square = float(np.dot(values, values)) if finite else math.nan
         with self._lock:
-            total = self._sums.get(step)
-            if total is None:
-                self._sums[step] = fixed
-            else:
+            partials = self._sums.setdefault(step, [])
+            if partials and partials[-1][1][0] < _PARTIAL:
+                total, held = partials[-1]
                 total += fixed
+                held[0] += 1
+            else:
+                partials.append((fixed, [1]))
             self._scalars.setdefault(step, {})[(slot, life)] = (accuracy, square)
             self._clocks[step] = max(self._clocks.get(step, 0.0), clock)
 
@@ -83,7 +89,7 @@ class TrainingTrace:
             for step in sorted(self._sums):
                 scalars = [self._scalars[step][key] for key in sorted(self._scalars[step])]
                 count = len(scalars)
-                mean = self._sums[step].astype(np.float64) / _SCALE / count
+                mean = _exact_sum(self._sums[step]) / _SCALE / count
                 squares = math.fsum(s for _, s in scalars) / count
                 diverged = math.isnan(squares)
                 spread = 0.0 if diverged else max(0.0, squares - float(np.dot(mean, mean)))
@@ -92,3 +98,14 @@ class TrainingTrace:
                             "averaged_accuracy": None if diverged else averaged_accuracy(mean),
                             "consensus_rms": None if diverged else math.sqrt(spread)})
         return out
+
+
+def _exact_sum(partials: list[tuple[np.ndarray, list[int]]]) -> np.ndarray:
+    """The partial sums' total as float64: one partial as it is; several added as Python
+    integers (exact, so the same whatever order the contributions came in), then rounded."""
+    if len(partials) == 1:
+        return partials[0][0].astype(np.float64)
+    total = partials[0][0].astype(object)
+    for partial, _ in partials[1:]:
+        total = total + partial.astype(object)
+    return np.array([float(v) for v in total], dtype=np.float64)

@@ -305,7 +305,7 @@ class TrainingResult:
     left: list[int] = field(default_factory=list)        # planned leavers (not in peers)
     joined: list[int] = field(default_factory=list)      # new peers' slots, admitted
     #: About ten points of the run (trace_points): accuracy, averaged accuracy and consensus
-    #: simulated time (trace.py).
+    #: against simulated time (trace.py).
     trace: list[dict] = field(default_factory=list)
 
     @property
