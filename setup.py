@@ -45,6 +45,7 @@ setup(
             "prometheus-client>=0.17",
             "tensorboard>=2.12",
             "pytest-timeout>=2.1",
+            "pytest-xdist>=3.5",
             "hypothesis>=6.70",
             "networkx>=3",
             "psutil>=5.9",

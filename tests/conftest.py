@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import signal
 import threading
+from collections import Counter
 
 import pytest
 
@@ -251,3 +252,25 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if item.nodeid in listed or item.nodeid.split("[", 1)[0] in listed:
             item.add_marker(pytest.mark.ci)
+
+
+# ------------------------------------------------------------ the docs blocks' summary
+# After a run that included the pages' code blocks: how many ran, and every skip with its
+# reason (each skip is reviewed: it is a block no test runs). Here, not in tests/docs: with
+# -n 2 the summary is written by the process that hands out the tests, which loads this file
+# only.
+def pytest_terminal_summary(terminalreporter) -> None:
+    reports = [r for key in ("passed", "failed", "skipped", "error")
+               for r in terminalreporter.stats.get(key, [])
+               if "test_code_blocks.py::test_code_block[" in getattr(r, "nodeid", "")
+               and r.when in ("call", "setup")]
+    if not reports:
+        return
+    outcomes = Counter("skipped" if r.skipped else "failed" if r.failed else "passed"
+                       for r in reports if r.when == "call" or r.skipped)
+    terminalreporter.write_sep("-", "docs code blocks")
+    terminalreporter.write_line(f"{outcomes['passed']} ran and passed, {outcomes['failed']} "
+                                f"failed, {outcomes['skipped']} skipped")
+    for r in reports:
+        if r.skipped and isinstance(r.longrepr, tuple):
+            terminalreporter.write_line(f"  skipped {r.longrepr[2].removeprefix('Skipped: ')}")

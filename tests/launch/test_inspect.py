@@ -152,7 +152,9 @@ def test_the_banner_names_the_job_the_peers_are_in_and_its_command_adds_a_peer(
     joiner = subprocess.Popen(["bash", "-c", banner["add"]], stdout=subprocess.PIPE,
                               stderr=subprocess.STDOUT, text=True, env=launcher_env(), cwd=tmp_path)
     try:
-        joined = run.wait_for(lambda: sorted(tmp_path.glob("joined.*")), "the joiner's file")
+        joined = run.wait_for(lambda: sorted(p for p in tmp_path.glob("joined.*")
+                                             if p.suffix != ".tmp"),   # (written, then renamed)
+                              "the joiner's file")
         out = joiner.communicate(timeout=WAIT_S)[0]
     finally:
         if joiner.poll() is None:
