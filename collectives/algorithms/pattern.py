@@ -51,7 +51,9 @@ def announce(call: Call, peers, sources, destinations,
 def check_pairing(call: Call, peers, sources, destinations,
                   missing: dict[int, Exception] | None = None) -> list[str]:
     """Read each peer's plan and return what does not pair (an empty list when all do).
-    A peer that made another call entirely is a ProtocolError naming both calls. With
+    A peer that made another call entirely is a ProtocolError naming both calls; a lost
+    peer's plan for this call, which names this peer though this call leaves it out, is no
+    problem (the loss is why it is left out). With
     ``missing``, a peer lost (or silent) before its plan came is recorded there instead of
     failing the call, and so is one already there."""
     t = call.transport
@@ -83,6 +85,11 @@ def check_pairing(call: Call, peers, sources, destinations,
                                   p_sends=bool(bits & PLAN_SENDS),
                                   p_expects=bool(bits & PLAN_RECEIVES))
     for p in t.activity.strangers(call.channel, seq):
+        if t.is_lost(p):
+            # Its plan came before this peer lost it (a peer stopped past its heartbeats, whose
+            # group went on: its first call after leaves the lost out and finds their plans):
+            # the loss, logged and handled by the caller's policy, is the news, not a pattern.
+            continue
         problems.append(f"rank {p} names rank {r} in its pattern, but rank {r}'s call at "
                         f"sequence {seq} does not involve rank {p}")
     return problems
