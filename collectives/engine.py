@@ -23,7 +23,6 @@ send buffers); the Communicator owns the engine and the shared-memory state it r
 from __future__ import annotations
 
 import itertools
-import math
 import threading
 import time
 from typing import Any, Callable
@@ -36,18 +35,10 @@ from collectives.errors import GossipError, OperationTimeout, PeerLost, ViewChan
 from collectives.notices import events
 from collectives.staging import Staging, flat_of
 from collectives.transport.transport import Transport
-from collectives.transport.wire import dtype_itemsize
+from collectives.transport.wire import ALLOWED_DTYPES
 from collectives.work import Executor, Work
 
 __all__ = ["Engine"]
-
-
-def _nbytes(dtype: str, shape: tuple) -> int:
-    """The bytes of an array of ``dtype`` and ``shape`` (0 where that is not one array's)."""
-    try:
-        return math.prod(int(n) for n in shape) * dtype_itemsize(dtype)
-    except Exception:   # a dtype off the wire's list, a shape of no array: not counted
-        return 0
 
 
 class Engine:
@@ -126,8 +117,10 @@ class Engine:
             # It named this call before it began, though this call does not name it: it waits
             # for the answer (see algorithms/pattern.py); this call refuses itself there too.
             transport.answer_plan(src, self.channel, seq)
+        # (The caller's array bytes: a codec's payload, whose dtype is off the wire's list,
+        # counts none.)
         record = transport.recorder.begin(signature, self.channel, seq, peers,
-                                          _nbytes(dtype, shape))
+                                          call.nbytes if dtype in ALLOWED_DTYPES else 0)
         failed: BaseException | None = None
         try:
             result = body(call)
@@ -148,8 +141,7 @@ class Engine:
         finally:
             transport.recorder.end(record, failed)
             activity.end(self.channel, seq, failed is not None)
-            inbox.end(self.channel, seq)
-            transport.retire(self.channel, seq, peers)
+            transport.retire(self.channel, seq, peers, ended=True)   # (and inbox.end)
 
     def take_buffers(self, key: tuple, adapter: ArrayAdapter, flat: Any) -> list:
         """A set of send buffers ``key`` = (kind, dtype, size, count) from the pool (an

@@ -54,6 +54,15 @@ def contiguous_flat(x: Array, *, read_only: bool = False
     """(stand-in, adapter, flat view, dtype name): flat_of ``x`` itself (stand-in None), or of
     a contiguous copy of it when it is not contiguous, which the caller writes back into
     ``x`` if the call writes (Staging does) and keeps alive while it is read."""
+    if type(x) is np.ndarray:   # (every call's array comes here: numpy's checked at once)
+        flags = x.flags
+        if flags.c_contiguous and flags.writeable:
+            adapter = adapter_for(x)
+            flat = x.reshape(-1)
+            dtype = adapter.dtype_name(flat)
+            if dtype not in ALLOWED_DTYPES:
+                raise UnsupportedDtype(dtype, list(ALLOWED_DTYPES))
+            return None, adapter, flat, dtype
     stand_in = adapter_for(x).stand_in(x)
     return (stand_in, *flat_of(x if stand_in is None else stand_in, read_only=read_only))
 

@@ -67,13 +67,32 @@ def on_host(transport: Any, adapter: ArrayAdapter, dtype: str, nbytes: int,
     this host with shared memory and no link emulation (shared_memory_peers), the array is
     in host memory, of a dtype numpy reads (not bfloat16), and holds an announcement. The
     same answer on every peer of one call."""
-    others = set(range(transport.world_size)) - {transport.rank} if peers is None else set(peers)
-    try:
-        np.dtype(dtype)
-    except TypeError:
+    if not (adapter.on_host and nbytes >= ANNOUNCEMENT_BYTES and _numpy_reads(dtype)):
         return False
-    return (adapter.on_host and bool(others) and others <= shared_memory_peers(transport)
-            and nbytes >= ANNOUNCEMENT_BYTES)
+    here = shared_memory_peers(transport)
+    if peers is None:   # every other peer
+        n, r = transport.world_size, transport.rank
+        return n > 1 and len(here) >= n - 1 and all(j in here for j in range(n) if j != r)
+    others = set(peers)
+    return bool(others) and others <= here
+
+
+_NUMPY_READS: dict[str, bool] = {}
+
+
+def _numpy_reads(dtype: str) -> bool:
+    """numpy has the wire dtype ``dtype`` (not bfloat16); remembered, since every small call
+    on one host asks."""
+    reads = _NUMPY_READS.get(dtype)
+    if reads is None:
+        try:
+            np.dtype(dtype)
+            reads = True
+        except TypeError:
+            reads = False
+        if len(_NUMPY_READS) < 256:
+            _NUMPY_READS[dtype] = reads
+    return reads
 
 
 class OnHostAllreduce:

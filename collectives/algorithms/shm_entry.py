@@ -120,6 +120,7 @@ class SharedEntry:
         self.steps: dict[int, np.ndarray] = {}
         self.direct: bool | None = None   # (None: before the first entry)
         self.can_read = False   # this peer reads every other (probed as the arenas are mapped)
+        self._others: list[int] = []   # every other rank (set by ready())
         self._counters: dict[int, np.ndarray] = {}   # views of their counters
         self._headers: dict[int, np.ndarray] = {}    # and of their slot headers
         self._last = -1
@@ -157,24 +158,26 @@ class SharedEntry:
 
     def enter(self, call: Call, nbytes: int, words: Any = (),
               write: Callable[[], None] | None = None,
-              among: list[int] | None = None) -> dict[int, np.ndarray]:
+              among: list[int] | None = None,
+              keep: bool = True) -> dict[int, np.ndarray]:
         """Enter ``call`` (see the module docstring): ``write`` fills this peer's slot once
         the others are done with the previous call. Returns every peer's header (16 int64,
-        a copy). Call ``leave`` afterwards, whatever happens. ``among``: the only peers this
+        a copy; ``keep=False``: an empty dict, for a caller that reads none). Call ``leave``
+        afterwards, whatever happens. ``among``: the only peers this
         call waits for and compares, and that read this peer's slot (a neighbour exchange's
         sources and destinations; every peer still enters the call, with its own); the next
         call waits for those of them that are not lost to be done with this one, not for
         every peer, and ``direct`` is not changed."""
         t = call.transport
         n, r, s = t.world_size, t.rank, call.seq
-        others = [j for j in range(n) if j != r] if among is None else sorted(among)
         self.ready(call)
+        others = self._others if among is None else sorted(among)
         counters, headers = self._counters, self._headers
         crc, text = _crc(call.signature, call.dtype, call.shape)
         if self._last >= 0:   # everyone is done with this peer's last call
             readers = self._readers
             if readers is None:
-                readers = [j for j in range(n) if j != r]
+                readers = self._others
             else:   # (a neighbour exchange's: a lost one reads nothing any more)
                 lost = t.lost_ranks()
                 readers = [j for j in readers if j not in lost]
@@ -196,16 +199,17 @@ class SharedEntry:
                 if seq != s:   # it marked itself done without writing: it failed
                     await_abort(call, j)
                 named = self._their_call(j, theirs) if seq == s else None
-                other = (f"called {named}" if named is not None else
+                other = (f"called {named} at that sequence" if named is not None else
+                         f"was at its call of sequence {seq} instead" if seq != s else
                          f"made another call ({got} bytes, signature CRC {theirs:08x} against "
-                         f"{crc:08x})")
-                raise ProtocolError(f"rank {r}: called {call.describe()}, but rank {j} {other} "
-                                    "at that sequence: the peers made different calls")
+                         f"{crc:08x}) at that sequence")
+                raise ProtocolError(f"rank {r}: called {call.describe()}, but rank {j} {other}"
+                                    ": the peers made different calls")
         if among is not None:
-            return {j: headers[j].copy() for j in [r] + others}
-        seen = {j: headers[j].copy() for j in range(n)}
-        self.direct = all(h[DIRECT] == 1 for h in seen.values())
-        return seen
+            return {j: headers[j].copy() for j in [r] + others} if keep else {}
+        if not self.direct:   # (once True it stays True: read until then)
+            self.direct = all(headers[j][DIRECT] == 1 for j in range(n))
+        return {j: headers[j].copy() for j in range(n)} if keep else {}
 
     def _describe(self, rank: int, crc: int, text: bytes) -> None:
         """Write this peer's call in words into its arena's header page (before the call's
@@ -266,6 +270,7 @@ class SharedEntry:
         reader = cma.Reader()
         self.can_read = self.direct_reads and all(
             reader.probe(int(announced[j][0]), int(announced[j][4])) for j in others)
+        self._others = others
         self._counters = {j: counter_of(a) for j, a in self.arenas.items()}
         self.steps = {j: a[_STEPS_OFFSET:_STEPS_OFFSET + 16].view(np.int64)
                       for j, a in self.arenas.items()}
@@ -273,6 +278,7 @@ class SharedEntry:
                          for j, a in self.arenas.items()}
         self._described = -1
         self._parts = {}
+        self.direct = None   # (until these mappings' first entry)
 
     def close(self) -> None:
         self.arenas, self._counters, self._headers, self.steps = None, {}, {}, {}
@@ -287,7 +293,7 @@ def shared_barrier(entry: SharedEntry, order: Any) -> Callable[[Call], None]:
     def barrier(call: Call) -> None:
         with order.turn(call):
             try:
-                entry.enter(call, 0)
+                entry.enter(call, 0, keep=False)
             finally:
                 entry.leave(call)
     return barrier
@@ -426,6 +432,8 @@ def wait_counters(call: Call, counters: dict[int, np.ndarray], targets: dict[int
     as the transport words it; a chunk: ProtocolError) or its loss (PeerLost), and raising
     OperationTimeout at the call's deadline."""
     pending = [j for j, target in targets.items() if counters[j][0] < target]
+    if not pending:   # (a small call's first wait, as a rule: nothing to wait for)
+        return
     now = start = time.monotonic()
     spin_until = now + spin_seconds(call.transport.world_size)
     check_at = now + 0.001

@@ -89,7 +89,7 @@ class OnHostNeighbors:
             for src, weight in plan.src_weights.items():
                 pattern[1, src] = weight
         among = sorted(set(plan.src_weights) | set(plan.dst_ranks))
-        self.entry.enter(call, at + 16 * n, write=write, among=among)
+        self.entry.enter(call, at + 16 * n, write=write, among=among, keep=False)
         patterns = self._patterns(at, n)
         if plan.check_pattern:
             self._check(call, patterns, among)

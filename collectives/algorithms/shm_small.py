@@ -42,7 +42,7 @@ class OnHostSmall:
             for j in range(n):   # (each other reads this peer's slot)
                 if j != r:
                     count_shared(t, j, nbytes)
-        entry.enter(call, nbytes, write=write)
+        entry.enter(call, nbytes, write=write, keep=False)
         parts = entry.parts(adapter, call, count)
         reduce_op = "sum" if op == "mean" else op
         adapter.copy(flat, parts[0])

@@ -430,11 +430,14 @@ class Inbox:
         Returns the undelivered messages (their shared-memory slots must be released)."""
         return self.retire_all(key[1], key[2], (key[0],))
 
-    def retire_all(self, channel: int, seq: int, srcs) -> list:
-        """retire() mailbox ``(src, channel, seq)`` of each of ``srcs`` under one lock."""
+    def retire_all(self, channel: int, seq: int, srcs, *, ended: bool = False) -> list:
+        """retire() mailbox ``(src, channel, seq)`` of each of ``srcs`` under one lock;
+        ``ended``: and end() the operation."""
         left: list = []
         resumes: list[tuple] = []
         with self._lock:
+            if ended:
+                self._running.discard((channel, seq))
             boxes, retired = self._boxes, self._retired
             for src in srcs:
                 box = boxes.pop((src, channel, seq), None)
