@@ -78,10 +78,13 @@ class OnHostNeighbors:
         nbytes = count * call.itemsize
         at = _pattern_at(nbytes)
         dst_weights = plan.dst_weights
+        self.entry.ready(call)   # (the first such call maps the peers' slots: enter's first step)
+        parts = self.entry.parts(adapter, call, count)
+        patterns = self._patterns(at, n)
 
         def write() -> None:
-            adapter.copy(self.entry.parts(adapter, call, count)[r], flat)
-            pattern = self._patterns(at, n)[r]
+            adapter.copy(parts[r], flat)
+            pattern = patterns[r]
             pattern.fill(np.nan)
             for dst in plan.dst_ranks:
                 pattern[0, dst] = 1.0 if dst_weights is None else dst_weights[dst]
@@ -90,13 +93,11 @@ class OnHostNeighbors:
                 pattern[1, src] = weight
         among = sorted(set(plan.src_weights) | set(plan.dst_ranks))
         self.entry.enter(call, at + 16 * n, write=write, among=among, keep=False)
-        patterns = self._patterns(at, n)
         if plan.check_pattern:
             self._check(call, patterns, among)
         acc = scratch if out is None else out
         heard = False
         scaled = None
-        parts = self.entry.parts(adapter, call, count)
         for src in sorted(plan.src_weights):
             theirs = parts[src]
             sent = float(patterns[src][0, r])

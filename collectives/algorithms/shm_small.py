@@ -36,14 +36,15 @@ class OnHostSmall:
         count = adapter.size(flat)
         nbytes = count * call.itemsize
         entry = self.entry
+        entry.ready(call)   # (the first such call maps the peers' slots: enter's first step)
+        parts = entry.parts(adapter, call, count)
 
         def write() -> None:
-            adapter.copy(entry.parts(adapter, call, count)[r], flat)
+            adapter.copy(parts[r], flat)
             for j in range(n):   # (each other reads this peer's slot)
                 if j != r:
                     count_shared(t, j, nbytes)
         entry.enter(call, nbytes, write=write, keep=False)
-        parts = entry.parts(adapter, call, count)
         reduce_op = "sum" if op == "mean" else op
         adapter.copy(flat, parts[0])
         for j in range(1, n):
