@@ -42,6 +42,19 @@ def trace_steps(steps: int, points: int = 10) -> list[int]:
     return out
 
 
+class _Partial:
+    """One int64 partial sum of a point's parameters (fixed point) and how many it holds."""
+
+    __slots__ = ("total", "held")
+
+    def __init__(self, first: np.ndarray) -> None:
+        self.total, self.held = first, 1
+
+    def add(self, fixed: np.ndarray) -> None:
+        self.total += fixed
+        self.held += 1
+
+
 class TrainingTrace:
     """The points of one run (thread-safe: record() is called by every simulated peer)."""
 
@@ -50,8 +63,7 @@ class TrainingTrace:
         self._steps = set(trace_steps(steps, points)) if points else set()
         self._evaluate = evaluate   # a model's test accuracy
         self._lock = threading.Lock()
-        # step -> partial sums of parameters (int64) and how many each holds
-        self._sums: dict[int, list[tuple[np.ndarray, list[int]]]] = {}
+        self._sums: dict[int, list[_Partial]] = {}   # step -> its partial sums
         self._scalars: dict[int, dict[tuple[int, int], tuple[float, float]]] = {}
         self._clocks: dict[int, float] = {}               # step -> the latest clock there
 
@@ -71,12 +83,10 @@ class TrainingTrace:
         square = float(np.dot(values, values)) if finite else math.nan
         with self._lock:
             partials = self._sums.setdefault(step, [])
-            if partials and partials[-1][1][0] < _PARTIAL:
-                total, held = partials[-1]
-                total += fixed
-                held[0] += 1
+            if partials and partials[-1].held < _PARTIAL:
+                partials[-1].add(fixed)
             else:
-                partials.append((fixed, [1]))
+                partials.append(_Partial(fixed))
             self._scalars.setdefault(step, {})[(slot, life)] = (accuracy, square)
             self._clocks[step] = max(self._clocks.get(step, 0.0), clock)
 
@@ -100,12 +110,12 @@ class TrainingTrace:
         return out
 
 
-def _exact_sum(partials: list[tuple[np.ndarray, list[int]]]) -> np.ndarray:
+def _exact_sum(partials: list[_Partial]) -> np.ndarray:
     """The partial sums' total as float64: one partial as it is; several added as Python
     integers (exact, so the same whatever order the contributions came in), then rounded."""
     if len(partials) == 1:
-        return partials[0][0].astype(np.float64)
-    total = partials[0][0].astype(object)
-    for partial, _ in partials[1:]:
-        total = total + partial.astype(object)
+        return partials[0].total.astype(np.float64)
+    total = partials[0].total.astype(object)
+    for partial in partials[1:]:
+        total = total + partial.total.astype(object)
     return np.array([float(v) for v in total], dtype=np.float64)
