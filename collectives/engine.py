@@ -141,7 +141,7 @@ class Engine:
         finally:
             transport.recorder.end(record, failed)
             activity.end(self.channel, seq, failed is not None)
-            transport.retire(self.channel, seq, peers, ended=True)   # (and inbox.end)
+            transport.retire(self.channel, seq, peers, ended=True)   # (inbox.begin's end)
 
     def take_buffers(self, key: tuple, adapter: ArrayAdapter, flat: Any) -> list:
         """A set of send buffers ``key`` = (kind, dtype, size, count) from the pool (an

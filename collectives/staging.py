@@ -43,6 +43,11 @@ def flat_of(x: Array, *, read_only: bool = False) -> tuple[ArrayAdapter, Array, 
         flat = x.reshape(-1)
     else:
         flat = adapter.flat(x)
+    return _on_the_wire(adapter, flat)
+
+
+def _on_the_wire(adapter: ArrayAdapter, flat: Array) -> tuple[ArrayAdapter, Array, str]:
+    """(adapter, flat, its dtype's wire name); UnsupportedDtype if the wire does not carry it."""
     dtype = adapter.dtype_name(flat)
     if dtype not in ALLOWED_DTYPES:
         raise UnsupportedDtype(dtype, list(ALLOWED_DTYPES))
@@ -57,12 +62,7 @@ def contiguous_flat(x: Array, *, read_only: bool = False
     if type(x) is np.ndarray:   # (every call's array comes here: numpy's checked at once)
         flags = x.flags
         if flags.c_contiguous and flags.writeable:
-            adapter = adapter_for(x)
-            flat = x.reshape(-1)
-            dtype = adapter.dtype_name(flat)
-            if dtype not in ALLOWED_DTYPES:
-                raise UnsupportedDtype(dtype, list(ALLOWED_DTYPES))
-            return None, adapter, flat, dtype
+            return (None, *_on_the_wire(adapter_for(x), x.reshape(-1)))
     stand_in = adapter_for(x).stand_in(x)
     return (stand_in, *flat_of(x if stand_in is None else stand_in, read_only=read_only))
 

@@ -72,7 +72,7 @@ def on_host(transport: Any, adapter: ArrayAdapter, dtype: str, nbytes: int,
     here = shared_memory_peers(transport)
     if peers is None:   # every other peer
         n, r = transport.world_size, transport.rank
-        return n > 1 and len(here) >= n - 1 and all(j in here for j in range(n) if j != r)
+        return n > 1 and all(j in here for j in range(n) if j != r)
     others = set(peers)
     return bool(others) and others <= here
 

@@ -333,14 +333,10 @@ class Inbox:
 
     def begin(self, channel: int, seq: int) -> None:
         """An operation started: its messages are wanted soon, never replaced (copied out of
-        their shared-memory slots, see replace_unclaimed)."""
+        their shared-memory slots, see replace_unclaimed) until it ends (retire_all's
+        ``ended``)."""
         with self._lock:
             self._running.add((channel, seq))
-
-    def end(self, channel: int, seq: int) -> None:
-        """The operation ``(channel, seq)`` ended: the twin of begin()."""
-        with self._lock:
-            self._running.discard((channel, seq))
 
     def replace_unclaimed(self, src: int, move: Any) -> int:
         """Replace, with ``move(item)``, every message from ``src`` waiting in a mailbox that no
@@ -432,7 +428,7 @@ class Inbox:
 
     def retire_all(self, channel: int, seq: int, srcs, *, ended: bool = False) -> list:
         """retire() mailbox ``(src, channel, seq)`` of each of ``srcs`` under one lock;
-        ``ended``: and end() the operation."""
+        ``ended``: the operation ``(channel, seq)`` ended too (begin()'s twin)."""
         left: list = []
         resumes: list[tuple] = []
         with self._lock:

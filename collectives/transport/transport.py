@@ -359,7 +359,7 @@ class Transport:
     def retire(self, channel: int, seq: int, srcs, *, ended: bool = False) -> None:
         """End mailbox ``(src, channel, seq)`` of each of ``srcs``: later arrivals are dropped as
         stale, and unread shared-memory chunks give their slots back. ``ended``: the
-        operation ``(channel, seq)`` ended too (inbox.end, under the same lock)."""
+        operation ``(channel, seq)`` ended too (Inbox.begin's twin, under the same lock)."""
         for item in self.inbox.retire_all(channel, seq, srcs, ended=ended):
             if type(item) is tuple and item[2] is not None:
                 item[2]()  # free the shared-memory slot of a message never consumed
