@@ -400,9 +400,12 @@ class ViewChanges:
         handoffs = [(h[0], h[1]) for h in commit.get("handoffs") or ()
                     if isinstance(h, list) and len(h) == 2
                     and all(type(r) is int for r in h)]
+        left = commit.get("left")
+        left = frozenset(n for n in left if isinstance(n, str)) if isinstance(left, list) \
+            else frozenset()
         return Switch(view, transport, source, commit["step"], list(commit["receivers"]),
                       donors, handoffs, at_once=p.at_step is None,
-                      completes=commit.get("completes") is True)
+                      completes=commit.get("completes") is True, left=left)
 
     @staticmethod
     def _close(transport: Any) -> None:

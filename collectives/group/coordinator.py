@@ -338,9 +338,11 @@ class Coordinator:
         # The source's state holds its update of step ``step``, not yet combined: those that
         # take it complete that step in the new view (changes.py).
         completes = self.ready[p.members[source].name]["pending"]
+        names = {m.name for m in p.members}
+        left = sorted(name for name in (*self.leaving, *self.departing) if name not in names)
         commit = {"pid": p.pid, "view": view.to_wire(), "table": table, "source": source,
                   "step": step, "receivers": receivers, "donors": donors,
-                  "completes": completes,
+                  "completes": completes, "left": left,
                   "handoffs": [[new, self.changes.view.rank_of(name)]
                                for name, (new, _) in handoffs.items()]}
         for m in p.members:

@@ -56,6 +56,9 @@ class Switch:
     # combined: the receivers, which take that update, complete the step in the new view
     # (changes.py); False: they begin step ``step`` afresh.
     completes: bool = False
+    # The names of the ending view's members that asked to leave (at once or planned) and
+    # that this view leaves out: leaves, not deaths (the membership's metrics count them so).
+    left: frozenset[str] = frozenset()
 
     @property
     def senders(self) -> list[int]:

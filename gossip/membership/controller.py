@@ -357,7 +357,7 @@ class PeerMembership:
         for p in peer.policies:
             p.view_changing(switch)
         if self._transport is not None:
-            self._count_deaths(self._transport, switch.view)
+            self._count_deaths(self._transport, switch)
         old_transport, old_comms = peer.install_transport(switch.transport)
         self.use(switch.transport)
         for p in peer.policies:
@@ -405,23 +405,23 @@ class PeerMembership:
             callback(switch.view)
         return switch.step
 
-    def _count_deaths(self, transport: Transport, view: View) -> None:
-        """Count the members of the view ending that ``view`` leaves out or replaces and
-        that died: ``transport`` lost them without a goodbye (a planned leave says goodbye:
-        not a death), or ``view`` has their name back with a higher incarnation while
-        ``transport`` had no goodbye from them (the restarted process asked in before this
-        peer's transport saw the old one go: its death all the same)."""
+    def _count_deaths(self, transport: Transport, switch: Switch) -> None:
+        """Count the members of the view ending that ``switch``'s view leaves out or replaces
+        and that died: all but those that asked to leave (the commit names them:
+        ``switch.left``) and those ``transport`` had a goodbye from. Whether this peer's
+        transport has seen the death yet does not matter: the view that leaves a member
+        out may come first (another member saw it go), and so may its restarted process,
+        back under its name with a higher incarnation."""
         old = self._view_members   # the last view counted: the one ending (rank order)
-        now = {m.name: m.incarnation for m in view.members}
+        now = {m.name: m.incarnation for m in switch.view.members}
         lost = transport.inbox.lost_ranks()
         for rank, (name, incarnation) in enumerate(old):
             if now.get(name) == incarnation:
                 continue   # still a member
             why = lost.get(rank)
-            if why is not None and why.kind == "closed":
-                continue   # it said goodbye
-            if why is not None or now.get(name, -1) > incarnation:
-                self._changes_seen["member_deaths"] += 1
+            if name in switch.left or why is not None and why.kind == "closed":
+                continue   # it left, or said goodbye
+            self._changes_seen["member_deaths"] += 1
 
     def _count_view(self, view: View, first: bool = False) -> None:
         """Count what ``view`` changed against the last one this peer took (``first``: the

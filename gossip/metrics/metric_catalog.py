@@ -85,9 +85,9 @@ METRICS: tuple[MetricSpec, ...] = (
     MetricSpec("gossip_member_restarts_total", "counter", (),
                "Members back under their name with a higher incarnation (a restart)."),
     MetricSpec("gossip_member_deaths_total", "counter", (),
-               "Members the views this peer took left out or replaced that died: lost "
-               "without a goodbye, or back with a higher incarnation before this peer saw "
-               "them go (a death, not a planned leave)."),
+               "Members the views this peer took left out or replaced that died: all but "
+               "those that asked to leave or said goodbye, whether or not this peer had "
+               "seen them go (a death, not a leave)."),
     # -- the metrics themselves (MetricsService: what collecting them has cost this peer)
     MetricSpec("gossip_metrics_collections_total", "counter", (),
                "Collections of these metrics (scrapes of /metrics, file and TensorBoard "

@@ -51,6 +51,33 @@ def test_a_death_and_its_restart_are_counted_by_the_survivors() -> None:
         assert r["gossip_members_left_total"] in (0, 1)
 
 
+def _leaves_at_once(peer, total: int):
+    x = np.zeros(10)
+    policy = Synchronous().attach(peer, [x])
+    leaver = peer.rank == 1
+    while policy.step < total:
+        if leaver and policy.step == 10:
+            peer.leave()
+            return None
+        x += 1.0
+        policy.after_step()
+    values = series(parse(render(collect(peer))))
+    rank = str(peer.rank)
+    return {name: values.get((name, (("rank", rank),))) for name in (
+        "gossip_members", "gossip_members_left_total", "gossip_member_deaths_total",
+        "gossip_member_restarts_total")}
+
+
+def test_a_member_that_leaves_is_counted_as_left_not_dead() -> None:
+    # The view leaving it out may reach a survivor before its goodbye does: the commit says
+    # it asked to leave (Switch.left), so no survivor counts a death.
+    results = spawn(_leaves_at_once, n=3, timeout=150, args=(30,), peer_timeout=30.0)
+    assert results[1] is None
+    for r in (results[0], results[2]):
+        assert r == {"gossip_members": 2, "gossip_members_left_total": 1,
+                     "gossip_member_deaths_total": 0, "gossip_member_restarts_total": 0}, r
+
+
 def test_under_gossip_run_max_restarts_the_metrics_and_the_default_log_say_it_once() -> None:
     """A real SIGKILL and `gossip run --max-restarts 1`: each survivor's metrics count one
     death and one restart and a view that moved; the default log has the launcher's one
