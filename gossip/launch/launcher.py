@@ -347,7 +347,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-restarts", type=int, default=0, metavar="K",
                         help="start a failed peer again, up to K times per peer; it rejoins "
                              "the running job (policies with elastic=True, or gossip ones, "
-                             "go on meanwhile)")
+                             "go on meanwhile); once every other peer of the node has "
+                             "finished, a restart still running is stopped after --grace")
     parser.add_argument("--job-id", default=None,
                         help="the job's id (GOSSIP_JOB_ID; default: a fresh one on one node, "
                              "one from the rendezvous address across nodes): peers of other "

@@ -3,6 +3,11 @@
 The first peer to fail stops the others (SIGTERM, then SIGKILL after ``grace`` seconds) and
 its exit code becomes the launcher's (128+N for death by signal N, like a shell).
 SIGINT/SIGTERM/SIGHUP to the launcher are forwarded to every peer, with the same escalation.
+Under ``max_restarts``, a failed peer is started again; once every other peer of this node has
+finished (exit 0), the job has ended here: a restart still running is given ``grace`` seconds
+to finish (one that rejoined ends at the others' step) and is then stopped, said in a line, not
+counted as a failure (one still waiting for the rendezvous would wait out its timeout for a
+job that is gone); a peer failing then is not started again.
 SIGUSR1 is passed on and nothing stops: each peer that catches it (gossip.init() makes it
 write the peer's stacks: gossip/stacks.py) gets it, the peer process alone; a peer without
 a handler (still importing, or a program that has none) is not sent it, since it would die.
@@ -148,6 +153,7 @@ class LocalPeers:
         # variables and the next GOSSIP_INCARNATION: it rejoins the running job.
         self.max_restarts = max_restarts
         self.restarts = [0] * nprocs
+        self.exits: dict[int, int] = {}   # local -> its latest life's exit code, once ended
         self.procs: list[subprocess.Popen] = []
         self.running: set[int] = set()
         # SimpleQueue.put is reentrant, so signal handlers may post to it safely.
@@ -288,8 +294,13 @@ class LocalPeers:
         """Wait for every peer; on the first failure (unless keep_going) or signal, stop the
         rest."""
         failed = 0
+        ended: float | None = None   # the job ended here: when its late restarts are stopped
         while self.running:
-            kind, who, code = self._next_event()
+            try:
+                kind, who, code = self._next_event(ended)
+            except queue.Empty:
+                self._stop_late_restarts()
+                return failed
             if kind == "signal" and who in _PASSED_ON:
                 self._pass_on(who)
                 continue
@@ -299,15 +310,20 @@ class LocalPeers:
                 self._stop(who)
                 return 128 + who
             self.running.discard(who)
+            self.exits[who] = code
+            if ended is None and self._ended_here():
+                ended = time.monotonic() + self.grace
             if code != 0:
                 rank = self.first_rank + who
                 how = (f" (killed by {_signal_name(-code)})" if code < 0 else "")
-                if self.restarts[who] < self.max_restarts:
+                if self.restarts[who] < self.max_restarts and ended is None:
                     self._say(f"rank {rank} failed with exit code {_exit_code(code)}{how}"
                               f"{self._why(who)}; starting it again (restart {self.restarts[who] + 1} of "
                               f"{self.max_restarts}): it rejoins the running job")
                     self._restart(who)
                     continue
+                if self.restarts[who] < self.max_restarts:   # the job ended here first
+                    how += "; not started again: the job has ended here"
                 if self.keep_going:
                     self._say(f"rank {rank} failed with exit code {_exit_code(code)}{how}"
                               f"{self._why(who)}; {len(self.running)} peer(s) go on "
@@ -319,6 +335,25 @@ class LocalPeers:
                 self._stop(signal.SIGTERM)
                 return _exit_code(code)
         return failed
+
+    def _ended_here(self) -> bool:
+        """A peer of this node finished (exit code 0) and every one still running is a
+        restart: the job has ended here (a restart still looking for the rendezvous would
+        find nobody; one that rejoined ends at the others' step)."""
+        return (any(code == 0 for code in self.exits.values())
+                and all(self.restarts[local] for local in self.running))
+
+    def _stop_late_restarts(self) -> None:
+        """The job ended here ``grace`` seconds ago and restarts still run: stop them."""
+        late = ", ".join(f"{self.first_rank + local} (restart {self.restarts[local]})"
+                         for local in sorted(self.running))
+        finished = ", ".join(str(self.first_rank + local) for local in sorted(self.exits)
+                             if self.exits[local] == 0)
+        self._say(f"the job ended here: rank(s) {finished} finished (exit code 0), and "
+                  f"rank(s) {late} had not finished {self.grace:g} s later (a restart that "
+                  "came back after the job had ended has no job to join); stopping it: the "
+                  "job's result is the finished peers'")
+        self._stop(signal.SIGTERM)
 
     def _signal(self, signum: int) -> None:
         for local in sorted(self.running):

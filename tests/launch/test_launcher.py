@@ -395,3 +395,36 @@ def test_log_dir_keeps_each_peers_output_unprefixed_and_still_shows_it(tmp_path)
         err = (tmp_path / "logs" / f"rank{rank}.stderr").read_text()
         assert err == f"stderr line of rank {rank}\n", err
         assert f"[rank {rank}] ARGS x" in proc.stdout   # shown here too (tee)
+
+
+@pytest.mark.timeout(120)
+def test_a_restart_that_comes_back_after_the_job_ended_is_stopped_not_waited_for(
+        tmp_path: Path) -> None:
+    """Rank 2 of 3 is SIGKILLed and started again; the others end before its restart looks
+    for the rendezvous (a preempted machine that comes back after the last step). It used to
+    wait out its rendezvous timeout for a job that was gone, then fail the launcher (exit 1,
+    RendezvousError: no answer). Now the launcher, once every other peer has finished, gives
+    it the grace and stops it: exit 0 and a line that says so."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "gossip", "run", "-n", "3", "--max-restarts", "1", "--grace", "1",
+         _script("late_restart.py")], capture_output=True, text=True, timeout=WAIT_S,
+        env=_env(DONE_FILE=str(tmp_path / "done"), GOSSIP_TIMEOUT="100"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "rank 2 failed with exit code 137 (killed by SIGKILL); starting it again" \
+        in proc.stderr, proc.stderr[-3000:]
+    assert "gossip run: the job ended here: rank(s) 0, 1 finished (exit code 0), and rank(s) " \
+           "2 (restart 1) had not finished 1 s later" in proc.stderr, proc.stderr[-3000:]
+    assert "RendezvousError" not in proc.stderr, proc.stderr[-3000:]
+    for rank in (0, 1):
+        assert f"[rank {rank}] rank {rank}: ended at step " in proc.stdout, proc.stdout
+
+
+def test_a_peer_that_fails_after_the_job_ended_is_not_started_again(tmp_path: Path) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "gossip", "run", "-n", "3", "--max-restarts", "1",
+         _script("late_restart.py")], capture_output=True, text=True, timeout=WAIT_S,
+        env=_env(DONE_FILE=str(tmp_path / "done"), FAIL_AFTER_END="1"))
+    assert proc.returncode == 3, proc.stderr[-3000:]
+    assert "rank 2 failed with exit code 3; not started again: the job has ended here; " \
+           "stopping the other peers" in proc.stderr, proc.stderr[-3000:]
+    assert "starting it again" not in proc.stderr, proc.stderr[-3000:]

@@ -19,6 +19,13 @@ from gossip.policies import Synchronous
 from gossip.testing import spawn
 
 
+def _scraped(peer, *names: str) -> dict[str, float | None]:
+    """This peer's series of ``names``, from what a scrape of its metrics answers."""
+    values = series(parse(render(collect(peer))))
+    rank = (("rank", str(peer.rank)),)
+    return {name: values.get((name, rank)) for name in names}
+
+
 def _dies_once_and_restarts(peer, total: int):
     x = np.zeros(10)
     policy = Synchronous(elastic=True).attach(peer, [x])
@@ -29,12 +36,9 @@ def _dies_once_and_restarts(peer, total: int):
             os.kill(os.getpid(), signal.SIGKILL)
         policy.after_step()
         np.ones((64, 64)) @ np.ones((64, 64))   # a step's compute
-    values = series(parse(render(collect(peer))))   # what a scrape answers
-    rank = str(peer.rank)
-    return {name: values.get((name, (("rank", rank),))) for name in (
-        "gossip_view", "gossip_members", "gossip_view_changes_total",
-        "gossip_members_joined_total", "gossip_members_left_total",
-        "gossip_member_restarts_total", "gossip_member_deaths_total")}
+    return _scraped(peer, "gossip_view", "gossip_members", "gossip_view_changes_total",
+                    "gossip_members_joined_total", "gossip_members_left_total",
+                    "gossip_member_restarts_total", "gossip_member_deaths_total")
 
 
 def test_a_death_and_its_restart_are_counted_by_the_survivors() -> None:
@@ -61,11 +65,8 @@ def _leaves_at_once(peer, total: int):
             return None
         x += 1.0
         policy.after_step()
-    values = series(parse(render(collect(peer))))
-    rank = str(peer.rank)
-    return {name: values.get((name, (("rank", rank),))) for name in (
-        "gossip_members", "gossip_members_left_total", "gossip_member_deaths_total",
-        "gossip_member_restarts_total")}
+    return _scraped(peer, "gossip_members", "gossip_members_left_total",
+                    "gossip_member_deaths_total", "gossip_member_restarts_total")
 
 
 def test_a_member_that_leaves_is_counted_as_left_not_dead() -> None:

@@ -1,0 +1,50 @@
+"""usage: late_restart.py  (under gossip run -n 3 --max-restarts 1; DONE_FILE set)
+
+Rank 2 SIGKILLs itself at step 5 of a Synchronous(elastic=True) job. Ranks 0 and 1 end as
+soon as their view has lost it; rank 0 writes DONE_FILE once its peer is closed. The restart
+of rank 2 waits for that file, then looks for the rendezvous of a job that has ended (as a
+restart does that comes back after the job's last step): nobody answers it within its
+GOSSIP_TIMEOUT. With FAIL_AFTER_END=1 no group is formed: ranks 0 and 1 exit 0 at once and
+rank 2 exits 3 after them (a failure once the job has ended)."""
+import os
+import signal
+import time
+
+import numpy as np
+
+import gossip
+from gossip.policies import Synchronous
+
+done_file = os.environ["DONE_FILE"]
+rank = int(os.environ["RANK"])
+first = os.environ.get("GOSSIP_INCARNATION", "0") == "0"
+
+
+def wait_for_done() -> None:
+    deadline = time.monotonic() + 60
+    while not os.path.exists(done_file):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"rank {rank}: {done_file} not written within 60 s")
+        time.sleep(0.05)
+
+
+if os.environ.get("FAIL_AFTER_END") == "1":   # no group: the launcher's part alone
+    if rank == 2:
+        wait_for_done()
+        raise SystemExit(3)
+    if rank == 0:
+        open(done_file, "w").close()
+    raise SystemExit(0)
+if rank == 2 and not first:
+    wait_for_done()
+with gossip.init() as peer:
+    w = np.zeros(4)
+    policy = Synchronous(elastic=True).attach(peer, [w])
+    while peer.world_size == 3 if rank != 2 else True:
+        if rank == 2 and first and policy.step == 5:
+            os.kill(os.getpid(), signal.SIGKILL)
+        w += 1.0
+        policy.after_step()
+    print(f"rank {rank}: ended at step {policy.step} of {peer.view.describe()}", flush=True)
+if rank == 0:
+    open(done_file, "w").close()
