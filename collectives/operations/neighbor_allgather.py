@@ -1,6 +1,7 @@
 """Neighbour allgather (BlueFog's ``neighbor_allgather``): each peer sends its ``x`` to the
 peers of ``dst_ranks`` and gets the arrays of the peers of ``src_ranks``, concatenated along
-the first axis in ascending rank order. Only the peers named take part (a directed or
+the first axis in the order ``src_ranks`` gives them (BlueFog's order; a rank named twice
+counts once, where it is first named). Only the peers named take part (a directed or
 time-varying pattern is fine); the arrays' first dimensions may differ between peers, the
 rest of the shape and the dtype may not.
 
@@ -69,12 +70,13 @@ def _read(call: Call, src: int, where: tuple[int, int], adapter: Any, out: Any, 
 
 def neighbor_allgather(engine: Engine, x: Any, src_ranks, dst_ranks, wait: bool,
                        timeout: float | None) -> Any:
-    """The in-neighbours' ``x`` concatenated along the first axis (ascending rank), of
+    """The in-neighbours' ``x`` concatenated along the first axis (in ``src_ranks``' order), of
     shape (sum of their first dims, *x.shape[1:]); an empty array (first dim 0) when
     ``src_ranks`` is empty. A Work handle with ``wait=False``."""
     adapter, flat, dtype = Staging().flat(x, written=False)
     r, n = engine.rank, engine.world_size
-    srcs, dsts = sorted({int(s) for s in src_ranks}), sorted({int(d) for d in dst_ranks})
+    given = list(dict.fromkeys(int(s) for s in src_ranks))   # the result's order
+    srcs, dsts = sorted(given), sorted({int(d) for d in dst_ranks})
     for p in srcs + dsts:
         if not 0 <= p < n or p == r:
             raise ValueError(f"rank {r}: neighbour {p} is not another peer of the {n}")
@@ -124,17 +126,20 @@ def neighbor_allgather(engine: Engine, x: Any, src_ranks, dst_ranks, wait: bool,
                                     f"{counts[src]} elements, not whole rows of {list(rest)}")
         total = sum(counts.values())
         out = adapter.empty(total, dtype, flat)
-        at = 0
+        starts, at = {}, 0
+        for src in given:
+            starts[src] = at
+            at += counts[src]
         theirs = {src: Call(call.transport, call.channel, call.seq, signature + "[data]", dtype,
                             (counts[src],), call.deadline) for src in srcs}
         for src in srcs:
+            at = starts[src]
             if src in where:
                 _read(call, src, where[src], adapter, out, at, counts[src])
                 tickets.append(post_range(theirs[src], src, adapter, flat, 0, 0))   # done
             else:
                 for a, b, chunk in recv_range(theirs[src], src, adapter, 0, counts[src]):
                     adapter.copy(adapter.slice(out, at + a, at + b), chunk)
-            at += counts[src]
         if offer:   # every reader is done with this peer's array, and is told so: what it
             for dst in dsts:   # read was this array, still in the call
                 empty_chunk(data, dst, adapter)

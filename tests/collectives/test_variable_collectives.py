@@ -127,6 +127,34 @@ def test_neighbor_allgather_concatenates_in_neighbours_in_rank_order():
         assert ring == [(r - 1) % 4] and lonely == (0,)
 
 
+def neighbor_gather_in_given_order(peer, rows):
+    """BlueFog's test_neighbor_allgather_order_dynamic: sources named in a shuffled order
+    (each rank its own), destinations in another; the result follows the sources' order.
+    ``rows``: rows of each array (large ones are read straight from the senders' memory once
+    a barrier mapped the shared-memory entry)."""
+    n, r = peer.world_size, peer.rank
+    peer.barrier()
+    others = [p for p in range(n) if p != r]
+    srcs = [int(p) for p in np.random.default_rng(7 + r).permutation(others)]
+    dsts = [int(p) for p in np.random.default_rng(70 + r).permutation(others)]
+    x = np.full((rows + r, 3), float(r))
+    got = peer.communicator.neighbor_allgather(x, srcs, dsts)
+    named_twice = peer.communicator.neighbor_allgather(np.array([float(r)]),
+                                                       [srcs[1], srcs[0], srcs[1], srcs[2]],
+                                                       dsts)
+    return srcs, got, named_twice.tolist()
+
+
+@pytest.mark.parametrize("rows", [1, 20_000])
+def test_neighbor_allgather_follows_the_order_the_sources_are_named_in(rows):
+    results = spawn(neighbor_gather_in_given_order, n=4, timeout=90, args=(rows,))
+    assert any(srcs != sorted(srcs) for srcs, _, _ in results)   # (the shuffles moved some)
+    for r, (srcs, got, named_twice) in enumerate(results):
+        want = np.concatenate([np.full((rows + s, 3), float(s)) for s in srcs])
+        assert np.array_equal(got, want), (r, srcs, got[:, 0].tolist()[:10])
+        assert named_twice == [float(srcs[1]), float(srcs[0]), float(srcs[2])], (r, named_twice)
+
+
 def neighbor_gather_unpaired(peer, case):
     import gossip
     r = peer.rank
