@@ -48,6 +48,7 @@ from collectives.operations.coalesced import coalesced_allreduce
 from collectives.operations.compressed_allreduce import compressed_allreduce
 from collectives.operations.neighbor_allgather import neighbor_allgather
 from collectives.operations.neighbor_allreduce import neighbor_allreduce
+from collectives.operations.scan import scan
 from collectives.operations.send_recv import PointToPoint, SendRequest
 from collectives.staging import Staging
 from collectives.transport.transport import Transport
@@ -476,6 +477,25 @@ class Communicator:
         return rooted.alltoall(self.engine, x, out, wait, timeout, send_counts, recv_counts)
 
     @overload
+    def scan(self, x: Array, op: str = "sum", *, exclusive: bool = False,
+             wait: Literal[True] = True, timeout: float | None = None) -> Array: ...
+
+    @overload
+    def scan(self, x: Array, op: str = "sum", *, exclusive: bool = False,
+             wait: Literal[False], timeout: float | None = None) -> Work: ...
+
+    @overload
+    def scan(self, x: Array, op: str = "sum", *, exclusive: bool = False, wait: bool = True,
+             timeout: float | None = None) -> Array | Work: ...
+
+    @_named("scan")
+    def scan(self, x: Array, op: str = "sum", *, exclusive: bool = False, wait: bool = True,
+             timeout: float | None = None) -> Array | Work:
+        """Peers 0..r's ``x`` reduced into peer r's, in place (MPI_Scan); ``exclusive``:
+        peers 0..r-1's (MPI_Exscan; rank 0's ``x`` the op's identity) (operations/scan.py)."""
+        return scan(self.engine, x, op, exclusive, wait, timeout)
+
+    @overload
     def neighbor_exchange(self, x: Array, plan: NeighborPlan, *, scratch: Array | None = None,
                           out: Array | None = None, wait: Literal[True] = True,
                           timeout: float | None = None) -> Array: ...
@@ -582,7 +602,7 @@ class Communicator:
     def neighbor_allgather(self, x: Array, src_ranks: Iterable[int], dst_ranks: Iterable[int],
                            *, wait: bool = True, timeout: float | None = None) -> Array | Work:
         """``x`` to ``dst_ranks``; the ``src_ranks``' arrays concatenated along the first
-        axis, ascending rank (operations/neighbor_allgather.py)."""
+        axis, in the order ``src_ranks`` names them (BlueFog's; operations/neighbor_allgather.py)."""
         return neighbor_allgather(self.engine, x, src_ranks, dst_ranks, wait, timeout)
 
     def barrier(self, timeout: float | None = None) -> None:

@@ -332,6 +332,24 @@ class Peer:
                                    recv_counts=recv_counts, wait=wait, timeout=timeout)
 
     @overload
+    def scan(self, x: Array, op: str = "sum", *, exclusive: bool = False,
+             wait: Literal[True] = True, timeout: float | None = None) -> Array: ...
+
+    @overload
+    def scan(self, x: Array, op: str = "sum", *, exclusive: bool = False,
+             wait: Literal[False], timeout: float | None = None) -> Work: ...
+
+    @overload
+    def scan(self, x: Array, op: str = "sum", *, exclusive: bool = False, wait: bool = True,
+             timeout: float | None = None) -> Array | Work: ...
+
+    def scan(self, x: Array, op: str = "sum", *, exclusive: bool = False, wait: bool = True,
+             timeout: float | None = None) -> Array | Work:
+        """Peers 0..r's ``x`` reduced into peer r's, in place; ``exclusive``: peers 0..r-1's,
+        rank 0's the op's identity (MPI_Scan, MPI_Exscan; Communicator.scan)."""
+        return self._comm.scan(x, op, exclusive=exclusive, wait=wait, timeout=timeout)
+
+    @overload
     def neighbor_allgather(self, x: Array, step: int = 0, *, wait: Literal[True] = True,
                            timeout: float | None = None) -> Array: ...
 

@@ -3,11 +3,13 @@ takes a sequence number and runs its data movement (an algorithm of collectives/
 through the communicator's Engine (collectives/engine.py), never through the Communicator's
 private state. ``neighbor_allreduce`` is the neighbour exchange of a NeighborPlan (copied,
 read directly on one host, or as encodings); ``neighbor_allgather`` its gathering twin;
-``rooted`` reduce, gather, scatter and all-to-all; ``coalesced`` a list of arrays in one
+``rooted`` reduce, gather, scatter and all-to-all; ``scan`` the prefix reductions
+(MPI_Scan, MPI_Exscan); ``coalesced`` a list of arrays in one
 allreduce; ``compressed_allreduce`` the allreduce with a codec; ``send_recv`` the
 point-to-point messages of the communicator's second channel.
 
-(The neighbour modules are imported by name: their functions share the modules' names.)"""
+(The neighbour modules and ``scan`` are imported by name: their functions share the modules'
+names.)"""
 from collectives.operations.coalesced import coalesced_allreduce
 from collectives.operations.compressed_allreduce import check_residual, compressed_allreduce
 from collectives.operations.rooted import alltoall, gather, reduce, scatter
