@@ -54,7 +54,8 @@ def scan(engine: Engine, x: Any, op: str, exclusive: bool, wait: bool,
         received = adapter.empty(count, dtype, flat) if r > 0 else None   # (rank 0 hears none)
         # What goes to r + d: the partial over r - d + 1 .. r (x itself for a scan, which
         # holds it; a copy for an exscan, whose x holds the partial over r - d + 1 .. r - 1).
-        partial = adapter.clone(flat) if exclusive else flat
+        # (An exscan peer that sends nothing, r + 1 = n, keeps no partial.)
+        partial = adapter.clone(flat) if exclusive and r + 1 < n else flat
         heard = False
         if exclusive and r == 0:
             _fill_identity(adapter, flat, op, dtype, count)
@@ -67,7 +68,8 @@ def scan(engine: Engine, x: Any, op: str, exclusive: bool, wait: bool,
                     adapter.copy(adapter.slice(received, lo, hi), chunk)
             wait_sent(call, ticket)   # (what was sent may change now)
             if r - d >= 0:
-                adapter.reduce(op, partial, received)
+                if not exclusive or r + 2 * d < n:   # (an exscan's partial: only if sent on)
+                    adapter.reduce(op, partial, received)
                 if exclusive:
                     if heard:
                         adapter.reduce(op, flat, received)

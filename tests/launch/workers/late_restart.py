@@ -8,11 +8,11 @@ GOSSIP_TIMEOUT. With FAIL_AFTER_END=1 no group is formed: ranks 0 and 1 exit 0 a
 rank 2 exits 3 after them (a failure once the job has ended)."""
 import os
 import signal
-import time
 
 import numpy as np
 
 import gossip
+from gossip.testing import wait_until
 from gossip.policies import Synchronous
 
 done_file = os.environ["DONE_FILE"]
@@ -21,11 +21,7 @@ first = os.environ.get("GOSSIP_INCARNATION", "0") == "0"
 
 
 def wait_for_done() -> None:
-    deadline = time.monotonic() + 60
-    while not os.path.exists(done_file):
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"rank {rank}: {done_file} not written within 60 s")
-        time.sleep(0.05)
+    wait_until(lambda: os.path.exists(done_file), 60, what=f"rank {rank}: {done_file} written")
 
 
 if os.environ.get("FAIL_AFTER_END") == "1":   # no group: the launcher's part alone
