@@ -34,7 +34,8 @@ from collectives.algorithms.allgather import exchange_counts, ring_allgather_int
 from collectives.algorithms.broadcast import pipelined_broadcast
 from collectives.algorithms.compressed import CodecStats
 from collectives.algorithms.p2p import Call, wait_sent
-from collectives.algorithms.shm_copies import CallArrays
+from collectives.algorithms.shm_copies import CallArrays, SlotArrays
+from collectives.algorithms.shm_entry import crowded
 from collectives.algorithms.ring import (counts_digest, ring_reduce_scatter, segments,
                                          segments_of_counts)
 from collectives.arrays.adapter import ArrayAdapter, check_reduce_op
@@ -378,14 +379,33 @@ class Communicator:
         signature = f"broadcast(root={root})" + (choice.COPIES_SIGNATURE if copies else "")
         mine = self.rank == root
 
+        # Read straight from the root's array, each peer reads all but the first count // n
+        # elements, which the root (idle otherwise) writes into every peer's array meanwhile:
+        # n processes copy instead of n - 1 (4 MiB, 2 peers on 2 cores: 0.33 ms against
+        # 0.52); not where the peers outnumber the root's CPUs (the readers keep them busy).
+        # The root's share is its to decide: it announces it.
+        share = 0 if crowded(self.world_size) else count // self.world_size
+
+        def move(peers: CallArrays) -> None:
+            if isinstance(peers, SlotArrays):
+                if not mine:
+                    peers.copy(root, 0, flat, 0, count)
+            elif mine:
+                for j in range(self.world_size):
+                    if j != root:
+                        peers.put(j, 0, flat, 0, share)
+            else:
+                written = peers.notes[root]
+                peers.copy(root, written, flat, written, count)
+
         def run(call: Call) -> None:
             if copies is None:
                 return pipelined_broadcast(call, adapter, flat, root)
-            copies(call, adapter, flat if mine else None,
-                   lambda peers: None if mine else peers.copy(root, 0, flat, 0, count),
+            copies(call, adapter, flat if mine else None, move,
                    lambda: pipelined_broadcast(call, adapter, flat, root),
-                   readers=None if mine else (),   # (only the root's array is read)
-                   slot_bytes=count * dtype_itemsize(dtype))
+                   # (the root's array is read by all; it writes into theirs)
+                   readers=None if mine else (root,), target=None if mine else flat,
+                   note=share, slot_bytes=count * dtype_itemsize(dtype))
 
         def body() -> Array:
             if self.world_size > 1:

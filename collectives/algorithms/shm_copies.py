@@ -1,7 +1,10 @@
 """The collectives that move data without reducing it, and reduce_scatter, among peers on one
 host (issue #37): broadcast, allgather, alltoall, gather, scatter and reduce_scatter read
 what each peer needs straight out of the others' arrays (transport/cma.py), one copy per
-byte, with no ZeroMQ message and no arena between them.
+byte, with no ZeroMQ message and no arena between them. Where one peer would copy alone
+while the others wait, they write instead (process_vm_writev, ``put``): a gather's peers
+write their parts into the root's output at once, and a broadcast's root writes a share of
+every peer's array while they read the rest (where the peers have a CPU each).
 
 A call is entered through the peers' small arenas as the on-host allreduces are
 (shm_entry.py): the slot header carries the address of the array this peer's readers read
@@ -10,9 +13,12 @@ A call is entered through the peers' small arenas as the on-host allreduces are
 read every other's memory. Then each peer copies what it needs, shm_direct.READ_BYTES at a
 time (faster than one read of a large array), leaves
 the call (shm_entry.py's counter: done reading the others), and returns once the peers that
-read its arrays left it too: none returns (and lets its caller change or free its array)
-while another still reads it, and none waits for peers that read nothing of it (a
-broadcast's readers return as soon as they have the root's array; only the root waits).
+read or write its arrays left it too: none returns (and lets its caller change or free its
+array) while another still reads or writes it, and none waits for peers that touch nothing
+of it (a gather's peers return once their part is written; only the root waits). A call
+that fails on a peer keeps the array the others write into alive (``held``) until a later
+call has seen every peer past it: a peer that comes late still writes into memory that is
+this call's, never into memory freed and used again.
 Where some peer
 cannot read the others (ptrace rules, another user), the call runs the operation's ZeroMQ
 algorithm instead, the same on every peer: the entry's flag is every peer's.
@@ -36,7 +42,7 @@ import numpy as np
 
 from collectives.algorithms.p2p import Call
 from collectives.algorithms import shm_direct
-from collectives.algorithms.shm_direct import address_of, read_peer, read_range
+from collectives.algorithms.shm_direct import address_of, read_peer, read_range, write_range
 from collectives.algorithms.shm_entry import (PID, STEPS, WORDS, SharedBarrier, SharedEntry,
                                               count_shared)
 from collectives.arrays.adapter import ArrayAdapter
@@ -49,8 +55,12 @@ class CallArrays(Protocol):
     """What an operation's ``move`` reads the other peers' arrays through: PeerArrays
     (straight out of their memory) or SlotArrays (out of their slots)."""
 
+    notes: dict[int, int]
+
     def copy(self, j: int, start: int, into: Any, lo: int, hi: int,
              kept: bool = False) -> None: ...
+
+    def put(self, j: int, start: int, src: Any, lo: int, hi: int) -> None: ...
 
     def reduce(self, op: str, into: Any, at: int, start: int, stop: int,
                others: list[int]) -> None: ...
@@ -59,16 +69,20 @@ class CallArrays(Protocol):
 
 
 class PeerArrays:
-    """The arrays the peers of one call announced (each peer's ``read``, and its ``kept``
-    where it announced one): ``copy`` reads a run of one of them into a run of an array
-    here; ``reduce`` reduces runs of the others' into one here; ``barrier`` waits until
-    every peer reached the same point of the call."""
+    """The arrays the peers of one call announced (each peer's ``read``, its ``kept`` and its
+    ``target`` where it announced them): ``copy`` reads a run of one of them into a run of an
+    array here; ``put`` writes a run of an array here into a peer's ``target``; ``reduce``
+    reduces runs of the others' into one here; ``barrier`` waits until every peer reached the
+    same point of the call. ``notes``: the number each peer announced with its arrays (what
+    only it decides and the others must follow: the share of a broadcast its root writes)."""
 
     def __init__(self, call: Call, adapter: ArrayAdapter, headers: dict[int, np.ndarray],
                  reader: cma.Reader, barrier: Callable[[], None]) -> None:
         self.call, self.adapter, self.reader, self.barrier = call, adapter, reader, barrier
         self.pid = {j: int(h[PID]) for j, h in headers.items()}
-        self.address = {j: (int(h[WORDS]), int(h[WORDS + 1])) for j, h in headers.items()}
+        self.address = {j: (int(h[WORDS]), int(h[WORDS + 1]), int(h[WORDS + 2]))
+                        for j, h in headers.items()}
+        self.notes: dict[int, int] = {j: int(h[WORDS + 3]) for j, h in headers.items()}
         self._block = np.empty(0, np.uint8)
 
     def _where(self, j: int, kept: bool) -> tuple[int, int]:
@@ -84,6 +98,21 @@ class PeerArrays:
         count_shared(self.call.transport, j, nbytes)
         read_range(self.reader, self.call, j, self._where(j, kept), start * size,
                    address_of(self.adapter, into, lo), nbytes)
+
+    def put(self, j: int, start: int, src: Any, lo: int, hi: int) -> None:
+        """``src[lo:hi]`` (a flat array of the call's adapter here) into elements
+        [start, start + hi - lo) of rank j's ``target`` (process_vm_writev): the copy a peer
+        that would otherwise wait makes for a peer that would otherwise make it (a broadcast's
+        root writes a share of every reader's array while they read the rest; a gather's peers
+        write their parts into the root's output at once instead of the root reading them one
+        after the other). Rank j returns only once this peer left the call."""
+        if hi <= lo:
+            return
+        size = self.call.itemsize
+        nbytes = (hi - lo) * size
+        count_shared(self.call.transport, j, nbytes)
+        write_range(self.reader, self.call, j, (self.pid[j], self.address[j][2]), start * size,
+                    address_of(self.adapter, src, lo), nbytes)
 
     def reduce(self, op: str, into: Any, at: int, start: int, stop: int,
                others: list[int]) -> None:
@@ -116,6 +145,7 @@ class SlotArrays:
                  headers: dict[int, np.ndarray], read: Any) -> None:
         self.call, self.adapter, self.entry = call, adapter, entry
         self._headers, self._read = headers, read
+        self.notes: dict[int, int] = {}   # (nothing is announced with the slots)
         self._barrier: SharedBarrier | None = None   # (made if a move asks for one)
 
     def part(self, j: int, start: int, count: int) -> Any:
@@ -123,6 +153,10 @@ class SlotArrays:
         size = self.call.itemsize
         return self.adapter.from_frame(self.entry.slot(j)[start * size:(start + count) * size],
                                        self.call.frame_dtype, count)
+
+    def put(self, j: int, start: int, src: Any, lo: int, hi: int) -> None:
+        """Never: a peer writes only its own slot (a move that puts checks for SlotArrays)."""
+        raise ValueError("a call through the slots writes into no other peer's array")
 
     def copy(self, j: int, start: int, into: Any, lo: int, hi: int, kept: bool = False) -> None:
         """As PeerArrays.copy, out of rank j's slot."""
@@ -156,25 +190,31 @@ class SlotArrays:
 
 class OnHostCopies:
     """A communicator's on-host copies: its entry (shared with the allreduces), their order,
-    and a reader."""
+    a reader (and writer), and the arrays of failed calls it keeps alive (``held``)."""
 
     def __init__(self, entry: SharedEntry, order: Any) -> None:
         self.entry = entry
         self.order = order   # choice.py's SequenceOrder: one shared-memory call at a time
         self.reader = cma.Reader()
+        #: The ``target`` arrays of failed calls that a peer may still write into: kept
+        #: alive until the next call's entry has seen every peer past them.
+        self.held: list[Any] = []
 
     def __call__(self, call: Call, adapter: ArrayAdapter, read: Any,
                  move: Callable[[CallArrays], None], fallback: Callable[[], Any],
-                 kept: Any = None, readers: Any = None, *, slot_bytes: int) -> None:
-        """Run ``call``: announce ``read`` (the flat array this peer's readers read, or None)
-        and ``kept`` (a second one, read after a barrier of ``move``'s), then ``move`` (the
-        copies of this peer, through a PeerArrays or a SlotArrays) once every peer entered;
-        leave the call, and return once the peers that read this peer's arrays (``readers``:
-        every other peer if None; after a barrier of ``move``'s, those that read ``kept``)
-        left it too. ``fallback`` (the ZeroMQ algorithm) where some peer cannot read the
-        others. ``slot_bytes``: the most bytes any peer of the call announces as ``read`` (the
-        same on every peer, from the call's agreed sizes): up to a slot's size (``fits``) the
-        call goes through the slots (the module docstring), and ``kept`` is not read."""
+                 kept: Any = None, readers: Any = None, *, slot_bytes: int,
+                 target: Any = None, note: int = 0) -> None:
+        """Run ``call``: announce ``read`` (the flat array this peer's readers read, or None),
+        ``kept`` (a second one, read after a barrier of ``move``'s) and ``target`` (the one
+        the others write into with ``put``), then ``move`` (the copies of this peer, through a
+        PeerArrays or a SlotArrays) once every peer entered; leave the call, and return once
+        the peers that read or write this peer's arrays (``readers``: every other peer if
+        None; after a barrier of ``move``'s, those that read ``kept``) left it too.
+        ``fallback`` (the ZeroMQ algorithm) where some peer cannot read the others.
+        ``slot_bytes``: the most bytes any peer of the call announces as ``read`` (the same
+        on every peer, from the call's agreed sizes): up to a slot's size (``fits``) the call
+        goes through the slots (the module docstring), and neither ``kept`` nor ``target`` is
+        used. ``note``: a number the others' ``move`` sees (PeerArrays.notes)."""
         t = call.transport
         others = [j for j in range(t.world_size) if j != t.rank]
         with self.order.turn(call):
@@ -182,18 +222,38 @@ class OnHostCopies:
                 if self.fits(slot_bytes):
                     self._through_slots(call, adapter, read, move)
                     return
-                headers = self.entry.enter(call, call.nbytes,
-                                           (_address(adapter, read), _address(adapter, kept)))
-                if not self.entry.direct:
-                    fallback()
-                    return
-                barrier = SharedBarrier(call, adapter, read, others, self.entry.steps,
-                                        {j: int(h[STEPS]) for j, h in headers.items()})
-                move(PeerArrays(call, adapter, headers, self.reader, barrier))
-                self.entry.leave(call)   # done reading the others' arrays
-                self.entry.await_readers(call, others if readers is None else readers)
+                try:
+                    self._direct(call, adapter, read, move, fallback, kept, readers, target,
+                                 note)
+                except BaseException:
+                    # A peer that writes into ``target`` may not have left the call yet (this
+                    # one failed on another's loss, or timed out, maybe before that peer even
+                    # entered and saw the address): the array stays alive, not freed under
+                    # its write, until a later call's entry has seen every peer past this one.
+                    if target is not None and self.entry.arenas is not None and \
+                            self.entry.not_left(call, others if readers is None else readers):
+                        self.held.append(target)
+                    raise
             finally:
                 self.entry.leave(call)
+
+    def _direct(self, call: Call, adapter: ArrayAdapter, read: Any,
+                move: Callable[[CallArrays], None], fallback: Callable[[], Any], kept: Any,
+                readers: Any, target: Any, note: int) -> None:
+        headers = self.entry.enter(call, call.nbytes,
+                                   (_address(adapter, read), _address(adapter, kept),
+                                    _address(adapter, target), note))
+        self.held.clear()   # every peer left every call before this one
+        if not self.entry.direct:
+            fallback()
+            return
+        t = call.transport
+        others = [j for j in range(t.world_size) if j != t.rank]
+        barrier = SharedBarrier(call, adapter, read, others, self.entry.steps,
+                                {j: int(h[STEPS]) for j, h in headers.items()})
+        move(PeerArrays(call, adapter, headers, self.reader, barrier))
+        self.entry.leave(call)   # done reading (and writing) the others' arrays
+        self.entry.await_readers(call, others if readers is None else readers)
 
     def fits(self, slot_bytes: int) -> bool:
         """Whether a call whose peers announce at most ``slot_bytes`` goes through the slots."""

@@ -14,7 +14,7 @@ a peer reads of another counts as bytes that other sent it (transport.counters).
 from __future__ import annotations
 
 import errno
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -26,7 +26,8 @@ from collectives.arrays.adapter import ArrayAdapter
 from collectives.errors import PeerLost, ProtocolError
 from collectives.transport import cma
 
-__all__ = ["DirectReads", "read_peer", "read_range", "address_of", "BLOCK_BYTES",
+__all__ = ["DirectReads", "read_peer", "read_range", "write_peer", "write_range",
+           "address_of", "BLOCK_BYTES",
            "DIRECT_MIN_BYTES", "READ_BYTES"]
 
 #: Bytes read from a peer and reduced at a time (stays in cache).
@@ -91,9 +92,22 @@ def read_peer(reader: cma.Reader, call: Call, j: int, where: tuple[int, int], of
     """``nbytes`` at ``offset`` of rank j's array, at ``where`` (its pid, the array's
     address), to address ``into`` here; its abort if it gave up on the call (whether or not
     its process still runs), else PeerLost if j is gone, else ProtocolError."""
+    _peer_memory(reader.read, call, j, where, offset, into, nbytes, "read")
+
+
+def write_peer(reader: cma.Reader, call: Call, j: int, where: tuple[int, int], offset: int,
+               local: int, nbytes: int) -> None:
+    """read_peer's other way: ``nbytes`` at address ``local`` here into rank j's array at
+    ``where``, from ``offset`` on (process_vm_writev); the same errors."""
+    _peer_memory(reader.write, call, j, where, offset, local, nbytes, "written")
+
+
+def _peer_memory(move: Callable[[int, int, int, int], None], call: Call, j: int,
+                 where: tuple[int, int], offset: int, local: int, nbytes: int,
+                 done: str) -> None:
     pid, address = where
     try:
-        reader.read(pid, address + offset, into, nbytes)
+        move(pid, address + offset, local, nbytes)
     except OSError as exc:
         r, what = call.transport.rank, call.describe()
         if exc.errno == errno.ESRCH:
@@ -101,11 +115,12 @@ def read_peer(reader: cma.Reader, call: Call, j: int, where: tuple[int, int], of
             # sent before it returned, names that one.
             await_abort(call, j, grace=0.2)
             raise PeerLost(f"rank {r}: {what}: rank {j} (process {pid}) ended while its "
-                           "array was being read", rank=j, operation=what) from None
+                           f"array was being {done}", rank=j, operation=what) from None
         # Its array is gone while it is alive: it gave up on the call (a lost peer, a
         # timeout) and returned; raise what it says (its abort), not the symptom.
         await_abort(call, j, grace=1.0)
-        raise ProtocolError(f"rank {r}: {what}: cannot read rank {j}'s array (process "
+        verb = "read" if done == "read" else "write into"
+        raise ProtocolError(f"rank {r}: {what}: cannot {verb} rank {j}'s array (process "
                             f"{pid}): {exc}") from None
 
 
@@ -114,6 +129,14 @@ def read_range(reader: cma.Reader, call: Call, j: int, where: tuple[int, int], o
     """read_peer of a long run, READ_BYTES at a time."""
     for at in range(0, nbytes, READ_BYTES):
         read_peer(reader, call, j, where, offset + at, into + at, min(READ_BYTES, nbytes - at))
+
+
+def write_range(reader: cma.Reader, call: Call, j: int, where: tuple[int, int], offset: int,
+                local: int, nbytes: int) -> None:
+    """write_peer of a long run, READ_BYTES at a time."""
+    for at in range(0, nbytes, READ_BYTES):
+        write_peer(reader, call, j, where, offset + at, local + at,
+                   min(READ_BYTES, nbytes - at))
 
 
 def address_of(adapter: ArrayAdapter, flat: Any, start: int = 0) -> int:

@@ -54,7 +54,7 @@ from collectives.transport.shm_arena import HEADER_BYTES, ArenaViews, ShmArena, 
 from collectives.transport.wait_errors import describe_wait
 
 __all__ = ["SharedEntry", "SLOT_HEADER", "SLOT_WORDS", "SHARED_COUNTERS", "ANNOUNCEMENT_BYTES",
-           "spin_seconds",
+           "spin_seconds", "crowded",
            "PID", "DIRECT", "STEPS", "WORDS", "READ_MARK_SOURCES", "SharedBarrier",
            "shared_barrier", "exchange_arenas", "map_arena", "wait_counters", "check_mailbox",
            "await_abort", "count_shared"]
@@ -97,7 +97,14 @@ SHARED_COUNTERS = platform.machine() in ("x86_64", "AMD64")
 
 def spin_seconds(peers: int) -> float:
     """How long a wait of ``peers`` on this host yields the CPU before it sleeps."""
-    return _SPIN_CROWDED if peers > _CPUS else SPIN_SECONDS
+    return _SPIN_CROWDED if crowded(peers) else SPIN_SECONDS
+
+
+def crowded(peers: int) -> bool:
+    """Whether ``peers`` on this host outnumber its CPUs (as this process started): then a
+    peer that waits takes the CPU of one that works, and a copy shared out to a peer that
+    would otherwise wait gains nothing."""
+    return peers > _CPUS
 
 
 class SharedEntry:
@@ -249,6 +256,11 @@ class SharedEntry:
         if readers:
             wait_counters(call, self._counters, {j: 2 * call.seq + 2 for j in readers},
                           "the end of its readers' reads")
+
+    def not_left(self, call: Call, ranks: Any) -> list[int]:
+        """Those of ``ranks`` that have not left ``call`` yet (a lost one included: one
+        declared lost may still run)."""
+        return [j for j in ranks if self._counters[j][0] < 2 * call.seq + 2]
 
     def leave(self, call: Call) -> None:
         """Done with ``call`` (or failed in it): the others may reuse what they shared."""

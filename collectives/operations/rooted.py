@@ -134,16 +134,23 @@ def gather(engine: Engine, x: Any, root: int, out: Any, wait: bool,
                                  chunk)
 
     def move(peers: CallArrays) -> None:
+        if isinstance(peers, SlotArrays):   # small: the root reads every slot
+            if r == root:
+                for src in range(n):
+                    if src != root:
+                        peers.copy(src, 0, out_flat, src * count, (src + 1) * count)
+        elif r != root:   # each peer writes its part into the root's output, all at once
+            peers.put(root, r * count, flat, 0, count)
         if r == root:
-            for src in range(n):
-                if src != root:
-                    peers.copy(src, 0, out_flat, src * count, (src + 1) * count)
             adapter.copy(adapter.slice(out_flat, r * count, (r + 1) * count), flat)
 
     return _start(engine, seq, f"gather(root={root})" + _suffix(copies), dtype, (count,),
                   timeout, _run(copies, adapter, flat, move, messages,
-                                readers=() if r == root else (root,),
-                                slot_bytes=count * dtype_itemsize(dtype)),
+                                # (the others write into the root's output; nobody reads
+                                # theirs but through the slots)
+                                readers=None if r == root else (),
+                                slot_bytes=count * dtype_itemsize(dtype),
+                                target=out_flat if r == root else None),
                   result=out if r == root else None, adapter=adapter, wait=wait, stage=stage)
 
 
@@ -180,6 +187,8 @@ def scatter(engine: Engine, x: Any, root: int, out: Any, wait: bool,
             wait_sent(call, ticket)
 
     def move(peers: CallArrays) -> None:
+        # (each peer reads its part while the root copies its own: n copies at once, where a
+        # broadcast's root has none of its own and writes a share of the others' instead)
         if r != root:
             peers.copy(root, r * count, out_flat, 0, count)
         else:
@@ -361,17 +370,18 @@ def _suffix(copies: OnHostCopies | None) -> str:
 
 
 def _run(copies: OnHostCopies | None, adapter: Any, read: Any, move: Any, messages: Any,
-         kept: Any = None, readers: Any = None, *, slot_bytes: int) -> Any:
+         kept: Any = None, readers: Any = None, *, slot_bytes: int, target: Any = None) -> Any:
     """The call's body: ``move`` as on-host copies of ``read`` (and ``kept``, with the peers
-    that read them last, ``readers``; through the slots when the most any peer announces,
-    ``slot_bytes``, fits: shm_copies.py), else (and where some peer cannot read the others)
-    ``messages``, its ZeroMQ algorithm."""
+    that read them last, ``readers``, and ``target``, the array the others write into;
+    through the slots when the most any peer announces, ``slot_bytes``, fits:
+    shm_copies.py), else (and where some peer cannot read the others) ``messages``, its
+    ZeroMQ algorithm."""
     if copies is None:
         return messages
 
     def run(call: Call) -> None:
         copies(call, adapter, read, move, lambda: messages(call), kept, readers,
-               slot_bytes=slot_bytes)
+               slot_bytes=slot_bytes, target=target)
     return run
 
 

@@ -16,6 +16,7 @@ import ctypes
 import errno
 import os
 import sys
+from typing import Any
 
 __all__ = ["Reader", "available", "allow_readers"]
 
@@ -38,6 +39,11 @@ def _libc():
     fn.argtypes = [ctypes.c_int, ctypes.POINTER(_Iovec), ctypes.c_ulong,
                    ctypes.POINTER(_Iovec), ctypes.c_ulong, ctypes.c_ulong]
     fn.restype = ctypes.c_ssize_t
+    try:
+        put = libc.process_vm_writev
+    except AttributeError:
+        return None
+    put.argtypes, put.restype = fn.argtypes, fn.restype
     return libc
 
 
@@ -62,27 +68,38 @@ def allow_readers() -> None:
 
 
 class Reader:
-    """process_vm_readv with its two iovecs made once (a call is a few microseconds)."""
+    """process_vm_readv and process_vm_writev with their two iovecs made once (a call is a
+    few microseconds). The kernel allows a write wherever it allows a read (the same ptrace
+    access check), so ``probe``'s answer covers both."""
 
     def __init__(self) -> None:
         self._local, self._remote = _Iovec(), _Iovec()
         self._fn = _LIBC.process_vm_readv if _LIBC is not None else None
+        self._put = _LIBC.process_vm_writev if _LIBC is not None else None
 
     def read(self, pid: int, remote: int, local: int, nbytes: int) -> None:
         """Copy ``nbytes`` at address ``remote`` of process ``pid`` to ``local`` here; OSError
         (with the errno: ESRCH, the process is gone; EPERM, not allowed; EFAULT, not mapped;
         ENOSYS, no process_vm_readv here)."""
-        fn = self._fn
+        self._move(self._fn, "process_vm_readv from", pid, remote, local, nbytes)
+
+    def write(self, pid: int, remote: int, local: int, nbytes: int) -> None:
+        """Copy ``nbytes`` at ``local`` here to address ``remote`` of process ``pid``; OSError
+        as ``read``'s (process_vm_writev)."""
+        self._move(self._put, "process_vm_writev to", pid, remote, local, nbytes)
+
+    def _move(self, fn: Any, what: str, pid: int, remote: int, local: int,
+              nbytes: int) -> None:
         if fn is None:
-            raise OSError(errno.ENOSYS, "process_vm_readv is not available here")
+            raise OSError(errno.ENOSYS, f"{what.split()[0]} is not available here")
         done = 0
         while done < nbytes:
             self._local.base, self._local.len = local + done, nbytes - done
             self._remote.base, self._remote.len = remote + done, nbytes - done
             got = fn(pid, ctypes.byref(self._local), 1, ctypes.byref(self._remote), 1, 0)
             if got <= 0:
-                err = ctypes.get_errno() if got < 0 else 14   # (EFAULT: nothing was read)
-                raise OSError(err, f"process_vm_readv from process {pid} at {remote + done:#x}"
+                err = ctypes.get_errno() if got < 0 else 14   # (EFAULT: nothing was moved)
+                raise OSError(err, f"{what} process {pid} at {remote + done:#x}"
                                    f": {os.strerror(err)}")
             done += got
 

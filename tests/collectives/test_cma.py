@@ -1,6 +1,7 @@
-"""Reading another process's memory (collectives/transport/cma.py), with real processes: what
-the on-host allreduce reads of its peers' arrays, and the errors it turns into PeerLost or
-ProtocolError when a peer is gone or its memory is not where it said."""
+"""Reading and writing another process's memory (collectives/transport/cma.py), with real
+processes: what the on-host allreduce reads of its peers' arrays (and a gather writes), and
+the errors it turns into PeerLost or ProtocolError when a peer is gone or its memory is not
+where it said."""
 from __future__ import annotations
 
 import ctypes
@@ -36,6 +37,15 @@ def test_a_read_copies_the_other_process_memory_and_a_gone_process_is_esrch():
         reader.read(pid, address, into.ctypes.data, into.nbytes)
         assert np.array_equal(into, np.arange(1 << 20, dtype=np.float32))
         assert reader.probe(pid, address)
+        # A write lands in its memory: read back what was written over its second half.
+        half = np.full(1 << 19, -1.0, dtype=np.float32)
+        reader.write(pid, address + half.nbytes, half.ctypes.data, half.nbytes)
+        reader.read(pid, address, into.ctypes.data, into.nbytes)
+        assert np.array_equal(into[:1 << 19], np.arange(1 << 19, dtype=np.float32))
+        assert np.array_equal(into[1 << 19:], half)
+        with pytest.raises(OSError) as err:   # nowhere mapped there: EFAULT
+            reader.write(pid, 8, half.ctypes.data, 8)
+        assert err.value.errno == 14
         # An address the other process does not map: EFAULT, nothing written here.
         probe = ctypes.c_int64(7)
         with pytest.raises(OSError) as err:
@@ -47,6 +57,9 @@ def test_a_read_copies_the_other_process_memory_and_a_gone_process_is_esrch():
         assert child.exitcode == 0
         with pytest.raises(OSError) as err:   # the process is gone: ESRCH
             reader.read(pid, address, into.ctypes.data, 8)
+        assert err.value.errno == 3
+        with pytest.raises(OSError) as err:
+            reader.write(pid, address, into.ctypes.data, 8)
         assert err.value.errno == 3
         assert not reader.probe(pid, address)
     finally:

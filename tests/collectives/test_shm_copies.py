@@ -43,6 +43,11 @@ def _small_blocks(direct: bool) -> list:
 def every_op(peer, direct):
     calls = _small_blocks(direct)
     n, r = peer.world_size, peer.rank
+    # Whether a broadcast's root (n - 1) writes a share of the others' arrays
+    # (shm_entry.crowded) is its own decision, whatever the readers would decide: with 2
+    # peers it does and its reader would not, with 4 it does not and its readers would.
+    from collectives.algorithms import shm_entry
+    shm_entry._CPUS = (64 if r == n - 1 else 1) if n == 2 else (1 if r == n - 1 else 64)
     out = {}
     for dtype in ("float32", "float64", "int32"):
         for count in SIZES:
@@ -160,3 +165,43 @@ def test_a_peer_killed_during_the_copies_is_an_error_naming_it():
         kind, message = results[r]
         assert kind == "PeerLost", (kind, message)
         assert "rank 2" in message, message
+
+
+def late_writer(peer, gave_up):
+    """Rank 1 comes to a gather after the root (rank 0) gave up on it: it still writes its
+    part into the root's output, which the root must keep alive, not free under the write."""
+    import os
+    from gossip.testing import wait_until
+    x = np.full(100_000, peer.rank + 1, np.float32)   # 400 kB: past the slots
+    peer.barrier()
+    held = peer.communicator._on_host.copies.held
+    if peer.rank == 1:
+        wait_until(lambda: os.path.exists(gave_up), 30, what="the root's timeout")
+        peer.gather(x, root=0)
+        peer.barrier()   # (its part is written)
+        peer.gather(x, root=0)
+        return None
+    try:
+        peer.gather(x, root=0, timeout=0.5)
+    except gossip.OperationTimeout:
+        pass
+    else:
+        return "the gather did not time out"
+    kept = len(held)
+    open(gave_up, "w").close()
+    peer.barrier()
+    landed = [a.copy() for a in held]
+    peer.gather(x, root=0)   # all in step again: nothing held any more
+    return kept, [(a[:100_000].min(), a[100_000:].min(), a[100_000:].max())
+                  for a in landed], len(held)
+
+
+def test_a_late_writer_writes_into_an_array_the_failed_root_keeps(tmp_path):
+    results = spawn(late_writer, n=2, timeout=60, peer_timeout=10,
+                    args=(str(tmp_path / "gave-up"),))
+    assert results[1] is None
+    kept, landed, after = results[0]
+    assert kept == 1, results[0]
+    # rank 1's part landed in the array the root kept (its own part was never written)
+    assert [tuple(map(float, v))[1:] for v in landed] == [(2.0, 2.0)], landed
+    assert after == 0, results[0]
