@@ -13,8 +13,9 @@ semantics, equal sizes).
 
 Among peers on one host (choice.on_host_copies) each of them reads what it needs straight
 from the others' arrays instead (algorithms/shm_copies.py): reduce's segments are reduced by
-their peers out of every array and read by the root; gather's root reads every array, a
-scatter's peers read their parts of the root's, alltoall's their blocks of every peer's.
+their peers out of every array and written into the root's ``x`` (each as soon as it is
+reduced, all at once); gather's peers write their parts into the root's output, a scatter's
+peers read their parts of the root's array, alltoall's their blocks of every peer's.
 
 Non-contiguous arrays go through contiguous stand-ins (staging.py). Every peer must make the
 same call (root, op, dtype, sizes): each message's header is
@@ -57,12 +58,11 @@ def reduce(engine: Engine, x: Any, root: int, op: str, wait: bool, timeout: floa
     reduce_op = "sum" if op == "mean" else op
     lo, hi = segs[r]
     size = dtype_itemsize(dtype)
-    # On one host every peer reduces its segment of the arrays, the root's in place (the
-    # others read other segments of its x), the others' in a buffer the root then reads;
-    # through the slots (a small array) the root reduces the whole of every slot itself.
-    kept = None if r == root or copies is None or copies.fits(count * size) else \
-        adapter.empty(hi - lo, dtype, flat)
-
+    # On one host every peer reduces its segment of the arrays, the root's in place, the
+    # others' in a buffer each then writes into the root's x: only peer j reads segment j of
+    # any array, so it writes the root's as soon as it is reduced, every peer at once, with no
+    # barrier and no peer reading the others' results one after the other. Through the slots
+    # (a small array) the root reduces the whole of every slot itself.
     def move(peers: CallArrays) -> None:
         others = [j for j in range(n) if j != r]
         if isinstance(peers, SlotArrays):   # small: the root reduces every slot (one wait)
@@ -71,16 +71,15 @@ def reduce(engine: Engine, x: Any, root: int, op: str, wait: bool, timeout: floa
                 if op == "mean":
                     adapter.divide(flat, n)
             return
-        into, at = (flat, lo) if kept is None else (kept, 0)
-        if kept is not None:
-            adapter.copy(kept, adapter.slice(flat, lo, hi))
+        mine = None if r == root else peers.scratch("segment", hi - lo)
+        into, at = (flat, lo) if mine is None else (mine, 0)
+        if mine is not None:
+            adapter.copy(mine, adapter.slice(flat, lo, hi))
         peers.reduce(reduce_op, into, at, lo, hi, others)
         if op == "mean":
             adapter.divide(adapter.slice(into, at, at + hi - lo), n)
-        peers.barrier()   # every segment is reduced: no one reads the arrays any more
-        if r == root:
-            for j in others:
-                peers.copy(j, 0, flat, *segs[j], kept=True)
+        if mine is not None:
+            peers.put(root, lo, mine, 0, hi - lo)
 
     def messages(call: Call) -> None:
         if n == 1:
@@ -99,8 +98,9 @@ def reduce(engine: Engine, x: Any, root: int, op: str, wait: bool, timeout: floa
                     adapter.copy(adapter.slice(flat, a, b), chunk)
 
     return _start(engine, seq, signature, dtype, (count,), timeout,
-                  _run(copies, adapter, flat, move, messages, kept,
-                       readers=() if r == root else (root,), slot_bytes=count * size),
+                  # (every peer reads a segment of every x; the others write into the root's)
+                  _run(copies, adapter, flat, move, messages, slot_bytes=count * size,
+                       target=flat if r == root else None),
                   result=x,
                   adapter=adapter, wait=wait, stage=stage)
 
