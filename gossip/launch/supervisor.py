@@ -20,6 +20,7 @@ plain pyzmq) and by benchmarks/policies.py's torch.distributed runs. ``gossip ru
 from __future__ import annotations
 
 import faulthandler
+import logging
 import multiprocessing as mp
 import os
 import random
@@ -36,9 +37,11 @@ from multiprocessing.connection import wait as wait_any
 from typing import Any, Callable, Iterable, Mapping
 
 from collectives.transport.sockets import remove_ipc_files
+from gossip.logs import EVENTS_LOGGER, configure_logging
 
 __all__ = ["PeerOutcome", "supervise", "first_failure", "after_report", "free_port", "GRACE",
            "SKIP_CODE"]
+
 
 GRACE = 2.0           # seconds between terminate and kill
 _DUMP_WAIT = 0.3      # seconds for faulthandler to write the stacks before we terminate
@@ -182,12 +185,33 @@ def _child(target: Callable, rank: int, args: tuple, conn, *, log_path: str, par
 _PRELOAD = ["numpy", "zmq", "msgpack", "gossip", "gossip.launch.supervisor", "gossip.testing"]
 
 
+#: The longest path of a Unix socket (sun_path, less its NUL), and what multiprocessing adds to
+#: the temporary directory for the fork server's socket ("/pymp-XXXXXXXX/listener-XXXXXXXX").
+_SOCKET_PATH_MAX = 107
+_LISTENER_SUFFIX = 32
+_warned_tmpdir = False
+
+
 def _context() -> Any:
     """multiprocessing's fork server where there is one (a server process started once per
     supervisor process, forking each child from its clean state: no sockets, threads or
     ZeroMQ contexts of the caller's; the caller's environment and directory are handed to
-    each child), else spawn."""
+    each child), else spawn. Spawn too, with a line saying why, where the temporary directory
+    (TMPDIR) is too long a path for the fork server's socket (which would fail as "AF_UNIX
+    path too long")."""
+    global _warned_tmpdir
     if "forkserver" not in mp.get_all_start_methods():
+        return mp.get_context("spawn")
+    tmp = tempfile.gettempdir()
+    if len(tmp) + _LISTENER_SUFFIX > _SOCKET_PATH_MAX:
+        if not _warned_tmpdir:
+            _warned_tmpdir = True
+            configure_logging()   # (the events logger: an operator sees it by default)
+            logging.getLogger(EVENTS_LOGGER).warning(
+                "the temporary directory %r (%d characters, from TMPDIR) is too long for the "
+                "fork server's Unix socket (at most %d): starting each peer as a fresh "
+                "interpreter instead (slower); set TMPDIR to a shorter directory",
+                tmp, len(tmp), _SOCKET_PATH_MAX - _LISTENER_SUFFIX)
         return mp.get_context("spawn")
     ctx = mp.get_context("forkserver")
     ctx.set_forkserver_preload(_PRELOAD)

@@ -47,6 +47,29 @@ def test_gossip_testing_is_an_attribute_loaded_on_first_use() -> None:
     assert out.stdout.split() == ["True", "gossip.testing"]
 
 
+def test_a_temporary_directory_too_long_for_the_fork_server_starts_peers_with_spawn(
+        tmp_path) -> None:
+    """The fork server's socket lives under TMPDIR; past 107 bytes Python fails with a bare
+    "AF_UNIX path too long". A fresh process with such a TMPDIR still runs its peers, and
+    says why they start slower."""
+    deep = tmp_path / ("d" * 60) / ("e" * 40)
+    deep.mkdir(parents=True)
+    code = ("import numpy as np\n"
+            "from gossip.testing import spawn\n"
+            "def body(peer):\n"
+            "    return float(peer.allreduce(np.ones(4) * peer.rank)[0])\n"
+            "if __name__ == '__main__':\n"
+            "    print(spawn(body, 2, timeout=120))\n")
+    script = tmp_path / "run.py"
+    script.write_text(code)
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                         timeout=180, env={**os.environ, "TMPDIR": str(deep)})
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.split() == ["[1.0,", "1.0]"], out.stdout
+    assert "too long for the fork server's Unix socket" in out.stderr, out.stderr[-3000:]
+    assert str(deep) in out.stderr
+
+
 # ---------------------------------------------------------------- restarts
 def _killed_first(rank: int) -> tuple:
     incarnation = os.environ.get("GOSSIP_INCARNATION")
