@@ -82,6 +82,41 @@ def test_torch_tensors():
     assert results[0][4] == "Tensor"
 
 
+def torch_large(peer):
+    """Tensors past the slots, so the calls read and write the peers' memory directly (a
+    reduce's segments and a gather's parts written into the root's tensors, a broadcast's
+    share written by its root), 3 peers, no root at 0, a non-contiguous reduce."""
+    import torch
+    n, r = peer.world_size, peer.rank
+    count = 100_001
+    x = torch.arange(count, dtype=torch.float32) * (r + 1)
+    peer.reduce(x, 2)
+    wide = torch.zeros(count, 2, dtype=torch.float64)
+    wide[:, 0] = torch.arange(count, dtype=torch.float64) + r
+    column = wide[:, 0]   # strided: staged through a contiguous stand-in
+    peer.reduce(column, 1, op="max")
+    g = peer.gather(torch.full((count,), float(r)), 1)
+    b = torch.full((count,), float(r))
+    peer.broadcast(b, 2)
+    return (x[[0, 1, -1]].tolist() if r == 2 else x[[1, -1]].tolist(),
+            column[[0, -1]].tolist() if r == 1 else None,
+            None if g is None else (tuple(g.shape), g[:, -1].tolist()),
+            b[[0, count // 2, -1]].tolist(), peer.communicator._on_host.entry.direct)
+
+
+def test_torch_tensors_past_the_slots():
+    results = spawn(torch_large, n=3, timeout=90)
+    count = 100_001
+    assert results[2][0] == [0.0, 6.0, 6.0 * (count - 1)], results[2]
+    for r in (0, 1):   # the others' x is left as it was
+        assert results[r][0] == [float(r + 1), float((r + 1) * (count - 1))], results[r]
+    assert results[1][1] == [2.0, float(count + 1)], results[1]
+    assert results[1][2] == ((3, count), [0.0, 1.0, 2.0]) and results[0][2] is None
+    for row in results:
+        assert row[3] == [2.0, 2.0, 2.0], row
+    assert all(row[4] for row in results) or not any(row[4] for row in results)
+
+
 def mismatched_root(peer):
     import gossip
     try:
