@@ -253,7 +253,10 @@ class OnHostCopies:
                     # one failed on another's loss, or timed out, maybe before that peer even
                     # entered and saw the address): the array stays alive, not freed under
                     # its write, until a later call's entry has seen every peer past this one.
-                    if target is not None and self.entry.arenas is not None and \
+                    # Only a call whose header went out (a peer may have seen the address);
+                    # so at most one array a call, and a later call that fails before
+                    # publishing (a peer still in this one) holds nothing more.
+                    if target is not None and self.entry.published == call.seq and \
                             self.entry.not_left(call, others if readers is None else readers):
                         self.held.append(target)
                     raise

@@ -131,6 +131,9 @@ class SharedEntry:
         self._counters: dict[int, np.ndarray] = {}   # views of their counters
         self._headers: dict[int, np.ndarray] = {}    # and of their slot headers
         self._last = -1
+        #: The sequence number of the last call whose header this peer published: the
+        #: others may have seen its words (the arrays they read or write) from then on.
+        self.published = -1
         # The peers that read this peer's slot in its last call (None: every other).
         self._readers: list[int] | None = None
         self._pid = os.getpid()
@@ -199,6 +202,7 @@ class SharedEntry:
         if write is not None:
             write()
         futex.publish(counters[r], 2 * s + 1)   # after the header and the slot
+        self.published = s
         wait_counters(call, counters, {j: 2 * s + 1 for j in others}, "the call")
         for j in others:
             seq, theirs, got = headers[j][:3].tolist()
