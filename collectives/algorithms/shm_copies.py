@@ -43,8 +43,7 @@ import numpy as np
 from collectives.algorithms.p2p import Call
 from collectives.algorithms import shm_direct
 from collectives.algorithms.shm_direct import address_of, read_peer, read_range, write_range
-from collectives.algorithms.shm_entry import (PID, STEPS, WORDS, SharedBarrier, SharedEntry,
-                                              count_shared)
+from collectives.algorithms.shm_entry import PID, WORDS, SharedEntry, count_shared
 from collectives.arrays.adapter import ArrayAdapter
 from collectives.transport import cma
 
@@ -57,49 +56,42 @@ class CallArrays(Protocol):
 
     notes: dict[int, int]
 
-    def copy(self, j: int, start: int, into: Any, lo: int, hi: int,
-             kept: bool = False) -> None: ...
+    def copy(self, j: int, start: int, into: Any, lo: int, hi: int) -> None: ...
 
     def put(self, j: int, start: int, src: Any, lo: int, hi: int) -> None: ...
 
     def reduce(self, op: str, into: Any, at: int, start: int, stop: int,
                others: list[int]) -> None: ...
 
-    def barrier(self) -> None: ...
-
     def scratch(self, name: str, count: int) -> Any: ...
 
 
 class PeerArrays:
-    """The arrays the peers of one call announced (each peer's ``read``, its ``kept`` and its
-    ``target`` where it announced them): ``copy`` reads a run of one of them into a run of an
-    array here; ``put`` writes a run of an array here into a peer's ``target``; ``reduce``
-    reduces runs of the others' into one here; ``barrier`` waits until every peer reached the
-    same point of the call. ``notes``: the number each peer announced with its arrays (what
-    only it decides and the others must follow: the share of a broadcast its root writes)."""
+    """The arrays the peers of one call announced (each peer's ``read`` and its ``target``,
+    where it announced them): ``copy`` reads a run of a peer's ``read`` into a run of an array
+    here; ``put`` writes a run of an array here into a peer's ``target``; ``reduce`` reduces
+    runs of the others' ``read`` into one here. ``notes``: the number each peer announced with
+    its arrays (what only it decides and the others must follow: the share of a broadcast its
+    root writes)."""
 
     def __init__(self, call: Call, adapter: ArrayAdapter, headers: dict[int, np.ndarray],
-                 reader: cma.Reader, barrier: Callable[[], None],
-                 buffers: dict[str, np.ndarray]) -> None:
-        self.call, self.adapter, self.reader, self.barrier = call, adapter, reader, barrier
+                 reader: cma.Reader, buffers: dict[str, np.ndarray]) -> None:
+        self.call, self.adapter, self.reader = call, adapter, reader
         self._buffers = buffers
         self.pid = {j: int(h[PID]) for j, h in headers.items()}
-        self.address = {j: (int(h[WORDS]), int(h[WORDS + 1]), int(h[WORDS + 2]))
-                        for j, h in headers.items()}
-        self.notes: dict[int, int] = {j: int(h[WORDS + 3]) for j, h in headers.items()}
+        self.read = {j: int(h[WORDS]) for j, h in headers.items()}
+        self.target = {j: int(h[WORDS + 1]) for j, h in headers.items()}
+        self.notes: dict[int, int] = {j: int(h[WORDS + 2]) for j, h in headers.items()}
 
-    def _where(self, j: int, kept: bool) -> tuple[int, int]:
-        return self.pid[j], self.address[j][1 if kept else 0]
-
-    def copy(self, j: int, start: int, into: Any, lo: int, hi: int, kept: bool = False) -> None:
-        """Elements [start, start + hi - lo) of rank j's array (its ``kept`` one) into
-        ``into[lo:hi]`` (a flat array of the call's adapter)."""
+    def copy(self, j: int, start: int, into: Any, lo: int, hi: int) -> None:
+        """Elements [start, start + hi - lo) of rank j's ``read`` array into ``into[lo:hi]``
+        (a flat array of the call's adapter)."""
         if hi <= lo:
             return
         size = self.call.itemsize
         nbytes = (hi - lo) * size
         count_shared(self.call.transport, j, nbytes)
-        read_range(self.reader, self.call, j, self._where(j, kept), start * size,
+        read_range(self.reader, self.call, j, (self.pid[j], self.read[j]), start * size,
                    address_of(self.adapter, into, lo), nbytes)
 
     def put(self, j: int, start: int, src: Any, lo: int, hi: int) -> None:
@@ -114,7 +106,7 @@ class PeerArrays:
         size = self.call.itemsize
         nbytes = (hi - lo) * size
         count_shared(self.call.transport, j, nbytes)
-        write_range(self.reader, self.call, j, (self.pid[j], self.address[j][2]), start * size,
+        write_range(self.reader, self.call, j, (self.pid[j], self.target[j]), start * size,
                     address_of(self.adapter, src, lo), nbytes)
 
     def scratch(self, name: str, count: int) -> Any:
@@ -146,7 +138,7 @@ class PeerArrays:
             b = min(a + block, count)
             mine = adapter.slice(into, at + a, at + b)
             for j in others:
-                read_peer(self.reader, self.call, j, self._where(j, False),
+                read_peer(self.reader, self.call, j, (self.pid[j], self.read[j]),
                           (start + a) * size, buffer.ctypes.data, (b - a) * size)
                 adapter.reduce(op, mine, adapter.from_frame(buffer[:(b - a) * size],
                                                             self.call.frame_dtype, b - a))
@@ -154,15 +146,12 @@ class PeerArrays:
 
 class SlotArrays:
     """PeerArrays' reads for a call small enough for the slots: rank j's ``read`` array is
-    the start of its slot. Nothing is ``kept`` this way (a reduce through the slots is
-    reduced at the root, out of every slot)."""
+    the start of its slot. Nothing is written into another peer's array this way (a gather
+    through the slots is read by the root, out of every slot)."""
 
-    def __init__(self, call: Call, adapter: ArrayAdapter, entry: SharedEntry,
-                 headers: dict[int, np.ndarray], read: Any) -> None:
+    def __init__(self, call: Call, adapter: ArrayAdapter, entry: SharedEntry) -> None:
         self.call, self.adapter, self.entry = call, adapter, entry
-        self._headers, self._read = headers, read
         self.notes: dict[int, int] = {}   # (nothing is announced with the slots)
-        self._barrier: SharedBarrier | None = None   # (made if a move asks for one)
 
     def part(self, j: int, start: int, count: int) -> Any:
         """Elements [start, start + count) of what rank j wrote into its slot."""
@@ -174,10 +163,8 @@ class SlotArrays:
         """Never: a peer writes only its own slot (a move that puts checks for SlotArrays)."""
         raise ValueError("a call through the slots writes into no other peer's array")
 
-    def copy(self, j: int, start: int, into: Any, lo: int, hi: int, kept: bool = False) -> None:
+    def copy(self, j: int, start: int, into: Any, lo: int, hi: int) -> None:
         """As PeerArrays.copy, out of rank j's slot."""
-        if kept:
-            raise ValueError("a call through the slots keeps nothing to read")
         if hi <= lo:
             return
         count_shared(self.call.transport, j, (hi - lo) * self.call.itemsize)
@@ -198,16 +185,6 @@ class SlotArrays:
         return self.adapter.from_frame(np.empty(count * self.call.itemsize, np.uint8),
                                        self.call.frame_dtype, count)
 
-    def barrier(self) -> None:
-        """Wait until every peer of the call reached the same point of it."""
-        if self._barrier is None:
-            t = self.call.transport
-            self._barrier = SharedBarrier(
-                self.call, self.adapter, self._read,
-                [j for j in range(t.world_size) if j != t.rank], self.entry.steps,
-                {j: int(h[STEPS]) for j, h in self._headers.items()})
-        self._barrier()
-
 
 class OnHostCopies:
     """A communicator's on-host copies: its entry (shared with the allreduces), their order,
@@ -225,29 +202,28 @@ class OnHostCopies:
 
     def __call__(self, call: Call, adapter: ArrayAdapter, read: Any,
                  move: Callable[[CallArrays], None], fallback: Callable[[], Any],
-                 kept: Any = None, readers: Any = None, *, slot_bytes: int,
-                 target: Any = None, note: int = 0) -> None:
-        """Run ``call``: announce ``read`` (the flat array this peer's readers read, or None),
-        ``kept`` (a second one, read after a barrier of ``move``'s) and ``target`` (the one
-        the others write into with ``put``), then ``move`` (the copies of this peer, through a
-        PeerArrays or a SlotArrays) once every peer entered; leave the call, and return once
-        the peers that read or write this peer's arrays (``readers``: every other peer if
-        None; after a barrier of ``move``'s, those that read ``kept``) left it too.
-        ``fallback`` (the ZeroMQ algorithm) where some peer cannot read the others.
-        ``slot_bytes``: the most bytes any peer of the call announces as ``read`` (the same
-        on every peer, from the call's agreed sizes): up to a slot's size (``fits``) the call
-        goes through the slots (the module docstring), and neither ``kept`` nor ``target`` is
-        used. ``note``: a number the others' ``move`` sees (PeerArrays.notes)."""
+                 readers: Any = None, *, slot_bytes: int, target: Any = None,
+                 note: int = 0) -> None:
+        """Run ``call``: announce ``read`` (the flat array this peer's readers read, or None)
+        and ``target`` (the one the others write into with ``put``, or None), then ``move``
+        (the copies of this peer, through a PeerArrays or a SlotArrays) once every peer
+        entered; leave the call, and return once the peers that read or write this peer's
+        arrays (``readers``: every other peer if None) left it too. ``fallback`` (the ZeroMQ
+        algorithm) where some peer cannot read the others. ``slot_bytes``: the most bytes any
+        peer of the call announces as ``read`` (the same on every peer, from the call's agreed
+        sizes): up to a slot's size (``fits``) the call goes through the slots (the module
+        docstring), and ``target`` is not used. ``note``: a number the others' ``move`` sees
+        (PeerArrays.notes)."""
         t = call.transport
-        others = [j for j in range(t.world_size) if j != t.rank]
+        touching = [j for j in range(t.world_size) if j != t.rank] if readers is None \
+            else list(readers)
         with self.order.turn(call):
             try:
                 if self.fits(slot_bytes):
                     self._through_slots(call, adapter, read, move)
                     return
                 try:
-                    self._direct(call, adapter, read, move, fallback, kept, readers, target,
-                                 note)
+                    self._direct(call, adapter, read, move, fallback, touching, target, note)
                 except BaseException:
                     # A peer that writes into ``target`` may not have left the call yet (this
                     # one failed on another's loss, or timed out, maybe before that peer even
@@ -257,29 +233,24 @@ class OnHostCopies:
                     # so at most one array a call, and a later call that fails before
                     # publishing (a peer still in this one) holds nothing more.
                     if target is not None and self.entry.published == call.seq and \
-                            self.entry.not_left(call, others if readers is None else readers):
+                            self.entry.not_left(call, touching):
                         self.held.append(target)
                     raise
             finally:
                 self.entry.leave(call)
 
     def _direct(self, call: Call, adapter: ArrayAdapter, read: Any,
-                move: Callable[[CallArrays], None], fallback: Callable[[], Any], kept: Any,
-                readers: Any, target: Any, note: int) -> None:
+                move: Callable[[CallArrays], None], fallback: Callable[[], Any],
+                touching: list[int], target: Any, note: int) -> None:
         headers = self.entry.enter(call, call.nbytes,
-                                   (_address(adapter, read), _address(adapter, kept),
-                                    _address(adapter, target), note))
+                                   (_address(adapter, read), _address(adapter, target), note))
         self.held.clear()   # every peer left every call before this one
         if not self.entry.direct:
             fallback()
             return
-        t = call.transport
-        others = [j for j in range(t.world_size) if j != t.rank]
-        barrier = SharedBarrier(call, adapter, read, others, self.entry.steps,
-                                {j: int(h[STEPS]) for j, h in headers.items()})
-        move(PeerArrays(call, adapter, headers, self.reader, barrier, self.buffers))
+        move(PeerArrays(call, adapter, headers, self.reader, self.buffers))
         self.entry.leave(call)   # done reading (and writing) the others' arrays
-        self.entry.await_readers(call, others if readers is None else readers)
+        self.entry.await_readers(call, touching)
 
     def fits(self, slot_bytes: int) -> bool:
         """Whether a call whose peers announce at most ``slot_bytes`` goes through the slots."""
@@ -292,8 +263,8 @@ class OnHostCopies:
                 count = adapter.size(read)
                 slot = self.entry.slot(call.transport.rank)[:count * call.itemsize]
                 adapter.copy(adapter.from_frame(slot, call.frame_dtype, count), read)
-        headers = self.entry.enter(call, call.nbytes, write=write)
-        move(SlotArrays(call, adapter, self.entry, headers, read))
+        self.entry.enter(call, call.nbytes, write=write, keep=False)
+        move(SlotArrays(call, adapter, self.entry))
 
 
 def _address(adapter: ArrayAdapter, flat: Any) -> int:

@@ -370,9 +370,9 @@ def _suffix(copies: OnHostCopies | None) -> str:
 
 
 def _run(copies: OnHostCopies | None, adapter: Any, read: Any, move: Any, messages: Any,
-         kept: Any = None, readers: Any = None, *, slot_bytes: int, target: Any = None) -> Any:
-    """The call's body: ``move`` as on-host copies of ``read`` (and ``kept``, with the peers
-    that read them last, ``readers``, and ``target``, the array the others write into;
+         readers: Any = None, *, slot_bytes: int, target: Any = None) -> Any:
+    """The call's body: ``move`` as on-host copies of ``read`` (with the peers that read or
+    write this peer's arrays, ``readers``, and ``target``, the array the others write into;
     through the slots when the most any peer announces, ``slot_bytes``, fits:
     shm_copies.py), else (and where some peer cannot read the others) ``messages``, its
     ZeroMQ algorithm."""
@@ -380,7 +380,7 @@ def _run(copies: OnHostCopies | None, adapter: Any, read: Any, move: Any, messag
         return messages
 
     def run(call: Call) -> None:
-        copies(call, adapter, read, move, lambda: messages(call), kept, readers,
+        copies(call, adapter, read, move, lambda: messages(call), readers,
                slot_bytes=slot_bytes, target=target)
     return run
 
