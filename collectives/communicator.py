@@ -435,39 +435,50 @@ class Communicator:
 
     @overload
     def gather(self, x: Array, root: int = 0, *, out: Array | None = None,
+               counts: Sequence[int] | None = None,
                wait: Literal[True] = True, timeout: float | None = None) -> Array | None: ...
 
     @overload
     def gather(self, x: Array, root: int = 0, *, out: Array | None = None,
+               counts: Sequence[int] | None = None,
                wait: Literal[False], timeout: float | None = None) -> Work: ...
 
     @overload
     def gather(self, x: Array, root: int = 0, *, out: Array | None = None,
+               counts: Sequence[int] | None = None,
                wait: bool = True, timeout: float | None = None) -> Array | None | Work: ...
 
     @_named("gather")
-    def gather(self, x: Array, root: int = 0, *, out: Array | None = None, wait: bool = True,
+    def gather(self, x: Array, root: int = 0, *, out: Array | None = None,
+               counts: Sequence[int] | None = None, wait: bool = True,
                timeout: float | None = None) -> Array | None | Work:
-        """Every peer's ``x`` at the root, shape (n, *x.shape); None elsewhere (rooted.gather)."""
-        return rooted.gather(self.engine, x, root, out, wait, timeout)
+        """Every peer's ``x`` at the root, shape (n, *x.shape); None elsewhere. ``counts``
+        (MPI's Gatherv): peer j sends ``counts[j]`` elements, the root gets them in one flat
+        array, in rank order (rooted.gather)."""
+        return rooted.gather(self.engine, x, root, out, wait, timeout, counts)
 
     @overload
     def scatter(self, x: Array, root: int = 0, *, out: Array | None = None,
+                counts: Sequence[int] | None = None,
                 wait: Literal[True] = True, timeout: float | None = None) -> Array: ...
 
     @overload
     def scatter(self, x: Array, root: int = 0, *, out: Array | None = None,
+                counts: Sequence[int] | None = None,
                 wait: Literal[False], timeout: float | None = None) -> Work: ...
 
     @overload
     def scatter(self, x: Array, root: int = 0, *, out: Array | None = None,
+                counts: Sequence[int] | None = None,
                 wait: bool = True, timeout: float | None = None) -> Array | Work: ...
 
     @_named("scatter")
-    def scatter(self, x: Array, root: int = 0, *, out: Array | None = None, wait: bool = True,
+    def scatter(self, x: Array, root: int = 0, *, out: Array | None = None,
+                counts: Sequence[int] | None = None, wait: bool = True,
                 timeout: float | None = None) -> Array | Work:
-        """Part r of the root's ``x`` into peer r's ``out`` (rooted.scatter)."""
-        return rooted.scatter(self.engine, x, root, out, wait, timeout)
+        """Part r of the root's ``x`` into peer r's ``out``. ``counts`` (MPI's Scatterv):
+        part j is the next ``counts[j]`` elements of the root's flat ``x`` (rooted.scatter)."""
+        return rooted.scatter(self.engine, x, root, out, wait, timeout, counts)
 
     @overload
     def alltoall(self, x: Array, *, out: Array | None = None,

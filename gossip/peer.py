@@ -273,37 +273,47 @@ class Peer:
 
     @overload
     def gather(self, x: Array, root: int = 0, *, out: Array | None = None,
+               counts: Sequence[int] | None = None,
                wait: Literal[True] = True, timeout: float | None = None) -> Array | None: ...
 
     @overload
     def gather(self, x: Array, root: int = 0, *, out: Array | None = None,
+               counts: Sequence[int] | None = None,
                wait: Literal[False], timeout: float | None = None) -> Work: ...
 
     @overload
     def gather(self, x: Array, root: int = 0, *, out: Array | None = None,
+               counts: Sequence[int] | None = None,
                wait: bool = True, timeout: float | None = None) -> Array | None | Work: ...
 
-    def gather(self, x: Array, root: int = 0, *, out: Array | None = None, wait: bool = True,
+    def gather(self, x: Array, root: int = 0, *, out: Array | None = None,
+               counts: Sequence[int] | None = None, wait: bool = True,
                timeout: float | None = None) -> Array | None | Work:
-        """Every peer's ``x`` at the root, in rank order (Communicator.gather)."""
-        return self._comm.gather(x, root, out=out, wait=wait, timeout=timeout)
+        """Every peer's ``x`` at the root, in rank order; ``counts``: parts of these sizes
+        (MPI's Gatherv) in one flat array (Communicator.gather)."""
+        return self._comm.gather(x, root, out=out, counts=counts, wait=wait, timeout=timeout)
 
     @overload
     def scatter(self, x: Array, root: int = 0, *, out: Array | None = None,
+                counts: Sequence[int] | None = None,
                 wait: Literal[True] = True, timeout: float | None = None) -> Array: ...
 
     @overload
     def scatter(self, x: Array, root: int = 0, *, out: Array | None = None,
+                counts: Sequence[int] | None = None,
                 wait: Literal[False], timeout: float | None = None) -> Work: ...
 
     @overload
     def scatter(self, x: Array, root: int = 0, *, out: Array | None = None,
+                counts: Sequence[int] | None = None,
                 wait: bool = True, timeout: float | None = None) -> Array | Work: ...
 
-    def scatter(self, x: Array, root: int = 0, *, out: Array | None = None, wait: bool = True,
+    def scatter(self, x: Array, root: int = 0, *, out: Array | None = None,
+                counts: Sequence[int] | None = None, wait: bool = True,
                 timeout: float | None = None) -> Array | Work:
-        """Part r of the root's ``x`` into peer r's ``out=`` (Communicator.scatter)."""
-        return self._comm.scatter(x, root, out=out, wait=wait, timeout=timeout)
+        """Part r of the root's ``x`` into peer r's ``out=``; ``counts``: parts of these sizes
+        (MPI's Scatterv) (Communicator.scatter)."""
+        return self._comm.scatter(x, root, out=out, counts=counts, wait=wait, timeout=timeout)
 
     @overload
     def alltoall(self, x: Array, *, out: Array | None = None,

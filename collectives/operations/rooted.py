@@ -31,7 +31,8 @@ import numpy as np
 from collectives.algorithms.allgather import direct_allgather
 from collectives.algorithms.choice import COPIES_SIGNATURE, on_host_copies
 from collectives.algorithms.p2p import Call, post_range, recv_range, wait_sent
-from collectives.algorithms.ring import ring_reduce_scatter, segments, segments_of_counts
+from collectives.algorithms.ring import (counts_digest, ring_reduce_scatter, segments,
+                                         segments_of_counts)
 from collectives.algorithms.shm_copies import CallArrays, OnHostCopies, SlotArrays
 from collectives.arrays.adapter import adapter_for, check_reduce_op
 from collectives.engine import Engine
@@ -106,59 +107,69 @@ def reduce(engine: Engine, x: Any, root: int, op: str, wait: bool, timeout: floa
 
 
 def gather(engine: Engine, x: Any, root: int, out: Any, wait: bool,
-           timeout: float | None) -> Any:
+           timeout: float | None, counts: Any = None) -> Any:
     """Every peer's ``x`` at the root, in rank order: an array of shape (n, *x.shape) (into
-    ``out`` if given); None on the other peers."""
+    ``out`` if given); None on the other peers. ``counts`` (MPI's Gatherv recvcounts, the
+    same on every peer): peer j sends ``counts[j]`` elements (its flat ``x``), and the root
+    gets one flat array of their sum, peer j's at the elements after the first j's."""
     _check_root(engine, root)
     stage = Staging()
     adapter, flat, dtype = stage.flat(x, written=False)
     n, r = engine.world_size, engine.rank
     count = adapter.size(flat)
+    sizes, total, signature = _parts(count, counts, n, r, f"gather(root={root}")
+    at = _offsets(sizes)
     if r == root:
         if out is None:
-            out = adapter.empty(n * count, dtype, flat).reshape((n,) + tuple(x.shape))
-        out_flat = engine.out_like(adapter, dtype, n * count, out, "gather",
-                                   f"{count} elements from {n} peers", stage)
-    copies = _copies(engine, adapter, dtype, count)
+            out = adapter.empty(total, dtype, flat)
+            if counts is None:
+                out = out.reshape((n,) + tuple(x.shape))
+        out_flat = engine.out_like(adapter, dtype, total, out, "gather",
+                                   f"{total} elements from {n} peers", stage)
+    copies = _copies(engine, adapter, dtype, count if counts is None else total)
     seq = engine.next_seq("shm" if copies else "")
 
     def messages(call: Call) -> None:
         if r != root:
-            wait_sent(call, post_range(call, root, adapter, flat, 0, count, track=True))
+            wait_sent(call, post_range(_part(call, count), root, adapter, flat, 0, count,
+                                       track=True))
             return
-        adapter.copy(adapter.slice(out_flat, r * count, (r + 1) * count), flat)
+        adapter.copy(adapter.slice(out_flat, at[r], at[r] + count), flat)
         for src in range(n):
             if src != root:
-                for a, b, chunk in recv_range(call, src, adapter, 0, count):
-                    adapter.copy(adapter.slice(out_flat, src * count + a, src * count + b),
-                                 chunk)
+                for a, b, chunk in recv_range(_part(call, sizes[src]), src, adapter, 0,
+                                              sizes[src]):
+                    adapter.copy(adapter.slice(out_flat, at[src] + a, at[src] + b), chunk)
 
     def move(peers: CallArrays) -> None:
         if isinstance(peers, SlotArrays):   # small: the root reads every slot
             if r == root:
                 for src in range(n):
                     if src != root:
-                        peers.copy(src, 0, out_flat, src * count, (src + 1) * count)
+                        peers.copy(src, 0, out_flat, at[src], at[src] + sizes[src])
         elif r != root:   # each peer writes its part into the root's output, all at once
-            peers.put(root, r * count, flat, 0, count)
+            peers.put(root, at[r], flat, 0, count)
         if r == root:
-            adapter.copy(adapter.slice(out_flat, r * count, (r + 1) * count), flat)
+            adapter.copy(adapter.slice(out_flat, at[r], at[r] + count), flat)
 
-    return _start(engine, seq, f"gather(root={root})" + _suffix(copies), dtype, (count,),
+    return _start(engine, seq, signature + _suffix(copies), dtype,
+                  (count,) if counts is None else (total,),
                   timeout, _run(copies, adapter, flat, move, messages,
                                 # (the others write into the root's output; nobody reads
                                 # theirs but through the slots)
                                 readers=None if r == root else (),
-                                slot_bytes=count * dtype_itemsize(dtype),
+                                slot_bytes=max(sizes) * dtype_itemsize(dtype),
                                 target=out_flat if r == root else None),
                   result=out if r == root else None, adapter=adapter, wait=wait, stage=stage)
 
 
 def scatter(engine: Engine, x: Any, root: int, out: Any, wait: bool,
-            timeout: float | None) -> Any:
+            timeout: float | None, counts: Any = None) -> Any:
     """Part r of the root's ``x`` (its first axis cut in n equal parts, or the flat array
     in n equal runs) into peer r's ``out``, returned; the others' ``x`` is not read (None
-    will do)."""
+    will do). ``counts`` (MPI's Scatterv sendcounts, the same on every peer): part j is the
+    ``counts[j]`` elements of the root's flat ``x`` after the first j parts, and peer j's
+    ``out`` holds that many."""
     _check_root(engine, root)
     if out is None:
         raise ValueError(f"rank {engine.rank}: scatter needs out= (this peer's part)")
@@ -166,23 +177,25 @@ def scatter(engine: Engine, x: Any, root: int, out: Any, wait: bool,
     adapter, out_flat, dtype = stage.flat(out)
     n, r = engine.world_size, engine.rank
     count = adapter.size(out_flat)
+    sizes, total, signature = _parts(count, counts, n, r, f"scatter(root={root}")
+    at = _offsets(sizes)
     if r == root:
         _, flat, x_dtype = stage.flat(x, written=False)
-        if x_dtype != dtype or adapter.size(flat) != n * count:
+        if x_dtype != dtype or adapter.size(flat) != total:
             raise ValueError(f"rank {r}: scatter from {x_dtype} of {adapter.size(flat)} "
-                             f"elements into {n} parts of {count} {dtype} (out)")
-    copies = _copies(engine, adapter, dtype, count)
+                             f"elements into parts of {sizes} {dtype} elements (out)")
+    copies = _copies(engine, adapter, dtype, count if counts is None else total)
     seq = engine.next_seq("shm" if copies else "")
 
     def messages(call: Call) -> None:
         if r != root:
-            for a, b, chunk in recv_range(call, root, adapter, 0, count):
+            for a, b, chunk in recv_range(_part(call, count), root, adapter, 0, count):
                 adapter.copy(adapter.slice(out_flat, a, b), chunk)
             return
-        tickets = [post_range(call, dst, adapter, adapter.slice(flat, dst * count,
-                                                                 (dst + 1) * count),
-                              0, count, track=True) for dst in range(n) if dst != root]
-        adapter.copy(out_flat, adapter.slice(flat, r * count, (r + 1) * count))
+        tickets = [post_range(_part(call, sizes[dst]), dst, adapter,
+                              adapter.slice(flat, at[dst], at[dst] + sizes[dst]),
+                              0, sizes[dst], track=True) for dst in range(n) if dst != root]
+        adapter.copy(out_flat, adapter.slice(flat, at[r], at[r] + count))
         for ticket in tickets:
             wait_sent(call, ticket)
 
@@ -190,15 +203,40 @@ def scatter(engine: Engine, x: Any, root: int, out: Any, wait: bool,
         # (each peer reads its part while the root copies its own: n copies at once, where a
         # broadcast's root has none of its own and writes a share of the others' instead)
         if r != root:
-            peers.copy(root, r * count, out_flat, 0, count)
+            peers.copy(root, at[r], out_flat, 0, count)
         else:
-            adapter.copy(out_flat, adapter.slice(flat, r * count, (r + 1) * count))
+            adapter.copy(out_flat, adapter.slice(flat, at[r], at[r] + count))
 
-    return _start(engine, seq, f"scatter(root={root})" + _suffix(copies), dtype, (count,),
+    return _start(engine, seq, signature + _suffix(copies), dtype,
+                  (count,) if counts is None else (total,),
                   timeout, _run(copies, adapter, flat if r == root else None, move, messages,
                                 readers=None if r == root else (),
-                                slot_bytes=n * count * dtype_itemsize(dtype)),
+                                slot_bytes=total * dtype_itemsize(dtype)),
                   result=out, adapter=adapter, wait=wait, stage=stage)
+
+
+def _parts(count: int, counts: Any, n: int, r: int, opening: str) -> tuple[list[int], int, str]:
+    """Every peer's part of a gather or scatter (this peer's, ``count``, n times without
+    ``counts``), their sum, and the call's signature (``opening`` closed, naming the counts:
+    peers that pass others raise a ProtocolError, every one of them); ValueError before the
+    call takes a sequence number if ``counts`` is not n non-negative integers or does not
+    give this peer ``count``."""
+    if counts is None:
+        return [count] * n, n * count, opening + ")"
+    sizes = _sizes(segments_of_counts(counts, None, n, r, opening.split("(")[0]))
+    if sizes[r] != count:
+        raise ValueError(f"rank {r}: {opening.split('(')[0]} with counts {sizes}: this peer's "
+                         f"part has {count} elements, not counts[{r}] = {sizes[r]}")
+    return sizes, sum(sizes), f"{opening},counts={counts_digest(sizes)})"
+
+
+def _part(call: Call, count: int) -> Call:
+    """``call`` as one peer's part of it travels: ``count`` elements (the whole call's, where
+    every part is the same size)."""
+    if call.shape == (count,):
+        return call
+    return Call(call.transport, call.channel, call.seq, call.signature, call.dtype, (count,),
+                call.deadline)
 
 
 def alltoall(engine: Engine, x: Any, out: Any, wait: bool, timeout: float | None,

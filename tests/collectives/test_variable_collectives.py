@@ -1,6 +1,7 @@
 """Collectives whose per-peer sizes differ, between real peer processes: all-to-all with
 per-peer counts (MPI's Alltoallv, torch's all_to_all_single split sizes), reduce_scatter
-with per-rank counts (MPI's Reduce_scatter), and BlueFog's neighbor_allgather on a topology.
+with per-rank counts (MPI's Reduce_scatter), gather and scatter with per-peer counts (MPI's
+Gatherv and Scatterv), and BlueFog's neighbor_allgather on a topology.
 Each is checked against the result those libraries document, with empty blocks, numpy and
 torch, the non-blocking twin, and peers that disagree raising on every peer."""
 from __future__ import annotations
@@ -105,6 +106,81 @@ def test_reduce_scatter_peers_with_other_counts_raise_on_every_peer():
     results = spawn(reduce_scatter_other_counts, n=2, timeout=60)
     assert all(res is not None and res[0] == "ProtocolError" for res in results), results
     assert all("counts=[3,3]" in res[1] and "counts=[2,4]" in res[1] for res in results)
+
+
+def part(j: int, count: int, dtype: str) -> np.ndarray:
+    return (1000 * j + np.arange(count)).astype(dtype)
+
+
+def gatherv_scatterv(peer, direct):
+    """MPI's Gatherv and Scatterv (mpi4py's testGatherv/testScatterv): parts of other sizes,
+    one of them empty, small (through the slots), large (the peers' memory, or ZeroMQ where
+    they cannot read each other), numpy and torch, root 1, and the non-blocking twins."""
+    from collectives.algorithms import shm_entry
+    shm_entry.SharedEntry.direct_reads = direct
+    n, r = peer.world_size, peer.rank
+    rows = []
+    for counts in ([2, 0, 5], [100_000, 3, 70_001]):
+        for dtype in ("float64", "int32"):
+            total = sum(counts)
+            whole = np.concatenate([part(j, c, dtype) for j, c in enumerate(counts)])
+            got = peer.gather(part(r, counts[r], dtype), root=1, counts=counts)
+            rows.append((f"gatherv {counts} {dtype}", got is None if r != 1 else
+                         got.shape == (total,) and np.array_equal(got, whole)))
+            into = np.full(total, -1, dtype) if r == 1 else None
+            work = peer.gather(part(r, counts[r], dtype), root=1, counts=counts, out=into,
+                               wait=False)
+            rows.append((f"gatherv into out {counts} {dtype}",
+                         work.wait() is into and (r != 1 or np.array_equal(into, whole))))
+            mine = np.full(counts[r], -1, dtype)
+            peer.scatter(whole if r == 1 else None, root=1, out=mine, counts=counts)
+            rows.append((f"scatterv {counts} {dtype}",
+                         np.array_equal(mine, part(r, counts[r], dtype))))
+    import torch
+    counts = [3, 1, 70_000]
+    t = torch.arange(counts[r], dtype=torch.float32) + 10 * r
+    got = peer.gather(t, root=0, counts=counts)
+    want = torch.cat([torch.arange(c, dtype=torch.float32) + 10 * j
+                      for j, c in enumerate(counts)])
+    rows.append(("torch gatherv", got is None if r else bool(torch.equal(got, want))))
+    out = torch.empty(counts[r])
+    peer.scatter(want if r == 0 else None, root=0, out=out, counts=counts)
+    rows.append(("torch scatterv", bool(torch.equal(out, t))))
+    return rows, peer.communicator._on_host.entry.direct
+
+
+@pytest.mark.parametrize("direct", [True, False], ids=["direct", "zeromq"])
+def test_gather_and_scatter_with_per_peer_counts(direct):
+    for rows, entered_direct in spawn(gatherv_scatterv, n=3, timeout=120, args=(direct,)):
+        bad = [row for row in rows if not row[1]]
+        assert not bad and len(rows) == 14, rows
+        assert entered_direct is direct
+
+
+def gatherv_other_counts(peer):
+    import gossip
+    out = []
+    # A peer whose x does not hold its count: refused here, before the call takes a
+    # sequence number (the others' call waits for it and times out: not made).
+    try:
+        peer.gather(np.ones(3), root=0, counts=[2, 2])
+    except ValueError as exc:
+        out.append(str(exc))
+    peer.gather(np.ones(3), root=0, counts=[3, 3])   # still in step
+    counts = [3, 3] if peer.rank == 0 else [3, 4]
+    try:
+        peer.scatter(np.ones(6) if peer.rank == 0 else None, root=0,
+                     out=np.empty(3 if peer.rank == 0 else 4), counts=counts, timeout=20)
+    except gossip.GossipError as exc:
+        out.append((type(exc).__name__, str(exc)))
+    return out
+
+
+def test_gatherv_and_scatterv_refuse_counts_that_do_not_fit_or_differ():
+    for refused, (kind, message) in spawn(gatherv_other_counts, n=2, timeout=60):
+        assert "counts[" in refused and "has 3 elements" in refused, refused
+        assert kind == "ProtocolError", message
+        assert "counts=[3,3]" in message and "counts=[3,4]" in message, message
 
 
 def neighbor_gather(peer):
