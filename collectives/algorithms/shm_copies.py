@@ -223,7 +223,8 @@ class OnHostCopies:
                     self._through_slots(call, adapter, read, move)
                     return
                 try:
-                    self._direct(call, adapter, read, move, fallback, touching, target, note)
+                    self._direct(call, adapter, read, move, fallback, touching=touching,
+                                 target=target, note=note)
                 except BaseException:
                     # A peer that writes into ``target`` may not have left the call yet (this
                     # one failed on another's loss, or timed out, maybe before that peer even
@@ -240,7 +241,7 @@ class OnHostCopies:
                 self.entry.leave(call)
 
     def _direct(self, call: Call, adapter: ArrayAdapter, read: Any,
-                move: Callable[[CallArrays], None], fallback: Callable[[], Any],
+                move: Callable[[CallArrays], None], fallback: Callable[[], Any], *,
                 touching: list[int], target: Any, note: int) -> None:
         headers = self.entry.enter(call, call.nbytes,
                                    (_address(adapter, read), _address(adapter, target), note))

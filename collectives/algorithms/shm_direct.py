@@ -92,18 +92,18 @@ def read_peer(reader: cma.Reader, call: Call, j: int, where: tuple[int, int], of
     """``nbytes`` at ``offset`` of rank j's array, at ``where`` (its pid, the array's
     address), to address ``into`` here; its abort if it gave up on the call (whether or not
     its process still runs), else PeerLost if j is gone, else ProtocolError."""
-    _peer_memory(reader.read, call, j, where, offset, into, nbytes, "read")
+    _peer_memory(reader.read, call, j, where, offset, into, nbytes, done="read")
 
 
 def write_peer(reader: cma.Reader, call: Call, j: int, where: tuple[int, int], offset: int,
                local: int, nbytes: int) -> None:
     """read_peer's other way: ``nbytes`` at address ``local`` here into rank j's array at
     ``where``, from ``offset`` on (process_vm_writev); the same errors."""
-    _peer_memory(reader.write, call, j, where, offset, local, nbytes, "written")
+    _peer_memory(reader.write, call, j, where, offset, local, nbytes, done="written")
 
 
 def _peer_memory(move: Callable[[int, int, int, int], None], call: Call, j: int,
-                 where: tuple[int, int], offset: int, local: int, nbytes: int,
+                 where: tuple[int, int], offset: int, local: int, nbytes: int, *,
                  done: str) -> None:
     pid, address = where
     try:
