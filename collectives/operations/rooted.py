@@ -117,7 +117,7 @@ def gather(engine: Engine, x: Any, root: int, out: Any, wait: bool,
     adapter, flat, dtype = stage.flat(x, written=False)
     n, r = engine.world_size, engine.rank
     count = adapter.size(flat)
-    sizes, total, signature = _parts(count, counts, n, r, f"gather(root={root}")
+    sizes, total, signature = _parts(count, counts, n, r, "gather", root)
     at = _offsets(sizes)
     if r == root:
         if out is None:
@@ -177,7 +177,7 @@ def scatter(engine: Engine, x: Any, root: int, out: Any, wait: bool,
     adapter, out_flat, dtype = stage.flat(out)
     n, r = engine.world_size, engine.rank
     count = adapter.size(out_flat)
-    sizes, total, signature = _parts(count, counts, n, r, f"scatter(root={root}")
+    sizes, total, signature = _parts(count, counts, n, r, "scatter", root)
     at = _offsets(sizes)
     if r == root:
         _, flat, x_dtype = stage.flat(x, written=False)
@@ -215,19 +215,20 @@ def scatter(engine: Engine, x: Any, root: int, out: Any, wait: bool,
                   result=out, adapter=adapter, wait=wait, stage=stage)
 
 
-def _parts(count: int, counts: Any, n: int, r: int, opening: str) -> tuple[list[int], int, str]:
-    """Every peer's part of a gather or scatter (this peer's, ``count``, n times without
-    ``counts``), their sum, and the call's signature (``opening`` closed, naming the counts:
-    peers that pass others raise a ProtocolError, every one of them); ValueError before the
-    call takes a sequence number if ``counts`` is not n non-negative integers or does not
-    give this peer ``count``."""
+def _parts(count: int, counts: Any, n: int, r: int, name: str,
+           root: int) -> tuple[list[int], int, str]:
+    """Every peer's part of a gather or scatter (``name``; this peer's is ``count``, n times
+    without ``counts``), their sum, and the call's signature (naming the counts: peers that
+    pass others raise a ProtocolError, every one of them); ValueError before the call takes
+    a sequence number if ``counts`` is not n non-negative integers or does not give this peer
+    ``count``."""
     if counts is None:
-        return [count] * n, n * count, opening + ")"
-    sizes = _sizes(segments_of_counts(counts, None, n, r, opening.split("(")[0]))
+        return [count] * n, n * count, f"{name}(root={root})"
+    sizes = _sizes(segments_of_counts(counts, None, n, r, name))
     if sizes[r] != count:
-        raise ValueError(f"rank {r}: {opening.split('(')[0]} with counts {sizes}: this peer's "
-                         f"part has {count} elements, not counts[{r}] = {sizes[r]}")
-    return sizes, sum(sizes), f"{opening},counts={counts_digest(sizes)})"
+        raise ValueError(f"rank {r}: {name} with counts {sizes}: this peer's part has {count} "
+                         f"elements, not counts[{r}] = {sizes[r]}")
+    return sizes, sum(sizes), f"{name}(root={root},counts={counts_digest(sizes)})"
 
 
 def _part(call: Call, count: int) -> Call:

@@ -42,7 +42,6 @@ from gossip.logs import EVENTS_LOGGER, configure_logging
 __all__ = ["PeerOutcome", "supervise", "first_failure", "after_report", "free_port", "GRACE",
            "SKIP_CODE"]
 
-
 GRACE = 2.0           # seconds between terminate and kill
 _DUMP_WAIT = 0.3      # seconds for faulthandler to write the stacks before we terminate
 _REPORT_WAIT = 0.5    # an exited child's report may still be in the pipe: wait this long for it
