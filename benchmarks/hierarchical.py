@@ -80,22 +80,15 @@ def invocation(args, placement: str) -> tuple[dict, float]:
                             "rate", args.rate, "burst", "256kb", "latency", "50ms"],
                            check=True, capture_output=True)
         iperf = min(iperf_rates(net, [(1, 0), (0, 1)], tmp))
-        procs, where = [], []
-        for r in range(n):
-            h = r % args.hosts if placement == "round-robin" else r // args.per_host
-            where.append(h)
-            env = dict(os.environ, GOSSIP_RANK=str(r), GOSSIP_WORLD_SIZE=str(n),
-                       GOSSIP_MASTER_ADDR=net.hosts[0].addr, GOSSIP_MASTER_PORT=str(PORT),
-                       GOSSIP_TIMEOUT="120", PYTHONPATH=REPO)
-            env.pop("GOSSIP_TRANSPORT", None)
-            procs.append(net.run(net.hosts[h], [sys.executable, __file__, "--worker",
-                                                os.path.join(tmp, f"out.{r}"), args.sizes,
-                                                str(args.repeats)], env,
-                                 log_path=os.path.join(tmp, f"log.{r}")))
-        for r, p in enumerate(procs):
-            if p.wait(timeout=1800) != 0:
-                log = open(os.path.join(tmp, f"log.{r}")).read()[-2000:]
-                raise SystemExit(f"rank {r} failed ({placement}):\n{log}")
+        where = [r % args.hosts if placement == "round-robin" else r // args.per_host
+                 for r in range(n)]
+        procs = net.start_peers(lambda r: [sys.executable, __file__, "--worker",
+                                           os.path.join(tmp, f"out.{r}"), args.sizes,
+                                           str(args.repeats)],
+                                port=PORT, log_dir=tmp, placement=where, timeout=120)
+        failed = net.peers_failed(procs, tmp, 1800)
+        if failed:
+            raise SystemExit(f"a rank failed ({placement}):\n{failed}")
         outs = [json.load(open(os.path.join(tmp, f"out.{r}"))) for r in range(n)]
     return {key: (statistics.median(outs[0][key]["seconds"]),
                   max(o[key]["away_bytes"] for o in outs),

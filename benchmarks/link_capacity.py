@@ -113,24 +113,12 @@ def iperf_rates(net, pairs: list[tuple[int, int]], tmp: str, streams: int = 1) -
 
 def _peers(net, sizes: list[int], reps: int, tmp: str) -> list[dict]:
     out = os.path.join(tmp, "rows.json")
-    procs = []
-    for host in net.hosts:
-        env = dict(os.environ, GOSSIP_RANK=str(host.index), GOSSIP_WORLD_SIZE=str(HOSTS),
-                   GOSSIP_MASTER_ADDR=net.hosts[0].addr, GOSSIP_MASTER_PORT=str(PORT),
-                   GOSSIP_TIMEOUT="120", PYTHONPATH=REPO, PYTHONUNBUFFERED="1",
-                   OMP_NUM_THREADS="1")
-        env.pop("GOSSIP_TRANSPORT", None)
-        procs.append(net.run(host, [sys.executable, os.path.abspath(__file__), "--worker",
-                                    "--sizes", ",".join(map(str, sizes)), "--reps", str(reps),
-                                    "--out", out], env,
-                             log_path=os.path.join(tmp, f"log.{host.index}")))
-    deadline = time.monotonic() + 900
-    while any(p.poll() is None for p in procs) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    if any(p.returncode != 0 for p in procs):
-        logs = "\n".join(open(os.path.join(tmp, f"log.{i}"), errors="replace").read()[-2000:]
-                         for i in range(HOSTS))
-        raise SystemExit(f"a peer failed or did not end within 900 s:\n{logs}")
+    procs = net.start_peers([sys.executable, os.path.abspath(__file__), "--worker", "--sizes",
+                             ",".join(map(str, sizes)), "--reps", str(reps), "--out", out],
+                            port=PORT, log_dir=tmp, timeout=120, env={"OMP_NUM_THREADS": "1"})
+    failed = net.peers_failed(procs, tmp, 900)
+    if failed:
+        raise SystemExit(f"a peer failed or did not end within 900 s:\n{failed}")
     with open(out) as f:
         return json.load(f)
 

@@ -10,10 +10,11 @@ The rooms, from the face down:
   views and contiguous stand-ins), ``Work`` (the handles), settings (config.py), the derived
   defaults (defaults.py), the errors, the rendezvous and the CURVE keys (security.py);
 - operations/: the calls with a module of their own (the neighbour exchange and allgather,
-  reduce/gather/scatter/all-to-all, coalesced and compressed allreduce, send/recv), each
-  run through the Engine;
+  reduce/gather/scatter/all-to-all, coalesced and compressed allreduce, send/recv, the links'
+  measurement), each run through the Engine;
 - algorithms/: how the data moves for one call (ring, recursive doubling, on-host shared
-  memory, two levels across hosts, broadcast, barrier, the neighbour exchanges, NCCL),
+  memory, two levels across hosts, broadcast, barrier, the neighbour exchanges, NCCL; and
+  the ring's order from measured rates, ring_order.py),
   written with the point-to-point primitives of algorithms/p2p.py;
 - transport/: messages between two peers (sockets, the I/O loop, the wire's ``Header``, the
   inbox, shared memory, liveness, flow control);
@@ -26,6 +27,7 @@ from collectives.errors import (AuthenticationError, ExchangeIncomplete, GossipE
                                 OperationTimeout, PeerLost, ProtocolError, RendezvousError,
                                 UnsupportedDtype)
 from collectives.neighbor_plan import NeighborPlan
+from collectives.operations.link_rates import LinkRates
 from collectives.rendezvous import rendezvous
 from collectives.security import ClusterKey, load_cluster_key, write_cluster_key
 from collectives.transport.transport import Transport
@@ -33,7 +35,7 @@ from collectives.work import Work
 
 __all__ = [
     "Communicator", "COLLECTIVE_CHANNEL", "P2P_CHANNEL", "NeighborPlan", "TransportConfig",
-    "Transport", "Work",
+    "Transport", "Work", "LinkRates",
     "rendezvous", "ClusterKey", "load_cluster_key", "write_cluster_key",
     "GossipError", "PeerLost", "OperationTimeout", "RendezvousError", "ProtocolError",
     "AuthenticationError", "ExchangeIncomplete", "UnsupportedDtype",

@@ -48,6 +48,7 @@ from collectives.operations import rooted
 from collectives.operations.coalesced import coalesced_allreduce
 from collectives.operations.compressed_allreduce import compressed_allreduce
 from collectives.operations.neighbor_allgather import neighbor_allgather
+from collectives.operations.link_rates import LinkRates, measure_links
 from collectives.operations.neighbor_allreduce import neighbor_allreduce
 from collectives.operations.scan import scan
 from collectives.operations.send_recv import PointToPoint, SendRequest
@@ -112,6 +113,9 @@ class Communicator:
         #: What every call runs through: sequence numbers, the operation's life, the worker
         #: thread (engine.py).
         self.engine = Engine(transport, self.channel, self._on_host)
+        #: The order of the peers in the cross-host rings of allreduce (use_ring), or None:
+        #: rank order.
+        self._ring: list[int] | None = None
 
     @property
     def timeout(self) -> float:
@@ -185,12 +189,22 @@ class Communicator:
         algorithm, algo = choice.allreduce_algorithm(algorithm, dtype, nbytes, DEFAULT_SMALL_BYTES,
                                               self._on_host, self.transport, adapter)
         seq = self.engine.next_seq(algorithm)
-        signature = f"allreduce({op},{algorithm}{_layout})"   # _layout: coalesced's
+        ring = self._ring if algorithm in choice.RING_ORDERED else None
+        # The ring is part of the signature: peers that order it differently get a
+        # ProtocolError on every peer, never a sum of the wrong segments.
+        signature = (f"allreduce({op},{algorithm}{_layout}"    # _layout: coalesced's
+                     + ("" if ring is None else f",ring={counts_digest(ring)}") + ")")
+
+        def run(call: Call) -> None:
+            if ring is None:
+                algo(call, adapter, flat, op)
+            else:
+                algo(call, adapter, flat, op, ring=ring)
 
         def body() -> Array:
             if self.world_size > 1:
                 self.engine.execute(seq, signature, dtype, tuple(x.shape), timeout,
-                                    self.engine.peers, lambda call: algo(call, adapter, flat, op))
+                                    self.engine.peers, run)
             adapter.synchronize()
             return x
         return self.engine.launch(f"{signature} seq {seq}", body, wait, stage)
@@ -647,6 +661,48 @@ class Communicator:
         if self.world_size > 1:
             self.engine.execute(seq, f"barrier({name})", "uint8", choice.BARRIER_SHAPE, timeout,
                           self.engine.peers, algo)
+
+    # ------------------------------------------------------------------ the ring's order
+    def measure_links(self, nbytes: int = 4 << 20, *, repeats: int = 2,
+                      timeout: float | None = None) -> LinkRates:
+        """Measure what every directed link between the peers carries (a collective call:
+        every peer calls it with the same ``nbytes`` and ``repeats``): each pair of peers
+        times ``nbytes`` each way, the best of ``repeats``, in rounds where no peer is in two
+        pairs (operations/link_rates.py). Every peer gets the same LinkRates, whose
+        ``ring()`` is the order that makes the ring allreduce's slowest link fastest."""
+        if self.world_size == 1:
+            return LinkRates(((0.0,),), nbytes, repeats)
+        row = measure_links(self.engine, nbytes, repeats, timeout)
+        rows = self.allgather(np.asarray(row, dtype=np.float64), timeout=timeout)
+        matrix = np.asarray(rows).reshape(self.world_size, self.world_size)
+        return LinkRates(tuple(tuple(float(v) for v in line) for line in matrix), nbytes,
+                         repeats)
+
+    @property
+    def ring(self) -> list[int] | None:
+        """The ring order the ring and hierarchical allreduces use (use_ring), or None: the
+        rank order."""
+        return None if self._ring is None else list(self._ring)
+
+    def use_ring(self, ring: Sequence[int] | None) -> None:
+        """Order the peers of the ring allreduce (``algorithm="ring"``, which "auto" takes
+        across hosts with one peer a host) and of the hierarchical one's rings across hosts
+        (hosts in the order their first peer comes in ``ring``) as ``ring``: every rank once,
+        such as ``measure_links().ring()``; None goes back to the rank order. Every peer must
+        set the same order before its next allreduce: the order is part of the call's
+        signature, so peers that differ get a ProtocolError on every peer. Not collective
+        itself (nothing is sent)."""
+        if ring is None:
+            self._ring = None
+            return
+        try:
+            order = [int(j) for j in ring]
+        except (TypeError, ValueError):
+            order = []
+        if sorted(order) != list(range(self.world_size)):
+            raise ValueError(f"rank {self.rank}: use_ring needs every rank of the "
+                             f"{self.world_size} peers once, got {list(ring)!r}")
+        self._ring = None if order == list(range(self.world_size)) else order
 
     # ------------------------------------------------------------------ point to point
     @_named("send")

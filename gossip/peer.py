@@ -10,7 +10,9 @@ from typing import TYPE_CHECKING, Any, Callable, Literal, overload
 from collectives import NeighborPlan, Work, defaults
 from collectives.arrays import Array
 from collectives.codecs import CodecSpec
+from collectives.algorithms.ring_order import DEFAULT_MARGIN
 from collectives.communicator import Communicator
+from collectives.notices import EVENTS_LOGGER
 from collectives.group import Switch, View
 from collectives.transport import channel_pair
 from collectives.transport.transport import Transport
@@ -29,6 +31,14 @@ if TYPE_CHECKING:
 __all__ = ["Peer"]
 
 log = logging.getLogger("gossip")
+events = logging.getLogger(EVENTS_LOGGER)
+
+
+def _size(nbytes: int) -> str:
+    for unit, f in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if nbytes >= f:
+            return f"{nbytes / f:g} {unit}"
+    return f"{nbytes} B"
 
 
 class Peer:
@@ -386,6 +396,23 @@ class Peer:
         that never came."""
         self._comm.barrier(timeout)
 
+    def order_ring(self, nbytes: int = 4 << 20, *, repeats: int = 2,
+                   margin: float = DEFAULT_MARGIN, timeout: float | None = None) -> list[int]:
+        """Measure every link between the peers (``Communicator.measure_links``: a collective
+        call, the same arguments on every peer) and order the ring of the ring and
+        hierarchical allreduces so that its slowest link is the fastest any order has
+        (``LinkRates.ring``: the rank order unless another's slowest link is more than
+        ``margin`` faster). Returns the order, every peer the same, and says it on the events
+        logger with its slowest link. Where links differ across hosts (a slow uplink, a
+        pair of sites), measure once after start-up; the order holds until the membership
+        changes (a new view goes back to the rank order: call it again)."""
+        rates = self._comm.measure_links(nbytes, repeats=repeats, timeout=timeout)
+        ring = rates.ring(margin)
+        self._comm.use_ring(ring)
+        events.info("rank %d: %s (%s measured each way, best of %d)", self.rank,
+                    rates.describe(ring), _size(nbytes), repeats)
+        return ring
+
     @overload
     def neighbor_exchange(self, x: Array, plan: NeighborPlan, *, scratch: Array | None = None,
                           out: Array | None = None, wait: Literal[True] = True,
@@ -705,6 +732,10 @@ class Peer:
         for name in self._earlier_totals:
             self._earlier_totals[name] += old[name]
         retired = (self._transport, [self._comm, *self._channels.values()])
+        if self._comm.ring is not None:
+            events.info("rank %d: the ring order %s ends with the view; the new view's ring "
+                        "is in rank order until order_ring() is called again", self.rank,
+                        self._comm.ring)
         transport.recorder.continue_from(self._transport.recorder)
         self._transport = transport
         self._comm = Communicator(transport)

@@ -24,7 +24,8 @@ The faults and how they are made (the kernel here has no netem qdisc, nor iptabl
   limit 0, drops it. Real packet loss as TCP sees it (the drop is in the forwarding path, not
   in the sender's own stack).
 - Rate: ``shape(rate)`` gives every directed pair of hosts a link of its own (an htb class
-  per destination on each host's eth0, chosen by a u32 filter), as the simulator models links.
+  per destination on each host's eth0, chosen by a u32 filter), as the simulator models links;
+  ``shape(rate, rates={(i, j): other})`` gives some of them another rate.
   ``congestion("reno")`` sets the hosts' TCP congestion control (each namespace has its own;
   a new one takes the machine's default, BBR on some machines, which on these links slows
   transfers that run both ways of a link at once: see ``congestion``).
@@ -285,6 +286,44 @@ class Network:
         self.procs.append(proc)
         return proc
 
+    def start_peers(self, argv, *, port: int, log_dir: str, placement: list[int] | None = None,
+                    timeout: float = 60.0,
+                    env: dict[str, str] | None = None) -> list[subprocess.Popen]:
+        """A gossip job: rank r on host ``placement[r]`` (default: one a host, rank r on host
+        r), running ``argv`` (a list, or a function of the rank giving one) with the launcher's
+        variables of a job whose rendezvous is rank 0's host at ``port``, GOSSIP_TIMEOUT
+        ``timeout``, the repository on PYTHONPATH, the transport left to "auto" (it must find
+        tcp itself), and ``env`` on top; rank r's output in ``log_dir``/log.<r>."""
+        where = list(range(len(self.hosts))) if placement is None else placement
+        procs = []
+        for r, h in enumerate(where):
+            peer_env = dict(os.environ, GOSSIP_RANK=str(r), GOSSIP_WORLD_SIZE=str(len(where)),
+                            GOSSIP_MASTER_ADDR=self.hosts[where[0]].addr,
+                            GOSSIP_MASTER_PORT=str(port), GOSSIP_TIMEOUT=f"{timeout:g}",
+                            PYTHONPATH=_REPO, PYTHONUNBUFFERED="1", **(env or {}))
+            peer_env.pop("GOSSIP_TRANSPORT", None)
+            procs.append(self.run(self.hosts[h], argv(r) if callable(argv) else list(argv),
+                                  peer_env, log_path=os.path.join(log_dir, f"log.{r}")))
+        return procs
+
+    @staticmethod
+    def peers_failed(procs: list[subprocess.Popen], log_dir: str, limit: float) -> str | None:
+        """Wait up to ``limit`` seconds in all for start_peers' job to end; None if every
+        rank exited 0, else which did not, each with the end of its log."""
+        deadline = time.monotonic() + limit
+        bad = []
+        for r, proc in enumerate(procs):
+            try:
+                code = proc.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                code = None
+            if code != 0:
+                path = os.path.join(log_dir, f"log.{r}")
+                log = open(path, errors="replace").read()[-2000:] if os.path.exists(path) else ""
+                bad.append(f"--- rank {r}: " + ("still running" if code is None
+                                                  else f"exit code {code}") + f"\n{log}")
+        return "\n".join(bad) or None
+
     def ns_exec(self, host_or_ns, *argv: str) -> subprocess.CompletedProcess:
         ns = host_or_ns.ns if isinstance(host_or_ns, Host) else host_or_ns
         return subprocess.run(["ip", "netns", "exec", ns, *argv], capture_output=True,
@@ -343,7 +382,8 @@ class Network:
                     raise RuntimeError(f"`tc {' '.join(cmd)}` failed: {proc.stderr.strip()}")
         self.loss = probability
 
-    def shape(self, rate: str, queue: int = 50) -> None:
+    def shape(self, rate: str, queue: int = 50,
+              rates: dict[tuple[int, int], str] | None = None) -> None:
         """Give every directed pair of hosts a link of its own of ``rate`` (a tc rate such as
         "100mbit"): on each host's eth0, an htb class per destination at that rate (ceil the
         same), chosen by a u32 filter on the destination address, queueing at most ``queue``
@@ -351,8 +391,9 @@ class Network:
         at 100 Mbit/s, where the default 1,000 put 120 ms before the TCP acknowledgements of
         a link whose reverse direction carries data); what has no IP destination (ARP) takes
         an unshaped class. A host sending to two others at once fills two links,
-        as in the simulator's link model (gossip/simulation/fabric.py). Replaces any earlier
-        shaping of the hosts' eth0."""
+        as in the simulator's link model (gossip/simulation/fabric.py). ``rates``: links of
+        another rate, by (source host, destination host) index, e.g. ``{(0, 1): "100mbit"}``
+        (one direction each). Replaces any earlier shaping of the hosts' eth0."""
         for host in self.hosts:
             tc = ["tc", "-n", host.ns]
             subprocess.run([*tc, "qdisc", "del", "dev", "eth0", "root"], capture_output=True,
@@ -365,8 +406,9 @@ class Network:
                 if other is host:
                     continue
                 classid = f"1:{10 + other.index}"
+                link = (rates or {}).get((host.index, other.index), rate)
                 cmds += [["class", "add", "dev", "eth0", "parent", "1:", "classid", classid,
-                          "htb", "rate", rate, "ceil", rate],
+                          "htb", "rate", link, "ceil", link],
                          ["qdisc", "add", "dev", "eth0", "parent", classid, "handle",
                           f"{10 + other.index}:", "pfifo", "limit", str(queue)],
                          ["filter", "add", "dev", "eth0", "parent", "1:", "protocol", "ip",

@@ -24,9 +24,12 @@ from collectives.neighbor_plan import NeighborPlan
 __all__ = ["allreduce_algorithm", "barrier_algorithm", "neighbors_read_directly",
            "neighbors_in_slots", "neighbors_may_use_slots",
            "on_host_copies", "ALLREDUCE_ALGORITHMS", "BARRIER_SHAPE", "COPIES_SIGNATURE",
-           "OnHost"]
+           "OnHost", "RING_ORDERED"]
 
 ALLREDUCE_ALGORITHMS = ("ring", "recursive-doubling", "shm", "shm-small", "hierarchical")
+#: The allreduces that go round a ring across hosts, in the order Communicator.use_ring sets
+#: (they take it as ``ring=``).
+RING_ORDERED = ("ring", "hierarchical")
 #: A barrier's call: uint8 of this shape, room for the shared-memory arenas' announcement
 #: when a shared-memory barrier is the first such call (shm_entry.exchange_arenas).
 BARRIER_SHAPE = (ANNOUNCEMENT_BYTES,)

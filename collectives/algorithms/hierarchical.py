@@ -30,12 +30,19 @@ from collectives.arrays.adapter import ArrayAdapter
 __all__ = ["host_groups", "hierarchical_allreduce", "spans_hosts"]
 
 
-def host_groups(hosts: dict[int, str], world_size: int) -> list[list[int]]:
-    """The ranks of each host, in rank order, the hosts ordered by their lowest rank."""
+def host_groups(hosts: dict[int, str], world_size: int,
+                ring: list[int] | None = None) -> list[list[int]]:
+    """The ranks of each host, in rank order, the hosts ordered by their lowest rank, or with
+    ``ring`` (every rank, in a ring order: Communicator.use_ring) by where their first peer
+    comes in it."""
     groups: dict[str, list[int]] = {}
     for rank in range(world_size):
         groups.setdefault(hosts.get(rank, f"<rank {rank}>"), []).append(rank)
-    return list(groups.values())
+    ordered = list(groups.values())
+    if ring is not None:
+        place = {rank: k for k, rank in enumerate(ring)}
+        ordered.sort(key=lambda g: min(place[rank] for rank in g))
+    return ordered
 
 
 def spans_hosts(hosts: dict[int, str], world_size: int) -> bool:
@@ -44,11 +51,13 @@ def spans_hosts(hosts: dict[int, str], world_size: int) -> bool:
     return 1 < len(groups) < world_size
 
 
-def hierarchical_allreduce(call: Call, adapter: ArrayAdapter, flat: Any, op: str) -> None:
-    """Allreduce ``flat`` in place in two levels (module docstring)."""
+def hierarchical_allreduce(call: Call, adapter: ArrayAdapter, flat: Any, op: str, *,
+                           ring: list[int] | None = None) -> None:
+    """Allreduce ``flat`` in place in two levels (module docstring); ``ring``: every rank in
+    a ring order, which orders the hosts of the rings across them (host_groups)."""
     t = call.transport
     n, r = t.world_size, t.rank
-    groups = host_groups(t.hosts, n)
+    groups = host_groups(t.hosts, n, ring)
     local = next(g for g in groups if r in g)
     i, k = local.index(r), len(local)
     count = adapter.size(flat)

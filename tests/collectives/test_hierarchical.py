@@ -86,18 +86,11 @@ def test_auto_goes_in_two_levels_across_hosts_and_crosses_a_third_of_the_rings_b
     flat ring crosses hosts, 2(n-1)/n of the array per peer; in two levels each peer sends
     2(H-1)/H of its half, a third of that."""
     n, count = 4, 1 << 19   # hierarchical_worker.COUNT int64s
-    procs = []
-    for r in range(n):
-        host = two_hosts.hosts[r % 2]
-        env = dict(os.environ, GOSSIP_RANK=str(r), GOSSIP_WORLD_SIZE=str(n),
-                   GOSSIP_MASTER_ADDR=two_hosts.hosts[0].addr, GOSSIP_MASTER_PORT="29511",
-                   GOSSIP_TIMEOUT="30", PYTHONPATH=REPO, PYTHONUNBUFFERED="1")
-        env.pop("GOSSIP_TRANSPORT", None)
-        procs.append(two_hosts.run(host, [sys.executable, WORKER, str(tmp_path / f"out.{r}")],
-                                   env, log_path=str(tmp_path / f"log.{r}")))
-    for r, p in enumerate(procs):
-        code = p.wait(timeout=120)
-        assert code == 0, (r, (tmp_path / f"log.{r}").read_text()[-3000:])
+    procs = two_hosts.start_peers(lambda r: [sys.executable, WORKER, str(tmp_path / f"out.{r}")],
+                                  port=29511, log_dir=str(tmp_path), placement=[0, 1, 0, 1],
+                                  timeout=30)
+    failed = two_hosts.peers_failed(procs, str(tmp_path), 120)
+    assert failed is None, failed
     out = [json.loads((tmp_path / f"out.{r}").read_text()) for r in range(n)]
     for r, res in enumerate(out):
         assert res["away"] == [j for j in range(n) if j % 2 != r % 2]
@@ -122,8 +115,10 @@ def test_the_benchmark_runs_both_placements_under_a_rate_limit(two_hosts, capsys
     import hierarchical as bench
     assert bench.main(["--sizes", "1M", "--repeats", "1", "--invocations", "1",
                        "--rate", "1gbit"]) == 0
-    rows = [line.split() for line in capsys.readouterr().out.splitlines()[2:]]
+    lines = capsys.readouterr().out.splitlines()[2:]
+    assert lines[-1].startswith("iperf3 between hosts 1 and 0"), lines   # the links' own rate
+    rows = [line.split() for line in lines[:-1]]
     assert [row[0] for row in rows] == ["round-robin", "blocks"], rows
     for row in rows:
-        ring_mib, levels_mib = float(row[-3]), float(row[-1])
+        ring_mib, levels_mib = float(row[-6]), float(row[-4])   # then the uplinks filled
         assert abs(ring_mib - 3 * levels_mib) < 0.05 * ring_mib, row
