@@ -664,19 +664,24 @@ class Communicator:
 
     # ------------------------------------------------------------------ the ring's order
     def measure_links(self, nbytes: int = 4 << 20, *, repeats: int = 2,
-                      timeout: float | None = None) -> LinkRates:
+                      timeout: float | None = None,
+                      among: Sequence[int] | None = None) -> LinkRates:
         """Measure what every directed link between the peers carries (a collective call:
-        every peer calls it with the same ``nbytes`` and ``repeats``): each pair of peers
-        times ``nbytes`` each way, the best of ``repeats``, in rounds where no peer is in two
-        pairs (operations/link_rates.py). Every peer gets the same LinkRates, whose
-        ``ring()`` is the order that makes the ring allreduce's slowest link fastest."""
+        every peer calls it with the same arguments): each pair of peers times ``nbytes``
+        each way, the best of ``repeats``, in rounds where no peer is in two pairs
+        (operations/link_rates.py); ``among``: only the pairs of these ranks (one peer a host,
+        say), the others take part in the call and measure nothing. Every peer gets the same
+        LinkRates, whose ``ring()`` is the order of the measured ranks that makes the ring's
+        slowest link fastest."""
+        members = None if among is None else [int(j) for j in among]
         if self.world_size == 1:
             return LinkRates(((0.0,),), nbytes, repeats)
-        row = measure_links(self.engine, nbytes, repeats, timeout)
+        row = measure_links(self.engine, nbytes, repeats, timeout, members)
         rows = self.allgather(np.asarray(row, dtype=np.float64), timeout=timeout)
         matrix = np.asarray(rows).reshape(self.world_size, self.world_size)
         return LinkRates(tuple(tuple(float(v) for v in line) for line in matrix), nbytes,
-                         repeats)
+                         repeats, tuple(range(self.world_size)) if members is None
+                         else tuple(members))
 
     @property
     def ring(self) -> list[int] | None:

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any, Callable, Literal, overload
 from collectives import NeighborPlan, Work, defaults
 from collectives.arrays import Array
 from collectives.codecs import CodecSpec
+from collectives.algorithms.hierarchical import host_groups
 from collectives.algorithms.ring_order import DEFAULT_MARGIN
 from collectives.communicator import Communicator
 from collectives.notices import EVENTS_LOGGER
@@ -405,12 +406,21 @@ class Peer:
         ``margin`` faster). Returns the order, every peer the same, and says it on the events
         logger with its slowest link. Where links differ across hosts (a slow uplink, a
         pair of sites), measure once after start-up; the order holds until the membership
-        changes (a new view goes back to the rank order: call it again)."""
-        rates = self._comm.measure_links(nbytes, repeats=repeats, timeout=timeout)
-        ring = rates.ring(margin)
+        changes (a new view goes back to the rank order: call it again). With several peers
+        on some host, only the hosts are ordered: one peer a host (its lowest rank) measures
+        the links between hosts, and each host's peers follow each other in the ring, in rank
+        order."""
+        groups = host_groups(self._transport.hosts, self.world_size)
+        by_host = 1 < len(groups) < self.world_size
+        rates = self._comm.measure_links(nbytes, repeats=repeats, timeout=timeout,
+                                         among=[g[0] for g in groups] if by_host else None)
+        order = rates.ring(margin)
+        ring = [rank for leader in order for rank in next(g for g in groups if g[0] == leader)] \
+            if by_host else order
         self._comm.use_ring(ring)
-        events.info("rank %d: %s (%s measured each way, best of %d)", self.rank,
-                    rates.describe(ring), _size(nbytes), repeats)
+        events.info("rank %d: %s%s (%s measured each way, best of %d)", self.rank,
+                    rates.describe(order), f", ranks {ring}" if by_host else "",
+                    _size(nbytes), repeats)
         return ring
 
     @overload

@@ -10,7 +10,8 @@ all of them arrived, ``repeats`` times; the rate of the link is ``nbytes / (time
 trip)``, the best of the repeats (a measurement is slower than the link, never faster). Then
 the higher rank measures the other direction the same way. Each peer ends with its own row
 (the links it sends on); the rows are then allgathered, so every peer holds the same matrix,
-bit for bit, and orders the same ring from it.
+bit for bit, and orders the same ring from it. With ``among``, only the pairs of those ranks
+meet (one peer a host, for the order of the hosts); the others enter the call and leave it.
 
 What it measures is what the transport carries between the two peers: tcp between hosts
 (including the kernel's send buffers and TCP's slow start, so a small ``nbytes`` on a long fat
@@ -29,6 +30,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from collectives.algorithms.p2p import Call, post_range, recv_range, wait_sent
+from collectives.algorithms.ring import counts_digest
 from collectives.algorithms.ring_order import DEFAULT_MARGIN, best_ring, ring_bottleneck
 from collectives.arrays.adapter import adapter_for
 
@@ -44,11 +46,18 @@ MIN_SECONDS = 1e-6
 
 @dataclass(frozen=True)
 class LinkRates:
-    """A measured rate matrix: ``rates[i][j]`` bytes/s from rank i to rank j (0.0 on the
-    diagonal), measured with ``nbytes`` a transfer, the best of ``repeats``."""
+    """A measured rate matrix: ``rates[i][j]`` bytes/s from rank i to rank j, measured with
+    ``nbytes`` a transfer, the best of ``repeats``, between the peers of ``ranks`` (every rank,
+    or those the measurement was asked for: ``among``); 0.0 on the diagonal and for every
+    link not measured."""
     rates: tuple[tuple[float, ...], ...]
     nbytes: int
     repeats: int
+    ranks: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        if not self.ranks:
+            object.__setattr__(self, "ranks", tuple(range(len(self.rates))))
 
     @property
     def world_size(self) -> int:
@@ -59,13 +68,16 @@ class LinkRates:
         return self.rates[src][dst]
 
     def ring(self, margin: float = DEFAULT_MARGIN) -> list[int]:
-        """The ring order these rates suggest (algorithms/ring_order.best_ring): the rank
-        order unless a ring whose slowest link is more than ``margin`` faster exists."""
-        return best_ring(self.rates, margin)
+        """The ring order of ``ranks`` these rates suggest (algorithms/ring_order.best_ring):
+        their order unless a ring whose slowest link is more than ``margin`` faster exists."""
+        ranks = self.ranks
+        sub = [[self.rates[a][b] for b in ranks] for a in ranks]
+        return [ranks[k] for k in best_ring(sub, margin)]
 
     def slowest(self, ring: list[int] | None = None) -> tuple[int, int, float]:
-        """``(src, dst, bytes/s)`` of the slowest link of ``ring`` (default: the rank order)."""
-        order = list(range(self.world_size)) if ring is None else list(ring)
+        """``(src, dst, bytes/s)`` of the slowest link of ``ring`` (default: ``ranks`` in
+        their order)."""
+        order = list(self.ranks) if ring is None else list(ring)
         n = len(order)
         if n < 2:
             return (order[0] if order else 0, order[0] if order else 0, math.inf)
@@ -75,10 +87,10 @@ class LinkRates:
 
     def describe(self, ring: list[int] | None = None) -> str:
         """A line for the log: the ring and its slowest link, against the rank order's."""
-        order = list(range(self.world_size)) if ring is None else list(ring)
+        order = list(self.ranks) if ring is None else list(ring)
         src, dst, rate = self.slowest(order)
         line = f"ring {order}: slowest link {src}->{dst} at {_rate(rate)}"
-        if order != sorted(order):
+        if order != list(self.ranks):
             src0, dst0, rate0 = self.slowest(None)
             line += f" (the rank order's: {src0}->{dst0} at {_rate(rate0)})"
         return line
@@ -109,31 +121,43 @@ def pairing_rounds(n: int) -> list[list[tuple[int, int]]]:
     return rounds
 
 
-def measure_links(engine: "Engine", nbytes: int, repeats: int,
-                  timeout: float | None) -> list[float]:
-    """This peer's row of the matrix (bytes/s to each rank; 0.0 to itself), measured with the
-    others in one collective call (module docstring)."""
+def measure_links(engine: "Engine", nbytes: int, repeats: int, timeout: float | None,
+                  among: list[int] | None = None) -> list[float]:
+    """This peer's row of the matrix (bytes/s to each rank; 0.0 to itself and to every rank
+    not measured), measured with the others in one collective call (module docstring):
+    between every pair of ``among`` (default: every rank; the others take part in the call
+    and measure nothing)."""
     n, r = engine.world_size, engine.rank
+    members = list(range(n)) if among is None else list(among)
     if not isinstance(nbytes, int) or isinstance(nbytes, bool) or nbytes < 1:
         raise ValueError(f"rank {r}: measure_links needs nbytes >= 1 (an int), got {nbytes!r}")
     if not isinstance(repeats, int) or isinstance(repeats, bool) or repeats < 1:
         raise ValueError(f"rank {r}: measure_links needs repeats >= 1 (an int), got "
                          f"{repeats!r}")
+    if sorted(set(members)) != sorted(members) or not all(0 <= j < n for j in members):
+        raise ValueError(f"rank {r}: measure_links among {members!r}: ranks of the {n} peers, "
+                         "each once")
     row = [0.0] * n
     if n == 1:
         return row
     seq = engine.next_seq()
-    signature = f"measure_links({nbytes},{repeats})"
+    # (the members are part of the signature: peers that measure different sets disagree)
+    signature = f"measure_links({nbytes},{repeats}" + (
+        "" if among is None else f",among={counts_digest(members)}") + ")"
     probe = np.zeros(nbytes, np.uint8)
     byte = np.zeros(1, np.uint8)
 
     def run(call: Call) -> None:
         one = Call(call.transport, call.channel, call.seq, call.signature, "uint8",
                    (1,), call.deadline)
-        for pairs in pairing_rounds(n):
-            partner = next((b if a == r else a for a, b in pairs if r in (a, b)), None)
-            if partner is None:
+        if r not in members:
+            return
+        me = members.index(r)
+        for pairs in pairing_rounds(len(members)):
+            other = next((b if a == me else a for a, b in pairs if me in (a, b)), None)
+            if other is None:
                 continue
+            partner = members[other]
             for measuring in ((True, False) if r < partner else (False, True)):
                 if measuring:
                     row[partner] = _measure(call, one, partner, probe, byte, repeats)

@@ -170,7 +170,8 @@ def refusals(peer):
             comm.use_ring(bad)
         except ValueError as exc:
             out.append(str(exc))
-    for kwargs in ({"nbytes": 0}, {"nbytes": 1.5}, {"nbytes": 1024, "repeats": 0}):
+    for kwargs in ({"nbytes": 0}, {"nbytes": 1.5}, {"nbytes": 1024, "repeats": 0},
+                   {"nbytes": 1024, "among": [0, 0]}, {"nbytes": 1024, "among": [0, 7]}):
         try:
             comm.measure_links(**kwargs)
         except ValueError as exc:
@@ -181,7 +182,7 @@ def refusals(peer):
 
 def test_a_bad_ring_or_measurement_is_a_value_error_before_anything_is_sent():
     for res in spawn(refusals, n=3, timeout=60):
-        assert len(res) == 7, res
+        assert len(res) == 9, res
         assert all("rank" in text for text in res), res
 
 
@@ -270,3 +271,35 @@ def test_the_benchmark_runs_both_orders_against_iperf3(four_hosts, capsys):
     ring = json.loads(out.split("Measured rings: ")[1].split(";")[0])[0]
     assert sorted(ring) == [0, 1, 2, 3], out
     assert not links(ring) & {(0, 1), (1, 0), (2, 3), (3, 2)}, out
+
+
+def hosts_in_ring_order(peer):
+    t = peer.transport
+    t.hosts = {j: "abc"[j % 3] for j in range(peer.world_size)}   # hosts a: 0 3, b: 1 4, c: 2 5
+    ring = peer.order_ring(64 << 10, repeats=1, margin=0.0)
+    rates = peer.communicator.measure_links(64 << 10, repeats=1, among=[0, 1, 2])
+    x = np.random.default_rng(peer.rank).integers(-1000, 1000, 100_003).astype(np.int64)
+    want = sum(np.random.default_rng(j).integers(-1000, 1000, 100_003).astype(np.int64)
+               for j in range(peer.world_size))
+    peer.allreduce(x, algorithm="hierarchical")
+    y = x // 6   # the same on every peer: the flat ring in that order sums six of them
+    peer.allreduce(y, algorithm="ring")
+    exact = bool(np.array_equal(x, want) and np.array_equal(y, 6 * (want // 6)))
+    return ring, peer.communicator.ring, rates.ranks, rates.rates, exact
+
+
+def test_with_several_peers_a_host_one_a_host_measures_and_each_host_stays_together():
+    results = spawn(hosts_in_ring_order, n=6, timeout=120)
+    ring = results[0][0]
+    for got, kept, ranks, rates, exact in results:
+        assert got == ring and exact
+        assert kept == (None if ring == list(range(6)) else ring)
+        assert ranks == (0, 1, 2)
+        measured = {(i, j) for i in range(6) for j in range(6) if rates[i][j] > 0}
+        assert measured == {(i, j) for i in range(3) for j in range(3) if i != j}
+    assert sorted(ring) == list(range(6))
+    hosts = ["abc"[j % 3] for j in ring]   # each host's peers one after the other, rank order
+    assert len([k for k in range(6) if hosts[k] != hosts[k - 1]]) == 3, ring
+    for label in "abc":
+        assert [j for j in ring if "abc"[j % 3] == label] == sorted(
+            j for j in range(6) if "abc"[j % 3] == label)
