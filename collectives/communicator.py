@@ -673,7 +673,11 @@ class Communicator:
         say), the others take part in the call and measure nothing. Every peer gets the same
         LinkRates, whose ``ring()`` is the order of the measured ranks that makes the ring's
         slowest link fastest."""
-        members = None if among is None else [int(j) for j in among]
+        try:
+            members = None if among is None else [int(j) for j in among]
+        except (TypeError, ValueError):
+            raise ValueError(f"rank {self.rank}: measure_links among {among!r}: ranks of the "
+                             f"{self.world_size} peers, each once") from None
         if self.world_size == 1:
             return LinkRates(((0.0,),), nbytes, repeats)
         row = measure_links(self.engine, nbytes, repeats, timeout, members)
