@@ -102,6 +102,17 @@ def netns_unavailable() -> str | None:
     return None
 
 
+def network_or_skip(n: int, **kwargs):
+    """For a pytest fixture (``yield from network_or_skip(4)``): ``n`` hosts, closed after the
+    test, or the test skipped, saying why, where network namespaces cannot be made."""
+    reason = netns_unavailable()
+    if reason:
+        import pytest
+        pytest.skip(reason)
+    with Network(n, **kwargs) as net:
+        yield net
+
+
 def wire_unavailable() -> str | None:
     """Why ``Network(wire_delay=...)`` cannot be used here, or None if it can (namespaces,
     and a tap device made and removed in one)."""

@@ -73,11 +73,7 @@ def test_a_peer_calling_another_algorithm_is_an_error_on_every_peer():
 
 @pytest.fixture
 def two_hosts():
-    reason = netfault.netns_unavailable()
-    if reason:
-        pytest.skip(reason)
-    with netfault.Network(2) as net:
-        yield net
+    yield from netfault.network_or_skip(2)
 
 
 def test_auto_goes_in_two_levels_across_hosts_and_crosses_a_third_of_the_rings_bytes(

@@ -189,11 +189,7 @@ def test_a_bad_ring_or_measurement_is_a_value_error_before_anything_is_sent():
 # ---------------------------------------------------------------------- across hosts
 @pytest.fixture
 def four_hosts():
-    reason = netfault.netns_unavailable()
-    if reason:
-        pytest.skip(reason)
-    with netfault.Network(4) as net:
-        yield net
+    yield from netfault.network_or_skip(4)
 
 
 def test_across_hosts_the_measured_ring_leaves_the_slow_links_out(four_hosts, tmp_path):

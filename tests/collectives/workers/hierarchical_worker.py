@@ -43,10 +43,15 @@ def main() -> int:
         out[algorithm] = {"exact": bool(np.array_equal(x, want)),
                           "digest": hashlib.sha256(x.tobytes()).hexdigest(),
                           "away_bytes": sum(t.counters[j].bytes_sent for j in away) - before}
+    return finish(peer, out, sys.argv[1])
+
+
+def finish(peer, out: dict, path: str) -> int:
+    """Once every peer is done, write ``out`` to ``path`` (whole, or not at all), close."""
     peer.barrier()
-    with open(sys.argv[1] + ".tmp", "w") as f:
+    with open(path + ".tmp", "w") as f:
         json.dump(out, f)
-    os.replace(sys.argv[1] + ".tmp", sys.argv[1])
+    os.replace(path + ".tmp", path)
     peer.close()
     return 0
 

@@ -12,13 +12,11 @@ arrays are the two-level test's (hierarchical_worker.data).
 from __future__ import annotations
 
 import hashlib
-import json
-import os
 import sys
 
 import numpy as np
 
-from hierarchical_worker import data   # (this folder is the script's: sys.path[0])
+from hierarchical_worker import data, finish   # (this folder: sys.path[0])
 
 import gossip  # noqa: E402  (hierarchical_worker put the repository on sys.path)
 
@@ -37,12 +35,7 @@ def main() -> int:
     out = {"ring": ring, "communicator_ring": peer.communicator.ring,
            "rates": [list(row) for row in rates.rates], "exact": bool(np.array_equal(x, want)),
            "digest": hashlib.sha256(x.tobytes()).hexdigest(), "sent": sent}
-    peer.barrier()
-    with open(sys.argv[1] + ".tmp", "w") as f:
-        json.dump(out, f)
-    os.replace(sys.argv[1] + ".tmp", sys.argv[1])
-    peer.close()
-    return 0
+    return finish(peer, out, sys.argv[1])
 
 
 if __name__ == "__main__":
