@@ -154,8 +154,12 @@ def test_deaths_and_view_changes_are_one_line_per_observer_at_the_default_level(
             assert "view 2 of job" in events[0], events
             continue
         assert len(events) == 3, events
-        assert events[0].startswith(f"rank {r}: lost rank 1: connection dropped"), events
-        assert events[1].startswith(f"rank{r}: now rank ") and "of view 1 of job" in events[1]
-        assert "2 members" in events[1] and events[1].endswith("(gone rank1#0)"), events
+        # Its own loss of rank 1 and the view without it come in either order: the loss is
+        # declared after the disconnect's grace, and the view may come first from a survivor
+        # that noticed sooner (a loaded machine).
+        lost, view1 = sorted(events[:2], key=lambda e: not e.startswith(f"rank {r}: lost"))
+        assert lost.startswith(f"rank {r}: lost rank 1: connection dropped"), events
+        assert view1.startswith(f"rank{r}: now rank ") and "of view 1 of job" in view1, events
+        assert "2 members" in view1 and view1.endswith("(gone rank1#0)"), events
         assert "of view 2 of job" in events[2] and "3 members" in events[2], events
         assert events[2].endswith("(joined rank1#1)"), events
