@@ -49,10 +49,10 @@ class TransportConfig:
     whole_message_bytes: int = 4 << 20
     # Largest array a header may announce; bigger ones are refused before any allocation.
     max_message_bytes: int = 16 << 30
-    # libzmq queue bounds per peer pipe, in messages (chunks). With 1 MiB chunks, 64 messages
-    # bound what a slow receiver can make a sender queue inside libzmq to about 64 MiB.
+    # libzmq's queue bound of each outgoing link, in messages (chunks): what a slow receiver
+    # can make a sender queue inside libzmq (64 MiB of 1 MiB chunks). A receiver's queues are
+    # unbounded in libzmq and bounded by the send window instead (transport/sockets.py).
     send_hwm: int = 64
-    recv_hwm: int = 64
     # Kernel socket buffers (SO_SNDBUF/SO_RCVBUF) in bytes; 0 keeps the system default. Larger
     # buffers mean fewer wake-ups per megabyte moved, and a tcp connection keeps at most about
     # this much in flight: a long fat link needs its bandwidth x round trip (GOSSIP_SOCKET_BUFFER;

@@ -21,11 +21,12 @@ resume are decided under the inbox lock but sent after it, possibly from two thr
 carries a generation in ``seq``, and the sender keeps only the newest.
 
 The send window: how many bytes a sender may have on their way to one peer, counted in bytes,
-not messages, and the acknowledgements (ACK) that free them. libzmq bounds a pipe in messages
-(send_hwm + recv_hwm), and the kernel adds its buffers, so what a sender has in flight once
-its receiver asks it to pause depends on message sizes: 128 whole 4 MiB messages are 512 MiB,
-past what the receiver may hold from one source (HELD_PER_LINK), and an honest sender would
-be cut as a hostile one. So every link counts what it sent (payload bytes plus HELD_OVERHEAD
+not messages, and the acknowledgements (ACK) that free them. libzmq bounds only the sender's
+pipe, in messages (send_hwm), and not the receiver's (sockets.py says why), and the kernel
+adds its buffers, so without a window what a sender has in flight once its receiver asks it
+to pause would depend on message sizes and on how fast the receiver reads: 128 whole 4 MiB
+messages are 512 MiB, past what the receiver may hold from one source (HELD_PER_LINK), and an
+honest sender would be cut as a hostile one. So every link counts what it sent (payload bytes plus HELD_OVERHEAD
 per message, the units the receiver's held bound counts in) and keeps its later messages in
 its own queue (link.py) while that, less what the receiver acknowledged, would pass
 SEND_WINDOW; the receiver's ROUTER reader counts what it read from each source and

@@ -115,7 +115,14 @@ class Sockets:
         self.refusals = Refusals(rank, self.router)
         self.zap = (ZapHandler(self.context, config.key, on_denied=self.refusals.zap_denied)
                     if config.key else None)
-        self.router.rcvhwm = config.recv_hwm
+        # The ROUTER's pipes are unbounded: flow control is ours (flow_control.py: the send
+        # window and HOLD bound what each source has in flight), and a bounded pipe is fatal.
+        # libzmq (4.3.5 and its master) stops reading a connection whose pipe is full; if that
+        # connection then hangs up, the next ZMTP heartbeat on it, ours or one already read
+        # from the peer, aborts the process (stream_engine_base.cpp, `!_io_error`). Measured:
+        # a sender killed while this peer's reader was stalled for a second took this peer
+        # with it (tests/collectives/test_transport.py).
+        self.router.rcvhwm = 0
         # libzmq allocates a frame before we can look at its header: cap what a connection
         # may make us allocate. Legitimate frames are chunks of at most whole_message_bytes
         # (or chunk_bytes); the margin tolerates peers configured differently. Bigger frames

@@ -219,7 +219,7 @@ def transport_config_markdown() -> str:
     out = ["| Field | Default | What it does |", "|---|---|---|"]
     previous = ""
     for field in dataclasses.fields(TransportConfig):
-        # Fields under one comment (send_hwm, recv_hwm) share it.
+        # Fields under one comment (shm_slots, shm_chunk_bytes) share it.
         what = _paragraph(comments.get(field.name, "")) or f"As `{previous}`, above."
         out.append(f"| `{field.name}` | `{_default(field)}` | {what} |")
         previous = field.name

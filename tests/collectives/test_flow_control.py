@@ -67,8 +67,8 @@ def test_fast_sender_waits_instead_of_being_dropped(keyed):
 
 # ---------------------------------------------------------------- the send window
 # Whole messages: up to whole_message_bytes (4 MiB) an array travels as one frame, so libzmq's
-# queues (send_hwm + recv_hwm messages) alone would let 512 MiB of them be in flight past a
-# pause. The send window bounds that in bytes (collectives/transport/flow_control.py).
+# queues (send_hwm messages, and the receiver's unbounded ones) would let 256 MiB and more of
+# them be in flight past a pause. The send window bounds that in bytes (collectives/transport/flow_control.py).
 WHOLE = 4 << 20
 POSTED = 160  # 640 MiB posted at once, without waiting: more than twice the keyed per-link bound
 BASE = (np.arange(WHOLE) % 251).astype(np.uint8)

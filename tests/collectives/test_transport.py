@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import random
 import signal
+import sys
 import threading
 import time
 
@@ -238,6 +239,43 @@ def test_killed_peer_gives_peer_lost_within_timeout():
         assert elapsed < 10 + 2
         assert f"rank {rank}" in message and "rank 2 at" in message  # names both and the address
     assert results[2] is None
+
+
+def stalled_reader_outlives_a_dead_sender(peer):
+    """Rank 1 fills rank 0's ROUTER while rank 0's reader is stalled (its main thread holds the
+    GIL), then dies. libzmq 4.3.5 aborts the whole process when a connection whose input it
+    had stopped (its pipe full) hangs up and then sends or reads a ZMTP heartbeat
+    (stream_engine_base.cpp:310, `!_io_error`), unless the ROUTER's pipes are unbounded."""
+    peer.barrier()
+    if peer.rank == 1:
+        for _ in range(2000):
+            peer.send(0, np.ones(1))
+        os.kill(os.getpid(), signal.SIGKILL)
+    # Hold the GIL for 3 s: the transport's threads cannot read, libzmq's own thread fills the
+    # ROUTER's pipe from rank 1, rank 1 dies, and heartbeats come due (1 s apart).
+    previous = sys.getswitchinterval()
+    sys.setswitchinterval(30.0)
+    try:
+        end = time.monotonic() + 3.0
+        while time.monotonic() < end:
+            pass
+    finally:
+        sys.setswitchinterval(previous)
+    received = 0
+    try:
+        while True:
+            peer.recv(1, timeout=30)
+            received += 1
+    except gossip.PeerLost:
+        pass
+    return received
+
+
+def test_a_sender_that_dies_while_the_reader_is_stalled_is_lost_not_fatal():
+    results = spawn(stalled_reader_outlives_a_dead_sender, n=2, timeout=90, peer_timeout=30,
+                    tolerate=[1])
+    assert 0 < results[0] <= 2000, results
+    assert results[1] is None
 
 
 def close_with_traffic_in_flight(peer):

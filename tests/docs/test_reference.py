@@ -235,8 +235,8 @@ def test_every_transport_setting_is_explained() -> None:
     text = GENERATE.transport_config_markdown()
     rows = {line.split("|")[1].strip(" `"): line for line in text.splitlines()[2:] if line}
     assert set(rows) == {f.name for f in dataclasses.fields(TransportConfig)}
-    # A field without a comment of its own shares the one of the field before it (send_hwm
-    # and recv_hwm, shm_slots and shm_chunk_bytes); the first of a group needs one.
+    # A field without a comment of its own shares the one of the field before it (shm_slots
+    # and shm_chunk_bytes); the first of a group needs one.
     comments = list(GENERATE._field_comments(TransportConfig).items())
     bare = [name for i, (name, comment) in enumerate(comments)
             if not comment and (i == 0 or not comments[i - 1][1])]
