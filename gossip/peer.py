@@ -415,8 +415,8 @@ class Peer:
         rates = self._comm.measure_links(nbytes, repeats=repeats, timeout=timeout,
                                          among=[g[0] for g in groups] if by_host else None)
         order = rates.ring(margin)
-        ring = [rank for leader in order for rank in next(g for g in groups if g[0] == leader)] \
-            if by_host else order
+        group_of = {g[0]: g for g in groups}   # each host's peers, by its leader
+        ring = [rank for leader in order for rank in group_of[leader]] if by_host else order
         self._comm.use_ring(ring)
         events.info("rank %d: %s%s (%s measured each way, best of %d)", self.rank,
                     rates.describe(order), f", ranks {ring}" if by_host else "",

@@ -144,14 +144,13 @@ def measure_links(engine: "Engine", nbytes: int, repeats: int, timeout: float | 
     # (the members are part of the signature: peers that measure different sets disagree)
     signature = f"measure_links({nbytes},{repeats}" + (
         "" if among is None else f",among={counts_digest(members)}") + ")"
-    probe = np.zeros(nbytes, np.uint8)
-    byte = np.zeros(1, np.uint8)
 
     def run(call: Call) -> None:
+        if r not in members:
+            return   # (enters and leaves the call: nothing to measure, nothing allocated)
         one = Call(call.transport, call.channel, call.seq, call.signature, "uint8",
                    (1,), call.deadline)
-        if r not in members:
-            return
+        probe, byte = np.zeros(nbytes, np.uint8), np.zeros(1, np.uint8)
         me = members.index(r)
         for pairs in pairing_rounds(len(members)):
             other = next((b if a == me else a for a, b in pairs if me in (a, b)), None)
