@@ -1,6 +1,6 @@
 """Rooted and personalised collectives of a Communicator, run through its Engine: reduce to a
 root, gather to a root, scatter from a root, all-to-all (MPI's and torch.distributed's
-semantics, equal sizes).
+semantics; alltoall's blocks equal or of any sizes).
 
 - ``reduce``: Rabenseifner's scheme, a ring reduce-scatter then each peer's reduced segment
   sent to the root: every peer sends about 2 (n-1)/n of the array, as an allreduce's first
@@ -15,7 +15,9 @@ Among peers on one host (choice.on_host_copies) each of them reads what it needs
 from the others' arrays instead (algorithms/shm_copies.py): reduce's segments are reduced by
 their peers out of every array and written into the root's ``x`` (each as soon as it is
 reduced, all at once); gather's peers write their parts into the root's output, a scatter's
-peers read their parts of the root's array, alltoall's their blocks of every peer's.
+peers read their parts of the root's array, alltoall's their blocks of every peer's (with
+unequal blocks, once the peers have exchanged their counts: each then knows where its block
+starts in every sender's array).
 
 Non-contiguous arrays go through contiguous stand-ins (staging.py). Every peer must make the
 same call (root, op, dtype, sizes): each message's header is
@@ -34,6 +36,7 @@ from collectives.algorithms.p2p import Call, post_range, recv_range, wait_sent
 from collectives.algorithms.ring import (counts_digest, ring_reduce_scatter, segments,
                                          segments_of_counts)
 from collectives.algorithms.shm_copies import CallArrays, OnHostCopies, SlotArrays
+from collectives.algorithms.shm_entry import ANNOUNCEMENT_BYTES
 from collectives.arrays.adapter import adapter_for, check_reduce_op
 from collectives.engine import Engine
 from collectives.errors import ProtocolError
@@ -269,16 +272,20 @@ def alltoall(engine: Engine, x: Any, out: Any, wait: bool, timeout: float | None
             out = adapter.empty(sum(recvs), dtype, flat)
         out_flat = engine.out_like(adapter, dtype, sum(recvs), out, "alltoall",
                                    f"the sum of recv_counts {recvs}", stage)
-    seq = engine.next_seq()
-    signature = "alltoallv"
+    # On one host the blocks are read straight out of the senders' arrays (or their slots),
+    # as the equal alltoall's are. Whether the call can is decided before any count is known,
+    # so the same on every peer whatever this peer's own counts: from the placement and the
+    # dtype alone (an announcement's worth of bytes stands for the sizes).
+    copies = on_host_copies(engine.on_host, engine.transport, adapter, dtype, ANNOUNCEMENT_BYTES)
+    seq = engine.next_seq("shm" if copies else "")
+    signature = "alltoallv" + _suffix(copies)
+    # The call's own shape is only compared (its blocks travel as calls of their own): on
+    # one host it must hold the arenas' announcement, which travels as its first elements.
+    shape = (max(n, -(-ANNOUNCEMENT_BYTES // dtype_itemsize(dtype))) if copies else n,)
     result = [out]
     send_at = _offsets(sends)
 
-    def run(call: Call) -> None:
-        counts = _agree_counts(call, sends, recvs) if n > 1 else sends
-        if recvs is None:
-            result[0] = adapter.empty(sum(counts), dtype, flat)
-        target = out_flat if recvs is not None else result[0]
+    def messages(call: Call, counts: list[int], target: Any) -> None:
         recv_at = _offsets(counts)
         tickets = []
         for k in range(1, n):
@@ -298,11 +305,36 @@ def alltoall(engine: Engine, x: Any, out: Any, wait: bool, timeout: float | None
         for ticket in tickets:
             wait_sent(call, ticket)
 
+    def run(call: Call) -> None:
+        table = _count_table(call, sends, recvs) if n > 1 else np.array([[sends]])
+        counts = [int(table[j, 0, r]) for j in range(n)]   # what each peer sends this one
+        if recvs is None:
+            result[0] = adapter.empty(sum(counts), dtype, flat)
+        target = out_flat if recvs is not None else result[0]
+        if copies is None:
+            messages(call, counts, target)
+            return
+        recv_at = _offsets(counts)
+        # Where this peer's block starts in each sender's array: after the blocks it sends
+        # the ranks before this one.
+        theirs_at = [int(table[j, 0, :r].sum()) for j in range(n)]
+
+        def move(peers: CallArrays) -> None:
+            for src in range(n):
+                if src != r:
+                    peers.copy(src, theirs_at[src], target, recv_at[src],
+                               recv_at[src] + counts[src])
+            adapter.copy(adapter.slice(target, recv_at[r], recv_at[r] + counts[r]),
+                         adapter.slice(flat, send_at[r], send_at[r] + sends[r]))
+        most = int(table[:, 0, :].sum(axis=1).max()) * dtype_itemsize(dtype)
+        copies(call, adapter, flat, move, lambda: messages(call, counts, target),
+               slot_bytes=most)
+
     def body() -> Any:
         if n > 1:
-            engine.execute(seq, signature, dtype, (n,), timeout, engine.peers, run)
+            engine.execute(seq, signature, dtype, shape, timeout, engine.peers, run)
         else:
-            run(engine.call(seq, signature, dtype, (n,)))
+            run(engine.call(seq, signature, dtype, shape))
         adapter.synchronize()
         return result[0]
     return engine.launch(f"{signature} seq {seq}", body, wait, stage)
@@ -358,11 +390,13 @@ def _offsets(counts: list[int]) -> list[int]:
     return [a for a, _ in segments_of_counts(counts, None, len(counts), 0, "alltoall")]
 
 
-def _agree_counts(call: Call, sends: list[int], recvs: list[int] | None) -> list[int]:
-    """What every peer sends this one. Every peer's send and receive counts travel to every
-    other (one tiny message per pair, at once) and each peer checks the whole matrix, so
-    counts that do not pair are the same ProtocolError on every peer, naming the pair,
-    before any data moves. ``recvs`` None: this peer takes what it is sent."""
+def _count_table(call: Call, sends: list[int], recvs: list[int] | None) -> np.ndarray:
+    """Every peer's counts, the same table on every peer: ``table[i, 0, j]`` elements rank i
+    sends rank j, ``table[i, 1, j]`` what rank i expects from j (-1: what it is sent). Every
+    peer's send and receive counts travel to every other (one tiny message per pair, at
+    once) and each peer checks the whole matrix, so counts that do not pair are the same
+    ProtocolError on every peer, naming the pair, before any data moves. ``recvs`` None:
+    this peer takes what it is sent."""
     t = call.transport
     n, r = t.world_size, t.rank
     width = 2 * n
@@ -380,7 +414,7 @@ def _agree_counts(call: Call, sends: list[int], recvs: list[int] | None) -> list
     if bad:
         raise ProtocolError(f"rank {r}: {call.signature} at sequence {call.seq}: the peers' "
                             f"counts do not pair: {'; '.join(bad)}")
-    return [int(table[j, 0, r]) for j in range(n)]
+    return table
 
 
 def _start(engine: Engine, seq: int, signature: str, dtype: str, shape: tuple,

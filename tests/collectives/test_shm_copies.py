@@ -126,6 +126,60 @@ def test_every_op_gives_what_numpy_computes(n, direct):
                 assert np.array_equal(value, expected), (r, key)
 
 
+def _variable_sends(r: int, n: int, case: str) -> list[int]:
+    """What rank r sends each peer in the variable alltoall of ``case``: zeros among them;
+    "small" through the slots, "large" read out of the arrays, "silent": rank 0 sends
+    nothing at all (its array is empty) and the others large blocks."""
+    if case == "silent":
+        return [0 if r == 0 else (j + 1) * 20_000 for j in range(n)]
+    return [((r + 2 * j) % 3) * (1 if case == "small" else 20_001) for j in range(n)]
+
+
+VARIABLE_CASES = ("small", "large", "silent")
+
+
+def variable_alltoall(peer, direct):
+    calls = _small_blocks(direct)
+    n, r = peer.world_size, peer.rank
+    out = {}
+    for dtype in ("float32", "int32"):
+        for case in VARIABLE_CASES:
+            sends = _variable_sends(r, n, case)
+            x = _inputs(r, sum(sends), dtype)
+            out[f"{dtype}/{case} taken"] = peer.alltoall(x, send_counts=sends)
+            recvs = [_variable_sends(j, n, case)[r] for j in range(n)]
+            into = np.full(sum(recvs), -1, dtype)
+            peer.alltoall(x, send_counts=sends, recv_counts=recvs, out=into)
+            out[f"{dtype}/{case} into"] = into
+    return out, calls, peer.communicator._on_host.entry.direct
+
+
+@pytest.mark.parametrize("n", [2, 4])
+@pytest.mark.parametrize("direct", [True, False], ids=["direct", "zeromq"])
+def test_variable_alltoall_reads_the_blocks_where_the_senders_have_them(n, direct):
+    """Unequal blocks (MPI's Alltoallv) go through the entry as equal ones do: through the
+    slots when every peer's array fits one, else each block read out of its sender's array
+    at the offset the exchanged counts give, or the ZeroMQ algorithm where the peers cannot
+    read each other."""
+    results = spawn(variable_alltoall, n=n, timeout=180, args=(direct,))
+    for r, (got, calls, entered_direct) in enumerate(results):
+        assert calls == [True, True, False, False, False, False] * 2, calls
+        assert entered_direct is direct
+        for dtype in ("float32", "int32"):
+            for case in VARIABLE_CASES:
+                blocks = []
+                for j in range(n):
+                    theirs = _variable_sends(j, n, case)
+                    xj = _inputs(j, sum(theirs), dtype)
+                    at = sum(theirs[:r])
+                    blocks.append(xj[at:at + theirs[r]])
+                want = np.concatenate(blocks)
+                for how in ("taken", "into"):
+                    value = got[f"{dtype}/{case} {how}"]
+                    assert value.dtype == want.dtype and np.array_equal(value, want), \
+                        (r, dtype, case, how)
+
+
 def different_roots(peer):
     x = np.zeros(1000, np.float32)
     try:
