@@ -18,7 +18,7 @@ import statistics
 import subprocess
 import sys
 
-ROWS = ("allreduce:2,4", "broadcast:2,4", "allgather:2,4", "alltoall:2,4",
+ROWS = ("allreduce:2,4", "broadcast:2,4", "allgather:2,4", "alltoall:2,4", "alltoallv:2,4",
         "reduce_scatter:2,4", "gather:4", "scatter:4", "reduce:4", "neighbor:4", "p2p:2")
 
 

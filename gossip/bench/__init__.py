@@ -8,7 +8,8 @@ from Python:
     print(format_table(rows))
 
 Operations: allreduce, allgather, reduce_scatter, broadcast (root 0), reduce (root 0), gather
-(root 0), scatter (root 0), alltoall (equal blocks), neighbor, p2p (n = 2).
+(root 0), scatter (root 0), alltoall (equal blocks), alltoallv (unequal blocks: ops.py's
+alltoallv_counts), neighbor, p2p (n = 2).
 
 What a size is, per operation (nccl-tests' conventions but for allgather; ops.layout):
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from gossip.bench.measure import expected_allreduce
+from gossip.bench.ops import alltoallv_counts
 
 __all__ = ["Unsupported", "gloo_step"]
 
@@ -144,6 +145,18 @@ def _step(dist: Any, torch: Any, op: str, rank: int, n: int, count: int,
         step()
         _check(out.view(n, part)[:, -1].tolist() == [float(j * n + rank) for j in range(n)],
                "alltoall")
+        return step
+    if op == "alltoallv":
+        sends, recvs = alltoallv_counts(n, rank, count // (n * (n + 1) // 2))
+        x = (rank * n + torch.arange(n, dtype=torch.float32)).repeat_interleave(
+            torch.tensor(sends))
+        out = torch.empty(sum(recvs))
+
+        def step() -> None:
+            dist.all_to_all_single(out, x, output_split_sizes=recvs, input_split_sizes=sends)
+        step()
+        ends = torch.tensor(recvs).cumsum(0) - 1
+        _check(out[ends].tolist() == [float(j * n + rank) for j in range(n)], "alltoallv")
         return step
     if op == "neighbor":
         # What a user writes with torch.distributed (bench_gossip_torch.py): isend to both

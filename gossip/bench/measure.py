@@ -15,6 +15,7 @@ import time
 from typing import Any, Callable, Sequence
 
 from gossip.bench.groups import Group, announce, run_plan, serve
+from gossip.bench.ops import alltoallv_counts
 from gossip.bench.sizes import ITEMSIZE, STARTUP_LIMIT, deadline_for, make_plan, size_limit
 from gossip.bench.tables import iteration_times
 
@@ -128,6 +129,16 @@ def _gossip_step(peer, op: str, count: int, reduce_op: str, algorithm: str,
             raise AssertionError(f"rank {r}: alltoall gave {out.reshape(n, part)[:, -1]}, "
                                  f"expected {want}")
         return lambda: peer.alltoall(x, out=out)
+    if op == "alltoallv":
+        sends, recvs = alltoallv_counts(n, r, count // (n * (n + 1) // 2))
+        x = np.repeat(r * n + np.arange(n, dtype=np.float32), sends)   # block j: r*n + j
+        out = np.empty(sum(recvs), dtype=np.float32)
+        peer.alltoall(x, send_counts=sends, recv_counts=recvs, out=out)
+        want = np.arange(n, dtype=np.float32) * n + r
+        got = out[np.cumsum(recvs) - 1]   # each block's last element
+        if not np.array_equal(got, want):
+            raise AssertionError(f"rank {r}: alltoallv gave {got}, expected {want}")
+        return lambda: peer.alltoall(x, send_counts=sends, recv_counts=recvs, out=out)
     if op == "neighbor":
         self_w, src_w, dst = _ring_weights(r, n)
         x = np.full(count, r, dtype=np.float32)

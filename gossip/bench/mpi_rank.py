@@ -25,6 +25,7 @@ from typing import Any, Callable
 
 from gossip.bench.measure import expected_allreduce, timed_iterations
 from gossip.bench.mpi import MARK
+from gossip.bench.ops import alltoallv_counts
 
 __all__ = ["mpi_step", "main"]
 
@@ -113,6 +114,19 @@ def mpi_step(comm: Any, MPI: Any, np: Any, op: str, *, rank: int, n: int, count:
         step()
         _check(out.reshape(n, part)[:, -1].tolist() == [j * n + rank for j in range(n)],
                "alltoall")
+        return step
+    if op == "alltoallv":
+        sends, recvs = alltoallv_counts(n, rank, count // (n * (n + 1) // 2))
+        x = np.repeat(rank * n + np.arange(n, dtype=f32), sends)
+        out = np.empty(sum(recvs), dtype=f32)
+        sdispls = [sum(sends[:j]) for j in range(n)]
+        rdispls = [sum(recvs[:j]) for j in range(n)]
+
+        def step() -> None:
+            comm.Alltoallv([x, (sends, sdispls), MPI.FLOAT], [out, (recvs, rdispls), MPI.FLOAT])
+        step()
+        _check(out[np.cumsum(recvs) - 1].tolist() == [j * n + rank for j in range(n)],
+               "alltoallv")
         return step
     if op == "neighbor":
         # What a user writes with MPI, as with Gloo: Isend to both ring neighbours, Irecv from

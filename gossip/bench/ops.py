@@ -13,10 +13,10 @@ from typing import Sequence
 from gossip.bench.sizes import BUFFERS_PER_PEER, ITEMSIZE, available_memory, format_size
 
 __all__ = ["OPS", "REDUCING", "SPLIT", "ROOTED", "layout", "busbw_factor", "algbw_bytes",
-           "memory_need", "check_memory", "NOTES", "ring_in_degree"]
+           "memory_need", "check_memory", "NOTES", "ring_in_degree", "alltoallv_counts"]
 
 OPS = ("allreduce", "allgather", "reduce_scatter", "broadcast", "reduce", "gather", "scatter",
-       "alltoall", "neighbor", "neighbor_allgather", "p2p")
+       "alltoall", "alltoallv", "neighbor", "neighbor_allgather", "p2p")
 #: The operations that reduce (``--op`` applies to them; the table's redop column).
 REDUCING = ("allreduce", "reduce_scatter", "reduce")
 #: nccl-tests' size is their whole buffer, cut in n equal parts of whole float32s: the buffer
@@ -33,6 +33,13 @@ def layout(op: str, n: int, nbytes: int) -> tuple[int, int]:
     ncclAlltoAll take); for the others the size is the array and the count its elements
     (allgather: each peer's input, see NOTES). ValueError when a part would be empty."""
     count = nbytes // ITEMSIZE
+    if op == "alltoallv":
+        shares = _shares(n)
+        unit = count // shares
+        if unit == 0:
+            raise ValueError(f"size {nbytes} B is too small for alltoallv over {n} peers: give "
+                             f"at least {shares * ITEMSIZE} bytes (one float32 per share)")
+        return unit * shares * ITEMSIZE, unit
     if op not in SPLIT:
         return count * ITEMSIZE, count
     part = count // n
@@ -49,7 +56,23 @@ def busbw_factor(op: str, n: int) -> float:
         return 2.0 * (n - 1) / n
     if op == "allgather" or op in SPLIT:
         return (n - 1) / n
+    if op == "alltoallv":   # each peer keeps one share of its n(n+1)/2 and sends the rest
+        return (_shares(n) - 1) / _shares(n)
     return 1.0
+
+
+def _shares(n: int) -> int:
+    return n * (n + 1) // 2
+
+
+def alltoallv_counts(n: int, rank: int, unit: int) -> tuple[list[int], list[int]]:
+    """The unequal blocks of the alltoallv rows: (what ``rank`` sends each peer, what it
+    receives from each), in elements. Each peer's input is n(n+1)/2 shares of ``unit``
+    elements (the row's count); rank r sends peer j ``(j - r) % n + 1`` shares, so every
+    peer sends blocks of 1 to n shares, keeps one share, and receives as much as it sends."""
+    sends = [((j - rank) % n + 1) * unit for j in range(n)]
+    recvs = [((rank - j) % n + 1) * unit for j in range(n)]
+    return sends, recvs
 
 
 def algbw_bytes(op: str, n: int, nbytes: int) -> int:
@@ -84,6 +107,7 @@ def memory_need(op: str, n: int, nbytes: int) -> int:
         "gather": n * part + nbytes,             # the parts, and the root's gathered buffer
         "scatter": nbytes + n * part,            # the root's buffer, and every peer's part
         "alltoall": 2 * n * nbytes,              # each peer's input and output
+        "alltoallv": 2 * n * nbytes,
     }[op]
     return held + (BUFFERS_PER_PEER - 1) * n * nbytes
 
@@ -121,6 +145,9 @@ NOTES = {
                "(size/n); busbw = algbw * (n-1)/n",
     "alltoall": "size = each peer's input (nccl-tests), n equal blocks, count = one block's "
                 "elements; busbw = algbw * (n-1)/n",
+    "alltoallv": "size = each peer's input, n(n+1)/2 shares: rank r sends rank j (j - r) % n + "
+                 "1 of them (MPI's Alltoallv, torch's split sizes), count = one share's "
+                 "elements; busbw = algbw * (shares - 1)/shares",
     "neighbor": "one neighbor_allreduce ring round (self 1/3, each neighbour 1/3); Gloo: "
                 "isend/irecv to both neighbours + average; busbw = algbw",
     "neighbor_allgather": "each peer's array to its two ring neighbours, theirs concatenated "

@@ -9,11 +9,13 @@ from gossip.bench import (busbw_factor, check_memory, format_table, layout, row_
                           run_bench, sweep_sizes)
 from gossip.cli import main as gossip_main
 
-NEW_OPS = ("reduce_scatter", "reduce", "gather", "scatter", "alltoall")
+NEW_OPS = ("reduce_scatter", "reduce", "gather", "scatter", "alltoall", "alltoallv")
 # busbw = algbw * factor, as the help text and gossip/bench/__init__.py document them.
 FACTORS = {"reduce_scatter": lambda n: (n - 1) / n, "reduce": lambda n: 1.0,
            "gather": lambda n: (n - 1) / n, "scatter": lambda n: (n - 1) / n,
-           "alltoall": lambda n: (n - 1) / n}
+           "alltoall": lambda n: (n - 1) / n,
+           # n(n+1)/2 shares a peer, one of them kept
+           "alltoallv": lambda n: 1 - 2 / (n * (n + 1))}
 
 
 # ------------------------------------------------------------------ sizes of each op
@@ -28,6 +30,21 @@ def test_split_sizes_are_n_equal_parts_as_nccl_tests():
     with pytest.raises(ValueError, match="at least 12 bytes"):
         layout("gather", 3, 8)
     assert row_sizes("alltoall", 3, "4K,1M") == [4092, 1048572]
+    # alltoallv: n(n+1)/2 equal shares, cut unequally (count = one share's elements).
+    assert layout("alltoallv", 3, 4096) == (4080, 170)
+    assert layout("alltoallv", 4, 4096) == (4080, 102)
+    with pytest.raises(ValueError, match="at least 40 bytes"):
+        layout("alltoallv", 4, 36)
+
+
+def test_alltoallv_blocks_pair_and_keep_every_peer_whole():
+    from gossip.bench.ops import alltoallv_counts
+    for n in (2, 3, 5):
+        table = [alltoallv_counts(n, r, 7) for r in range(n)]
+        for r, (sends, recvs) in enumerate(table):
+            assert recvs == [table[j][0][r] for j in range(n)]      # what j sends r
+            assert sum(sends) == sum(recvs) == 7 * n * (n + 1) // 2
+            assert sorted(sends) == [7 * k for k in range(1, n + 1)] and sends[r] == 7
 
 
 def test_busbw_factors():
