@@ -22,13 +22,14 @@ carries a generation in ``seq``, and the sender keeps only the newest.
 
 The send window: how many bytes a sender may have on their way to one peer, counted in bytes,
 not messages, and the acknowledgements (ACK) that free them. libzmq bounds only the sender's
-pipe, in messages (send_hwm), and not the receiver's (sockets.py says why), and the kernel
-adds its buffers, so without a window what a sender has in flight once its receiver asks it
-to pause would depend on message sizes and on how fast the receiver reads: 128 whole 4 MiB
-messages are 512 MiB, past what the receiver may hold from one source (HELD_PER_LINK), and an
-honest sender would be cut as a hostile one. So every link counts what it sent (payload bytes plus HELD_OVERHEAD
-per message, the units the receiver's held bound counts in) and keeps its later messages in
-its own queue (link.py) while that, less what the receiver acknowledged, would pass
+pipe, in messages (send_hwm), not the receiver's (sockets.py says why), and the kernel adds
+its buffers, so without a window what a sender has in flight once its receiver asks it to
+pause would depend on message sizes and on how fast the receiver reads: the sender's pipe
+alone holds 64 whole 4 MiB messages, 256 MiB, all the receiver may hold from one source
+(HELD_PER_LINK) before what the receiver's side already holds, and an honest sender would be
+cut as a hostile one. So every link counts what it sent (payload bytes plus HELD_OVERHEAD per
+message, the units the receiver's held bound counts in) and keeps its later messages in its
+own queue (link.py) while that, less what the receiver acknowledged, would pass
 SEND_WINDOW; the receiver's ROUTER reader counts what it read from each source and
 acknowledges every ACK_EVERY bytes. A message may always go while less than ACK_EVERY is
 unacknowledged: the receiver owes no ACK then, and a message larger than the window still
