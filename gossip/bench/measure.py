@@ -130,7 +130,7 @@ def _gossip_step(peer, op: str, count: int, reduce_op: str, algorithm: str,
                                  f"expected {want}")
         return lambda: peer.alltoall(x, out=out)
     if op == "alltoallv":
-        sends, recvs = alltoallv_counts(n, r, count // (n * (n + 1) // 2))
+        sends, recvs = alltoallv_counts(n, r, count)
         x = np.repeat(r * n + np.arange(n, dtype=np.float32), sends)   # block j: r*n + j
         out = np.empty(sum(recvs), dtype=np.float32)
         peer.alltoall(x, send_counts=sends, recv_counts=recvs, out=out)

@@ -65,11 +65,13 @@ def _shares(n: int) -> int:
     return n * (n + 1) // 2
 
 
-def alltoallv_counts(n: int, rank: int, unit: int) -> tuple[list[int], list[int]]:
+def alltoallv_counts(n: int, rank: int, total: int) -> tuple[list[int], list[int]]:
     """The unequal blocks of the alltoallv rows: (what ``rank`` sends each peer, what it
-    receives from each), in elements. Each peer's input is n(n+1)/2 shares of ``unit``
-    elements (the row's count); rank r sends peer j ``(j - r) % n + 1`` shares, so every
-    peer sends blocks of 1 to n shares, keeps one share, and receives as much as it sends."""
+    receives from each), in elements, for an input of ``total`` elements a peer: n(n+1)/2
+    shares of ``total`` // n(n+1)/2 elements (the row's count); rank r sends peer j
+    ``(j - r) % n + 1`` shares, so every peer sends blocks of 1 to n shares, keeps one share,
+    and receives as much as it sends."""
+    unit = total // _shares(n)
     sends = [((j - rank) % n + 1) * unit for j in range(n)]
     recvs = [((rank - j) % n + 1) * unit for j in range(n)]
     return sends, recvs

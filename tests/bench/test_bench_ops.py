@@ -40,7 +40,8 @@ def test_split_sizes_are_n_equal_parts_as_nccl_tests():
 def test_alltoallv_blocks_pair_and_keep_every_peer_whole():
     from gossip.bench.ops import alltoallv_counts
     for n in (2, 3, 5):
-        table = [alltoallv_counts(n, r, 7) for r in range(n)]
+        total = 7 * n * (n + 1) // 2 + 1   # 7 elements a share, and one left over
+        table = [alltoallv_counts(n, r, total) for r in range(n)]
         for r, (sends, recvs) in enumerate(table):
             assert recvs == [table[j][0][r] for j in range(n)]      # what j sends r
             assert sum(sends) == sum(recvs) == 7 * n * (n + 1) // 2
