@@ -46,6 +46,7 @@ class TransportConfig:
     chunk_bytes: int = 1 << 20
     # A message up to this size travels whole, as one chunk: the receiver can hand it over
     # without a copy, and nothing is gained by cutting it (measured: benchmarks/transport.py).
+    # To a peer on this host, at most one shared-memory slot (shm_chunk_bytes) a chunk.
     whole_message_bytes: int = 4 << 20
     # Largest array a header may announce; bigger ones are refused before any allocation.
     max_message_bytes: int = 16 << 30

@@ -92,7 +92,7 @@ def post_range(call: Call, dst: int, adapter: ArrayAdapter, flat: Any, start: in
         # An empty range still sends one empty chunk, so the receiver's walk stays in step.
         return t.post_chunk(dst, call.header(DATA, start * size, 0, plan), b"",
                             deadline=call.deadline, track=track)
-    if (stop - start) * size <= t.config.whole_message_bytes:
+    if (stop - start) * size <= t.whole_bytes(dst):
         step = stop - start
     else:
         step = chunk_elements(t.chunk_bytes(dst), size)

@@ -217,6 +217,12 @@ class Transport:
                 self._command(("flush", link))
             return None
         if self._shm.has_ring(dst):
+            if header.length > self.config.shm_chunk_bytes:
+                # It would run over its slot into the next ones, and the receiver would drop
+                # it as malformed: a caller's bug (chunks come from whole_bytes/chunk_bytes).
+                raise ValueError(f"rank {self.rank}: a chunk of {header.length} bytes to "
+                                 f"rank {dst} does not fit a shared-memory slot of "
+                                 f"{self.config.shm_chunk_bytes} bytes (shm_chunk_bytes)")
             if header.slot:
                 self.post_plan(dst, header._replace(kind=PLAN, offset=0, length=0))
             ticket = SendTicket() if track else None
@@ -275,6 +281,13 @@ class Transport:
         bigger pieces (fewer messages per byte); socket chunks stay small enough for the
         receiver's allocator to recycle."""
         return self.config.shm_chunk_bytes if dst in self._shm.peers else self.config.chunk_bytes
+
+    def whole_bytes(self, dst: int) -> int:
+        """The largest array sent to ``dst`` as one chunk: ``whole_message_bytes``, or one
+        shared-memory slot where that is smaller (a chunk to a peer on this host must fit a
+        slot of its ring: post_chunk refuses a bigger one)."""
+        whole = self.config.whole_message_bytes
+        return min(whole, self.config.shm_chunk_bytes) if dst in self._shm.peers else whole
 
     def recv(self, src: int, channel: int, seq: int, *, deadline: float,
              operation: Any) -> tuple[Header, Any, Any]:

@@ -87,6 +87,41 @@ def test_eight_peers_64_mib(transport):
     assert all(sent >= 64 << 20 for _, sent in results)
 
 
+def slots_smaller_than_whole_messages(peer, sizes):
+    """Rank 0 sends rank 1 arrays around and above one shared-memory slot, rank 1 receives
+    them with and without out=; then a ring allreduce of a megabyte over the same rings."""
+    r = peer.rank
+    assert peer.transport.on_host_peers() == frozenset({1 - r})   # (the rings are the path here)
+    got = []
+    for nbytes in sizes:
+        mine = np.arange(nbytes // 4, dtype=np.float32) + nbytes
+        if r == 0:
+            peer.send(1, mine)
+            peer.send(1, mine)
+        else:
+            got.append(np.array_equal(peer.recv(0), mine))
+            out = np.empty_like(mine)
+            peer.recv(0, out=out)
+            got.append(np.array_equal(out, mine))
+    x = np.full(1 << 18, r + 1.0, dtype=np.float32)
+    peer.allreduce(x, algorithm="ring")
+    return got, bool(np.all(x == 3.0)), peer.stats()["dropped"]
+
+
+def test_arrays_larger_than_a_shared_memory_slot_travel_in_slot_sized_chunks():
+    # A slot (shm_chunk_bytes) below whole_message_bytes: an array between the two went out
+    # as one chunk, ran over its slot into the next ones, and the receiver dropped it as
+    # malformed; the recv waited until the sender left.
+    from collectives.config import TransportConfig
+    slot = 64 << 10
+    sizes = [slot - 4, slot, slot + 4, 1 << 20, (3 << 20) + 8]
+    config = TransportConfig(shm_chunk_bytes=slot, shm_slots=4)
+    for got, summed, dropped in spawn(slots_smaller_than_whole_messages, n=2, timeout=90,
+                                      args=(sizes,), config=config):
+        assert got in ([], [True] * 2 * len(sizes))
+        assert summed and dropped == 0
+
+
 def default_is_ipc_on_one_host(peer):
     return peer.transport.address((peer.rank + 1) % peer.world_size)
 
