@@ -65,7 +65,7 @@ class TransportConfig:
     # Shared-memory rings (one per peer this peer sends to on its host): slots of
     # shm_chunk_bytes each, so a ring costs up to shm_slots * shm_chunk_bytes of memory (pages
     # are only committed when touched). Bigger chunks mean fewer messages per byte; 8 x 4 MiB
-    # measured best on 2 cores (benchmarks/allreduce.py).
+    # measured best on 2 cores (benchmarks/allreduce.py). 1 to 512 slots of 4 KiB to 1 GiB.
     shm_slots: int = 8
     shm_chunk_bytes: int = 4 << 20
     # Address the data socket binds; loopback unless the run spans machines.
@@ -108,6 +108,23 @@ class TransportConfig:
         check_job_id(self.job_id)
         if self.chunk_bytes < 4096:
             raise ValueError(f"chunk_bytes must be at least 4096, got {self.chunk_bytes}")
+        for name in ("heartbeat_timeout", "heartbeat_interval"):
+            value = getattr(self, name)
+            if value is not None and not value > 0:
+                raise ValueError(f"{name} must be > 0 seconds (or None: derived from "
+                                 f"timeout), got {value!r}")
+        for name in ("whole_message_bytes", "send_hwm", "socket_buffer_bytes", "view"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)!r}")
+        if self.max_message_bytes < 1:
+            raise ValueError(f"max_message_bytes must be > 0, got {self.max_message_bytes!r}")
+        # Imported here, as above. A ring beyond these would be refused by its receiver.
+        from collectives.transport.shm_ring import MAX_SLOT_BYTES, MAX_SLOTS
+        if not 1 <= self.shm_slots <= MAX_SLOTS:
+            raise ValueError(f"shm_slots must be 1 to {MAX_SLOTS}, got {self.shm_slots!r}")
+        if not 4096 <= self.shm_chunk_bytes <= MAX_SLOT_BYTES:
+            raise ValueError(f"shm_chunk_bytes must be 4096 to {MAX_SLOT_BYTES} (1 GiB), got "
+                             f"{self.shm_chunk_bytes!r}")
 
     @property
     def effective_heartbeat_timeout(self) -> float:

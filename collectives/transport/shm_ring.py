@@ -21,7 +21,13 @@ import threading
 
 import numpy as np
 
-__all__ = ["ShmRing", "ShmView", "shm_supported", "parse_open", "ring_name", "map_memfd"]
+__all__ = ["ShmRing", "ShmView", "shm_supported", "parse_open", "ring_name", "map_memfd",
+           "MAX_SLOTS", "MAX_SLOT_BYTES"]
+
+#: The most slots a ring has (its busy flags' room below), and the largest slot: a receiver
+#: refuses a ring announced beyond either (TransportConfig refuses such settings first).
+MAX_SLOTS = 512
+MAX_SLOT_BYTES = 1 << 30
 
 _FLAGS_BYTES = 64 * 16  # busy flags of up to 512 slots, then the sender's "waiting" flag
 _WAITING = _FLAGS_BYTES - 64  # its own cache line
@@ -45,7 +51,7 @@ def parse_open(text: str) -> tuple[int, int, int, int] | None:
     if not match:
         return None
     pid, fd, nslots, slot_bytes = (int(g) for g in match.groups())
-    if not 0 < nslots <= 512 or not 0 < slot_bytes <= 1 << 30:
+    if not 0 < nslots <= MAX_SLOTS or not 0 < slot_bytes <= MAX_SLOT_BYTES:
         return None
     return pid, fd, nslots, slot_bytes
 

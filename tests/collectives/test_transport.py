@@ -122,6 +122,29 @@ def test_arrays_larger_than_a_shared_memory_slot_travel_in_slot_sized_chunks():
         assert summed and dropped == 0
 
 
+@pytest.mark.parametrize("field, value, words", [
+    ("shm_slots", 0, "shm_slots must be 1 to 512"),
+    ("shm_slots", 600, "shm_slots must be 1 to 512"),
+    ("shm_chunk_bytes", 100, "shm_chunk_bytes must be 4096 to"),
+    ("shm_chunk_bytes", 2 << 30, "shm_chunk_bytes must be 4096 to"),
+    ("whole_message_bytes", -1, "whole_message_bytes must be >= 0"),
+    ("send_hwm", -5, "send_hwm must be >= 0"),
+    ("socket_buffer_bytes", -1, "socket_buffer_bytes must be >= 0"),
+    ("max_message_bytes", 0, "max_message_bytes must be > 0"),
+    ("heartbeat_timeout", 0, "heartbeat_timeout must be > 0 seconds"),
+    ("heartbeat_interval", -1.0, "heartbeat_interval must be > 0 seconds"),
+    ("chunk_bytes", 100, "chunk_bytes must be at least 4096"),
+])
+def test_settings_a_peer_could_not_run_with_are_refused_when_made(field, value, words):
+    # Each of these used to be taken and to fail later inside a peer: a ring its receiver
+    # refuses as malformed (more than 512 slots), no slot ever free (0), a send that waits out
+    # the timeout. Made here, they are a ValueError naming the setting, before any peer runs.
+    from collectives.config import TransportConfig
+    with pytest.raises(ValueError, match=words):
+        TransportConfig(**{field: value})
+    assert TransportConfig(shm_slots=1, shm_chunk_bytes=4096, send_hwm=0).shm_slots == 1
+
+
 def default_is_ipc_on_one_host(peer):
     return peer.transport.address((peer.rank + 1) % peer.world_size)
 
