@@ -30,6 +30,11 @@ leaves; nobody waits for its readers, since a peer writes its slot again only on
 left its previous call (the entry's first wait). One wait per call instead of two, and no
 system call per read (issue #37, item 3).
 
+An alltoall with send counts (``exchange``) is entered the same way, once: each peer's counts
+travel in its slot with the entry, its array after them where both fit, so every peer knows
+every block's size and place once it entered, and the blocks come out of the slots (every
+array fits its slot) or out of the senders' arrays; no message ahead of the entry.
+
 What a peer reads of another counts as bytes that other sent it (transport.counters), as the
 messages would. Only with shared counters (x86-64) and every peer on this host with shared
 memory (choice.py's ``on_host_copies``).
@@ -149,15 +154,18 @@ class SlotArrays:
     the start of its slot. Nothing is written into another peer's array this way (a gather
     through the slots is read by the root, out of every slot)."""
 
-    def __init__(self, call: Call, adapter: ArrayAdapter, entry: SharedEntry) -> None:
+    def __init__(self, call: Call, adapter: ArrayAdapter, entry: SharedEntry,
+                 offset: int = 0) -> None:
         self.call, self.adapter, self.entry = call, adapter, entry
+        self.offset = offset   # where the arrays start in the slots (after shared words)
         self.notes: dict[int, int] = {}   # (nothing is announced with the slots)
 
     def part(self, j: int, start: int, count: int) -> Any:
         """Elements [start, start + count) of what rank j wrote into its slot."""
-        size = self.call.itemsize
-        return self.adapter.from_frame(self.entry.slot(j)[start * size:(start + count) * size],
-                                       self.call.frame_dtype, count)
+        size, at = self.call.itemsize, self.offset
+        return self.adapter.from_frame(
+            self.entry.slot(j)[at + start * size:at + (start + count) * size],
+            self.call.frame_dtype, count)
 
     def put(self, j: int, start: int, src: Any, lo: int, hi: int) -> None:
         """Never: a peer writes only its own slot (a move that puts checks for SlotArrays)."""
@@ -252,6 +260,56 @@ class OnHostCopies:
         move(PeerArrays(call, adapter, headers, self.reader, self.buffers))
         self.entry.leave(call)   # done reading (and writing) the others' arrays
         self.entry.await_readers(call, touching)
+
+    def exchange(self, call: Call, adapter: ArrayAdapter, read: Any, words: np.ndarray,
+                 move: Callable[[CallArrays, np.ndarray], None],
+                 fallback: Callable[[np.ndarray], Any]) -> bool:
+        """Run a call whose sizes only each peer knows of itself (an alltoall with send
+        counts), in one entry: each peer writes ``words`` (int64, as many on every peer) into
+        its slot as it enters, its ``read`` array after them where both fit the slot, and
+        announces ``read``. Once every peer entered, ``move(peers, rows)`` runs with every
+        peer's words (``rows[j]``): out of the slots where every peer's array is in its slot,
+        else out of the peers' arrays (this peer then returns once the others left the
+        call), or ``fallback(rows)`` (the ZeroMQ algorithm) where some peer cannot read the
+        others. So the sizes travel with the entry, not in messages ahead of it. Returns
+        whether the call went through the slots."""
+        t = call.transport
+        n, r = t.world_size, t.rank
+        head = -(-words.nbytes // 64) * 64   # (the array after the words, a cache line on)
+        if head > self.entry.data_bytes:
+            raise ValueError(f"rank {r}: {call.describe()}: {words.nbytes} bytes of words do "
+                             f"not fit a slot of {self.entry.data_bytes}")
+        nbytes = 0 if read is None else adapter.size(read) * call.itemsize
+        in_slot = head + nbytes <= self.entry.data_bytes
+
+        def write() -> None:
+            slot = self.entry.slot(r)
+            slot[:words.nbytes] = words.view(np.uint8)
+            if in_slot and nbytes:
+                count = adapter.size(read)
+                adapter.copy(adapter.from_frame(slot[head:head + nbytes], call.frame_dtype,
+                                                count), read)
+        with self.order.turn(call):
+            try:
+                headers = self.entry.enter(call, call.nbytes,
+                                           (_address(adapter, read), 0, 0, int(in_slot)),
+                                           write=write)
+                self.held.clear()   # every peer left every call before this one
+                # (A copy: the slots are only rewritten once every peer left this call.)
+                rows = np.stack([self.entry.slot(j)[:words.nbytes].view(np.int64)
+                                 for j in range(n)])
+                if all(headers[j][WORDS + 3] == 1 for j in range(n)):
+                    move(SlotArrays(call, adapter, self.entry, offset=head), rows)
+                    return True
+                if not self.entry.direct:
+                    fallback(rows)
+                    return False
+                move(PeerArrays(call, adapter, headers, self.reader, self.buffers), rows)
+                self.entry.leave(call)   # done reading the others' arrays
+                self.entry.await_readers(call, [j for j in range(n) if j != r])
+                return False
+            finally:
+                self.entry.leave(call)
 
     def fits(self, slot_bytes: int) -> bool:
         """Whether a call whose peers announce at most ``slot_bytes`` goes through the slots."""

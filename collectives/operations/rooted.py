@@ -251,9 +251,10 @@ def alltoall(engine: Engine, x: Any, out: Any, wait: bool, timeout: float | None
     ``send_counts`` (MPI's Alltoallv, torch's split sizes): block j is the next
     ``send_counts[j]`` elements of flat ``x``; ``out`` is flat, peer j's block at the next
     ``recv_counts[j]`` elements (without ``recv_counts``, what the peers send; ``out`` is
-    then allocated). The peers first exchange their counts (one tiny message per pair, at
-    once) and check them all, so a pair that does not match is a ProtocolError on every
-    peer, naming the pair, before any data moves."""
+    then allocated). Every peer's counts reach every other (on one host with the entry, in
+    its slot; else one tiny message per pair, at once) and each checks them all, so a pair
+    that does not match is a ProtocolError on every peer, naming the pair, before any data
+    moves."""
     if send_counts is None and recv_counts is None:
         return _alltoall_equal(engine, x, out, wait, timeout)
     stage = Staging()
@@ -284,6 +285,9 @@ def alltoall(engine: Engine, x: Any, out: Any, wait: bool, timeout: float | None
     shape = (max(n, -(-ANNOUNCEMENT_BYTES // dtype_itemsize(dtype))) if copies else n,)
     result = [out]
     send_at = _offsets(sends)
+    # This peer's row of the count table: what it sends each peer, what it expects of each
+    # (-1: what it is sent).
+    row = np.array(sends + ([-1] * n if recvs is None else recvs), dtype=np.int64)
 
     def messages(call: Call, counts: list[int], target: Any) -> None:
         recv_at = _offsets(counts)
@@ -305,30 +309,36 @@ def alltoall(engine: Engine, x: Any, out: Any, wait: bool, timeout: float | None
         for ticket in tickets:
             wait_sent(call, ticket)
 
-    def run(call: Call) -> None:
-        table = _count_table(call, sends, recvs) if n > 1 else np.array([[sends]])
-        counts = [int(table[j, 0, r]) for j in range(n)]   # what each peer sends this one
+    def plan(table: np.ndarray) -> tuple[list[int], Any]:
+        """What each peer sends this one, and the array it goes into."""
+        counts = [int(table[j, 0, r]) for j in range(n)]
         if recvs is None:
             result[0] = adapter.empty(sum(counts), dtype, flat)
-        target = out_flat if recvs is not None else result[0]
-        if copies is None:
-            messages(call, counts, target)
-            return
-        recv_at = _offsets(counts)
-        # Where this peer's block starts in each sender's array: after the blocks it sends
-        # the ranks before this one.
-        theirs_at = [int(table[j, 0, :r].sum()) for j in range(n)]
+        return counts, (out_flat if recvs is not None else result[0])
 
-        def move(peers: CallArrays) -> None:
+    def run(call: Call) -> None:
+        if copies is None or n == 1:
+            rows = _count_rows(call, row) if n > 1 else row.reshape(1, -1)
+            messages(call, *plan(_checked_table(call, rows)))
+            return
+
+        def move(peers: CallArrays, rows: np.ndarray) -> None:
+            table = _checked_table(call, rows)
+            counts, target = plan(table)
+            recv_at = _offsets(counts)
             for src in range(n):
                 if src != r:
-                    peers.copy(src, theirs_at[src], target, recv_at[src],
+                    # This peer's block starts in the sender's array after the blocks it
+                    # sends the ranks before this one.
+                    peers.copy(src, int(table[src, 0, :r].sum()), target, recv_at[src],
                                recv_at[src] + counts[src])
             adapter.copy(adapter.slice(target, recv_at[r], recv_at[r] + counts[r]),
                          adapter.slice(flat, send_at[r], send_at[r] + sends[r]))
-        most = int(table[:, 0, :].sum(axis=1).max()) * dtype_itemsize(dtype)
-        copies(call, adapter, flat, move, lambda: messages(call, counts, target),
-               slot_bytes=most)
+        # On one host the counts travel with the entry (each peer's row in its slot), and
+        # the blocks through the slots where every peer's array fits in its slot too, else
+        # read out of the senders' arrays.
+        copies.exchange(call, adapter, flat, row, move,
+                        lambda rows: messages(call, *plan(_checked_table(call, rows))))
 
     def body() -> Any:
         if n > 1:
@@ -390,30 +400,36 @@ def _offsets(counts: list[int]) -> list[int]:
     return [a for a, _ in segments_of_counts(counts, None, len(counts), 0, "alltoall")]
 
 
-def _count_table(call: Call, sends: list[int], recvs: list[int] | None) -> np.ndarray:
-    """Every peer's counts, the same table on every peer: ``table[i, 0, j]`` elements rank i
-    sends rank j, ``table[i, 1, j]`` what rank i expects from j (-1: what it is sent). Every
-    peer's send and receive counts travel to every other (one tiny message per pair, at
-    once) and each peer checks the whole matrix, so counts that do not pair are the same
-    ProtocolError on every peer, naming the pair, before any data moves. ``recvs`` None:
-    this peer takes what it is sent."""
+def _count_rows(call: Call, row: np.ndarray) -> np.ndarray:
+    """Every peer's ``row`` of the count table (``2n`` int64: what it sends each peer, then
+    what it expects of each, -1 for what it is sent), by rank: each travels to every other
+    peer, one tiny message per pair, at once (the peers that cannot share them through the
+    on-host entry)."""
     t = call.transport
     n, r = t.world_size, t.rank
     width = 2 * n
     rows = np.zeros(n * width, dtype=np.int64)
-    rows[r * width:r * width + n] = sends
-    rows[r * width + n:(r + 1) * width] = -1 if recvs is None else recvs
+    rows[r * width:(r + 1) * width] = row
     counts_call = Call(t, call.channel, call.seq, call.signature + "[counts]", "int64",
                        (n * width,), call.deadline)
     direct_allgather(counts_call, adapter_for(rows), rows,
                      [(i * width, (i + 1) * width) for i in range(n)])
-    table = rows.reshape(n, 2, n)       # table[i, 0, j]: i sends j; table[i, 1, j]: i expects
+    return rows.reshape(n, width)
+
+
+def _checked_table(call: Call, rows: np.ndarray) -> np.ndarray:
+    """The count table of every peer's row, ``table[i, 0, j]`` elements rank i sends rank j,
+    ``table[i, 1, j]`` what rank i expects from j (-1: what it is sent). Every peer checks the
+    whole table, so counts that do not pair are the same ProtocolError on every peer, naming
+    the pair, before any data moves."""
+    n = rows.shape[0]
+    table = rows.reshape(n, 2, n)
     bad = [f"rank {i} sends {table[i, 0, j]} elements to rank {j}, which expects "
            f"{table[j, 1, i]}" for i in range(n) for j in range(n)
            if 0 <= table[j, 1, i] != table[i, 0, j]]
     if bad:
-        raise ProtocolError(f"rank {r}: {call.signature} at sequence {call.seq}: the peers' "
-                            f"counts do not pair: {'; '.join(bad)}")
+        raise ProtocolError(f"rank {call.transport.rank}: {call.signature} at sequence "
+                            f"{call.seq}: the peers' counts do not pair: {'; '.join(bad)}")
     return table
 
 

@@ -37,6 +37,12 @@ def _small_blocks(direct: bool) -> list:
         calls.append(kwargs["slot_bytes"] <= self.entry.data_bytes)
         return real(self, *args, **kwargs)
     shm_copies.OnHostCopies.__call__ = counted
+    exchange = shm_copies.OnHostCopies.exchange
+
+    def exchange_counted(self, *args, **kwargs):   # (it says which way it went)
+        calls.append(exchange(self, *args, **kwargs))
+        return calls[-1]
+    shm_copies.OnHostCopies.exchange = exchange_counted
     return calls
 
 
