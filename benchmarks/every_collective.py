@@ -37,7 +37,9 @@ def _time(seconds: float) -> str:
 
 
 def _size(nbytes: int) -> str:
-    return f"{nbytes >> 20} MiB" if nbytes >= 1 << 20 else f"{nbytes >> 10} KiB"
+    """4096 -> "4 KiB"; a size rounded to whole shares or blocks (4080) -> "3.98 KiB"."""
+    unit, name = (1 << 20, "MiB") if nbytes >= 1 << 20 else (1 << 10, "KiB")
+    return f"{nbytes // unit} {name}" if nbytes % unit == 0 else f"{nbytes / unit:.2f} {name}"
 
 
 def main() -> None:
