@@ -35,7 +35,7 @@ from collectives.algorithms.broadcast import pipelined_broadcast
 from collectives.algorithms.compressed import CodecStats
 from collectives.algorithms.p2p import Call, wait_sent
 from collectives.algorithms.shm_copies import CallArrays, SlotArrays
-from collectives.algorithms.shm_entry import crowded
+from collectives.algorithms.shm_entry import ANNOUNCEMENT_BYTES, crowded
 from collectives.algorithms.ring import (counts_digest, ring_reduce_scatter, segments,
                                          segments_of_counts)
 from collectives.arrays.adapter import ArrayAdapter, check_reduce_op
@@ -318,25 +318,56 @@ class Communicator:
         elif out is not None:
             raise ValueError(f"rank {self.rank}: allgather(variable=True) returns a list of "
                              "arrays; it takes no out=")
-        copies = None if variable else choice.on_host_copies(
-            self._on_host, self.transport, adapter, dtype, count * dtype_itemsize(dtype))
+        # Variable sizes on one host: decided from the placement and the dtype alone, so the
+        # same on every peer whatever its own size (an announcement's worth of bytes stands
+        # for the sizes, which travel with the entry: OnHostCopies.exchange).
+        copies = choice.on_host_copies(
+            self._on_host, self.transport, adapter, dtype,
+            ANNOUNCEMENT_BYTES if variable else count * dtype_itemsize(dtype))
         seq = self.engine.next_seq("shm" if copies else "")
         signature = "allgather(variable)" if variable else "allgather"
         signature += choice.COPIES_SIGNATURE if copies else ""
         shape = (count,) if variable else tuple(x.shape)
+        if variable and copies:
+            # The call's own shape is only compared, the same on every peer: it holds the
+            # arenas' announcement, which travels as its first elements.
+            shape = (-(-ANNOUNCEMENT_BYTES // dtype_itemsize(dtype)),)
+
+        def variable_run(call: Call) -> list[Array]:
+            def gathered(counts: list[int], fill: Callable[[Any, list[int]], None]
+                         ) -> list[Array]:
+                bounds = np.concatenate([[0], np.cumsum(counts)]).tolist()
+                buf = adapter.empty(bounds[-1], dtype, flat)
+                fill(buf, bounds)
+                return [adapter.slice(buf, bounds[i], bounds[i + 1]) for i in range(n)]
+
+            def by_messages(buf: Any, bounds: list[int]) -> None:
+                # The data phase's chunks are checked against the whole gathered buffer.
+                data_call = Call(call.transport, call.channel, call.seq, signature, dtype,
+                                 (bounds[-1],), call.deadline)
+                ring_allgather_into(data_call, adapter, flat, buf,
+                                    [(bounds[i], bounds[i + 1]) for i in range(n)])
+            if copies is None or n == 1:
+                return gathered(exchange_counts(call, count), by_messages)
+            result: list[list[Array]] = []
+
+            def move(peers: CallArrays, rows: np.ndarray) -> None:
+                def read(buf: Any, bounds: list[int]) -> None:
+                    for j in range(n):
+                        if j != self.rank:
+                            peers.copy(j, 0, buf, bounds[j], bounds[j + 1])
+                    r = self.rank
+                    adapter.copy(adapter.slice(buf, bounds[r], bounds[r + 1]), flat)
+                result.append(gathered(rows[:, 0].tolist(), read))
+            copies.exchange(call, adapter, flat, np.array([count], dtype=np.int64), move,
+                            lambda rows: result.append(gathered(rows[:, 0].tolist(),
+                                                                by_messages)))
+            return result[0]
 
         def body() -> Array | list[Array]:
             def run(call: Call) -> Array | list[Array]:
                 if variable:
-                    counts = exchange_counts(call, count)
-                    bounds = np.concatenate([[0], np.cumsum(counts)]).tolist()
-                    segs = [(bounds[i], bounds[i + 1]) for i in range(n)]
-                    buf = adapter.empty(bounds[-1], dtype, flat)
-                    # The data phase's chunks are checked against the whole gathered buffer.
-                    data_call = Call(call.transport, call.channel, call.seq, signature, dtype,
-                                     (bounds[-1],), call.deadline)
-                    ring_allgather_into(data_call, adapter, flat, buf, segs)
-                    return [adapter.slice(buf, lo, hi) for lo, hi in segs]
+                    return variable_run(call)
                 if copies is None:
                     ring_allgather_into(call, adapter, flat, out_flat, segments(n * count, n))
                     return out

@@ -186,6 +186,45 @@ def test_variable_alltoall_reads_the_blocks_where_the_senders_have_them(n, direc
                         (r, dtype, case, how)
 
 
+def _variable_count(r: int, case: str) -> int:
+    """Rank r's size in the variable allgather of ``case`` (VARIABLE_CASES)."""
+    return {"small": r + 1, "large": 20_001 * (r + 1), "silent": 0 if r == 0 else 30_000}[case]
+
+
+def variable_allgather(peer, direct):
+    calls = _small_blocks(direct)
+    r = peer.rank
+    out = {}
+    for dtype in ("float32", "int32"):
+        for case in VARIABLE_CASES:
+            parts = peer.allgather(_inputs(r, _variable_count(r, case), dtype), variable=True)
+            out[f"{dtype}/{case}"] = [np.asarray(p).copy() for p in parts]
+    import torch
+    parts = peer.allgather(torch.arange(3 * r, dtype=torch.float64), variable=True)
+    out["torch"] = [p.tolist() for p in parts if isinstance(p, torch.Tensor)]
+    return out, calls, peer.communicator._on_host.entry.direct
+
+
+@pytest.mark.parametrize("n", [2, 4])
+@pytest.mark.parametrize("direct", [True, False], ids=["direct", "zeromq"])
+def test_variable_allgather_reads_each_peer_where_it_is(n, direct):
+    """allgather(variable=True) (MPI's Allgatherv) is entered once on one host, each peer's
+    size in its slot: the parts out of the slots where every peer's fits, else out of the
+    peers' arrays, or the ZeroMQ ring where the peers cannot read each other."""
+    results = spawn(variable_allgather, n=n, timeout=180, args=(direct,))
+    for r, (got, calls, entered_direct) in enumerate(results):
+        assert calls == [True, False, False] * 2 + [True], calls
+        assert entered_direct is direct
+        for dtype in ("float32", "int32"):
+            for case in VARIABLE_CASES:
+                want = [_inputs(j, _variable_count(j, case), dtype) for j in range(n)]
+                value = got[f"{dtype}/{case}"]
+                assert len(value) == n and all(
+                    v.dtype == w.dtype and np.array_equal(v, w) for v, w in zip(value, want)), \
+                    (r, dtype, case)
+        assert got["torch"] == [list(map(float, range(3 * j))) for j in range(n)]
+
+
 def different_roots(peer):
     x = np.zeros(1000, np.float32)
     try:
