@@ -18,8 +18,9 @@ import statistics
 import subprocess
 import sys
 
-ROWS = ("allreduce:2,4", "broadcast:2,4", "allgather:2,4", "alltoall:2,4", "alltoallv:2,4",
-        "reduce_scatter:2,4", "gather:4", "scatter:4", "reduce:4", "neighbor:4", "p2p:2")
+ROWS = ("allreduce:2,4", "broadcast:2,4", "allgather:2,4", "allgatherv:2,4", "alltoall:2,4",
+        "alltoallv:2,4", "reduce_scatter:2,4", "gather:4", "scatter:4", "reduce:4",
+        "neighbor:4", "p2p:2")
 
 
 def bench(op: str, n: int, sizes: str) -> list[dict]:

@@ -9,7 +9,8 @@ from Python:
 
 Operations: allreduce, allgather, reduce_scatter, broadcast (root 0), reduce (root 0), gather
 (root 0), scatter (root 0), alltoall (equal blocks), alltoallv (unequal blocks: ops.py's
-alltoallv_counts), neighbor, p2p (n = 2).
+alltoallv_counts), allgatherv (unequal parts: ops.py's allgatherv_counts), neighbor, p2p
+(n = 2).
 
 What a size is, per operation (nccl-tests' conventions but for allgather; ops.layout):
 
@@ -20,7 +21,10 @@ What a size is, per operation (nccl-tests' conventions but for allgather; ops.la
   parts of whole float32s and the count column is one part's elements, as nccl-tests prints;
 * allgather: each peer's *input* (kept from before these conventions were written down, so
   that figures stay comparable; nccl-tests' size is the gathered output, n times larger);
-  count = the input's elements.
+  count = the input's elements;
+* alltoallv: each peer's input in n(n+1)/2 shares (rank r sends rank j (j - r) % n + 1 of
+  them); allgatherv: the gathered output in n(n+1)/2 shares (rank j gives j + 1 of them);
+  count = one share's elements, the size rounded down to whole shares.
 
 Method (as the baseline scripts in shared/bench/, and nccl-tests):
 

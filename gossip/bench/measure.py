@@ -15,7 +15,7 @@ import time
 from typing import Any, Callable, Sequence
 
 from gossip.bench.groups import Group, announce, run_plan, serve
-from gossip.bench.ops import alltoallv_counts
+from gossip.bench.ops import allgatherv_counts, alltoallv_counts
 from gossip.bench.sizes import ITEMSIZE, STARTUP_LIMIT, deadline_for, make_plan, size_limit
 from gossip.bench.tables import iteration_times
 
@@ -139,6 +139,13 @@ def _gossip_step(peer, op: str, count: int, reduce_op: str, algorithm: str,
         if not np.array_equal(got, want):
             raise AssertionError(f"rank {r}: alltoallv gave {got}, expected {want}")
         return lambda: peer.alltoall(x, send_counts=sends, recv_counts=recvs, out=out)
+    if op == "allgatherv":
+        parts = allgatherv_counts(n, count)
+        x = np.full(parts[r], r, dtype=np.float32)
+        got = [int(p[-1]) for p in peer.allgather(x, variable=True)]
+        if got != list(range(n)):
+            raise AssertionError(f"rank {r}: allgatherv gave parts ending {got}")
+        return lambda: peer.allgather(x, variable=True)
     if op == "neighbor":
         self_w, src_w, dst = _ring_weights(r, n)
         x = np.full(count, r, dtype=np.float32)

@@ -25,7 +25,7 @@ from typing import Any, Callable
 
 from gossip.bench.measure import expected_allreduce, timed_iterations
 from gossip.bench.mpi import MARK
-from gossip.bench.ops import alltoallv_counts
+from gossip.bench.ops import allgatherv_counts, alltoallv_counts
 
 __all__ = ["mpi_step", "main"]
 
@@ -127,6 +127,17 @@ def mpi_step(comm: Any, MPI: Any, np: Any, op: str, *, rank: int, n: int, count:
         step()
         _check(out[np.cumsum(recvs) - 1].tolist() == [j * n + rank for j in range(n)],
                "alltoallv")
+        return step
+    if op == "allgatherv":
+        parts = allgatherv_counts(n, count)
+        x = np.full(parts[rank], rank, dtype=f32)
+        out = np.empty(sum(parts), dtype=f32)
+        displs = [sum(parts[:j]) for j in range(n)]
+
+        def step() -> None:
+            comm.Allgatherv(x, [out, (parts, displs), MPI.FLOAT])
+        step()
+        _check(out[np.cumsum(parts) - 1].tolist() == list(range(n)), "allgatherv")
         return step
     if op == "neighbor":
         # What a user writes with MPI, as with Gloo: Isend to both ring neighbours, Irecv from

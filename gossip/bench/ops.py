@@ -13,10 +13,11 @@ from typing import Sequence
 from gossip.bench.sizes import BUFFERS_PER_PEER, ITEMSIZE, available_memory, format_size
 
 __all__ = ["OPS", "REDUCING", "SPLIT", "ROOTED", "layout", "busbw_factor", "algbw_bytes",
-           "memory_need", "check_memory", "NOTES", "ring_in_degree", "alltoallv_counts"]
+           "memory_need", "check_memory", "NOTES", "ring_in_degree", "alltoallv_counts",
+           "allgatherv_counts"]
 
 OPS = ("allreduce", "allgather", "reduce_scatter", "broadcast", "reduce", "gather", "scatter",
-       "alltoall", "alltoallv", "neighbor", "neighbor_allgather", "p2p")
+       "alltoall", "alltoallv", "allgatherv", "neighbor", "neighbor_allgather", "p2p")
 #: The operations that reduce (``--op`` applies to them; the table's redop column).
 REDUCING = ("allreduce", "reduce_scatter", "reduce")
 #: nccl-tests' size is their whole buffer, cut in n equal parts of whole float32s: the buffer
@@ -33,11 +34,11 @@ def layout(op: str, n: int, nbytes: int) -> tuple[int, int]:
     ncclAlltoAll take); for the others the size is the array and the count its elements
     (allgather: each peer's input, see NOTES). ValueError when a part would be empty."""
     count = nbytes // ITEMSIZE
-    if op == "alltoallv":
+    if op in ("alltoallv", "allgatherv"):
         shares = _shares(n)
         unit = count // shares
         if unit == 0:
-            raise ValueError(f"size {nbytes} B is too small for alltoallv over {n} peers: give "
+            raise ValueError(f"size {nbytes} B is too small for {op} over {n} peers: give "
                              f"at least {shares * ITEMSIZE} bytes (one float32 per share)")
         return unit * shares * ITEMSIZE, unit
     if op not in SPLIT:
@@ -54,7 +55,7 @@ def busbw_factor(op: str, n: int) -> float:
     gather, scatter, alltoall (n-1)/n; broadcast, reduce, neighbor, p2p 1."""
     if op == "allreduce":
         return 2.0 * (n - 1) / n
-    if op == "allgather" or op in SPLIT:
+    if op in ("allgather", "allgatherv") or op in SPLIT:
         return (n - 1) / n
     if op == "alltoallv":   # each peer keeps one share of its n(n+1)/2 and sends the rest
         return (_shares(n) - 1) / _shares(n)
@@ -75,6 +76,14 @@ def alltoallv_counts(n: int, rank: int, total: int) -> tuple[list[int], list[int
     sends = [((j - rank) % n + 1) * unit for j in range(n)]
     recvs = [((rank - j) % n + 1) * unit for j in range(n)]
     return sends, recvs
+
+
+def allgatherv_counts(n: int, total: int) -> list[int]:
+    """The unequal parts of the allgatherv rows, in elements, for a gathered output of
+    ``total`` elements: n(n+1)/2 shares of ``total`` // n(n+1)/2 elements (the row's count),
+    rank j's part ``j + 1`` shares."""
+    unit = total // _shares(n)
+    return [(j + 1) * unit for j in range(n)]
 
 
 def algbw_bytes(op: str, n: int, nbytes: int) -> int:
@@ -110,6 +119,7 @@ def memory_need(op: str, n: int, nbytes: int) -> int:
         "scatter": nbytes + n * part,            # the root's buffer, and every peer's part
         "alltoall": 2 * n * nbytes,              # each peer's input and output
         "alltoallv": 2 * n * nbytes,
+        "allgatherv": 2 * n * nbytes,            # each peer's part and the gathered output
     }[op]
     return held + (BUFFERS_PER_PEER - 1) * n * nbytes
 
@@ -150,6 +160,9 @@ NOTES = {
     "alltoallv": "size = each peer's input, n(n+1)/2 shares: rank r sends rank j (j - r) % n + "
                  "1 of them (MPI's Alltoallv, torch's split sizes), count = one share's "
                  "elements; busbw = algbw * (shares - 1)/shares",
+    "allgatherv": "size = the gathered output, n(n+1)/2 shares: rank j gives j + 1 of them "
+                  "(MPI's Allgatherv; allgather(variable=True)), count = one share's "
+                  "elements; algbw = size/time; busbw = algbw * (n-1)/n",
     "neighbor": "one neighbor_allreduce ring round (self 1/3, each neighbour 1/3); Gloo: "
                 "isend/irecv to both neighbours + average; busbw = algbw",
     "neighbor_allgather": "each peer's array to its two ring neighbours, theirs concatenated "

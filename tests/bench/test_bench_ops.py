@@ -10,12 +10,15 @@ from gossip.bench import (busbw_factor, check_memory, format_table, layout, row_
 from gossip.cli import main as gossip_main
 
 NEW_OPS = ("reduce_scatter", "reduce", "gather", "scatter", "alltoall", "alltoallv")
+# allgatherv has no Gloo row (Gloo's allgather takes equal sizes).
+ROW_OPS = NEW_OPS + ("allgatherv",)
 # busbw = algbw * factor, as the help text and gossip/bench/__init__.py document them.
 FACTORS = {"reduce_scatter": lambda n: (n - 1) / n, "reduce": lambda n: 1.0,
            "gather": lambda n: (n - 1) / n, "scatter": lambda n: (n - 1) / n,
            "alltoall": lambda n: (n - 1) / n,
            # n(n+1)/2 shares a peer, one of them kept
-           "alltoallv": lambda n: 1 - 2 / (n * (n + 1))}
+           "alltoallv": lambda n: 1 - 2 / (n * (n + 1)),
+           "allgatherv": lambda n: (n - 1) / n}
 
 
 # ------------------------------------------------------------------ sizes of each op
@@ -35,6 +38,13 @@ def test_split_sizes_are_n_equal_parts_as_nccl_tests():
     assert layout("alltoallv", 4, 4096) == (4080, 102)
     with pytest.raises(ValueError, match="at least 40 bytes"):
         layout("alltoallv", 4, 36)
+    assert layout("allgatherv", 4, 4096) == (4080, 102)   # the gathered output, in shares
+
+
+def test_allgatherv_parts_fill_the_gathered_output():
+    from gossip.bench.ops import allgatherv_counts
+    assert allgatherv_counts(4, 1021) == [102, 204, 306, 408]   # 10 shares of 102, 1 left
+    assert sum(allgatherv_counts(3, 4080 // 4)) == 1020
 
 
 def test_alltoallv_blocks_pair_and_keep_every_peer_whole():
@@ -107,7 +117,7 @@ def test_bench_sweep_flags_make_the_rows(capsys):
 
 # ------------------------------------------------------------------ every new op runs
 @pytest.mark.parametrize("n", [2, 3])
-@pytest.mark.parametrize("op", NEW_OPS)
+@pytest.mark.parametrize("op", ROW_OPS)
 def test_new_ops_give_sane_rows(op, n):
     rows = run_bench(op, n, ["4K", "64K"], iters=2, warmup=1)
     assert [r["bytes"] for r in rows] == [layout(op, n, s)[0] for s in (4096, 65536)]
@@ -133,6 +143,13 @@ def test_new_ops_against_gloo(op):
             row["bytes"] / row["gloo_seconds_median"] / 1e9 * FACTORS[op](3))
     table = format_table(rows)
     assert "gloo time" in table and "; gloo " in table.splitlines()[-1]
+
+
+def test_allgatherv_against_gloo_says_it_is_not_measured(capsys):
+    assert gossip_main(["bench", "allgatherv", "-n", "2", "--sizes", "4K", "--vs", "gloo",
+                        "--iters", "1", "--warmup", "0"]) == 0
+    out = capsys.readouterr().out
+    assert "# gloo: not measured" in out and "Gloo's allgather takes equal sizes only" in out
 
 
 def test_format_table_marks_a_baseline_it_could_not_measure():
