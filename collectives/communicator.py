@@ -42,7 +42,7 @@ from collectives.arrays.adapter import ArrayAdapter, check_reduce_op
 from collectives.arrays.interface import Array
 from collectives.codecs.catalog import CodecSpec, parse
 from collectives.engine import Engine
-from collectives.errors import UnsupportedDtype
+from collectives.errors import ProtocolError, UnsupportedDtype
 from collectives.neighbor_plan import NeighborPlan
 from collectives.operations import rooted
 from collectives.operations.coalesced import coalesced_allreduce
@@ -293,8 +293,10 @@ class Communicator:
                   wait: bool = True, timeout: float | None = None
                   ) -> Array | list[Array] | Work:
         """Gather every peer's ``x``. Equal sizes: an array of shape (n, *x.shape) (into
-        ``out`` if given). ``variable=True``: sizes may differ; returns a list of n flat
-        arrays (views into one buffer)."""
+        ``out`` if given). ``variable=True`` (MPI's Allgatherv): sizes may differ; returns a
+        list of n flat arrays, views into one buffer: ``out`` if given (of the sum of the
+        peers' sizes; one that is not is a ProtocolError on every peer, before any data
+        moves), else a new one."""
         stage = Staging()
         adapter, flat, dtype = stage.flat(x, written=False)
         n = self.world_size
@@ -316,8 +318,11 @@ class Communicator:
                 out_flat = self.engine.out_like(adapter, dtype, n * count, out, "allgather",
                                                 f"{count} elements from {n} peers", stage)
         elif out is not None:
-            raise ValueError(f"rank {self.rank}: allgather(variable=True) returns a list of "
-                             "arrays; it takes no out=")
+            # Any size here: it must hold the parts, which only the call tells (every peer
+            # checks every peer's, so a wrong one is an error on every peer).
+            out_flat = self.engine.out_like(adapter, dtype, int(np.prod(tuple(out.shape))),
+                                            out, "allgather(variable=True)",
+                                            "the sum of the peers' sizes", stage)
         # Variable sizes on one host: decided from the placement and the dtype alone, so the
         # same on every peer whatever its own size (an announcement's worth of bytes stands
         # for the sizes, which travel with the entry: OnHostCopies.exchange).
@@ -333,11 +338,19 @@ class Communicator:
             # arenas' announcement, which travels as its first elements.
             shape = (-(-ANNOUNCEMENT_BYTES // dtype_itemsize(dtype)),)
 
+        # This peer's words for the others: its size, and its out='s (-1: none given).
+        words = [count, -1 if out is None else adapter.size(out_flat)]
+
         def variable_run(call: Call) -> list[Array]:
-            def gathered(counts: list[int], fill: Callable[[Any, list[int]], None]
+            def gathered(rows: np.ndarray, fill: Callable[[Any, list[int]], None]
                          ) -> list[Array]:
-                bounds = np.concatenate([[0], np.cumsum(counts)]).tolist()
-                buf = adapter.empty(bounds[-1], dtype, flat)
+                bounds = np.concatenate([[0], np.cumsum(rows[:, 0])]).tolist()
+                bad = [f"rank {j}'s out= holds {rows[j, 1]} elements"
+                       for j in range(n) if 0 <= rows[j, 1] != bounds[-1]]
+                if bad:
+                    raise ProtocolError(f"rank {self.rank}: {call.describe()}: the parts "
+                                        f"are {bounds[-1]} elements, but {'; '.join(bad)}")
+                buf = adapter.empty(bounds[-1], dtype, flat) if out is None else out_flat
                 fill(buf, bounds)
                 return [adapter.slice(buf, bounds[i], bounds[i + 1]) for i in range(n)]
 
@@ -348,7 +361,7 @@ class Communicator:
                 ring_allgather_into(data_call, adapter, flat, buf,
                                     [(bounds[i], bounds[i + 1]) for i in range(n)])
             if copies is None or n == 1:
-                return gathered(exchange_counts(call, count), by_messages)
+                return gathered(exchange_counts(call, words), by_messages)
             result: list[list[Array]] = []
 
             def move(peers: CallArrays, rows: np.ndarray) -> None:
@@ -358,10 +371,9 @@ class Communicator:
                             peers.copy(j, 0, buf, bounds[j], bounds[j + 1])
                     r = self.rank
                     adapter.copy(adapter.slice(buf, bounds[r], bounds[r + 1]), flat)
-                result.append(gathered(rows[:, 0].tolist(), read))
-            copies.exchange(call, adapter, flat, np.array([count], dtype=np.int64), move,
-                            lambda rows: result.append(gathered(rows[:, 0].tolist(),
-                                                                by_messages)))
+                result.append(gathered(rows, read))
+            copies.exchange(call, adapter, flat, np.array(words, dtype=np.int64), move,
+                            lambda rows: result.append(gathered(rows, by_messages)))
             return result[0]
 
         def body() -> Array | list[Array]:

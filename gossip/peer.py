@@ -244,7 +244,8 @@ class Peer:
                   wait: bool = True, timeout: float | None = None
                   ) -> Array | list[Array] | Work:
         """Every peer's ``x`` in rank order: shape (n, *x.shape) (into ``out`` if given);
-        ``variable=True``: sizes may differ, a list of arrays. Errors as allreduce."""
+        ``variable=True``: sizes may differ, a list of arrays (views into ``out`` if given,
+        of the sum of the sizes). Errors as allreduce."""
         return self._comm.allgather(x, out=out, variable=variable, wait=wait, timeout=timeout)
 
     @overload

@@ -4,7 +4,7 @@ own to every other at once, one latency instead of n - 1 (each peer sends (n - 1
 array instead of forwarding, which only small arrays can afford)."""
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -43,16 +43,18 @@ def direct_allgather(call: Call, adapter: ArrayAdapter, flat: Any,
         wait_sent(call, ticket)
 
 
-def exchange_counts(call: Call, count: int) -> list[int]:
-    """Every peer's element count (the first phase of a variable-size allgather)."""
+def exchange_counts(call: Call, words: Sequence[int]) -> np.ndarray:
+    """Every peer's ``words`` (as many on every peer; a variable-size allgather's element
+    count and out= size), by rank: an (n, len(words)) int64 array, over the ZeroMQ ring."""
     n, r = call.transport.world_size, call.transport.rank
-    counts = np.zeros(n, dtype=np.int64)
-    counts[r] = count
+    k = len(words)
+    rows = np.zeros(n * k, dtype=np.int64)
+    rows[r * k:(r + 1) * k] = words
     if n > 1:
         counts_call = Call(call.transport, call.channel, call.seq, call.signature + "[counts]",
-                           "int64", (n,), call.deadline)
-        np_adapter = adapter_for(counts)
-        segs = [(i, i + 1) for i in range(n)]
-        wait_sent(counts_call, ring_allgather(counts_call, np_adapter, counts, segs=segs,
+                           "int64", (n * k,), call.deadline)
+        np_adapter = adapter_for(rows)
+        segs = [(i * k, (i + 1) * k) for i in range(n)]
+        wait_sent(counts_call, ring_allgather(counts_call, np_adapter, rows, segs=segs,
                                               owned_shift=0))
-    return [int(c) for c in counts]
+    return rows.reshape(n, k)

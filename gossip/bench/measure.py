@@ -142,10 +142,11 @@ def _gossip_step(peer, op: str, count: int, reduce_op: str, algorithm: str,
     if op == "allgatherv":
         parts = allgatherv_counts(n, count)
         x = np.full(parts[r], r, dtype=np.float32)
-        got = [int(p[-1]) for p in peer.allgather(x, variable=True)]
+        out = np.empty(sum(parts), dtype=np.float32)   # (reused, as MPI's receive buffer)
+        got = [int(p[-1]) for p in peer.allgather(x, variable=True, out=out)]
         if got != list(range(n)):
             raise AssertionError(f"rank {r}: allgatherv gave parts ending {got}")
-        return lambda: peer.allgather(x, variable=True)
+        return lambda: peer.allgather(x, variable=True, out=out)
     if op == "neighbor":
         self_w, src_w, dst = _ring_weights(r, n)
         x = np.full(count, r, dtype=np.float32)

@@ -195,10 +195,24 @@ def variable_allgather(peer, direct):
     calls = _small_blocks(direct)
     r = peer.rank
     out = {}
+    n = peer.world_size
     for dtype in ("float32", "int32"):
         for case in VARIABLE_CASES:
-            parts = peer.allgather(_inputs(r, _variable_count(r, case), dtype), variable=True)
+            x = _inputs(r, _variable_count(r, case), dtype)
+            parts = peer.allgather(x, variable=True)
             out[f"{dtype}/{case}"] = [np.asarray(p).copy() for p in parts]
+            # Into a caller's buffer: the parts are views of it.
+            into = np.full(sum(_variable_count(j, case) for j in range(n)), -1, dtype)
+            parts = peer.allgather(x, variable=True, out=into)
+            out[f"{dtype}/{case} into"] = [np.asarray(p).copy() for p in parts]
+            assert all(p.base is into or p.size == 0 for p in parts)
+    # One peer's out= one element short: every peer raises, naming it, and goes on.
+    x = _inputs(r, _variable_count(r, "large"), "float32")
+    total = sum(_variable_count(j, "large") for j in range(n))
+    try:
+        peer.allgather(x, variable=True, out=np.empty(total - (r == 1), np.float32))
+    except gossip.ProtocolError as exc:
+        out["short out"] = str(exc)
     import torch
     parts = peer.allgather(torch.arange(3 * r, dtype=torch.float64), variable=True)
     out["torch"] = [p.tolist() for p in parts if isinstance(p, torch.Tensor)]
@@ -213,15 +227,20 @@ def test_variable_allgather_reads_each_peer_where_it_is(n, direct):
     peers' arrays, or the ZeroMQ ring where the peers cannot read each other."""
     results = spawn(variable_allgather, n=n, timeout=180, args=(direct,))
     for r, (got, calls, entered_direct) in enumerate(results):
-        assert calls == [True, False, False] * 2 + [True], calls
+        # (The call with a short out= raised inside the entry: not counted.)
+        assert calls == [True, True, False, False, False, False] * 2 + [True], calls
         assert entered_direct is direct
         for dtype in ("float32", "int32"):
             for case in VARIABLE_CASES:
                 want = [_inputs(j, _variable_count(j, case), dtype) for j in range(n)]
-                value = got[f"{dtype}/{case}"]
-                assert len(value) == n and all(
-                    v.dtype == w.dtype and np.array_equal(v, w) for v, w in zip(value, want)), \
-                    (r, dtype, case)
+                for how in ("", " into"):
+                    value = got[f"{dtype}/{case}{how}"]
+                    assert len(value) == n and all(
+                        v.dtype == w.dtype and np.array_equal(v, w)
+                        for v, w in zip(value, want)), (r, dtype, case, how)
+        total = sum(_variable_count(j, "large") for j in range(n))
+        assert f"the parts are {total} elements, but rank 1's out= holds {total - 1}" \
+            in got["short out"], got["short out"]
         assert got["torch"] == [list(map(float, range(3 * j))) for j in range(n)]
 
 

@@ -78,6 +78,32 @@ def test_alltoall_counts_that_do_not_pair_raise_on_every_peer():
     assert all(res[2] == [list(map(float, range(n)))] * 2 for res in results), results
 
 
+def allgatherv_into(peer):
+    import gossip
+    n, r = peer.world_size, peer.rank
+    sizes = [3 * j for j in range(n)]          # rank 0 gives nothing
+    x = np.arange(sizes[r], dtype=np.float64) + 100 * r
+    into = np.full(sum(sizes), -1.0)
+    parts = peer.allgather(x, variable=True, out=into)
+    ok = all(p.base is into for p in parts) and np.array_equal(
+        into, np.concatenate([np.arange(s) + 100.0 * j for j, s in enumerate(sizes)]))
+    try:   # rank 2's out= is one element too long: every peer raises, naming it
+        peer.allgather(x, variable=True, out=np.empty(sum(sizes) + (r == 2)))
+    except gossip.ProtocolError as exc:
+        return ok, str(exc), peer.allgather(np.full(2, float(r)), variable=True)[n - 1].tolist()
+    return ok, None, None
+
+
+@pytest.mark.parametrize("transport", ["tcp", "auto"])
+def test_allgather_of_unequal_sizes_into_a_callers_buffer(transport):
+    n = 3
+    for ok, message, after in spawn(allgatherv_into, n=n, timeout=60, transport=transport):
+        assert ok
+        assert message is not None and "the parts are 9 elements, but rank 2's out= holds 10" \
+            in message, message
+        assert after == [float(n - 1)] * 2
+
+
 def reduce_scatter_counts(peer):
     n, r = peer.world_size, peer.rank
     counts = [2 * k + (k == 1) for k in range(n)]        # [0, 3, 4, ...]: one empty
