@@ -62,10 +62,12 @@ def _offers_reads(engine: Engine, adapter: Any, dtype: str, count: int, dsts: li
 
 
 def _read(call: Call, src: int, where: tuple[int, int], adapter: Any, out: Any, at: int,
-          count: int) -> None:
-    """``count`` elements of rank src's array, at ``where``, into ``out[at:]``."""
+          count: int, itemsize: int) -> None:
+    """``count`` elements of ``itemsize`` bytes of rank src's array, at ``where``, into
+    ``out[at:]`` (the array's itemsize, not the call's: the call is the int64 count
+    message's)."""
     read_range(cma.Reader(), call, src, where, 0, address_of(adapter, out, at),
-               count * dtype_itemsize(call.dtype))
+               count * itemsize)
 
 
 def neighbor_allgather(engine: Engine, x: Any, src_ranks, dst_ranks, wait: bool,
@@ -89,6 +91,7 @@ def neighbor_allgather(engine: Engine, x: Any, src_ranks, dst_ranks, wait: bool,
     # a call of another signature (ProtocolError naming both) at the count message.
     signature = f"neighbor_allgather({dtype}{list(rest)})"
     offer = bool(dsts) and _offers_reads(engine, adapter, dtype, count, dsts)
+    itemsize = dtype_itemsize(dtype)
     seq = engine.next_seq()
     result = [None]
 
@@ -107,7 +110,7 @@ def neighbor_allgather(engine: Engine, x: Any, src_ranks, dst_ranks, wait: bool,
             tickets.append(post_range(call, dst, np_adapter, mine, 0, _NOTE, track=True,
                                       plan=plan_bits(dst, srcs, dsts)))
             if offer:
-                count_shared(call.transport, dst, count * call.itemsize)
+                count_shared(call.transport, dst, count * itemsize)
             else:
                 tickets.append(post_range(data, dst, adapter, flat, 0, count, track=True))
         problems = check_pairing(call, peers, srcs, dsts)
@@ -135,7 +138,7 @@ def neighbor_allgather(engine: Engine, x: Any, src_ranks, dst_ranks, wait: bool,
         for src in srcs:
             at = starts[src]
             if src in where:
-                _read(call, src, where[src], adapter, out, at, counts[src])
+                _read(call, src, where[src], adapter, out, at, counts[src], itemsize)
                 tickets.append(post_range(theirs[src], src, adapter, flat, 0, 0))   # done
             else:
                 for a, b, chunk in recv_range(theirs[src], src, adapter, 0, counts[src]):

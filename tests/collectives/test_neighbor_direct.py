@@ -6,6 +6,7 @@ ValueError, and a peer killed in the middle of a round an error on the others, n
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from gossip.testing import spawn
 
@@ -162,7 +163,7 @@ def test_a_block_is_overwritten_only_after_its_readers_read_it():
             assert results[0][1] > 0 and results[2][1] > 0, [a for _, a in results]
 
 
-def gathered(peer, read):
+def gathered(peer, read, dtype):
     """neighbor_allgather on a ring with arrays of another size on every peer; ``read``:
     the peers with 4 KiB or more (all but rank 0) offer theirs to be read."""
     from collectives.operations import neighbor_allgather
@@ -175,28 +176,35 @@ def gathered(peer, read):
     neighbor_allgather._read = counted
     peer.barrier()   # a shared-memory entry: every peer knows the others can be read
     n, r = peer.world_size, peer.rank
-    x = (np.arange(10 + 5000 * r, dtype=np.float64) + 1000 * r).reshape(-1, 1)
+    x = (np.arange(10 + 5000 * r, dtype=dtype) + 1000 * r).reshape(-1, 1)
     sent = peer.communicator.transport.counters[(r + 1) % n].bytes_sent
     got = peer.neighbor_allgather(x)
     read_here = peer.communicator.transport.counters[(r + 1) % n].bytes_sent - sent
     return got, read_here, len(reads)
 
 
-def test_neighbor_allgather_reads_the_arrays_offered_and_gets_what_sending_gets():
+# float32 as well as float64: the reads were sized by the count message's int64 until
+# 2026-12-07, so a float32 array was read twice its length, past both arrays' ends (wrong
+# values, EFAULT, or the reader's heap overrun); float64's 8 bytes hid it.
+@pytest.mark.parametrize("dtype", ["float64", "float32", "int16"])
+def test_neighbor_allgather_reads_the_arrays_offered_and_gets_what_sending_gets(dtype):
     n = 4
     want = []
     for r in range(n):
-        parts = [np.arange(10 + 5000 * s, dtype=np.float64) + 1000 * s
+        parts = [np.arange(10 + 5000 * s, dtype=dtype) + 1000 * s
                  for s in sorted({(r - 1) % n, (r + 1) % n})]
         want.append(np.concatenate(parts).reshape(-1, 1))
+    itemsize = np.dtype(dtype).itemsize
     for read in (True, False):
-        results = spawn(gathered, n=n, timeout=120, args=(read,))
+        results = spawn(gathered, n=n, timeout=120, args=(read, dtype))
         for r, (got, counted, reads) in enumerate(results):
-            assert np.array_equal(got, want[r]), (read, r)
+            assert got.dtype == want[r].dtype and np.array_equal(got, want[r]), (read, r)
             # ranks 1-3 offer their arrays when ``read``; rank 0's is too small
             offered = sum(1 for s in {(r - 1) % n, (r + 1) % n} if s != 0)
             assert reads == (offered if read else 0), (read, r, reads)
-            assert counted >= (10 + 5000 * r) * 8, (read, r, counted)   # read or sent
+            # read or sent, counted at the array's size (the reads' count was doubled too)
+            assert (10 + 5000 * r) * itemsize <= counted <= (10 + 5000 * r) * itemsize \
+                + 1024, (read, r, counted)
 
 
 def two_at_once(peer):
