@@ -16,8 +16,8 @@ from the others' arrays instead (algorithms/shm_copies.py): reduce's segments ar
 their peers out of every array and written into the root's ``x`` (each as soon as it is
 reduced, all at once); gather's peers write their parts into the root's output, a scatter's
 peers read their parts of the root's array, alltoall's their blocks of every peer's (with
-unequal blocks, once the peers have exchanged their counts: each then knows where its block
-starts in every sender's array).
+unequal blocks, every peer's counts travel in its slot as it enters: once every peer
+entered, each knows where its block starts in every sender's array; OnHostCopies.exchange).
 
 Non-contiguous arrays go through contiguous stand-ins (staging.py). Every peer must make the
 same call (root, op, dtype, sizes): each message's header is
