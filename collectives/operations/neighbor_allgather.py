@@ -62,7 +62,7 @@ def _offers_reads(engine: Engine, adapter: Any, dtype: str, count: int, dsts: li
 
 
 def _read(call: Call, src: int, where: tuple[int, int], adapter: Any, out: Any, at: int,
-          count: int, itemsize: int) -> None:
+          count: int, *, itemsize: int) -> None:
     """``count`` elements of ``itemsize`` bytes of rank src's array, at ``where``, into
     ``out[at:]`` (the array's itemsize, not the call's: the call is the int64 count
     message's)."""
@@ -138,7 +138,7 @@ def neighbor_allgather(engine: Engine, x: Any, src_ranks, dst_ranks, wait: bool,
         for src in srcs:
             at = starts[src]
             if src in where:
-                _read(call, src, where[src], adapter, out, at, counts[src], itemsize)
+                _read(call, src, where[src], adapter, out, at, counts[src], itemsize=itemsize)
                 tickets.append(post_range(theirs[src], src, adapter, flat, 0, 0))   # done
             else:
                 for a, b, chunk in recv_range(theirs[src], src, adapter, 0, counts[src]):
