@@ -27,6 +27,8 @@ GOODBYE_LINGER           50 ms      -                     BYE leaves; dead peer 
 GOODBYE_FLUSH            0.5 s      -                     same, behind a window's data
 CLOSE_TIMEOUT            1 s        -                     close() returns within
 RING_MAPPED_SHARE        1/2        of close()'s timeout  wait for receivers to map rings
+CLOSE_DRAIN_STALL        5 s        -                     Peer.close: a receiver taking none
+DRAIN_LOOK               5 ms       -                     ... looked at this often
 REACH_POLL_MAX           20 ms      -                     first connection: look for a loss
 HELD_PAUSE               64 MiB     HELD_PER_LINK/4       then the sender is asked to wait
 HELD_RESUME              32 MiB     HELD_PAUSE/2          and below it, to go on
@@ -86,7 +88,7 @@ __all__ = [
     "PARK_MIN", "PARK_MAX", "STARVED_REPEAT", "SLOT_RETRY", "SUSPECT_POLL", "IDLE_POLL",
     "MAX_LOGGED_DROPS", "DROP_SUMMARY_INTERVAL", "RECONNECT_INTERVAL", "GOODBYE_LINGER",
     "GOODBYE_FLUSH",
-    "CLOSE_TIMEOUT", "RING_MAPPED_SHARE", "REACH_POLL_MAX",
+    "CLOSE_TIMEOUT", "RING_MAPPED_SHARE", "CLOSE_DRAIN_STALL", "DRAIN_LOOK", "REACH_POLL_MAX",
     "HELD_PAUSE", "HELD_RESUME", "HELD_PER_LINK", "HELD_TOTAL", "HELD_OVERHEAD", "MAX_STRIKES",
     "SEND_WINDOW", "ACK_EVERY", "OPEN_HELD_TOTAL", "OPEN_HELD_PER_LINK",
     "OPEN_HELD_PAUSE", "OPEN_SEND_WINDOW",
@@ -143,6 +145,11 @@ CLOSE_TIMEOUT = 1.0
 # Share of close()'s time spent waiting for receivers to map our rings (a receiver maps a ring
 # through our /proc/<pid>/fd: what we left in it is gone if we exit first).
 RING_MAPPED_SHARE = 0.5
+# Peer.close() first waits for what it queued for live peers to leave (Transport.drain): a peer
+# that takes none of it for this long is given up (it paused this one and does not read), and
+# what is queued for it is dropped, with a warning. The drain looks at the queues this often.
+CLOSE_DRAIN_STALL = 5.0
+DRAIN_LOOK = 0.005
 # A send waiting for the first connection to its peer (a millisecond on one host) is woken as
 # the handshake succeeds, and looks for a loss or its deadline at least this often.
 REACH_POLL_MAX = 0.02

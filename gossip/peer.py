@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Callable, Literal, overload
 
@@ -763,9 +764,12 @@ class Peer:
         return retired
 
     def close(self) -> None:
-        """Close the attached policies (their background threads stop), then stop the worker
-        and I/O threads and close every socket (linger 0). Prompt (about a second at most,
-        even with traffic in flight) and idempotent."""
+        """Close the attached policies (their background threads stop), let what was sent to
+        live peers leave (a send returns once queued: _drain), then stop the worker and I/O
+        threads and close every socket (linger 0). Idempotent. Prompt (about a second) with
+        operations pending or with nothing queued; with messages queued for a peer that takes
+        them, it waits until they left, and for one that takes none for CLOSE_DRAIN_STALL
+        (5 s) they are dropped, with a warning naming the peer."""
         if self._closed:
             return
         if self._metrics is not None:   # first: its last write sees the policies' last stats
@@ -779,6 +783,7 @@ class Peer:
             except Exception as exc:  # closing the peer must not fail on a policy
                 log.warning("rank %d: closing %r failed: %s", self.rank, policy, exc)
         self._closed = True
+        self._drain()
         if self._membership is not None:
             self._membership.close()
         # Transport first: closing it wakes every operation waiting in the inbox, so the
@@ -787,6 +792,18 @@ class Peer:
         self._transport.close(timeout=defaults.CLOSE_TIMEOUT / 2)
         for comm in [self._comm, *self._channels.values()]:
             comm.close(timeout=defaults.CLOSE_TIMEOUT / 2)
+
+    def _drain(self) -> None:
+        """close()'s first step: a send returns once queued, so what this peer queued for live
+        peers goes out before the sockets close (Transport.drain; a peer that takes none of it
+        for CLOSE_DRAIN_STALL is given up, with a warning). Not with an operation of this peer
+        pending: the close is cutting it short, and its messages would only wait for peers
+        that will never take them."""
+        comms = [self._comm, *self._channels.values()]
+        if any(last is not None and not last.done()
+               for last in (comm.engine.last() for comm in comms)):
+            return
+        self._transport.drain(time.monotonic() + self._transport.config.timeout)
 
     @property
     def closed(self) -> bool:

@@ -30,6 +30,7 @@ import zmq
 
 from collectives import defaults
 from collectives.errors import PeerLost
+from collectives.notices import events
 from collectives.transport.inbox import Inbox, Lost
 from collectives.transport.liveness import Liveness
 from collectives.transport.sockets import Sockets
@@ -379,8 +380,15 @@ class IoLoop:
             # A link with messages still queued (its receiver paused it, or its send window is
             # full: flow_control.py) would keep the goodbye behind them, and they are
             # failed just below: it goes ahead instead.
+            messages, nbytes = link.backlog()
             if not link.send_urgent(bye):
                 link.send(bye, None)
+            if messages and self._inbox.lost(link.rank) is None:
+                # A send returns once queued: its caller was told it went. Never silently.
+                events.warning("rank %d: closed with %d messages (%d bytes) to rank %d still "
+                               "queued: they are dropped (rank %d did not take them; a recv "
+                               "there for them raises PeerLost)", self.rank, messages, nbytes,
+                               link.rank, link.rank)
             for ticket in link.pending_tickets():
                 ticket.error = PeerLost(f"rank {self.rank}: closed with a send to rank "
                                         f"{link.rank} still queued", rank=link.rank)

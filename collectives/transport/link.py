@@ -285,6 +285,13 @@ class Link:
             window.on_ack(number)
             return bool(self.queue) and not self.paused and not self.closed
 
+    def backlog(self) -> tuple[int, int]:
+        """What waits in the queue: (messages, bytes, headers included)."""
+        with self.lock:
+            nbytes = sum(_frames_bytes(e[0]) if type(e) is tuple else e.nbytes
+                         for e in self.queue)
+            return len(self.queue), nbytes
+
     def pending_tickets(self) -> list:
         """Empty the queue and return the tickets of what it held, for the caller to fail: none of
         it will go out any more."""

@@ -484,6 +484,44 @@ class Transport:
         self.interrupted = True   # what its aborts say from now on (see abort)
         self.inbox.close()
 
+    def drain(self, deadline: float, *, stall: float = defaults.CLOSE_DRAIN_STALL
+              ) -> dict[int, tuple[int, int]]:
+        """Wait until what this peer queued for each live peer has left (close() drops what is
+        still queued; a send returns once queued, so this is what delivers a job's last sends,
+        as MPI_Finalize does). A peer is waited on while it takes what is queued for it: one
+        that takes nothing for ``stall`` seconds (it paused this peer and its application
+        does not read), or is lost, is given up, and so is every peer at ``deadline``. Says
+        once at WARNING on the events logger, past LONG_WAIT, whom it waits on. Returns what
+        is still queued for the peers given up: rank -> (messages, bytes)."""
+        # What link emulation holds goes now, as close() lets it (on a real network it
+        # would be in flight already).
+        self._loop.command(("unpace",))
+        start = time.monotonic()
+        moved: dict[int, tuple[tuple[int, int], float]] = {}   # rank -> (mark, when)
+        waiting: dict[int, tuple[int, int]] = {}
+        notice = LongWait(lambda: f"rank {self.rank}: close() waits for "
+                          + ", ".join(f"rank {r} to take {m} queued messages ({b} bytes)"
+                                      for r, (m, b) in waiting.items()),
+                          start, deadline)
+        while True:
+            now = time.monotonic()
+            waiting, stalled = {}, {}
+            for rank, link in list(self._links.items()):
+                backlog = link.backlog()
+                if not backlog[0] or self.is_lost(rank):
+                    continue
+                mark = (backlog[0], link.sent_number)
+                if rank not in moved or moved[rank][0] != mark:
+                    moved[rank] = (mark, now)
+                if now - moved[rank][1] >= stall or now >= deadline:
+                    stalled[rank] = backlog
+                else:
+                    waiting[rank] = backlog
+            if not waiting:
+                return stalled
+            notice.check()
+            time.sleep(max(0.0, notice.until(now + defaults.DRAIN_LOOK) - now))
+
     def close(self, timeout: float = defaults.CLOSE_TIMEOUT) -> None:
         """Say goodbye to connected peers, stop the I/O thread, close every socket with
         linger 0 and remove the ipc socket file. Idempotent; returns within about ``timeout``
