@@ -30,21 +30,22 @@ import numpy as np
 
 from collectives import defaults
 from collectives.algorithms import choice
-from collectives.algorithms.allgather import exchange_counts, ring_allgather_into
+from collectives.algorithms.allgather import ring_allgather_into
 from collectives.algorithms.broadcast import pipelined_broadcast
 from collectives.algorithms.compressed import CodecStats
 from collectives.algorithms.p2p import Call, wait_sent
 from collectives.algorithms.shm_copies import CallArrays, SlotArrays
-from collectives.algorithms.shm_entry import ANNOUNCEMENT_BYTES, crowded
+from collectives.algorithms.shm_entry import crowded
 from collectives.algorithms.ring import (counts_digest, ring_reduce_scatter, segments,
                                          segments_of_counts)
 from collectives.arrays.adapter import ArrayAdapter, check_reduce_op
 from collectives.arrays.interface import Array
 from collectives.codecs.catalog import CodecSpec, parse
 from collectives.engine import Engine
-from collectives.errors import ProtocolError, UnsupportedDtype
+from collectives.errors import UnsupportedDtype
 from collectives.neighbor_plan import NeighborPlan
 from collectives.operations import rooted
+from collectives.operations.allgatherv import allgather_variable
 from collectives.operations.coalesced import coalesced_allreduce
 from collectives.operations.compressed_allreduce import compressed_allreduce
 from collectives.operations.neighbor_allgather import neighbor_allgather
@@ -297,109 +298,54 @@ class Communicator:
         list of n flat arrays, views into one buffer: ``out`` if given (of the sum of the
         peers' sizes; one that is not is a ProtocolError on every peer, before any data
         moves), else a new one."""
+        if variable:
+            return allgather_variable(self.engine, x, out, wait, timeout)
         stage = Staging()
         adapter, flat, dtype = stage.flat(x, written=False)
         n = self.world_size
         count = adapter.size(flat)
-        nccl = None if variable or out is not None else self._nccl_for(adapter, x, None, dtype)
+        nccl = None if out is not None else self._nccl_for(adapter, x, None, dtype)
         if nccl is not None:
             gathered = adapter.empty(n * count, dtype, flat)
             nccl.allgather(flat, gathered, count, dtype)
             return self.engine.done(gathered.reshape((n,) + tuple(x.shape)), "allgather(nccl)",
                                     wait)
-        if not variable:
-            # Checked before the call takes a sequence number: a refused out= leaves this peer
-            # in step with the others (their next call meets this peer's next call).
-            if out is None:
-                out = adapter.empty(n * count, dtype, flat)
-                out = out.reshape((n,) + tuple(x.shape))
-                out_flat = adapter.flat(out)
-            else:
-                out_flat = self.engine.out_like(adapter, dtype, n * count, out, "allgather",
-                                                f"{count} elements from {n} peers", stage)
-        elif out is not None:
-            # Any size here: it must hold the parts, which only the call tells (every peer
-            # checks every peer's, so a wrong one is an error on every peer).
-            out_flat = self.engine.out_like(adapter, dtype, int(np.prod(tuple(out.shape))),
-                                            out, "allgather(variable=True)",
-                                            "the sum of the peers' sizes", stage)
-        # Variable sizes on one host: decided from the placement and the dtype alone, so the
-        # same on every peer whatever its own size (an announcement's worth of bytes stands
-        # for the sizes, which travel with the entry: OnHostCopies.exchange).
-        copies = choice.on_host_copies(
-            self._on_host, self.transport, adapter, dtype,
-            ANNOUNCEMENT_BYTES if variable else count * dtype_itemsize(dtype))
+        # Checked before the call takes a sequence number: a refused out= leaves this peer
+        # in step with the others (their next call meets this peer's next call).
+        if out is None:
+            out = adapter.empty(n * count, dtype, flat)
+            out = out.reshape((n,) + tuple(x.shape))
+            out_flat = adapter.flat(out)
+        else:
+            out_flat = self.engine.out_like(adapter, dtype, n * count, out, "allgather",
+                                            f"{count} elements from {n} peers", stage)
+        copies = choice.on_host_copies(self._on_host, self.transport, adapter, dtype,
+                                       count * dtype_itemsize(dtype))
         seq = self.engine.next_seq("shm" if copies else "")
-        signature = "allgather(variable)" if variable else "allgather"
-        signature += choice.COPIES_SIGNATURE if copies else ""
-        shape = (count,) if variable else tuple(x.shape)
-        if variable and copies:
-            # The call's own shape is only compared, the same on every peer: it holds the
-            # arenas' announcement, which travels as its first elements.
-            shape = (-(-ANNOUNCEMENT_BYTES // dtype_itemsize(dtype)),)
+        signature = "allgather" + (choice.COPIES_SIGNATURE if copies else "")
 
-        # This peer's words for the others: its size, and its out='s (-1: none given).
-        words = [count, -1 if out is None else adapter.size(out_flat)]
-
-        def variable_run(call: Call) -> list[Array]:
-            def gathered(rows: np.ndarray, fill: Callable[[Any, list[int]], None]
-                         ) -> list[Array]:
-                bounds = np.concatenate([[0], np.cumsum(rows[:, 0])]).tolist()
-                bad = [f"rank {j}'s out= holds {rows[j, 1]} elements"
-                       for j in range(n) if 0 <= rows[j, 1] != bounds[-1]]
-                if bad:
-                    raise ProtocolError(f"rank {self.rank}: {call.describe()}: the parts "
-                                        f"are {bounds[-1]} elements, but {'; '.join(bad)}")
-                buf = adapter.empty(bounds[-1], dtype, flat) if out is None else out_flat
-                fill(buf, bounds)
-                return [adapter.slice(buf, bounds[i], bounds[i + 1]) for i in range(n)]
-
-            def by_messages(buf: Any, bounds: list[int]) -> None:
-                # The data phase's chunks are checked against the whole gathered buffer.
-                data_call = Call(call.transport, call.channel, call.seq, signature, dtype,
-                                 (bounds[-1],), call.deadline)
-                ring_allgather_into(data_call, adapter, flat, buf,
-                                    [(bounds[i], bounds[i + 1]) for i in range(n)])
-            if copies is None or n == 1:
-                return gathered(exchange_counts(call, words), by_messages)
-            result: list[list[Array]] = []
-
-            def move(peers: CallArrays, rows: np.ndarray) -> None:
-                def read(buf: Any, bounds: list[int]) -> None:
-                    for j in range(n):
-                        if j != self.rank:
-                            peers.copy(j, 0, buf, bounds[j], bounds[j + 1])
-                    r = self.rank
-                    adapter.copy(adapter.slice(buf, bounds[r], bounds[r + 1]), flat)
-                result.append(gathered(rows, read))
-            copies.exchange(call, adapter, flat, np.array(words, dtype=np.int64), move,
-                            lambda rows: result.append(gathered(rows, by_messages)))
-            return result[0]
-
-        def body() -> Array | list[Array]:
-            def run(call: Call) -> Array | list[Array]:
-                if variable:
-                    return variable_run(call)
-                if copies is None:
-                    ring_allgather_into(call, adapter, flat, out_flat, segments(n * count, n))
-                    return out
-
-                def move(peers: CallArrays) -> None:
-                    for j in range(n):
-                        if j != self.rank:
-                            peers.copy(j, 0, out_flat, j * count, (j + 1) * count)
-                    r = self.rank
-                    adapter.copy(adapter.slice(out_flat, r * count, (r + 1) * count), flat)
-                copies(call, adapter, flat, move, lambda: ring_allgather_into(
-                    call, adapter, flat, out_flat, segments(n * count, n)),
-                    slot_bytes=count * dtype_itemsize(dtype))
+        def run(call: Call) -> Array:
+            if copies is None:
+                ring_allgather_into(call, adapter, flat, out_flat, segments(n * count, n))
                 return out
+
+            def move(peers: CallArrays) -> None:
+                for j in range(n):
+                    if j != self.rank:
+                        peers.copy(j, 0, out_flat, j * count, (j + 1) * count)
+                r = self.rank
+                adapter.copy(adapter.slice(out_flat, r * count, (r + 1) * count), flat)
+            copies(call, adapter, flat, move, lambda: ring_allgather_into(
+                call, adapter, flat, out_flat, segments(n * count, n)),
+                slot_bytes=count * dtype_itemsize(dtype))
+            return out
+
+        def body() -> Array:
             if n == 1:
-                result = run(self.engine.call(seq, signature, dtype, shape,
+                result = run(self.engine.call(seq, signature, dtype, tuple(x.shape),
                                               time.monotonic() + self.timeout))
             else:
-                call_shape = (n * count,) if not variable else shape
-                result = self.engine.execute(seq, signature, dtype, call_shape, timeout,
+                result = self.engine.execute(seq, signature, dtype, (n * count,), timeout,
                                              self.engine.peers, run)
             adapter.synchronize()
             return result

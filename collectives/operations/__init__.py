@@ -3,7 +3,8 @@ takes a sequence number and runs its data movement (an algorithm of collectives/
 through the communicator's Engine (collectives/engine.py), never through the Communicator's
 private state. ``neighbor_allreduce`` is the neighbour exchange of a NeighborPlan (copied,
 read directly on one host, or as encodings); ``neighbor_allgather`` its gathering twin;
-``rooted`` reduce, gather, scatter and all-to-all; ``scan`` the prefix reductions
+``allgatherv`` the allgather of parts of any size; ``rooted`` reduce, gather, scatter
+and all-to-all; ``scan`` the prefix reductions
 (MPI_Scan, MPI_Exscan); ``coalesced`` a list of arrays in one
 allreduce; ``compressed_allreduce`` the allreduce with a codec; ``send_recv`` the
 point-to-point messages of the communicator's second channel.
