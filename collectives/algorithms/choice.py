@@ -22,7 +22,7 @@ from collectives.algorithms.small import recursive_doubling_allreduce
 from collectives.neighbor_plan import NeighborPlan
 
 __all__ = ["allreduce_algorithm", "barrier_algorithm", "neighbors_read_directly",
-           "neighbors_in_slots", "neighbors_may_use_slots",
+           "neighbors_in_slots", "neighbors_may_use_slots", "gather_may_use_slots",
            "on_host_copies", "ALLREDUCE_ALGORITHMS", "BARRIER_SHAPE", "COPIES_SIGNATURE",
            "OnHost", "RING_ORDERED"]
 
@@ -141,7 +141,17 @@ def neighbors_may_use_slots(shm: OnHost, transport: Any, plan: NeighborPlan, *,
             and on_host(transport, adapter, dtype, nbytes))
 
 
-def neighbors_in_slots(shm: OnHost, transport: Any, seq: int, deadline: float) -> bool:
+def gather_may_use_slots(shm: OnHost, transport: Any, *, adapter: Any, dtype: str) -> bool:
+    """Whether a neighbour allgather may go through the shared-memory entry
+    (OnHostNeighbors.allgather): with shared counters (x86-64), every other peer on this
+    host with shared memory, an array in host memory of a numpy dtype. Decided from the
+    placement and the dtype alone, never from this peer's size (the peers' differ), so the
+    same on every peer; the caller reserves its turn and asks neighbors_in_slots."""
+    return SHARED_COUNTERS and on_host(transport, adapter, dtype, ANNOUNCEMENT_BYTES)
+
+
+def neighbors_in_slots(shm: OnHost, transport: Any, seq: int, deadline: float, *,
+                       operation: str = "neighbor_allreduce") -> bool:
     """(A call neighbors_may_use_slots allowed, its turn reserved.) Whether it goes through
     the slots: once the peers' arenas are mapped, which the first shared-memory call of
     every peer does (a broadcast_parameters, a barrier, an allreduce on this host), so a
@@ -149,7 +159,7 @@ def neighbors_in_slots(shm: OnHost, transport: Any, seq: int, deadline: float) -
     neighbours only). It waits for this peer's earlier shared-memory calls first, so every
     peer answers alike; if not, its reserved turn is given up (the copying exchange)."""
     try:
-        shm.order.wait_before(seq, deadline, transport, f"neighbor_allreduce at sequence {seq}")
+        shm.order.wait_before(seq, deadline, transport, f"{operation} at sequence {seq}")
     except BaseException:
         shm.order.release(seq)
         raise

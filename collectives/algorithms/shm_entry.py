@@ -206,6 +206,11 @@ class SharedEntry:
         wait_counters(call, counters, {j: 2 * s + 1 for j in others}, "the call")
         for j in others:
             seq, theirs, got = headers[j][:3].tolist()
+            if among is not None and seq > s:
+                # It went on past this call without waiting for this peer to leave it, which
+                # it does only if its call did not name this one (the caller's pattern check
+                # words it: moved_on).
+                continue
             if (seq, theirs, got) != (s, crc, nbytes):
                 if seq != s:   # it marked itself done without writing: it failed
                     await_abort(call, j)
@@ -221,6 +226,13 @@ class SharedEntry:
         if not self.direct:   # (once True it stays True: read until then)
             self.direct = all(headers[j][DIRECT] == 1 for j in range(n))
         return {j: headers[j].copy() for j in range(n)} if keep else {}
+
+    def moved_on(self, call: Call, j: int) -> bool:
+        """Whether peer ``j`` (one of ``enter(among=...)``'s) has gone on past ``call``: its
+        call did not name this peer, and its slot may hold a later call's. Read after what
+        was read of its slot, this says whether that was still ``call``'s (x86-64 keeps a
+        peer's stores, header before slot, and this peer's loads in order)."""
+        return int(self._headers[j][0]) > call.seq
 
     def _describe(self, rank: int, crc: int, text: bytes) -> None:
         """Write this peer's call in words into its arena's header page (before the call's

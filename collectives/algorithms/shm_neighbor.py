@@ -1,6 +1,6 @@
-"""The neighbour exchange of small arrays among peers on one host, through the slots of the
-shared-memory entry (issue #37, item 3): no ZeroMQ message, one slot write and one wait per
-round, as the small allreduce (shm_small.py).
+"""The neighbour exchange of small arrays and the neighbour allgather among peers on one host,
+through the slots of the shared-memory entry (issue #37, item 3): no ZeroMQ message, one slot
+write and one wait per round, as the small allreduce (shm_small.py).
 
 Each peer writes its array into its own slot and, after it, its round's pattern as float64:
 for every rank the weight of its copy for that rank (its ``dst_weights``; 1 without; NaN: not
@@ -16,6 +16,17 @@ exchange's), and leaves. A peer writes its slot again only once the peers that r
 previous call (those still alive) left that call; it never waits for a peer its round does
 not involve, so a dead peer fails its neighbours' round, not the others'.
 
+``allgather`` is BlueFog's neighbor_allgather the same way: each peer writes a byte per rank
+(it sends to it, it expects from it) and its array, where it fits, into its slot, and its
+count, whether the array is in the slot and where it is into its header; each reads its
+sources' arrays out of their slots, or out of their memory (transport/cma.py; the owner
+returns once its readers left), or, where peers cannot read each other, gets them as
+messages. The peers' sizes differ, so each owner chooses by its own and its header says how.
+
+A peer that did not name this one goes on to its next call without waiting for it, so its
+header may already be a later call's when this one looks: SharedEntry.moved_on says so, and
+the pattern check counts it as not naming this peer (never reading its slot as this call's).
+
 Only once the arenas are mapped (choice.py's neighbors_in_slots: a mapping is a call of every
 peer, the first shared-memory one, e.g. broadcast_parameters or a barrier); not for a
 partial round (push-sum's rule for lost peers needs the copying exchange's accounting).
@@ -24,15 +35,17 @@ never a misread slot.
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
 from collectives.algorithms.neighbor import combine
 from collectives.algorithms.pattern import pair_problems, uninvolved, unpaired
-from collectives.algorithms.p2p import Call
-from collectives.algorithms.shm_entry import SharedEntry, count_shared
+from collectives.algorithms.p2p import Call, post_range, recv_range, wait_sent
+from collectives.algorithms.shm_direct import address_of, read_range
+from collectives.algorithms.shm_entry import PID, WORDS, SharedEntry, count_shared
 from collectives.arrays.adapter import ArrayAdapter
+from collectives.transport import cma
 from collectives.neighbor_plan import NeighborPlan
 
 __all__ = ["OnHostNeighbors", "SLOTS_SIGNATURE"]
@@ -47,7 +60,8 @@ def _pattern_at(nbytes: int) -> int:
 
 
 class OnHostNeighbors:
-    """A communicator's small on-host neighbour exchange, through its SharedEntry's slots."""
+    """A communicator's on-host neighbour calls through its SharedEntry: the small neighbour
+    exchange (``__call__``) and the neighbour allgather (``allgather``)."""
 
     def __init__(self, entry: SharedEntry, order: Any) -> None:
         self.entry = entry
@@ -119,18 +133,94 @@ class OnHostNeighbors:
         copying exchange's (pattern.py), naming both."""
         r = call.transport.rank
         mine = ~np.isnan(patterns[r])
-        problems: list[str] = []
-        for p in among:
+
+        def relation(p: int) -> tuple[bool, bool, bool, bool]:
             theirs = ~np.isnan(patterns[p])
-            expects, sends = bool(mine[1, p]), bool(mine[0, p])
-            p_sends, p_expects = bool(theirs[0, r]), bool(theirs[1, r])
-            if not (p_sends or p_expects):
-                problems.append(uninvolved(r, p, call.seq, expects, sends))
-            else:
-                problems += pair_problems(r, p, expects=expects, sends=sends, p_sends=p_sends,
-                                          p_expects=p_expects)
-        if problems:
-            raise ValueError(unpaired(call, problems))
+            if self.entry.moved_on(call, p):   # its call did not name this peer
+                return bool(mine[1, p]), bool(mine[0, p]), False, False
+            return bool(mine[1, p]), bool(mine[0, p]), bool(theirs[0, r]), bool(theirs[1, r])
+        _check_pairs(call, among, relation)
+
+    def allgather(self, call: Call, adapter: ArrayAdapter, flat: Any, srcs: list[int],
+                  dsts: list[int], order: list[int]) -> tuple[Any, dict[int, int]]:
+        """neighbor_allgather on one host, in one entry (module docstring): this peer's
+        ``flat`` to ``dsts``, the arrays of ``srcs`` concatenated in ``order`` (srcs, as the
+        caller named them) into a new flat array; returns it and each source's count. Each
+        peer writes its pattern (a byte per rank: 1 it sends to that rank, 2 it expects from
+        it) into its slot, its array after it where it fits, and announces its count, whether
+        the array is in the slot and its address. A source's array is copied out of its slot,
+        else read out of its memory (this peer can read every peer's, as the entries before
+        said), else sent to its destinations as messages: each sender chooses by its own size,
+        its header says which, so peers of different sizes need not agree."""
+        t = call.transport
+        n, r = t.world_size, t.rank
+        count = adapter.size(flat)
+        itemsize = call.itemsize
+        nbytes = count * itemsize
+        at = _flags_bytes(n)
+        in_slot = at + nbytes <= self.entry.data_bytes
+        readable = self.entry.direct is True   # (the same on every peer: neighbors_in_slots)
+        among = sorted(set(srcs) | set(dsts))
+
+        def write() -> None:
+            slot = self.entry.slot(r)
+            flags = slot[:n]
+            flags[:] = 0
+            for d in dsts:
+                flags[d] |= _SENDS
+                if in_slot or readable:   # (what it reads of this peer; else sent, counted so)
+                    count_shared(t, d, nbytes)
+            for src in srcs:
+                flags[src] |= _EXPECTS
+            if in_slot and count:
+                adapter.copy(adapter.from_frame(slot[at:at + nbytes], call.frame_dtype, count),
+                             flat)
+        address = 0 if in_slot or not readable else address_of(adapter, flat)
+        data = Call(t, call.channel, call.seq, call.signature + "[data]", call.dtype, (count,),
+                    call.deadline)
+        tickets = []
+        with self.order.turn(call):
+            try:
+                headers = self.entry.enter(call, 0, (count, int(in_slot), address),
+                                           write=write, among=among)
+                slots = {j: self.entry.slot(j) for j in among}
+                def relation(p: int) -> tuple[bool, bool, bool, bool]:
+                    flags = int(slots[p][r])
+                    if self.entry.moved_on(call, p):   # its call did not name this peer
+                        return p in srcs, p in dsts, False, False
+                    return p in srcs, p in dsts, bool(flags & _SENDS), bool(flags & _EXPECTS)
+                _check_pairs(call, among, relation)
+                if not in_slot and not readable:   # this peer's array as messages
+                    tickets = [post_range(data, d, adapter, flat, 0, count, track=True)
+                               for d in dsts]
+                counts = {j: int(headers[j][WORDS]) for j in srcs}
+                out = adapter.empty(sum(counts.values()), call.dtype, flat)
+                start = 0
+                reader = None
+                for src in order:
+                    got, k = counts[src], start
+                    start += got
+                    if headers[src][WORDS + 1]:
+                        adapter.copy(adapter.slice(out, k, k + got), adapter.from_frame(
+                            slots[src][at:at + got * itemsize], call.frame_dtype, got))
+                    elif readable:
+                        reader = reader or cma.Reader()
+                        where = (int(headers[src][PID]), int(headers[src][WORDS + 2]))
+                        read_range(reader, call, src, where, 0, address_of(adapter, out, k),
+                                   got * itemsize)
+                    else:
+                        theirs = Call(t, call.channel, call.seq, data.signature, call.dtype,
+                                      (got,), call.deadline)
+                        for a, b, chunk in recv_range(theirs, src, adapter, 0, got):
+                            adapter.copy(adapter.slice(out, k + a, k + b), chunk)
+                for ticket in tickets:
+                    wait_sent(call, ticket)
+                self.entry.leave(call)
+                if address and dsts:   # read out of this peer's memory: unchanged until done
+                    self.entry.await_readers(call, dsts)
+            finally:
+                self.entry.leave(call)
+        return out, counts
 
     def _patterns(self, at: int, n: int) -> list[np.ndarray]:
         """Every rank's pattern in its slot, by rank: (2, n) float64, its weights sent and
@@ -141,3 +231,33 @@ class OnHostNeighbors:
                      for j in range(n)]
             self._views = (arenas, at, n, views)
         return self._views[3]
+
+
+#: A rank's byte in a gathering peer's pattern (the start of its slot): it sends to that rank,
+#: it expects from it.
+_SENDS, _EXPECTS = 1, 2
+
+
+def _flags_bytes(n: int) -> int:
+    """Where a gathering peer's array starts in its slot: after its pattern (a byte per rank),
+    at a cache line."""
+    return -(-n // 64) * 64
+
+
+def _check_pairs(call: Call, among: list[int],
+                 relation: Callable[[int], tuple[bool, bool, bool, bool]]) -> None:
+    """The pattern of this peer pairs with each of ``among``'s, else the ValueError of a
+    pattern that does not pair, worded as the copying exchange's (pattern.py), naming both:
+    ``relation(p)`` says whether this peer expects data from p and sends to it, and whether
+    p sends to this peer and expects from it."""
+    r = call.transport.rank
+    problems: list[str] = []
+    for p in among:
+        expects, sends, p_sends, p_expects = relation(p)
+        if not (p_sends or p_expects):
+            problems.append(uninvolved(r, p, call.seq, expects, sends))
+        else:
+            problems += pair_problems(r, p, expects=expects, sends=sends, p_sends=p_sends,
+                                      p_expects=p_expects)
+    if problems:
+        raise ValueError(unpaired(call, problems))

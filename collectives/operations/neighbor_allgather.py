@@ -12,7 +12,14 @@ naming both ranks; a dtype or trailing shape that differs is a ProtocolError nam
 calls (they are part of the signature); a data message of another size than its count
 announced is a ProtocolError too.
 
-On one host, from READ_MIN_BYTES, a sender offers its array to be read instead (its count
+When every peer is on this host (and the shared-memory entry is mapped: choice.py's
+neighbors_in_slots), the call goes through the entry instead (OnHostNeighbors.allgather in
+algorithms/shm_neighbor.py): no message at all; each peer's pattern and array in its slot
+(an array that does not fit is read out of its owner's memory, or sent where peers cannot
+read each other), its count and whether it is in the slot in its header, and the pairing
+checked from the patterns with the same errors.
+
+Otherwise, on one host, from READ_MIN_BYTES, a sender offers its array to be read instead (its count
 message then also carries its pid and the array's address, and no data follows): the
 destination reads it straight out of the sender's memory (transport/cma.py) into its output,
 tells the sender it is done, and keeps what it read once the sender answers that every
@@ -24,10 +31,12 @@ differ in size need not agree.
 from __future__ import annotations
 
 import os
+import time
 from typing import Any
 
 import numpy as np
 
+from collectives.algorithms.choice import gather_may_use_slots, neighbors_in_slots
 from collectives.algorithms.neighbor import refuse
 from collectives.algorithms.p2p import Call, post_range, recv_range, wait_reached, wait_sent
 from collectives.algorithms.pattern import announce, check_pairing, plan_bits
@@ -35,6 +44,7 @@ from collectives.algorithms.shm_allreduce import on_host
 from collectives.algorithms.neighbor_direct import empty_chunk
 from collectives.algorithms.shm_direct import address_of, read_range
 from collectives.algorithms.shm_entry import count_shared
+from collectives.algorithms.shm_neighbor import SLOTS_SIGNATURE
 from collectives.arrays.adapter import adapter_for
 from collectives.engine import Engine
 from collectives.errors import ProtocolError
@@ -90,10 +100,22 @@ def neighbor_allgather(engine: Engine, x: Any, src_ranks, dst_ranks, wait: bool,
     # The dtype and trailing shape are in the signature: peers that differ in either meet
     # a call of another signature (ProtocolError naming both) at the count message.
     signature = f"neighbor_allgather({dtype}{list(rest)})"
+    slots = gather_may_use_slots(engine.on_host, engine.transport, adapter=adapter, dtype=dtype)
     offer = bool(dsts) and _offers_reads(engine, adapter, dtype, count, dsts)
     itemsize = dtype_itemsize(dtype)
-    seq = engine.next_seq()
+    seq = engine.next_seq("shm" if slots else "")
     result = [None]
+
+    def whole_rows(call: Call, counts: dict[int, int]) -> None:
+        for src, got in counts.items():
+            if got % row:   # its own x is whole rows: only a broken sender
+                raise ProtocolError(f"rank {r}: {call.describe()}: rank {src} announced "
+                                    f"{got} elements, not whole rows of {list(rest)}")
+
+    def through_entry(call: Call) -> None:
+        out, counts = engine.on_host.neighbors.allgather(call, adapter, flat, srcs, dsts, given)
+        whole_rows(call, counts)
+        result[0] = out.reshape((adapter.size(out) // row,) + rest)
 
     def run(call: Call) -> None:
         # The count message: the count, and where a destination may read the array (pid and
@@ -124,9 +146,7 @@ def neighbor_allgather(engine: Engine, x: Any, src_ranks, dst_ranks, wait: bool,
             counts[src] = int(note[0])
             if note[1]:
                 where[src] = (int(note[1]), int(note[2]))
-            if counts[src] % row:   # its own x is whole rows: only a broken sender
-                raise ProtocolError(f"rank {r}: {call.describe()}: rank {src} announced "
-                                    f"{counts[src]} elements, not whole rows of {list(rest)}")
+        whole_rows(call, counts)
         total = sum(counts.values())
         out = adapter.empty(total, dtype, flat)
         starts, at = {}, 0
@@ -158,10 +178,18 @@ def neighbor_allgather(engine: Engine, x: Any, src_ranks, dst_ranks, wait: bool,
         result[0] = out.reshape((total // row,) + rest)
 
     def body() -> Any:
-        # Even with no neighbours the call begins: a peer that names this one is answered
-        # "not involved" (transport/activity.py) instead of waiting out its timeout.
-        engine.execute(seq, signature, "int64", (_NOTE,), timeout, peers, run,
-                       neighbours=True)
+        deadline = time.monotonic() + (engine.timeout if timeout is None else timeout)
+        if slots and neighbors_in_slots(engine.on_host, engine.transport, seq, deadline,
+                                        operation="neighbor_allgather"):
+            # On one host, through the shared-memory entry (every peer enters it, with its
+            # own neighbours): no ZeroMQ message (OnHostNeighbors.allgather).
+            engine.execute(seq, signature + SLOTS_SIGNATURE, dtype, (1,), timeout, peers,
+                           through_entry, neighbours=True)
+        else:
+            # Even with no neighbours the call begins: a peer that names this one is answered
+            # "not involved" (transport/activity.py) instead of waiting out its timeout.
+            engine.execute(seq, signature, "int64", (_NOTE,), timeout, peers, run,
+                           neighbours=True)
         adapter.synchronize()
         return result[0]
     return engine.launch(f"{signature} seq {seq}", body, wait)

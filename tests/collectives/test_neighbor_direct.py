@@ -163,31 +163,51 @@ def test_a_block_is_overwritten_only_after_its_readers_read_it():
             assert results[0][1] > 0 and results[2][1] > 0, [a for _, a in results]
 
 
-def gathered(peer, read, dtype):
-    """neighbor_allgather on a ring with arrays of another size on every peer; ``read``:
-    the peers with 4 KiB or more (all but rank 0) offer theirs to be read."""
+def gathered(peer, way, dtype):
+    """neighbor_allgather on a ring with arrays of another size on every peer (rank r's 10 +
+    5000 r elements), one of the ways a peer on this host gets its sources' arrays:
+    "entry" (the default: through the shared-memory entry, each array in its owner's slot
+    where it fits, else read out of its owner's memory), "entry-sent" (the same where peers
+    cannot read each other: what does not fit a slot is sent), "offered" (the copying call,
+    the peers with 4 KiB or more, all but rank 0, offering theirs to be read: as across hosts
+    with neighbours on this one) and "sent" (the copying call, every array sent). Returns
+    what it got, the bytes counted towards its right neighbour and how many arrays it read
+    out of another's memory (what the others read of it, or it sent, is counted as sent)."""
+    from collectives.algorithms import shm_neighbor
     from collectives.operations import neighbor_allgather
-    neighbor_allgather.READ_MIN_BYTES = 4096 if read else 1 << 62
-    reads, real = [], neighbor_allgather._read
+    if way in ("offered", "sent"):
+        neighbor_allgather.gather_may_use_slots = lambda *args, **kwargs: False
+    neighbor_allgather.READ_MIN_BYTES = 4096 if way == "offered" else 1 << 62
+    reads = []
+    real_read, real_range = neighbor_allgather._read, shm_neighbor.read_range
 
     def counted(*args, **kwargs):
         reads.append(1)
-        return real(*args, **kwargs)
+        return real_read(*args, **kwargs)
+
+    def counted_range(*args, **kwargs):
+        reads.append(1)
+        return real_range(*args, **kwargs)
     neighbor_allgather._read = counted
+    shm_neighbor.read_range = counted_range
     peer.barrier()   # a shared-memory entry: every peer knows the others can be read
+    if way == "entry-sent":
+        peer.communicator.engine.on_host.entry.direct = False   # (alike on every peer)
     n, r = peer.world_size, peer.rank
     x = (np.arange(10 + 5000 * r, dtype=dtype) + 1000 * r).reshape(-1, 1)
     sent = peer.communicator.transport.counters[(r + 1) % n].bytes_sent
     got = peer.neighbor_allgather(x)
-    read_here = peer.communicator.transport.counters[(r + 1) % n].bytes_sent - sent
-    return got, read_here, len(reads)
+    moved = peer.communicator.transport.counters[(r + 1) % n].bytes_sent - sent
+    slot = peer.communicator.engine.on_host.entry.data_bytes
+    return got, moved, len(reads), slot
 
 
 # float32 as well as float64: the reads were sized by the count message's int64 until
 # 2026-12-07, so a float32 array was read twice its length, past both arrays' ends (wrong
 # values, EFAULT, or the reader's heap overrun); float64's 8 bytes hid it.
 @pytest.mark.parametrize("dtype", ["float64", "float32", "int16"])
-def test_neighbor_allgather_reads_the_arrays_offered_and_gets_what_sending_gets(dtype):
+@pytest.mark.parametrize("way", ["entry", "entry-sent", "offered", "sent"])
+def test_neighbor_allgather_gets_every_source_whichever_way_it_travels(way, dtype):
     n = 4
     want = []
     for r in range(n):
@@ -195,16 +215,21 @@ def test_neighbor_allgather_reads_the_arrays_offered_and_gets_what_sending_gets(
                  for s in sorted({(r - 1) % n, (r + 1) % n})]
         want.append(np.concatenate(parts).reshape(-1, 1))
     itemsize = np.dtype(dtype).itemsize
-    for read in (True, False):
-        results = spawn(gathered, n=n, timeout=120, args=(read, dtype))
-        for r, (got, counted, reads) in enumerate(results):
-            assert got.dtype == want[r].dtype and np.array_equal(got, want[r]), (read, r)
-            # ranks 1-3 offer their arrays when ``read``; rank 0's is too small
-            offered = sum(1 for s in {(r - 1) % n, (r + 1) % n} if s != 0)
-            assert reads == (offered if read else 0), (read, r, reads)
-            # read or sent, counted at the array's size (the reads' count was doubled too)
-            assert (10 + 5000 * r) * itemsize <= counted <= (10 + 5000 * r) * itemsize \
-                + 1024, (read, r, counted)
+    results = spawn(gathered, n=n, timeout=120, args=(way, dtype))
+    for r, (got, moved, reads, slot) in enumerate(results):
+        assert got.dtype == want[r].dtype and np.array_equal(got, want[r]), (way, r)
+        sources = {(r - 1) % n, (r + 1) % n}
+        if way == "entry":   # the sources whose array is larger than a slot are read
+            expected = sum(1 for s in sources if 64 + (10 + 5000 * s) * itemsize > slot)
+        elif way == "offered":   # ranks 1-3 offer their arrays; rank 0's is too small
+            expected = sum(1 for s in sources if s != 0)
+        else:
+            expected = 0
+        assert reads == expected, (way, r, reads, expected)
+        # read, copied out of a slot or sent: counted once, at the array's size (the reads'
+        # count was doubled once)
+        assert (10 + 5000 * r) * itemsize <= moved <= (10 + 5000 * r) * itemsize + 1024, \
+            (way, r, moved)
 
 
 def two_at_once(peer):

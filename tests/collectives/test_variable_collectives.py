@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from gossip.testing import spawn
+from gossip.testing import spawn, wait_until
 
 
 def send_counts_of(r: int, n: int) -> list[int]:
@@ -264,9 +264,18 @@ def test_neighbor_allgather_follows_the_order_the_sources_are_named_in(rows):
         assert named_twice == [float(srcs[1]), float(srcs[0]), float(srcs[2])], (r, named_twice)
 
 
-def neighbor_gather_unpaired(peer, case):
+def neighbor_gather_unpaired(peer, case, entry):
+    """``entry``: a barrier first maps the shared-memory entry, and the call goes through it
+    (OnHostNeighbors.allgather); else the copying call. "late": rank 0 calls only once rank
+    1, whose call names nobody, has gone on to its next call (its slot holds that call's)."""
     import gossip
     r = peer.rank
+    if entry:
+        peer.barrier()
+    if entry == "late" and r == 0:
+        from types import SimpleNamespace
+        shm = peer.communicator.engine.on_host.entry
+        wait_until(lambda: shm.moved_on(SimpleNamespace(seq=1), 1), 30, what="rank 1 on")
     if case == "one-sided":     # both send to each other; rank 0 expects nothing back
         srcs, dsts = ([] if r == 0 else [0]), [1 - r]
     else:                       # rank 0 expects rank 1's array; rank 1's call names nobody
@@ -278,21 +287,32 @@ def neighbor_gather_unpaired(peer, case):
         first = type(exc).__name__, str(exc)
     # The group stays usable; and a peer whose call completed stays until the other has
     # its answer (else that one could find it closed instead: PeerLost, not the refusal).
-    assert peer.allreduce(np.ones(1)).tolist() == [2.0]
+    # (64 elements: on one host through the entry, which "late" waits to see rank 1 enter.)
+    assert peer.allreduce(np.ones(64)).tolist() == [2.0] * 64
     return first
 
 
-def test_neighbor_allgather_a_send_nobody_expects_raises_on_both_ends():
-    results = spawn(neighbor_gather_unpaired, n=2, timeout=60, args=("one-sided",))
+@pytest.mark.parametrize("entry", [False, True], ids=["copying", "entry"])
+def test_neighbor_allgather_a_send_nobody_expects_raises_on_both_ends(entry):
+    results = spawn(neighbor_gather_unpaired, n=2, timeout=60, args=("one-sided", entry))
     assert all(res is not None and res[0] == "ValueError" for res in results), results
     assert all("rank 1 plans to send to rank 0" in res[1] for res in results), results
+    assert all(("+slots" in res[1]) == entry for res in results), results
 
 
-def test_neighbor_allgather_naming_a_peer_whose_call_does_not_name_it_raises_there():
-    # As neighbor_allreduce: rank 1's own call (no neighbours) is complete and right.
-    results = spawn(neighbor_gather_unpaired, n=2, timeout=60, args=("stranger",))
-    assert results[0] is not None and results[0][0] == "ValueError", results
-    assert "rank 1's call at sequence 0 does not involve rank 0" in results[0][1], results
+@pytest.mark.parametrize("entry", [False, True, "late"], ids=["copying", "entry", "late"])
+def test_neighbor_allgather_naming_a_peer_whose_call_does_not_name_it_raises_there(entry):
+    # As neighbor_allreduce: rank 1's own call (no neighbours) is complete and right. Through
+    # the entry rank 1 goes on to its next call without waiting for rank 0: whether rank 0
+    # reads rank 1's slot before or after, the error is the same.
+    for _ in range(3 if entry is True else 1):
+        results = spawn(neighbor_gather_unpaired, n=2, timeout=60, args=("stranger", entry))
+        assert results[0] is not None and results[0][0] == "ValueError", results
+        assert f"rank 1's call at sequence {int(bool(entry))} does not involve rank 0" \
+            in results[0][1], results
+        # (Through the entry rank 1 never waits for rank 0; the copying call may still be
+        # told of rank 0's refusal.)
+        assert results[1] is None or not entry, results
 
 
 def coalesced(peer):
