@@ -215,11 +215,22 @@ class OnHostNeighbors:
                             adapter.copy(adapter.slice(out, k + a, k + b), chunk)
                 for ticket in tickets:
                     wait_sent(call, ticket)
+            except BaseException:
                 self.entry.leave(call)
-                if address and dsts:   # read out of this peer's memory: unchanged until done
-                    self.entry.await_readers(call, dsts)
+                if address and dsts and self.entry.published == call.seq:
+                    # Its address went out, and a destination paired with this peer may be
+                    # reading its array though this peer failed (another pair's pattern, say):
+                    # the array stays as it is until it is done, as far as the call's deadline
+                    # allows, so no reader gets a torn one; the failure is what is raised.
+                    try:
+                        self.entry.await_readers(call, dsts)
+                    except Exception:
+                        pass
+                raise
             finally:
                 self.entry.leave(call)
+            if address and dsts:   # read out of this peer's memory: unchanged until done
+                self.entry.await_readers(call, dsts)
         return out, counts
 
     def _patterns(self, at: int, n: int) -> list[np.ndarray]:

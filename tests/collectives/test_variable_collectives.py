@@ -361,3 +361,29 @@ def test_lists_of_other_sizes_raise_on_every_peer():
     results = spawn(coalesced_other_layouts, n=2, timeout=60)
     assert all(res is not None and res[0] == "ProtocolError" for res in results), results
     assert all("arrays=[3,2]" in res[1] and "arrays=[2,3]" in res[1] for res in results)
+
+
+def gather_fails_while_read(peer):
+    """Rank 0 offers a 32 MiB array to rank 1, which reads it out of rank 0's memory, but
+    names rank 2 as a source, whose call names nobody: rank 0 raises (the pattern) and at once
+    overwrites its array. Rank 1, paired with rank 0, must get rank 0's array whole or an
+    error, never a mix of the two."""
+    import gossip
+    r = peer.rank
+    peer.barrier()   # the entry mapped: the call goes through it
+    x = np.full(8 << 20, float(r + 1), dtype=np.float32)
+    srcs, dsts = {0: ([2], [1]), 1: ([0], []), 2: ([], [])}[r]
+    try:
+        got = peer.communicator.neighbor_allgather(x, srcs, dsts, timeout=30)
+    except (gossip.GossipError, ValueError) as exc:
+        x[:] = -1.0   # what a caller may do with its array once the call returned
+        return type(exc).__name__, None
+    return "ok", (sorted(set(got.tolist())), got.size) if got.size else None
+
+
+def test_a_gather_that_fails_leaves_its_array_as_it_was_until_its_readers_are_done():
+    for _ in range(3):
+        results = spawn(gather_fails_while_read, n=3, timeout=90)
+        assert results[0] == ("ValueError", None), results
+        kind, seen = results[1]
+        assert kind != "ok" or seen == ([1.0], 8 << 20), results   # whole, or an error
