@@ -4,8 +4,9 @@ peers' calls meet in the same mailbox, with blocking and non-blocking twins.
 Each collective call takes the next sequence number *in the calling thread*, so peers that call
 the same operations in the same order agree on mailboxes even when the operations run
 concurrently. ``wait=False`` queues the operation on the communicator's worker thread and
-returns a Work handle; a blocking call runs in the caller's thread. A barrier first waits for
-this peer's earlier operations, so it implies they finished everywhere.
+returns a Work handle; a blocking call runs in the caller's thread. A barrier also waits for
+this peer's earlier operations (not raising their errors: their Works do), so it implies they
+finished everywhere.
 
 When an operation fails on one peer (a lost peer, a mismatched call), that peer tells the others
 in the operation (ABORT), so they raise at once instead of waiting out their timeout.
@@ -42,7 +43,7 @@ from collectives.arrays.adapter import ArrayAdapter, check_reduce_op
 from collectives.arrays.interface import Array
 from collectives.codecs.catalog import CodecSpec, parse
 from collectives.engine import Engine
-from collectives.errors import UnsupportedDtype
+from collectives.errors import OperationTimeout, UnsupportedDtype
 from collectives.neighbor_plan import NeighborPlan
 from collectives.operations import rooted
 from collectives.operations.allgatherv import allgather_variable
@@ -239,7 +240,10 @@ class Communicator:
             segs = segments(size, n)
             signature = f"reduce_scatter({op})"
         else:
-            segs = segments_of_counts(counts, size, n, r, "reduce_scatter")
+            try:   # (against this peer's own x: the others cannot see it)
+                segs = segments_of_counts(counts, size, n, r, "reduce_scatter")
+            except ValueError as exc:
+                self.engine.refuse(exc, f"reduce_scatter({op})")
             signature = f"reduce_scatter({op},counts={counts_digest([b - a for a, b in segs])})"
         copies = choice.on_host_copies(self._on_host, self.transport, adapter, dtype,
                                        size * dtype_itemsize(dtype))
@@ -297,7 +301,8 @@ class Communicator:
         ``out`` if given). ``variable=True`` (MPI's Allgatherv): sizes may differ; returns a
         list of n flat arrays, views into one buffer: ``out`` if given (of the sum of the
         peers' sizes; one that is not is a ProtocolError on every peer, before any data
-        moves), else a new one."""
+        moves; contiguous or one-dimensional, else a ValueError, the call refused on every
+        peer), else a new one."""
         if variable:
             return allgather_variable(self.engine, x, out, wait, timeout)
         stage = Staging()
@@ -310,8 +315,7 @@ class Communicator:
             nccl.allgather(flat, gathered, count, dtype)
             return self.engine.done(gathered.reshape((n,) + tuple(x.shape)), "allgather(nccl)",
                                     wait)
-        # Checked before the call takes a sequence number: a refused out= leaves this peer
-        # in step with the others (their next call meets this peer's next call).
+        # A refused out= fails a call of its own on every peer (Engine.refuse).
         if out is None:
             out = adapter.empty(n * count, dtype, flat)
             out = out.reshape((n,) + tuple(x.shape))
@@ -614,8 +618,11 @@ class Communicator:
                            compression: CodecSpec = None) -> Array | Work:
         """x <- self_weight * x + sum_j src_weights[j] * x_j, sending x to ``dst_ranks``:
         neighbor_exchange with the NeighborPlan of these arguments (see there)."""
-        plan = NeighborPlan(self_weight, src_weights, dst_ranks, dst_weights, partial,
-                            check_pattern, compression)
+        try:
+            plan = NeighborPlan(self_weight, src_weights, dst_ranks, dst_weights, partial,
+                                check_pattern, compression)
+        except ValueError as exc:   # (the plan's own checks: the caller's arguments)
+            raise ValueError(f"rank {self.rank}: neighbor_allreduce: {exc}") from None
         return self.neighbor_exchange(x, plan, scratch=scratch, out=out, wait=wait,
                                       timeout=timeout)
 
@@ -639,17 +646,37 @@ class Communicator:
         axis, in the order ``src_ranks`` names them (BlueFog's; operations/neighbor_allgather.py)."""
         return neighbor_allgather(self.engine, x, src_ranks, dst_ranks, wait, timeout)
 
-    def barrier(self, timeout: float | None = None) -> None:
+    def barrier(self, timeout: float | None = None, *, wait: bool = True) -> Work | None:
         """Return once every peer has entered the barrier, and this peer's earlier
-        non-blocking operations have finished."""
-        last = self.engine.last()
-        if last is not None:
-            last.wait(self.timeout if timeout is None else timeout)
+        non-blocking operations have finished (whatever their outcome: an error of theirs is
+        their Work's to raise, not the barrier's). ``wait=False`` (MPI's Ibarrier): a Work at
+        once, done once the barrier is, run after the earlier non-blocking operations.
+        OperationTimeout, on every peer, if an earlier operation of this peer or a peer's
+        arrival takes past ``timeout``."""
         name, algo = choice.barrier_algorithm(self._on_host, self.transport)
+        # (wait=False: the worker thread runs the barrier after them anyway)
+        last = self.engine.last() if wait else None
         seq = self.engine.next_seq(name)
-        if self.world_size > 1:
-            self.engine.execute(seq, f"barrier({name})", "uint8", choice.BARRIER_SHAPE, timeout,
-                          self.engine.peers, algo)
+        limit = self.timeout if timeout is None else timeout
+
+        def finished(deadline: float) -> None:
+            # The barrier's number is taken: a wait that runs out fails the barrier (on every
+            # peer, as any of its failures), never leaves this peer a number behind.
+            if last is not None and not last.join(max(0.0, deadline - time.monotonic())):
+                raise OperationTimeout(f"rank {self.rank}: barrier: this peer's earlier "
+                                       f"{last.description} did not finish within {limit:g}s")
+
+        def run(call: Call) -> None:
+            finished(call.deadline)
+            algo(call)
+
+        def body() -> None:
+            if self.world_size > 1:
+                self.engine.execute(seq, f"barrier({name})", "uint8", choice.BARRIER_SHAPE,
+                                    timeout, self.engine.peers, run)
+            else:
+                finished(time.monotonic() + limit)
+        return self.engine.launch(f"barrier({name}) seq {seq}", body, wait)
 
     # ------------------------------------------------------------------ the ring's order
     def measure_links(self, nbytes: int = 4 << 20, *, repeats: int = 2,

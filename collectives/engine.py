@@ -25,7 +25,7 @@ from __future__ import annotations
 import itertools
 import threading
 import time
-from typing import Any, Callable
+from typing import Any, Callable, NoReturn
 
 from collectives import defaults
 from collectives.algorithms.choice import OnHost
@@ -128,15 +128,20 @@ class Engine:
             return result
         except BaseException as exc:
             failed = exc
-            if not isinstance(exc, GossipError):
+            if not isinstance(exc, Exception):   # (KeyboardInterrupt, SystemExit)
                 raise
             lost = exc.rank if isinstance(exc, PeerLost) else None
             late = exc.rank if isinstance(exc, OperationTimeout) else None
             if isinstance(exc, OperationTimeout):
                 # What this peer did last, for the operator (flight_recorder.py).
                 events.warning("%s", transport.recorder.describe())
-            transport.abort(peers, self.channel, seq, str(exc), lost_rank=lost,
-                            late_rank=late, view_change=isinstance(exc, ViewChanging))
+            # Whatever failed here (a check of this peer's own, a reduction its arrays' type
+            # cannot do, a bug), the peers hear of it now instead of waiting out the timeout.
+            transport.abort(peers, self.channel, seq,
+                            str(exc) if isinstance(exc, GossipError)
+                            else f"{type(exc).__name__}: {exc}",
+                            lost_rank=lost, late_rank=late,
+                            view_change=isinstance(exc, ViewChanging))
             raise
         finally:
             transport.recorder.end(record, failed)
@@ -159,20 +164,34 @@ class Engine:
         with self._lock:
             self._buffer_pool.setdefault(key, []).append(buffers)
 
+    def refuse(self, error: Exception, signature: str) -> NoReturn:
+        """Raise ``error``, a check of this peer's own arguments that the others cannot see
+        (a root's buffer, this peer's part against the counts, its out=), after failing a
+        call of its own sequence number with it: the peers, in their call of that number,
+        hear of it at once (its abort, naming this rank and the error) instead of waiting
+        out their timeout, and every peer's next call has the same number, so the group
+        stays in step. ``signature``: the refused call, as the flight recorder names it."""
+        seq = self.next_seq()
+        if self.world_size > 1:
+            def fail(call: Call) -> None:
+                raise error
+            self.execute(seq, signature, "uint8", (0,), None, self.peers, fail)
+        raise error
+
     def out_like(self, adapter: ArrayAdapter, dtype: str, count: int, out: Any, what: str,
                  needs: str, stage: Staging | None = None) -> Any:
         """The flat view of a caller's ``out``, which must be of x's family and dtype, with
-        ``count`` elements and writable (else TypeError/ValueError, before any sequence
-        number is taken); through a stand-in of ``stage`` if not contiguous. A different
-        dtype of the same itemsize would otherwise be filled with the bytes of another type,
-        silently."""
+        ``count`` elements and writable, else ValueError, refused as a call of its own
+        (``refuse``: the peers, in their ``what`` call, raise too); through a stand-in of
+        ``stage`` if not contiguous. A different dtype of the same itemsize would otherwise
+        be filled with the bytes of another type, silently."""
         out_adapter, out_flat, out_dtype = (stage.flat(out) if stage is not None
                                             else flat_of(out))
         got = out_adapter.size(out_flat)
         if out_adapter.kind != adapter.kind or out_dtype != dtype or got != count:
-            raise ValueError(f"rank {self.rank}: {what}: out must be a {adapter.kind} array "
-                             f"of {count} {dtype} elements ({needs}), got {out_adapter.kind} "
-                             f"{out_dtype} of {got}")
+            self.refuse(ValueError(f"rank {self.rank}: {what}: out must be a {adapter.kind} "
+                                   f"array of {count} {dtype} elements ({needs}), got "
+                                   f"{out_adapter.kind} {out_dtype} of {got}"), what)
         return out_flat
 
     def close(self, timeout: float = defaults.CLOSE_TIMEOUT) -> None:

@@ -26,8 +26,8 @@ __all__ = ["NeighborPlan"]
 class NeighborPlan:
     """``x <- self_weight x + sum_j src_weights[j] x_j``, sending ``x`` to ``dst_ranks`` (each
     copy scaled by ``dst_weights[dst]`` if given: push-sum). Normalised when made: the
-    weights are floats by int rank, ``dst_ranks`` a sorted tuple of distinct ranks (any
-    iterable of ranks will do), ``compression`` a Codec or None (a codec name will do)."""
+    weights are floats by int rank, ``dst_ranks`` a sorted tuple of ranks (any iterable of
+    distinct ranks will do: one named twice is a ValueError), ``compression`` a Codec or None (a codec name will do)."""
 
     #: This peer's own weight.
     self_weight: float
@@ -52,7 +52,13 @@ class NeighborPlan:
         put = object.__setattr__   # (frozen: the normalised values are set once, here)
         put(self, "self_weight", float(self_weight))
         put(self, "src_weights", {int(k): float(v) for k, v in src_weights.items()})
-        put(self, "dst_ranks", tuple(sorted(set(int(d) for d in dst_ranks))))
+        ranks = [int(d) for d in dst_ranks]
+        if len(set(ranks)) != len(ranks):   # (BlueFog refuses them too: a caller's slip)
+            twice = sorted({d for d in ranks if ranks.count(d) > 1})
+            raise ValueError(f"dst_ranks names rank{'s' if len(twice) > 1 else ''} "
+                             f"{', '.join(map(str, twice))} more than once: each "
+                             f"destination gets the array once")
+        put(self, "dst_ranks", tuple(sorted(ranks)))
         put(self, "dst_weights", None)
         if dst_weights is not None:
             scales = {int(k): float(v) for k, v in dst_weights.items()}

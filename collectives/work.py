@@ -48,6 +48,11 @@ class Work:
             raise self._error
         return self._result
 
+    def join(self, timeout: float | None = None) -> bool:
+        """Block until the operation finished, whatever its outcome (its result or error stays
+        for ``wait``); False if ``timeout`` seconds passed first."""
+        return self._event.wait(timeout)
+
     def add_done_callback(self, fn: Callable[["Work"], None]) -> None:
         """Call ``fn(work)`` once the operation finished (at once if it has), in the thread
         that finished it: keep it short (it delays the next operation). An error it raises is

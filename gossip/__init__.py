@@ -20,6 +20,7 @@ from gossip.peer import Peer
 from gossip.runtime import init
 from gossip import policies
 from gossip.optim import DistributedOptimizer, broadcast_parameters
+from gossip.optimizer_state import broadcast_optimizer_state
 from gossip.sampler import ElasticSampler
 from gossip.snapshot import Snapshot, SnapshotReceiver
 from gossip.checkpoint import load_checkpoint, save_checkpoint
@@ -34,7 +35,8 @@ _register_when_torch_loads()
 
 __all__ = [
     "init", "Peer",
-    "policies", "DistributedOptimizer", "broadcast_parameters", "ElasticSampler",
+    "policies", "DistributedOptimizer", "broadcast_parameters", "broadcast_optimizer_state",
+    "ElasticSampler",
     "GossipError", "PeerLost", "OperationTimeout", "RendezvousError", "ProtocolError",
     "AuthenticationError", "TopologyError", "ExchangeIncomplete", "UnsupportedDtype",
     "Snapshot", "SnapshotReceiver", "save_checkpoint", "load_checkpoint",

@@ -17,6 +17,7 @@ you got from ``gossip.init()``. torch is imported lazily, so ``import gossip`` s
 from __future__ import annotations
 
 import logging
+from collections import Counter
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Protocol, TypeVar
 
 import numpy as np
@@ -40,7 +41,8 @@ class OptimizerPeer(PolicyHost, Protocol):
         """True from a join until its first step of its own (Peer.entering)."""
         ...
 
-__all__ = ["DistributedOptimizer", "OptimizerPeer", "broadcast_parameters", "POLICY_STATE_KEY"]
+__all__ = ["DistributedOptimizer", "OptimizerPeer", "broadcast_parameters", "require_peer",
+           "POLICY_STATE_KEY"]
 
 #: Key under which DistributedOptimizer.state_dict() keeps the policy's own state.
 POLICY_STATE_KEY = "gossip_policy"
@@ -48,7 +50,7 @@ POLICY_STATE_KEY = "gossip_policy"
 log = logging.getLogger("gossip")
 
 
-def _require_peer(peer: OptimizerPeer | None, what: str) -> OptimizerPeer:
+def require_peer(peer: OptimizerPeer | None, what: str) -> OptimizerPeer:
     if peer is None:
         raise ValueError(f"{what} needs peer=...: pass the Peer from gossip.init() (there is no "
                          "module-level default peer, so two groups can share a process)")
@@ -57,6 +59,26 @@ def _require_peer(peer: OptimizerPeer | None, what: str) -> OptimizerPeer:
             raise TypeError(f"peer must be a gossip.Peer (from gossip.init()), got "
                             f"{type(peer).__name__}")
     return peer
+
+
+def _names_of(params: list, named: list) -> list[str]:
+    """Each of the optimizer's ``params``' name in ``named`` ((name, parameter) pairs, as
+    model.named_parameters() gives them), else ValueError, as Horovod refuses them: an item
+    that is not a pair, a name given twice, or a parameter of the optimizer left unnamed."""
+    if any(not isinstance(item, tuple) or len(item) != 2 for item in named):
+        raise ValueError("named_parameters must be (name, parameter) pairs, as "
+                         "model.named_parameters() gives them")
+    twice = sorted(name for name, k in Counter(str(n) for n, _ in named).items() if k > 1)
+    if twice:
+        raise ValueError(f"named_parameters names {', '.join(twice)} more than once: "
+                         f"parameter names must be unique")
+    by_id = {id(p): str(n) for n, p in named}
+    unnamed = [i for i, p in enumerate(params) if id(p) not in by_id]
+    if unnamed:
+        raise ValueError(f"named_parameters leaves {len(unnamed)} of the optimizer's "
+                         f"{len(params)} parameters unnamed (positions {unnamed[:8]} in "
+                         f"param_groups order): pass every parameter, or none")
+    return [by_id[id(p)] for p in params]
 
 
 class DistributedOptimizer:
@@ -111,8 +133,7 @@ class DistributedOptimizer:
                     else:
                         names = None
         if named_parameters is not None:   # Horovod's habit: model.named_parameters()
-            by_id = {id(p): str(n) for n, p in named_parameters}
-            names = [by_id.get(id(p), f"#{i}") for i, p in enumerate(params)]
+            names = _names_of(params, list(named_parameters))
         if policy.attached:
             attached = policy.arrays
             if peer is not None and peer is not policy.peer:
@@ -124,7 +145,7 @@ class DistributedOptimizer:
             # Before attach: a joining peer takes the running job's state there, and the
             # optimizer's state (momentum, moments) must come with the parameters.
             policy.transfer_optimizer = optimizer
-            policy.attach(_require_peer(peer, "DistributedOptimizer"), params, names=names)
+            policy.attach(require_peer(peer, "DistributedOptimizer"), params, names=names)
         policy.transfer_optimizer = optimizer
         self.optimizer = optimizer
         self.policy = policy
@@ -224,16 +245,19 @@ def _tensors_of(obj: Any) -> list:
         return list(obj.values())  # a state dict
     if is_torch_tensor(obj) or isinstance(obj, np.ndarray):
         return [obj]
-    if isinstance(obj, Iterable):
-        return list(obj)
+    if isinstance(obj, Iterable):   # tensors, or (name, tensor) pairs: named_parameters()
+        return [item[1] if isinstance(item, tuple) and len(item) == 2 else item
+                for item in obj]
     raise TypeError(f"broadcast_parameters takes a torch module, a state dict, or a list of "
-                    f"tensors or arrays, got {type(obj).__name__}")
+                    f"tensors or arrays (or of (name, tensor) pairs), got "
+                    f"{type(obj).__name__}")
 
 
 def broadcast_parameters(model_or_params: Iterable[Array] | ParameterSource, root: int = 0, *,
                          peer: OptimizerPeer | None = None) -> None:
     """Copy ``root``'s parameters (and a module's buffers) to every peer, in place, so
-    training starts from the same weights everywhere. A collective: every peer calls it with
+    training starts from the same weights everywhere: a module, its ``state_dict()``, or a
+    list of tensors or of (name, tensor) pairs (``named_parameters()``, as Horovod takes). A collective: every peer calls it with
     the same model. Tensors are packed per (dtype, device) into one flat buffer and sent in
     one broadcast each (a one-time allocation of the model's size).
 
@@ -242,7 +266,7 @@ def broadcast_parameters(model_or_params: Iterable[Array] | ParameterSource, roo
     step): the members made this collective at their start, long ago, and the joiner's
     parameters come with the state it takes when its policy attaches (before or after this
     call), so the same script serves both. A log line says so."""
-    peer = _require_peer(peer, "broadcast_parameters")
+    peer = require_peer(peer, "broadcast_parameters")
     if peer.entering:
         log.info("rank %d: broadcast_parameters skipped: this peer joined a running job; its "
                  "parameters come with the state it takes when its policy attaches", peer.rank)

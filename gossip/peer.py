@@ -20,6 +20,7 @@ from collectives.transport import channel_pair
 from collectives.transport.transport import Transport
 from gossip.membership import MembershipParticipant, PeerMembership
 from gossip import stacks
+from gossip.objects import allgather_object, broadcast_object
 from gossip.status.reporter import StatusReporter
 from gossip.policies.base.concurrency import REAL_CONCURRENCY, Concurrency
 from gossip.policies.neighborhood import live_mixing_round, resize_topology
@@ -246,7 +247,7 @@ class Peer:
                   ) -> Array | list[Array] | Work:
         """Every peer's ``x`` in rank order: shape (n, *x.shape) (into ``out`` if given);
         ``variable=True``: sizes may differ, a list of arrays (views into ``out`` if given,
-        of the sum of the sizes). Errors as allreduce."""
+        of the sum of the sizes, contiguous or one-dimensional). Errors as allreduce."""
         return self._comm.allgather(x, out=out, variable=variable, wait=wait, timeout=timeout)
 
     @overload
@@ -266,6 +267,19 @@ class Peer:
         """Overwrite ``x`` on every peer with ``root``'s, in place; returns ``x`` (a Work
         handle with ``wait=False``). Errors as allreduce, on the root too."""
         return self._comm.broadcast(x, root, wait=wait, timeout=timeout)
+
+    def broadcast_object(self, obj: Any, root: int = 0, *,
+                         timeout: float | None = None) -> Any:
+        """``root``'s plain Python value (None, numbers, strings, bytes, lists, tuples,
+        dicts) on every peer, as Horovod's ``broadcast_object``, but never pickled: msgpack
+        (gossip.objects). Root gets its own back; TypeError on every peer if it is not plain
+        values."""
+        return broadcast_object(self, obj, root, timeout=timeout)
+
+    def allgather_object(self, obj: Any, *, timeout: float | None = None) -> list[Any]:
+        """Every peer's plain Python value, in rank order, as Horovod's
+        ``allgather_object`` (never pickled: gossip.objects)."""
+        return allgather_object(self, obj, timeout=timeout)
 
     @overload
     def reduce(self, x: Array, root: int = 0, op: str = "sum", *, wait: Literal[True] = True,
@@ -393,11 +407,19 @@ class Peer:
                                              self.topology.out_neighbors(self.rank, step),
                                              wait=wait, timeout=timeout)
 
-    def barrier(self, timeout: float | None = None) -> None:
+    @overload
+    def barrier(self, timeout: float | None = None, *,
+                wait: Literal[True] = True) -> None: ...
+
+    @overload
+    def barrier(self, timeout: float | None = None, *, wait: Literal[False]) -> Work: ...
+
+    def barrier(self, timeout: float | None = None, *, wait: bool = True) -> Work | None:
         """Return once every peer has entered the barrier and this peer's earlier
-        non-blocking operations have finished; PeerLost or OperationTimeout naming the peer
-        that never came."""
-        self._comm.barrier(timeout)
+        non-blocking operations have finished (an error of theirs stays theirs, raised by
+        their Work's ``wait``); PeerLost or OperationTimeout naming the peer that never came.
+        ``wait=False`` (MPI's Ibarrier): a Work at once, done with the barrier."""
+        return self._comm.barrier(timeout, wait=wait)
 
     def order_ring(self, nbytes: int = 4 << 20, *, repeats: int = 2,
                    margin: float = DEFAULT_MARGIN, timeout: float | None = None) -> list[int]:
@@ -499,11 +521,14 @@ class Peer:
         them; ``check_pattern``, ``compression``: see Communicator.neighbor_exchange. The
         arguments make a NeighborPlan (neighbor_exchange).
 
-        Defaults as BlueFog's ``neighbor_allreduce``: without ``self_weight`` and
-        ``src_weights`` (give both or neither), the topology's mixing weights at step 0 over
-        the live neighbourhood, as ``neighbor_average``; without ``dst_ranks``, the keys of
-        ``dst_weights`` (which may also be a plain list of ranks, each sent ``x`` itself), else
-        the topology's live out-neighbours."""
+        Defaults as BlueFog's ``neighbor_allreduce`` on a weighted topology: without
+        ``self_weight`` and ``src_weights`` (give both or neither), the topology's mixing
+        weights at step 0 over the live neighbourhood, as ``neighbor_average`` (Metropolis
+        weights unless the topology was given others; BlueFog's unweighted default,
+        ``1 / (in-degree + 1)`` each, is the same on regular graphs such as the ring, torus
+        and exponential graph, and ``weights="uniform"`` on an irregular one); without
+        ``dst_ranks``, the keys of ``dst_weights`` (which may also be a plain list of
+        distinct ranks, each sent ``x`` itself), else the topology's live out-neighbours."""
         if (self_weight is None) != (src_weights is None):
             raise ValueError(f"rank {self.rank}: neighbor_allreduce: give self_weight and "
                              "src_weights together, or neither for the topology's weights")
@@ -517,8 +542,11 @@ class Peer:
         if dst_ranks is None:
             dst_ranks = (list(dst_weights) if dst_weights is not None else
                          [j for j in self.topology.out_neighbors(self.rank, 0) if j not in lost])
-        plan = NeighborPlan(self_weight, src_weights, dst_ranks, dst_weights, partial,
-                            check_pattern, compression)
+        try:
+            plan = NeighborPlan(self_weight, src_weights, dst_ranks, dst_weights, partial,
+                                check_pattern, compression)
+        except ValueError as exc:   # (the plan's own checks: the caller's arguments)
+            raise ValueError(f"rank {self.rank}: neighbor_allreduce: {exc}") from None
         return self.neighbor_exchange(x, plan, scratch=scratch, out=out, wait=wait,
                                       timeout=timeout)
 

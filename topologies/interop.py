@@ -21,7 +21,9 @@ def from_networkx(graph: Any, *, weights: str | None = None) -> CustomTopology:
     """A static topology from a networkx graph (DiGraph -> directed).
 
     Nodes 0..n-1 keep their numbers; any other node labels are relabelled 0..n-1 in sorted
-    order. Edge attributes are ignored: to supply your own weights, build the matrix with
+    order. Self-loops are taken as what every peer does anyway, keep a share of its own
+    value (BlueFog's graphs have one on every node, for its self weight), and add no edge.
+    Edge attributes are ignored: to supply your own weights, build the matrix with
     networkx.to_numpy_array and use from_matrix.
     """
     nx = require_networkx()
@@ -49,5 +51,5 @@ def from_networkx(graph: Any, *, weights: str | None = None) -> CustomTopology:
                 "them; relabel with networkx.convert_node_labels_to_integers(g) first"
             ) from None
         index = {v: i for i, v in enumerate(ordered)}
-    edges = [(index[a], index[b]) for a, b in graph.edges()]
+    edges = [(index[a], index[b]) for a, b in graph.edges() if a != b]
     return from_edges(n, edges, directed=graph.is_directed(), weights=weights)

@@ -8,6 +8,7 @@ the others, so all peers end with bitwise-identical arrays.
 """
 from __future__ import annotations
 
+import operator
 import zlib
 from typing import Any
 
@@ -29,8 +30,8 @@ def segments_of_counts(counts: Any, size: int | None, n: int, rank: int,
     """Per-peer [lo, hi) runs of ``counts`` (n non-negative ints adding up to ``size`` unless
     it is None; MPI's recvcounts), else ValueError naming ``what``, before the call takes a
     sequence number."""
-    try:
-        values = [int(c) for c in counts]
+    try:   # (integers only: int(1.7) would cut a float count short, silently)
+        values = [operator.index(c) for c in counts]
     except (TypeError, ValueError):
         raise ValueError(f"rank {rank}: {what} counts must be {n} integers, got "
                          f"{counts!r}") from None

@@ -179,6 +179,7 @@ class OnHostNeighbors:
         data = Call(t, call.channel, call.seq, call.signature + "[data]", call.dtype, (count,),
                     call.deadline)
         tickets = []
+        done = False
         with self.order.turn(call):
             try:
                 headers = self.entry.enter(call, 0, (count, int(in_slot), address),
@@ -215,22 +216,20 @@ class OnHostNeighbors:
                             adapter.copy(adapter.slice(out, k + a, k + b), chunk)
                 for ticket in tickets:
                     wait_sent(call, ticket)
-            except BaseException:
+                done = True
+            finally:
                 self.entry.leave(call)
                 if address and dsts and self.entry.published == call.seq:
-                    # Its address went out, and a destination paired with this peer may be
-                    # reading its array though this peer failed (another pair's pattern, say):
-                    # the array stays as it is until it is done, as far as the call's deadline
-                    # allows, so no reader gets a torn one; the failure is what is raised.
+                    # Its array is read out of its memory: it stays as it is until every
+                    # destination is done with it, failed or not (one paired with this peer
+                    # may be reading it though this peer failed on another pair's pattern),
+                    # so no reader gets a torn one. A failure is what is raised, not this
+                    # wait's (bounded by the call's deadline).
                     try:
                         self.entry.await_readers(call, dsts)
                     except Exception:
-                        pass
-                raise
-            finally:
-                self.entry.leave(call)
-            if address and dsts:   # read out of this peer's memory: unchanged until done
-                self.entry.await_readers(call, dsts)
+                        if done:
+                            raise
         return out, counts
 
     def _patterns(self, at: int, n: int) -> list[np.ndarray]:

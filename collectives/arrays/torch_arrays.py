@@ -23,6 +23,13 @@ TORCH_DTYPES: dict[str, torch.dtype] = {
 TORCH_DTYPES.update({name: dtype for name in ("uint16", "uint32", "uint64")
                      if (dtype := getattr(torch, name, None)) is not None})
 _NAMES = {v: k for k, v in TORCH_DTYPES.items()}
+# torch (2.13) has no add, maximum, minimum or floor division on them: their reductions run on
+# numpy views of the same memory.
+_VIA_NUMPY = frozenset(TORCH_DTYPES[name] for name in ("uint16", "uint32", "uint64")
+                       if name in TORCH_DTYPES)
+_NUMPY_REDUCE: dict[str, Callable[..., Any]] = {
+    "sum": np.add, "mean": np.add, "max": np.maximum, "min": np.minimum, "prod": np.multiply,
+    "band": np.bitwise_and, "bor": np.bitwise_or, "bxor": np.bitwise_xor}
 
 # bfloat16 has no numpy twin: its bytes travel through an int16 view of the same memory.
 _BYTE_VIEW = {torch.bfloat16: torch.int16}
@@ -87,6 +94,9 @@ class TorchCPUAdapter(ArrayAdapter):
         with torch.no_grad():
             if dst.dtype == torch.bool and op in ("sum", "mean"):
                 torch.logical_or(dst, src, out=dst)
+            elif dst.dtype in _VIA_NUMPY:
+                into = dst.numpy()
+                _NUMPY_REDUCE[op](into, src.numpy(), out=into)
             else:
                 self._reduce[op](dst, src, out=dst)
 
@@ -98,6 +108,9 @@ class TorchCPUAdapter(ArrayAdapter):
         with torch.no_grad():
             if flat.dtype.is_floating_point or flat.dtype.is_complex:
                 flat.div_(n)
+            elif flat.dtype in _VIA_NUMPY:
+                into = flat.numpy()
+                np.floor_divide(into, n, out=into)
             else:
                 torch.floor_divide(flat, n, out=flat)
 

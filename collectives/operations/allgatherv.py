@@ -44,11 +44,19 @@ def allgather_variable(engine: Engine, x: Any, out: Any, wait: bool,
     count = adapter.size(flat)
     out_flat = None
     if out is not None:
-        # Any size here: whether it holds the parts only the call tells (every peer checks
-        # every peer's). Checked before the call takes a sequence number otherwise.
+        # Its family, dtype and layout are checked here (a refusal is a call of its own:
+        # Engine.refuse); its size only the call can check (the parts' sum is known once
+        # every peer's size is: _buffer, on every peer, for every peer's out=).
         out_flat = engine.out_like(adapter, dtype, int(np.prod(tuple(out.shape))), out,
                                    "allgather(variable=True)", "the sum of the peers' sizes",
                                    stage)
+        if stage and len(tuple(out.shape)) != 1:
+            # The parts come back as views of out=: a non-contiguous array of more than one
+            # dimension has none (its elements in order are not one stride apart).
+            engine.refuse(ValueError(
+                f"rank {engine.rank}: allgather(variable=True): out must be contiguous or "
+                f"one-dimensional (the parts are returned as views of it), got a "
+                f"non-contiguous array of shape {tuple(out.shape)}"), "allgather(variable)")
     copies = on_host_copies(engine.on_host, engine.transport, adapter, dtype,
                             ANNOUNCEMENT_BYTES)
     seq = engine.next_seq("shm" if copies else "")
@@ -68,7 +76,10 @@ def allgather_variable(engine: Engine, x: Any, out: Any, wait: bool,
                 _around_the_ring(call, adapter, flat, buf, bounds)
             else:
                 _read_parts(read, adapter, flat, buf, bounds, rank=engine.rank)
-            result.append([adapter.slice(buf, bounds[i], bounds[i + 1]) for i in range(n)])
+            # (views of out= itself where it is staged: a one-dimensional strided array,
+            # which takes the parts from its stand-in as the call returns)
+            into = out if stage else buf
+            result.append([adapter.slice(into, bounds[i], bounds[i + 1]) for i in range(n)])
         if copies is None or n == 1:
             gather(exchange_counts(call, words.tolist()), None)
         else:

@@ -120,7 +120,10 @@ def gather(engine: Engine, x: Any, root: int, out: Any, wait: bool,
     adapter, flat, dtype = stage.flat(x, written=False)
     n, r = engine.world_size, engine.rank
     count = adapter.size(flat)
-    sizes, total, signature = _parts(count, counts, n, r, "gather", root)
+    try:   # (this peer's own part: the others cannot see it)
+        sizes, total, signature = _parts(count, counts, n, r, "gather", root)
+    except ValueError as exc:
+        engine.refuse(exc, f"gather(root={root})")
     at = _offsets(sizes)
     if r == root:
         if out is None:
@@ -175,18 +178,22 @@ def scatter(engine: Engine, x: Any, root: int, out: Any, wait: bool,
     ``out`` holds that many."""
     _check_root(engine, root)
     if out is None:
-        raise ValueError(f"rank {engine.rank}: scatter needs out= (this peer's part)")
+        engine.refuse(ValueError(f"rank {engine.rank}: scatter needs out= (this peer's "
+                                 f"part)"), f"scatter(root={root})")
     stage = Staging()
     adapter, out_flat, dtype = stage.flat(out)
     n, r = engine.world_size, engine.rank
     count = adapter.size(out_flat)
-    sizes, total, signature = _parts(count, counts, n, r, "scatter", root)
-    at = _offsets(sizes)
-    if r == root:
-        _, flat, x_dtype = stage.flat(x, written=False)
-        if x_dtype != dtype or adapter.size(flat) != total:
-            raise ValueError(f"rank {r}: scatter from {x_dtype} of {adapter.size(flat)} "
-                             f"elements into parts of {sizes} {dtype} elements (out)")
+    try:   # (this peer's out= against the counts, the root's x: the others cannot see them)
+        sizes, total, signature = _parts(count, counts, n, r, "scatter", root)
+        at = _offsets(sizes)
+        if r == root:
+            _, flat, x_dtype = stage.flat(x, written=False)
+            if x_dtype != dtype or adapter.size(flat) != total:
+                raise ValueError(f"rank {r}: scatter from {x_dtype} of {adapter.size(flat)} "
+                                 f"elements into parts of {sizes} {dtype} elements (out)")
+    except ValueError as exc:
+        engine.refuse(exc, f"scatter(root={root})")
     copies = _copies(engine, adapter, dtype, count if counts is None else total)
     seq = engine.next_seq("shm" if copies else "")
 
@@ -260,14 +267,19 @@ def alltoall(engine: Engine, x: Any, out: Any, wait: bool, timeout: float | None
     stage = Staging()
     adapter, flat, dtype = stage.flat(x, written=False)
     n, r = engine.world_size, engine.rank
-    sends = _sizes(segments_of_counts(send_counts, adapter.size(flat), n, r, "alltoall send"))
-    recvs = None if recv_counts is None else \
-        _sizes(segments_of_counts(recv_counts, None, n, r, "alltoall recv"))
-    if recvs is not None and recvs[r] != sends[r]:
-        raise ValueError(f"rank {r}: alltoall sends itself {sends[r]} elements but expects "
-                         f"{recvs[r]} from itself (send_counts[{r}] != recv_counts[{r}])")
-    if recvs is None and out is not None:
-        raise ValueError(f"rank {r}: alltoall with out= needs recv_counts (out's size)")
+    try:   # (this peer's counts against its own x: the others cannot see them)
+        sends = _sizes(segments_of_counts(send_counts, adapter.size(flat), n, r,
+                                          "alltoall send"))
+        recvs = None if recv_counts is None else \
+            _sizes(segments_of_counts(recv_counts, None, n, r, "alltoall recv"))
+        if recvs is not None and recvs[r] != sends[r]:
+            raise ValueError(f"rank {r}: alltoall sends itself {sends[r]} elements but "
+                             f"expects {recvs[r]} from itself (send_counts[{r}] != "
+                             f"recv_counts[{r}])")
+        if recvs is None and out is not None:
+            raise ValueError(f"rank {r}: alltoall with out= needs recv_counts (out's size)")
+    except ValueError as exc:
+        engine.refuse(exc, "alltoallv")
     if recvs is not None:
         if out is None:
             out = adapter.empty(sum(recvs), dtype, flat)
@@ -356,8 +368,9 @@ def _alltoall_equal(engine: Engine, x: Any, out: Any, wait: bool, timeout: float
     n, r = engine.world_size, engine.rank
     total = adapter.size(flat)
     if total % n:
-        raise ValueError(f"rank {r}: alltoall of {total} elements: not a multiple of the "
-                         f"{n} peers (pass send_counts for unequal blocks)")
+        engine.refuse(ValueError(f"rank {r}: alltoall of {total} elements: not a multiple "
+                                 f"of the {n} peers (pass send_counts for unequal blocks)"),
+                      "alltoall")
     if out is None:
         out = adapter.empty(total, dtype, flat).reshape(tuple(x.shape))
     out_flat = engine.out_like(adapter, dtype, total, out, "alltoall", f"{total} elements",

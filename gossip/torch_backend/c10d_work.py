@@ -73,6 +73,10 @@ class GossipWork(dist.Work):
             raise self._error
         return True
 
+    def result(self) -> list:
+        """The call's tensors (c10d's Work.result(): its outputs, flat), once it completed."""
+        return _flat_tensors(self._result)
+
     def is_completed(self) -> bool:
         return self._future.done()
 
@@ -84,6 +88,14 @@ class GossipWork(dist.Work):
 
     def get_future(self) -> torch.futures.Future:
         return self._future
+
+
+def _flat_tensors(value: Any) -> list:
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, (list, tuple)):
+        return [t for item in value for t in _flat_tensors(item)]
+    return []
 
 
 def joined(works: list[GossipWork], result: Any) -> GossipWork:

@@ -27,7 +27,7 @@ from __future__ import annotations
 import os
 import socket
 import uuid
-from typing import Any, Callable
+from typing import Any, Callable, NoReturn
 
 import torch
 import torch.distributed as dist
@@ -108,9 +108,9 @@ class GossipProcessGroup(dist.ProcessGroup):
                                  f"{self.size()}")
             if any(tuple(o.shape) != tuple(x.shape) for o in out_list):
                 if out_list[self.rank()].numel() != x.numel():
-                    raise ValueError(f"all_gather: rank {self.rank()}'s output tensor has "
-                                     f"{out_list[self.rank()].numel()} elements, its input "
-                                     f"{x.numel()}")
+                    self._refuse(f"all_gather: rank {self.rank()}'s output tensor has "
+                                 f"{out_list[self.rank()].numel()} elements, its input "
+                                 f"{x.numel()}", "all_gather")
                 handles.append(self._comm.allgather(x, variable=True, wait=False))
                 gathered.append(None)
                 continue
@@ -136,8 +136,8 @@ class GossipProcessGroup(dist.ProcessGroup):
         """all_gather_into_tensor: ``output`` holds world-size copies of x's size, rank order."""
         self._check(x, output)
         if output.numel() != x.numel() * self.size():
-            raise ValueError(f"all_gather_into_tensor: output has {output.numel()} elements, "
-                             f"expected {x.numel()} x {self.size()}")
+            self._refuse(f"all_gather_into_tensor: output has {output.numel()} elements, "
+                         f"expected {x.numel()} x {self.size()}", "all_gather_into_tensor")
         handle = self._comm.allgather(x, out=output, wait=False)
         return GossipWork([handle], [output])
 
@@ -161,9 +161,9 @@ class GossipProcessGroup(dist.ProcessGroup):
                 raise ValueError(f"reduce_scatter: {len(in_list)} input tensors for world "
                                  f"size {self.size()}")
             if in_list[self.rank()].numel() != out.numel():
-                raise ValueError(f"reduce_scatter: input {self.rank()} has "
-                                 f"{in_list[self.rank()].numel()} elements, output "
-                                 f"{out.numel()}")
+                self._refuse(f"reduce_scatter: input {self.rank()} has "
+                             f"{in_list[self.rank()].numel()} elements, output "
+                             f"{out.numel()}", "reduce_scatter")
             counts = [t.numel() for t in in_list]
             flat = torch.cat([t.reshape(-1) for t in in_list])   # a copy: inputs stay
             handles.append(self._comm.reduce_scatter(
@@ -176,8 +176,8 @@ class GossipProcessGroup(dist.ProcessGroup):
         op = _op_name(opts.reduceOp if opts is not None else ReduceOp.SUM)
         self._check(output, x)
         if x.numel() != output.numel() * self.size():
-            raise ValueError(f"reduce_scatter_tensor: input has {x.numel()} elements, "
-                             f"expected {output.numel()} x {self.size()}")
+            self._refuse(f"reduce_scatter_tensor: input has {x.numel()} elements, "
+                         f"expected {output.numel()} x {self.size()}", "reduce_scatter_tensor")
         flat = x.reshape(-1).clone()   # reduced in place: the caller's input stays
         handle = self._comm.reduce_scatter(flat, op, wait=False)
         return GossipWork([handle], [output], lambda: self._scatter_back([output], [handle]))
@@ -190,13 +190,9 @@ class GossipProcessGroup(dist.ProcessGroup):
                         for o, x in zip(outputs, inputs)], outputs)
 
     def barrier(self, opts: Any = None) -> GossipWork:
-        work = OurWork(f"rank {self.rank()}: barrier")
-        try:
-            self._comm.barrier()
-        except BaseException as exc:
-            work.finish(error=exc)
-        else:
-            work.finish()
+        # At once, as every call: dist.barrier() waits on the Work, async_op=True does not.
+        work = self._comm.barrier(wait=False)
+        assert work is not None   # (wait=False: always a Work)
         return GossipWork([work], None)
 
     def send(self, tensors: list, dst: int, tag: int = 0) -> GossipWork:
@@ -281,8 +277,9 @@ class GossipProcessGroup(dist.ProcessGroup):
         n = self.size()
         if not output_splits and not input_splits:
             if x.numel() != output.numel() or x.numel() % n:
-                raise ValueError(f"all_to_all_single: input of {x.numel()} and output of "
-                                 f"{output.numel()} elements, not n = {n} equal blocks")
+                self._refuse(f"all_to_all_single: input of {x.numel()} and output of "
+                             f"{output.numel()} elements, not n = {n} equal blocks",
+                             "all_to_all_single")
             handle = self._comm.alltoall(x, out=output, wait=False)
             return GossipWork([handle], [output])
         sends = _split_counts(x, input_splits, n, "input")
@@ -319,9 +316,19 @@ class GossipProcessGroup(dist.ProcessGroup):
             if not isinstance(t, torch.Tensor):
                 raise TypeError(f"rank {self.rank()}: the gossip backend takes tensors, got "
                                 f"{type(t).__name__}")
+            if t.layout != torch.strided:
+                raise ValueError(f"rank {self.rank()}: the gossip backend takes dense tensors, "
+                                 f"got a {str(t.layout).replace('torch.', '')} one (call "
+                                 f".to_dense() first)")
             if t.device.type != "cpu":
                 raise ValueError(f"rank {self.rank()}: the gossip backend runs on CPU tensors, "
                                  f"got one on {t.device} (use NCCL for GPU tensors)")
+
+    def _refuse(self, message: str, what: str) -> NoReturn:
+        """A check of this rank's own tensors failed (the others cannot see them): fail a call
+        of its own with it, so the other ranks raise at once, naming this one, and stay in
+        step with it (Engine.refuse), then raise ValueError here."""
+        self._comm.engine.refuse(ValueError(f"rank {self.rank()}: {message}"), what)
 
     def _no_tag(self, tag: int, what: str) -> None:
         if tag != 0:

@@ -76,20 +76,43 @@ def test_recv_into_a_wrong_out_is_refused_and_the_message_stays():
 
 
 # ---------------------------------------------------------------- defect 4: a refused call
-def one_rank_refused(peer):
-    n = peer.world_size
+def one_rank_refused(peer, op):
+    n, r = peer.world_size, peer.rank
     x = np.ones(3, dtype=np.float64)
-    refused = None
-    if peer.rank == 0:
-        refused = outcome(lambda: peer.allgather(x, out=np.empty(3 * n + 1)))[:2]
-    result = outcome(lambda: peer.allreduce(np.full(4, float(peer.rank))))
+    calls = {   # every peer makes the call; rank 0's own arguments are wrong
+        "allgather out=": lambda: peer.allgather(x, out=np.empty(3 * n + (r == 0))),
+        "gather counts": lambda: peer.gather(np.ones(2 + (r == 0)), root=1, counts=[2] * n),
+        "gather root's out=": lambda: peer.gather(x, root=0, out=np.empty(3 * n + (r == 0))
+                                                  if r == 0 else None),
+        "scatter root's x": lambda: peer.scatter(np.ones(2 * n + 1) if r == 0 else None,
+                                                 root=0, out=np.empty(2)),
+        "alltoallv counts": lambda: peer.alltoall(
+            np.ones(n + (r == 0)), send_counts=[1] * n, recv_counts=[1] * n),
+        "reduce_scatter counts": lambda: peer.reduce_scatter(
+            np.ones(n + (r == 0)), counts=[1] * n),
+    }
+    refused = outcome(calls[op])[:2]
+    result = outcome(lambda: peer.allreduce(np.full(4, float(r))))
     return refused, result[0], result[1].tolist() if result[0] == "ok" else result[1], result[2]
 
 
-def test_a_call_refused_by_its_local_checks_leaves_the_group_in_step():
-    n = 4
-    results = spawn(one_rank_refused, n=n, timeout=90, peer_timeout=PEER_TIMEOUT)
-    assert results[0][0][0] == "ValueError" and "allgather" in results[0][0][1]
+@pytest.mark.parametrize("op", ["allgather out=", "gather counts", "gather root's out=",
+                                "scatter root's x", "alltoallv counts", "reduce_scatter counts"])
+def test_a_call_one_rank_refuses_fails_on_every_rank_and_leaves_the_group_in_step(op):
+    # A check only rank 0 can make (of its own arrays) fails a call of its own number there:
+    # the others raise at once, naming rank 0 and why, and the next call runs on every rank.
+    n = 3
+    results = spawn(one_rank_refused, n=n, timeout=90, peer_timeout=PEER_TIMEOUT,
+                    args=(op,))
+    assert results[0][0][0] == "ValueError" and "rank 0: " in results[0][0][1], results[0]
+    why = results[0][0][1]
+    for r, (refused, kind, value, elapsed) in enumerate(results[1:], start=1):
+        if op == "gather root's out=" and refused[0] == "ok":
+            continue   # a gather's sender may be done before its root refuses (known-limits)
+        assert refused[0] == "ProtocolError", refused
+        # (directly, or relayed by another peer that heard it first)
+        assert refused[1].startswith(f"rank {r}: ") and "abandoned the operation" in \
+            refused[1] and why[:40] in refused[1], refused
     for _, kind, value, elapsed in results:
         assert kind == "ok", value
         assert value == [float(sum(range(n)))] * 4

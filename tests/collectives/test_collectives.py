@@ -274,12 +274,17 @@ def bluefog_defaults(peer):
         refused = ""
     except ValueError as exc:
         refused = str(exc)
-    return plain, averaged, listed, pushed, refused
+    try:   # BlueFog's "unique ranks": a destination named twice is a slip, refused
+        peer.neighbor_allreduce(x.copy(), 0.5, {left: 0.5}, dst_weights=[right, right])
+        twice = ""
+    except ValueError as exc:
+        twice = str(exc)
+    return plain, averaged, listed, pushed, refused, twice
 
 
 def test_neighbor_allreduce_takes_bluefog_s_defaults():
     n = 4
-    for r, (plain, averaged, listed, pushed, refused) in enumerate(
+    for r, (plain, averaged, listed, pushed, refused, twice) in enumerate(
             spawn(bluefog_defaults, n=n, timeout=120, topology="ring")):
         left, right = (r - 1) % n, (r + 1) % n
         assert np.array_equal(plain, averaged)
@@ -288,6 +293,8 @@ def test_neighbor_allreduce_takes_bluefog_s_defaults():
         assert np.allclose(pushed, 0.5 * r + 0.5 * left, rtol=1e-15)
         assert f"rank {r}: neighbor_allreduce: give self_weight and src_weights together" \
             in refused
+        assert f"rank {r}: neighbor_allreduce: dst_ranks names rank {right} more than once" \
+            in twice
 
 
 # ---------------------------------------------------------------- non-blocking, mismatch, faults
@@ -305,6 +312,42 @@ def many_in_flight(peer, count):
 
 def test_thousand_nonblocking_allreduces_do_not_mix():
     assert all(spawn(many_in_flight, n=3, timeout=180, args=(1000,)))
+
+
+def barrier_after_a_failed_work(peer):
+    # A non-blocking call that fails (sizes differ): its Work raises, the barriers after it
+    # do not (the error is the Work's), and every rank's barriers stay in step.
+    r = peer.rank
+    work = peer.allreduce(np.ones(3 + (r == 2)), wait=False)
+    failed = None
+    try:
+        work.wait()
+    except gossip.GossipError as exc:
+        failed = type(exc).__name__
+    barriers = []
+    for _ in range(3):
+        try:
+            peer.barrier()
+            barriers.append("ok")
+        except gossip.GossipError as exc:
+            barriers.append(type(exc).__name__)
+    # An Ibarrier: a Work at once, rank 0 sending while its barrier is pending.
+    if r == 0:
+        pending = peer.barrier(wait=False)
+        peer.send(1, np.ones(2))
+        pending.wait(30)
+    else:
+        if r == 1:
+            peer.recv(0)
+        peer.barrier()
+    return failed, barriers, peer.allreduce(np.ones(1)).tolist()
+
+
+def test_a_barrier_does_not_raise_an_earlier_works_error_and_can_be_waited_on_later():
+    for failed, barriers, after in spawn(barrier_after_a_failed_work, n=3, timeout=60):
+        assert failed in ("ProtocolError", "PeerLost"), failed
+        assert barriers == ["ok"] * 3
+        assert after == [3.0]
 
 
 def mismatched_calls(peer):

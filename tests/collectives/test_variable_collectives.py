@@ -78,6 +78,26 @@ def test_alltoall_counts_that_do_not_pair_raise_on_every_peer():
     assert all(res[2] == [list(map(float, range(n)))] * 2 for res in results), results
 
 
+def counts_not_integers(peer):
+    import torch
+    x = np.arange(2.0)
+    refused = []
+    for counts in ([1.7, 0.3], np.array([1.0, 1.0]), torch.ones(2)):
+        try:   # int() would cut 1.7 to 1 and go on with the wrong blocks
+            peer.alltoall(x, send_counts=counts, recv_counts=[1, 1])
+        except ValueError as exc:
+            refused.append(str(exc))
+    got = peer.alltoall(x, send_counts=torch.tensor([1, 1]), recv_counts=np.array([1, 1]))
+    return refused, got.tolist()
+
+
+def test_counts_that_are_not_integers_are_refused_before_the_call():
+    for r, (refused, got) in enumerate(spawn(counts_not_integers, n=2, timeout=60)):
+        assert len(refused) == 3, refused
+        assert all(f"rank {r}: alltoall send counts must be 2 integers" in m for m in refused)
+        assert got == [float(r)] * 2   # (block r of both peers: element r)
+
+
 def allgatherv_into(peer):
     import gossip
     n, r = peer.world_size, peer.rank
@@ -101,6 +121,36 @@ def test_allgather_of_unequal_sizes_into_a_callers_buffer(transport):
         assert ok
         assert message is not None and "the parts are 9 elements, but rank 2's out= holds 10" \
             in message, message
+        assert after == [float(n - 1)] * 2
+
+
+def allgatherv_into_strided(peer):
+    n, r = peer.world_size, peer.rank
+    sizes = [j + 1 for j in range(n)]
+    x = np.arange(sizes[r], dtype=np.float64) + 100 * r
+    backing = np.full(2 * sum(sizes), -1.0)
+    into = backing[::2]                          # one-dimensional, not contiguous
+    parts = peer.allgather(x, variable=True, out=into)
+    want = np.concatenate([np.arange(s) + 100.0 * j for j, s in enumerate(sizes)])
+    filled = np.array_equal(into, want) and np.all(backing[1::2] == -1.0)
+    parts[n - 1][0] = 7.0                        # a view of out=, not of a copy
+    views = into[sum(sizes[:n - 1])] == 7.0
+    try:   # a non-contiguous 2-d out= has no views to give: refused before the call
+        peer.allgather(x, variable=True, out=np.empty((sum(sizes), 2))[:, 0:1])
+        refused = None
+    except ValueError as exc:
+        refused = str(exc)
+    after = peer.allgather(np.full(2, float(r)), variable=True)[n - 1].tolist()
+    return filled, views, refused, after
+
+
+@pytest.mark.parametrize("transport", ["tcp", "auto"])
+def test_allgather_of_unequal_sizes_into_a_strided_buffer_returns_views_of_it(transport):
+    n = 3
+    for filled, views, refused, after in spawn(allgatherv_into_strided, n=n, timeout=60,
+                                               transport=transport):
+        assert filled and views
+        assert refused is not None and "out must be contiguous or one-dimensional" in refused
         assert after == [float(n - 1)] * 2
 
 

@@ -164,12 +164,20 @@ def optimizer_api(peer):
             opt.close()
             opt2.close()
     errors = []
+    twin_net = mlp(0)
     for call in (lambda: gossip.DistributedOptimizer(torch.optim.SGD(mlp(0).parameters(),
                                                                      lr=0.1)),
                  lambda: gossip.DistributedOptimizer(torch.optim.SGD(mlp(0).parameters(),
                                                                      lr=0.1),
                                                      peer=peer, policy="allreduce"),
-                 lambda: gossip.broadcast_parameters(mlp(0))):
+                 lambda: gossip.broadcast_parameters(mlp(0)),
+                 # Horovod's named_parameters checks: a name twice, a parameter unnamed.
+                 lambda: gossip.DistributedOptimizer(
+                     torch.optim.SGD(twin_net.parameters(), lr=0.1), peer=peer,
+                     named_parameters=[("w", p) for p in twin_net.parameters()]),
+                 lambda: gossip.DistributedOptimizer(
+                     torch.optim.SGD(twin_net.parameters(), lr=0.1), peer=peer,
+                     named_parameters=list(twin_net.named_parameters())[:1])):
         try:
             call()
         except ValueError as exc:
@@ -190,6 +198,10 @@ def optimizer_api(peer):
     net[1].running_mean.fill_(peer.rank)
     gossip.broadcast_parameters(net, root=1, peer=peer)
     tensors = [t.detach().numpy().copy() for t in list(net.parameters()) + list(net.buffers())]
+    # ... and (name, tensor) pairs, as Horovod takes model.named_parameters()
+    named = mlp(seed=peer.rank)
+    gossip.broadcast_parameters(named.named_parameters(), root=0, peer=peer)
+    tensors += [p.detach().numpy().copy() for p in named.parameters()]
 
     # close() stops background threads.
     threads = {}
@@ -226,11 +238,13 @@ def test_distributed_optimizer_wraps_sgd_and_adam_and_round_trips_state():
         assert len(checks) == 6
         for case, (same_state, same_step) in checks.items():
             assert same_state and same_step, case
-        assert len(errors) == 4
+        assert len(errors) == 6
         assert "needs peer=" in errors[0] and "gossip.init()" in errors[0]
         assert "unknown policy 'allreduce'" in errors[1] and "push-sum" in errors[1]
         assert "needs peer=" in errors[2]
-        assert "cannot be added" in errors[3]
+        assert "names w more than once" in errors[3]
+        assert "leaves 3 of the optimizer's 4 parameters unnamed" in errors[4], errors[4]
+        assert "cannot be added" in errors[5]
         for name, (running, left, took) in threads.items():
             assert running and not left and took < 1.0, (name, running, left, took)
     for a, b in zip(out[0][2], out[1][2]):

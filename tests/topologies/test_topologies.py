@@ -414,6 +414,20 @@ def test_networkx_interop() -> None:
     assert isinstance(exported, nx.DiGraph) and exported[0][4]["weight"] == 0.5
 
 
+def test_networkx_graphs_with_self_loops_as_bluefog_makes_them() -> None:
+    # BlueFog's topology_util puts a self-loop on every node (its self weight): it is what a
+    # peer does anyway, and the graph comes back as the same topology.
+    ring = nx.DiGraph()
+    ring.add_weighted_edges_from([(i, j, 1 / 3) for i in range(5) for j in
+                                  (i, (i + 1) % 5, (i - 1) % 5)])
+    t = from_networkx(ring)
+    assert all(t.in_neighbors(r) == sorted({(r - 1) % 5, (r + 1) % 5}) for r in range(5))
+    assert np.allclose(t.mixing_matrix(), Ring(5).mixing_matrix(), atol=TOL)
+    exp = nx.DiGraph([(i, j) for i in range(8) for j in (i, (i + 1) % 8, (i + 2) % 8,
+                                                           (i + 4) % 8)])
+    assert from_networkx(exp).out_neighbors(0) == Exponential(8).out_neighbors(0)
+
+
 def test_parse_accepts_the_documented_forms() -> None:
     assert parse("  TORUS : 4 x 4 ") == Torus(4, 4)
     assert parse("torus", 12) == Torus(3, 4) and parse("torus", 7) == Torus(1, 7)

@@ -5,6 +5,7 @@ import copy
 import os
 import sys
 
+import numpy as np
 import torch
 import torch.distributed as dist
 
@@ -120,6 +121,18 @@ def main() -> None:
         assert w.wait()
         assert w.is_completed()
         assert w.get_future().value()[0].tolist() == [float(i * n)] * 4
+    work = dist.all_reduce(torch.ones(2), async_op=True)
+    work.wait()
+    assert [t.tolist() for t in work.result()] == [[float(n)] * 2], work.result()
+    # An async barrier returns at once (MPI's Ibarrier): rank 0 sends while it is pending.
+    if r == 0:
+        pending = dist.barrier(async_op=True)
+        dist.send(torch.ones(2), 1)
+        pending.wait()
+    else:
+        if r == 1:
+            dist.recv(torch.empty(2), 0)
+        dist.barrier()
     say("OK async")
 
     if r == 0:
@@ -148,6 +161,26 @@ def main() -> None:
         assert "bitwise" in str(exc), exc
     else:
         raise AssertionError("BAND of floats was not refused")
+    try:
+        dist.all_reduce(torch.ones(2).to_sparse())
+    except ValueError as exc:
+        assert "dense tensors" in str(exc), exc
+    else:
+        raise AssertionError("a sparse tensor was not refused")
+    # Unsigned types wider than 8 bits: torch cannot add them; reduced through numpy.
+    wide = torch.from_numpy(np.array([r + 1, 65535 - n], dtype=np.uint16))
+    dist.all_reduce(wide)
+    assert wide.numpy().tolist() == [n * (n + 1) // 2, (n * (65535 - n)) % 65536], wide
+    # A check of one rank's own tensors fails the call on every rank, and they stay in step.
+    try:
+        dist.all_gather([torch.empty(2) for _ in range(n)], torch.ones(2 + (r == 0)))
+    except Exception as exc:
+        assert "rank 0" in str(exc), exc
+    else:
+        raise AssertionError("a mismatched all_gather did not fail")
+    t = torch.ones(1)
+    dist.all_reduce(t)
+    assert t.item() == n
     say("OK refused")
 
     group = dist.new_group(list(range(n)))
