@@ -146,7 +146,8 @@ class Peer:
     # -- point to point ---------------------------------------------------------------------
     def send(self, dst: int, array: Array, *, timeout: float | None = None) -> None:
         """Send ``array`` to rank ``dst``; returns once the array may be modified again.
-        Raises PeerLost if ``dst`` is gone, OperationTimeout past ``timeout``."""
+        Raises PeerLost if ``dst`` is gone, OperationTimeout past ``timeout``. ``dst`` may be
+        this peer itself, as MPI allows: a copy waits for its ``recv``."""
         self._comm.send(dst, array, timeout=timeout)
 
     def recv(self, src: int, out: Array | None = None, *,

@@ -10,17 +10,22 @@ from __future__ import annotations
 
 import threading
 import time
+from collections import deque
 from typing import Any
 
 import numpy as np
 
 from collectives.algorithms.p2p import Call, post_range, recv_range, wait_reached, wait_sent
 from collectives.arrays.interface import ArrayAdapter
+from collectives.errors import OperationTimeout
 from collectives.staging import contiguous_flat, flat_of
 from collectives.transport.transport import Transport
 from collectives.transport.wire import dtype_itemsize
 
-__all__ = ["SendRequest", "PointToPoint"]
+__all__ = ["SendRequest", "PointToPoint", "SELF_LOOK"]
+
+#: How often a wait_any among other sources and this peer itself looks at its own queue.
+SELF_LOOK = 0.01
 
 
 class PointToPoint:
@@ -34,6 +39,10 @@ class PointToPoint:
         self._lock = threading.Lock()
         self._send_seq = [0] * self.world_size
         self._recv_seq = [0] * self.world_size
+        # Messages to this peer itself (MPI lets a rank send to itself): what a receiver
+        # would get, as bytes with their dtype and shape, in the order they were sent.
+        self._to_self: deque[tuple[str, tuple, bytes]] = deque()
+        self._self_ready = threading.Condition()
 
     @property
     def timeout(self) -> float:
@@ -49,10 +58,17 @@ class PointToPoint:
         """send's non-blocking twin (MPI's Isend): the message is queued now (this never
         blocks: a full ring or socket queues it, in order) and the request says when ``x``
         may be modified again; ``timeout`` (default the peer's) is its deadline."""
-        if not 0 <= dst < self.world_size or dst == self.rank:
+        if not 0 <= dst < self.world_size:
             raise ValueError(f"rank {self.rank}: cannot send to rank {dst} (world size "
                              f"{self.world_size})")
         stand_in, adapter, flat, dtype = contiguous_flat(x, read_only=True)   # (copy: sent)
+        if dst == self.rank:   # a copy, queued here: x may change at once
+            raw = bytes(adapter.send_buffer(flat, 0, adapter.size(flat)))
+            with self._self_ready:
+                self._to_self.append((dtype, tuple(x.shape), raw))
+                self._self_ready.notify_all()
+            self.transport.recorder.count("send", len(raw))
+            return SendRequest(None, dst, None, done=True)
         with self._lock:
             seq = self._send_seq[dst]
             self._send_seq[dst] += 1
@@ -66,9 +82,7 @@ class PointToPoint:
     def recv(self, src: int, out: Any = None, *, timeout: float | None = None) -> Any:
         """Receive the next array ``src`` sent. Into ``out`` if given (its dtype and size must
         match), else a new numpy array (a single-chunk message is returned without a copy)."""
-        if not 0 <= src < self.world_size or src == self.rank:
-            raise ValueError(f"rank {self.rank}: cannot receive from rank {src} (world size "
-                             f"{self.world_size})")
+        self._check_source(src)
         # out's own checks (family, writable) come before anything is taken from the mailbox;
         # a non-contiguous out is filled through a contiguous stand-in.
         stand_in: Any = None
@@ -76,9 +90,11 @@ class PointToPoint:
         if out is not None:
             stand_in, out_adapter, out_flat, out_dtype = contiguous_flat(out)
             target = (out_adapter, out_flat, out_dtype)
+        deadline = time.monotonic() + (self.timeout if timeout is None else timeout)
+        if src == self.rank:
+            return self._from_self(out, stand_in, target, deadline)
         seq = self._recv_seq[src]
         t = self.transport
-        deadline = time.monotonic() + (self.timeout if timeout is None else timeout)
         record = t.recorder.begin(f"recv from rank {src}", self.channel, seq, (src,), 0)
         try:
             out = self._receive(src, seq, out, stand_in, target, deadline)
@@ -131,6 +147,39 @@ class PointToPoint:
         finally:
             t.retire(channel, seq, [src])
 
+    def _from_self(self, out: Any, stand_in: Any, target: tuple[ArrayAdapter, Any, str] | None,
+                   deadline: float) -> Any:
+        """The next message this peer sent itself (recv's body for ``src`` = this rank)."""
+        with self._self_ready:
+            while not self._to_self:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise OperationTimeout(f"rank {self.rank}: recv from rank {self.rank} "
+                                           f"(itself): nothing sent within the timeout",
+                                           rank=self.rank)
+                self._self_ready.wait(left)
+            dtype, shape, raw = self._to_self[0]
+            if target is not None:
+                adapter, flat, out_dtype = target
+                if out_dtype != dtype or adapter.size(flat) * dtype_itemsize(dtype) != len(raw):
+                    # (the message stays first, as a remote one does)
+                    raise ValueError(f"rank {self.rank}: recv from rank {self.rank} (itself): "
+                                     f"it sent {dtype} {shape} but out is {out_dtype} "
+                                     f"{tuple(out.shape)}")
+            self._to_self.popleft()
+        if target is None:
+            if dtype == "bfloat16":
+                import torch
+                return torch.frombuffer(bytearray(raw), dtype=torch.bfloat16).reshape(shape)
+            return np.frombuffer(bytearray(raw), dtype=dtype).reshape(shape)
+        adapter, flat, _ = target
+        count = adapter.size(flat)
+        adapter.copy(flat, adapter.from_frame(memoryview(raw), dtype, count))
+        if stand_in is not None:
+            adapter.write_back(out, stand_in)
+        adapter.synchronize()
+        return out
+
     def probe(self, src: int) -> bool:
         """True when a message from ``src`` is waiting (or its mailbox holds an error, e.g. a
         malformed message), so recv(src) returns or raises at once. A lost source with nothing
@@ -149,13 +198,31 @@ class PointToPoint:
         for src in sources:
             self._check_source(src)
         wait = self.timeout if timeout is None else max(0.0, float(timeout))
+        deadline = time.monotonic() + wait
         channel, seqs = self.channel, self._recv_seq
-        key = self.transport.wait_any([(src, channel, seqs[src]) for src in sources],
-                                      time.monotonic() + wait)
-        return None if key is None else key[0]
+        others = [src for src in sources if src != self.rank]
+        if len(others) == len(sources):
+            key = self.transport.wait_any([(src, channel, seqs[src]) for src in others],
+                                          deadline)
+            return None if key is None else key[0]
+        while True:   # this peer itself among them: its own queue, then the others, in turns
+            with self._self_ready:
+                if self._to_self:
+                    return self.rank
+                if not others:
+                    left = deadline - time.monotonic()
+                    if left <= 0 or not self._self_ready.wait(left):
+                        return self.rank if self._to_self else None
+                    continue
+            until = min(deadline, time.monotonic() + SELF_LOOK)
+            key = self.transport.wait_any([(src, channel, seqs[src]) for src in others], until)
+            if key is not None:
+                return key[0]
+            if time.monotonic() >= deadline:
+                return self.rank if self._to_self else None
 
     def _check_source(self, src: int) -> None:
-        if not 0 <= src < self.world_size or src == self.rank:
+        if not 0 <= src < self.world_size:
             raise ValueError(f"rank {self.rank}: cannot receive from rank {src} (world size "
                              f"{self.world_size})")
 
@@ -176,14 +243,18 @@ class SendRequest:
 
     __slots__ = ("_call", "_dst", "_ticket", "_done", "_stand_in")
 
-    def __init__(self, call: Call, dst: int, ticket: Any, stand_in: Any = None) -> None:
-        self._call, self._dst, self._ticket, self._done = call, dst, ticket, False
+    def __init__(self, call: Call | None, dst: int, ticket: Any, stand_in: Any = None, *,
+                 done: bool = False) -> None:
+        """``done``: complete already (a message to this peer itself, copied as it was sent;
+        ``call`` None)."""
+        self._call, self._dst, self._ticket, self._done = call, dst, ticket, done
         self._stand_in = stand_in   # a non-contiguous x's copy: sent zero-copy, kept alive
 
     def test(self) -> bool:
         """True once complete (then always); False while in flight."""
         if self._done:
             return True
+        assert self._call is not None   # (only a request made done has none)
         t = self._call.transport
         if (self._ticket is None or self._ticket.done()) and t.reached(self._dst):
             self._done = True
@@ -195,6 +266,7 @@ class SendRequest:
     def wait(self) -> None:
         """Block until complete (at most until the request's deadline)."""
         if not self._done:
+            assert self._call is not None   # (only a request made done has none)
             wait_sent(self._call, self._ticket)
             wait_reached(self._call, self._dst)
             self._done = True
