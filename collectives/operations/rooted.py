@@ -229,9 +229,9 @@ def _parts(count: int, counts: Any, n: int, r: int, name: str,
            root: int) -> tuple[list[int], int, str]:
     """Every peer's part of a gather or scatter (``name``; this peer's is ``count``, n times
     without ``counts``), their sum, and the call's signature (naming the counts: peers that
-    pass others raise a ProtocolError, every one of them); ValueError before the call takes
-    a sequence number if ``counts`` is not n non-negative integers or does not give this peer
-    ``count``."""
+    pass others raise a ProtocolError, every one of them); ValueError if ``counts`` is not n
+    non-negative integers or does not give this peer ``count`` (the caller refuses the call
+    with it: Engine.refuse)."""
     if counts is None:
         return [count] * n, n * count, f"{name}(root={root})"
     sizes = _sizes(segments_of_counts(counts, None, n, r, name))
