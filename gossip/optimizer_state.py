@@ -52,8 +52,9 @@ def broadcast_optimizer_state(optimizer: Any, root: int = 0, *,
             manifest = snapshot.manifest
         except Exception as exc:   # the others must hear of it before anyone raises
             failed = f"{type(exc).__name__}: {exc}"
-    manifest = broadcast_object(peer, {"manifest": manifest, "failed": failed}, root,
-                                timeout=timeout)
+    total = snapshot.layout().total if snapshot is not None else 0
+    manifest = broadcast_object(peer, {"manifest": manifest, "failed": failed,
+                                       "total": total}, root, timeout=timeout)
     if manifest["failed"] is not None:
         raise RuntimeError(f"rank {peer.rank}: broadcast_optimizer_state: rank {root} could "
                            f"not describe its optimizer's state ({manifest['failed']})")
@@ -64,10 +65,8 @@ def broadcast_optimizer_state(optimizer: Any, root: int = 0, *,
             receiver = SnapshotReceiver(manifest["manifest"])
         except Exception as exc:
             error = exc
-    # The bytes' size is root's (a peer that could not read the manifest still takes part).
-    size = np.array([snapshot.layout().total if snapshot is not None else 0], dtype=np.int64)
-    peer.broadcast(size, root=root, timeout=timeout)
-    data = np.empty(int(size[0]), dtype=np.uint8)
+    # The bytes' size came with the manifest (a peer that could not read it still takes part).
+    data = np.empty(int(manifest["total"]), dtype=np.uint8)
     if snapshot is not None:
         for offset, length in snapshot.layout().ranges(4 << 20):
             data[offset:offset + length] = np.frombuffer(snapshot.read(offset, length),
