@@ -33,6 +33,7 @@ _POLICY = {"steps": "gossip_steps_total", "comm_seconds": "gossip_comm_seconds_t
            "compute_seconds": "gossip_compute_seconds_total",
            "bytes_sent": "gossip_policy_bytes_sent_total",
            "skipped_steps": "gossip_skipped_steps_total",
+           "recoveries": "gossip_recoveries_total",
            "rounds_skipped": "gossip_rounds_skipped_total",
            "staleness_waits": "gossip_staleness_waits_total",
            "consensus_distance_last": "gossip_consensus_distance",

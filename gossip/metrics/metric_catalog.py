@@ -24,6 +24,9 @@ METRICS: tuple[MetricSpec, ...] = (
                "Bytes this peer sent since the policy attached."),
     MetricSpec("gossip_skipped_steps_total", "counter", _P,
                "Steps the NaN guard skipped (a non-finite update)."),
+    MetricSpec("gossip_recoveries_total", "counter", _P,
+               "Steps a lost peer cut off that the elastic policy recovered from (the "
+               "survivors re-formed the group and went on)."),
     MetricSpec("gossip_rounds_skipped_total", "counter", _P,
                "Gossip rounds skipped (no live neighbour; push-sum, D-PSGD)."),
     MetricSpec("gossip_push_sum_weight", "gauge", _P,

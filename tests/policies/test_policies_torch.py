@@ -91,6 +91,37 @@ def test_synchronous_adam_several_buckets_100_steps_bitwise_identical():
     assert out[0][1] > 1
 
 
+def clipped_between_backward_and_step(peer):
+    torch.set_num_threads(1)
+    model = mlp(seed=peer.rank)
+    opt = gossip.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                      peer=peer, policy=gossip.policies.Synchronous(
+                                          bucket_bytes=2048))   # several buckets
+    seen = []
+    for t in range(10):
+        x, y = regression_batch(peer.rank, t)
+        opt.zero_grad()
+        torch.nn.functional.mse_loss(model(x), y).backward()
+        # What DDP guarantees and loops rely on: backward() returned, so the gradients
+        # hold the mean on every replica (clip_grad_norm_ on partial sums or on this
+        # replica's own gradients would step each replica differently).
+        seen.append(torch.cat([p.grad.reshape(-1) for p in model.parameters()]).clone())
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 0.1)
+        opt.step()
+    buckets = len(opt.policy.buckets)
+    opt.close()
+    return digest(model), torch.stack(seen).numpy(), buckets
+
+
+def test_gradients_hold_the_mean_when_backward_returns_so_clipping_keeps_replicas_identical():
+    out = spawn(clipped_between_backward_and_step, n=3, timeout=90)
+    assert out[0][2] > 1
+    grads = [g for _, g, _ in out]
+    for g in grads[1:]:
+        assert np.array_equal(g, grads[0])      # the same bytes on every replica
+    assert len({d for d, _, _ in out}) == 1
+
+
 def asynchronous_several_buckets(peer):
     torch.set_num_threads(1)
     model = mlp(seed=peer.rank)

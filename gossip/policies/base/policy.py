@@ -24,7 +24,7 @@ import abc
 import logging
 import math
 from collections.abc import Iterable, Sequence
-from typing import TYPE_CHECKING, Any, ClassVar, ContextManager, Protocol, TypeVar
+from typing import TYPE_CHECKING, ClassVar, ContextManager, Protocol, TypeVar
 
 import numpy as np
 
@@ -187,6 +187,7 @@ class Policy(abc.ABC):
         self._topology: Topology | None = None       # ... resolved at attach (default_topology)
         self._rounds_skipped = 0         # exchanges abandoned by the failure rule
         self._rounds_partial = 0         # exchanges completed without a lost peer (push-sum)
+        self._recoveries = 0             # steps a lost peer cut off, recovered from (elastic)
         self._recovered = False          # after_backward's step was taken over by a recovery
         # The state holds an update of step self._step not yet combined (resume_at): the
         # step is completed by its communication alone, with no local update.
@@ -448,6 +449,7 @@ class Policy(abc.ABC):
             "parameters_bytes": self._packed().nbytes,
             "lost_peers": sorted(self._host().lost_peers()),
             "skipped_steps": self._nan_guard().skipped_steps,
+            "recoveries": self._recoveries,
         }
         out.update(self._compression.stats())
         codec = counters.get("codec")
@@ -543,6 +545,7 @@ class Policy(abc.ABC):
         changing = self._host().changing_now() or isinstance(exc, ViewChanging)
         if not self.elastic and not changing:
             raise exc   # a failure of the group; a planned change (a leave) any policy takes
+        self._recoveries += 1   # (stats()["recoveries"]; the events log has the death and views)
         log.warning("rank %d: %s lost a peer in step %d (%s): re-forming the group",
                     self._host().rank, self.name, self._step, exc)
         self._step = self._host().recover(self, self._step, pending)

@@ -17,6 +17,14 @@ __all__ = ["Synchronous", "FIRST_BUCKET_BYTES"]
 FIRST_BUCKET_BYTES = 1 << 20
 
 
+def _at_end_of_backward(fn: Any) -> None:
+    """Run ``fn`` once the running backward pass has accumulated every gradient (called from
+    a gradient hook; autograd's engine runs it before backward() returns, as DDP's reducer
+    has its own final callback run)."""
+    from torch.autograd import Variable   # (torch only: the hooks are torch's)
+    Variable._execution_engine.queue_callback(fn)
+
+
 class Synchronous(AllreducePolicy):
     """Average the gradients of every peer by allreduce each step (as torch's
     DistributedDataParallel): every replica takes the same step, so replicas stay bitwise
@@ -30,7 +38,11 @@ class Synchronous(AllreducePolicy):
     (25 MiB; the first one 1 MiB, as DDP) and each bucket's allreduce starts (``wait=False``)
     as soon as autograd has accumulated its last gradient
     (``register_post_accumulate_grad_hook``), so communication overlaps the rest of the
-    backward pass; ``after_backward()`` waits for them. Buckets are
+    backward pass; the end of backward() waits for them (as DDP's does), so between
+    ``loss.backward()`` and ``optimizer.step()`` every replica's gradients hold the mean
+    (``clip_grad_norm_``, a GradScaler's unscale and checks of the gradients see the same
+    values everywhere). A lost peer's error is not raised by backward(): after_backward
+    (``optimizer.step()`` of a DistributedOptimizer) raises it or recovers. Buckets are
     launched in a fixed order on every peer (a bucket ready early waits for the ones before
     it), because collectives meet by sequence number.
 
@@ -83,6 +95,7 @@ class Synchronous(AllreducePolicy):
         self._hooks: list[Any] = []
         self._lock = threading.Lock()
         self._sync = True
+        self._finish_queued = False   # _finish_averaging is queued to end this backward
 
     # ------------------------------------------------------------------ set-up
     def _setup(self) -> None:
@@ -149,6 +162,12 @@ class Synchronous(AllreducePolicy):
             self._seen.add(key)
             self._count[b.index] += 1
             self._launch_ready()
+            if not self._finish_queued:
+                # As DDP: the averaging ends inside backward(), so what the loop does between
+                # backward() and step() (clip_grad_norm_, a check of the gradients) sees the
+                # mean on every replica, not this replica's own gradients or a partial sum.
+                self._finish_queued = True
+                _at_end_of_backward(self._finish_averaging)
 
     def _launch_ready(self) -> None:
         buckets = self._packed().buckets
@@ -164,21 +183,41 @@ class Synchronous(AllreducePolicy):
                                                timeout=self.timeout,
                                                **self._compression.kwargs(k, b.grad))
 
+    def _finish_averaging(self) -> None:
+        """The end of a backward pass that averages (autograd runs it once every gradient is
+        accumulated): launch the buckets not launched yet and wait for every bucket's
+        allreduce, so the gradients hold the mean when backward() returns. An error is left
+        for after_backward (the same Work raises it again there), where a lost peer is
+        recovered from: backward() itself does not raise it."""
+        self._finish_queued = False
+        with self._lock:
+            self._launch_rest()
+            work = list(self._work)
+        for w in work:
+            if w is not None:
+                try:
+                    w.wait(self.timeout)
+                except Exception:   # after_backward raises it (Work keeps its error)
+                    return
+
+    def _launch_rest(self) -> None:
+        # (under _lock) Parameters that got no gradient this step (unused in the forward
+        # pass, or no backward at all) take part with a zero gradient, so every peer launches
+        # the same buckets and every replica applies the same update.
+        if self._next < len(self._packed()):
+            for p in self._packed().params:
+                if p.requires_grad and id(p) not in self._seen:
+                    self._packed().bind_grad(p)
+            while self._next < len(self._packed()):
+                self._launch(self._next)
+                self._next += 1
+
     # ------------------------------------------------------------------ the step
     def _after_backward(self) -> None:
         if self._packed().kind != "torch":
             return
         with self._lock:
-            # Parameters that got no gradient this step (unused in the forward pass, or no
-            # backward at all) take part with a zero gradient, so every peer launches the
-            # same buckets and every replica applies the same update.
-            if self._next < len(self._packed()):
-                for p in self._packed().params:
-                    if p.requires_grad and id(p) not in self._seen:
-                        self._packed().bind_grad(p)
-                while self._next < len(self._packed()):
-                    self._launch(self._next)
-                    self._next += 1
+            self._launch_rest()   # (done already where a backward pass ended)
             work, self._work = self._work, [None] * len(self._packed())
             self._next = 0
             self._count = [0] * len(self._packed())
