@@ -3,6 +3,11 @@ maximum / 127) and BLOCK int8 values round(x / scale); decoding multiplies back 
 
 Layout of ``count`` elements: ceil(count / BLOCK) float32 scales, then ``count`` int8 values
 (the last block may be short): 1 + 4 / BLOCK bytes per element, 3.94x less than float32.
+
+A block that holds a NaN or an infinity keeps them to their own elements: its scale is sent
+negated (its finite elements' absolute maximum / 126, or 1 when they are all zero), its
+finite elements round into [-126, 126], and the three values no finite element takes mark
+NaN (-128), +inf (127) and -inf (-127). Every other block's bytes are as above.
 """
 from __future__ import annotations
 
@@ -30,9 +35,14 @@ NUMPY_WORK = 128 * 1024
 TORCH_WORK = 1 << 20
 
 
+#: The int8 values of a block with non-finite elements (its scale negated) that stand for them.
+NAN_MARK, POS_INF_MARK, NEG_INF_MARK = -128, 127, -127
+_FINITE_STEPS = 126.0   # such a block's finite elements round into [-126, 126]
+
+
 def _quiet(xp: Any):
-    # Non-finite input gives a non-finite scale; its block decodes non-finite as it should,
-    # and numpy's "invalid value in cast" warning on the way says nothing new.
+    # Non-finite input gives a non-finite scale, which encode() then mends block by block
+    # (_confine); numpy's "invalid value in cast" warning on the way says nothing new.
     return np.errstate(invalid="ignore", divide="ignore") if xp is np else \
         contextlib.nullcontext()
 
@@ -59,6 +69,7 @@ class Int8Block(Codec):
         xp = array_module(x)
         count = x.size
         scales, q = self._split(out, count)
+        given = x
         full = count // BLOCK * BLOCK
         fast = torch_views(x, scales, q)
         step = WORK_ELEMENTS if fast is None else TORCH_WORK
@@ -78,6 +89,42 @@ class Int8Block(Codec):
             if full < count:
                 tail = count - full
                 blocks(xp, x[full:], tail, scales[-1:], q[full:], work[:tail])
+        original = self._split(out, count)[0]   # (scales as they are in out, whatever fast did)
+        if count and not bool(xp.isfinite(original).all()):
+            self._confine(xp, given, original, self._split(out, count)[1])
+
+    @staticmethod
+    def _confine(xp: Any, x: Any, scales: Any, q: Any) -> None:
+        """Re-encode the blocks whose scale came out non-finite (they hold a NaN or an inf)
+        so that only those elements decode non-finite (the module docstring's marks)."""
+        count = x.size
+        with _quiet(xp):
+            for b in xp.nonzero(~xp.isfinite(scales))[0].tolist():
+                lo, hi = b * BLOCK, min((b + 1) * BLOCK, count)
+                block = x[lo:hi].astype(xp.float32)
+                finite = xp.isfinite(block)
+                absmax = float(xp.abs(block[finite]).max()) if bool(finite.any()) else 0.0
+                scale = xp.float32(absmax / _FINITE_STEPS if absmax > 0 else 1.0)
+                values = xp.rint(xp.where(finite, block, 0) / scale)
+                values = xp.clip(values, -_FINITE_STEPS, _FINITE_STEPS)
+                values[xp.isnan(block)] = NAN_MARK
+                values[block == xp.inf] = POS_INF_MARK
+                values[block == -xp.inf] = NEG_INF_MARK
+                q[lo:hi] = values.astype(xp.int8)
+                scales[b] = -scale
+
+    @staticmethod
+    def _restore_marks(xp: Any, scales: Any, q: Any, out: Any) -> None:
+        """decode's mend of the blocks sent with a negated scale (_confine's)."""
+        count = out.size
+        for b in xp.nonzero(scales < 0)[0].tolist():
+            lo, hi = b * BLOCK, min((b + 1) * BLOCK, count)
+            block = q[lo:hi]
+            values = block.astype(xp.float32) * -scales[b]
+            values[block == NAN_MARK] = xp.nan
+            values[block == POS_INF_MARK] = xp.inf
+            values[block == NEG_INF_MARK] = -xp.inf
+            out[lo:hi] = values
 
     @staticmethod
     def _torch_blocks(_: Any, x: Any, width: int, scales: Any, q: Any, work: Any) -> None:
@@ -129,6 +176,13 @@ class Int8Block(Codec):
         xp = array_module(out)
         count = out.size
         scales, q = self._split(data, count)
+        self._decode_all(xp, scales, q, out)
+        if count and bool((scales < 0).any()):   # blocks with non-finite elements: rare
+            self._restore_marks(xp, scales, q, out)
+
+    @staticmethod
+    def _decode_all(xp: Any, scales: Any, q: Any, out: Any) -> None:
+        count = out.size
         full = count // BLOCK * BLOCK
         fast = torch_views(q, scales, out)
         if fast is not None:

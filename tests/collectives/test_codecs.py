@@ -297,4 +297,33 @@ def test_int8_numpy_path_is_the_general_spelling_bit_for_bit(numpy_only, n):
         if full < n:
             Int8Block._encode_blocks(np, x[full:], n - full, scales[-1:], q[full:],
                                      np.empty(n - full, dtype=np.float32))
+    if not np.isfinite(scales).all():   # blocks with a NaN or inf: mended the same way
+        Int8Block._confine(np, x, scales, q)
     assert np.array_equal(ours, general)
+
+
+@pytest.mark.parametrize("n", [5, BLOCK, BLOCK + 44, 4 * BLOCK + 7])
+def test_int8_keeps_nan_and_inf_to_their_own_elements(n):
+    """One NaN or inf used to make its whole block of 256 NaN (and an inf came back NaN):
+    now each decodes as itself, and its block's finite elements within half a step of
+    their finite maximum / 126."""
+    rng = np.random.default_rng(n)
+    x = rng.standard_normal(n).astype(np.float32)
+    x[min(3, n - 1)] = np.nan
+    if n > BLOCK:
+        x[BLOCK + 1], x[n - 1] = np.inf, -np.inf
+        x[2 * BLOCK:3 * BLOCK] = np.nan      # a block of nothing else (where n reaches it)
+    codec = Int8Block()
+    enc = np.empty(codec.encoded_nbytes(n), dtype=np.uint8)
+    codec.encode(x, enc)
+    y = np.empty(n, dtype=np.float32)
+    codec.decode(enc, y)
+    finite = np.isfinite(x)
+    assert np.array_equal(np.isnan(y), np.isnan(x))
+    assert np.array_equal(y[np.isinf(x)], x[np.isinf(x)])
+    for lo in range(0, n, BLOCK):
+        block = slice(lo, min(lo + BLOCK, n))
+        ok = finite[block]
+        if ok.any():
+            step = np.abs(x[block][ok]).max() / 126
+            assert np.abs(y[block][ok] - x[block][ok]).max() <= step / 2 * (1 + 1e-5)
