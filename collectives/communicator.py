@@ -171,13 +171,18 @@ class Communicator:
         every peer on this host; "hierarchical": hosts in two levels; choice.py says which
         "auto" takes); ``compression``, ``residual``: operations/compressed_allreduce.py."""
         codec = parse(compression)
-        if isinstance(x, (list, tuple)) and codec is None:
+        if isinstance(x, (list, tuple)):
+            if residual is not None:
+                raise ValueError(f"rank {self.rank}: allreduce of a list of arrays takes no "
+                                 "residual (error feedback is per array: one call each)")
             return coalesced_allreduce(self.engine, self.allreduce, x, op, wait=wait,
-                                       timeout=timeout, algorithm=algorithm)
+                                       timeout=timeout, algorithm=algorithm,
+                                       compression=codec)
         if codec is not None:
             return compressed_allreduce(self.engine, x, op, codec, wait=wait,
                                         timeout=timeout, stats=self.codec_stats,
-                                        residual=residual, small_bytes=DEFAULT_SMALL_BYTES)
+                                        residual=residual, small_bytes=DEFAULT_SMALL_BYTES,
+                                        layout=_layout)
         stage = Staging()
         adapter, flat, dtype = stage.flat(x)
         check_reduce_op(op, dtype)
@@ -618,11 +623,9 @@ class Communicator:
                            compression: CodecSpec = None) -> Array | Work:
         """x <- self_weight * x + sum_j src_weights[j] * x_j, sending x to ``dst_ranks``:
         neighbor_exchange with the NeighborPlan of these arguments (see there)."""
-        try:
-            plan = NeighborPlan(self_weight, src_weights, dst_ranks, dst_weights, partial,
-                                check_pattern, compression)
-        except ValueError as exc:   # (the plan's own checks: the caller's arguments)
-            raise ValueError(f"rank {self.rank}: neighbor_allreduce: {exc}") from None
+        plan = NeighborPlan.of_call(self.rank, self_weight, src_weights, dst_ranks,
+                                    dst_weights=dst_weights, partial=partial,
+                                    check_pattern=check_pattern, compression=compression)
         return self.neighbor_exchange(x, plan, scratch=scratch, out=out, wait=wait,
                                       timeout=timeout)
 

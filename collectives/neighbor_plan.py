@@ -73,6 +73,19 @@ class NeighborPlan:
             raise ValueError("neighbor_allreduce with compression takes neither dst_weights "
                              "nor partial=True")
 
+    @classmethod
+    def of_call(cls, rank: int, self_weight: float, src_weights: Mapping[int, float],
+                dst_ranks: Iterable[int], *, dst_weights: Mapping[int, float] | None = None,
+                partial: bool = False, check_pattern: bool = True,
+                compression: CodecSpec = None) -> "NeighborPlan":
+        """The plan of ``neighbor_allreduce``'s arguments on ``rank``: its ValueError names the
+        rank and the call (the Peer's and the Communicator's neighbor_allreduce alike)."""
+        try:
+            return cls(self_weight, src_weights, dst_ranks, dst_weights, partial,
+                       check_pattern, compression)
+        except ValueError as exc:   # (the plan's own checks: the caller's arguments)
+            raise ValueError(f"rank {rank}: neighbor_allreduce: {exc}") from None
+
     @property
     def peers(self) -> list[int]:
         """Every peer of the round (sources and destinations), ascending."""

@@ -543,11 +543,9 @@ class Peer:
         if dst_ranks is None:
             dst_ranks = (list(dst_weights) if dst_weights is not None else
                          [j for j in self.topology.out_neighbors(self.rank, 0) if j not in lost])
-        try:
-            plan = NeighborPlan(self_weight, src_weights, dst_ranks, dst_weights, partial,
-                                check_pattern, compression)
-        except ValueError as exc:   # (the plan's own checks: the caller's arguments)
-            raise ValueError(f"rank {self.rank}: neighbor_allreduce: {exc}") from None
+        plan = NeighborPlan.of_call(self.rank, self_weight, src_weights, dst_ranks,
+                                    dst_weights=dst_weights, partial=partial,
+                                    check_pattern=check_pattern, compression=compression)
         return self.neighbor_exchange(x, plan, scratch=scratch, out=out, wait=wait,
                                       timeout=timeout)
 

@@ -47,15 +47,16 @@ def compressed_input(x: Any, op: str, codec: Codec, residual: Any) -> tuple[Any,
 
 def compressed_allreduce(engine: Engine, x: Any, op: str, codec: Codec, *, wait: bool,
                          timeout: float | None, stats: CodecStats, residual: Any = None,
-                         small_bytes: int = 0) -> Any:
+                         small_bytes: int = 0, layout: str = "") -> Any:
     """Communicator.allreduce with ``codec`` (ops sum and mean; floating-point arrays). Arrays
     of at most ``small_bytes`` (as float32) gather every encoding straight from its owner, in
     one latency, whatever the codec; larger ones take the ring on encodings (dense codecs) or
-    gather around the ring (top-k). ``stats`` counts what was encoded."""
+    gather around the ring (top-k). ``stats`` counts what was encoded. ``layout``: a list's
+    sizes as coalesced.py packed them, part of the call's signature."""
     adapter, flat, _, x32 = compressed_input(x, op, codec, residual)
     n, count = engine.world_size, x32.size
     seq = engine.next_seq()
-    signature = f"allreduce({op},{codec.name})"
+    signature = f"allreduce({op},{codec.name}{layout})"
     small = count * 4 <= small_bytes   # the same on every peer: x's size is in the signature
     if codec.dense and not small:   # the ring on encodings (algorithms/compressed.py)
         shape = (n, padded_count(count, n))

@@ -382,14 +382,19 @@ def coalesced(peer):
     got = work.wait()
     ok_torch = got is tensors and tensors[0].tolist() == [n - 1.0] * 3 \
         and tensors[1].tolist() == [0.0, 1.0, 2.0, 3.0]
-    try:
-        peer.allreduce([np.ones(2), np.ones(2, dtype=np.float32)])
-        mixed = None
-    except TypeError as exc:
-        mixed = str(exc)
-    after = peer.allreduce(np.ones(3))        # the refusal took no sequence number
-    return ok, ok_torch, mixed is not None and "one family and dtype" in mixed, \
-        after.tolist() == [float(n)] * 3
+    # Several dtypes and families in one list (Horovod's grouped_allreduce, hivemind's
+    # averaged tensors): one packed call per dtype, in the order each first appears.
+    mixed = [np.full(3, r, dtype=np.int64), torch.full((2,), float(r), dtype=torch.float64),
+             np.full((2, 2), float(r), dtype=np.float32), np.arange(4, dtype=np.int64) * r]
+    peer.allreduce(mixed, op="sum")
+    total = n * (n - 1) // 2
+    ok_mixed = (mixed[0].tolist() == [total] * 3 and mixed[0].dtype == np.int64
+                and mixed[1].tolist() == [float(total)] * 2
+                and mixed[1].dtype == torch.float64
+                and np.all(mixed[2] == total) and mixed[2].dtype == np.float32
+                and mixed[3].tolist() == [i * total for i in range(4)])
+    after = peer.allreduce(np.ones(3))
+    return ok, ok_torch, ok_mixed, after.tolist() == [float(n)] * 3
 
 
 def test_a_list_of_arrays_is_reduced_in_one_call():
@@ -400,17 +405,54 @@ def test_a_list_of_arrays_is_reduced_in_one_call():
 def coalesced_other_layouts(peer):
     import gossip
     sizes = (3, 2) if peer.rank == 0 else (2, 3)      # the same 5 elements in all
+    errors = []
     try:
         peer.allreduce([np.ones(sizes[0]), np.ones(sizes[1])], timeout=20)
+        errors.append(None)
     except gossip.GossipError as exc:
-        return type(exc).__name__, str(exc)
-    return None
+        errors.append((type(exc).__name__, str(exc)))
+    # The same arrays in another order of dtypes: the first calls differ.
+    pair = [np.ones(2, dtype=np.float32), np.ones(2)]
+    try:
+        peer.allreduce(pair if peer.rank == 0 else pair[::-1], timeout=20)
+        errors.append(None)
+    except gossip.GossipError as exc:
+        errors.append((type(exc).__name__, str(exc)))
+    return errors
 
 
 def test_lists_of_other_sizes_raise_on_every_peer():
     results = spawn(coalesced_other_layouts, n=2, timeout=60)
-    assert all(res is not None and res[0] == "ProtocolError" for res in results), results
-    assert all("arrays=[3,2]" in res[1] and "arrays=[2,3]" in res[1] for res in results)
+    assert all(res[0] is not None and res[0][0] == "ProtocolError" for res in results), results
+    assert all("arrays=[3,2]" in res[0][1] and "arrays=[2,3]" in res[0][1] for res in results)
+    assert all(res[1] is not None and res[1][0] == "ProtocolError" for res in results), results
+    assert all("float32" in res[1][1] and "float64" in res[1][1] for res in results), results
+
+
+def coalesced_compressed(peer):
+    import torch
+    n, r = peer.world_size, peer.rank
+    tensors = [torch.full((300,), float(r + 1)), torch.arange(7.0) * (r + 1),
+               torch.full((2, 5), -float(r))]
+    got = peer.allreduce(tensors, op="mean", compression="fp16")
+    mean = (n + 1) / 2
+    ok = (got is tensors and torch.allclose(tensors[0], torch.full((300,), mean))
+          and torch.allclose(tensors[1], torch.arange(7.0) * mean)
+          and torch.allclose(tensors[2], torch.full((2, 5), -(n - 1) / 2)))
+    sizes = (3, 2) if r == 0 else (2, 3)      # the layout is the call's, with a codec too
+    try:
+        peer.allreduce([np.ones(sizes[0], np.float32), np.ones(sizes[1], np.float32)],
+                       compression="int8", timeout=20)
+        other = None
+    except Exception as exc:   # (gossip's errors: imported by the peer)
+        other = type(exc).__name__
+    return ok, other
+
+
+def test_a_list_of_arrays_goes_through_a_codec_in_one_call():
+    for ok, other in spawn(coalesced_compressed, n=3, timeout=60, preload=("torch",)):
+        assert ok
+        assert other == "ProtocolError"
 
 
 def gather_fails_while_read(peer):
