@@ -69,7 +69,7 @@ class Int8Block(Codec):
         xp = array_module(x)
         count = x.size
         scales, q = self._split(out, count)
-        given = x
+        given = (x, scales, q)   # (the torch path below names torch views of them alike)
         full = count // BLOCK * BLOCK
         fast = torch_views(x, scales, q)
         step = WORK_ELEMENTS if fast is None else TORCH_WORK
@@ -89,9 +89,9 @@ class Int8Block(Codec):
             if full < count:
                 tail = count - full
                 blocks(xp, x[full:], tail, scales[-1:], q[full:], work[:tail])
-        original = self._split(out, count)[0]   # (scales as they are in out, whatever fast did)
-        if count and not bool(xp.isfinite(original).all()):
-            self._confine(xp, given, original, self._split(out, count)[1])
+        x, scales, q = given
+        if count and not bool(xp.isfinite(scales).all()):   # a NaN or inf: rare
+            self._confine(xp, x, scales, q)
 
     @staticmethod
     def _confine(xp: Any, x: Any, scales: Any, q: Any) -> None:

@@ -110,16 +110,50 @@ def clipped_between_backward_and_step(peer):
         opt.step()
     buckets = len(opt.policy.buckets)
     opt.close()
-    return digest(model), torch.stack(seen).numpy(), buckets
+    # Two backward passes over disjoint parameters before one step: the first one's end
+    # launched every bucket, so the second's gradients would stay local. Refused, naming
+    # no_sync(); inside it the same passes are averaged once, at the last one's end.
+    torch.manual_seed(0)
+    first, last = torch.nn.Linear(4, 4), torch.nn.Linear(4, 1)
+    opt = gossip.DistributedOptimizer(
+        torch.optim.SGD([*first.parameters(), *last.parameters()], lr=0.1), peer=peer,
+        policy=gossip.policies.Synchronous(bucket_bytes=64))
+    x = torch.randn(8, 4) * (peer.rank + 1)
+    first(x).sum().backward()
+    before = [p.detach().clone() for p in last.parameters()]
+    try:
+        last(first(x).detach()).sum().backward()
+        refused = ""
+    except RuntimeError as exc:
+        refused = str(exc)
+    try:   # the gradient is in its bucket already: the step is refused as well
+        opt.step()
+        refused += " | stepped"
+    except RuntimeError as exc:
+        refused += " | " + str(exc)
+    refused += " | " + str(all(torch.equal(a, p) for a, p in zip(before, last.parameters())))
+    opt.zero_grad()
+    with opt.policy.no_sync():
+        first(x).sum().backward()
+    last(first(x).detach()).sum().backward()
+    opt.step()
+    after = torch.cat([p.detach().reshape(-1) for p in [*first.parameters(),
+                                                          *last.parameters()]]).numpy()
+    opt.close()
+    return digest(model), torch.stack(seen).numpy(), buckets, refused, after
 
 
 def test_gradients_hold_the_mean_when_backward_returns_so_clipping_keeps_replicas_identical():
     out = spawn(clipped_between_backward_and_step, n=3, timeout=90)
     assert out[0][2] > 1
-    grads = [g for _, g, _ in out]
+    grads = [g for _, g, _, _, _ in out]
     for g in grads[1:]:
         assert np.array_equal(g, grads[0])      # the same bytes on every replica
-    assert len({d for d, _, _ in out}) == 1
+    assert len({d for d, _, _, _, _ in out}) == 1
+    for _, _, _, refused, after in out:
+        assert "no_sync" in refused and "the step is refused" in refused, refused
+        assert refused.endswith("| True"), refused   # nothing applied
+        assert np.array_equal(after, out[0][4])
 
 
 def asynchronous_several_buckets(peer):

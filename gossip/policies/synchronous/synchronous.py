@@ -96,6 +96,7 @@ class Synchronous(AllreducePolicy):
         self._lock = threading.Lock()
         self._sync = True
         self._finish_queued = False   # _finish_averaging is queued to end this backward
+        self._refused: str | None = None   # why _on_grad refused a gradient this step
 
     # ------------------------------------------------------------------ set-up
     def _setup(self) -> None:
@@ -154,11 +155,24 @@ class Synchronous(AllreducePolicy):
             return
         with self._lock:
             key = id(param)
+            refusal = None
             if key in self._seen:
-                raise RuntimeError(
-                    "a gradient was accumulated twice before after_backward(): its bucket's "
-                    "allreduce may already be running; for gradient accumulation run the "
-                    "extra backward passes inside `with policy.no_sync():`")
+                refusal = ("a gradient was accumulated twice before after_backward(): its "
+                           "bucket's allreduce may already be running; for gradient "
+                           "accumulation run the extra backward passes inside `with "
+                           "policy.no_sync():`")
+            elif b.index < self._next:
+                # Its bucket went without it (the end of an earlier backward pass launches
+                # every bucket): averaged now, it would not be; kept local, replicas drift.
+                refusal = ("a gradient was accumulated after its bucket's allreduce began: a "
+                           "second backward pass before after_backward() "
+                           "(optimizer.step()); run the earlier backward passes inside `with "
+                           "policy.no_sync():`")
+            if refusal is not None:
+                # The gradient is in its bucket already (the hook runs after accumulating):
+                # the step is refused too, so no replica applies it.
+                self._refused = refusal
+                raise RuntimeError(f"rank {self._host().rank}: {refusal}")
             self._seen.add(key)
             self._count[b.index] += 1
             self._launch_ready()
@@ -225,6 +239,10 @@ class Synchronous(AllreducePolicy):
         for w in work:
             if w is not None:
                 w.wait(self.timeout)
+        refused, self._refused = self._refused, None
+        if refused is not None:
+            raise RuntimeError(f"rank {self._host().rank}: this step's gradients are not the "
+                               f"replicas' mean, so the step is refused: {refused}")
 
     def _after_step(self, step: int) -> None:
         if self._packed().kind == "torch":
