@@ -14,7 +14,9 @@ c10d store; the others read it there. The group's timeout (``init_process_group(
 is the Peer's. Every call returns a ``dist.Work`` at once: collectives run in call order on
 the Peer's worker thread, sends and receives on threads of their own (so an ``isend`` to a
 peer that is not receiving yet does not block the caller); ``get_future()`` completes with
-the call's tensors, as DDP's communication hooks expect.
+the call's tensors, as DDP's communication hooks expect, on threads of its own
+(c10d_work.py: a callback may start another collective and wait for it). Errors are gossip's
+and torch's at once (``as_c10d_error``: a PeerLost is a DistBackendError too).
 
 What is refused with a clear error rather than done wrongly: devices other than CPU,
 ReduceOp.PREMUL_SUM, bitwise reductions of floating-point tensors, send/recv with a tag
@@ -74,10 +76,30 @@ class GossipProcessGroup(dist.ProcessGroup):
         self._comm = self.peer.communicator
         self._sends = Executor(f"gossip-c10d send r{rank}")
         self._recvs = Executor(f"gossip-c10d recv r{rank}")
+        # What torch names the group by (destroy_process_group, functional collectives):
+        # ProcessGroup keeps it in its first device backend, and this group is its own.
+        self._group_name = ""
+        self._group_desc = ""
 
     # ------------------------------------------------------------------ c10d interface
     def getBackendName(self) -> str:
         return BACKEND_NAME
+
+    def _set_group_name(self, name: str) -> None:
+        self._group_name = name
+
+    @property
+    def group_name(self) -> str:  # type: ignore[override]  # (the binding's is a property too)
+        if not self._group_name:
+            raise RuntimeError("ProcessGroup name not set")   # (as torch's own says)
+        return self._group_name
+
+    def _set_group_desc(self, desc: str) -> None:
+        self._group_desc = desc
+
+    @property
+    def group_desc(self) -> str:
+        return self._group_desc
 
     def allreduce(  # type: ignore[override]  # c10d's (tensors, opts): class docstring
             self, tensors: list, opts: Any = None) -> GossipWork:

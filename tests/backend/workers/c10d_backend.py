@@ -176,6 +176,8 @@ def main() -> None:
         dist.all_gather([torch.empty(2) for _ in range(n)], torch.ones(2 + (r == 0)))
     except Exception as exc:
         assert "rank 0" in str(exc), exc
+        # The other ranks' ProtocolError is a RuntimeError too (torch's callers catch those).
+        assert r == 0 or isinstance(exc, RuntimeError), type(exc).__mro__
     else:
         raise AssertionError("a mismatched all_gather did not fail")
     t = torch.ones(1)
@@ -187,7 +189,26 @@ def main() -> None:
     t = torch.ones(2)
     dist.all_reduce(t, group=group)
     assert t.tolist() == [float(n)] * 2
+    # torch names groups (destroy_process_group, functional collectives look them up).
+    assert dist.group.WORLD.group_name and group.group_name != dist.group.WORLD.group_name
+    import torch.distributed._functional_collectives as funcol
+    summed = funcol.all_reduce(torch.ones(2) * (r + 1), "sum", dist.group.WORLD)
+    assert summed.tolist() == [n * (n + 1) / 2] * 2, summed
+    pair = dist.new_group([0, 1])
+    if r in (0, 1):
+        t = torch.ones(1)
+        dist.all_reduce(t, group=pair)
+        assert t.item() == 2
+        dist.destroy_process_group(pair)
     say("OK new_group")
+
+    # A future's callback that starts a collective and waits for it (PowerSGD's hook does):
+    # futures complete off the thread that runs the collectives, or this waits forever.
+    y = torch.ones(2)
+    chained = dist.all_reduce(torch.ones(2), async_op=True).get_future().then(
+        lambda _: dist.all_reduce(y, async_op=True).get_future().wait()[0])
+    assert chained.wait().tolist() == [float(n)] * 2
+    say("OK then_collective")
 
     # DDP: every rank trains on its own batches; the replicas must equal the same steps
     # taken by hand with the ranks' mean gradient (every rank's data is known from its seed).
@@ -216,6 +237,8 @@ def main() -> None:
         try:
             dist.all_reduce(torch.ones(1 << 16))
         except gossip.PeerLost as exc:
+            # ...and a DistBackendError (a RuntimeError), as torch's backends raise theirs.
+            assert isinstance(exc, dist.DistBackendError), type(exc).__mro__
             say("OK peer_lost", type(exc).__name__, exc)
         else:
             raise AssertionError("the lost rank went unnoticed")
