@@ -60,7 +60,10 @@ class _Completer:
     collectives: a callback that starts another collective and waits for it (PowerSGD's,
     DDP's ``fut.then(...)``) would wait for that thread forever. A thread is added whenever
     none is idle (a callback may wait on a later future, which then needs another thread);
-    they are few: as many as callbacks wait at once."""
+    they are few: as many as callbacks wait at once, and one idle for IDLE_EXIT seconds
+    ends."""
+
+    IDLE_EXIT = 10.0
 
     def __init__(self) -> None:
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
@@ -86,7 +89,17 @@ class _Completer:
                 log.exception("completing a torch.distributed future failed")
             with self._lock:
                 self._idle += 1
-            fn = self._queue.get()
+            while True:
+                try:
+                    fn = self._queue.get(timeout=self.IDLE_EXIT)
+                    break
+                except queue.Empty:
+                    with self._lock:
+                        # Waiting threads are the idle ones and those promised a task: one
+                        # idle may go, and every promised task still finds a thread.
+                        if self._idle > 0:
+                            self._idle -= 1
+                            return
 
 
 _COMPLETER = _Completer()
