@@ -133,15 +133,25 @@ class Sockets:
         self.endpoints = self._bind()
 
     def socket(self, kind: int, *, server: bool = False) -> zmq.Socket:
-        """A socket with linger 0, the configured buffers, ZMTP heartbeats and CURVE."""
+        """A socket with linger 0, the configured buffers and CURVE; a client (a DEALER)
+        also with ZMTP heartbeats, which the server answers (libzmq's own thread answers a
+        PING, so a peer busy in Python still does)."""
         cfg = self.config
         sock = self.context.socket(kind)
         sock.linger = 0
         if cfg.socket_buffer_bytes:
             sock.sndbuf = sock.rcvbuf = cfg.socket_buffer_bytes
-        sock.setsockopt(zmq.HEARTBEAT_IVL, int(cfg.effective_heartbeat_interval * 1000))
-        sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, int(cfg.effective_heartbeat_timeout * 1000))
-        sock.setsockopt(zmq.HEARTBEAT_TTL, int(cfg.effective_heartbeat_timeout * 1000))
+        if not server:
+            # Liveness comes from the DEALERs' heartbeats (liveness.py), and their TTL makes
+            # the ROUTER drop a connection that went silent. The ROUTER pings no one: libzmq
+            # (4.3.5 and its master) aborts the process when a connection's heartbeat timer
+            # comes due after the connection stopped reading (its pipe to a socket being
+            # closed refused a frame) and then hung up (stream_engine_base.cpp, `!_io_error`),
+            # which is what a ROUTER closed at a view change, while its peers still send and
+            # then close theirs, meets (tests/collectives/test_transport.py, -k pings).
+            sock.setsockopt(zmq.HEARTBEAT_IVL, int(cfg.effective_heartbeat_interval * 1000))
+            sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, int(cfg.effective_heartbeat_timeout * 1000))
+            sock.setsockopt(zmq.HEARTBEAT_TTL, int(cfg.effective_heartbeat_timeout * 1000))
         if cfg.key is not None:
             if server:
                 cfg.key.apply_server(sock)
