@@ -14,7 +14,10 @@ host boundary, and the result comes back on each host the same way.
   slices back and the host allgathers them.
 
 Each element of the result is reduced by one peer of the cross-host ring and copied to the
-others, so every peer ends bitwise identical, as with the flat ring. The hosts are the
+others, so every peer ends bitwise identical, as with the flat ring. The host's sums are made
+aside (a buffer of the peer's slice; the leader of an unequal host: of the whole array), so
+the array only ever holds the peer's own values or results: a call that fails half-way leaves
+each element one or the other, as the flat ring does (ring.py). The hosts are the
 rendezvous table's host identities (collectives.transport.host_id: host and network
 namespace), the same table on every peer, so every peer groups alike.
 """
@@ -63,45 +66,58 @@ def hierarchical_allreduce(call: Call, adapter: ArrayAdapter, flat: Any, op: str
     count = adapter.size(flat)
     segs = segments(count, k)
     reduce_op = "sum" if op == "mean" else op
-    divide_by = n if op == "mean" else 0
-    if k > 1:   # the host's sums, slice (i + 1) % k at local position i
+    lo, hi = segs[(i + 1) % k]
+    if k == 1:   # a host of one: the ring across hosts on the array itself
+        hosts = None
+    else:   # the host's sums, slice (i + 1) % k at local position i, made aside
+        hosts = adapter.empty(hi - lo, adapter.dtype_name(flat), flat)
         wait_sent(call, ring_reduce_scatter(call, adapter, flat, reduce_op, segs=segs,
-                                            ring=local))
+                                            ring=local, aside=True, into=hosts))
     if all(len(g) == k for g in groups):
-        lo, hi = segs[(i + 1) % k]
-        if len(groups) > 1:
-            ring_allreduce(call, adapter, flat, op, ring=[g[i] for g in groups], lo=lo, hi=hi,
-                           divide_by=n)
-        elif divide_by:
-            adapter.divide(adapter.slice(flat, lo, hi), n)
+        work, start, stop = (flat, lo, hi) if hosts is None else (hosts, 0, hi - lo)
+        if len(groups) > 1:   # (every peer of this ring holds its slice alike)
+            ring_allreduce(call, adapter, work, op, ring=[g[i] for g in groups], lo=start,
+                           hi=stop, divide_by=n)
+        elif op == "mean":
+            adapter.divide(adapter.slice(work, start, stop), n)
     else:
-        _through_leaders(call, adapter, flat, op, groups, local, segs)
-    if k > 1:
+        _through_leaders(call, adapter, flat, op, groups, local, segs, hosts=hosts)
+    if hosts is not None:
+        adapter.copy(adapter.slice(flat, lo, hi), hosts)   # the result, at last
         wait_sent(call, ring_allgather(call, adapter, flat, segs=segs, ring=local))
 
 
 def _through_leaders(call: Call, adapter: ArrayAdapter, flat: Any, op: str,
-                     groups: list[list[int]], local: list[int], segs: list[tuple[int, int]]
-                     ) -> None:
+                     groups: list[list[int]], local: list[int], segs: list[tuple[int, int]],
+                     *, hosts: Any) -> None:
     """Hosts of different sizes: the local slices to the host's leader, the leaders'
-    allreduce, the slices back (each peer then holds slice (i + 1) % k, as after the host's
-    reduce-scatter, ready for its allgather)."""
+    allreduce, the slices back (each peer then holds slice (i + 1) % k in ``hosts``, as
+    after the host's reduce-scatter, ready for its allgather; a host of one: in ``flat``).
+    A leader of several peers gathers its host's sums in a buffer of the whole array."""
     t = call.transport
     k, leader = len(local), local[0]
     if t.rank != leader:
         lo, hi = segs[(local.index(t.rank) + 1) % k]
-        wait_sent(call, post_range(call, leader, adapter, flat, lo, hi, track=True))
+        wait_sent(call, post_range(call, leader, adapter, hosts, lo, hi, track=True, at=lo))
         for a, b, chunk in recv_range(call, leader, adapter, lo, hi):
-            adapter.copy(adapter.slice(flat, a, b), chunk)
+            adapter.copy(adapter.slice(hosts, a - lo, b - lo), chunk)
         return
+    if hosts is None:   # a host of one: its array is its host's sum
+        ring_allreduce(call, adapter, flat, op, ring=[g[0] for g in groups],
+                       divide_by=t.world_size)
+        return
+    lo, hi = segs[1 % k]
+    every = adapter.empty(adapter.size(flat), adapter.dtype_name(flat), flat)
+    adapter.copy(adapter.slice(every, lo, hi), hosts)
     for j, peer in enumerate(local[1:], start=1):
-        lo, hi = segs[(j + 1) % k]
-        for a, b, chunk in recv_range(call, peer, adapter, lo, hi):
-            adapter.copy(adapter.slice(flat, a, b), chunk)
-    ring_allreduce(call, adapter, flat, op, ring=[g[0] for g in groups],
+        a0, b0 = segs[(j + 1) % k]
+        for a, b, chunk in recv_range(call, peer, adapter, a0, b0):
+            adapter.copy(adapter.slice(every, a, b), chunk)
+    ring_allreduce(call, adapter, every, op, ring=[g[0] for g in groups],
                    divide_by=t.world_size)
+    adapter.copy(hosts, adapter.slice(every, lo, hi))
     ticket = None
     for j, peer in enumerate(local[1:], start=1):
-        lo, hi = segs[(j + 1) % k]
-        ticket = post_range(call, peer, adapter, flat, lo, hi, track=True) or ticket
+        a0, b0 = segs[(j + 1) % k]
+        ticket = post_range(call, peer, adapter, every, a0, b0, track=True) or ticket
     wait_sent(call, ticket)

@@ -80,11 +80,13 @@ def chunk_elements(chunk_bytes: int, itemsize: int) -> int:
 
 
 def post_range(call: Call, dst: int, adapter: ArrayAdapter, flat: Any, start: int, stop: int,
-               *, track: bool = False, plan: int = 0) -> SendTicket | None:
+               *, track: bool = False, plan: int = 0, at: int = 0) -> SendTicket | None:
     """Queue elements [start, stop) of ``flat`` to ``dst``. With ``track``, returns a ticket that
     says when the buffer may be reused (the last chunk is tracked: one pipe keeps order); None
     means it may be reused at once (the chunks were copied, e.g. into shared memory).
-    ``plan``: a neighbour exchange's PLAN bits, carried by the first chunk (pattern.py)."""
+    ``plan``: a neighbour exchange's PLAN bits, carried by the first chunk (pattern.py).
+    ``at``: the element of the call's array that ``flat``'s first element stands for (a
+    buffer holding part of it: elements [start, stop) are ``flat[start - at:stop - at]``)."""
     t = call.transport
     size = call.itemsize
     ticket = None
@@ -100,7 +102,8 @@ def post_range(call: Call, dst: int, adapter: ArrayAdapter, flat: Any, start: in
         hi = min(lo + step, stop)
         ticket = t.post_chunk(dst, call.header(DATA, lo * size, (hi - lo) * size,
                                                plan if lo == start else 0),
-                              adapter.send_buffer(flat, lo, hi), deadline=call.deadline,
+                              adapter.send_buffer(flat, lo - at, hi - at),
+                              deadline=call.deadline,
                               track=track and hi == stop)
     return ticket
 

@@ -66,22 +66,54 @@ def _place(call: Call, ring: list[int] | None) -> tuple[int, int, int, int]:
 
 def ring_reduce_scatter(call: Call, adapter: ArrayAdapter, flat: Any, op: str, *,
                         segs: list[tuple[int, int]], divide_by: int = 0,
-                        forward_final: bool = False, ring: list[int] | None = None):
+                        forward_final: bool = False, ring: list[int] | None = None,
+                        aside: bool = False, into: Any = None):
     """Reduce-scatter in place: afterwards the peer at position r of ``ring`` (default: rank
     r of every rank) holds the reduced segment (r + 1) % n; ``segs`` has one per position.
 
     With ``divide_by``, the owned segment is divided (op "mean"). With ``forward_final``, each
     finished chunk goes straight on to the right neighbour as the first allgather step.
+    With ``aside``, the partial sums a peer forwards are made in a buffer (two segments,
+    taken in turn), not in ``flat``, which then only ever holds this peer's own values or its
+    finished segment: a call that fails half-way leaves no partial sum in it. ``into``: a
+    buffer of the owned segment's length that gets the reduced segment instead of ``flat``
+    (forward_final then sends it from there).
     Returns the ticket of the last send (to wait on before the buffer may change).
     """
     n, r, right, left = _place(call, ring)
     lo, hi = segs[r]
     ticket = post_range(call, right, adapter, flat, lo, hi)
+    buffers: list[Any] = [None, None]
+    sent: list[Any] = [None, None]   # the last send out of each buffer
     for s in range(n - 1):
         lo, hi = segs[(r - s - 1) % n]
         last = s == n - 2
+        buffer = None
+        if aside and not last:
+            k = s % 2
+            wait_sent(call, sent[k])   # (sent two steps ago: long taken, in practice)
+            if buffers[k] is None:
+                longest = max(b - a for a, b in segs)
+                buffers[k] = adapter.empty(longest, adapter.dtype_name(flat), flat)
+            buffer = buffers[k]
         for a, b, chunk in recv_range(call, left, adapter, lo, hi):
             part = adapter.slice(flat, a, b)
+            if buffer is not None:
+                partial = adapter.slice(buffer, a - lo, b - lo)
+                adapter.copy(partial, part)
+                adapter.reduce(op, partial, chunk)
+                ticket = sent[k] = post_range(call, right, adapter, buffer, a, b, track=True,
+                                              at=lo)
+                continue
+            if last and into is not None:
+                target = adapter.slice(into, a - lo, b - lo)
+                adapter.copy(target, part)
+                adapter.reduce(op, target, chunk)
+                if divide_by:
+                    adapter.divide(target, divide_by)
+                if forward_final:
+                    ticket = post_range(call, right, adapter, into, a, b, track=True, at=lo)
+                continue
             adapter.reduce(op, part, chunk)
             if last and divide_by:
                 adapter.divide(part, divide_by)
@@ -117,13 +149,15 @@ def ring_allreduce(call: Call, adapter: ArrayAdapter, flat: Any, op: str, *,
                    divide_by: int | None = None) -> None:
     """Ring allreduce in place (reduce-scatter then allgather, pipelined across the phases)
     of elements [lo, hi) of ``flat`` among ``ring`` (ranks in ring order; default every rank).
-    Op "mean" divides by ``divide_by`` (default: the ring's size)."""
+    Op "mean" divides by ``divide_by`` (default: the ring's size). ``flat`` only ever holds
+    this peer's own values or results (ring_reduce_scatter's ``aside``): a call that fails
+    leaves each element one or the other."""
     n = call.transport.world_size if ring is None else len(ring)
     hi = adapter.size(flat) if hi is None else hi
     segs = [(lo + a, lo + b) for a, b in segments(hi - lo, n)]
     divide_by = (n if divide_by is None else divide_by) if op == "mean" else 0
     reduce_op = "sum" if op == "mean" else op
     ticket = ring_reduce_scatter(call, adapter, flat, reduce_op, segs=segs, divide_by=divide_by,
-                                 forward_final=True, ring=ring)
+                                 forward_final=True, ring=ring, aside=True)
     ticket = ring_allgather(call, adapter, flat, segs=segs, first_sent=True, ring=ring) or ticket
     wait_sent(call, ticket)

@@ -10,6 +10,11 @@ bound, with nothing allocated but the block buffer.
 The peers read only what the call's slot headers announced, after the entry compared their
 calls. Every element is reduced by one peer and read by the others: bitwise identical. What
 a peer reads of another counts as bytes that other sent it (transport.counters).
+
+A call that fails (a peer lost, its abort) leaves each element of a peer's array either as
+it was or at its result, as hivemind's averager promises: a block of the peer's own slice
+is reduced in a buffer and written only once every peer's block is in it, and what is read
+of the others' slices after the first barrier is their result.
 """
 from __future__ import annotations
 
@@ -65,19 +70,27 @@ class DirectReads:
         for j in others:   # what j reads of this peer's array
             count_shared(t, j, (segs[j][1] - segs[j][0] + segs[r][1] - segs[r][0]) * size)
         block = max(1, BLOCK_BYTES // size)
-        if self._block.size < block * size:
-            self._block = np.empty(block * size, np.uint8)
-        buffer = self._block.ctypes.data
+        half = block * size
+        if self._block.size < 2 * half:
+            self._block = np.empty(2 * half, np.uint8)
+        buffer = self._block.ctypes.data   # a peer's block is read into the first half
         lo, hi = segs[r]
         for b in range(lo, hi, block):
             e = min(b + block, hi)
+            m = e - b
             mine = adapter.slice(flat, b, e)
+            # The block is reduced aside (in the same order, so to the same bytes) and
+            # written once whole: a peer lost half-way leaves each element of this peer's
+            # array either reduced or as it was (module docstring).
+            acc = adapter.from_frame(self._block[half:half + m * size], call.frame_dtype, m)
+            adapter.copy(acc, mine)
             for j in others:
-                read_peer(self.reader, call, j, where[j], b * size, buffer, (e - b) * size)
-                adapter.reduce(reduce_op, mine, adapter.from_frame(
-                    self._block[:(e - b) * size], call.frame_dtype, e - b))
+                read_peer(self.reader, call, j, where[j], b * size, buffer, m * size)
+                adapter.reduce(reduce_op, acc, adapter.from_frame(
+                    self._block[:m * size], call.frame_dtype, m))
             if op == "mean":
-                adapter.divide(mine, n)
+                adapter.divide(acc, n)
+            adapter.copy(mine, acc)
         barrier()   # every slice is reduced
         for j in others:
             a, b = segs[j]

@@ -45,20 +45,24 @@ def recursive_doubling_allreduce(call: Call, adapter: ArrayAdapter, flat: Any, o
     size = adapter.size(flat)
     reduce_op = "sum" if op == "mean" else op
     p = 1 << (n.bit_length() - 1)  # largest power of two <= n
-    scratch = adapter.empty(size, adapter.dtype_name(flat), flat)
     if r >= p:  # fold in, wait for the result
         wait_sent(call, post_range(call, r - p, adapter, flat, 0, size, track=True))
         for a, b, chunk in recv_range(call, r - p, adapter, 0, size):
             adapter.copy(adapter.slice(flat, a, b), chunk)
         return
+    # The levels work on a copy: a call that fails leaves ``flat`` as it was (or, where the
+    # last copy back ran, at its result), never a partial sum.
+    work = adapter.clone(flat)
+    scratch = adapter.empty(size, adapter.dtype_name(flat), flat)
     if r + p < n:
         for a, b, chunk in recv_range(call, r + p, adapter, 0, size):
-            adapter.reduce(reduce_op, adapter.slice(flat, a, b), chunk)
+            adapter.reduce(reduce_op, adapter.slice(work, a, b), chunk)
     mask = 1
     while mask < p:
-        _exchange(call, adapter, flat, r ^ mask, reduce_op, size, scratch)
+        _exchange(call, adapter, work, r ^ mask, reduce_op, size, scratch)
         mask <<= 1
     if op == "mean":
-        adapter.divide(flat, n)
+        adapter.divide(work, n)
+    adapter.copy(flat, work)
     if r + p < n:
         wait_sent(call, post_range(call, r + p, adapter, flat, 0, size, track=True))

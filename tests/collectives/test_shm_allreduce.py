@@ -131,7 +131,9 @@ def _rank_2_is_named(results) -> None:
 def killed_midway(peer, direct):
     """Rank 2 SIGKILLs itself while the allreduce runs (64 MiB in rounds of 64 KiB: a
     thousand rounds, two barriers each; or read in blocks of 16 KiB, thousands of reads);
-    wherever it dies, the others must raise."""
+    wherever it dies, the others must raise, and each element of their arrays is either as
+    it was or the sum, never a partial sum: hivemind's averager promises as much (the first
+    1M elements are 3 after the first call, then 9; the rest 1, then 3)."""
     import os
     import signal
     import threading
@@ -140,7 +142,10 @@ def killed_midway(peer, direct):
     peer.allreduce(x[:1 << 20], algorithm="shm")   # together from here
     if peer.rank == 2:
         threading.Timer(0.01, lambda: os.kill(os.getpid(), signal.SIGKILL)).start()
-    return _fate(peer, x)
+    kind, message = _fate(peer, x)
+    head, rest = x[:1 << 20], x[1 << 20:]
+    return kind, message, (sorted(set(np.unique(head).tolist())),
+                           sorted(set(np.unique(rest).tolist())))
 
 
 @pytest.mark.parametrize("direct", [True, False], ids=["direct", "arenas"])
@@ -148,9 +153,10 @@ def test_a_peer_killed_during_the_barriers_is_an_error_naming_it(direct):
     results = spawn(killed_midway, n=3, timeout=90, peer_timeout=15, tolerate=(2,),
                     args=(direct,))
     assert results[2] is None
-    for kind, message in results[:2]:
+    for kind, message, (head, rest) in results[:2]:
         assert kind == "PeerLost", (kind, message)
         assert "rank 2" in message, message
+        assert set(head) <= {3.0, 9.0} and set(rest) <= {1.0, 3.0}, (head, rest)
 
 
 def arena_grows(peer):
