@@ -401,7 +401,7 @@ def test_peer_killed_mid_allreduce_is_peer_lost_on_every_survivor():
         assert elapsed < 8 + 2
 
 
-def killed_within_a_call(peer, algorithm):
+def killed_within_a_call(peer, algorithm, labels=None):
     """Rank 1 dies 5 ms into an allreduce (4 MiB of rank + 1 on each of 4 peers, a few tens of
     ms through the ring): wherever the others were, each element of their arrays is either
     their own value or the sum (10), never a partial sum (hivemind's averager promises as much;
@@ -409,6 +409,8 @@ def killed_within_a_call(peer, algorithm):
     import os
     import signal
     import threading
+    if labels:   # which peers count as one host (the two-level allreduce)
+        peer.transport.hosts = {j: labels[j] for j in range(peer.world_size)}
     x = np.full(1 << 20, float(peer.rank + 1), np.float32)
     peer.allreduce(x.copy(), algorithm=algorithm)   # connected, and together from here
     if peer.rank == 1:
@@ -421,10 +423,13 @@ def killed_within_a_call(peer, algorithm):
     return kind, sorted(set(np.unique(x).tolist()))
 
 
-@pytest.mark.parametrize("algorithm", ["ring", "recursive-doubling"])
-def test_a_peer_killed_within_an_allreduce_leaves_each_element_own_or_summed(algorithm):
+@pytest.mark.parametrize("algorithm, labels", [("ring", None), ("recursive-doubling", None),
+                                               ("hierarchical", "abab"),
+                                               ("hierarchical", "aaab")],
+                         ids=["ring", "recursive-doubling", "two-levels", "two-levels-unequal"])
+def test_a_peer_killed_within_an_allreduce_leaves_each_element_own_or_summed(algorithm, labels):
     results = spawn(killed_within_a_call, n=4, timeout=60, peer_timeout=8, tolerate=[1],
-                    args=(algorithm,))
+                    args=(algorithm, labels))
     for rank in (0, 2, 3):
         kind, values = results[rank]
         assert kind in ("PeerLost", "ok"), (rank, kind)
