@@ -89,14 +89,15 @@ def test_a_pattern_that_does_not_pair_is_still_a_value_error_on_both_ends():
 
 
 def killed_mid_round(peer):
-    """Rank 2 SIGKILLs itself while its neighbours read its 64 MiB in blocks of 16 KiB."""
+    """Rank 2 SIGKILLs itself while its neighbours read its 64 MiB in blocks of 16 KiB; each
+    element of the survivors' arrays is then its own value or the round's result."""
     import os
     import signal
     import threading
     import gossip
     _read_directly(peer, True)
     n, r = peer.world_size, peer.rank
-    x = np.ones(16 << 20, np.float32)
+    x = np.full(16 << 20, float(r + 1), np.float32)
     left, right = (r - 1) % n, (r + 1) % n
     peer.barrier()
     if r == 2:
@@ -104,17 +105,21 @@ def killed_mid_round(peer):
     try:
         peer.neighbor_allreduce(x, 1 / 3, {left: 1 / 3, right: 1 / 3}, [left, right])
     except (gossip.PeerLost, gossip.OperationTimeout) as exc:
-        return type(exc).__name__, str(exc)
-    return "ok", ""
+        return type(exc).__name__, str(exc), np.unique(x).tolist()
+    return "ok", "", np.unique(x).tolist()
 
 
 def test_a_source_killed_mid_round_is_an_error_naming_it():
     results = spawn(killed_mid_round, n=4, timeout=90, peer_timeout=15, tolerate=(2,))
     assert results[2] is None
+    n = 4
     for r in (1, 3):   # rank 2's neighbours
-        kind, message = results[r]
+        kind, message, values = results[r]
         assert kind == "PeerLost", (kind, message)
         assert "rank 2" in message, message
+        result = (r + 1 + (r - 1) % n + 1 + (r + 1) % n + 1) / 3
+        for v in values:   # its own value, or the round's result: nothing in between
+            assert v == r + 1 or abs(v - result) < 1e-5, (r, values, result)
 
 
 def slow_reader(peer, wait_seconds):
