@@ -522,8 +522,8 @@ def sender(address, closing, hold):
     dealer = ctx.socket(zmq.DEALER)
     dealer.linger = 0
     dealer.connect(address)
-    end = None
-    while end is None or time.monotonic() < end:
+    end, limit = None, time.monotonic() + 60   # (never longer than a minute)
+    while (end is None or time.monotonic() < end) and time.monotonic() < limit:
         if end is None and closing.is_set():
             end = time.monotonic() + hold
         try:
@@ -538,6 +538,7 @@ def once(rounds):
     config = TransportConfig(heartbeat_interval=0.001, transport="ipc")
     for _ in range(rounds):
         sockets = Sockets(0, config, lambda *a: None)
+        sockets.router.rcvtimeo = 20000   # (a receive that waits longer fails the round)
         address = sockets.endpoints["ipc"] or sockets.endpoints["tcp"]
         closing = mp.Event()
         senders = [mp.Process(target=sender, args=(address, closing, 0.0005 * k))
