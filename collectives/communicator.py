@@ -257,15 +257,18 @@ class Communicator:
         shifted = segs[-1:] + segs[:-1]   # the ring leaves peer r with segment r + 1
         reduce_op = "sum" if op == "mean" else op
 
+        # A call that fails leaves each element of x as it was or at its result: the ring
+        # makes the partial sums it forwards aside, and on one host each block of this
+        # peer's segment is reduced aside and written whole.
         def ring(call: Call) -> None:
             wait_sent(call, ring_reduce_scatter(call, adapter, flat, reduce_op, segs=shifted,
-                                                divide_by=n if op == "mean" else 0))
+                                                divide_by=n if op == "mean" else 0,
+                                                aside=True))
 
         def move(peers: CallArrays) -> None:
             lo, hi = segs[r]   # this peer's segment, reduced in place (the others read theirs)
-            peers.reduce(reduce_op, flat, lo, lo, hi, [j for j in range(n) if j != r])
-            if op == "mean":
-                adapter.divide(adapter.slice(flat, lo, hi), n)
+            peers.reduce(reduce_op, flat, lo, lo, hi, [j for j in range(n) if j != r],
+                         divide_by=n if op == "mean" else 0)
 
         def body() -> Array:
             if n > 1:

@@ -100,15 +100,13 @@ def ring_reduce_scatter(call: Call, adapter: ArrayAdapter, flat: Any, op: str, *
             part = adapter.slice(flat, a, b)
             if buffer is not None:
                 partial = adapter.slice(buffer, a - lo, b - lo)
-                adapter.copy(partial, part)
-                adapter.reduce(op, partial, chunk)
+                adapter.reduce_into(op, partial, part, chunk)
                 ticket = sent[k] = post_range(call, right, adapter, buffer, a, b, track=True,
                                               at=lo)
                 continue
             if last and into is not None:
                 target = adapter.slice(into, a - lo, b - lo)
-                adapter.copy(target, part)
-                adapter.reduce(op, target, chunk)
+                adapter.reduce_into(op, target, part, chunk)
                 if divide_by:
                     adapter.divide(target, divide_by)
                 if forward_final:

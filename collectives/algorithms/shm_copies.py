@@ -47,7 +47,8 @@ import numpy as np
 
 from collectives.algorithms.p2p import Call
 from collectives.algorithms import shm_direct
-from collectives.algorithms.shm_direct import address_of, read_peer, read_range, write_range
+from collectives.algorithms.shm_direct import (address_of, read_range, reduce_aside,
+                                               write_range)
 from collectives.algorithms.shm_entry import PID, WORDS, SharedEntry, count_shared
 from collectives.arrays.adapter import ArrayAdapter
 from collectives.transport import cma
@@ -66,7 +67,7 @@ class CallArrays(Protocol):
     def put(self, j: int, start: int, src: Any, lo: int, hi: int) -> None: ...
 
     def reduce(self, op: str, into: Any, at: int, start: int, stop: int,
-               others: list[int]) -> None: ...
+               others: list[int], *, divide_by: int = 0) -> None: ...
 
     def scratch(self, name: str, count: int) -> Any: ...
 
@@ -129,24 +130,19 @@ class PeerArrays:
         return buffer
 
     def reduce(self, op: str, into: Any, at: int, start: int, stop: int,
-               others: list[int]) -> None:
+               others: list[int], *, divide_by: int = 0) -> None:
         """``into[at:at + stop - start]`` reduced by ``op`` with elements [start, stop) of
-        every peer in ``others``, block by block (each peer's block read into cache and
-        reduced there, as the direct allreduce does: shm_direct.BLOCK_BYTES)."""
-        size, adapter = self.call.itemsize, self.adapter
-        count = stop - start
-        block = max(1, shm_direct.BLOCK_BYTES // size)
-        buffer = self._bytes("block", min(block, count) * size)
+        every peer in ``others`` (in that order), then divided by ``divide_by`` if given (op
+        "mean"), block by block, each block aside and written whole (shm_direct.reduce_aside:
+        a peer lost half-way leaves each element as it was or at its result)."""
+        size = self.call.itemsize
         for j in others:
-            count_shared(self.call.transport, j, count * size)
-        for a in range(0, count, block):
-            b = min(a + block, count)
-            mine = adapter.slice(into, at + a, at + b)
-            for j in others:
-                read_peer(self.reader, self.call, j, (self.pid[j], self.read[j]),
-                          (start + a) * size, buffer.ctypes.data, (b - a) * size)
-                adapter.reduce(op, mine, adapter.from_frame(buffer[:(b - a) * size],
-                                                            self.call.frame_dtype, b - a))
+            count_shared(self.call.transport, j, (stop - start) * size)
+        scratch = self._bytes("block", 2 * min(shm_direct.BLOCK_BYTES,
+                                               max(1, stop - start) * size))
+        reduce_aside(self.reader, self.call, self.adapter, op, into, at=at, start=start,
+                     stop=stop, where={j: (self.pid[j], self.read[j]) for j in others},
+                     scratch=scratch, divide_by=divide_by)
 
 
 class SlotArrays:
@@ -179,14 +175,17 @@ class SlotArrays:
         self.adapter.copy(self.adapter.slice(into, lo, hi), self.part(j, start, hi - lo))
 
     def reduce(self, op: str, into: Any, at: int, start: int, stop: int,
-               others: list[int]) -> None:
-        """As PeerArrays.reduce, out of the others' slots (in the order of ``others``)."""
+               others: list[int], *, divide_by: int = 0) -> None:
+        """As PeerArrays.reduce, out of the others' slots (in the order of ``others``), in
+        place: the slots are in memory already, so nothing can fail half-way."""
         if stop <= start:
             return
         mine = self.adapter.slice(into, at, at + stop - start)
         for j in others:
             count_shared(self.call.transport, j, (stop - start) * self.call.itemsize)
             self.adapter.reduce(op, mine, self.part(j, start, stop - start))
+        if divide_by:
+            self.adapter.divide(mine, divide_by)
 
     def scratch(self, name: str, count: int) -> Any:
         """An array of ``count`` elements of the call for this call (small: made anew)."""

@@ -31,8 +31,8 @@ from collectives.arrays.adapter import ArrayAdapter
 from collectives.errors import PeerLost, ProtocolError
 from collectives.transport import cma
 
-__all__ = ["DirectReads", "read_peer", "read_range", "write_peer", "write_range",
-           "address_of", "BLOCK_BYTES",
+__all__ = ["DirectReads", "reduce_aside", "read_peer", "read_range", "write_peer",
+           "write_range", "address_of", "BLOCK_BYTES",
            "DIRECT_MIN_BYTES", "READ_BYTES"]
 
 #: Bytes read from a peer and reduced at a time (stays in cache).
@@ -69,28 +69,11 @@ class DirectReads:
                                 {j: int(h[STEPS]) for j, h in headers.items()})
         for j in others:   # what j reads of this peer's array
             count_shared(t, j, (segs[j][1] - segs[j][0] + segs[r][1] - segs[r][0]) * size)
-        block = max(1, BLOCK_BYTES // size)
-        half = block * size
-        if self._block.size < 2 * half:
-            self._block = np.empty(2 * half, np.uint8)
-        buffer = self._block.ctypes.data   # a peer's block is read into the first half
+        if self._block.size < 2 * BLOCK_BYTES:
+            self._block = np.empty(2 * BLOCK_BYTES, np.uint8)
         lo, hi = segs[r]
-        for b in range(lo, hi, block):
-            e = min(b + block, hi)
-            m = e - b
-            mine = adapter.slice(flat, b, e)
-            # The block is reduced aside (in the same order, so to the same bytes) and
-            # written once whole: a peer lost half-way leaves each element of this peer's
-            # array either reduced or as it was (module docstring).
-            acc = adapter.from_frame(self._block[half:half + m * size], call.frame_dtype, m)
-            adapter.copy(acc, mine)
-            for j in others:
-                read_peer(self.reader, call, j, where[j], b * size, buffer, m * size)
-                adapter.reduce(reduce_op, acc, adapter.from_frame(
-                    self._block[:m * size], call.frame_dtype, m))
-            if op == "mean":
-                adapter.divide(acc, n)
-            adapter.copy(mine, acc)
+        reduce_aside(self.reader, call, adapter, reduce_op, flat, at=lo, start=lo, stop=hi,
+                     where=where, scratch=self._block, divide_by=n if op == "mean" else 0)
         barrier()   # every slice is reduced
         for j in others:
             a, b = segs[j]
@@ -98,6 +81,41 @@ class DirectReads:
                 into = np.frombuffer(adapter.send_buffer(flat, a, b), np.uint8).ctypes.data
                 read_peer(self.reader, call, j, where[j], a * size, into, (b - a) * size)
         barrier()   # no one reads this peer's array any more
+
+
+def reduce_aside(reader: cma.Reader, call: Call, adapter: ArrayAdapter, op: str, into: Any, *,
+                 at: int, start: int, stop: int, where: dict[int, tuple[int, int]],
+                 scratch: np.ndarray, divide_by: int = 0) -> None:
+    """``into[at:at + stop - start]`` reduced by ``op`` with elements [start, stop) of the
+    array of every peer j in ``where`` (its pid and the array's address; in that order), then
+    divided by ``divide_by`` if given (op "mean"), one block of BLOCK_BYTES at a time: each
+    peer's block is read into the first half of ``scratch`` (at least 2 * BLOCK_BYTES bytes,
+    or twice the run); the sums before the last peer's are made in its second half, and the
+    last one is written into this peer's block (``reduce_into``: no pass more than reducing
+    in place, and the same bytes). A peer lost half-way thus leaves each element of ``into``
+    either as it was or at its result, never a partial sum (hivemind's averager promises as
+    much)."""
+    size = call.itemsize
+    block = max(1, BLOCK_BYTES // size)
+    half = min(block, max(0, stop - start)) * size
+    buffer = scratch.ctypes.data
+    last = len(where) - 1
+    for a in range(start, stop, block):
+        b = min(a + block, stop)
+        m, nbytes = b - a, (b - a) * size
+        mine = adapter.slice(into, at + a - start, at + b - start)
+        acc = adapter.from_frame(scratch[half:half + nbytes], call.frame_dtype, m)
+        got = adapter.from_frame(scratch[:nbytes], call.frame_dtype, m)
+        for k, (j, peer) in enumerate(where.items()):
+            read_peer(reader, call, j, peer, a * size, buffer, nbytes)
+            if k == last:   # (every read done: this peer's block gets the result)
+                adapter.reduce_into(op, mine, mine if k == 0 else acc, got)
+            elif k == 0:
+                adapter.reduce_into(op, acc, mine, got)
+            else:
+                adapter.reduce(op, acc, got)
+        if divide_by:
+            adapter.divide(mine, divide_by)
 
 
 def read_peer(reader: cma.Reader, call: Call, j: int, where: tuple[int, int], offset: int,

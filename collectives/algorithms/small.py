@@ -24,15 +24,12 @@ def _exchange(call: Call, adapter: ArrayAdapter, flat: Any, partner: int, op: st
     # with fused multiply-add, complex products are not commutative bit for bit.
     ticket = post_range(call, partner, adapter, flat, 0, size, track=True)
     lower = call.transport.rank < partner
-    if lower:
-        adapter.copy(scratch, flat)
     for a, b, chunk in recv_range(call, partner, adapter, 0, size):
-        part = adapter.slice(scratch, a, b)
+        part, own = adapter.slice(scratch, a, b), adapter.slice(flat, a, b)
         if lower:
-            adapter.reduce(op, part, chunk)
+            adapter.reduce_into(op, part, own, chunk)
         else:
-            adapter.copy(part, chunk)
-            adapter.reduce(op, part, adapter.slice(flat, a, b))
+            adapter.reduce_into(op, part, chunk, own)
     wait_sent(call, ticket)
     adapter.copy(flat, scratch)
 

@@ -76,6 +76,12 @@ class CupyAdapter(ArrayAdapter):
         else:
             self._reduce[op](dst, src, out=dst)
 
+    def reduce_into(self, op: str, dst: Any, a: Any, b: Any) -> None:
+        if dst.dtype == np.bool_ and op in ("sum", "mean"):
+            self._cp.logical_or(a, b, out=dst)
+        else:
+            self._reduce[op](a, b, out=dst)
+
     def copy(self, dst: Any, src: Any) -> None:
         dst[...] = src
 

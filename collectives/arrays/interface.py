@@ -120,6 +120,13 @@ class ArrayAdapter(abc.ABC):
         """dst = op(dst, src), in place (sum and mean of bools: logical or)."""
 
     @abc.abstractmethod
+    def reduce_into(self, op: str, dst: Any, a: Any, b: Any) -> None:
+        """dst = op(a, b), one pass (sum and mean of bools: logical or); ``dst`` may be ``a``
+        or ``b``. The same bytes as ``reduce(op, c, b)`` on a copy ``c`` of ``a``: the
+        operands in the same order (with fused multiply-add, a complex product is not
+        commutative bit for bit)."""
+
+    @abc.abstractmethod
     def copy(self, dst: Any, src: Any) -> None:
         """dst = src, in place."""
 

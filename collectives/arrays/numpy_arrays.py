@@ -77,6 +77,12 @@ class NumpyAdapter(ArrayAdapter):
         else:
             self._reduce[op](dst, src, out=dst)
 
+    def reduce_into(self, op: str, dst: np.ndarray, a: np.ndarray, b: np.ndarray) -> None:
+        if dst.dtype == np.bool_ and op in ("sum", "mean"):
+            np.logical_or(a, b, out=dst)
+        else:
+            self._reduce[op](a, b, out=dst)
+
     def copy(self, dst: np.ndarray, src: np.ndarray) -> None:
         np.copyto(dst, src)
 

@@ -100,6 +100,16 @@ class TorchCPUAdapter(ArrayAdapter):
             else:
                 self._reduce[op](dst, src, out=dst)
 
+    def reduce_into(self, op: str, dst: torch.Tensor, a: torch.Tensor,
+                    b: torch.Tensor) -> None:
+        with torch.no_grad():
+            if dst.dtype == torch.bool and op in ("sum", "mean"):
+                torch.logical_or(a, b, out=dst)
+            elif dst.dtype in _VIA_NUMPY:
+                _NUMPY_REDUCE[op](a.numpy(), b.numpy(), out=dst.numpy())
+            else:
+                self._reduce[op](a, b, out=dst)
+
     def copy(self, dst: torch.Tensor, src: torch.Tensor) -> None:
         with torch.no_grad():
             dst.copy_(src)

@@ -71,17 +71,14 @@ def reduce(engine: Engine, x: Any, root: int, op: str, wait: bool, timeout: floa
         others = [j for j in range(n) if j != r]
         if isinstance(peers, SlotArrays):   # small: the root reduces every slot (one wait)
             if r == root:
-                peers.reduce(reduce_op, flat, 0, 0, count, others)
-                if op == "mean":
-                    adapter.divide(flat, n)
+                peers.reduce(reduce_op, flat, 0, 0, count, others,
+                             divide_by=n if op == "mean" else 0)
             return
         mine = None if r == root else peers.scratch("segment", hi - lo)
         into, at = (flat, lo) if mine is None else (mine, 0)
         if mine is not None:
             adapter.copy(mine, adapter.slice(flat, lo, hi))
-        peers.reduce(reduce_op, into, at, lo, hi, others)
-        if op == "mean":
-            adapter.divide(adapter.slice(into, at, at + hi - lo), n)
+        peers.reduce(reduce_op, into, at, lo, hi, others, divide_by=n if op == "mean" else 0)
         if mine is not None:
             peers.put(root, lo, mine, 0, hi - lo)
 
@@ -91,8 +88,11 @@ def reduce(engine: Engine, x: Any, root: int, op: str, wait: bool, timeout: floa
         buf = flat if r == root else adapter.empty(count, dtype, flat)
         if buf is not flat:
             adapter.copy(buf, flat)
+        # (the root's partial sums aside: a call that fails leaves each element of its x as
+        # it was or at its result; the others reduce a copy)
         wait_sent(call, ring_reduce_scatter(call, adapter, buf, "sum" if op == "mean" else op,
-                                            segs=shifted, divide_by=n if op == "mean" else 0))
+                                            segs=shifted, divide_by=n if op == "mean" else 0,
+                                            aside=buf is flat))
         if r != root:
             wait_sent(call, post_range(call, root, adapter, buf, *segs[r], track=True))
             return

@@ -10,8 +10,11 @@ its own, so a scan takes ceil(log2 n) rounds and each peer sends at most that ma
 The ops are the reductions' own (sum, prod, max, min, band, bor, bxor), each commutative and
 associative, so the order of combination changes nothing but a float sum's rounding; a
 prefix ``mean`` is no such reduction and is refused (``scan(x, "sum")`` divided by rank + 1
-is one). A peer holds one array beside ``x`` while it runs (what it receives; ``exscan``
-two: its partial too), since what it sent must stay unchanged until the network has it.
+is one). A peer holds two arrays beside ``x`` while it runs (what it receives, and the
+reduction it builds; an ``exscan`` three: the partial it sends on too), since what it sent
+must stay unchanged until the network has it, and ``x`` is written only once the call
+succeeded: a call that fails leaves ``x`` as it was (as a failed allreduce leaves each
+element as it was or at its result, never a partial one).
 
 Every peer must make the same call (op, dtype, size): each message's header is checked
 against the receiver's call, so a mismatch is a ProtocolError naming both calls on the peers
@@ -52,13 +55,15 @@ def scan(engine: Engine, x: Any, op: str, exclusive: bool, wait: bool,
 
     def run(call: Call) -> None:
         received = adapter.empty(count, dtype, flat) if r > 0 else None   # (rank 0 hears none)
-        # What goes to r + d: the partial over r - d + 1 .. r (x itself for a scan, which
-        # holds it; a copy for an exscan, whose x holds the partial over r - d + 1 .. r - 1).
+        work = adapter.clone(flat)   # (reduced aside: x gets it at the end)
+        # What goes to r + d: the partial over r - d + 1 .. r (work itself for a scan, which
+        # holds it; a copy for an exscan, whose work holds the partial over r - d + 1 ..
+        # r - 1).
         # (An exscan peer that sends nothing, r + 1 = n, keeps no partial.)
-        partial = adapter.clone(flat) if exclusive and r + 1 < n else flat
+        partial = adapter.clone(work) if exclusive and r + 1 < n else work
         heard = False
         if exclusive and r == 0:
-            _fill_identity(adapter, flat, op, dtype, count)
+            _fill_identity(adapter, work, op, dtype, count)
         d = 1
         while d < n:
             ticket = (post_range(call, r + d, adapter, partial, 0, count, track=True)
@@ -72,9 +77,9 @@ def scan(engine: Engine, x: Any, op: str, exclusive: bool, wait: bool,
                     adapter.reduce(op, partial, received)
                 if exclusive:
                     if heard:
-                        adapter.reduce(op, flat, received)
+                        adapter.reduce(op, work, received)
                     else:
-                        adapter.copy(flat, received)
+                        adapter.copy(work, received)
                 heard = True
             d *= 2
         # Data flows up the ranks only: a peer that refused the call (a mismatch) would not
@@ -82,6 +87,7 @@ def scan(engine: Engine, x: Any, op: str, exclusive: bool, wait: bool,
         # signature, and no peer leaves it before every peer has arrived (or raises the
         # abort of the one that refused): broadcast's rule (algorithms/broadcast.py).
         dissemination_barrier(call)
+        adapter.copy(flat, work)
 
     def body() -> Any:
         if n > 1:

@@ -126,3 +126,31 @@ def test_an_adapter_missing_an_operation_fails_at_construction():
     incomplete = type("Incomplete", (ArrayAdapter,), namespace)
     with pytest.raises(TypeError, match="lerp"):
         incomplete()
+
+
+# (the bitwise ops take integers and bools only)
+_REDUCE_CASES = [(dtype, op) for dtype in ("float32", "float64", "int32", "uint32", "bool")
+                 for op in ("sum", "mean", "prod", "max", "min", "band", "bor", "bxor")
+                 if not (dtype.startswith("float") and op in ("band", "bor", "bxor"))]
+
+
+@pytest.mark.parametrize("family", ["numpy", "torch"])
+@pytest.mark.parametrize("dtype, op", _REDUCE_CASES)
+def test_reduce_into_gives_the_bytes_of_reduce_on_a_copy(family, dtype, op):
+    """reduce_into(dst, a, b) (the aside reductions' one pass) against reduce on a copy of a:
+    the same bytes, for every op the dtype takes, into a third array and into a or b."""
+    rng = np.random.default_rng(7)
+    a = rng.standard_normal(_BLOCK + 5) * 100
+    b = rng.standard_normal(_BLOCK + 5) * 100
+    host_a, host_b = (v.astype(dtype) if dtype != "uint32" else np.abs(v).astype(dtype)
+                      for v in (a, b))
+    wrap = (lambda v: torch.from_numpy(v.copy())) if family == "torch" else np.copy
+    adapter = adapter_for(wrap(host_a))
+    expected = wrap(host_a)
+    adapter.reduce(op, expected, wrap(host_b))
+    for into in ("third", "a", "b"):
+        x, y = wrap(host_a), wrap(host_b)
+        dst = {"third": adapter.empty(x.shape[0], adapter.dtype_name(x), x), "a": x,
+               "b": y}[into]
+        adapter.reduce_into(op, dst, x, y)
+        assert np.asarray(dst).tobytes() == np.asarray(expected).tobytes(), (into, dtype, op)

@@ -436,6 +436,47 @@ def test_a_peer_killed_within_an_allreduce_leaves_each_element_own_or_summed(alg
         assert set(values) <= {float(rank + 1), 10.0}, (rank, kind, values)
 
 
+def killed_within_a_reduction(peer, op, count):
+    """As killed_within_a_call, for reduce_scatter, reduce (root 2, which reads rank 0's
+    block before rank 1's on one host) and scan: what a survivor's x holds, element by
+    element, is its own value or its result, never a partial one."""
+    import os
+    import signal
+    import threading
+    x = np.full(count, float(peer.rank + 1), np.float32)
+    call = {"reduce_scatter": lambda y: peer.communicator.reduce_scatter(y),
+            "reduce": lambda y: peer.communicator.reduce(y, root=2),
+            "scan": lambda y: peer.communicator.scan(y)}[op]
+    call(x.copy())   # connected (and the arenas mapped), and together from here
+    if peer.rank == 1:
+        threading.Timer(0.005, lambda: os.kill(os.getpid(), signal.SIGKILL)).start()
+    try:
+        call(x)
+        kind = "ok"
+    except (gossip.PeerLost, gossip.OperationTimeout) as exc:
+        kind = type(exc).__name__
+    return kind, sorted(set(np.unique(x).tolist()))
+
+
+# (over tcp the messages' algorithms; on one host the direct reads, 16 MiB a segment. A scan
+# has messages only)
+@pytest.mark.parametrize("op, transport, count", [
+    ("reduce_scatter", "tcp", 1 << 20), ("reduce_scatter", "auto", 16 << 20),
+    ("reduce", "tcp", 1 << 20), ("reduce", "auto", 16 << 20), ("scan", "tcp", 1 << 20)],
+    ids=["reduce_scatter-ring", "reduce_scatter-on-host", "reduce-ring", "reduce-on-host",
+         "scan"])
+def test_a_peer_killed_within_a_reduction_leaves_each_element_own_or_reduced(op, transport,
+                                                                             count):
+    results = spawn(killed_within_a_reduction, n=4, timeout=90, peer_timeout=8, tolerate=[1],
+                    args=(op, count), transport=transport)
+    for rank in (0, 2, 3):
+        kind, values = results[rank]
+        # (the sum of every x, or for a scan of the x of ranks 0..rank)
+        result = sum(range(1, (rank + 2 if op == "scan" else 5)))
+        assert kind in ("PeerLost", "ok"), (rank, kind)
+        assert set(values) <= {float(rank + 1), float(result)}, (rank, kind, values)
+
+
 def count_bytes(peer, count):
     x = np.ones(count, dtype=np.float32)
     before = peer.stats()["bytes_sent"]

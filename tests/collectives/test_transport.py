@@ -533,32 +533,37 @@ def sender(address, closing, hold):
     dealer.close()
     ctx.term()
 
-def once(rounds):
+def once():
     # Heartbeats every millisecond: a ping would come due within any window there is.
     config = TransportConfig(heartbeat_interval=0.001, transport="ipc")
-    for _ in range(rounds):
-        sockets = Sockets(0, config, lambda *a: None)
-        sockets.router.rcvtimeo = 20000   # (a receive that waits longer fails the round)
-        address = sockets.endpoints["ipc"] or sockets.endpoints["tcp"]
-        closing = mp.Event()
-        senders = [mp.Process(target=sender, args=(address, closing, 0.0005 * k))
-                   for k in range(4)]
-        for p in senders:
-            p.start()
-        for _ in range(200):
-            sockets.router.recv_multipart()
-        closing.set()
-        sockets.close_router()
-        for p in senders:
-            p.join()
-        sockets.destroy()
+    sockets = Sockets(0, config, lambda *a: None)
+    sockets.router.rcvtimeo = 20000   # (a receive that waits longer fails the round)
+    address = sockets.endpoints["ipc"] or sockets.endpoints["tcp"]
+    closing = mp.Event()
+    senders = [mp.Process(target=sender, args=(address, closing, 0.0005 * k))
+               for k in range(4)]
+    for p in senders:
+        p.start()
+    for _ in range(200):
+        sockets.router.recv_multipart()
+    closing.set()
+    sockets.close_router()
+    for p in senders:
+        p.join(90)   # (a sender stops within a minute)
+        if p.exitcode is None:
+            p.kill()
+            sys.exit("a sender did not stop within 90 s")
+    sockets.destroy()
 
 if __name__ == "__main__":
     mp.set_start_method("fork")
     for i in range(int(sys.argv[1])):
-        child = mp.Process(target=once, args=(1,))
+        child = mp.Process(target=once)
         child.start()
-        child.join()
+        child.join(120)
+        if child.exitcode is None:
+            child.kill()
+            sys.exit(f"round {i}: the receiver's process did not end within 120 s")
         if child.exitcode != 0:
             sys.exit(f"round {i}: the receiver's process ended with {child.exitcode}")
 '''
