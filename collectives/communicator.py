@@ -737,28 +737,34 @@ class Communicator:
 
     # ------------------------------------------------------------------ point to point
     @_named("send")
-    def send(self, dst: int, x: Array, *, timeout: float | None = None) -> None:
-        """Send ``x`` to ``dst``; returns when ``x`` may be modified again (PointToPoint.send)."""
-        self._p2p.send(dst, x, timeout=timeout)
+    def send(self, dst: int, x: Array, *, tag: int = 0, timeout: float | None = None) -> None:
+        """Send ``x`` to ``dst`` with ``tag``; returns when ``x`` may be modified again
+        (PointToPoint.send)."""
+        self._p2p.send(dst, x, tag=tag, timeout=timeout)
 
     @_named("isend")
-    def isend(self, dst: int, x: Array, *, timeout: float | None = None) -> SendRequest:
+    def isend(self, dst: int, x: Array, *, tag: int = 0,
+              timeout: float | None = None) -> SendRequest:
         """send's non-blocking twin, a SendRequest (PointToPoint.isend)."""
-        return self._p2p.isend(dst, x, timeout=timeout)
+        return self._p2p.isend(dst, x, tag=tag, timeout=timeout)
 
     @_named("recv")
-    def recv(self, src: int, out: Array | None = None, *,
+    def recv(self, src: int, out: Array | None = None, *, tag: int | None = None,
              timeout: float | None = None) -> Array:
-        """Receive the next array ``src`` sent (PointToPoint.recv)."""
-        return self._p2p.recv(src, out, timeout=timeout)
+        """Receive the next array ``src`` sent with ``tag`` (None: any tag;
+        PointToPoint.recv)."""
+        return self._p2p.recv(src, out, tag=tag, timeout=timeout)
 
-    def probe(self, src: int) -> bool:
-        """True when recv(src) would return or raise at once (PointToPoint.probe)."""
-        return self._p2p.probe(src)
+    def probe(self, src: int, *, tag: int | None = None) -> bool:
+        """True when recv(src, tag=tag) would return or raise at once
+        (PointToPoint.probe)."""
+        return self._p2p.probe(src, tag=tag)
 
-    def wait_any(self, sources: Iterable[int], timeout: float | None = None) -> int | None:
-        """The first of ``sources`` with a message waiting (PointToPoint.wait_any)."""
-        return self._p2p.wait_any(sources, timeout)
+    def wait_any(self, sources: Iterable[int], timeout: float | None = None, *,
+                 tag: int | None = None) -> int | None:
+        """The first of ``sources`` with a message (of ``tag``) waiting
+        (PointToPoint.wait_any)."""
+        return self._p2p.wait_any(sources, timeout, tag=tag)
 
     def close(self, timeout: float = defaults.CLOSE_TIMEOUT) -> None:
         """Stop the worker thread (queued operations get up to ``timeout`` seconds to finish) and

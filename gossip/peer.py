@@ -144,29 +144,35 @@ class Peer:
                 f"topology={self.topology!r}, endpoint={self._transport.endpoints['tcp']!r})")
 
     # -- point to point ---------------------------------------------------------------------
-    def send(self, dst: int, array: Array, *, timeout: float | None = None) -> None:
-        """Send ``array`` to rank ``dst``; returns once the array may be modified again.
-        Raises PeerLost if ``dst`` is gone, OperationTimeout past ``timeout``. ``dst`` may be
-        this peer itself, as MPI allows: a copy waits for its ``recv``."""
-        self._comm.send(dst, array, timeout=timeout)
+    def send(self, dst: int, array: Array, *, tag: int = 0,
+             timeout: float | None = None) -> None:
+        """Send ``array`` to rank ``dst`` with ``tag`` (an integer from 0, as MPI's and
+        torch.distributed's); returns once the array may be modified again. Raises PeerLost
+        if ``dst`` is gone, OperationTimeout past ``timeout``. ``dst`` may be this peer
+        itself, as MPI allows: a copy waits for its ``recv``."""
+        self._comm.send(dst, array, tag=tag, timeout=timeout)
 
-    def recv(self, src: int, out: Array | None = None, *,
+    def recv(self, src: int, out: Array | None = None, *, tag: int | None = None,
              timeout: float | None = None) -> Array:
-        """The next array rank ``src`` sent (into ``out`` if given, which must match its
-        dtype and size). Raises PeerLost if ``src`` is gone with nothing queued,
-        OperationTimeout past ``timeout``, ValueError for an ``out`` that does not fit (the
-        message stays receivable)."""
-        return self._comm.recv(src, out, timeout=timeout)
+        """The next array rank ``src`` sent with ``tag`` (None, the default: whatever its
+        tag, MPI's ANY_TAG), into ``out`` if given, which must match its dtype and size.
+        Messages of other tags that came first stay receivable, in order. Raises PeerLost if
+        ``src`` is gone with nothing queued, OperationTimeout past ``timeout``, ValueError
+        for an ``out`` that does not fit (the message stays receivable)."""
+        return self._comm.recv(src, out, tag=tag, timeout=timeout)
 
-    def probe(self, src: int) -> bool:
-        """True when a message from ``src`` is waiting (recv(src) would return at once). A lost
-        source with nothing queued gives False (and recv raises PeerLost): see lost_peers()."""
-        return self._comm.probe(src)
+    def probe(self, src: int, *, tag: int | None = None) -> bool:
+        """True when a message from ``src`` (with ``tag``; None: any) is waiting
+        (recv(src, tag=tag) would return at once). A lost source with nothing queued gives
+        False (and recv raises PeerLost): see lost_peers()."""
+        return self._comm.probe(src, tag=tag)
 
-    def wait_any(self, sources: Iterable[int], timeout: float | None = None) -> int | None:
-        """Wait until a message from one of ``sources`` is waiting and return that source;
-        None after ``timeout`` (default: the peer's). Sleeps in the inbox: no polling."""
-        return self._comm.wait_any(sources, timeout)
+    def wait_any(self, sources: Iterable[int], timeout: float | None = None, *,
+                 tag: int | None = None) -> int | None:
+        """Wait until a message from one of ``sources`` (with ``tag``; None: any) is
+        waiting and return that source; None after ``timeout`` (default: the peer's). Sleeps
+        in the inbox: no polling."""
+        return self._comm.wait_any(sources, timeout, tag=tag)
 
     # -- collectives ------------------------------------------------------------------------
     # Each call with ``wait`` returns its result, or with wait=False a Work whose result it

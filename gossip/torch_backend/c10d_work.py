@@ -114,11 +114,13 @@ class GossipWork(dist.Work):
     the completer's threads, never by the thread that executes the collectives."""
 
     def __init__(self, handles: list[OurWork], result: Any,
-                 finish: Callable[[], None] | None = None) -> None:
+                 finish: Callable[[], None] | None = None, *,
+                 source: Callable[[], int] | None = None) -> None:
         super().__init__()
         self._handles = handles
         self._result = result
         self._finish = finish   # copies back into the caller's tensors, once all succeeded
+        self._source = source   # a receive from any source: the rank it received from
         self._future: torch.futures.Future | None = None
         self._error: BaseException | None = None
         self._done = threading.Event()   # the copy back ran (or the call failed)
@@ -170,6 +172,14 @@ class GossipWork(dist.Work):
         if self._error is not None:
             raise self._error
         return True
+
+    def _source_rank(self) -> int:
+        """The rank a receive from any source received from, once it completed
+        (dist.recv(src=None) asks after wait())."""
+        if self._source is None:
+            raise RuntimeError("_source_rank: this Work is no receive from any source")
+        self.wait()
+        return self._source()
 
     def result(self) -> list:
         """The call's tensors (c10d's Work.result(): its outputs, flat), once it completed."""

@@ -18,10 +18,11 @@ the call's tensors, as DDP's communication hooks expect, on threads of its own
 (c10d_work.py: a callback may start another collective and wait for it). Errors are gossip's
 and torch's at once (``as_c10d_error``: a PeerLost is a DistBackendError too).
 
-What is refused with a clear error rather than done wrongly: devices other than CPU,
-ReduceOp.PREMUL_SUM, bitwise reductions of floating-point tensors, send/recv with a tag
-other than 0 (gossip's messages between two ranks are matched in order), receiving from any
-source. Non-contiguous tensors go through contiguous copies, as Gloo's do
+send and recv match tags as Gloo does (a recv gets the earliest message of its tag from its
+source; collectives/operations/send_recv.py), and ``dist.recv(src=None)`` receives from any
+other rank (the first with a message of the tag waiting). What is refused with a clear error
+rather than done wrongly: devices other than CPU, ReduceOp.PREMUL_SUM, bitwise reductions of
+floating-point tensors. Non-contiguous tensors go through contiguous copies, as Gloo's do
 (collectives/staging.py).
 """
 from __future__ import annotations
@@ -35,6 +36,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed import ReduceOp
 
+from collectives.errors import OperationTimeout
 from collectives.work import Executor, Work as OurWork
 from gossip.torch_backend.c10d_work import GossipWork, joined as _joined, seconds as _seconds
 
@@ -218,24 +220,39 @@ class GossipProcessGroup(dist.ProcessGroup):
         return GossipWork([work], None)
 
     def send(self, tensors: list, dst: int, tag: int = 0) -> GossipWork:
-        self._no_tag(tag, "send")
         x = _one(tensors, "send").contiguous()
         self._check(x)
-        work = self._sends.submit(lambda: self._comm.send(dst, x),
+        work = self._sends.submit(lambda: self._comm.send(dst, x, tag=tag),
                                   OurWork(f"rank {self.rank()}: send to rank {dst}"))
         return GossipWork([work], tensors)
 
     def recv(self, tensors: list, src: int, tag: int = 0) -> GossipWork:
-        self._no_tag(tag, "recv")
         out = _one(tensors, "recv")
         self._check(out)
-        work = self._recvs.submit(lambda: self._comm.recv(src, out),
+        work = self._recvs.submit(lambda: self._comm.recv(src, out, tag=tag),
                                   OurWork(f"rank {self.rank()}: recv from rank {src}"))
         return GossipWork([work], tensors)
 
     def recv_anysource(self, tensors: list, tag: int = 0) -> GossipWork:
-        raise NotImplementedError("the gossip backend receives from a named source only "
-                                  "(dist.recv(src=...)): messages are matched per pair, in order")
+        """dist.recv(src=None): from the first other rank with a message of ``tag``
+        waiting; the Work's ``_source_rank()`` says which."""
+        out = _one(tensors, "recv")
+        self._check(out)
+        others = [r for r in range(self.size()) if r != self.rank()]
+        source: list[int] = []
+
+        def receive() -> None:
+            src = self._comm.wait_any(others, tag=tag)
+            if src is None:
+                raise OperationTimeout(f"rank {self.rank()}: recv from any source (tag {tag}): "
+                                       f"no rank sent within the timeout "
+                                       f"({self._comm.transport.config.timeout:g}s)",
+                                       rank=self.rank())
+            self._comm.recv(src, out, tag=tag)
+            source.append(src)
+
+        work = self._recvs.submit(receive, OurWork(f"rank {self.rank()}: recv from any source"))
+        return GossipWork([work], tensors, source=lambda: source[0])
 
     def reduce(  # type: ignore[override]  # c10d's (tensors, opts): class docstring
             self, tensors: list, opts: Any = None) -> GossipWork:
@@ -351,12 +368,6 @@ class GossipProcessGroup(dist.ProcessGroup):
         of its own with it, so the other ranks raise at once, naming this one, and stay in
         step with it (Engine.refuse), then raise ValueError here."""
         self._comm.engine.refuse(ValueError(f"rank {self.rank()}: {message}"), what)
-
-    def _no_tag(self, tag: int, what: str) -> None:
-        if tag != 0:
-            raise ValueError(f"rank {self.rank()}: {what} with tag {tag}: the gossip backend "
-                             "matches messages between two ranks in order, without tags")
-
 
 def _split_counts(t: Any, splits: list, n: int, what: str) -> list[int]:
     """Elements per rank of an all_to_all_single tensor: its ``splits`` of the first

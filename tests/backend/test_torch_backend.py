@@ -22,7 +22,7 @@ SCRIPT = REPO / "tests" / "backend" / "workers" / "c10d_backend.py"
 HOOKS = REPO / "tests" / "backend" / "workers" / "ddp_hooks.py"
 CHECKS = ["init", "all_reduce", "broadcast", "all_gather", "reduce_scatter",
           "reduce_gather_scatter", "all_to_all", "reduce_scatter_v", "async",
-          "send_recv", "refused", "new_group", "then_collective", "ddp"]
+          "send_recv", "tags", "refused", "new_group", "then_collective", "ddp"]
 
 
 def _torchrun(n: int, script: Path = SCRIPT, **env: str) -> subprocess.CompletedProcess:

@@ -148,6 +148,43 @@ def main() -> None:
     dist.barrier()
     say("OK send_recv")
 
+    # torch's test_send_recv_with_tag: every rank sends every other with its rank as the tag,
+    # and receives from each in rank order, by tag.
+    for dst in range(n):
+        if dst == r:
+            for src in range(n):
+                if src != r:
+                    got = torch.full((10,), -1.0)
+                    dist.recv(got, src, tag=src)
+                    assert got.eq(src).all(), (src, got)
+        else:
+            dist.send(torch.full((10,), float(r)), dst, tag=r)
+    # Tags out of order (Gloo's and MPI's matching): rank 0 sends tag 5 then tag 7; rank 1
+    # receives tag 7 first. Then torch's test_send_recv_any_source: each rank receives from
+    # any source, n - 1 times, and learns who sent.
+    if r == 0:
+        first = dist.isend(torch.full((2,), 5.0), 1, tag=5)
+        second = dist.isend(torch.full((2,), 7.0), 1, tag=7)
+        first.wait()
+        second.wait()
+    elif r == 1:
+        late, early = torch.empty(2), torch.empty(2)
+        dist.recv(late, 0, tag=7)
+        dist.recv(early, 0, tag=5)
+        assert late.tolist() == [7.0, 7.0] and early.tolist() == [5.0, 5.0], (late, early)
+    for dst in range(n):
+        if dst != r:
+            dist.send(torch.tensor([float(r)]), dst, tag=3)
+    senders = set()
+    for _ in range(n - 1):
+        got = torch.empty(1)
+        sender = dist.recv(got, tag=3)
+        assert got.item() == float(sender), (got, sender)
+        senders.add(sender)
+    assert senders == set(range(n)) - {r}, senders
+    dist.barrier()
+    say("OK tags")
+
     bits = torch.tensor([1 << r, 0b111, 1 << r], dtype=torch.int64)
     for op, want in ((dist.ReduceOp.BOR, [(1 << n) - 1, 7, (1 << n) - 1]),
                      (dist.ReduceOp.BAND, [0 if n > 1 else 1, 7, 0 if n > 1 else 1]),
