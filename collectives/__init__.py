@@ -28,6 +28,7 @@ from collectives.errors import (AuthenticationError, ExchangeIncomplete, GossipE
                                 UnsupportedDtype)
 from collectives.neighbor_plan import NeighborPlan
 from collectives.operations.link_rates import LinkRates
+from collectives.operations.send_recv import Status
 from collectives.rendezvous import rendezvous
 from collectives.security import ClusterKey, load_cluster_key, write_cluster_key
 from collectives.transport.transport import Transport
@@ -35,7 +36,7 @@ from collectives.work import Work
 
 __all__ = [
     "Communicator", "COLLECTIVE_CHANNEL", "P2P_CHANNEL", "NeighborPlan", "TransportConfig",
-    "Transport", "Work", "LinkRates",
+    "Transport", "Work", "LinkRates", "Status",
     "rendezvous", "ClusterKey", "load_cluster_key", "write_cluster_key",
     "GossipError", "PeerLost", "OperationTimeout", "RendezvousError", "ProtocolError",
     "AuthenticationError", "ExchangeIncomplete", "UnsupportedDtype",

@@ -53,7 +53,7 @@ from collectives.operations.neighbor_allgather import neighbor_allgather
 from collectives.operations.link_rates import LinkRates, measure_links
 from collectives.operations.neighbor_allreduce import neighbor_allreduce
 from collectives.operations.scan import scan
-from collectives.operations.send_recv import PointToPoint, SendRequest
+from collectives.operations.send_recv import PointToPoint, SendRequest, Status
 from collectives.staging import Staging
 from collectives.transport.transport import Transport
 from collectives.transport.wire import Channel, dtype_itemsize
@@ -750,15 +750,15 @@ class Communicator:
 
     @_named("recv")
     def recv(self, src: int, out: Array | None = None, *, tag: int | None = None,
-             timeout: float | None = None) -> Array:
-        """Receive the next array ``src`` sent with ``tag`` (None: any tag;
-        PointToPoint.recv)."""
-        return self._p2p.recv(src, out, tag=tag, timeout=timeout)
+             status: Status | None = None, timeout: float | None = None) -> Array:
+        """Receive the next array ``src`` sent with ``tag`` (None: any tag; ``status``
+        gets its source, tag, dtype and shape: PointToPoint.recv)."""
+        return self._p2p.recv(src, out, tag=tag, status=status, timeout=timeout)
 
-    def probe(self, src: int, *, tag: int | None = None) -> bool:
+    def probe(self, src: int, *, tag: int | None = None, status: Status | None = None) -> bool:
         """True when recv(src, tag=tag) would return or raise at once
         (PointToPoint.probe)."""
-        return self._p2p.probe(src, tag=tag)
+        return self._p2p.probe(src, tag=tag, status=status)
 
     def wait_any(self, sources: Iterable[int], timeout: float | None = None, *,
                  tag: int | None = None) -> int | None:

@@ -16,6 +16,7 @@ from gossip.errors import (AuthenticationError, ExchangeIncomplete, GossipError,
                            OperationTimeout, PeerLost, ProtocolError, RendezvousError,
                            SnapshotCorrupt, SnapshotError, SnapshotMismatch, TopologyError,
                            UnsupportedDtype)
+from collectives import Status
 from gossip.peer import Peer
 from gossip.runtime import init
 from gossip import policies
@@ -34,7 +35,7 @@ from gossip.torch_import_hook import register_when_torch_loads as _register_when
 _register_when_torch_loads()
 
 __all__ = [
-    "init", "Peer",
+    "init", "Peer", "Status",
     "policies", "DistributedOptimizer", "broadcast_parameters", "broadcast_optimizer_state",
     "ElasticSampler",
     "GossipError", "PeerLost", "OperationTimeout", "RendezvousError", "ProtocolError",

@@ -8,7 +8,7 @@ import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Callable, Literal, overload
 
-from collectives import NeighborPlan, Work, defaults
+from collectives import NeighborPlan, Status, Work, defaults
 from collectives.arrays import Array
 from collectives.codecs import CodecSpec
 from collectives.algorithms.hierarchical import host_groups
@@ -153,19 +153,21 @@ class Peer:
         self._comm.send(dst, array, tag=tag, timeout=timeout)
 
     def recv(self, src: int, out: Array | None = None, *, tag: int | None = None,
-             timeout: float | None = None) -> Array:
+             status: Status | None = None, timeout: float | None = None) -> Array:
         """The next array rank ``src`` sent with ``tag`` (None, the default: whatever its
         tag, MPI's ANY_TAG), into ``out`` if given, which must match its dtype and size.
-        Messages of other tags that came first stay receivable, in order. Raises PeerLost if
+        Messages of other tags that came first stay receivable, in order. ``status`` (a
+        ``gossip.Status``) gets the message's source, tag, dtype and shape. Raises PeerLost if
         ``src`` is gone with nothing queued, OperationTimeout past ``timeout``, ValueError
         for an ``out`` that does not fit (the message stays receivable)."""
-        return self._comm.recv(src, out, tag=tag, timeout=timeout)
+        return self._comm.recv(src, out, tag=tag, status=status, timeout=timeout)
 
-    def probe(self, src: int, *, tag: int | None = None) -> bool:
+    def probe(self, src: int, *, tag: int | None = None, status: Status | None = None) -> bool:
         """True when a message from ``src`` (with ``tag``; None: any) is waiting
-        (recv(src, tag=tag) would return at once). A lost source with nothing queued gives
-        False (and recv raises PeerLost): see lost_peers()."""
-        return self._comm.probe(src, tag=tag)
+        (recv(src, tag=tag) would return at once); ``status`` then gets its source, tag,
+        dtype and shape, without receiving it. A lost source with nothing queued gives False
+        (and recv raises PeerLost): see lost_peers()."""
+        return self._comm.probe(src, tag=tag, status=status)
 
     def wait_any(self, sources: Iterable[int], timeout: float | None = None, *,
                  tag: int | None = None) -> int | None:

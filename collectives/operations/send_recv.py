@@ -20,6 +20,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -29,29 +30,14 @@ from collectives.arrays.interface import ArrayAdapter
 from collectives.errors import OperationTimeout
 from collectives.staging import contiguous_flat, flat_of
 from collectives.transport.transport import Transport
-from collectives.transport.wire import dtype_itemsize
+from collectives.transport.wire import dtype_itemsize, send_signature, send_tag
 
-__all__ = ["SendRequest", "PointToPoint", "SELF_LOOK", "MAX_TAG"]
+__all__ = ["SendRequest", "PointToPoint", "Status", "SELF_LOOK", "MAX_TAG"]
 
 #: How often a wait_any among other sources and this peer itself looks at its own queue.
 SELF_LOOK = 0.01
 #: The largest tag (MPI's MPI_TAG_UB is at least 32767; torch takes an int).
 MAX_TAG = 2**31 - 1
-
-
-def _signature(tag: int) -> str:
-    """A message's signature for ``tag``: "send" for tag 0, "send#<tag>" for the others."""
-    return "send" if tag == 0 else f"send#{tag}"
-
-
-def _tag_of(signature: str) -> int | None:
-    """The tag in a message's signature; None for one that no send makes (a malformed or
-    mismatched message: its receive raises the ProtocolError that names it)."""
-    if signature == "send":
-        return 0
-    if signature.startswith("send#") and signature[5:].isdigit():
-        return int(signature[5:])
-    return None
 
 
 def _check_tag(tag: int | None, rank: int, what: str, *, any_tag: bool) -> None:
@@ -61,6 +47,24 @@ def _check_tag(tag: int | None, rank: int, what: str, *, any_tag: bool) -> None:
             or not 0 <= tag <= MAX_TAG:
         raise ValueError(f"rank {rank}: {what} with tag {tag!r}: a tag is an integer from 0 to "
                          f"{MAX_TAG}" + (" (or None: any tag)" if any_tag else ""))
+
+
+@dataclass
+class Status:
+    """What a ``recv`` received or a ``probe`` found waiting (MPI's Status): its source, its
+    tag, its dtype, shape and size in bytes. Pass one as ``status=``; the call fills it (a
+    probe only when it finds a message; an error in the mailbox leaves it as it was)."""
+
+    source: int = -1
+    tag: int = -1
+    dtype: str = ""
+    shape: tuple = ()
+    nbytes: int = 0
+
+    def set(self, source: int, tag: int, dtype: str, shape: tuple, nbytes: int) -> None:
+        """Fill every field (the calls that take ``status=``)."""
+        self.source, self.tag, self.dtype, self.shape, self.nbytes = \
+            source, tag, dtype, tuple(shape), nbytes
 
 
 #: A message held whole on this peer (sent to itself, or received while looking for another
@@ -119,17 +123,18 @@ class PointToPoint:
             seq = self._send_seq[dst]
             self._send_seq[dst] += 1
         deadline = time.monotonic() + (self.timeout if timeout is None else timeout)
-        call = Call(self.transport, self.channel, seq, _signature(tag), dtype,
+        call = Call(self.transport, self.channel, seq, send_signature(tag), dtype,
                     tuple(x.shape), deadline)
         ticket = post_range(call, dst, adapter, flat, 0, adapter.size(flat), track=True)
         self.transport.recorder.count("send", adapter.size(flat) * dtype_itemsize(dtype))
         return SendRequest(call, dst, ticket, stand_in)
 
     def recv(self, src: int, out: Any = None, *, tag: int | None = None,
-             timeout: float | None = None) -> Any:
+             status: Status | None = None, timeout: float | None = None) -> Any:
         """Receive the next array ``src`` sent with ``tag`` (None: whatever its tag). Into
         ``out`` if given (its dtype and size must match), else a new numpy array (a
-        single-chunk message is returned without a copy)."""
+        single-chunk message is returned without a copy). ``status`` (a Status) gets its
+        source, tag, dtype and shape."""
         self._check_source(src)
         _check_tag(tag, self.rank, f"recv from rank {src}", any_tag=True)
         tag = None if tag is None else int(tag)
@@ -142,7 +147,7 @@ class PointToPoint:
             target = (out_adapter, out_flat, out_dtype)
         deadline = time.monotonic() + (self.timeout if timeout is None else timeout)
         if src == self.rank:
-            return self._from_self(out, stand_in, target, deadline, tag)
+            return self._from_self(out, stand_in, target, deadline, tag, status)
         t = self.transport
         what = f"recv from rank {src}" + ("" if tag is None else f" (tag {tag})")
         record = t.recorder.begin(what, self.channel, self._recv_seq[src], (src,), 0)
@@ -150,6 +155,8 @@ class PointToPoint:
             while True:
                 held = self._take_held(self._early.get(src), tag, out, target, src)
                 if held is not None:
+                    if status is not None:
+                        status.set(src, held[3], held[0], held[1], len(held[2]))
                     out = self._deliver(held, out, stand_in, target)
                     break
                 seq = self._recv_seq[src]
@@ -157,9 +164,13 @@ class PointToPoint:
                 # recv (e.g. a poll with timeout=0) waits for the same message and the
                 # sequence stays in step.
                 item = t.recv(src, self.channel, seq, deadline=deadline, operation=what)
-                theirs = _tag_of(item[0].op)
+                header = item[0]
+                theirs = send_tag(header.op)
                 if tag is None or theirs is None or theirs == tag:
                     out = self._receive(src, seq, item, out, stand_in, target, deadline)
+                    if status is not None:
+                        status.set(src, -1 if theirs is None else theirs, header.dtype,
+                                   header.shape, header.nbytes)
                     break
                 self._hold_early(src, seq, item, theirs, deadline)   # (another tag's: kept)
         except BaseException as exc:
@@ -190,7 +201,7 @@ class PointToPoint:
         try:
             header, frame, release = item
             # (the signature the chunks must carry: the first one's, where a send made it)
-            signature = header.op if _tag_of(header.op) is not None else "send"
+            signature = header.op if send_tag(header.op) is not None else "send"
             call = Call(t, channel, seq, signature, header.dtype, header.shape, deadline)
             if target is None:   # no out given
                 if (release is None and header.offset == 0 and header.length == header.nbytes
@@ -212,7 +223,10 @@ class PointToPoint:
 
     def _hold_early(self, src: int, seq: int, item: tuple, tag: int, deadline: float) -> None:
         """Receive message ``seq`` of ``src`` (of ``tag``, not the one asked for; ``item``
-        its first chunk) whole and keep it for the receive that asks for its tag."""
+        its first chunk) whole and keep it for the receive that asks for its tag. Its chunks
+        are on their way: they get the communicator's timeout at least, whatever the asking
+        call's (a probe's is now; a message cut off half-way would be lost)."""
+        deadline = max(deadline, time.monotonic() + self.timeout)
         array = self._receive(src, seq, item, None, None, None, deadline)
         with self._lock:
             self._early.setdefault(src, deque()).append(
@@ -261,7 +275,7 @@ class PointToPoint:
         return out
 
     def _from_self(self, out: Any, stand_in: Any, target: tuple[ArrayAdapter, Any, str] | None,
-                   deadline: float, tag: int | None) -> Any:
+                   deadline: float, tag: int | None, status: Status | None) -> Any:
         """The next message this peer sent itself with ``tag`` (recv's body for ``src`` =
         this rank)."""
         with self._self_ready:
@@ -277,16 +291,46 @@ class PointToPoint:
                                            + ": nothing sent within the timeout",
                                            rank=self.rank)
                 self._self_ready.wait(left)
+        if status is not None:
+            status.set(self.rank, message[3], message[0], message[1], len(message[2]))
         return self._deliver(message, out, stand_in, target)
 
-    def probe(self, src: int, *, tag: int | None = None) -> bool:
+    def probe(self, src: int, *, tag: int | None = None, status: Status | None = None) -> bool:
         """True when a message from ``src`` (with ``tag``; None: any) is waiting (or its
         mailbox holds an error, e.g. a malformed message), so recv(src, tag=tag) returns or
         raises at once. A lost source with nothing queued is *not* ready: probe is False and
         recv raises PeerLost. What a source sent before it died stays receivable. Whether a
-        source is gone: ``transport.is_lost`` (``peer.lost_peers()``)."""
+        source is gone: ``transport.is_lost`` (``peer.lost_peers()``). ``status`` (a Status)
+        gets the waiting message's source, tag, dtype and shape."""
         self._check_source(src)
-        return self.wait_any([src], 0.0, tag=tag) is not None
+        if self.wait_any([src], 0.0, tag=tag) is None:
+            return False
+        if status is not None:
+            self._describe(src, tag, status)
+        return True
+
+    def _describe(self, src: int, tag: int | None, status: Status) -> None:
+        """``status`` filled for the message of ``src`` (with ``tag``) that recv would take
+        next, held here or first in its mailbox (unchanged where that is an error)."""
+        held = self._to_self if src == self.rank else self._early.get(src)
+        with self._lock:
+            for dtype, shape, raw, theirs in held or ():
+                if tag is None or theirs == tag:
+                    status.set(src, theirs, dtype, shape, len(raw))
+                    return
+        if src == self.rank:
+            return
+        t = self.transport
+        key = (src, self.channel, self._recv_seq[src])
+        item = t.inbox.take(key)
+        if item is None:
+            return
+        t.inbox.unget(key, item)
+        if type(item) is tuple:
+            header = item[0]
+            found = send_tag(header.op)
+            status.set(src, -1 if found is None else found, header.dtype, header.shape,
+                       header.nbytes)
 
     def wait_any(self, sources, timeout: float | None = None, *,
                  tag: int | None = None) -> int | None:
@@ -341,7 +385,7 @@ class PointToPoint:
         item = t.inbox.take(key)
         if item is None:
             return False
-        theirs = _tag_of(item[0].op) if type(item) is tuple else None
+        theirs = send_tag(item[0].op) if type(item) is tuple else None
         if theirs is None or theirs == tag:   # (an error: its receive raises it)
             t.inbox.unget(key, item)
             return True

@@ -22,6 +22,7 @@ from collectives.errors import (AuthenticationError, OperationTimeout, PeerLost,
                                 ViewChanging)
 from collectives.transport.activity import BUSY, FINISHED, IDLE, same_call
 from collectives.transport.inbox import Lost, MailboxError
+from collectives.transport.wire import send_tag
 
 __all__ = ["Verdict", "find_missing", "wait_error", "describe_wait"]
 
@@ -99,7 +100,7 @@ def describe_wait(t, src: int, operation: Any, channel: int, seq: int,
     waiting = waiting or f"waiting on rank {src} at {t.address(src)}"
     text = f"rank {t.rank}: {operation}: {waiting}"
     signature = getattr(operation, "signature", None)
-    if signature is not None and signature != "send" and not t.closed:
+    if signature is not None and send_tag(signature) is None and not t.closed:
         verdict = find_missing(t, src, channel, seq, signature, wait=_NOTICE_STATUS_WAIT)
         if verdict is not None:
             waits = "".join(f", which waits on rank {r}" for r in verdict.chain[1:])
@@ -152,7 +153,7 @@ def wait_error(t, item, src: int, operation: Any, channel: int, seq: int) -> Exc
         return PeerLost(f"{where}: never reachable within the timeout", rank=src,
                         address=t.address(src), operation=operation)
     verdict = None
-    if signature is not None and signature != "send" and not t.closed:
+    if signature is not None and send_tag(signature) is None and not t.closed:
         verdict = find_missing(t, src, channel, seq, signature)
         # While this peer asked, the peer it waited on may have timed out too and told it
         # whom it found missing (an ABORT naming the late rank): that answer is the better.

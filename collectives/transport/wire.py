@@ -58,6 +58,8 @@ __all__ = [
     "Kind",
     "Channel",
     "channel_pair",
+    "send_signature",
+    "send_tag",
     "DATA",
     "BYE",
     "ABORT",
@@ -135,6 +137,22 @@ def channel_pair(number: int) -> tuple[int, int]:
     """The (collective, point-to-point) channels of communicator ``number`` (0: the peer's
     own, COLLECTIVE and P2P)."""
     return Channel.COLLECTIVE + 2 * number, Channel.P2P + 2 * number
+
+
+def send_signature(tag: int) -> str:
+    """A point-to-point message's signature (its header's ``op``) for ``tag``: "send" for tag 0
+    (what every untagged send sends), "send#<tag>" for the others."""
+    return "send" if tag == 0 else f"send#{tag}"
+
+
+def send_tag(signature: str) -> int | None:
+    """The tag of a point-to-point message's signature; None for any other signature (a
+    collective's, or one no send makes)."""
+    if signature == "send":
+        return 0
+    if signature.startswith("send#") and signature[5:].isdigit():
+        return int(signature[5:])
+    return None
 
 
 # Plain ints for the per-message comparisons and table lookups: against an int read from a

@@ -94,3 +94,82 @@ def test_a_tag_out_of_range_is_refused_before_anything_moves():
     for r, (errors, got) in enumerate(spawn(bad_tags, n=2, timeout=60)):
         assert len(errors) == 3 and all("a tag is an integer from 0" in e for e in errors), errors
         assert got == [float(1 - r)]
+
+
+def test_a_tag_travels_in_the_signature_and_only_sends_have_one():
+    # wait_errors asks the peers where they are only for a collective's signature: a tagged
+    # send's must not count as one (its peers would be asked about a call they never made).
+    from collectives.transport.wire import send_signature, send_tag
+    assert [send_tag(send_signature(t)) for t in (0, 1, 7, 2 ** 31 - 1)] == [0, 1, 7, 2 ** 31 - 1]
+    assert send_signature(0) == "send"
+    for other in ("allreduce(sum,ring)", "send#", "send#-1", "send#x", "sendrecv", ""):
+        assert send_tag(other) is None, other
+
+
+def probe_while_a_big_message_arrives(peer):
+    """rank 1 probes for tag 7 in a loop while a 16 MiB tag-5 message (many chunks) that was
+    sent first is still arriving: the probe receives it whole on the way (it must not give up
+    on it half-way at its own deadline, now, and lose it), then both are receivable."""
+    big = np.arange(4 << 20, dtype=np.float32)
+    if peer.rank == 0:
+        peer.send(1, big, tag=5)
+        peer.send(1, np.full(2, 7.0), tag=7)
+        peer.barrier()
+        return None
+    probes = 1
+    while not peer.probe(0, tag=7):
+        probes += 1
+    seven, five = peer.recv(0, tag=7), peer.recv(0, tag=5)
+    peer.barrier()
+    return probes, seven.tolist(), bool((five == big).all())
+
+
+@pytest.mark.parametrize("transport", ["tcp", "auto"])
+def test_a_probe_for_a_tag_receives_an_earlier_message_whole(transport):
+    probes, seven, five = spawn(probe_while_a_big_message_arrives, n=2, timeout=60,
+                                transport=transport)[1]
+    assert seven == [7.0, 7.0] and five, (probes, seven, five)
+
+
+def statuses(peer):
+    """mpi4py's testProbe and Status: what a probe finds waiting (without receiving it) and
+    what a recv of any tag received: source, tag, dtype, shape, bytes; from another peer, out
+    of what was held for a later tag, and from this peer itself."""
+    r = peer.rank
+    if r == 0:
+        peer.send(1, np.zeros((2, 3), np.float32), tag=4)
+        peer.send(1, np.arange(5, dtype=np.int64), tag=9)
+        peer.send(1, np.ones(1), tag=0)
+        peer.barrier()
+        return None
+    seen = []
+
+    def note(status):
+        seen.append((status.source, status.tag, status.dtype, status.shape, status.nbytes))
+
+    waiting = gossip.Status()
+    while not peer.probe(0, status=waiting):
+        pass
+    note(waiting)                                        # tag 4's, not taken
+    got = gossip.Status()
+    nine = peer.recv(0, tag=9, status=got)               # tag 4's is held on the way
+    note(got)
+    probed = gossip.Status()
+    assert peer.probe(0, tag=4, status=probed)            # the held one
+    note(probed)
+    for _ in range(2):                                   # any tag: 4 (held), then 0
+        peer.recv(0, status=got)
+        note(got)
+    peer.send(1, np.full(3, 2, np.uint8), tag=11)         # to itself
+    peer.recv(1, status=got)
+    note(got)
+    peer.barrier()
+    return seen, nine.tolist()
+
+
+def test_a_status_tells_what_a_probe_found_and_a_recv_received():
+    seen, nine = spawn(statuses, n=2, timeout=60)[1]
+    assert nine == list(range(5))
+    assert seen == [(0, 4, "float32", (2, 3), 24), (0, 9, "int64", (5,), 40),
+                    (0, 4, "float32", (2, 3), 24), (0, 4, "float32", (2, 3), 24),
+                    (0, 0, "float64", (1,), 8), (1, 11, "uint8", (3,), 3)], seen
