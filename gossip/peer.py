@@ -14,6 +14,7 @@ from collectives.codecs import CodecSpec
 from collectives.algorithms.hierarchical import host_groups
 from collectives.algorithms.ring_order import DEFAULT_MARGIN
 from collectives.communicator import Communicator
+from collectives.operations.send_recv import SendRequest
 from collectives.notices import EVENTS_LOGGER
 from collectives.group import Switch, View
 from collectives.transport import channel_pair
@@ -151,6 +152,13 @@ class Peer:
         if ``dst`` is gone, OperationTimeout past ``timeout``. ``dst`` may be this peer
         itself, as MPI allows: a copy waits for its ``recv``."""
         self._comm.send(dst, array, tag=tag, timeout=timeout)
+
+    def isend(self, dst: int, array: Array, *, tag: int = 0,
+              timeout: float | None = None) -> SendRequest:
+        """send's non-blocking twin (MPI's Isend): the message is queued at once, in order,
+        and the request's ``wait()`` returns once the array may be modified again (``test()``
+        says whether it may, without waiting); both raise PeerLost if ``dst`` is gone."""
+        return self._comm.isend(dst, array, tag=tag, timeout=timeout)
 
     def recv(self, src: int, out: Array | None = None, *, tag: int | None = None,
              status: Status | None = None, timeout: float | None = None) -> Array:

@@ -18,10 +18,10 @@ def out_of_order(peer):
     r = peer.rank
     big = np.arange(4 << 20, dtype=np.float32)
     if r == 0:
-        requests = [peer.communicator.isend(1, big, tag=5),
-                    peer.communicator.isend(1, np.full(3, 7.0), tag=7),
-                    peer.communicator.isend(1, np.full(2, 5.0, np.float32), tag=5),
-                    peer.communicator.isend(1, np.full(1, 9, np.int64), tag=9)]
+        requests = [peer.isend(1, big, tag=5),   # (Peer.isend: a SendRequest)
+                    peer.isend(1, np.full(3, 7.0), tag=7),
+                    peer.isend(1, np.full(2, 5.0, np.float32), tag=5),
+                    peer.isend(1, np.full(1, 9, np.int64), tag=9)]
         for request in requests:
             request.wait()
         peer.barrier()
