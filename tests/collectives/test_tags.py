@@ -4,6 +4,8 @@ in order, whatever their size (mpi4py's test_p2p_buf testSendrecv / testProbe an
 test_send_recv_with_tag check the same). Real peers over tcp and over shared memory."""
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 
@@ -116,9 +118,11 @@ def probe_while_a_big_message_arrives(peer):
         peer.send(1, np.full(2, 7.0), tag=7)
         peer.barrier()
         return None
-    probes = 1
+    probes, deadline = 1, time.monotonic() + 30
     while not peer.probe(0, tag=7):
         probes += 1
+        if time.monotonic() > deadline:
+            raise AssertionError(f"rank 1: no tag-7 message within 30 s ({probes} probes)")
     seven, five = peer.recv(0, tag=7), peer.recv(0, tag=5)
     peer.barrier()
     return probes, seven.tolist(), bool((five == big).all())
@@ -148,8 +152,8 @@ def statuses(peer):
         seen.append((status.source, status.tag, status.dtype, status.shape, status.nbytes))
 
     waiting = gossip.Status()
-    while not peer.probe(0, status=waiting):
-        pass
+    assert peer.communicator.wait_any([0], timeout=30) == 0
+    assert peer.probe(0, status=waiting)
     note(waiting)                                        # tag 4's, not taken
     got = gossip.Status()
     nine = peer.recv(0, tag=9, status=got)               # tag 4's is held on the way
